@@ -1,0 +1,51 @@
+"""rbroker: GPU memory leases from the local broker.
+
+    import rbroker
+    with rbroker.lease(8192, project="vision", session="run-42",
+                       purpose="fine-tune ViT-B", wait_s=600) as lease:
+        ...  # CUDA_VISIBLE_DEVICES=lease.cuda_visible_devices
+
+Importing this package loads no NVML, Qt or server code (DESIGN §1).
+"""
+
+from rbroker._exceptions import (
+    BrokerUnavailable,
+    Cancelled,
+    CapacityUnavailable,
+    DescriptionRejected,
+    Infeasible,
+    InvalidParams,
+    LeaseExpired,
+    LeaseNotFound,
+    NotLeaseOwner,
+    NotSimulated,
+    ProtocolVersionError,
+    RBrokerError,
+    TelemetryUnavailable,
+    WaitTimeout,
+)
+from rbroker._lease import Lease, alease, lease
+from rbroker._version import __version__
+from rbroker.localapi.client import Client
+
+__all__ = [
+    "BrokerUnavailable",
+    "Cancelled",
+    "CapacityUnavailable",
+    "Client",
+    "DescriptionRejected",
+    "Infeasible",
+    "InvalidParams",
+    "Lease",
+    "LeaseExpired",
+    "LeaseNotFound",
+    "NotLeaseOwner",
+    "NotSimulated",
+    "ProtocolVersionError",
+    "RBrokerError",
+    "TelemetryUnavailable",
+    "WaitTimeout",
+    "__version__",
+    "alease",
+    "lease",
+]

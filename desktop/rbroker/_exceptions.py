@@ -1,0 +1,113 @@
+"""Exceptions raised by the rbroker SDK, one per stable error code of DESIGN §5.
+
+RBrokerError                      base: .code (stable name), .message, .data (numbers)
+├── BrokerUnavailable             no broker answers on the socket / pipe
+├── ProtocolVersionError          protocol_version
+├── InvalidParams                 invalid_params, parse_error, invalid_request,
+│                                 method_not_found, request_too_large
+├── DescriptionRejected           description_rejected (.data["rule"], never the value)
+├── CapacityUnavailable           capacity_unavailable (wait_s=0 and no room now)
+│   └── WaitTimeout               wait_timeout (not granted within wait_s)
+├── Infeasible                    infeasible (can never fit on this computer)
+├── TelemetryUnavailable          telemetry_unavailable (GPU lost / NVML failing)
+├── LeaseNotFound                 lease_not_found
+├── LeaseExpired                  lease_expired
+├── NotLeaseOwner                 not_lease_owner
+├── NotSimulated                  not_simulated (sim.* on a real-GPU broker)
+└── Cancelled                     cancelled
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rbroker_protocol.errors import ErrorCode, RpcError
+
+
+class RBrokerError(Exception):
+    """Base of every SDK error. `code` is the stable name; `data` carries the numbers."""
+
+    def __init__(self, message: str, code: str = "internal_error", **data: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.data = data
+
+
+class BrokerUnavailable(RBrokerError):
+    """No broker answers at the socket path / pipe name (or it went away mid-call)."""
+
+
+class ProtocolVersionError(RBrokerError):
+    """The broker does not speak this client's protocol version."""
+
+
+class InvalidParams(RBrokerError):
+    """The request was malformed or its parameters out of range."""
+
+
+class DescriptionRejected(RBrokerError):
+    """A project/session/purpose text broke a description rule (`data["rule"]`)."""
+
+
+class CapacityUnavailable(RBrokerError):
+    """Not enough GPU memory available now; the message has the arithmetic."""
+
+
+class WaitTimeout(CapacityUnavailable):
+    """The request waited `wait_s` seconds without being granted."""
+
+
+class Infeasible(RBrokerError):
+    """The request can never be granted on this computer (too large, unknown GPU)."""
+
+
+class TelemetryUnavailable(RBrokerError):
+    """GPU telemetry is failing (lost GPU, NVML errors); the broker fails closed."""
+
+
+class LeaseNotFound(RBrokerError):
+    """No such lease."""
+
+
+class LeaseExpired(RBrokerError):
+    """The lease ended (expired, holder exited, revoked) before this call."""
+
+
+class NotLeaseOwner(RBrokerError):
+    """The lease belongs to another OS user."""
+
+
+class NotSimulated(RBrokerError):
+    """A `sim.*` method was called on a broker that reads real NVML."""
+
+
+class Cancelled(RBrokerError):
+    """The request was cancelled (connection closed, broker stopping)."""
+
+
+_BY_CODE: dict[ErrorCode, type[RBrokerError]] = {
+    ErrorCode.PARSE_ERROR: InvalidParams,
+    ErrorCode.INVALID_REQUEST: InvalidParams,
+    ErrorCode.METHOD_NOT_FOUND: InvalidParams,
+    ErrorCode.INVALID_PARAMS: InvalidParams,
+    ErrorCode.REQUEST_TOO_LARGE: InvalidParams,
+    ErrorCode.INTERNAL_ERROR: RBrokerError,
+    ErrorCode.CAPACITY_UNAVAILABLE: CapacityUnavailable,
+    ErrorCode.INFEASIBLE: Infeasible,
+    ErrorCode.WAIT_TIMEOUT: WaitTimeout,
+    ErrorCode.LEASE_NOT_FOUND: LeaseNotFound,
+    ErrorCode.LEASE_EXPIRED: LeaseExpired,
+    ErrorCode.NOT_LEASE_OWNER: NotLeaseOwner,
+    ErrorCode.DESCRIPTION_REJECTED: DescriptionRejected,
+    ErrorCode.TELEMETRY_UNAVAILABLE: TelemetryUnavailable,
+    ErrorCode.PROTOCOL_VERSION: ProtocolVersionError,
+    ErrorCode.NOT_SIMULATED: NotSimulated,
+    ErrorCode.CANCELLED: Cancelled,
+}
+
+
+def from_rpc_error(err: RpcError) -> RBrokerError:
+    """The SDK exception for a wire error."""
+    cls = _BY_CODE.get(err.name, RBrokerError)
+    return cls(err.message, err.name.value, **err.data)

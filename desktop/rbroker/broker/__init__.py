@@ -1,0 +1,1 @@
+"""The local broker: capacity model, lease table, FIFO queue and the asyncio service."""

@@ -1,0 +1,84 @@
+"""The capacity model of DESIGN §2, as pure arithmetic on MiB figures.
+
+device_used = total - free
+outstanding = Σ over active leases on the GPU of max(0, granted_mib - observed_mib)
+available   = max(0, total - headroom - device_used - outstanding)
+admit(r)   ⇔ r.mib ≤ available  and no earlier waiter on this GPU is still waiting
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+HEADROOM_MIN_MIB = 512
+HEADROOM_FRACTION = 0.05
+
+
+def default_headroom_mib(total_mib: int) -> int:
+    """DESIGN §2 default headroom: max(512 MiB, 5 % of total), rounded up to a whole MiB."""
+    return max(HEADROOM_MIN_MIB, math.ceil(total_mib * HEADROOM_FRACTION))
+
+
+def outstanding_mib(grants: Iterable[tuple[int, int]]) -> int:
+    """Σ max(0, granted − observed) over `(granted_mib, observed_mib)` pairs."""
+    return sum(max(0, granted - observed) for granted, observed in grants)
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """One GPU's capacity split, all in MiB, from one sample and the lease table."""
+
+    total_mib: int
+    headroom_mib: int
+    device_used_mib: int
+    outstanding_mib: int
+
+    @property
+    def available_mib(self) -> int:
+        """max(0, total − headroom − device_used − outstanding)."""
+        return max(
+            0, self.total_mib - self.headroom_mib - self.device_used_mib - self.outstanding_mib
+        )
+
+    @property
+    def usable_mib(self) -> int:
+        """total − headroom: the most any single request can ever get on this GPU."""
+        return max(0, self.total_mib - self.headroom_mib)
+
+    def fits(self, mib: int) -> bool:
+        """True when `mib` ≤ available."""
+        return mib <= self.available_mib
+
+    def as_dict(self) -> dict[str, int]:
+        """The figures as a JSON object (used in reasons, admission records and reports)."""
+        return {
+            "total_mib": self.total_mib,
+            "headroom_mib": self.headroom_mib,
+            "device_used_mib": self.device_used_mib,
+            "outstanding_mib": self.outstanding_mib,
+            "available_mib": self.available_mib,
+        }
+
+
+def fmt_mib(value: int) -> str:
+    """`24576` → `"24 576"` (thousands grouped by a space, as in DESIGN §2's examples)."""
+    return f"{value:,}".replace(",", " ")
+
+
+def short_uuid(uuid: str) -> str:
+    """`GPU-3f2a1b…0001`: head and tail of a UUID for messages (full UUIDs stay in the data
+    fields); the tail keeps sequentially numbered UUIDs (MIG, simulation) apart."""
+    return uuid if len(uuid) <= 16 else uuid[:10] + "…" + uuid[-4:]
+
+
+def explain(uuid: str, cap: Capacity) -> str:
+    """`GPU-3f2… has 6 144 MiB available (24 576 total − 1 228 headroom − 17 204 in use
+    − 0 granted not yet allocated)`."""
+    return (
+        f"{short_uuid(uuid)} has {fmt_mib(cap.available_mib)} MiB available "
+        f"({fmt_mib(cap.total_mib)} total − {fmt_mib(cap.headroom_mib)} headroom − "
+        f"{fmt_mib(cap.device_used_mib)} in use − {fmt_mib(cap.outstanding_mib)} granted "
+        f"not yet allocated)"
+    )

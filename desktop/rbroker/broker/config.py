@@ -1,0 +1,30 @@
+"""Broker settings, with the defaults of DESIGN §2–§3."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Settings of one broker. Times in seconds, memory in MiB.
+
+    `headroom_mib=None` uses the per-GPU default max(512, 5 % of total) (DESIGN §2);
+    `headroom_overrides` sets it per GPU UUID.
+    """
+
+    socket_path: Path
+    data_dir: Path
+    simulate: bool = False
+    scenario: Path | None = None
+    headroom_mib: int | None = None
+    headroom_overrides: dict[str, int] = field(default_factory=dict)
+    max_sample_age_s: float = 2.0
+    nvml_deadline_s: float = 1.5
+    sample_interval_s: float = 1.0
+    tick_s: float = 0.1
+    holder_check_s: float = 0.25
+    stall_threshold_s: float = 2.0
+    ended_history: int = 500
+    default_ttl_s: float = 30.0

@@ -1,0 +1,83 @@
+"""Holder processes: identity by pid + start time, liveness, and process-tree attribution.
+
+A lease's holder is the process on the other end of its connection; memory NVML lists for
+that process or any of its descendants belongs to the lease. A pid alone is not an
+identity (pids are reused), so every check compares the process start time too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A process identity: `pid` plus its start time (`psutil.Process.create_time()`, s)."""
+
+    pid: int
+    start_time: float
+
+    @classmethod
+    def of(cls, pid: int) -> Holder:
+        """The identity of running process `pid`.
+
+        Raises:
+            ProcessLookupError: no such process.
+        """
+        try:
+            return cls(pid, psutil.Process(pid).create_time())
+        except psutil.NoSuchProcess:
+            raise ProcessLookupError(pid) from None
+        except psutil.AccessDenied:
+            return cls(pid, 0.0)
+
+    def alive(self) -> bool:
+        """True when a process with this pid *and* start time still runs (zombies are dead)."""
+        try:
+            proc = psutil.Process(self.pid)
+            if self.start_time and proc.create_time() != self.start_time:
+                return False
+            return proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.AccessDenied:
+            return True
+
+
+class Ancestry:
+    """Caches each GPU process's chain of ancestors, as `Holder`s, for attribution."""
+
+    def __init__(self) -> None:
+        self._chains: dict[int, tuple[float, frozenset[Holder]]] = {}
+
+    def chain(self, pid: int) -> frozenset[Holder]:
+        """The process itself and all its ancestors; empty when it cannot be read."""
+        try:
+            proc = psutil.Process(pid)
+            start = proc.create_time()
+        except psutil.Error:
+            self._chains.pop(pid, None)
+            return frozenset()
+        cached = self._chains.get(pid)
+        if cached is not None and cached[0] == start:
+            return cached[1]
+        members = {Holder(pid, start)}
+        try:
+            for parent in proc.parents():
+                try:
+                    members.add(Holder(parent.pid, parent.create_time()))
+                except psutil.Error:
+                    continue
+        except psutil.Error:
+            pass
+        chain = frozenset(members)
+        self._chains[pid] = (start, chain)
+        return chain
+
+    def forget_except(self, live_pids: set[int]) -> None:
+        """Drop cached chains of pids no longer listed on any GPU."""
+        for pid in list(self._chains):
+            if pid not in live_pids:
+                del self._chains[pid]

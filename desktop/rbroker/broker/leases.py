@@ -1,0 +1,142 @@
+"""Lease and waiter records of the broker's lease table (DESIGN §3)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from rbroker.broker.holders import Holder
+
+
+class LeaseState(StrEnum):
+    """queued → active → released | expired | holder_exited | revoked."""
+
+    QUEUED = "queued"
+    ACTIVE = "active"
+    RELEASED = "released"
+    EXPIRED = "expired"
+    HOLDER_EXITED = "holder_exited"
+    REVOKED = "revoked"
+
+
+TERMINAL_STATES = frozenset(
+    {LeaseState.RELEASED, LeaseState.EXPIRED, LeaseState.HOLDER_EXITED, LeaseState.REVOKED}
+)
+
+
+@dataclass(slots=True)
+class Lease:
+    """An active (or ended) lease on one or more GPUs, `granted_mib` on each.
+
+    Times: `deadline` is monotonic (expiry); `*_wall` fields are Unix seconds for display.
+    `observed_mib` maps GPU UUID → MiB NVML attributes to the holder's process tree for this
+    lease (unknown counts 0); `over_grant` is set when that exceeds `granted_mib`.
+    """
+
+    lease_id: str
+    token: str
+    gpu_uuids: tuple[str, ...]
+    granted_mib: int
+    owner: str
+    project: str
+    session: str
+    purpose: str
+    holder: Holder
+    ttl_s: float
+    deadline: float
+    granted_at_wall: float
+    conn_id: int | None
+    adopt: bool = False
+    state: LeaseState = LeaseState.ACTIVE
+    renewed_at_wall: float = 0.0
+    waited_s: float = 0.0
+    observed_mib: dict[str, int] = field(default_factory=dict)
+    claimed_mib: dict[str, int] = field(default_factory=dict)
+    over_grant: bool = False
+    admission: dict[str, Any] = field(default_factory=dict)
+    ended_reason: str = ""
+    ended_at_wall: float = 0.0
+
+    @property
+    def gpu_uuid(self) -> str:
+        """The first (for single-GPU leases, the only) GPU."""
+        return self.gpu_uuids[0]
+
+    def to_wire(self, now: float | None = None) -> dict[str, Any]:
+        """The JSON view of DESIGN §3 (no token, no pid: those never leave the broker
+        except the token, which goes only to the holder in the acquire result)."""
+        now = time.monotonic() if now is None else now
+        return {
+            "lease_id": self.lease_id,
+            "gpu_uuid": self.gpu_uuid,
+            "gpu_uuids": list(self.gpu_uuids),
+            "granted_mib": self.granted_mib,
+            "owner": self.owner,
+            "project": self.project,
+            "session": self.session,
+            "purpose": self.purpose,
+            "state": self.state.value,
+            "granted_at": self.granted_at_wall,
+            "renewed_at": self.renewed_at_wall,
+            "ttl_s": self.ttl_s,
+            "expires_in_s": round(max(0.0, self.deadline - now), 3)
+            if self.state is LeaseState.ACTIVE
+            else 0.0,
+            "waited_s": round(self.waited_s, 3),
+            "observed_mib": dict(self.observed_mib),
+            "over_grant": self.over_grant,
+            "adopt": self.adopt,
+            "admission": self.admission,
+            "ended_reason": self.ended_reason,
+            "ended_at": self.ended_at_wall,
+        }
+
+
+@dataclass(slots=True)
+class Waiter:
+    """A queued `lease.acquire`. `candidates` are the GPU UUIDs it may take, in order."""
+
+    request_id: int
+    mib: int
+    gpus: int
+    candidates: tuple[str, ...]
+    pinned: bool
+    owner: str
+    project: str
+    session: str
+    purpose: str
+    ttl_s: float
+    adopt: bool
+    placement: str
+    holder: Holder
+    conn_id: int | None
+    enqueued_at: float
+    deadline: float
+    wait_s: float
+    future: asyncio.Future[Lease]
+    reason: str = "waiting for a fresh GPU sample"
+    reason_kind: str = "sampling"  # "sampling" | "capacity" | "telemetry"
+    reason_data: dict[str, Any] = field(default_factory=dict)
+    evaluated: bool = False
+
+    def to_wire(self, now: float, ahead: int) -> dict[str, Any]:
+        """The JSON view of a queued request, with its reason and position."""
+        return {
+            "request_id": self.request_id,
+            "state": LeaseState.QUEUED.value,
+            "mib": self.mib,
+            "gpus": self.gpus,
+            "gpu_uuid": self.candidates[0] if self.pinned else None,
+            "owner": self.owner,
+            "project": self.project,
+            "session": self.session,
+            "purpose": self.purpose,
+            "waiting_s": round(now - self.enqueued_at, 3),
+            "ahead": ahead,
+            "reason": self.reason,
+            "reason_kind": self.reason_kind,
+            "reason_data": self.reason_data,
+        }

@@ -1,0 +1,1 @@
+"""The `rbroker` command."""

@@ -1,0 +1,83 @@
+"""`rbroker` command line: broker, status, run, demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rbroker._version import __version__
+
+
+def _add_socket(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--socket", help="broker socket path (default: RBROKER_SOCKET or per-user)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="rbroker", description="GPU memory leases on shared computers."
+    )
+    parser.add_argument("--version", action="version", version=f"rbroker {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("broker", help="run the local broker in the foreground")
+    _add_socket(b)
+    b.add_argument("--data-dir", type=Path, help="state directory (default: per-user data dir)")
+    b.add_argument(
+        "--simulate",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="SCENARIO.toml",
+        help="simulate GPUs (default scenario: two 24 GiB GPUs, or the given file)",
+    )
+    b.add_argument("--headroom-mib", type=int, help="headroom per GPU (default max(512, 5%%))")
+    b.add_argument("-v", "--verbose", action="store_true", help="log every lease")
+
+    s = sub.add_parser("status", help="GPU capacity and leases of the local broker")
+    _add_socket(s)
+    s.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    r = sub.add_parser("run", help="hold a lease while a command runs")
+    _add_socket(r)
+    r.add_argument("--mib", type=int, required=True, help="GPU memory to lease, MiB")
+    r.add_argument("--gpus", type=int, default=1)
+    r.add_argument("--gpu", dest="gpu_uuid", help="pin to this GPU UUID")
+    r.add_argument("--project", default="default")
+    r.add_argument("--session", default=None, help="default: the command's name")
+    r.add_argument("--purpose", default=None, help="default: 'run <command name>'")
+    r.add_argument("--wait", type=float, default=0.0, help="seconds to wait for room")
+    r.add_argument("--ttl", type=float, default=30.0)
+    r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+    d = sub.add_parser("demo", help="watch real processes lease simulated GPUs (about a minute)")
+    d.add_argument("--seconds", type=float, default=45.0, help="approximate demo length")
+    d.add_argument("--no-live", action="store_true", help="plain log lines instead of a live view")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `rbroker` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    if args.command == "broker":
+        from rbroker.cli.broker_cmd import run_broker
+
+        return run_broker(args)
+    if args.command == "status":
+        from rbroker.cli.status import run_status
+
+        return run_status(args)
+    if args.command == "run":
+        from rbroker.cli.run import run_command
+
+        return run_command(args)
+    if args.command == "demo":
+        from rbroker.cli.demo import run_demo
+
+        return run_demo(args)
+    return 2  # pragma: no cover - argparse enforces the choices
+
+
+if __name__ == "__main__":
+    sys.exit(main())

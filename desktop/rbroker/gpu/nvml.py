@@ -1,0 +1,343 @@
+"""The single NVML gateway: the only module that calls pynvml (DESIGN §6).
+
+It takes a pynvml-shaped library object — the real `pynvml` module from nvidia-ml-py, or the
+simulated one from `rbroker.gpu.fake_nvml` — so simulation runs this same code path.
+
+What it does for the broker:
+- lazy `nvmlInit` under a lock, GPUs and MIG slices enumerated and keyed by UUID;
+- memory through `nvmlDeviceGetMemoryInfo` v2, falling back to v1 when v2 is missing;
+  `device_used = total - free` in both (v2's `reserved` is neither free nor usable);
+- compute and graphics process lists, read before and after the memory read, keeping the
+  smaller value per pid; values that are None (WDDM), pid 0, pids ≥ 2^32−1 or larger than
+  the GPU become *unknown*;
+- every NVML error turned into a `TelemetryError` carrying a `TelemetryState` and a reason
+  name, never a raw NVMLError;
+- `AsyncSampler`: at most one call in flight per GPU, run off the event loop, with a
+  deadline, so a hung driver never blocks the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from typing import Any
+
+from rbroker.gpu.types import GpuInfo, GpuSample, ProcessSample, TelemetryState
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+_PID_LIMIT = 2**32 - 1
+
+# NVML return codes (nvml.h); duplicated as plain ints so the fake need not match names.
+_ERR_NOT_SUPPORTED = 3
+_ERR_NO_PERMISSION = 4
+_ERR_NOT_FOUND = 6
+_ERR_DRIVER_NOT_LOADED = 9
+_ERR_TIMEOUT = 10
+_ERR_LIBRARY_NOT_FOUND = 12
+_ERR_FUNCTION_NOT_FOUND = 13
+_ERR_GPU_IS_LOST = 15
+_ERR_RESET_REQUIRED = 16
+_ERR_VERSION_MISMATCH = 18
+_ERR_ARGUMENT_VERSION_MISMATCH = 25
+_ERR_GPU_NOT_FOUND = 28
+_ERR_UNKNOWN = 999
+
+_REASONS: dict[int, str] = {
+    1: "uninitialized",
+    2: "invalid_argument",
+    _ERR_NOT_SUPPORTED: "not_supported",
+    _ERR_NO_PERMISSION: "no_permission",
+    _ERR_NOT_FOUND: "not_found",
+    _ERR_DRIVER_NOT_LOADED: "driver_not_loaded",
+    _ERR_TIMEOUT: "timeout",
+    _ERR_LIBRARY_NOT_FOUND: "library_not_found",
+    _ERR_FUNCTION_NOT_FOUND: "function_not_found",
+    _ERR_GPU_IS_LOST: "gpu_lost",
+    _ERR_RESET_REQUIRED: "reset_required",
+    _ERR_VERSION_MISMATCH: "version_mismatch",
+    _ERR_ARGUMENT_VERSION_MISMATCH: "argument_version_mismatch",
+    _ERR_GPU_NOT_FOUND: "gpu_lost",
+    _ERR_UNKNOWN: "unknown_error",
+}
+
+
+class TelemetryError(Exception):
+    """A GPU could not be read. `state` is the resulting telemetry state, `reason` a name
+    such as `gpu_lost`, `version_mismatch`, `not_supported`, `timeout`."""
+
+    def __init__(self, state: TelemetryState, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.state = state
+        self.reason = reason
+
+
+def _nvml_code(exc: BaseException) -> int | None:
+    value = getattr(exc, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class NvmlGateway:
+    """Synchronous, thread-safe access to one NVML library (real or simulated).
+
+    Args:
+        lib: the `pynvml` module or an object with the same functions and `NVMLError`.
+        source: `"nvml"` or `"simulated"`, reported by the broker as `telemetry_source`.
+
+    All methods raise `TelemetryError`, never an NVMLError.
+    """
+
+    def __init__(self, lib: Any, source: str = "nvml") -> None:
+        self.lib = lib
+        self.source = source
+        self._lock = threading.Lock()
+        self._initialised = False
+        self._handles: dict[str, Any] = {}
+        self._v2_missing: set[str] = set()
+
+    def _error(self, exc: BaseException, what: str) -> TelemetryError:
+        code = _nvml_code(exc)
+        reason = _REASONS.get(code, f"nvml_error_{code}") if code is not None else "internal"
+        if code in (_ERR_GPU_IS_LOST, _ERR_GPU_NOT_FOUND, _ERR_NOT_FOUND):
+            state = TelemetryState.LOST
+        else:
+            state = TelemetryState.UNAVAILABLE
+        return TelemetryError(state, reason, f"{what}: {exc}")
+
+    def _ensure_init(self) -> None:
+        if self._initialised:
+            return
+        with self._lock:
+            if self._initialised:
+                return
+            try:
+                self.lib.nvmlInit()
+            except self.lib.NVMLError as exc:
+                raise self._error(exc, "nvmlInit") from None
+            self._initialised = True
+
+    def shutdown(self) -> None:
+        """Call `nvmlShutdown` if initialised; errors are logged, not raised."""
+        with self._lock:
+            if self._initialised:
+                try:
+                    self.lib.nvmlShutdown()
+                except self.lib.NVMLError as exc:  # pragma: no cover - best effort
+                    log.warning("nvmlShutdown failed: %s", exc)
+                self._initialised = False
+                self._handles.clear()
+
+    def enumerate(self) -> list[GpuInfo]:
+        """List the capacity units: every GPU, or its MIG slices when MIG mode is on.
+
+        Raises:
+            TelemetryError: NVML cannot be initialised or the devices cannot be listed.
+        """
+        self._ensure_init()
+        lib = self.lib
+        found: list[GpuInfo] = []
+        try:
+            count = lib.nvmlDeviceGetCount()
+            for index in range(count):
+                handle = lib.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(lib.nvmlDeviceGetUUID(handle))
+                name = _text(lib.nvmlDeviceGetName(handle))
+                slices = self._mig_slices(handle, index, name)
+                if slices:
+                    found.extend(slices)
+                else:
+                    self._handles[uuid] = handle
+                    found.append(GpuInfo(uuid=uuid, index=index, name=name))
+        except lib.NVMLError as exc:
+            raise self._error(exc, "enumerate") from None
+        return found
+
+    def _mig_slices(self, handle: Any, index: int, name: str) -> list[GpuInfo]:
+        lib = self.lib
+        try:
+            current, _pending = lib.nvmlDeviceGetMigMode(handle)
+            if not current:
+                return []
+            slots = lib.nvmlDeviceGetMaxMigDeviceCount(handle)
+        except (lib.NVMLError, AttributeError):
+            return []  # no MIG support on this GPU or this library
+        slices: list[GpuInfo] = []
+        for slot in range(slots):
+            try:
+                mig = lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except lib.NVMLError:
+                continue  # empty slot
+            uuid = _text(lib.nvmlDeviceGetUUID(mig))
+            self._handles[uuid] = mig
+            slices.append(GpuInfo(uuid=uuid, index=index, name=f"{name} MIG slice {slot}"))
+        return slices
+
+    def _handle(self, uuid: str) -> Any:
+        handle = self._handles.get(uuid)
+        if handle is None:
+            handle = self.lib.nvmlDeviceGetHandleByUUID(uuid)
+            self._handles[uuid] = handle
+        return handle
+
+    def _processes(self, handle: Any) -> dict[int, ProcessSample]:
+        lib = self.lib
+        out: dict[int, ProcessSample] = {}
+        for kind, fn in (
+            ("compute", lib.nvmlDeviceGetComputeRunningProcesses),
+            ("graphics", lib.nvmlDeviceGetGraphicsRunningProcesses),
+        ):
+            try:
+                records = fn(handle)
+            except lib.NVMLError as exc:
+                if _nvml_code(exc) in (_ERR_NOT_SUPPORTED, _ERR_FUNCTION_NOT_FOUND):
+                    continue  # some GPUs list no graphics processes
+                raise
+            for rec in records:
+                pid = getattr(rec, "pid", 0)
+                raw = getattr(rec, "usedGpuMemory", None)
+                if not isinstance(pid, int) or pid <= 0 or pid >= _PID_LIMIT:
+                    continue  # garbage record: its memory is inside device_used anyway
+                mib = -(-raw // MIB) if isinstance(raw, int) and raw >= 0 else None
+                prev = out.get(pid)
+                if prev is not None:  # listed as compute and graphics: same context
+                    mib = max(prev.used_mib or 0, mib or 0) if (prev.used_mib or mib) else None
+                out[pid] = ProcessSample(pid=pid, used_mib=mib, kind=kind)
+        return out
+
+    def _memory(self, uuid: str, handle: Any) -> tuple[int, int, str]:
+        lib = self.lib
+        if uuid not in self._v2_missing:
+            try:
+                mem = lib.nvmlDeviceGetMemoryInfo(handle, version=lib.nvmlMemory_v2)
+                return int(mem.total), int(mem.free), "v2"
+            except lib.NVMLError as exc:
+                if _nvml_code(exc) not in (
+                    _ERR_FUNCTION_NOT_FOUND,
+                    _ERR_ARGUMENT_VERSION_MISMATCH,
+                    _ERR_NOT_SUPPORTED,
+                ):
+                    raise
+                log.info("GPU %s: NVML memory v2 unavailable (%s); using v1", uuid, exc)
+                self._v2_missing.add(uuid)
+        mem = lib.nvmlDeviceGetMemoryInfo(handle)
+        return int(mem.total), int(mem.free), "v1"
+
+    def read(self, uuid: str) -> GpuSample:
+        """Read one GPU: process lists, memory, process lists again.
+
+        Returns:
+            A `GpuSample` in MiB (total rounded down, used rounded up: cautious both ways).
+
+        Raises:
+            TelemetryError: `LOST` for a lost or vanished GPU, `UNKNOWN_CAPACITY` when the
+                memory query is not supported, `UNAVAILABLE` for every other NVML error.
+        """
+        self._ensure_init()
+        lib = self.lib
+        started = time.monotonic()
+        try:
+            handle = self._handle(uuid)
+            before = self._processes(handle)
+            try:
+                total_b, free_b, api = self._memory(uuid, handle)
+            except lib.NVMLError as exc:
+                if _nvml_code(exc) == _ERR_NOT_SUPPORTED:
+                    raise TelemetryError(
+                        TelemetryState.UNKNOWN_CAPACITY,
+                        "not_supported",
+                        "the memory query is not supported on this GPU",
+                    ) from None
+                raise
+            after = self._processes(handle)
+        except lib.NVMLError as exc:
+            self._handles.pop(uuid, None)
+            raise self._error(exc, f"read {uuid}") from None
+        total_mib = total_b // MIB
+        used_mib = -(-max(0, total_b - free_b) // MIB)
+        procs: list[ProcessSample] = []
+        for pid, late in after.items():
+            early = before.get(pid)
+            mib: int | None
+            if early is None:
+                mib = 0  # appeared mid-sample: may be missing from device_used; attribute 0
+            elif early.used_mib is None or late.used_mib is None:
+                mib = None
+            else:
+                mib = min(early.used_mib, late.used_mib)
+            if mib is not None and mib > total_mib:
+                mib = None  # garbage: larger than the GPU
+            procs.append(ProcessSample(pid, mib, late.kind))
+        return GpuSample(
+            uuid=uuid,
+            total_mib=total_mib,
+            device_used_mib=used_mib,
+            processes=tuple(procs),
+            memory_api=api,
+            started_at=started,
+            finished_at=time.monotonic(),
+        )
+
+    def driver_version(self) -> str:
+        """The driver version string, or `"unknown"`."""
+        try:
+            self._ensure_init()
+            return _text(self.lib.nvmlSystemGetDriverVersion())
+        except (TelemetryError, self.lib.NVMLError, AttributeError):
+            return "unknown"
+
+
+class AsyncSampler:
+    """Reads GPUs off the event loop: one worker thread per GPU, one call in flight per GPU.
+
+    `sample(uuid)` awaits the in-flight read if one is running, else starts one; it gives up
+    after `deadline_s` with `TelemetryError(STALE, "timeout")` while the hung call keeps its
+    thread (it cannot be cancelled) and no second call is started until it returns.
+    """
+
+    def __init__(self, gateway: NvmlGateway, deadline_s: float = 1.5) -> None:
+        self.gateway = gateway
+        self.deadline_s = deadline_s
+        self._executors: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+        self._inflight: dict[str, tuple[float, concurrent.futures.Future[GpuSample]]] = {}
+
+    def busy(self, uuid: str) -> bool:
+        """True while a read of `uuid` is still running (possibly hung)."""
+        entry = self._inflight.get(uuid)
+        return entry is not None and not entry[1].done()
+
+    async def sample(self, uuid: str) -> GpuSample:
+        """Read `uuid` within the deadline. Raises `TelemetryError`."""
+        entry = self._inflight.get(uuid)
+        if entry is None or entry[1].done():
+            executor = self._executors.get(uuid)
+            if executor is None:
+                executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix=f"nvml-{uuid[:12]}"
+                )
+                self._executors[uuid] = executor
+            entry = (time.monotonic(), executor.submit(self.gateway.read, uuid))
+            self._inflight[uuid] = entry
+        started, fut = entry
+        remaining = max(0.0, started + self.deadline_s - time.monotonic())
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), remaining)
+        except TimeoutError:
+            raise TelemetryError(
+                TelemetryState.STALE,
+                "timeout",
+                f"NVML call running for {time.monotonic() - started:.1f} s",
+            ) from None
+
+    def close(self) -> None:
+        """Stop the worker threads without waiting for hung calls."""
+        for executor in self._executors.values():
+            executor.shutdown(wait=False, cancel_futures=True)
+        self._executors.clear()

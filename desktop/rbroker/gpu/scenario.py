@@ -1,0 +1,144 @@
+"""The simulation scenario file (DESIGN §6): a TOML list of GPUs and their processes.
+
+The format is a contract that tests and outside checks write; see `DEFAULT_SCENARIO`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+MEMORY_APIS = ("v2", "v1", "not_supported")
+ERRORS = ("", "gpu_lost", "unknown", "version_mismatch", "no_permission", "not_supported")
+
+DEFAULT_SCENARIO = """\
+# Two simulated 24 GiB GPUs, empty: what `rbroker broker` runs when no NVIDIA driver answers.
+[[gpu]]
+name = "Simulated RTX 4090"
+total_mib = 24576
+
+[[gpu]]
+name = "Simulated RTX 4090"
+total_mib = 24576
+"""
+
+
+class ScenarioError(ValueError):
+    """The scenario file is not valid; the message names the GPU position and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimProcess:
+    """A process the simulated driver lists. `used_mib=None` is unknown."""
+
+    pid: int
+    used_mib: int | None = None
+    kind: str = "compute"
+
+
+@dataclass(frozen=True, slots=True)
+class SimGpu:
+    """One simulated GPU, every field as in the scenario TOML (MiB, seconds)."""
+
+    uuid: str
+    name: str = "Simulated GPU"
+    total_mib: int = 24576
+    reserved_mib: int = 0
+    used_mib: int = 0
+    device_used_mib: int | None = None
+    memory_api: str = "v2"
+    per_process_memory: bool = True
+    error: str = ""
+    delay_s: float = 0.0
+    processes: tuple[SimProcess, ...] = field(default_factory=tuple)
+
+    def with_changes(self, **changes: Any) -> SimGpu:
+        """A copy with `changes` applied and validated (used by `sim.set`)."""
+        return _validate(replace(self, **changes), 0)
+
+
+def default_uuid(position: int) -> str:
+    """The UUID given to the GPU at `position` (0-based) when the file names none."""
+    return f"GPU-5a1e0000-0000-0000-0000-{position + 1:012d}"
+
+
+def _validate(gpu: SimGpu, position: int) -> SimGpu:
+    where = f"gpu #{position + 1} ({gpu.uuid})"
+    for name in ("total_mib", "reserved_mib", "used_mib"):
+        value = getattr(gpu, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ScenarioError(f"{where}: {name} must be a non-negative integer, got {value!r}")
+    if gpu.total_mib <= 0:
+        raise ScenarioError(f"{where}: total_mib must be positive")
+    if gpu.device_used_mib is not None and (
+        not isinstance(gpu.device_used_mib, int) or not 0 <= gpu.device_used_mib <= gpu.total_mib
+    ):
+        raise ScenarioError(f"{where}: device_used_mib must be within 0..{gpu.total_mib}")
+    if gpu.memory_api not in MEMORY_APIS:
+        raise ScenarioError(f"{where}: memory_api must be one of {MEMORY_APIS}")
+    if gpu.error not in ERRORS:
+        raise ScenarioError(f"{where}: error must be one of {ERRORS}")
+    if not isinstance(gpu.delay_s, int | float) or gpu.delay_s < 0:
+        raise ScenarioError(f"{where}: delay_s must be a non-negative number")
+    if not gpu.uuid.startswith(("GPU-", "MIG-")):
+        raise ScenarioError(f"{where}: uuid must start with GPU- or MIG-")
+    return gpu
+
+
+def parse_scenario(text: str) -> list[SimGpu]:
+    """Parse scenario TOML text into GPUs.
+
+    Raises:
+        ScenarioError: bad TOML, unknown keys, wrong types or impossible values.
+    """
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"scenario is not valid TOML: {exc}") from None
+    gpus_raw = doc.get("gpu", [])
+    if not isinstance(gpus_raw, list) or not gpus_raw:
+        raise ScenarioError("scenario needs at least one [[gpu]] table")
+    known = set(SimGpu.__dataclass_fields__) - {"processes"} | {"process"}
+    gpus: list[SimGpu] = []
+    for position, raw in enumerate(gpus_raw):
+        unknown = set(raw) - known
+        if unknown:
+            raise ScenarioError(f"gpu #{position + 1}: unknown keys {sorted(unknown)}")
+        procs = []
+        for p in raw.get("process", []):
+            extra = set(p) - {"pid", "used_mib", "kind"}
+            if extra:
+                raise ScenarioError(f"gpu #{position + 1}: unknown process keys {sorted(extra)}")
+            if not isinstance(p.get("pid"), int) or p["pid"] < 0:
+                raise ScenarioError(f"gpu #{position + 1}: process pid must be an integer")
+            kind = p.get("kind", "compute")
+            if kind not in ("compute", "graphics"):
+                raise ScenarioError(f"gpu #{position + 1}: process kind must be compute|graphics")
+            used = p.get("used_mib")
+            if used is not None and (not isinstance(used, int) or used < 0):
+                raise ScenarioError(f"gpu #{position + 1}: process used_mib must be >= 0")
+            procs.append(SimProcess(pid=p["pid"], used_mib=used, kind=kind))
+        fields = {k: v for k, v in raw.items() if k != "process"}
+        fields.setdefault("uuid", default_uuid(position))
+        try:
+            gpu = SimGpu(**fields, processes=tuple(procs))
+        except TypeError as exc:
+            raise ScenarioError(f"gpu #{position + 1}: {exc}") from None
+        gpus.append(_validate(gpu, position))
+    uuids = [g.uuid for g in gpus]
+    if len(set(uuids)) != len(uuids):
+        raise ScenarioError("two GPUs share a uuid")
+    return gpus
+
+
+def load_scenario(path: Path | None) -> list[SimGpu]:
+    """Read and parse a scenario file; `None` gives `DEFAULT_SCENARIO`."""
+    if path is None:
+        return parse_scenario(DEFAULT_SCENARIO)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"cannot read scenario {path}: {exc.strerror}") from None
+    return parse_scenario(text)

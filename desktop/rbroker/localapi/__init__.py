@@ -1,0 +1,1 @@
+"""The local API: transports (Unix socket, Windows named pipe), JSON-RPC dispatch, client."""

@@ -1,0 +1,251 @@
+"""The one typed, blocking client of the local API, used by the SDK, the CLI and the tray.
+
+Thread-safe: one request at a time per connection (a lock), so a heartbeat thread and the
+caller's thread can share it. Event notifications (`events.subscribe`) are queued for
+`next_event()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import queue
+import socket
+import sys
+import threading
+from typing import Any, BinaryIO
+
+from rbroker._exceptions import BrokerUnavailable, RBrokerError, from_rpc_error
+from rbroker.localapi.paths import default_socket_path
+from rbroker_protocol import jsonrpc
+from rbroker_protocol.errors import RpcError
+from rbroker_protocol.versions import PROTOCOL_VERSION
+
+
+class _UnixStream:
+    def __init__(self, path: str, timeout_s: float | None) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout_s)
+        try:
+            self.sock.connect(path)
+        except OSError:
+            self.sock.close()
+            raise
+        self.file: BinaryIO = self.sock.makefile("rwb", buffering=0)  # type: ignore[assignment]
+        self._rfile = self.sock.makefile("rb")
+
+    def write(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def readline(self) -> bytes:
+        return self._rfile.readline()
+
+    def settimeout(self, timeout_s: float | None) -> None:
+        self.sock.settimeout(timeout_s)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self._rfile.close()
+        self.file.close()
+        self.sock.close()
+
+
+class _PipeStream:  # pragma: no cover - Windows only
+    def __init__(self, path: str, timeout_s: float | None) -> None:
+        self.f = open(path, "r+b", buffering=0)  # noqa: SIM115 - closed in close()
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+
+    def readline(self) -> bytes:
+        out = bytearray()
+        while not out.endswith(b"\n"):
+            chunk = self.f.read(1)
+            if not chunk:
+                break
+            out += chunk
+        return bytes(out)
+
+    def settimeout(self, timeout_s: float | None) -> None:
+        pass
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class Client:
+    """A connection to the local broker.
+
+    Args:
+        socket: socket path (or pipe name on Windows); default `RBROKER_SOCKET`, else
+            the per-user default (`rbroker.localapi.paths.default_socket_path`).
+        timeout_s: per-call timeout for answers (None: wait forever); `call()` may
+            override it for long waits.
+        hello: send `hello` on connect (checks the protocol version).
+
+    Raises:
+        BrokerUnavailable: nothing answers at the address.
+        ProtocolVersionError: the broker does not speak this version.
+    """
+
+    def __init__(
+        self,
+        socket: str | os.PathLike[str] | None = None,
+        *,
+        timeout_s: float | None = 30.0,
+        hello: bool = True,
+    ) -> None:
+        self.address = os.fspath(socket) if socket is not None else default_socket_path()
+        self.timeout_s = timeout_s
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._closed = False
+        try:
+            if sys.platform == "win32":
+                self._stream: Any = _PipeStream(self.address, timeout_s)
+            else:
+                self._stream = _UnixStream(self.address, timeout_s)
+        except OSError as exc:
+            raise BrokerUnavailable(
+                f"no rbroker broker at {self.address} ({exc.strerror or exc}); start one with "
+                "`rbroker broker` or set RBROKER_SOCKET",
+                "broker_unavailable",
+                address=self.address,
+            ) from None
+        self.server_info: dict[str, Any] = {}
+        if hello:
+            self.server_info = self.call(
+                "hello", protocol_version=PROTOCOL_VERSION, client="rbroker-python"
+            )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection (the broker releases leases bound to it)."""
+        if not self._closed:
+            self._closed = True
+            self._stream.close()
+
+    def call(self, method: str, timeout_s: float | None = -1.0, **params: Any) -> Any:
+        """Send one request and return its `result`.
+
+        Args:
+            timeout_s: seconds to wait for the answer; -1 uses the client default,
+                None waits forever.
+
+        Raises:
+            RBrokerError: the broker's error, as the exception class of its code.
+            BrokerUnavailable: the connection broke or timed out.
+        """
+        request_id = next(self._ids)
+        data = jsonrpc.encode(jsonrpc.request(request_id, method, params))
+        with self._lock:
+            if self._closed:
+                raise BrokerUnavailable("client is closed", "broker_unavailable")
+            try:
+                self._stream.settimeout(self.timeout_s if timeout_s == -1.0 else timeout_s)
+                self._stream.write(data)
+                while True:
+                    line = self._stream.readline()
+                    if not line:
+                        raise BrokerUnavailable(
+                            f"broker at {self.address} closed the connection",
+                            "broker_unavailable",
+                        )
+                    msg = json.loads(line)
+                    if "id" not in msg and msg.get("method") == "event":
+                        self._events.put(msg.get("params") or {})
+                        continue
+                    if msg.get("id") != request_id:
+                        continue  # an answer to an abandoned request
+                    break
+            except (OSError, ValueError) as exc:
+                raise BrokerUnavailable(
+                    f"lost the broker at {self.address}: {exc}", "broker_unavailable"
+                ) from None
+        if "error" in msg:
+            raise from_rpc_error(RpcError.from_wire(msg["error"]))
+        return msg.get("result")
+
+    def next_event(self, timeout_s: float | None = None) -> dict[str, Any] | None:
+        """The next queued event notification (after `subscribe()`), or None on timeout.
+
+        Events arrive while another call is reading; call `wait_event` to read directly."""
+        try:
+            return self._events.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def wait_event(self, timeout_s: float | None = None) -> dict[str, Any] | None:
+        """Block reading the connection until one event arrives (None on timeout)."""
+        queued = self.next_event(0)
+        if queued is not None:
+            return queued
+        with self._lock:
+            self._stream.settimeout(timeout_s)
+            try:
+                line = self._stream.readline()
+            except TimeoutError:
+                return None
+            except OSError as exc:
+                raise BrokerUnavailable(f"lost the broker: {exc}", "broker_unavailable") from None
+        if not line:
+            raise BrokerUnavailable("broker closed the connection", "broker_unavailable")
+        msg = json.loads(line)
+        return msg.get("params") if msg.get("method") == "event" else None
+
+    # -- typed helpers ---------------------------------------------------------------------
+    def hello(self) -> dict[str, Any]:
+        """`hello`: protocol version, broker version, simulated or not, your user name."""
+        return dict(self.call("hello", protocol_version=PROTOCOL_VERSION, client="rbroker-python"))
+
+    def gpus(self) -> list[dict[str, Any]]:
+        """`gpus.list`: per GPU, the capacity split (MiB) and telemetry state."""
+        return list(self.call("gpus.list")["gpus"])
+
+    def leases(self, include_ended: bool = False) -> dict[str, Any]:
+        """`leases.list`: `{"leases": [...], "queue": [...]}` (+ `"ended"`)."""
+        return dict(self.call("leases.list", include_ended=include_ended))
+
+    def status(self) -> dict[str, Any]:
+        """`broker.status`."""
+        return dict(self.call("broker.status"))
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """`jobs.list` (parallel jobs; DESIGN §4)."""
+        return list(self.call("jobs.list")["jobs"])
+
+    def subscribe(self) -> None:
+        """`events.subscribe`: lease/queue/capacity changes arrive as events."""
+        self.call("events.subscribe")
+
+    def sim_allocate(self, mib: int, gpu_uuid: str | None = None) -> dict[str, Any]:
+        """Simulation only: make this process show `mib` more MiB on a GPU."""
+        params: dict[str, Any] = {"mib": mib}
+        if gpu_uuid:
+            params["gpu_uuid"] = gpu_uuid
+        return dict(self.call("sim.allocate", **params))
+
+    def sim_free(self, mib: int | None = None, gpu_uuid: str | None = None) -> dict[str, Any]:
+        """Simulation only: undo simulated memory of this process."""
+        params: dict[str, Any] = {}
+        if mib is not None:
+            params["mib"] = mib
+        if gpu_uuid:
+            params["gpu_uuid"] = gpu_uuid
+        return dict(self.call("sim.free", **params))
+
+    def sim_set(self, gpu_uuid: str, **changes: Any) -> dict[str, Any]:
+        """Simulation only: change a simulated GPU (scenario fields)."""
+        return dict(self.call("sim.set", gpu_uuid=gpu_uuid, **changes))
+
+
+__all__ = ["Client", "RBrokerError"]

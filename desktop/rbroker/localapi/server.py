@@ -1,0 +1,356 @@
+"""JSON-RPC 2.0 dispatch of the local API onto a `Broker` (DESIGN §5).
+
+One UTF-8 JSON object per line. Requests on one connection run concurrently (a waiting
+`lease.acquire` does not hold up a `lease.renew` behind it); answers carry the request id.
+Lines over 64 KiB, bad JSON, unknown methods and bad params get JSON-RPC errors with the
+stable names of `rbroker_protocol.errors`, and the connection stays usable.
+
+Methods (params → result):
+    hello {protocol_version, client}          → {protocol_version, broker_version, simulated,
+                                                  telemetry_source, owner}
+    gpus.list {}                              → {gpus: [...capacity split per GPU...]}
+    lease.acquire AcquireParams               → {lease: {...}, token, cuda_visible_devices}
+    lease.renew {lease_id}                    → {lease: {...}}
+    lease.release {lease_id}                  → {lease: {...}}
+    leases.list {include_ended}               → {leases: [...], queue: [...], ended?: [...]}
+    broker.status {}                          → {version, uptime_s, telemetry_source, ...}
+    events.subscribe {}                       → {subscribed: true}; then `event`
+                                                notifications {kind, data}
+    sim.allocate {mib, gpu_uuid?}             → {gpu_uuid, pid_mib}   (simulation only)
+    sim.free {mib?, gpu_uuid?}                → {gpu_uuid, pid_mib}   (simulation only)
+    sim.set {gpu_uuid, ...scenario fields}    → {gpu: {...}}          (simulation only)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from rbroker._version import __version__
+from rbroker.broker.holders import Holder
+from rbroker.broker.service import Broker
+from rbroker.gpu.scenario import ScenarioError
+from rbroker.localapi.transport import ListeningServer, Peer, serve
+from rbroker_protocol import jsonrpc
+from rbroker_protocol.descriptions import DescriptionRejected, check_description
+from rbroker_protocol.errors import ErrorCode, RpcError
+from rbroker_protocol.localapi import (
+    AcquireParams,
+    EmptyParams,
+    HelloParams,
+    LeaseRef,
+    LeasesListParams,
+    SimAllocateParams,
+    SimFreeParams,
+    SimSetParams,
+)
+from rbroker_protocol.versions import PROTOCOL_VERSION, PROTOCOL_VERSION_MIN
+
+log = logging.getLogger(__name__)
+
+_TOO_LONG = object()
+_conn_ids = itertools.count(1)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_input=False, include_url=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "params"
+        parts.append(f"{loc}: {err['msg']}")
+    return "invalid params: " + "; ".join(parts)
+
+
+def _parse(model: type[BaseModel], params: Any) -> Any:
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise RpcError(ErrorCode.INVALID_PARAMS, "params must be a JSON object")
+    try:
+        return model.model_validate(params)
+    except ValidationError as exc:
+        fields = sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]})
+        raise RpcError(ErrorCode.INVALID_PARAMS, _validation_message(exc), fields=fields) from None
+
+
+def _check_descriptions(values: dict[str, str]) -> None:
+    for field, value in values.items():
+        try:
+            check_description(field, value)
+        except DescriptionRejected as exc:
+            raise RpcError(
+                ErrorCode.DESCRIPTION_REJECTED, str(exc), field=exc.field, rule=exc.rule
+            ) from None
+
+
+class Connection:
+    """One client connection: its peer, its writer and its in-flight request tasks."""
+
+    def __init__(self, writer: asyncio.StreamWriter, peer: Peer) -> None:
+        self.id = next(_conn_ids)
+        self.writer = writer
+        self.peer = peer
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.lock = asyncio.Lock()
+        self.unsubscribe: Callable[[], None] | None = None
+        self.closed = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        data = jsonrpc.encode(message)
+        async with self.lock:
+            try:
+                self.writer.write(data)
+                await self.writer.drain()
+            except (ConnectionError, RuntimeError):
+                self.closed = True
+
+
+Method = Callable[[Connection, Any], Awaitable[Any]]
+
+
+class LocalApi:
+    """Serves a `Broker` over the local transport. `await start()`, `await close()`."""
+
+    def __init__(self, broker: Broker, address: str) -> None:
+        self.broker = broker
+        self.address = address
+        self._server: ListeningServer | None = None
+        self._connections: set[Connection] = set()
+        self.methods: dict[str, tuple[type[BaseModel], Method]] = {
+            "hello": (HelloParams, self._hello),
+            "gpus.list": (EmptyParams, self._gpus_list),
+            "lease.acquire": (AcquireParams, self._acquire),
+            "lease.renew": (LeaseRef, self._renew),
+            "lease.release": (LeaseRef, self._release),
+            "leases.list": (LeasesListParams, self._leases_list),
+            "broker.status": (EmptyParams, self._status),
+            "events.subscribe": (EmptyParams, self._subscribe),
+            "sim.allocate": (SimAllocateParams, self._sim_allocate),
+            "sim.free": (SimFreeParams, self._sim_free),
+            "sim.set": (SimSetParams, self._sim_set),
+        }
+
+    async def start(self) -> None:
+        """Listen. Raises `BrokerAlreadyRunning` or `OSError` (see `transport.serve`)."""
+        self._server = await serve(self.address, self._handle, limit=2 * jsonrpc.MAX_LINE_BYTES)
+
+    async def close(self) -> None:
+        """Stop listening and close every connection."""
+        if self._server is not None:
+            await self._server.close()
+        for conn in list(self._connections):
+            conn.writer.close()
+
+    # -- connection loop -----------------------------------------------------------------
+    async def _read_line(self, reader: asyncio.StreamReader) -> bytes | object | None:
+        too_long = False
+        while True:
+            try:
+                line = await reader.readuntil(b"\n")
+            except asyncio.IncompleteReadError as exc:
+                if too_long or not exc.partial.strip():
+                    return None
+                return exc.partial if len(exc.partial) <= jsonrpc.MAX_LINE_BYTES else None
+            except asyncio.LimitOverrunError as exc:
+                too_long = True
+                await reader.readexactly(max(1, exc.consumed))
+                continue
+            if too_long or len(line) - 1 > jsonrpc.MAX_LINE_BYTES:
+                return _TOO_LONG
+            return line
+
+    async def _handle(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Peer
+    ) -> None:
+        conn = Connection(writer, peer)
+        self._connections.add(conn)
+        try:
+            while True:
+                line = await self._read_line(reader)
+                if line is None:
+                    break
+                if line is _TOO_LONG:
+                    await conn.send(
+                        jsonrpc.error(
+                            None,
+                            RpcError(
+                                ErrorCode.REQUEST_TOO_LARGE,
+                                f"request line longer than {jsonrpc.MAX_LINE_BYTES} bytes",
+                                limit_bytes=jsonrpc.MAX_LINE_BYTES,
+                            ).to_wire(),
+                        )
+                    )
+                    continue
+                assert isinstance(line, bytes)
+                if not line.strip():
+                    continue
+                task = asyncio.create_task(self._serve_line(conn, line))
+                conn.tasks.add(task)
+                task.add_done_callback(conn.tasks.discard)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            conn.closed = True
+            self._connections.discard(conn)
+            if conn.unsubscribe is not None:
+                conn.unsubscribe()
+            for task in list(conn.tasks):
+                task.cancel()
+            self.broker.connection_closed(conn.id)
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _serve_line(self, conn: Connection, line: bytes) -> None:
+        request_id: Any = None
+        try:
+            try:
+                msg = json.loads(line)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise RpcError(ErrorCode.PARSE_ERROR, f"not valid JSON: {exc}") from None
+            if not isinstance(msg, dict):
+                raise RpcError(ErrorCode.INVALID_REQUEST, "a request must be a JSON object")
+            request_id = msg.get("id")
+            if not isinstance(request_id, int | str | None) or isinstance(request_id, bool):
+                request_id = None
+                raise RpcError(ErrorCode.INVALID_REQUEST, "id must be a string or an integer")
+            method = msg.get("method")
+            if msg.get("jsonrpc") != "2.0" or not isinstance(method, str):
+                raise RpcError(
+                    ErrorCode.INVALID_REQUEST, 'need "jsonrpc": "2.0" and a string "method"'
+                )
+            entry = self.methods.get(method)
+            if entry is None:
+                raise RpcError(
+                    ErrorCode.METHOD_NOT_FOUND,
+                    f"unknown method {method[:64]!r}",
+                    method=method[:64],
+                )
+            model, fn = entry
+            params = _parse(model, msg.get("params"))
+            value = await fn(conn, params)
+            if "id" in msg:
+                await conn.send(jsonrpc.result(request_id, value))
+        except RpcError as err:
+            await conn.send(jsonrpc.error(request_id, err.to_wire()))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("internal error serving a request")
+            await conn.send(
+                jsonrpc.error(
+                    request_id, RpcError(ErrorCode.INTERNAL_ERROR, "internal error").to_wire()
+                )
+            )
+
+    # -- methods ---------------------------------------------------------------------------
+    async def _hello(self, conn: Connection, p: HelloParams) -> dict[str, Any]:
+        if p.protocol_version < PROTOCOL_VERSION_MIN:
+            raise RpcError(
+                ErrorCode.PROTOCOL_VERSION,
+                f"protocol version {p.protocol_version} is too old; this broker speaks "
+                f"{PROTOCOL_VERSION_MIN}..{PROTOCOL_VERSION}",
+                min=PROTOCOL_VERSION_MIN,
+                max=PROTOCOL_VERSION,
+            )
+        return {
+            "protocol_version": min(p.protocol_version, PROTOCOL_VERSION),
+            "broker_version": __version__,
+            "simulated": self.broker.fake is not None,
+            "telemetry_source": self.broker.gateway.source,
+            "owner": conn.peer.user,
+        }
+
+    async def _gpus_list(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
+        return {"gpus": self.broker.gpus_view()}
+
+    async def _acquire(self, conn: Connection, p: AcquireParams) -> dict[str, Any]:
+        _check_descriptions({"project": p.project, "session": p.session, "purpose": p.purpose})
+        p = p.model_copy(
+            update={
+                "project": p.project.strip(),
+                "session": p.session.strip(),
+                "purpose": p.purpose.strip(),
+            }
+        )
+        try:
+            holder = Holder.of(conn.peer.pid)
+        except ProcessLookupError:
+            raise RpcError(ErrorCode.CANCELLED, "the requesting process has exited") from None
+        lease = await self.broker.acquire(p, conn.peer.user, holder, conn.id)
+        return {
+            "lease": lease.to_wire(),
+            "token": lease.token,
+            "cuda_visible_devices": ",".join(lease.gpu_uuids),
+        }
+
+    async def _renew(self, conn: Connection, p: LeaseRef) -> dict[str, Any]:
+        return {"lease": self.broker.renew(p.lease_id, conn.peer.user).to_wire()}
+
+    async def _release(self, conn: Connection, p: LeaseRef) -> dict[str, Any]:
+        return {"lease": self.broker.release(p.lease_id, conn.peer.user).to_wire()}
+
+    async def _leases_list(self, conn: Connection, p: LeasesListParams) -> dict[str, Any]:
+        return self.broker.leases_view(p.include_ended)
+
+    async def _status(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
+        return self.broker.status()
+
+    async def _subscribe(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
+        if conn.unsubscribe is None:
+
+            def push(kind: str, data: dict[str, Any]) -> None:
+                msg = {"jsonrpc": "2.0", "method": "event", "params": {"kind": kind, "data": data}}
+                task = asyncio.get_running_loop().create_task(conn.send(msg))
+                conn.tasks.add(task)
+                task.add_done_callback(conn.tasks.discard)
+
+            conn.unsubscribe = self.broker.subscribe(push)
+        return {"subscribed": True}
+
+    def _sim_gpu(self, conn: Connection, gpu_uuid: str | None) -> str:
+        if self.broker.fake is None:
+            raise RpcError(ErrorCode.NOT_SIMULATED, "sim.* methods need a simulated broker")
+        if gpu_uuid is not None:
+            if gpu_uuid not in self.broker.slots:
+                raise RpcError(ErrorCode.INVALID_PARAMS, f"no GPU {gpu_uuid}", field="gpu_uuid")
+            return gpu_uuid
+        for lease in self.broker.leases.values():
+            if lease.conn_id == conn.id or lease.holder.pid == conn.peer.pid:
+                return lease.gpu_uuid
+        return min(self.broker.slots.values(), key=lambda s: s.info.index).uuid
+
+    async def _sim_allocate(self, conn: Connection, p: SimAllocateParams) -> dict[str, Any]:
+        uuid = self._sim_gpu(conn, p.gpu_uuid)
+        assert self.broker.fake is not None
+        try:
+            total = self.broker.fake.allocate(uuid, conn.peer.pid, p.mib)
+        except ProcessLookupError:
+            raise RpcError(ErrorCode.CANCELLED, "the calling process has exited") from None
+        self.broker.slots[uuid].kick.set()
+        return {"gpu_uuid": uuid, "pid_mib": total}
+
+    async def _sim_free(self, conn: Connection, p: SimFreeParams) -> dict[str, Any]:
+        uuid = self._sim_gpu(conn, p.gpu_uuid)
+        assert self.broker.fake is not None
+        left = self.broker.fake.free(uuid, conn.peer.pid, p.mib)
+        self.broker.slots[uuid].kick.set()
+        return {"gpu_uuid": uuid, "pid_mib": left}
+
+    async def _sim_set(self, conn: Connection, p: SimSetParams) -> dict[str, Any]:
+        uuid = self._sim_gpu(conn, p.gpu_uuid)
+        assert self.broker.fake is not None
+        changes = p.model_dump(exclude_none=True, exclude={"gpu_uuid"})
+        try:
+            gpu = self.broker.fake.set_gpu(uuid, **changes)
+        except (ScenarioError, KeyError) as exc:
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"sim.set refused: {exc}") from None
+        self.broker.slots[uuid].kick.set()
+        return {"gpu": {"uuid": gpu.uuid, **changes}}

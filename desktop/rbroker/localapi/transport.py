@@ -1,0 +1,55 @@
+"""One interface over the OS transports of the local API (DESIGN §5).
+
+A transport accepts connections and hands each to a handler as a pair of asyncio streams
+plus the `Peer` read from the OS (never from the request). `unix.py` and
+`pipe_windows.py` implement it; `serve()` picks the one for this OS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Who is on the other end: `pid` of the connecting process and its OS user name."""
+
+    pid: int
+    user: str
+    uid: int | None = None
+
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, Peer], Awaitable[None]]
+
+
+class BrokerAlreadyRunning(RuntimeError):
+    """Another broker answers at this address; it is left alone."""
+
+
+class ListeningServer(Protocol):
+    """What `serve()` returns."""
+
+    address: str
+
+    async def close(self) -> None:
+        """Stop accepting, close the listening endpoint, remove its file if any."""
+
+
+async def serve(address: str, handler: Handler, limit: int) -> ListeningServer:
+    """Listen at `address` (socket path or pipe name) with this OS's transport.
+
+    Raises:
+        BrokerAlreadyRunning: a live broker already listens there.
+        OSError: the address cannot be bound.
+    """
+    if sys.platform == "win32":
+        from rbroker.localapi.pipe_windows import serve_pipe
+
+        return await serve_pipe(address, handler, limit)
+    from rbroker.localapi.unix import serve_unix
+
+    return await serve_unix(address, handler, limit)

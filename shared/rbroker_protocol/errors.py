@@ -1,0 +1,104 @@
+"""Stable error codes of the local API (DESIGN §5) and their JSON-RPC numbers.
+
+Every error the broker returns is a JSON-RPC error object::
+
+    {"code": -32010, "message": "waiting: ... (human text with the numbers)",
+     "data": {"name": "capacity_unavailable", ...numbers...}}
+
+`data.name` is the stable contract; the numeric `code` is fixed too, so that clients in
+other languages can switch on either. The JSON-RPC 2.0 standard codes keep their numbers.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    """Stable error code names. New names are only ever added."""
+
+    # JSON-RPC 2.0 standard errors (https://www.jsonrpc.org/specification#error_object)
+    PARSE_ERROR = "parse_error"
+    INVALID_REQUEST = "invalid_request"
+    METHOD_NOT_FOUND = "method_not_found"
+    INVALID_PARAMS = "invalid_params"
+    INTERNAL_ERROR = "internal_error"
+    # rbroker errors (DESIGN §5)
+    REQUEST_TOO_LARGE = "request_too_large"
+    CAPACITY_UNAVAILABLE = "capacity_unavailable"
+    INFEASIBLE = "infeasible"
+    WAIT_TIMEOUT = "wait_timeout"
+    LEASE_NOT_FOUND = "lease_not_found"
+    LEASE_EXPIRED = "lease_expired"
+    NOT_LEASE_OWNER = "not_lease_owner"
+    DESCRIPTION_REJECTED = "description_rejected"
+    TELEMETRY_UNAVAILABLE = "telemetry_unavailable"
+    PROTOCOL_VERSION = "protocol_version"
+    NOT_SIMULATED = "not_simulated"
+    CANCELLED = "cancelled"
+
+
+ERROR_CODES: dict[ErrorCode, int] = {
+    ErrorCode.PARSE_ERROR: -32700,
+    ErrorCode.INVALID_REQUEST: -32600,
+    ErrorCode.METHOD_NOT_FOUND: -32601,
+    ErrorCode.INVALID_PARAMS: -32602,
+    ErrorCode.INTERNAL_ERROR: -32603,
+    ErrorCode.REQUEST_TOO_LARGE: -32001,
+    ErrorCode.CAPACITY_UNAVAILABLE: -32010,
+    ErrorCode.INFEASIBLE: -32011,
+    ErrorCode.WAIT_TIMEOUT: -32012,
+    ErrorCode.CANCELLED: -32013,
+    ErrorCode.LEASE_NOT_FOUND: -32020,
+    ErrorCode.LEASE_EXPIRED: -32021,
+    ErrorCode.NOT_LEASE_OWNER: -32022,
+    ErrorCode.DESCRIPTION_REJECTED: -32030,
+    ErrorCode.TELEMETRY_UNAVAILABLE: -32040,
+    ErrorCode.PROTOCOL_VERSION: -32050,
+    ErrorCode.NOT_SIMULATED: -32060,
+}
+"""JSON-RPC numeric code for each name. Standard codes from the JSON-RPC 2.0 spec."""
+
+_BY_NUMBER = {number: name for name, number in ERROR_CODES.items()}
+
+
+class RpcError(Exception):
+    """An error with a stable name, a readable message and machine-readable numbers.
+
+    Raised inside the broker and turned into a JSON-RPC error object by the dispatcher;
+    rebuilt on the client side by `from_wire`.
+
+    Attributes:
+        name: the stable `ErrorCode`.
+        message: text a person can read, carrying the numbers (never a secret).
+        data: extra fields (MiB figures, GPU UUID, rule name); JSON-serialisable.
+    """
+
+    def __init__(self, name: ErrorCode, message: str, **data: Any) -> None:
+        super().__init__(message)
+        self.name = name
+        self.message = message
+        self.data = data
+
+    def to_wire(self) -> dict[str, Any]:
+        """Return the JSON-RPC error object `{code, message, data: {name, ...}}`."""
+        return {
+            "code": ERROR_CODES[self.name],
+            "message": self.message,
+            "data": {"name": self.name.value, **self.data},
+        }
+
+    @classmethod
+    def from_wire(cls, error: dict[str, Any]) -> RpcError:
+        """Rebuild from a JSON-RPC error object; unknown names map to `internal_error`."""
+        data = dict(error.get("data") or {})
+        raw_name = data.pop("name", None)
+        try:
+            name = ErrorCode(raw_name) if raw_name else _BY_NUMBER[int(error.get("code", 0))]
+        except (ValueError, KeyError, TypeError):
+            name = ErrorCode.INTERNAL_ERROR
+        return cls(name, str(error.get("message", "")), **data)
+
+    def __repr__(self) -> str:
+        return f"RpcError({self.name.value!r}, {self.message!r})"

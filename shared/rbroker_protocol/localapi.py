@@ -1,0 +1,99 @@
+"""Parameter and result models of the local API methods (DESIGN §5).
+
+Parameters are validated with pydantic; a validation failure becomes `invalid_params`
+with the field and the bound in the message. Results are plain JSON objects whose keys
+are listed in each method's docstring in `rbroker.localapi.server`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_MIB: int = 16 * 1024 * 1024
+"""Largest MiB figure accepted anywhere (16 TiB): larger values are absurd, not infeasible."""
+
+Mib = Annotated[int, Field(ge=1, le=MAX_MIB, strict=True)]
+GpuUuid = Annotated[
+    str, Field(min_length=4, max_length=96, pattern=r"^(GPU|MIG)-[A-Za-z0-9/._-]+$")
+]
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HelloParams(_Params):
+    """`hello`: the client's protocol version and a free-form client name."""
+
+    protocol_version: Annotated[int, Field(ge=0, le=1_000_000, strict=True)]
+    client: Annotated[str, Field(max_length=64)] = "unknown"
+
+
+class AcquireParams(_Params):
+    """`lease.acquire`: ask for `mib` MiB on each of `gpus` GPUs.
+
+    `gpu_uuid` pins the request to one GPU (then `gpus` must be 1). `wait_s=0` refuses at
+    once with `capacity_unavailable` instead of queueing. `ttl_s` is the heartbeat window.
+    `adopt=true` leases memory the caller's processes already hold: only the extra is checked.
+    Description fields are validated again by the description rules (DESIGN §8).
+    """
+
+    mib: Mib
+    gpus: Annotated[int, Field(ge=1, le=64, strict=True)] = 1
+    gpu_uuid: GpuUuid | None = None
+    project: str
+    session: str
+    purpose: str
+    ttl_s: Annotated[float, Field(ge=1.0, le=3600.0)] = 30.0
+    wait_s: Annotated[float, Field(ge=0.0, le=7 * 24 * 3600.0)] = 0.0
+    adopt: bool = False
+    placement: Literal["pack", "spread"] = "pack"
+
+
+class LeaseRef(_Params):
+    """`lease.renew` / `lease.release`: which lease."""
+
+    lease_id: Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class LeasesListParams(_Params):
+    """`leases.list`: `include_ended` adds the most recent ended leases (with end reason)."""
+
+    include_ended: bool = False
+
+
+class SimAllocateParams(_Params):
+    """`sim.allocate`: make the caller's pid show `mib` more MiB on a simulated GPU."""
+
+    mib: Mib
+    gpu_uuid: GpuUuid | None = None
+
+
+class SimFreeParams(_Params):
+    """`sim.free`: undo `mib` MiB (all of the caller's, when omitted) on a simulated GPU."""
+
+    mib: Mib | None = None
+    gpu_uuid: GpuUuid | None = None
+
+
+class EmptyParams(_Params):
+    """Methods without parameters."""
+
+
+class SimSetParams(_Params):
+    """`sim.set`: change a simulated GPU's state (scenario fields of DESIGN §6)."""
+
+    gpu_uuid: GpuUuid
+    total_mib: Mib | None = None
+    reserved_mib: Annotated[int, Field(ge=0, le=MAX_MIB, strict=True)] | None = None
+    used_mib: Annotated[int, Field(ge=0, le=MAX_MIB, strict=True)] | None = None
+    device_used_mib: Annotated[int, Field(ge=0, le=MAX_MIB, strict=True)] | None = None
+    memory_api: Literal["v2", "v1", "not_supported"] | None = None
+    per_process_memory: bool | None = None
+    error: (
+        Literal["", "gpu_lost", "unknown", "version_mismatch", "no_permission", "not_supported"]
+        | None
+    ) = None
+    delay_s: Annotated[float, Field(ge=0.0, le=3600.0)] | None = None

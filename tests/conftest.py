@@ -1,0 +1,169 @@
+"""Shared fixtures: a real broker process on a simulated GPU scenario, and clients for it.
+
+The only thing simulated is the GPU (through the fake NVML library feeding the production
+adapter). Brokers run as real processes listening on real Unix sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import rbroker
+
+GPU0 = "GPU-5a1e0000-0000-0000-0000-000000000001"
+GPU1 = "GPU-5a1e0000-0000-0000-0000-000000000002"
+
+SINGLE_24G = """
+[[gpu]]
+uuid = "GPU-5a1e0000-0000-0000-0000-000000000001"
+name = "Simulated RTX 4090"
+total_mib = 24576
+"""
+
+
+@dataclass
+class BrokerProcess:
+    """A running `rbroker broker --simulate` process and how to reach it."""
+
+    proc: subprocess.Popen[bytes]
+    socket: str
+    data_dir: Path
+    scenario: Path
+    log_path: Path
+    extra_args: list[str] = field(default_factory=list)
+
+    def client(self, **kw: object) -> rbroker.Client:
+        """A new connection to this broker."""
+        return rbroker.Client(self.socket, **kw)  # type: ignore[arg-type]
+
+    def write_scenario(self, text: str) -> None:
+        """Rewrite the scenario file (the broker re-reads it on mtime change)."""
+        tmp = self.scenario.with_suffix(".tmp")
+        tmp.write_text(textwrap.dedent(text))
+        st = self.scenario.stat()
+        os.replace(tmp, self.scenario)
+        # make sure the mtime moves even within the filesystem's timestamp granularity
+        os.utime(
+            self.scenario, ns=(st.st_atime_ns, max(st.st_mtime_ns + 1_000_000, time.time_ns()))
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+def short_tmp() -> Path:
+    """A short temporary directory (Unix socket paths are limited to ~100 bytes)."""
+    return Path(tempfile.mkdtemp(prefix="rbt-"))
+
+
+def start_broker(
+    scenario_text: str,
+    headroom_mib: int | None = None,
+    extra_args: list[str] | None = None,
+    root: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> BrokerProcess:
+    """Start `python -m rbroker broker --simulate SCENARIO` and wait until it answers.
+
+    Raises:
+        RuntimeError: it exited or did not answer within 20 s (with its log).
+    """
+    root = root or short_tmp()
+    scenario = root / "scenario.toml"
+    scenario.write_text(textwrap.dedent(scenario_text))
+    sock = str(root / "broker.sock")
+    data_dir = root / "data"
+    args = [
+        sys.executable,
+        "-m",
+        "rbroker",
+        "broker",
+        "--simulate",
+        str(scenario),
+        "--socket",
+        sock,
+        "--data-dir",
+        str(data_dir),
+        "-v",
+    ]
+    if headroom_mib is not None:
+        args += ["--headroom-mib", str(headroom_mib)]
+    args += extra_args or []
+    log_path = root / "broker.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+    bp = BrokerProcess(proc, sock, data_dir, scenario, log_path, extra_args or [])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"broker exited with {proc.returncode}:\n{bp.log()}")
+        try:
+            with rbroker.Client(sock, timeout_s=2):
+                return bp
+        except rbroker.BrokerUnavailable:
+            time.sleep(0.05)
+    bp.stop(signal.SIGKILL)
+    raise RuntimeError(f"broker did not answer within 20 s:\n{bp.log()}")
+
+
+@pytest.fixture
+def broker_factory() -> Iterator[Callable[..., BrokerProcess]]:
+    """`broker_factory(scenario_toml, headroom_mib=None, extra_args=None)` → BrokerProcess;
+    every broker started is stopped at teardown."""
+    started: list[BrokerProcess] = []
+
+    def factory(scenario_text: str = SINGLE_24G, **kw: object) -> BrokerProcess:
+        bp = start_broker(scenario_text, **kw)  # type: ignore[arg-type]
+        started.append(bp)
+        return bp
+
+    yield factory
+    for bp in started:
+        bp.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def broker(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
+    """One simulated, empty 24 576 MiB GPU (`GPU0`), default headroom (1 229 MiB)."""
+    return broker_factory(SINGLE_24G)
+
+
+def wait_until(
+    predicate: Callable[[], object], timeout_s: float = 5.0, interval_s: float = 0.02
+) -> object:
+    """Poll `predicate` until truthy; return its value or raise AssertionError."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        time.sleep(interval_s)
+
+
+WORKER = Path(__file__).parent / "workers"
+"""Directory of small worker scripts run as real processes by the tests."""
