@@ -14,6 +14,7 @@ Methods (params → result):
     lease.release {lease_id}                  → {lease: {...}}
     leases.list {include_ended}               → {leases: [...], queue: [...], ended?: [...]}
     broker.status {}                          → {version, uptime_s, telemetry_source, ...}
+    broker.pause {paused}                     → {paused}   (pause/resume new admissions)
     events.subscribe {}                       → {subscribed: true}; then `event`
                                                 notifications {kind, data}
     sim.allocate {mib, gpu_uuid?}             → {gpu_uuid, pid_mib}   (simulation only)
@@ -31,7 +32,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rbroker._version import __version__
 from rbroker.broker.holders import Holder
@@ -89,6 +90,14 @@ def _check_descriptions(values: dict[str, str]) -> None:
             ) from None
 
 
+class PauseParams(BaseModel):
+    """`broker.pause`: pause (true) or resume (false) new admissions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    paused: bool
+
+
 class Connection:
     """One client connection: its peer, its writer and its in-flight request tasks."""
 
@@ -132,6 +141,7 @@ class LocalApi:
             "lease.release": (LeaseRef, self._release),
             "leases.list": (LeasesListParams, self._leases_list),
             "broker.status": (EmptyParams, self._status),
+            "broker.pause": (PauseParams, self._pause),
             "events.subscribe": (EmptyParams, self._subscribe),
             "sim.allocate": (SimAllocateParams, self._sim_allocate),
             "sim.free": (SimFreeParams, self._sim_free),
@@ -302,6 +312,11 @@ class LocalApi:
 
     async def _status(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
         return self.broker.status()
+
+    async def _pause(self, conn: Connection, p: PauseParams) -> dict[str, Any]:
+        self.broker.set_paused(p.paused)
+        log.info("new admissions %s by %s", "paused" if p.paused else "resumed", conn.peer.user)
+        return {"paused": self.broker.paused}
 
     async def _subscribe(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
         if conn.unsubscribe is None:
