@@ -1,4 +1,4 @@
-"""`rbroker` command line: broker, status, run, demo."""
+"""`rbroker` command line: broker, status, run, demo, tray."""
 
 from __future__ import annotations
 
@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="watch real processes lease simulated GPUs (about a minute)")
     d.add_argument("--seconds", type=float, default=45.0, help="approximate demo length")
     d.add_argument("--no-live", action="store_true", help="plain log lines instead of a live view")
+
+    from rbroker.tray import add_tray_arguments  # imports no Qt
+
+    add_tray_arguments(sub.add_parser("tray", help="the desktop tray app (starts the broker)"))
     return parser
 
 
@@ -76,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         from rbroker.cli.demo import run_demo
 
         return run_demo(args)
+    if args.command == "tray":
+        from rbroker.tray import run_tray
+
+        return run_tray(args)
     return 2  # pragma: no cover - argparse enforces the choices
 
 
