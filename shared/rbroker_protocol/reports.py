@@ -1,0 +1,138 @@
+"""The report payload a broker sends to the coordinator (DESIGN §7, privacy rules of §8).
+
+A report is a state snapshot of one computer: its GPUs with the capacity split of §2, the
+active leases, the queue and the declared jobs with cumulative counts. Field names follow
+the broker's `gpus_view()` / `leases_view()`. It never carries pids, command lines,
+environment variables, process names or job inputs: unknown fields are dropped on parse,
+so nothing outside this schema is ever stored. Fields are only ever added;
+`REPORT_VERSION` is bumped when they are.
+
+History:
+    1 (2026-11-30): computer name, broker version, telemetry source, run id, generated_at,
+                    gpus, leases, queue, jobs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+from pydantic import BaseModel, ConfigDict, Field
+
+REPORT_VERSION: Final = 1
+"""The payload version this build writes."""
+
+MAX_REPORT_BYTES: Final = 1024 * 1024
+"""Largest report body the coordinator accepts (the whole envelope), 1 MiB."""
+
+_MIB = Annotated[int, Field(ge=0, le=2**40)]
+_TEXT = Annotated[str, Field(max_length=4096)]
+"""Declared text: loose bounds here; the description rules (§8) run on both sides."""
+_NAME = Annotated[str, Field(max_length=256)]
+_COUNT = Annotated[int, Field(ge=0, le=2**53)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class GpuReport(_Model):
+    """One GPU (or MIG slice), keyed by UUID; MiB figures are None when unknown."""
+
+    uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    index: Annotated[int, Field(ge=0, le=1024)]
+    name: _NAME = ""
+    telemetry: Annotated[str, Field(max_length=32)] = "ok"
+    """`ok`, `stale`, `unavailable`, `lost` or `unknown_capacity` (DESIGN §2)."""
+    total_mib: _MIB | None = None
+    headroom_mib: _MIB | None = None
+    device_used_mib: _MIB | None = None
+    outstanding_mib: _MIB | None = None
+    available_mib: _MIB | None = None
+    leased_in_use_mib: _MIB | None = None
+    other_in_use_mib: _MIB | None = None
+
+
+class LeaseReport(_Model):
+    """An active lease (DESIGN §3), without token or holder pid."""
+
+    lease_id: Annotated[str, Field(min_length=1, max_length=64)]
+    gpu_uuids: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=64)]
+    granted_mib: _MIB
+    owner: _TEXT = ""
+    project: _TEXT = ""
+    session: _TEXT = ""
+    purpose: _TEXT = ""
+    state: Annotated[str, Field(max_length=32)] = "active"
+    granted_at: float | None = None
+    """Computer wall clock, Unix seconds (display only)."""
+    expires_in_s: float | None = None
+    observed_mib: dict[Annotated[str, Field(max_length=128)], _MIB] = Field(
+        default_factory=dict, max_length=64
+    )
+    """MiB attributed to the lease's processes, per GPU UUID."""
+    over_grant: bool = False
+
+
+class QueueEntry(_Model):
+    """A waiting request with its human-readable reason."""
+
+    mib: _MIB
+    gpus: Annotated[int, Field(ge=1, le=64)] = 1
+    owner: _TEXT = ""
+    project: _TEXT = ""
+    session: _TEXT = ""
+    purpose: _TEXT = ""
+    waiting_s: Annotated[float, Field(ge=0)] = 0.0
+    reason: _TEXT = ""
+
+
+class JobSnapshot(_Model):
+    """A declared job's cumulative progress (DESIGN §4)."""
+
+    job_id: Annotated[str, Field(min_length=1, max_length=64)]
+    project: _TEXT = ""
+    purpose: _TEXT = ""
+    handler: _TEXT = ""
+    state: Annotated[str, Field(max_length=32)] = "running"
+    workers: _COUNT = 0
+    total_items: _COUNT | None = None
+    completed_items: _COUNT = 0
+    failed_items: _COUNT = 0
+
+
+class ReportPayload(_Model):
+    """The signed payload of one report."""
+
+    report_version: Annotated[int, Field(ge=1)] = REPORT_VERSION
+    computer_name: Annotated[str, Field(min_length=1, max_length=128)]
+    broker_version: Annotated[str, Field(max_length=64)] = ""
+    telemetry_source: Annotated[str, Field(max_length=32)] = ""
+    """`nvml` or `simulated` (DESIGN §6)."""
+    run_id: Annotated[str, Field(min_length=1, max_length=64)]
+    generated_at: float
+    """The computer's wall clock, Unix seconds. The coordinator never uses it for freshness."""
+    gpus: Annotated[list[GpuReport], Field(max_length=256)] = Field(default_factory=list)
+    leases: Annotated[list[LeaseReport], Field(max_length=4096)] = Field(default_factory=list)
+    queue: Annotated[list[QueueEntry], Field(max_length=4096)] = Field(default_factory=list)
+    jobs: Annotated[list[JobSnapshot], Field(max_length=4096)] = Field(default_factory=list)
+
+    def to_bytes(self) -> bytes:
+        """The exact JSON bytes to sign and send."""
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ReportPayload:
+        """Parse verified payload bytes.
+
+        Raises:
+            pydantic.ValidationError: not a valid payload.
+        """
+        return cls.model_validate_json(data)
+
+
+DESCRIPTION_FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    "leases": ("owner", "project", "session", "purpose"),
+    "queue": ("owner", "project", "session", "purpose", "reason"),
+    "jobs": ("project", "purpose", "handler"),
+}
+"""Which declared-text fields of each list the description rules (§8) apply to."""

@@ -1,0 +1,72 @@
+"""The report payload schema: round trips and the privacy rule (unknown fields dropped)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport, ReportPayload
+
+
+def sample() -> ReportPayload:
+    return ReportPayload(
+        computer_name="lab-1",
+        broker_version="0.1.0",
+        telemetry_source="simulated",
+        run_id="run-1",
+        generated_at=1_796_000_000.5,
+        gpus=[GpuReport(uuid="GPU-1", index=0, name="Sim", total_mib=24576, available_mib=100)],
+        leases=[
+            LeaseReport(
+                lease_id="l1",
+                gpu_uuids=["GPU-1"],
+                granted_mib=8192,
+                project="vision",
+                observed_mib={"GPU-1": 4096},
+            )
+        ],
+        jobs=[JobSnapshot(job_id="j1", project="vision", handler="embed.encode_batch")],
+    )
+
+
+def test_round_trip() -> None:
+    p = sample()
+    assert ReportPayload.from_bytes(p.to_bytes()) == p
+
+
+def test_unknown_fields_are_dropped() -> None:
+    raw = json.loads(sample().to_bytes())
+    raw["leases"][0]["pid"] = 4242
+    raw["leases"][0]["cmdline"] = "python train.py --token=x"
+    raw["environment"] = {"HOME": "/root"}
+    parsed = ReportPayload.from_bytes(json.dumps(raw).encode())
+    dumped = parsed.model_dump_json()
+    assert "4242" not in dumped and "cmdline" not in dumped and "environment" not in dumped
+
+
+def test_rejects_bad_types() -> None:
+    raw = json.loads(sample().to_bytes())
+    raw["gpus"][0]["total_mib"] = -1
+    with pytest.raises(ValidationError):
+        ReportPayload.from_bytes(json.dumps(raw).encode())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.text(min_size=1, max_size=64),
+    mibs=st.lists(st.integers(0, 2**40), max_size=5),
+    purpose=st.text(max_size=200),
+)
+def test_round_trip_property(name: str, mibs: list[int], purpose: str) -> None:
+    p = ReportPayload(
+        computer_name=name,
+        run_id="r",
+        generated_at=0.0,
+        gpus=[GpuReport(uuid=f"GPU-{i}", index=i, total_mib=m) for i, m in enumerate(mibs)],
+        leases=[LeaseReport(lease_id="l", gpu_uuids=[], granted_mib=1, purpose=purpose)],
+    )
+    assert ReportPayload.from_bytes(p.to_bytes()) == p
