@@ -186,9 +186,13 @@ class FakeNvml:
                 if gpu_uuid != uuid:
                     continue
                 try:
-                    alive = psutil.Process(pid).create_time() == create_time
+                    proc = psutil.Process(pid)
+                    alive = (
+                        proc.create_time() == create_time
+                        and proc.status() != psutil.STATUS_ZOMBIE
+                    )
                 except psutil.Error:
-                    alive = False
+                    alive = False  # an exited process's CUDA context is gone
                 if alive:
                     out[pid] = int(mib)
                 else:

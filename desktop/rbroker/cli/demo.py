@@ -1,0 +1,366 @@
+"""`rbroker demo`: real worker processes lease GPU memory from a real local broker.
+
+Starts a broker on a temporary socket and data dir (simulated GPUs unless a real NVIDIA
+driver answers), launches eight worker processes that use the SDK with different sizes
+and purposes — some are admitted at once, some wait with a reason that shows the
+arithmetic — kills one with SIGKILL mid-run and measures how fast its memory comes back,
+then prints a summary. Everything it started is stopped on exit, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
+
+import rbroker
+from rbroker.broker.capacity import fmt_mib, short_uuid
+from rbroker.cli.views import broker_view
+
+DEMO_SCENARIO = """\
+# rbroker demo: two simulated 24 GiB GPUs that other people already use a little.
+[[gpu]]
+uuid = "GPU-de300000-0000-0000-0000-000000000001"
+name = "Simulated RTX 4090"
+total_mib = 24576
+[[gpu.process]]          # a desktop session's graphics process
+pid = 4000
+used_mib = 1024
+kind = "graphics"
+
+[[gpu]]
+uuid = "GPU-de300000-0000-0000-0000-000000000002"
+name = "Simulated RTX 4090"
+total_mib = 24576
+used_mib = 6144          # another user's job, outside rbroker
+"""
+
+
+@dataclass
+class WorkerSpec:
+    """One demo worker: when it starts (s after the demo), what it asks for and holds."""
+
+    start_s: float
+    mib: int
+    hold_s: float
+    project: str
+    session: str
+    purpose: str
+    victim: bool = False
+
+
+WORKERS = [
+    WorkerSpec(0.0, 12288, 10.0, "vision", "vit-ft-01", "fine-tune ViT-B/16 on food-101"),
+    WorkerSpec(
+        0.5, 10240, 30.0, "search", "embed-02", "embed product catalogue with e5-large", victim=True
+    ),
+    WorkerSpec(1.0, 8192, 9.0, "eval", "mmlu-03", "evaluate llama-3.1-8b on MMLU 5-shot"),
+    WorkerSpec(1.5, 6144, 8.0, "render", "turntable-04", "render turntable frames 0-240"),
+    WorkerSpec(2.0, 4096, 6.0, "media", "av1-05", "transcode lecture videos to AV1"),
+    WorkerSpec(2.5, 16384, 7.0, "vision", "resnet-06", "train ResNet-50 baseline, seed 3"),
+    WorkerSpec(3.0, 2048, 5.0, "eval", "reward-07", "score summaries with a reward model"),
+    WorkerSpec(3.5, 9216, 6.0, "search", "rerank-08", "distil a cross-encoder reranker"),
+]
+KILL_AFTER_GRANT_S = 4.0
+
+
+@dataclass
+class DemoState:
+    """What the demo saw, for the live view and the summary."""
+
+    t0: float = field(default_factory=time.time)
+    events: list[str] = field(default_factory=list)
+    kill_wall: float | None = None
+    victim_lease: dict[str, Any] | None = None
+    freed_after_s: float | None = None
+    snapshots: int = 0
+    min_margin_mib: int | None = None
+    violations: list[str] = field(default_factory=list)
+
+    def log(self, text: str) -> None:
+        self.events.append(f"+{time.time() - self.t0:5.1f} s  {text}")
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Linux: the child gets SIGTERM if the demo dies without cleaning up."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@contextlib.contextmanager
+def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + 5
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _check_snapshot(state: DemoState, gpus: list[dict[str, Any]]) -> None:
+    """granted + others' use + headroom must never exceed total on any GPU."""
+    state.snapshots += 1
+    for g in gpus:
+        if not g.get("total_mib"):
+            continue
+        committed = g["granted_mib"] + g["other_in_use_mib"] + g["headroom_mib"]
+        margin = g["total_mib"] - committed
+        if state.min_margin_mib is None or margin < state.min_margin_mib:
+            state.min_margin_mib = margin
+        if margin < 0:
+            state.violations.append(
+                f"{short_uuid(g['uuid'])}: {fmt_mib(committed)} MiB committed > "
+                f"{fmt_mib(g['total_mib'])} total"
+            )
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Run the demo; exit 0 when every check passed, 1 otherwise, 130 on Ctrl-C."""
+    console = Console()
+    live_ok = console.is_terminal and not args.no_live
+    root = Path(tempfile.mkdtemp(prefix="rbroker-demo-"))
+    sock = str(root / "broker.sock")
+    scenario = root / "scenario.toml"
+    scenario.write_text(DEMO_SCENARIO)
+    state = DemoState()
+    budget_s = max(30.0, float(args.seconds) + 15.0)
+    interrupted = False
+    try:
+        with _processes() as procs:
+            broker_log = open(root / "broker.log", "wb")  # noqa: SIM115 - closed below
+            try:
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "rbroker",
+                            "broker",
+                            "--simulate",
+                            str(scenario),
+                            "--socket",
+                            sock,
+                            "--data-dir",
+                            str(root / "data"),
+                        ],
+                        stdout=broker_log,
+                        stderr=subprocess.STDOUT,
+                        preexec_fn=_die_with_parent,
+                    )
+                )
+                client = _connect(sock, procs[0], root)
+                with client:
+                    status = client.status()
+                    src = (
+                        "SIMULATED GPUs (no NVIDIA driver is used)"
+                        if status["simulated"]
+                        else f"real GPUs (NVML, driver {status['driver_version']})"
+                    )
+                    console.print(f"[bold]rbroker demo[/] — broker on {sock} — {src}")
+                    state.log(f"broker up: {len(client.gpus())} GPUs, {src}")
+                    _run_workers(console, client, sock, procs, state, live_ok, budget_s)
+                    summary = _summary(client, state)
+            finally:
+                broker_log.close()
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print("\n[yellow]demo interrupted: broker and workers stopped[/]")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if interrupted:
+        return 130
+    console.print(summary)
+    ok = not state.violations and state.freed_after_s is not None and state.freed_after_s < 1.0
+    return 0 if ok else 1
+
+
+def _connect(sock: str, broker: subprocess.Popen[bytes], root: Path) -> rbroker.Client:
+    deadline = time.monotonic() + 20
+    while True:
+        if broker.poll() is not None:
+            log = (root / "broker.log").read_text(errors="replace")
+            raise SystemExit(f"rbroker demo: the broker exited:\n{log}")
+        try:
+            return rbroker.Client(sock, timeout_s=10)
+        except rbroker.BrokerUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _run_workers(
+    console: Console,
+    client: rbroker.Client,
+    sock: str,
+    procs: list[subprocess.Popen[bytes]],
+    state: DemoState,
+    live_ok: bool,
+    budget_s: float,
+) -> None:
+    workers: dict[str, subprocess.Popen[bytes]] = {}
+    seen_granted: set[str] = set()
+    seen_queued: set[str] = set()
+    granted_at: dict[str, float] = {}
+    pending = sorted(WORKERS, key=lambda w: w.start_s)
+    victim = next(w for w in WORKERS if w.victim)
+    start = time.monotonic()
+    live = Live(console=console, refresh_per_second=8, transient=False) if live_ok else None
+    with live if live is not None else contextlib.nullcontext():
+        while True:
+            now = time.monotonic() - start
+            while pending and pending[0].start_s <= now:
+                w = pending.pop(0)
+                workers[w.session] = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "rbroker.cli.demo_worker",
+                        "--socket",
+                        sock,
+                        "--mib",
+                        str(w.mib),
+                        "--hold-s",
+                        str(w.hold_s),
+                        "--project",
+                        w.project,
+                        "--session",
+                        w.session,
+                        "--purpose",
+                        w.purpose,
+                    ],
+                    preexec_fn=_die_with_parent,
+                )
+                procs.append(workers[w.session])
+                state.log(f"worker {w.session} asks for {fmt_mib(w.mib)} MiB: {w.purpose}")
+            gpus = client.gpus()
+            view = client.leases(include_ended=True)
+            _check_snapshot(state, gpus)
+            for lease in view["leases"]:
+                if lease["session"] not in seen_granted:
+                    seen_granted.add(lease["session"])
+                    granted_at[lease["session"]] = time.time()
+                    waited = lease["waited_s"]
+                    state.log(
+                        f"granted {lease['session']}: {fmt_mib(lease['granted_mib'])} MiB on "
+                        f"{short_uuid(lease['gpu_uuid'])}"
+                        + (f" after waiting {waited:.1f} s" if waited > 0.05 else " at once")
+                    )
+            for q in view["queue"]:
+                if q["session"] not in seen_queued:
+                    seen_queued.add(q["session"])
+                    state.log(f"{q['session']} {q['reason']}")
+            vw = workers.get(victim.session)
+            if (
+                state.kill_wall is None
+                and vw is not None
+                and victim.session in granted_at
+                and time.time() - granted_at[victim.session] >= KILL_AFTER_GRANT_S
+            ):
+                vw.send_signal(signal.SIGKILL)
+                state.kill_wall = time.time()
+                state.victim_lease = next(
+                    (lease for lease in view["leases"] if lease["session"] == victim.session),
+                    None,
+                )
+                state.log(f"killed worker {victim.session} with SIGKILL mid-run")
+            if state.kill_wall is not None and state.freed_after_s is None:
+                for ended in view.get("ended", []):
+                    if ended["session"] == victim.session:
+                        state.freed_after_s = ended["ended_at"] - state.kill_wall
+                        state.log(
+                            f"lease of {victim.session} freed {state.freed_after_s * 1000:.0f} ms"
+                            f" after the kill ({ended['ended_reason']})"
+                        )
+            if live is not None:
+                recent = Text("\n".join(state.events[-9:]), style="dim")
+                live.update(Group(broker_view(gpus, view, "rbroker demo — live"), recent))
+            else:
+                while state.snapshots and len(state.events) > getattr(state, "_printed", 0):
+                    console.print(state.events[getattr(state, "_printed", 0)])
+                    state._printed = getattr(state, "_printed", 0) + 1  # type: ignore[attr-defined]
+            done = not pending and all(p.poll() is not None for p in workers.values())
+            if done or now > budget_s:
+                if not done:
+                    state.log("demo time is up; stopping the remaining workers")
+                break
+            time.sleep(0.1)
+
+
+def _summary(client: rbroker.Client, state: DemoState) -> Text:
+    view = client.leases(include_ended=True)
+    ended = {lease["session"]: lease for lease in view["ended"]}
+    ended.update({lease["session"]: lease for lease in view["leases"]})
+    demo_sessions = {w.session for w in WORKERS}
+    leases = [ended[s] for s in (w.session for w in WORKERS) if s in ended]
+    waited = [lease for lease in leases if lease["waited_s"] > 0.05]
+    at_once = [lease for lease in leases if lease["waited_s"] <= 0.05]
+    fits = [
+        all(a["extra_mib"] <= a["available_mib"] for a in lease["admission"].values())
+        for lease in leases
+    ]
+    lines = ["", "rbroker demo summary", "===================="]
+    lines.append(
+        f"leases granted: {len(leases)} of {len(demo_sessions)} requests "
+        f"({len(at_once)} at once, {len(waited)} after waiting)"
+    )
+    for lease in sorted(waited, key=lambda item: -item["waited_s"]):
+        lines.append(
+            f"  waited {lease['waited_s']:5.1f} s  {fmt_mib(lease['granted_mib']):>6} MiB  "
+            f"{lease['session']}: {lease['purpose']}"
+        )
+    victim = next(w for w in WORKERS if w.victim)
+    if state.freed_after_s is not None:
+        v = ended.get(victim.session, {})
+        lines.append(
+            f"crash: worker {victim.session} killed with SIGKILL while holding "
+            f"{fmt_mib(v.get('granted_mib', victim.mib))} MiB; its lease was freed "
+            f"{state.freed_after_s * 1000:.0f} ms later ({v.get('ended_reason', '?')})"
+        )
+        after = [
+            lease["granted_at"] - state.kill_wall
+            for lease in leases
+            if state.kill_wall is not None and lease["granted_at"] > state.kill_wall
+        ]
+        if after:
+            lines.append(
+                f"       the next waiter was admitted {min(after) * 1000:.0f} ms after the kill"
+            )
+    else:
+        lines.append(f"crash: worker {victim.session} was not killed or its lease not freed")
+    lines.append(
+        f"capacity check: {sum(fits)} of {len(fits)} grants fitted the memory available "
+        "when they were decided"
+    )
+    margin = state.min_margin_mib
+    verdict = "never exceeded" if not state.violations and all(fits) else "EXCEEDED"
+    lines.append(
+        f"granted memory {verdict} available: over {state.snapshots} snapshots, granted + "
+        f"others' use + headroom ≤ total on every GPU (smallest margin "
+        f"{fmt_mib(margin or 0)} MiB)"
+    )
+    for violation in state.violations[:5]:
+        lines.append(f"  violation: {violation}")
+    return Text("\n".join(lines))

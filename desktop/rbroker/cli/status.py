@@ -1,0 +1,37 @@
+"""`rbroker status`: the broker's GPUs (capacity split), leases and queue."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+
+import rbroker
+from rbroker.cli.views import broker_view
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """Print the status once. Exit 0, or 69 when no broker answers."""
+    console = Console()
+    try:
+        with rbroker.Client(args.socket, timeout_s=5) as client:
+            status = client.status()
+            gpus = client.gpus()
+            leases = client.leases()
+    except rbroker.BrokerUnavailable as exc:
+        Console(stderr=True).print(f"rbroker status: {exc}")
+        return 69
+    if args.json:
+        print(json.dumps({"status": status, "gpus": gpus, **leases}, indent=2))
+        return 0
+    source = status["telemetry_source"]
+    header = (
+        f"rbroker {status['version']} — up {status['uptime_s']:.0f} s — telemetry: "
+        + ("SIMULATED" if status["simulated"] else f"NVML (driver {status['driver_version']})")
+        + f" — coordinator: {status['coordinator']['link']}"
+    )
+    if source == "simulated":
+        header += "  [no real GPU is read]"
+    console.print(broker_view(gpus, leases, header))
+    return 0
