@@ -39,7 +39,7 @@ class Holder:
             proc = psutil.Process(self.pid)
             if self.start_time and proc.create_time() != self.start_time:
                 return False
-            return proc.status() != psutil.STATUS_ZOMBIE
+            return bool(proc.status() != psutil.STATUS_ZOMBIE)
         except psutil.NoSuchProcess:
             return False
         except psutil.AccessDenied:

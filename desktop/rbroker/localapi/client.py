@@ -23,34 +23,35 @@ from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import RpcError
 from rbroker_protocol.versions import PROTOCOL_VERSION
 
+if sys.platform != "win32":
 
-class _UnixStream:
-    def __init__(self, path: str, timeout_s: float | None) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout_s)
-        try:
-            self.sock.connect(path)
-        except OSError:
+    class _UnixStream:
+        def __init__(self, path: str, timeout_s: float | None) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout_s)
+            try:
+                self.sock.connect(path)
+            except OSError:
+                self.sock.close()
+                raise
+            self.file: BinaryIO = self.sock.makefile("rwb", buffering=0)  # type: ignore[assignment]
+            self._rfile = self.sock.makefile("rb")
+
+        def write(self, data: bytes) -> None:
+            self.sock.sendall(data)
+
+        def readline(self) -> bytes:
+            return self._rfile.readline()
+
+        def settimeout(self, timeout_s: float | None) -> None:
+            self.sock.settimeout(timeout_s)
+
+        def close(self) -> None:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+            self._rfile.close()
+            self.file.close()
             self.sock.close()
-            raise
-        self.file: BinaryIO = self.sock.makefile("rwb", buffering=0)  # type: ignore[assignment]
-        self._rfile = self.sock.makefile("rb")
-
-    def write(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def readline(self) -> bytes:
-        return self._rfile.readline()
-
-    def settimeout(self, timeout_s: float | None) -> None:
-        self.sock.settimeout(timeout_s)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self._rfile.close()
-        self.file.close()
-        self.sock.close()
 
 
 class _PipeStream:  # pragma: no cover - Windows only

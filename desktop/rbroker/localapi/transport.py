@@ -50,6 +50,7 @@ async def serve(address: str, handler: Handler, limit: int) -> ListeningServer:
         from rbroker.localapi.pipe_windows import serve_pipe
 
         return await serve_pipe(address, handler, limit)
-    from rbroker.localapi.unix import serve_unix
+    else:
+        from rbroker.localapi.unix import serve_unix
 
-    return await serve_unix(address, handler, limit)
+        return await serve_unix(address, handler, limit)

@@ -18,6 +18,9 @@ from pathlib import Path
 
 from rbroker.localapi.transport import BrokerAlreadyRunning, Handler, Peer
 
+# Unix only; on Windows `transport.serve` uses pipe_windows (and type checkers skip the rest).
+assert sys.platform != "win32", "rbroker.localapi.unix is not for Windows"
+
 
 def peer_of(sock: socket.socket) -> Peer:
     """Read the connecting process's pid and user from the kernel.
