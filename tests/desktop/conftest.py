@@ -1,0 +1,144 @@
+"""Fixtures for desktop tests: a raw JSON-lines connection to a broker (no SDK in between)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import WORKER
+
+
+class RawConnection:
+    """A Unix-socket connection speaking JSON-RPC lines by hand.
+
+    `send_line` writes bytes as they are; `request` sends one request object and returns
+    the answer object with the same id (notifications in between are skipped).
+    """
+
+    def __init__(self, path: str, timeout_s: float = 10.0) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout_s)
+        self.sock.connect(path)
+        self._buf = b""
+        self._next_id = 1000
+
+    def send_line(self, data: bytes) -> None:
+        self.sock.sendall(data if data.endswith(b"\n") else data + b"\n")
+
+    def read_message(self) -> dict[str, Any]:
+        while b"\n" not in self._buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("broker closed the connection")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        msg = json.loads(line)
+        assert isinstance(msg, dict), msg
+        return msg
+
+    def request(self, method: str, params: Any = None, **extra: Any) -> dict[str, Any]:
+        """Send `{"jsonrpc": "2.0", "id": n, "method": ..., "params": ...}`; return the answer."""
+        self._next_id += 1
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "id": self._next_id, "method": method}
+        if params is not None:
+            msg["params"] = params
+        msg.update(extra)
+        self.send_line(json.dumps(msg).encode())
+        return self.read_answer(self._next_id)
+
+    def send_request(self, method: str, params: Any) -> int:
+        """Send a request without waiting for its answer; return its id."""
+        self._next_id += 1
+        msg = {"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params}
+        self.send_line(json.dumps(msg).encode())
+        return self._next_id
+
+    def read_answer(self, request_id: Any) -> dict[str, Any]:
+        while True:
+            msg = self.read_message()
+            if msg.get("method") == "event":
+                continue
+            if msg.get("id") == request_id:
+                return msg
+
+    def hello(self) -> dict[str, Any]:
+        answer = self.request("hello", {"protocol_version": 1, "client": "raw-test"})
+        assert "result" in answer, answer
+        return dict(answer["result"])
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+@pytest.fixture
+def raw_connect() -> Iterator[Callable[[str], RawConnection]]:
+    """`raw_connect(socket_path)` → RawConnection; all are closed at teardown."""
+    opened: list[RawConnection] = []
+
+    def connect(path: str) -> RawConnection:
+        conn = RawConnection(path)
+        opened.append(conn)
+        return conn
+
+    yield connect
+    for conn in opened:
+        conn.close()
+
+
+class WorkerProcess:
+    """A test worker script (tests/workers/NAME.py) run as a real process, line-buffered."""
+
+    def __init__(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
+        script = Path(WORKER) / f"{name}.py"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", str(script), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def read_line(self) -> str:
+        """The next stdout line (blocks; the pytest timeout bounds it)."""
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        if not line:
+            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+            raise AssertionError(f"worker exited with {self.proc.wait()}: {err}")
+        return line.strip()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def worker() -> Iterator[Callable[..., WorkerProcess]]:
+    """`worker(name, *args, env=None)` → a started WorkerProcess; all killed at teardown."""
+    started: list[WorkerProcess] = []
+
+    def start(name: str, *args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        w = WorkerProcess(name, *args, env=env)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
