@@ -5,6 +5,7 @@ Holders and waiters are real processes (tests/workers/hold_lease.py) using the S
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -91,7 +92,5 @@ def test_holder_whose_connection_outlives_it_is_freed_by_process_exit(
             )
             assert granted["lease"]["granted_mib"] == MIB
         finally:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(child_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass

@@ -96,4 +96,3 @@ def test_closing_the_connection_releases_its_leases(broker: BrokerProcess) -> No
             ended = _ended(observer, lease_id)
             assert ended is not None and ended["state"] == "released"
             assert ended["ended_reason"] == "holder connection closed"
-
