@@ -156,7 +156,13 @@ class FakeNvml:
             KeyError: unknown GPU.
             ProcessLookupError: `pid` is not running.
         """
-        create_time = psutil.Process(pid).create_time()
+        try:
+            proc = psutil.Process(pid)
+            create_time = proc.create_time()
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                raise ProcessLookupError(pid)
+        except psutil.NoSuchProcess:
+            raise ProcessLookupError(pid) from None
         with self._lock:
             if uuid not in {g.uuid for g in self.gpus()}:
                 raise KeyError(uuid)
@@ -188,8 +194,7 @@ class FakeNvml:
                 try:
                     proc = psutil.Process(pid)
                     alive = (
-                        proc.create_time() == create_time
-                        and proc.status() != psutil.STATUS_ZOMBIE
+                        proc.create_time() == create_time and proc.status() != psutil.STATUS_ZOMBIE
                     )
                 except psutil.Error:
                     alive = False  # an exited process's CUDA context is gone
