@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rbroker._exceptions import BrokerUnavailable, LeaseExpired, RBrokerError
+from rbroker._exceptions import BrokerUnavailable, RBrokerError
 from rbroker.localapi.client import Client
 
 log = logging.getLogger(__name__)
@@ -51,12 +53,44 @@ class Lease:
             raise self.error
 
 
-class _Holder:
-    """Owns the connection, the heartbeat thread and the release of one lease."""
+RECONNECT_WINDOW_S = 30.0
+"""How long the SDK keeps trying to reach a broker that went away (e.g. restarting)."""
 
-    def __init__(self, client: Client, lease: Lease, ttl_s: float) -> None:
+
+def _reconnect(socket: str | None, give_up_at: float, stop: threading.Event | None) -> Client:
+    """Connect again, backing off from 50 ms to 1 s, until `give_up_at` (monotonic).
+
+    Raises:
+        BrokerUnavailable: the broker did not come back in time (or `stop` was set).
+    """
+    delay = 0.05
+    while True:
+        try:
+            return Client(socket)
+        except BrokerUnavailable:
+            if time.monotonic() + delay > give_up_at or (stop is not None and stop.is_set()):
+                raise
+        if stop is not None:
+            if stop.wait(delay):
+                raise BrokerUnavailable("stopped while reconnecting", "broker_unavailable")
+        else:
+            time.sleep(delay)
+        delay = min(1.0, delay * 2)
+
+
+class _Holder:
+    """Owns the connection, the heartbeat thread and the release of one lease.
+
+    When the connection breaks (broker restart), the heartbeat thread reconnects and
+    re-attaches the lease with its token; the lease is marked lost only when the broker
+    says it is gone or does not come back within the TTL.
+    """
+
+    def __init__(self, client: Client, lease: Lease, ttl_s: float, socket: str | None) -> None:
         self.client = client
         self.lease = lease
+        self.ttl_s = ttl_s
+        self.socket = socket
         self.interval_s = max(0.2, ttl_s / 3)
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -64,19 +98,54 @@ class _Holder:
         )
         self._thread.start()
 
+    def _lose(self, exc: RBrokerError) -> None:
+        log.error("lease %s lost: %s", self.lease.lease_id, exc)
+        self.lease.lost, self.lease.error = True, exc
+
     def _beat(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.client.call("lease.renew", lease_id=self.lease.lease_id)
-            except (LeaseExpired, RBrokerError) as exc:
-                if self._stop.is_set():
+                self.client.call(
+                    "lease.renew", lease_id=self.lease.lease_id, timeout_s=self.interval_s
+                )
+            except BrokerUnavailable:
+                if self._stop.is_set() or not self._reattach():
                     return
-                log.error("lease %s lost: %s", self.lease.lease_id, exc)
-                self.lease.lost, self.lease.error = True, exc
+            except RBrokerError as exc:
+                if not self._stop.is_set():
+                    self._lose(exc)
                 return
+
+    def _reattach(self) -> bool:
+        self.client.close()
+        give_up_at = time.monotonic() + max(self.ttl_s, RECONNECT_WINDOW_S)
+        while not self._stop.is_set():
+            try:
+                client = _reconnect(self.socket, give_up_at, self._stop)
+            except BrokerUnavailable as exc:
+                if not self._stop.is_set():
+                    self._lose(exc)
+                return False
+            try:
+                result = client.call(
+                    "lease.attach", lease_id=self.lease.lease_id, token=self.lease.token
+                )
+            except BrokerUnavailable:
+                client.close()
+                continue
+            except RBrokerError as exc:
+                client.close()
+                self._lose(exc)
+                return False
+            self.lease.token = result["token"]
+            self.client = client
+            log.info("lease %s re-attached after a reconnect", self.lease.lease_id)
+            return True
+        return False
 
     def release(self) -> None:
         self._stop.set()
+        self._thread.join(timeout=self.interval_s + 2.0)
         try:
             self.client.call("lease.release", lease_id=self.lease.lease_id, timeout_s=5.0)
         except RBrokerError as exc:
@@ -84,7 +153,6 @@ class _Holder:
                 log.warning("release of %s: %s", self.lease.lease_id, exc)
         finally:
             self.client.close()
-            self._thread.join(timeout=2.0)
 
 
 def _acquire(
@@ -107,13 +175,24 @@ def _acquire(
         "session": session,
         "purpose": purpose,
         "ttl_s": ttl_s,
-        "wait_s": wait_s,
         "adopt": adopt,
+        "request_key": uuid.uuid4().hex,
     }
     if gpu_uuid is not None:
         params["gpu_uuid"] = gpu_uuid
+    wait_until = time.monotonic() + wait_s
     try:
-        result = client.call("lease.acquire", timeout_s=wait_s + 30.0, **params)
+        while True:
+            remaining = max(0.0, wait_until - time.monotonic())
+            try:
+                result = client.call(
+                    "lease.acquire", timeout_s=remaining + 30.0, wait_s=remaining, **params
+                )
+                break
+            except BrokerUnavailable:
+                # the broker went away mid-wait (restart): come back with the same request_key
+                client.close()
+                client = _reconnect(socket, time.monotonic() + RECONNECT_WINDOW_S, None)
     except BaseException:
         client.close()
         raise
@@ -127,7 +206,7 @@ def _acquire(
         info=info,
         token=result.get("token", ""),
     )
-    return _Holder(client, lease, ttl_s)
+    return _Holder(client, lease, ttl_s, socket)
 
 
 @contextlib.contextmanager

@@ -11,10 +11,42 @@ from pathlib import Path
 
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.service import Broker
+from rbroker.broker.store import LeaseStore
 from rbroker.gpu.select import open_gateway
 from rbroker.localapi.server import LocalApi
 
 log = logging.getLogger(__name__)
+
+
+class DataDirLocked(RuntimeError):
+    """Another broker uses this data directory."""
+
+
+class DataDirLock:
+    """An exclusive advisory lock on `<data dir>/broker.lock` held while the broker runs.
+
+    Raises:
+        DataDirLocked: another live process holds it.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self._file = open(data_dir / "broker.lock", "a+b")  # noqa: SIM115 - held open
+        try:
+            if sys.platform == "win32":
+                import msvcrt
+
+                msvcrt.locking(self._file.fileno(), msvcrt.LK_NBLCK, 1)
+            else:
+                import fcntl
+
+                fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._file.close()
+            raise DataDirLocked(f"another broker uses the data directory {data_dir}") from None
+
+    def release(self) -> None:
+        """Unlock (closing the file releases the lock)."""
+        self._file.close()
 
 
 class BrokerHost:
@@ -30,21 +62,36 @@ class BrokerHost:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         gateway, fake = open_gateway(config.simulate, config.scenario)
-        self.broker = Broker(config, gateway, fake)
-        self.api = LocalApi(self.broker, str(config.socket_path))
+        self._gateway, self._fake = gateway, fake
+        self.broker: Broker | None = None
+        self.api: LocalApi | None = None
 
     @property
     def simulated(self) -> bool:
-        return self.broker.fake is not None
+        return self._fake is not None
 
     async def start(self) -> None:
+        """Lock the data dir, open the lease store, start the broker, then listen."""
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
-        await self.broker.start()
-        await self.api.start()
+        self._lock = DataDirLock(self.config.data_dir)
+        store = LeaseStore(self.config.data_dir / "broker.sqlite3")
+        self.broker = Broker(self.config, self._gateway, self._fake, store=store)
+        self.api = LocalApi(self.broker, str(self.config.socket_path))
+        try:
+            await self.broker.start()
+            await self.api.start()
+        except BaseException:
+            await self.broker.stop()
+            self._lock.release()
+            raise
 
     async def stop(self) -> None:
-        await self.api.close()
-        await self.broker.stop()
+        """Stop listening, stop the broker, unlock the data dir."""
+        if self.api is not None:
+            await self.api.close()
+        if self.broker is not None:
+            await self.broker.stop()
+        self._lock.release()
 
     async def run_forever(self, ready: asyncio.Event | None = None) -> None:
         """Start, then run until SIGINT/SIGTERM (or cancellation), then stop."""

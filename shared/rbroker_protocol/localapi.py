@@ -50,6 +50,16 @@ class AcquireParams(_Params):
     wait_s: Annotated[float, Field(ge=0.0, le=7 * 24 * 3600.0)] = 0.0
     adopt: bool = False
     placement: Literal["pack", "spread"] = "pack"
+    request_key: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9_-]*$")] | None = None
+    """Client-chosen id of this request: re-sending it after a reconnect (e.g. a broker
+    restart) re-attaches to the queued request or the lease granted for it."""
+
+
+class AttachParams(_Params):
+    """`lease.attach`: re-bind a lease to this connection with the token of its grant."""
+
+    lease_id: Annotated[str, Field(min_length=1, max_length=64)]
+    token: Annotated[str, Field(min_length=1, max_length=128)]
 
 
 class LeaseRef(_Params):

@@ -28,3 +28,4 @@ class BrokerConfig:
     stall_threshold_s: float = 2.0
     ended_history: int = 500
     default_ttl_s: float = 30.0
+    reattach_grace_s: float = 30.0

@@ -59,6 +59,9 @@ class Lease:
     admission: dict[str, Any] = field(default_factory=dict)
     ended_reason: str = ""
     ended_at_wall: float = 0.0
+    request_key: str = ""
+    baseline_mib: dict[str, int] = field(default_factory=dict)
+    restored: bool = False
 
     @property
     def gpu_uuid(self) -> str:
@@ -92,7 +95,60 @@ class Lease:
             "admission": self.admission,
             "ended_reason": self.ended_reason,
             "ended_at": self.ended_at_wall,
+            "restored": self.restored,
         }
+
+    def to_record(self) -> dict[str, Any]:
+        """Everything needed to restore the lease after a broker restart, minus the token."""
+        return {
+            "lease_id": self.lease_id,
+            "gpu_uuids": list(self.gpu_uuids),
+            "granted_mib": self.granted_mib,
+            "owner": self.owner,
+            "project": self.project,
+            "session": self.session,
+            "purpose": self.purpose,
+            "holder_pid": self.holder.pid,
+            "holder_start": self.holder.start_time,
+            "ttl_s": self.ttl_s,
+            "granted_at": self.granted_at_wall,
+            "adopt": self.adopt,
+            "waited_s": self.waited_s,
+            "claimed_mib": self.claimed_mib,
+            "baseline_mib": self.baseline_mib,
+            "admission": self.admission,
+            "request_key": self.request_key,
+            "state": self.state.value,
+            "ended_reason": self.ended_reason,
+        }
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any], deadline: float, now_wall: float) -> Lease:
+        """Rebuild a restored lease; it gets `deadline` and no connection (the holder
+        re-attaches with its token). Raises KeyError/TypeError on a malformed record."""
+        return cls(
+            lease_id=rec["lease_id"],
+            token="",
+            gpu_uuids=tuple(rec["gpu_uuids"]),
+            granted_mib=int(rec["granted_mib"]),
+            owner=rec["owner"],
+            project=rec["project"],
+            session=rec["session"],
+            purpose=rec["purpose"],
+            holder=Holder(int(rec["holder_pid"]), float(rec["holder_start"])),
+            ttl_s=float(rec["ttl_s"]),
+            deadline=deadline,
+            granted_at_wall=float(rec["granted_at"]),
+            renewed_at_wall=now_wall,
+            conn_id=None,
+            adopt=bool(rec["adopt"]),
+            waited_s=float(rec["waited_s"]),
+            claimed_mib={k: int(v) for k, v in rec["claimed_mib"].items()},
+            baseline_mib={k: int(v) for k, v in rec["baseline_mib"].items()},
+            admission=dict(rec["admission"]),
+            request_key=rec.get("request_key", ""),
+            restored=True,
+        )
 
 
 @dataclass(slots=True)
@@ -121,6 +177,29 @@ class Waiter:
     reason_kind: str = "sampling"  # "sampling" | "capacity" | "telemetry"
     reason_data: dict[str, Any] = field(default_factory=dict)
     evaluated: bool = False
+    request_key: str = ""
+    wait_until_wall: float = 0.0
+    reattach_by: float | None = None  # restored after a restart: its client must come back
+
+    def to_record(self) -> dict[str, Any]:
+        """What is persisted of a waiting request (see `store.LeaseStore`)."""
+        return {
+            "mib": self.mib,
+            "gpus": self.gpus,
+            "candidates": list(self.candidates),
+            "pinned": self.pinned,
+            "owner": self.owner,
+            "project": self.project,
+            "session": self.session,
+            "purpose": self.purpose,
+            "ttl_s": self.ttl_s,
+            "adopt": self.adopt,
+            "placement": self.placement,
+            "holder_pid": self.holder.pid,
+            "holder_start": self.holder.start_time,
+            "wait_s": self.wait_s,
+            "wait_until_wall": self.wait_until_wall,
+        }
 
     def to_wire(self, now: float, ahead: int) -> dict[str, Any]:
         """The JSON view of a queued request, with its reason and position."""

@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hmac
 import logging
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,9 +30,11 @@ from rbroker.broker.capacity import (
     fmt_mib,
     short_uuid,
 )
+from rbroker.broker.clock import Clock, SystemClock
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Ancestry, Holder
 from rbroker.broker.leases import Lease, LeaseState, Waiter
+from rbroker.broker.store import LeaseStore, token_hash
 from rbroker.gpu.fake_nvml import FakeNvml
 from rbroker.gpu.nvml import AsyncSampler, NvmlGateway, TelemetryError
 from rbroker.gpu.types import GpuInfo, GpuSample, ProcessSample, TelemetryState
@@ -95,7 +97,17 @@ class Broker:
     stable codes of DESIGN §5.
     """
 
-    def __init__(self, config: BrokerConfig, gateway: NvmlGateway, fake: FakeNvml | None) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        gateway: NvmlGateway,
+        fake: FakeNvml | None,
+        clock: Clock | None = None,
+        store: LeaseStore | None = None,
+    ) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self.store = store
+        gateway.clock = self.clock.monotonic
         self.config = config
         self.gateway = gateway
         self.fake = fake
@@ -108,11 +120,13 @@ class Broker:
         self._ancestry = Ancestry()
         self._tasks: list[asyncio.Task[None]] = []
         self._request_seq = 0
-        self._started_mono = time.monotonic()
-        self._started_wall = time.time()
+        self._started_mono = self.clock.monotonic()
+        self._started_wall = self.clock.wall()
         self._listeners: list[Listener] = []
         self.grant_count = 0
         self.paused = False
+        self._token_sha256: dict[str, str] = {}
+        self._ends_since_prune = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -126,10 +140,81 @@ class Broker:
             override = self.config.headroom_overrides.get(info.uuid, self.config.headroom_mib)
             self.slots[info.uuid] = GpuSlot(info=info, headroom_override=override)
         await asyncio.gather(*(self._sample_once(slot) for slot in self.slots.values()))
+        if self.store is not None:
+            self._restore(self.store)
         for slot in self.slots.values():
             self._tasks.append(asyncio.create_task(self._sample_loop(slot)))
         self._tasks.append(asyncio.create_task(self._tick_loop()))
         log.info("broker started: %d GPUs, telemetry %s", len(self.slots), self.gateway.source)
+
+    def _restore(self, store: LeaseStore) -> None:
+        """Bring back, after a restart, the leases and waiting requests whose holder
+        processes are still alive (pid + start time); end the others with the reason."""
+        now, wall = self.clock.monotonic(), self.clock.wall()
+        for stored in store.active_leases():
+            try:
+                lease = Lease.from_record(stored.record, now + float(stored.record["ttl_s"]), wall)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                log.error("lease %s: unreadable record, dropped", stored.lease_id)
+                store.end_lease(stored.lease_id, LeaseState.REVOKED.value, wall, stored.record)
+                continue
+            if not lease.holder.alive():
+                lease.state = LeaseState.HOLDER_EXITED
+                lease.ended_reason = "holder exited while the broker was down"
+                lease.ended_at_wall = wall
+                store.end_lease(lease.lease_id, lease.state.value, wall, lease.to_record())
+                self.ended.append(lease)
+                log.info("lease %s not restored: %s", lease.lease_id, lease.ended_reason)
+                continue
+            self.leases[lease.lease_id] = lease
+            self._token_sha256[lease.lease_id] = stored.token_sha256
+            for u, baseline in lease.baseline_mib.items():
+                self._baselines[(lease.holder, u)] = baseline
+            log.info("lease %s restored (holder %d alive)", lease.lease_id, lease.holder.pid)
+        for rec in store.waiters():
+            key = rec["request_key"]
+            try:
+                holder = Holder(int(rec["holder_pid"]), float(rec["holder_start"]))
+                remaining = float(rec["wait_until_wall"]) - wall
+                candidates = tuple(u for u in rec["candidates"] if u in self.slots)
+                alive = holder.alive()
+            except (KeyError, TypeError, ValueError):
+                alive, remaining, candidates = False, 0.0, ()
+            if not alive or remaining <= 0 or len(candidates) < int(rec.get("gpus", 1)):
+                store.delete_waiter(key)
+                continue
+            self._request_seq += 1
+            self.queue.append(
+                Waiter(
+                    request_id=self._request_seq,
+                    mib=int(rec["mib"]),
+                    gpus=int(rec["gpus"]),
+                    candidates=candidates,
+                    pinned=bool(rec["pinned"]),
+                    owner=rec["owner"],
+                    project=rec["project"],
+                    session=rec["session"],
+                    purpose=rec["purpose"],
+                    ttl_s=float(rec["ttl_s"]),
+                    adopt=bool(rec["adopt"]),
+                    placement=rec["placement"],
+                    holder=holder,
+                    conn_id=None,
+                    enqueued_at=now,
+                    deadline=now + remaining,
+                    wait_s=float(rec["wait_s"]),
+                    future=asyncio.get_running_loop().create_future(),
+                    request_key=key,
+                    wait_until_wall=float(rec["wait_until_wall"]),
+                    reattach_by=now + self.config.reattach_grace_s,
+                )
+            )
+        for slot in self.slots.values():
+            self._update_observed(slot)
+        if self.leases or self.queue:
+            log.warning(
+                "restored %d leases and %d waiting requests", len(self.leases), len(self.queue)
+            )
 
     async def stop(self) -> None:
         """Cancel background tasks and fail every waiter; leases end with the process."""
@@ -139,11 +224,14 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        for w in self.queue:
+        for w in self.queue:  # persisted waiters stay in the store for the next start
             if not w.future.done():
                 w.future.set_exception(RpcError(ErrorCode.CANCELLED, "broker stopping"))
+                w.future.exception()  # retrieved: nobody may be awaiting a restored waiter
         self.queue.clear()
         self.sampler.close()
+        if self.store is not None:
+            self.store.close()
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call `listener(kind, data)` on lease, queue and capacity changes; returns an
@@ -310,9 +398,16 @@ class Broker:
                 pinned GPU is lost or every candidate's telemetry failed and wait_s=0;
                 `cancelled` when the connection closes first.
         """
+        if params.request_key:
+            found = self._find_request(params.request_key, owner, holder)
+            if isinstance(found, Lease):
+                return self._rebind(found, conn_id)
+            if found is not None:
+                found.conn_id, found.reattach_by = conn_id, None
+                return await self._await_waiter(found)
         candidates = self._candidates(params)
         self._check_feasible(params, candidates)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         self._request_seq += 1
         waiter = Waiter(
             request_id=self._request_seq,
@@ -333,17 +428,76 @@ class Broker:
             deadline=now + params.wait_s,
             wait_s=params.wait_s,
             future=asyncio.get_running_loop().create_future(),
+            request_key=params.request_key or "",
+            wait_until_wall=self.clock.wall() + params.wait_s,
         )
         self.queue.append(waiter)
         self._admit()
         if not waiter.future.done():
+            if self.store is not None and waiter.request_key and params.wait_s > 0:
+                self.store.put_waiter(waiter.request_key, waiter.request_id, waiter.to_record())
             self._emit("queue", {"request_id": waiter.request_id})
+        return await self._await_waiter(waiter)
+
+    async def _await_waiter(self, waiter: Waiter) -> Lease:
         try:
             return await waiter.future
         finally:
             if waiter in self.queue:  # cancelled by the caller (connection gone)
-                self.queue.remove(waiter)
+                self._remove_waiter(waiter)
                 self._admit()
+
+    def _remove_waiter(self, waiter: Waiter, error: RpcError | None = None) -> None:
+        """Take `waiter` off the queue (and the store); fail its future with `error`."""
+        if waiter in self.queue:
+            self.queue.remove(waiter)
+        if self.store is not None and waiter.request_key:
+            self.store.delete_waiter(waiter.request_key)
+        if error is not None and not waiter.future.done():
+            waiter.future.set_exception(error)
+
+    def _find_request(self, request_key: str, owner: str, holder: Holder) -> Lease | Waiter | None:
+        """A lease granted, or a request still queued, under `request_key` for this holder
+        (after a broker restart the SDK re-sends its request with the same key)."""
+        for lease in self.leases.values():
+            if lease.request_key == request_key and lease.owner == owner and lease.holder == holder:
+                return lease
+        for waiter in self.queue:
+            if (
+                waiter.request_key == request_key
+                and waiter.owner == owner
+                and waiter.holder == holder
+                and waiter.conn_id is None
+            ):
+                return waiter
+        return None
+
+    def _rebind(self, lease: Lease, conn_id: int | None) -> Lease:
+        """Bind a lease to the holder's new connection, renew it, give it a fresh token."""
+        lease.conn_id = conn_id
+        lease.deadline = self.clock.monotonic() + lease.ttl_s
+        lease.token = secrets.token_urlsafe(24)
+        self._token_sha256[lease.lease_id] = token_hash(lease.token)
+        if self.store is not None:
+            self.store.put_lease(lease.lease_id, lease.token, lease.to_record())
+        log.info("lease %s re-attached by its holder", lease.lease_id)
+        return lease
+
+    def attach(self, lease_id: str, token: str, owner: str, conn_id: int | None) -> Lease:
+        """Re-attach a lease to a new connection of its holder (after a broker restart or
+        a dropped connection), proving possession with the token from the grant.
+
+        Raises:
+            RpcError: `lease_not_found`, `lease_expired`, `not_lease_owner` (also for a
+                wrong token: the holder is not the one the lease was granted to).
+        """
+        lease = self._find(lease_id, owner)
+        expected = self._token_sha256.get(lease_id, "")
+        if not expected or not hmac.compare_digest(expected, token_hash(token)):
+            raise RpcError(
+                ErrorCode.NOT_LEASE_OWNER, f"wrong token for lease {lease_id}", lease_id=lease_id
+            )
+        return self._rebind(lease, conn_id)
 
     def _claim(self, waiter: Waiter, slot: GpuSlot) -> int:
         """MiB of the holder's existing use that an adopting request takes over on `slot`."""
@@ -361,7 +515,7 @@ class Broker:
         """One atomic admission pass over the queue, in FIFO order (see module docstring)."""
         if not self.queue:
             return
-        now = time.monotonic()
+        now = self.clock.monotonic()
         fresh = {u for u, s in self.slots.items() if s.fresh(now, self.config.max_sample_age_s)}
         caps: dict[str, Capacity] = {}
         for u in fresh:
@@ -371,7 +525,7 @@ class Broker:
         blocked: dict[str, int] = {}
         for waiter in list(self.queue):
             if waiter.future.done():
-                self.queue.remove(waiter)
+                self._remove_waiter(waiter)
                 continue
             pending = [
                 u
@@ -452,7 +606,7 @@ class Broker:
         }
 
     def _grant(self, waiter: Waiter, chosen: list[tuple[str, Capacity, int]], now: float) -> None:
-        wall = time.time()
+        wall = self.clock.wall()
         lease = Lease(
             lease_id="lease-" + secrets.token_hex(6),
             token=secrets.token_urlsafe(24),
@@ -471,18 +625,23 @@ class Broker:
             adopt=waiter.adopt,
             waited_s=now - waiter.enqueued_at,
         )
+        lease.request_key = waiter.request_key
         for u, cap, need in chosen:
             slot = self.slots[u]
             claim = waiter.mib - need
             baseline = self._baseline_now(waiter.holder, slot)
             self._baselines[(waiter.holder, u)] = baseline - claim
+            lease.baseline_mib[u] = baseline - claim
             lease.claimed_mib[u] = claim
             lease.admission[u] = {**cap.as_dict(), "requested_mib": waiter.mib, "extra_mib": need}
             slot.last_change_at = now
         self.leases[lease.lease_id] = lease
+        self._token_sha256[lease.lease_id] = token_hash(lease.token)
+        if self.store is not None:
+            self.store.put_lease(lease.lease_id, lease.token, lease.to_record())
         for u, _, _ in chosen:
             self._update_observed(self.slots[u])
-        self.queue.remove(waiter)
+        self._remove_waiter(waiter)
         self.grant_count += 1
         waiter.future.set_result(lease)
         log.info(
@@ -528,8 +687,8 @@ class Broker:
                 `not_lease_owner`.
         """
         lease = self._find(lease_id, owner)
-        lease.deadline = time.monotonic() + lease.ttl_s
-        lease.renewed_at_wall = time.time()
+        lease.deadline = self.clock.monotonic() + lease.ttl_s
+        lease.renewed_at_wall = self.clock.wall()
         return lease
 
     def release(self, lease_id: str, owner: str, reason: str = "released by holder") -> Lease:
@@ -544,8 +703,8 @@ class Broker:
         del self.leases[lease.lease_id]
         lease.state = state
         lease.ended_reason = reason
-        lease.ended_at_wall = time.time()
-        now = time.monotonic()
+        lease.ended_at_wall = self.clock.wall()
+        now = self.clock.monotonic()
         for u in lease.gpu_uuids:
             slot = self.slots.get(u)
             if slot is not None:
@@ -557,6 +716,15 @@ class Broker:
             ):
                 self._baselines.pop((lease.holder, u), None)
         self.ended.append(lease)
+        self._token_sha256.pop(lease.lease_id, None)
+        if self.store is not None:
+            self.store.end_lease(
+                lease.lease_id, state.value, lease.ended_at_wall, lease.to_record()
+            )
+            self._ends_since_prune += 1
+            if self._ends_since_prune >= 200:
+                self._ends_since_prune = 0
+                self.store.prune_ended(self.config.ended_history)
         log.info("lease %s %s: %s", lease.lease_id, state.value, reason)
         self._emit("lease", {"lease_id": lease.lease_id, "state": state.value})
 
@@ -565,21 +733,20 @@ class Broker:
         for lease in [lease for lease in self.leases.values() if lease.conn_id == conn_id]:
             self._end(lease, LeaseState.RELEASED, "holder connection closed")
         for waiter in [w for w in self.queue if w.conn_id == conn_id]:
-            self.queue.remove(waiter)
-            if not waiter.future.done():
-                waiter.future.set_exception(
-                    RpcError(ErrorCode.CANCELLED, "request cancelled: connection closed")
-                )
+            self._remove_waiter(
+                waiter, RpcError(ErrorCode.CANCELLED, "request cancelled: connection closed")
+            )
         self._admit()
 
     async def _tick_loop(self) -> None:
-        last = time.monotonic()
+        last = self.clock.monotonic()
+        last_boot = self.clock.boottime()
         last_holder_check = 0.0
         while True:
             await asyncio.sleep(self.config.tick_s)
-            now = time.monotonic()
-            gap = now - last
-            last = now
+            now, boot = self.clock.monotonic(), self.clock.boottime()
+            gap = max(now - last, boot - last_boot)  # boot time also counts a suspend
+            last, last_boot = now, boot
             try:
                 if gap > self.config.stall_threshold_s:
                     self._grace(now, gap)
@@ -604,27 +771,28 @@ class Broker:
                 )
         for waiter in list(self.queue):
             if not waiter.holder.alive():
-                self.queue.remove(waiter)
-                if not waiter.future.done():
-                    waiter.future.set_exception(
-                        RpcError(ErrorCode.CANCELLED, "request cancelled: holder exited")
-                    )
+                self._remove_waiter(
+                    waiter, RpcError(ErrorCode.CANCELLED, "request cancelled: holder exited")
+                )
 
     def _expire(self, now: float) -> None:
         for lease in list(self.leases.values()):
             if lease.deadline < now:
                 self._end(lease, LeaseState.EXPIRED, f"no heartbeat for {lease.ttl_s:g} s")
         for waiter in list(self.queue):
-            if now >= waiter.deadline and waiter.evaluated and not waiter.future.done():
-                self.queue.remove(waiter)
-                waiter.future.set_exception(self._wait_error(waiter))
+            if waiter.reattach_by is not None and now >= waiter.reattach_by:
+                self._remove_waiter(
+                    waiter, RpcError(ErrorCode.CANCELLED, "its client did not come back")
+                )
+            elif now >= waiter.deadline and waiter.evaluated and not waiter.future.done():
+                self._remove_waiter(waiter, self._wait_error(waiter))
                 self._emit("queue", {"request_id": waiter.request_id})
         if self.queue:
             self._admit()
 
     def _wait_error(self, waiter: Waiter) -> RpcError:
         data = dict(waiter.reason_data)
-        data["waited_s"] = round(time.monotonic() - waiter.enqueued_at, 3)
+        data["waited_s"] = round(self.clock.monotonic() - waiter.enqueued_at, 3)
         if waiter.wait_s > 0:
             return RpcError(
                 ErrorCode.WAIT_TIMEOUT,
@@ -639,7 +807,7 @@ class Broker:
     # -- views --------------------------------------------------------------------------------
     def gpus_view(self) -> list[dict[str, Any]]:
         """Per GPU: identity, telemetry, and the capacity split of DESIGN §2 in MiB."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         out = []
         for slot in sorted(self.slots.values(), key=lambda s: s.info.index):
             cap = self.capacity(slot.uuid)
@@ -675,7 +843,7 @@ class Broker:
 
     def leases_view(self, include_ended: bool = False) -> dict[str, Any]:
         """Active leases, the queue (with reasons and position) and optionally ended ones."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         ahead: dict[str, int] = {}
         queued = []
         for w in self.queue:
@@ -695,7 +863,7 @@ class Broker:
         """Version, uptime, telemetry source and states, counts, coordinator link."""
         return {
             "version": __version__,
-            "uptime_s": round(time.monotonic() - self._started_mono, 3),
+            "uptime_s": round(self.clock.monotonic() - self._started_mono, 3),
             "started_at": self._started_wall,
             "telemetry_source": self.gateway.source,
             "simulated": self.fake is not None,

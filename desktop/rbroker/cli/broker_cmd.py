@@ -17,7 +17,7 @@ from rbroker.localapi.transport import BrokerAlreadyRunning
 
 def run_broker(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM. Exit codes: 0 stopped, 1 cannot start."""
-    from rbroker.host import BrokerHost, make_config
+    from rbroker.host import BrokerHost, DataDirLocked, make_config
 
     console = Console(stderr=True)
     logging.basicConfig(
@@ -44,7 +44,7 @@ def run_broker(args: argparse.Namespace) -> int:
         task = asyncio.create_task(host.run_forever(ready))
         waiter = asyncio.create_task(ready.wait())
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        if ready.is_set():
+        if ready.is_set() and host.broker is not None:
             gpus = host.broker.gpus_view()
             if host.simulated:
                 source = f"scenario {scenario}" if scenario else "the default scenario"
@@ -64,7 +64,7 @@ def run_broker(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
-    except BrokerAlreadyRunning as exc:
+    except (BrokerAlreadyRunning, DataDirLocked) as exc:
         console.print(f"[red]rbroker:[/] {exc}; not starting a second one")
         return 1
     except TelemetryError as exc:

@@ -23,6 +23,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rbroker.gpu.types import GpuInfo, GpuSample, ProcessSample, TelemetryState
@@ -92,12 +93,15 @@ class NvmlGateway:
         lib: the `pynvml` module or an object with the same functions and `NVMLError`.
         source: `"nvml"` or `"simulated"`, reported by the broker as `telemetry_source`.
 
+    `clock` (monotonic seconds) stamps samples; the broker sets it to its own clock.
+
     All methods raise `TelemetryError`, never an NVMLError.
     """
 
     def __init__(self, lib: Any, source: str = "nvml") -> None:
         self.lib = lib
         self.source = source
+        self.clock: Callable[[], float] = time.monotonic
         self._lock = threading.Lock()
         self._initialised = False
         self._handles: dict[str, Any] = {}
@@ -242,7 +246,7 @@ class NvmlGateway:
         """
         self._ensure_init()
         lib = self.lib
-        started = time.monotonic()
+        started = self.clock()
         try:
             handle = self._handle(uuid)
             before = self._processes(handle)
@@ -282,7 +286,7 @@ class NvmlGateway:
             processes=tuple(procs),
             memory_api=api,
             started_at=started,
-            finished_at=time.monotonic(),
+            finished_at=self.clock(),
         )
 
     def driver_version(self) -> str:

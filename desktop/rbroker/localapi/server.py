@@ -11,6 +11,7 @@ Methods (params → result):
     gpus.list {}                              → {gpus: [...capacity split per GPU...]}
     lease.acquire AcquireParams               → {lease: {...}, token, cuda_visible_devices}
     lease.renew {lease_id}                    → {lease: {...}}
+    lease.attach {lease_id, token}            → {lease: {...}, token}  (new token)
     lease.release {lease_id}                  → {lease: {...}}
     leases.list {include_ended}               → {leases: [...], queue: [...], ended?: [...]}
     broker.status {}                          → {version, uptime_s, telemetry_source, ...}
@@ -44,6 +45,7 @@ from rbroker_protocol.descriptions import DescriptionRejected, check_description
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import (
     AcquireParams,
+    AttachParams,
     EmptyParams,
     HelloParams,
     LeaseRef,
@@ -139,6 +141,7 @@ class LocalApi:
             "lease.acquire": (AcquireParams, self._acquire),
             "lease.renew": (LeaseRef, self._renew),
             "lease.release": (LeaseRef, self._release),
+            "lease.attach": (AttachParams, self._attach),
             "leases.list": (LeasesListParams, self._leases_list),
             "broker.status": (EmptyParams, self._status),
             "broker.pause": (PauseParams, self._pause),
@@ -303,6 +306,10 @@ class LocalApi:
 
     async def _renew(self, conn: Connection, p: LeaseRef) -> dict[str, Any]:
         return {"lease": self.broker.renew(p.lease_id, conn.peer.user).to_wire()}
+
+    async def _attach(self, conn: Connection, p: AttachParams) -> dict[str, Any]:
+        lease = self.broker.attach(p.lease_id, p.token, conn.peer.user, conn.id)
+        return {"lease": lease.to_wire(), "token": lease.token}
 
     async def _release(self, conn: Connection, p: LeaseRef) -> dict[str, Any]:
         return {"lease": self.broker.release(p.lease_id, conn.peer.user).to_wire()}
