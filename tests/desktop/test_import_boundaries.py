@@ -1,0 +1,170 @@
+"""Import boundaries of DESIGN §1, checked statically (ast over every module) and at run time.
+
+- only `rbroker.tray` imports PySide6; only `rbroker.gpu` imports pynvml;
+- `rbroker_protocol` imports neither `rbroker` nor `rbroker_server`;
+- `rbroker_server` never imports `rbroker`; `rbroker` never imports `rbroker_server`
+  (nor the server's web stack);
+- `import rbroker` (what a training job does) loads no NVML, Qt or server code.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {
+    "rbroker_protocol": ROOT / "shared" / "rbroker_protocol",
+    "rbroker": ROOT / "desktop" / "rbroker",
+    "rbroker_server": ROOT / "server" / "rbroker_server",
+}
+WEB_STACK = ("litestar", "sqlmodel", "sqlalchemy", "alembic", "uvicorn", "jinja2")
+
+
+def _module_name(package: str, root: Path, path: Path) -> str:
+    parts = [package, *path.relative_to(root).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(source: str, module: str, is_package: bool) -> Iterator[tuple[int, str]]:
+    """`(line, absolute module name)` for every import in `source`, relative ones resolved,
+    plus `importlib.import_module("...")` / `__import__("...")` with a literal name."""
+    here = module.split(".") if is_package else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - node.level + 1]
+                name = ".".join([*base, node.module] if node.module else base)
+            else:
+                name = node.module or ""
+            yield node.lineno, name
+            for alias in node.names:  # `from rbroker import gpu` imports rbroker.gpu
+                yield node.lineno, f"{name}.{alias.name}"
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            arg = node.args[0]
+            if (
+                fname in ("import_module", "__import__")
+                and isinstance(arg, ast.Constant)
+                and isinstance(arg.value, str)
+            ):
+                yield node.lineno, arg.value
+
+
+def violations(module: str, imported: str) -> list[str]:
+    """The boundary rules `module` breaks by importing `imported`."""
+    top = imported.split(".")[0]
+    inside = module.split(".")
+    out = []
+    if top == "PySide6" and inside[:2] != ["rbroker", "tray"]:
+        out.append("only rbroker.tray may import PySide6")
+    if top == "pynvml" and inside[:2] != ["rbroker", "gpu"]:
+        out.append("only rbroker.gpu may import pynvml")
+    if inside[0] == "rbroker_protocol" and top in ("rbroker", "rbroker_server"):
+        out.append("rbroker_protocol imports neither side")
+    if inside[0] == "rbroker_server" and top == "rbroker":
+        out.append("the server never imports rbroker")
+    if inside[0] == "rbroker" and (top == "rbroker_server" or top in WEB_STACK):
+        out.append("rbroker never imports the server or its web stack")
+    return out
+
+
+def _all_modules() -> Iterator[tuple[str, Path, bool]]:
+    for package, root in PACKAGES.items():
+        for path in sorted(root.rglob("*.py")):
+            yield _module_name(package, root, path), path, path.name == "__init__.py"
+
+
+def test_every_module_keeps_the_boundaries() -> None:
+    found: list[str] = []
+    checked = 0
+    for module, path, is_package in _all_modules():
+        checked += 1
+        source = path.read_text(encoding="utf-8")
+        for line, imported in imported_modules(source, module, is_package):
+            for rule in violations(module, imported):
+                found.append(f"{path.relative_to(ROOT)}:{line}: imports {imported}: {rule}")
+    assert checked >= 30, f"only {checked} modules found: is the layout still {PACKAGES}?"
+    assert not found, "\n".join(found)
+
+
+def test_the_gateway_and_the_tray_are_where_the_imports_are() -> None:
+    """The rules above are not vacuous: pynvml is imported in rbroker.gpu (and only there)."""
+    importers = {
+        module
+        for module, path, is_package in _all_modules()
+        for _, imported in imported_modules(path.read_text(encoding="utf-8"), module, is_package)
+        if imported.split(".")[0] == "pynvml"
+    }
+    assert "rbroker.gpu.nvml" in importers or "rbroker.gpu.select" in importers
+    assert all(m.startswith("rbroker.gpu.") for m in importers)
+
+
+@pytest.mark.parametrize(
+    ("module", "is_package", "source", "rule"),
+    [
+        ("rbroker.broker.service", False, "import pynvml", "pynvml"),
+        ("rbroker.broker.service", False, "from pynvml import nvmlInit", "pynvml"),
+        ("rbroker.cli.main", False, "from PySide6.QtWidgets import QApplication", "PySide6"),
+        ("rbroker.tray", True, "from ..gpu import nvml", None),
+        ("rbroker.tray.app", False, "from ..gpu.fake_nvml import FakeNvml", None),
+        ("rbroker.tray.app", False, "from PySide6 import QtCore", None),
+        ("rbroker.gpu.nvml", False, "import pynvml", None),
+        ("rbroker_protocol.errors", False, "from rbroker import lease", "neither side"),
+        ("rbroker_protocol.errors", False, "from rbroker_server.app import x", "neither side"),
+        ("rbroker_server.app", False, "import rbroker.localapi", "never imports rbroker"),
+        ("rbroker.uplink.report", False, "import rbroker_server", "never imports the server"),
+        ("rbroker.uplink.report", False, "from litestar import Litestar", "web stack"),
+        ("rbroker.cli.demo", False, "importlib.import_module('rbroker_server.cli')", "server"),
+        ("rbroker.broker.x", False, "from .. import gpu", None),
+        ("rbroker_server.app", False, "from . import models", None),
+    ],
+)
+def test_the_checker_catches_violations(
+    module: str, is_package: bool, source: str, rule: str | None
+) -> None:
+    broken = [
+        v
+        for _, imported in imported_modules(source, module, is_package)
+        for v in violations(module, imported)
+    ]
+    if rule is None:
+        assert broken == []
+    else:
+        assert broken and any(rule in v for v in broken), broken
+
+
+def test_relative_imports_are_resolved() -> None:
+    names = [n for _, n in imported_modules("from ..gpu import nvml", "rbroker.broker.x", False)]
+    assert names == ["rbroker.gpu", "rbroker.gpu.nvml"]
+    names = [n for _, n in imported_modules("from . import client", "rbroker.localapi", True)]
+    assert names == ["rbroker.localapi", "rbroker.localapi.client"]
+
+
+def test_import_rbroker_loads_no_nvml_qt_or_server_code() -> None:
+    code = (
+        "import json, sys\n"
+        "import rbroker\n"
+        "rbroker.Client, rbroker.lease, rbroker.CapacityUnavailable\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    loaded = set(json.loads(out.stdout))
+    assert "rbroker" in loaded and "rbroker.localapi.client" in loaded
+    forbidden = ("pynvml", "PySide6", "shiboken6", "rbroker_server", *WEB_STACK)
+    leaked = sorted(m for m in loaded if m.split(".")[0] in forbidden)
+    assert leaked == []
