@@ -1,0 +1,148 @@
+"""`rbroker run --mib N -- CMD...` around a real child process (DESIGN §3).
+
+The lease is held while CMD runs, CMD sees CUDA_VISIBLE_DEVICES set to the granted GPU's
+UUID, the exit code passes through, and the lease is gone afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import GPU0, WORKER, BrokerProcess, wait_until
+
+REPORT_ENV = str(Path(WORKER) / "report_env.py")
+
+
+def _run_args(broker: BrokerProcess, mib: int, *cmd: str, wait: float = 0) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "rbroker",
+        "run",
+        "--socket",
+        broker.socket,
+        "--mib",
+        str(mib),
+        "--project",
+        "tests",
+        "--session",
+        "run-wrapper",
+        "--purpose",
+        "rbroker run test",
+        "--wait",
+        str(wait),
+        "--",
+        *cmd,
+    ]
+
+
+def _env(broker: BrokerProcess) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["RBROKER_SOCKET"] = broker.socket
+    return env
+
+
+def _run(
+    broker: BrokerProcess, tmp_path: Path, mib: int, how: str
+) -> tuple[int, dict[str, Any] | None]:
+    out = tmp_path / "report.json"
+    done = subprocess.run(
+        _run_args(broker, mib, sys.executable, REPORT_ENV, str(out), how),
+        env=_env(broker),
+        capture_output=True,
+        timeout=60,
+    )
+    report = json.loads(out.read_text()) if out.exists() else None
+    return done.returncode, report
+
+
+def _no_leases_left(broker: BrokerProcess) -> None:
+    with broker.client() as c:
+        view = c.leases(include_ended=True)
+        assert view["leases"] == [] and view["queue"] == []
+        assert view["ended"], "the run's lease should be in the ended list"
+        assert all(x["state"] == "released" for x in view["ended"])
+
+
+@pytest.mark.parametrize("code", [0, 3, 42])
+def test_exit_code_passes_through_and_lease_is_released(
+    broker: BrokerProcess, tmp_path: Path, code: int
+) -> None:
+    returncode, report = _run(broker, tmp_path, 4096, str(code))
+    assert returncode == code
+    assert report is not None
+    assert report["cuda_visible_devices"] == GPU0
+    (held,) = report["active_leases"]
+    assert held["lease_id"] == report["lease_id"]
+    assert held["granted_mib"] == 4096
+    assert held["gpu_uuid"] == GPU0
+    assert held["session"] == "run-wrapper"
+    _no_leases_left(broker)
+
+
+def test_child_killed_by_a_signal(broker: BrokerProcess, tmp_path: Path) -> None:
+    returncode, report = _run(broker, tmp_path, 2048, "kill9")
+    assert report is not None and report["cuda_visible_devices"] == GPU0
+    assert returncode == 128 + signal.SIGKILL
+    _no_leases_left(broker)
+
+
+def test_signal_is_passed_to_the_child(broker: BrokerProcess, tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    proc = subprocess.Popen(
+        _run_args(broker, 2048, sys.executable, "-u", REPORT_ENV, str(out), "sleep"),
+        env=_env(broker),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"ready"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert json.loads(out.read_text())["cuda_visible_devices"] == GPU0
+    with broker.client() as c:
+        wait_until(lambda: c.leases()["leases"] == [])
+
+
+def test_no_room_means_the_command_never_runs(broker: BrokerProcess, tmp_path: Path) -> None:
+    with broker.client() as c:
+        c.call("lease.acquire", mib=20000, project="tests", session="full", purpose="fill")
+        out = tmp_path / "report.json"
+        done = subprocess.run(
+            _run_args(broker, 8192, sys.executable, REPORT_ENV, str(out), "0"),
+            env=_env(broker),
+            capture_output=True,
+            timeout=60,
+        )
+        assert done.returncode == 75  # EX_TEMPFAIL
+        assert not out.exists()
+        assert b"available" in done.stderr
+        assert [x["session"] for x in c.leases()["leases"]] == ["full"]
+
+
+def test_no_broker(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "rbroker", "run", "--socket", str(tmp_path / "none.sock")),
+            *("--mib", "1024", "--", sys.executable, "-c", "pass"),
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 69  # EX_UNAVAILABLE
