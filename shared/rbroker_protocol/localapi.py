@@ -107,3 +107,9 @@ class SimSetParams(_Params):
         | None
     ) = None
     delay_s: Annotated[float, Field(ge=0.0, le=3600.0)] | None = None
+
+
+class SimStallParams(_Params):
+    """`sim.stall`: block the broker's event loop for `seconds` (tests of stall grace)."""
+
+    seconds: Annotated[float, Field(gt=0.0, le=300.0)]

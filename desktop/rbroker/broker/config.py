@@ -11,7 +11,9 @@ class BrokerConfig:
     """Settings of one broker. Times in seconds, memory in MiB.
 
     `headroom_mib=None` uses the per-GPU default max(512, 5 % of total) (DESIGN §2);
-    `headroom_overrides` sets it per GPU UUID.
+    `headroom_overrides` sets it per GPU UUID. `capacity_overrides_mib` gives the total of a
+    GPU whose NVML memory query is not supported; its use is then the sum of the memory NVML
+    lists per process (unknown counts 0), so set it only where that list is complete.
     """
 
     socket_path: Path
@@ -29,3 +31,5 @@ class BrokerConfig:
     ended_history: int = 500
     default_ttl_s: float = 30.0
     reattach_grace_s: float = 30.0
+    enumerate_interval_s: float = 10.0
+    capacity_overrides_mib: dict[str, int] = field(default_factory=dict)

@@ -108,6 +108,7 @@ class Broker:
         self.clock: Clock = clock or SystemClock()
         self.store = store
         gateway.clock = self.clock.monotonic
+        gateway.capacity_overrides_mib = dict(config.capacity_overrides_mib)
         self.config = config
         self.gateway = gateway
         self.fake = fake
@@ -145,6 +146,7 @@ class Broker:
         for slot in self.slots.values():
             self._tasks.append(asyncio.create_task(self._sample_loop(slot)))
         self._tasks.append(asyncio.create_task(self._tick_loop()))
+        self._tasks.append(asyncio.create_task(self._enumerate_loop()))
         log.info("broker started: %d GPUs, telemetry %s", len(self.slots), self.gateway.source)
 
     def _restore(self, store: LeaseStore) -> None:
@@ -288,6 +290,31 @@ class Broker:
         self._update_observed(slot)
         self._emit("capacity", {"gpu_uuid": slot.uuid})
 
+    async def _enumerate_loop(self) -> None:
+        """Pick up GPUs that appear later (hot-plug, MIG reconfiguration, a driver that
+        came back). GPUs are keyed by UUID, so index shifts change nothing; a GPU that
+        disappears turns `lost` through its sampler and keeps its leases."""
+        while True:
+            await asyncio.sleep(self.config.enumerate_interval_s)
+            try:
+                infos = await asyncio.wait_for(
+                    asyncio.to_thread(self.gateway.enumerate), self.config.nvml_deadline_s * 4
+                )
+            except (TelemetryError, TimeoutError) as exc:
+                log.debug("re-enumeration failed: %s", exc)
+                continue
+            for info in infos:
+                slot = self.slots.get(info.uuid)
+                if slot is not None:
+                    slot.info = info  # the index may have shifted: display only
+                    continue
+                override = self.config.headroom_overrides.get(info.uuid, self.config.headroom_mib)
+                slot = GpuSlot(info=info, headroom_override=override)
+                self.slots[info.uuid] = slot
+                log.warning("new GPU %s (%s)", info.uuid, info.name)
+                await self._sample_once(slot)
+                self._tasks.append(asyncio.create_task(self._sample_loop(slot)))
+
     def _leases_on(self, uuid: str) -> list[Lease]:
         return [lease for lease in self.leases.values() if uuid in lease.gpu_uuids]
 
@@ -339,7 +366,11 @@ class Broker:
                     field="gpus",
                 )
             return (params.gpu_uuid,)
-        return tuple(sorted(self.slots, key=lambda u: self.slots[u].info.index))
+        ordered = sorted(self.slots, key=lambda u: self.slots[u].info.index)
+        usable = [
+            u for u in ordered if self.slots[u].telemetry is not TelemetryState.UNKNOWN_CAPACITY
+        ]
+        return tuple(usable if len(usable) >= params.gpus else ordered)
 
     def _check_feasible(self, params: AcquireParams, candidates: tuple[str, ...]) -> None:
         if params.gpus > len(candidates):
@@ -384,6 +415,20 @@ class Broker:
                     reason="gpu_lost",
                     telemetry=slot.telemetry.value,
                 )
+        known = [
+            u for u in candidates if self.slots[u].telemetry is not TelemetryState.UNKNOWN_CAPACITY
+        ]
+        if len(known) < params.gpus:
+            unknown = [u for u in candidates if u not in known]
+            raise RpcError(
+                ErrorCode.TELEMETRY_UNAVAILABLE,
+                f"refused: the memory capacity of {', '.join(short_uuid(u) for u in unknown)} "
+                "is unknown (NVML does not support the memory query on it); set a capacity "
+                "override for its UUID to lease it",
+                gpu_uuid=unknown[0],
+                reason="capacity_unknown",
+                telemetry=TelemetryState.UNKNOWN_CAPACITY.value,
+            )
 
     async def acquire(
         self, params: AcquireParams, owner: str, holder: Holder, conn_id: int | None
@@ -851,8 +896,20 @@ class Broker:
             queued.append(w.to_wire(now, n))
             for u in w.candidates:
                 ahead[u] = ahead.get(u, 0) + 1
+        leases = []
+        for lease in self.leases.values():
+            item = lease.to_wire(now)
+            item["gpu_telemetry"] = {
+                u: self.slots[u].telemetry.value if u in self.slots else TelemetryState.LOST.value
+                for u in lease.gpu_uuids
+            }
+            item["flags"] = sorted(
+                {f"gpu_{state}" for state in item["gpu_telemetry"].values() if state != "ok"}
+                | ({"over_grant"} if lease.over_grant else set())
+            )
+            leases.append(item)
         view: dict[str, Any] = {
-            "leases": [lease.to_wire(now) for lease in self.leases.values()],
+            "leases": leases,
             "queue": queued,
         }
         if include_ended:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -33,6 +34,14 @@ def run_broker(args: argparse.Namespace) -> int:
         scenario=scenario,
         headroom_mib=args.headroom_mib,
     )
+    overrides: dict[str, int] = {}
+    for item in args.capacity_mib:
+        uuid, _, mib = item.partition("=")
+        if not uuid or not mib.isdigit() or int(mib) <= 0:
+            console.print(f"[red]rbroker: --capacity-mib wants UUID=MIB, got {item!r}[/]")
+            return 2
+        overrides[uuid] = int(mib)
+    config = dataclasses.replace(config, capacity_overrides_mib=overrides)
     try:
         host = BrokerHost(config)
     except ScenarioError as exc:

@@ -33,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulate GPUs (default scenario: two 24 GiB GPUs, or the given file)",
     )
     b.add_argument("--headroom-mib", type=int, help="headroom per GPU (default max(512, 5%%))")
+    b.add_argument(
+        "--capacity-mib",
+        action="append",
+        default=[],
+        metavar="UUID=MIB",
+        help="total MiB of a GPU whose NVML memory query is not supported (repeatable)",
+    )
     b.add_argument("-v", "--verbose", action="store_true", help="log every lease")
 
     s = sub.add_parser("status", help="GPU capacity and leases of the local broker")

@@ -102,6 +102,7 @@ class NvmlGateway:
         self.lib = lib
         self.source = source
         self.clock: Callable[[], float] = time.monotonic
+        self.capacity_overrides_mib: dict[str, int] = {}
         self._lock = threading.Lock()
         self._initialised = False
         self._handles: dict[str, Any] = {}
@@ -253,13 +254,22 @@ class NvmlGateway:
             try:
                 total_b, free_b, api = self._memory(uuid, handle)
             except lib.NVMLError as exc:
-                if _nvml_code(exc) == _ERR_NOT_SUPPORTED:
+                override = self.capacity_overrides_mib.get(uuid)
+                if _nvml_code(exc) == _ERR_NOT_SUPPORTED and override:
+                    known = sum(p.used_mib or 0 for p in self._processes(handle).values())
+                    total_b, free_b, api = (
+                        override * MIB,
+                        max(0, override - known) * MIB,
+                        "override",
+                    )
+                elif _nvml_code(exc) == _ERR_NOT_SUPPORTED:
                     raise TelemetryError(
                         TelemetryState.UNKNOWN_CAPACITY,
                         "not_supported",
                         "the memory query is not supported on this GPU",
                     ) from None
-                raise
+                else:
+                    raise
             after = self._processes(handle)
         except lib.NVMLError as exc:
             self._handles.pop(uuid, None)

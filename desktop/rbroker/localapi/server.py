@@ -21,6 +21,8 @@ Methods (params → result):
     sim.allocate {mib, gpu_uuid?}             → {gpu_uuid, pid_mib}   (simulation only)
     sim.free {mib?, gpu_uuid?}                → {gpu_uuid, pid_mib}   (simulation only)
     sim.set {gpu_uuid, ...scenario fields}    → {gpu: {...}}          (simulation only)
+    sim.stall {seconds}                       → {stalled_s}  blocks the event loop (simulation
+                                                only: what a stalled broker looks like)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import contextlib
 import itertools
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -53,6 +56,7 @@ from rbroker_protocol.localapi import (
     SimAllocateParams,
     SimFreeParams,
     SimSetParams,
+    SimStallParams,
 )
 from rbroker_protocol.versions import PROTOCOL_VERSION, PROTOCOL_VERSION_MIN
 
@@ -149,6 +153,7 @@ class LocalApi:
             "sim.allocate": (SimAllocateParams, self._sim_allocate),
             "sim.free": (SimFreeParams, self._sim_free),
             "sim.set": (SimSetParams, self._sim_set),
+            "sim.stall": (SimStallParams, self._sim_stall),
         }
 
     async def start(self) -> None:
@@ -376,3 +381,10 @@ class LocalApi:
             raise RpcError(ErrorCode.INVALID_PARAMS, f"sim.set refused: {exc}") from None
         self.broker.slots[uuid].kick.set()
         return {"gpu": {"uuid": gpu.uuid, **changes}}
+
+    async def _sim_stall(self, conn: Connection, p: SimStallParams) -> dict[str, Any]:
+        if self.broker.fake is None:
+            raise RpcError(ErrorCode.NOT_SIMULATED, "sim.* methods need a simulated broker")
+        log.warning("sim.stall: blocking the event loop for %.1f s", p.seconds)
+        time.sleep(p.seconds)  # deliberately on the loop thread
+        return {"stalled_s": p.seconds}
