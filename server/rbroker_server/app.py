@@ -2,26 +2,88 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
 
+import anyio.to_thread
+import sqlalchemy as sa
 from litestar import Litestar, get
+from litestar.di import NamedDependency, Provide
+from litestar.exceptions import ServiceUnavailableException
+from litestar.openapi import OpenAPIConfig
+from sqlalchemy.engine import Engine
+
+from rbroker_server import __version__, db, maintenance
+from rbroker_server.enroll.controller import EnrollController
+from rbroker_server.fleet.controller import FleetController
+from rbroker_server.reports.controller import ReportsController
+from rbroker_server.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """Coordinator settings (grows with the coordinator issue)."""
-
-    database_url: str = "sqlite:///rbroker-server.db"
-
-
-@get("/healthz", sync_to_thread=False)
-def healthz() -> dict[str, str]:
-    """Liveness probe: `{"status": "ok"}`."""
-    return {"status": "ok"}
+@get("/healthz", sync_to_thread=True, tags=["health"])
+def healthz(engine: NamedDependency[Engine]) -> dict[str, str]:
+    """Liveness and database probe: `{"status": "ok", "version": …}` (503 when the DB fails)."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+    except sa.exc.SQLAlchemyError as exc:
+        raise ServiceUnavailableException("database unavailable") from exc
+    return {"status": "ok", "version": __version__}
 
 
-def create_app(settings: Settings | None = None) -> Litestar:
-    """Build the coordinator app from `settings` (defaults when None)."""
-    app = Litestar(route_handlers=[healthz])
-    app.state.settings = settings or Settings()
-    return app
+async def _prune_forever(engine: Engine, settings: Settings) -> None:
+    while True:
+        try:
+            await anyio.to_thread.run_sync(maintenance.prune, engine, settings)
+        except sa.exc.SQLAlchemyError:
+            log.exception("pruning failed; retrying at the next interval")
+        await asyncio.sleep(settings.prune_interval_s)
+
+
+def create_app(
+    settings: Settings, *, engine: Engine | None = None, migrate: bool = True
+) -> Litestar:
+    """Build the coordinator from `settings`.
+
+    Args:
+        settings: everything configurable (see `Settings`).
+        engine: an existing engine (else one is made from `settings.db_url` and disposed of
+            at shutdown).
+        migrate: bring the schema to the newest revision at startup.
+    """
+    owned = engine is None
+    eng = engine if engine is not None else db.make_engine(settings.db_url)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Litestar) -> AsyncIterator[None]:
+        if migrate:
+            await anyio.to_thread.run_sync(db.upgrade, eng)
+        task = asyncio.create_task(_prune_forever(eng, settings))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if owned:
+                eng.dispose()
+
+    return Litestar(
+        route_handlers=[healthz, EnrollController, ReportsController, FleetController],
+        dependencies={
+            "engine": Provide(lambda: eng, use_cache=True, sync_to_thread=False),
+            "settings": Provide(lambda: settings, use_cache=True, sync_to_thread=False),
+        },
+        lifespan=[lifespan],
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="rbroker coordinator",
+            version=__version__,
+            description="Enrollment, signed reports and group-scoped fleet views (DESIGN §7).",
+            path="/schema",
+        ),
+    )

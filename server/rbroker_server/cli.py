@@ -1,29 +1,359 @@
-"""`rbroker-server` command (setup, serve, groups, tokens grow with the coordinator issue)."""
+"""The `rbroker-server` command: setup, serve, group, enroll-code, token, computer, db.
+
+Every command takes `--data-dir` (default: `$RBROKER_SERVER_DATA_DIR`, else the user's
+data directory), which holds `config.toml` written by `setup`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
 
 from rbroker_server import __version__
+from rbroker_server.settings import CONFIG_NAME, Settings
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+class CliError(Exception):
+    """A failure to report as one line on stderr."""
+
+
+def default_data_dir() -> Path:
+    """`$RBROKER_SERVER_DATA_DIR`, else the platform's per-user data directory."""
+    env = os.environ.get("RBROKER_SERVER_DATA_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return platformdirs.user_data_path("rbroker-server", appauthor=False)
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `90s`, `30m`, `24h`, `7d` → seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90s, 30m, 24h, 7d)")
+    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    return float(m.group(1)) * unit
+
+
+def _fmt_time(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "-"
+
+
+def _load(args: argparse.Namespace) -> Settings:
+    data_dir = Path(args.data_dir)
+    if not (data_dir / CONFIG_NAME).exists():
+        raise CliError(f"no {CONFIG_NAME} in {data_dir}: run `rbroker-server setup` first")
+    return Settings.load(data_dir)
+
+
+def _engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from rbroker_server import db
+
+    settings = _load(args)
+    engine = db.make_engine(settings.db_url)
+    db.upgrade(engine)
+    return engine
+
+
+# ---------------------------------------------------------------- setup
+
+
+def _ask(prompt: str, default: str, interactive: bool) -> str:
+    if not interactive:
+        return default
+    answer = input(f"{prompt} [{default}]: ").strip()
+    return answer or default
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    from rbroker_server import db, tls
+    from rbroker_server.admin import service as admin
+
+    interactive = not args.non_interactive and sys.stdin.isatty()
+    data_dir = Path(_ask("Data directory", str(args.data_dir), interactive)).resolve()
+    if (data_dir / CONFIG_NAME).exists() and not args.force:
+        raise CliError(
+            f"{data_dir / CONFIG_NAME} exists already; pass --force to rewrite it "
+            "(the database, groups and tokens are kept)"
+        )
+    hostname = _ask("Public hostname", args.public_hostname, interactive)
+    bind = _ask("Bind address", args.bind, interactive)
+    port = int(_ask("Port", str(args.port), interactive))
+    database_url = _ask(
+        "Database URL (empty: SQLite in the data dir)", args.database_url or "", interactive
+    )
+    self_signed = args.self_signed
+    cert, key = args.tls_cert or "", args.tls_key or ""
+    if interactive and not (self_signed or cert):
+        choice = _ask("TLS: (s)elf-signed, (f)iles, (n)one", "s", interactive).lower()
+        self_signed = choice.startswith("s")
+        if choice.startswith("f"):
+            cert = _ask("TLS certificate (PEM)", "", interactive)
+            key = _ask("TLS private key (PEM)", "", interactive)
+    if bool(cert) != bool(key):
+        raise CliError("--tls-cert and --tls-key go together")
+    group_name = _ask("First group", args.group, interactive)
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    ca = ""
+    if self_signed:
+        files = tls.generate_self_signed(data_dir / "tls", hostname, args.san or [])
+        cert, key, ca = str(files.cert), str(files.key), str(files.ca_cert)
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=database_url,
+        public_hostname=hostname,
+        bind_host=bind,
+        bind_port=port,
+        tls_cert=str(Path(cert).resolve()) if cert else "",
+        tls_key=str(Path(key).resolve()) if key else "",
+        tls_ca=ca,
+    )
+    config = settings.save()
+    engine = db.make_engine(settings.db_url)
+    try:
+        db.upgrade(engine)
+        if group_name not in {g.name for g in admin.list_groups(engine)}:
+            admin.create_group(engine, group_name)
+        token = admin.create_token(engine, group_name, name="setup")
+        code = admin.create_enroll_code(engine, group_name, settings.enroll_code_ttl_s)
+    finally:
+        engine.dispose()
+    scheme = "https" if settings.tls_enabled else "http"
+    url = f"{scheme}://{hostname}:{port}"
+    print(f"config written:   {config}")
+    print(f"database:         {_redact_url(settings.db_url)}")
+    if ca:
+        print(f"TLS CA (copy to computers): {ca}")
+    print(f"coordinator URL:  {url}")
+    print(f"group:            {group_name}")
+    print("Shown once, keep them safe:")
+    print(f"viewer token:     {token.text}")
+    print(f"enrollment code:  {code.text}  (one use, expires {_fmt_time(code.expires_at)})")
+    print(f"next: rbroker-server serve --data-dir {data_dir}")
+    print(f"on a computer: rbroker enroll {url} {code.text}")
+    return 0
+
+
+def _redact_url(url: str) -> str:
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
+# ---------------------------------------------------------------- serve
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from rbroker_server.app import create_app
+
+    settings = _load(args)
+    host = args.host or settings.bind_host
+    port = args.port or settings.bind_port
+    ssl: dict[str, str] = {}
+    if settings.tls_enabled:
+        ssl = {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key}
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level=args.log_level,
+        proxy_headers=False,
+        server_header=False,
+        **ssl,  # type: ignore[arg-type]
+    )
+    return 0
+
+
+# ---------------------------------------------------------------- admin
+
+
+def cmd_group(args: argparse.Namespace) -> int:
+    from rbroker_server.admin import service as admin
+
+    engine = _engine(args)
+    try:
+        if args.action == "create":
+            group = admin.create_group(engine, args.name)
+            print(f"group {group.name} created")
+        else:
+            for g in admin.list_groups(engine):
+                print(f"{g.name}\tcomputers={g.computers}\ttokens={g.tokens}")
+    finally:
+        engine.dispose()
+    return 0
+
+
+def cmd_enroll_code(args: argparse.Namespace) -> int:
+    from rbroker_server.admin import service as admin
+
+    engine = _engine(args)
+    try:
+        ttl = args.ttl if args.ttl is not None else _load(args).enroll_code_ttl_s
+        code = admin.create_enroll_code(engine, args.group, ttl)
+    finally:
+        engine.dispose()
+    print(code.text)
+    print(f"one use, group {code.group}, expires {_fmt_time(code.expires_at)}", file=sys.stderr)
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from rbroker_server.admin import service as admin
+
+    engine = _engine(args)
+    try:
+        if args.action == "create":
+            token = admin.create_token(engine, args.group, args.name or "")
+            print(token.text)
+            print(f"viewer token {token.id} for group {token.group} (shown once)", file=sys.stderr)
+        elif args.action == "revoke":
+            if not admin.revoke_token(engine, args.group, args.token):
+                raise CliError(f"no token {args.token} in group {args.group}")
+            print(f"token {args.token.split('_')[1] if '_' in args.token else args.token} revoked")
+        else:
+            for t in admin.list_tokens(engine, args.group):
+                state = "revoked" if t.revoked else "active"
+                print(f"{t.id}\t{state}\t{_fmt_time(t.created_at)}\t{t.name}")
+    finally:
+        engine.dispose()
+    return 0
+
+
+def cmd_computer(args: argparse.Namespace) -> int:
+    from rbroker_server.admin import service as admin
+
+    engine = _engine(args)
+    try:
+        if args.action == "revoke":
+            if not admin.revoke_computer(engine, args.computer_id):
+                raise CliError(f"no computer {args.computer_id}")
+            print(f"computer {args.computer_id} revoked")
+        else:
+            for c in admin.list_computers(engine, args.group):
+                marks = ",".join(
+                    m for m, on in (("revoked", c.revoked), ("flagged", c.flagged)) if on
+                )
+                print(
+                    f"{c.id}\t{c.group}\t{c.name}\tlast seen {_fmt_time(c.last_seen_at)}"
+                    f"\t{marks or 'ok'}"
+                )
+    finally:
+        engine.dispose()
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from rbroker_server import db
+
+    settings = _load(args)
+    engine = db.make_engine(settings.db_url)
+    try:
+        print(f"database at revision {db.upgrade(engine)}")
+    finally:
+        engine.dispose()
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--data-dir",
+        type=Path,
+        default=argparse.SUPPRESS,
+        help="directory with config.toml (default: $RBROKER_SERVER_DATA_DIR or the user data dir)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="rbroker-server", description="rbroker coordinator", parents=[common]
+    )
+    parser.add_argument("--version", action="version", version=f"rbroker-server {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(
+        name: str, func: Callable[[argparse.Namespace], int], help: str
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, parents=[common])
+        p.set_defaults(func=func)
+        return p
+
+    setup = add("setup", cmd_setup, "write the config, create the database, a group and tokens")
+    setup.add_argument("--public-hostname", default="localhost")
+    setup.add_argument("--bind", default="0.0.0.0", help="bind address (default 0.0.0.0)")
+    setup.add_argument("--port", type=int, default=8787)
+    setup.add_argument("--tls-cert", help="PEM certificate (chain) file")
+    setup.add_argument("--tls-key", help="PEM private key file")
+    setup.add_argument(
+        "--self-signed", action="store_true", help="generate a CA and a server certificate"
+    )
+    setup.add_argument("--san", action="append", help="extra DNS name or IP for --self-signed")
+    setup.add_argument("--database-url", help="e.g. postgresql+psycopg://user@host:5432/rbroker")
+    setup.add_argument("--group", default="default", help="name of the first group")
+    setup.add_argument("--non-interactive", action="store_true", help="never prompt")
+    setup.add_argument("--force", action="store_true", help="rewrite an existing config")
+
+    serve = add("serve", cmd_serve, "serve the coordinator (HTTPS when configured)")
+    serve.add_argument("--host", help="override the configured bind address")
+    serve.add_argument("--port", type=int, help="override the configured port")
+    serve.add_argument("--log-level", default="info")
+
+    group = add("group", cmd_group, "create or list groups")
+    gsub = group.add_subparsers(dest="action", required=True)
+    gsub.add_parser("create", parents=[common]).add_argument("name")
+    gsub.add_parser("list", parents=[common])
+
+    code = add("enroll-code", cmd_enroll_code, "make one-time enrollment codes")
+    csub = code.add_subparsers(dest="action", required=True)
+    ccreate = csub.add_parser("create", parents=[common])
+    ccreate.add_argument("--group", required=True)
+    ccreate.add_argument("--ttl", type=parse_duration, help="lifetime, e.g. 30m, 24h (24h)")
+
+    token = add("token", cmd_token, "create, list or revoke viewer tokens")
+    tsub = token.add_subparsers(dest="action", required=True)
+    tcreate = tsub.add_parser("create", parents=[common])
+    tcreate.add_argument("--group", required=True)
+    tcreate.add_argument("--name", help="a label (who or what uses it)")
+    trevoke = tsub.add_parser("revoke", parents=[common])
+    trevoke.add_argument("--group", required=True)
+    trevoke.add_argument("token", help="token id or the whole token")
+    tsub.add_parser("list", parents=[common]).add_argument("--group", required=True)
+
+    computer = add("computer", cmd_computer, "list or revoke enrolled computers")
+    msub = computer.add_subparsers(dest="action", required=True)
+    msub.add_parser("list", parents=[common]).add_argument("--group")
+    msub.add_parser("revoke", parents=[common]).add_argument("computer_id")
+
+    dbp = add("db", cmd_db, "database schema")
+    dsub = dbp.add_subparsers(dest="action", required=True)
+    dsub.add_parser("upgrade", parents=[common])
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `rbroker-server`."""
-    parser = argparse.ArgumentParser(prog="rbroker-server", description="rbroker coordinator")
-    parser.add_argument("--version", action="version", version=f"rbroker-server {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve the coordinator over HTTP")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8787)
-    args = parser.parse_args(argv)
-    if args.command == "serve":
-        import uvicorn
+    args = build_parser().parse_args(argv)
+    if not hasattr(args, "data_dir"):
+        args.data_dir = default_data_dir()
+    from rbroker_server.admin.service import AdminError
 
-        from rbroker_server.app import create_app
-
-        uvicorn.run(create_app(), host=args.host, port=args.port)
-    return 0
+    try:
+        return int(args.func(args))
+    except (CliError, AdminError, ValueError) as exc:
+        print(f"rbroker-server: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,7 @@
+"""`python -m rbroker_server` runs the `rbroker-server` command."""
+
+import sys
+
+from rbroker_server.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Administration of groups, viewer tokens, enrollment codes and computers (the CLI's core)."""

@@ -1,0 +1,220 @@
+"""Administrative operations on the database: used by `rbroker-server` commands and setup.
+
+Cold paths, so they use the ORM. Secrets are returned once, as text, and stored hashed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from rbroker_server.credentials import ENROLL_PREFIX, VIEWER_PREFIX, new_credential
+from rbroker_server.db import utcnow
+from rbroker_server.models import Computer, EnrollCode, Group, ViewerToken
+
+
+class AdminError(Exception):
+    """An administrative request that cannot be done (message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    id: int
+    name: str
+    created_at: datetime
+    computers: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewSecret:
+    """A credential made just now: `text` is shown once and never stored."""
+
+    id: str
+    group: str
+    text: str
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ComputerInfo:
+    id: str
+    group: str
+    name: str
+    enrolled_at: datetime
+    last_seen_at: datetime | None
+    revoked: bool
+    flagged: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    id: str
+    group: str
+    name: str
+    created_at: datetime
+    revoked: bool
+
+
+def _group(session: Session, name: str) -> Group:
+    group = session.exec(select(Group).where(Group.name == name)).first()
+    if group is None:
+        raise AdminError(f"no group named {name!r}")
+    return group
+
+
+def _check_group_name(name: str) -> str:
+    name = name.strip()
+    if not name or len(name) > 64 or not name.isprintable():
+        raise AdminError("a group name is 1-64 printable characters")
+    return name
+
+
+def create_group(engine: Engine, name: str) -> GroupInfo:
+    """Create group `name`.
+
+    Raises:
+        AdminError: the name is taken or invalid.
+    """
+    name = _check_group_name(name)
+    with Session(engine) as session:
+        if session.exec(select(Group).where(Group.name == name)).first() is not None:
+            raise AdminError(f"group {name!r} exists already")
+        group = Group(name=name, created_at=utcnow())
+        session.add(group)
+        session.commit()
+        session.refresh(group)
+        assert group.id is not None
+        return GroupInfo(group.id, group.name, group.created_at, 0, 0)
+
+
+def list_groups(engine: Engine) -> list[GroupInfo]:
+    """All groups with their count of live computers and live tokens."""
+    with Session(engine) as session:
+        out = []
+        for group in session.exec(select(Group).order_by(col(Group.name))):
+            computers = session.exec(
+                select(sa.func.count())
+                .select_from(Computer)
+                .where(Computer.group_id == group.id, col(Computer.revoked_at).is_(None))
+            ).one()
+            tokens = session.exec(
+                select(sa.func.count())
+                .select_from(ViewerToken)
+                .where(ViewerToken.group_id == group.id, col(ViewerToken.revoked_at).is_(None))
+            ).one()
+            assert group.id is not None
+            out.append(GroupInfo(group.id, group.name, group.created_at, computers, tokens))
+        return out
+
+
+def create_token(engine: Engine, group_name: str, name: str = "") -> NewSecret:
+    """A new viewer token for the group; its text is returned once."""
+    cred = new_credential(VIEWER_PREFIX)
+    with Session(engine) as session:
+        group = _group(session, group_name)
+        assert group.id is not None
+        session.add(
+            ViewerToken(
+                id=cred.id,
+                group_id=group.id,
+                name=name[:64],
+                secret_hash=cred.secret_hash,
+                created_at=utcnow(),
+            )
+        )
+        session.commit()
+    return NewSecret(cred.id, group_name, cred.text)
+
+
+def list_tokens(engine: Engine, group_name: str) -> list[TokenInfo]:
+    """The group's viewer tokens (ids and names; secrets are not kept)."""
+    with Session(engine) as session:
+        group = _group(session, group_name)
+        rows = session.exec(
+            select(ViewerToken)
+            .where(ViewerToken.group_id == group.id)
+            .order_by(col(ViewerToken.created_at))
+        )
+        return [
+            TokenInfo(t.id, group.name, t.name, t.created_at, t.revoked_at is not None)
+            for t in rows
+        ]
+
+
+def revoke_token(engine: Engine, group_name: str, token: str) -> bool:
+    """Revoke a viewer token of the group, by id or by its full text. False: none found."""
+    token_id = token.split("_")[1] if token.startswith(f"{VIEWER_PREFIX}_") else token
+    with Session(engine) as session:
+        group = _group(session, group_name)
+        row = session.exec(
+            select(ViewerToken).where(ViewerToken.id == token_id, ViewerToken.group_id == group.id)
+        ).first()
+        if row is None:
+            return False
+        if row.revoked_at is None:
+            row.revoked_at = utcnow()
+            session.add(row)
+            session.commit()
+        return True
+
+
+def create_enroll_code(engine: Engine, group_name: str, ttl_s: float) -> NewSecret:
+    """A one-time enrollment code for the group, valid for `ttl_s` seconds."""
+    if not 0 < ttl_s <= 365 * 24 * 3600:
+        raise AdminError("an enrollment code lives between 1 second and 365 days")
+    cred = new_credential(ENROLL_PREFIX)
+    now = utcnow()
+    expires = now + timedelta(seconds=ttl_s)
+    with Session(engine) as session:
+        group = _group(session, group_name)
+        assert group.id is not None
+        session.add(
+            EnrollCode(
+                id=cred.id,
+                group_id=group.id,
+                secret_hash=cred.secret_hash,
+                created_at=now,
+                expires_at=expires,
+            )
+        )
+        session.commit()
+    return NewSecret(cred.id, group_name, cred.text, expires)
+
+
+def list_computers(engine: Engine, group_name: str | None = None) -> list[ComputerInfo]:
+    """Enrolled computers, of one group or all."""
+    with Session(engine) as session:
+        query = select(Computer, Group).where(Computer.group_id == Group.id)
+        if group_name is not None:
+            query = query.where(Computer.group_id == _group(session, group_name).id)
+        rows = session.exec(query.order_by(col(Group.name), col(Computer.name)))
+        return [
+            ComputerInfo(
+                c.id,
+                g.name,
+                c.name,
+                c.enrolled_at,
+                c.last_seen_at,
+                c.revoked_at is not None,
+                c.flagged,
+            )
+            for c, g in rows
+        ]
+
+
+def revoke_computer(engine: Engine, computer_id: str) -> bool:
+    """Revoke a computer: its reports get 403 and it can no longer read the fleet."""
+    with Session(engine) as session:
+        computer = session.get(Computer, computer_id)
+        if computer is None:
+            return False
+        if computer.revoked_at is None:
+            computer.revoked_at = utcnow()
+            session.add(computer)
+            session.commit()
+        return True

@@ -1,0 +1,111 @@
+"""Database engine (SQLite pragmas or PostgreSQL), the UTC time column, and schema upgrades."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect, Engine
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+_PG_MIGRATION_LOCK = 0x72_62_72_6B  # "rbrk": serialises upgrades of coordinators sharing one DB
+
+
+def utcnow() -> datetime:
+    """The server's clock, timezone-aware UTC (the only clock freshness uses)."""
+    return datetime.now(UTC)
+
+
+class UtcDateTime(sa.types.TypeDecorator[datetime]):
+    """A timestamp stored in UTC and always read back timezone-aware (UTC).
+
+    Naive datetimes are refused on the way in: every time the server stores is explicit.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: store timezone-aware UTC times only")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def make_engine(url: str, **kw: Any) -> Engine:
+    """An engine for `url`. SQLite gets WAL, a busy timeout and foreign keys on every
+    connection; its parent directory is created. PostgreSQL gets pre-ping."""
+    if url.startswith("sqlite"):
+        db_path = sa.engine.make_url(url).database
+        if db_path and db_path != ":memory:":
+            Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, **kw
+        )
+
+        @sa.event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True, **kw)
+
+
+def _alembic_config(connection: sa.Connection) -> Any:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The schema revision the database is at (None: empty database)."""
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision() -> str:
+    """The newest revision this build knows."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    assert head is not None
+    return head
+
+
+def upgrade(engine: Engine) -> str:
+    """Bring the schema to the newest revision (idempotent; safe with several coordinators
+    on one PostgreSQL database: an advisory lock serialises them). Returns the revision."""
+    from alembic import command
+
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK})
+        command.upgrade(_alembic_config(conn), "head")
+    head = head_revision()
+    log.info("database schema at revision %s", head)
+    return head

@@ -1,0 +1,90 @@
+"""Redeem an enrollment code: one use, before it expires, for a key the server does not know."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from rbroker_protocol.descriptions import DescriptionRejected, check_description
+from rbroker_protocol.signing import EnvelopeError, load_verify_key
+from rbroker_server.credentials import ENROLL_PREFIX, parse_credential, secret_matches
+from rbroker_server.db import utcnow
+from rbroker_server.enroll.schema import EnrollRequest, EnrollResponse
+from rbroker_server.models import Computer, EnrollCode, Group
+
+log = logging.getLogger(__name__)
+
+CODES = EnrollCode.__table__  # type: ignore[attr-defined]
+COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
+GROUPS = Group.__table__  # type: ignore[attr-defined]
+
+
+class EnrollRefused(Exception):
+    """The code is unknown, already used or expired (one message for all three)."""
+
+
+class EnrollConflict(Exception):
+    """The public key is already enrolled (never silently replaced)."""
+
+
+class EnrollInvalid(ValueError):
+    """The name or key is malformed."""
+
+
+def enroll(engine: Engine, req: EnrollRequest) -> EnrollResponse:
+    """Consume the code and create the computer, atomically.
+
+    Raises:
+        EnrollInvalid: bad name or public key.
+        EnrollRefused: the code is not valid now.
+        EnrollConflict: the key is already known.
+    """
+    try:
+        load_verify_key(req.public_key)
+    except EnvelopeError as exc:
+        raise EnrollInvalid(str(exc)) from exc
+    try:
+        name = check_description("computer_name", req.name)
+    except DescriptionRejected as exc:
+        raise EnrollInvalid(f"name rejected by rule {exc.rule}") from exc
+    cred = parse_credential(ENROLL_PREFIX, req.code)
+    if cred is None:
+        raise EnrollRefused
+    now = utcnow()
+    computer_id = "c_" + secrets.token_hex(8)
+    with engine.begin() as conn:
+        row = conn.execute(
+            sa.select(CODES.c.secret_hash, CODES.c.group_id).where(CODES.c.id == cred.id)
+        ).first()
+        if row is None or not secret_matches(cred, row.secret_hash):
+            raise EnrollRefused
+        # One use: the conditional update is the decision (safe across processes).
+        used = conn.execute(
+            sa.update(CODES)
+            .where(CODES.c.id == cred.id, CODES.c.used_at.is_(None), CODES.c.expires_at > now)
+            .values(used_at=now, computer_id=computer_id)
+        )
+        if used.rowcount != 1:
+            raise EnrollRefused
+        known = conn.execute(
+            sa.select(COMPUTERS.c.id).where(COMPUTERS.c.public_key == req.public_key)
+        ).first()
+        if known is not None:
+            raise EnrollConflict  # rolls the code back: it stays usable
+        conn.execute(
+            sa.insert(COMPUTERS).values(
+                id=computer_id,
+                group_id=row.group_id,
+                name=name,
+                public_key=req.public_key,
+                enrolled_at=now,
+                reports_applied=0,
+                flagged=False,
+            )
+        )
+        group = conn.execute(sa.select(GROUPS.c.name).where(GROUPS.c.id == row.group_id)).one()
+    log.info("enrolled computer %s (%s) into group %s", computer_id, name, group.name)
+    return EnrollResponse(computer_id=computer_id, group=group.name)

@@ -1,0 +1,186 @@
+"""Fleet reads: rows to wire views, freshness from the server clock, GPU states."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from rbroker_server.auth.service import Scope
+from rbroker_server.db import utcnow
+from rbroker_server.fleet.schema import (
+    ComputerView,
+    Flag,
+    FleetView,
+    Freshness,
+    GpuState,
+    GpuView,
+    HistoryPointView,
+    HistoryView,
+)
+from rbroker_server.models import Computer, Group, HistoryPoint
+from rbroker_server.settings import Settings
+
+COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
+GROUPS = Group.__table__  # type: ignore[attr-defined]
+HISTORY = HistoryPoint.__table__  # type: ignore[attr-defined]
+
+
+class ComputerNotFound(Exception):
+    """No such computer in the caller's group (other groups' computers look the same)."""
+
+
+def age_text(seconds: float) -> str:
+    """`42 s`, `3 min`, `5 h`, `2 d`."""
+    if seconds < 60:
+        return f"{int(seconds)} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min"
+    if seconds < 86400:
+        return f"{int(seconds // 3600)} h"
+    return f"{int(seconds // 86400)} d"
+
+
+def freshness(last_seen_at: datetime | None, now: datetime, settings: Settings) -> Freshness:
+    """Freshness of a computer from the server receive time of its last applied report."""
+    if last_seen_at is None:
+        return Freshness(state="offline", last_seen_at=None, age_s=None, text="never reported")
+    age = max(0.0, (now - last_seen_at).total_seconds())
+    if age <= settings.stale_after_s:
+        return Freshness(state="online", last_seen_at=last_seen_at, age_s=age, text="online")
+    if age <= settings.offline_after_s:
+        text = f"last known, {age_text(age)} ago"
+        return Freshness(state="stale", last_seen_at=last_seen_at, age_s=age, text=text)
+    text = f"offline; last known, {age_text(age)} ago"
+    return Freshness(state="offline", last_seen_at=last_seen_at, age_s=age, text=text)
+
+
+def gpu_state(gpu: dict[str, Any], leases_on_gpu: int) -> GpuState:
+    """`lost`, `telemetry_unavailable`, `full` (nothing available), `busy` (leases or
+    outstanding grants), else `free`. Independent of the computer's freshness."""
+    telemetry = gpu.get("telemetry")
+    if telemetry == "lost":
+        return "lost"
+    available = gpu.get("available_mib")
+    if telemetry in ("unavailable", "unknown_capacity") or available is None:
+        return "telemetry_unavailable"
+    if available <= 0:
+        return "full"
+    if leases_on_gpu or (gpu.get("outstanding_mib") or 0) or (gpu.get("leased_in_use_mib") or 0):
+        return "busy"
+    return "free"
+
+
+def _computer_view(row: Any, now: datetime, settings: Settings) -> ComputerView:
+    state = row.state or {}
+    leases = state.get("leases", [])
+    per_gpu: dict[str, int] = {}
+    for lease in leases:
+        for uuid in lease.get("gpu_uuids", []):
+            per_gpu[uuid] = per_gpu.get(uuid, 0) + 1
+    gpus = [
+        GpuView(
+            **g, state=gpu_state(g, per_gpu.get(g["uuid"], 0)), leases=per_gpu.get(g["uuid"], 0)
+        )
+        for g in state.get("gpus", [])
+    ]
+    skew = row.clock_skew_s
+    warning = None
+    if skew is not None and abs(skew) > settings.clock_skew_warn_s:
+        side = "ahead of" if skew > 0 else "behind"
+        warning = f"computer clock is {age_text(abs(skew))} {side} the server's"
+    return ComputerView(
+        id=row.id,
+        name=row.name,
+        reported_name=row.reported_name,
+        freshness=freshness(row.last_seen_at, now, settings),
+        clock_skew_s=skew,
+        clock_warning=warning,
+        broker_version=row.broker_version,
+        telemetry_source=row.telemetry_source,
+        enrolled_at=row.enrolled_at,
+        revoked=row.revoked_at is not None,
+        flagged=row.flagged,
+        flagged_at=row.flagged_at,
+        flags=[Flag(**f) for f in row.flags or []],
+        run_id=row.run_id,
+        seq=row.seq,
+        reports_applied=row.reports_applied,
+        gpus=gpus,
+        leases=leases,
+        queue=state.get("queue", []),
+        jobs=state.get("jobs", []),
+    )
+
+
+def fleet(engine: Engine, settings: Settings, scope: Scope) -> FleetView:
+    """The caller's group and its live computers, by name."""
+    now = utcnow()
+    with engine.connect() as conn:
+        group = conn.execute(sa.select(GROUPS.c.name).where(GROUPS.c.id == scope.group_id)).one()
+        rows = conn.execute(
+            sa.select(COMPUTERS)
+            .where(COMPUTERS.c.group_id == scope.group_id, COMPUTERS.c.revoked_at.is_(None))
+            .order_by(COMPUTERS.c.name, COMPUTERS.c.id)
+        ).all()
+    return FleetView(
+        group=group.name,
+        generated_at=now,
+        stale_after_s=settings.stale_after_s,
+        offline_after_s=settings.offline_after_s,
+        computers=[_computer_view(r, now, settings) for r in rows],
+    )
+
+
+def _row(conn: sa.Connection, scope: Scope, computer_id: str) -> Any:
+    row = conn.execute(
+        sa.select(COMPUTERS).where(
+            COMPUTERS.c.id == computer_id, COMPUTERS.c.group_id == scope.group_id
+        )
+    ).first()
+    if row is None:
+        raise ComputerNotFound(computer_id)
+    return row
+
+
+def computer(engine: Engine, settings: Settings, scope: Scope, computer_id: str) -> ComputerView:
+    """One computer of the caller's group.
+
+    Raises:
+        ComputerNotFound: unknown, or in another group.
+    """
+    with engine.connect() as conn:
+        row = _row(conn, scope, computer_id)
+    return _computer_view(row, utcnow(), settings)
+
+
+def history(engine: Engine, settings: Settings, scope: Scope, computer_id: str) -> HistoryView:
+    """The computer's history points inside the window, oldest first.
+
+    Raises:
+        ComputerNotFound: unknown, or in another group.
+    """
+    since = utcnow() - timedelta(seconds=settings.history_window_s)
+    with engine.connect() as conn:
+        _row(conn, scope, computer_id)
+        points = conn.execute(
+            sa.select(HISTORY.c.at, HISTORY.c.data)
+            .where(HISTORY.c.computer_id == computer_id, HISTORY.c.at >= since)
+            .order_by(HISTORY.c.at)
+        ).all()
+    return HistoryView(
+        computer_id=computer_id,
+        window_s=settings.history_window_s,
+        step_s=settings.history_step_s,
+        points=[
+            HistoryPointView(
+                at=p.at,
+                gpus=p.data.get("gpus", []),
+                leases=p.data.get("leases", 0),
+                queue=p.data.get("queue", 0),
+            )
+            for p in points
+        ],
+    )

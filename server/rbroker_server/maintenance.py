@@ -1,0 +1,37 @@
+"""Housekeeping: prune history older than the window and nonces past their validity."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from rbroker_server.db import utcnow
+from rbroker_server.models import HistoryPoint, RequestNonce
+from rbroker_server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+HISTORY = HistoryPoint.__table__  # type: ignore[attr-defined]
+NONCES = RequestNonce.__table__  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    history_points: int
+    nonces: int
+
+
+def prune(engine: Engine, settings: Settings, now: datetime | None = None) -> Pruned:
+    """Delete history points older than `history_window_s` and expired request nonces."""
+    now = now or utcnow()
+    cutoff = now - timedelta(seconds=settings.history_window_s)
+    with engine.begin() as conn:
+        history = conn.execute(sa.delete(HISTORY).where(HISTORY.c.at < cutoff)).rowcount
+        nonces = conn.execute(sa.delete(NONCES).where(NONCES.c.expires_at < now)).rowcount
+    if history or nonces:
+        log.info("pruned %d history points and %d nonces", history, nonces)
+    return Pruned(history, nonces)

@@ -1,0 +1,136 @@
+"""SQLModel tables of the coordinator. Every change here comes with an Alembic revision.
+
+Tables: groups, viewer tokens, enrollment codes (hashed), computers (with their latest
+state), runs seen per computer (so a retired run can never be replayed), downsampled
+history points, and used request nonces.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlmodel import Field, SQLModel
+
+from rbroker_server.db import UtcDateTime
+
+JsonType = sa.JSON().with_variant(JSONB(), "postgresql")
+
+
+class Group(SQLModel, table=True):
+    """A set of computers and the people allowed to see them."""
+
+    __tablename__ = "groups"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=64, unique=True)
+    created_at: datetime = Field(sa_type=UtcDateTime)
+
+
+class ViewerToken(SQLModel, table=True):
+    """A bearer token that reads one group's fleet; only a SHA-256 of its secret is kept."""
+
+    __tablename__ = "viewer_tokens"
+
+    id: str = Field(primary_key=True, max_length=32)
+    group_id: int = Field(
+        sa_column=sa.Column(sa.ForeignKey("groups.id", ondelete="CASCADE"), nullable=False)
+    )
+    name: str = Field(default="", max_length=64)
+    secret_hash: str = Field(max_length=64)
+    created_at: datetime = Field(sa_type=UtcDateTime)
+    revoked_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+
+
+class EnrollCode(SQLModel, table=True):
+    """A one-time, expiring code that enrolls one computer into a group (hashed at rest)."""
+
+    __tablename__ = "enroll_codes"
+
+    id: str = Field(primary_key=True, max_length=32)
+    group_id: int = Field(
+        sa_column=sa.Column(sa.ForeignKey("groups.id", ondelete="CASCADE"), nullable=False)
+    )
+    secret_hash: str = Field(max_length=64)
+    created_at: datetime = Field(sa_type=UtcDateTime)
+    expires_at: datetime = Field(sa_type=UtcDateTime)
+    used_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    computer_id: str | None = Field(default=None, max_length=64)
+
+
+class Computer(SQLModel, table=True):
+    """An enrolled computer, its key, its report position and its latest (redacted) state."""
+
+    __tablename__ = "computers"
+
+    id: str = Field(primary_key=True, max_length=64)
+    group_id: int = Field(
+        sa_column=sa.Column(
+            sa.ForeignKey("groups.id", ondelete="CASCADE"), nullable=False, index=True
+        )
+    )
+    name: str = Field(max_length=128)
+    public_key: str = Field(max_length=64, unique=True)
+    enrolled_at: datetime = Field(sa_type=UtcDateTime)
+    revoked_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    run_id: str | None = Field(default=None, max_length=64)
+    seq: int | None = Field(default=None, sa_type=sa.BigInteger)
+    last_seen_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    """Server receive time of the latest applied report (the only freshness clock)."""
+    generated_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    """The computer's own clock when it built that report (display and skew only)."""
+    clock_skew_s: float | None = None
+    reported_name: str | None = Field(default=None, max_length=128)
+    broker_version: str | None = Field(default=None, max_length=64)
+    telemetry_source: str | None = Field(default=None, max_length=32)
+    state: dict[str, Any] | None = Field(default=None, sa_type=JsonType)
+    reports_applied: int = Field(default=0, sa_type=sa.BigInteger)
+    history_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    """Start of the newest history bucket written for this computer."""
+    flagged: bool = False
+    flagged_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    flags: list[dict[str, Any]] | None = Field(default=None, sa_type=JsonType)
+
+
+class ComputerRun(SQLModel, table=True):
+    """A broker run (`run_id`) seen from a computer; a run once replaced stays retired."""
+
+    __tablename__ = "computer_runs"
+
+    computer_id: str = Field(
+        sa_column=sa.Column(
+            sa.ForeignKey("computers.id", ondelete="CASCADE"), primary_key=True, nullable=False
+        )
+    )
+    run_id: str = Field(primary_key=True, max_length=64)
+    first_seen_at: datetime = Field(sa_type=UtcDateTime)
+
+
+class HistoryPoint(SQLModel, table=True):
+    """One downsampled point of a computer's GPU figures (one per `history_step_s`)."""
+
+    __tablename__ = "history_points"
+
+    computer_id: str = Field(
+        sa_column=sa.Column(
+            sa.ForeignKey("computers.id", ondelete="CASCADE"), primary_key=True, nullable=False
+        )
+    )
+    at: datetime = Field(sa_column=sa.Column(UtcDateTime, primary_key=True, index=True))
+    data: dict[str, Any] = Field(sa_type=JsonType)
+
+
+class RequestNonce(SQLModel, table=True):
+    """A nonce of a signed request, kept until its timestamp leaves the validity window."""
+
+    __tablename__ = "request_nonces"
+
+    computer_id: str = Field(primary_key=True, max_length=64)
+    nonce: str = Field(primary_key=True, max_length=64)
+    expires_at: datetime = Field(sa_column=sa.Column(UtcDateTime, nullable=False, index=True))
+
+
+metadata = SQLModel.metadata
+"""The metadata Alembic compares migrations against."""

@@ -1,0 +1,44 @@
+"""`POST /api/v1/reports`: the body is the signed envelope, read as exact bytes."""
+
+from __future__ import annotations
+
+import anyio.to_thread
+from litestar import Controller, Request, post
+from litestar.di import NamedDependency
+from litestar.exceptions import (
+    ClientException,
+    NotAuthorizedException,
+    PermissionDeniedException,
+)
+from sqlalchemy.engine import Engine
+
+from rbroker_server.reports import service
+from rbroker_server.reports.schema import ReportAck
+from rbroker_server.settings import Settings
+
+
+class ReportsController(Controller):
+    path = "/api/v1/reports"
+    tags = ("reports",)
+
+    @post("/", status_code=200)
+    async def report(
+        self, request: Request, engine: NamedDependency[Engine], settings: NamedDependency[Settings]
+    ) -> ReportAck:
+        """Verify and apply a signed report envelope (DESIGN §7).
+
+        200 with `applied` true, or false for a replay or an older seq. 401: malformed,
+        unknown computer or bad signature. 403: revoked computer. 413: over 1 MiB.
+        422: authentic but not a valid payload.
+        """
+        body = await request.body()
+        try:
+            return await anyio.to_thread.run_sync(service.ingest, engine, settings, body)
+        except service.ReportTooLarge as exc:
+            raise ClientException("report body too large", status_code=413) from exc
+        except service.ReportUnauthenticated as exc:
+            raise NotAuthorizedException(f"report not authenticated: {exc}") from exc
+        except service.ComputerRevoked as exc:
+            raise PermissionDeniedException("computer revoked") from exc
+        except service.ReportInvalid as exc:
+            raise ClientException(str(exc), status_code=422) from exc

@@ -1,0 +1,274 @@
+"""Coordinator fixtures: a real uvicorn server on 127.0.0.1 with a free port, real HTTP.
+
+`coordinator` runs once on a fresh SQLite file and once on a fresh PostgreSQL schema when
+`RBROKER_TEST_PG_URL` is set (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test);
+the schema is dropped afterwards. `coordinator_factory(**settings)` makes more, with
+settings changed (small freshness thresholds, short history windows).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import nacl.signing
+import pytest
+import sqlalchemy as sa
+import uvicorn
+from sqlalchemy.engine import Engine
+
+from rbroker_protocol import signing
+from rbroker_protocol.reports import GpuReport, LeaseReport, ReportPayload
+from rbroker_server import db
+from rbroker_server.admin import service as admin
+from rbroker_server.app import create_app
+from rbroker_server.settings import Settings
+
+PG_ENV = "RBROKER_TEST_PG_URL"
+
+GPU_A = "GPU-5a1e0000-0000-0000-0000-000000000001"
+
+
+def pg_url() -> str | None:
+    return os.environ.get(PG_ENV) or None
+
+
+def payload(
+    name: str = "lab-1",
+    run_id: str = "run-1",
+    *,
+    generated_at: float | None = None,
+    gpus: list[GpuReport] | None = None,
+    leases: list[LeaseReport] | None = None,
+    **kw: Any,
+) -> ReportPayload:
+    """A report payload with one free 24 GiB GPU unless told otherwise."""
+    return ReportPayload(
+        computer_name=name,
+        broker_version="0.1.0",
+        telemetry_source="simulated",
+        run_id=run_id,
+        generated_at=time.time() if generated_at is None else generated_at,
+        gpus=gpus
+        if gpus is not None
+        else [
+            GpuReport(
+                uuid=GPU_A,
+                index=0,
+                name="Simulated RTX 4090",
+                telemetry="ok",
+                total_mib=24576,
+                headroom_mib=1229,
+                device_used_mib=500,
+                outstanding_mib=0,
+                available_mib=22847,
+                leased_in_use_mib=0,
+                other_in_use_mib=500,
+            )
+        ],
+        leases=leases or [],
+        **kw,
+    )
+
+
+@dataclass
+class EnrolledComputer:
+    """A computer enrolled through the API, holding its private key."""
+
+    coordinator: Coordinator
+    id: str
+    key: nacl.signing.SigningKey
+    group: str
+    run_id: str = "run-1"
+    seq: int = 0
+
+    def envelope(
+        self,
+        p: ReportPayload | bytes | None = None,
+        *,
+        seq: int | None = None,
+        run_id: str | None = None,
+    ) -> dict[str, Any]:
+        run_id = run_id or self.run_id
+        if seq is None:
+            self.seq += 1
+            seq = self.seq
+        if p is None:
+            p = payload(run_id=run_id)
+        raw = p if isinstance(p, bytes) else p.to_bytes()
+        return signing.sign_report(self.key, self.id, run_id, seq, raw)
+
+    def send(self, envelope: dict[str, Any] | bytes) -> httpx.Response:
+        body = envelope if isinstance(envelope, bytes) else signing.encode_envelope(envelope)
+        return self.coordinator.http.post(
+            "/api/v1/reports", content=body, headers={"content-type": "application/json"}
+        )
+
+    def report(self, p: ReportPayload | None = None, **kw: Any) -> httpx.Response:
+        return self.send(self.envelope(p, **kw))
+
+    def signed_headers(self, method: str, path: str, **kw: Any) -> dict[str, str]:
+        return signing.sign_request(
+            self.key, self.id, method, path, kw.pop("timestamp", int(time.time())), **kw
+        )
+
+    def get(self, path: str) -> httpx.Response:
+        return self.coordinator.http.get(path, headers=self.signed_headers("GET", path))
+
+
+@dataclass
+class Coordinator:
+    """A running coordinator: its base URL, settings, an HTTP client and its database."""
+
+    url: str
+    settings: Settings
+    engine: Engine
+    http: httpx.Client
+    backend: str
+    _server: uvicorn.Server | None = None
+    _thread: threading.Thread | None = None
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def group(self, name: str) -> str:
+        """Create group `name` with a viewer token (kept in `tokens[name]`)."""
+        admin.create_group(self.engine, name)
+        self.tokens[name] = admin.create_token(self.engine, name, "test").text
+        return name
+
+    def viewer(self, group: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.tokens[group]}"}
+
+    def enroll(self, group: str, name: str = "lab-1") -> EnrolledComputer:
+        code = admin.create_enroll_code(self.engine, group, 600).text
+        key = nacl.signing.SigningKey.generate()
+        r = self.http.post(
+            "/api/v1/enroll",
+            json={"code": code, "name": name, "public_key": signing.public_key_b64(key)},
+        )
+        assert r.status_code == 201, r.text
+        return EnrolledComputer(self, r.json()["computer_id"], key, group)
+
+    def fleet(self, group: str) -> dict[str, Any]:
+        r = self.http.get("/api/v1/fleet", headers=self.viewer(group))
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def computer(self, group: str, computer_id: str) -> dict[str, Any]:
+        r = self.http.get(f"/api/v1/computers/{computer_id}", headers=self.viewer(group))
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def row(self, computer_id: str) -> Any:
+        from rbroker_server.models import Computer
+
+        table = Computer.__table__  # type: ignore[attr-defined]
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(table).where(table.c.id == computer_id)).one()
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(15)
+        self.http.close()
+
+
+def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_config=None, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            sock.close()
+
+    thread = threading.Thread(target=run, name=f"coordinator-{port}", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("coordinator did not start")
+        time.sleep(0.01)
+    return server, thread, url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The database the coordinator runs on (PostgreSQL only with RBROKER_TEST_PG_URL)."""
+    if request.param == "postgresql" and pg_url() is None:
+        pytest.skip(f"PostgreSQL variant: set {PG_ENV} (e.g. postgresql+psycopg://…/test)")
+    return str(request.param)
+
+
+@pytest.fixture
+def database_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database: a SQLite file, or a new PostgreSQL schema dropped afterwards."""
+    if backend == "sqlite":
+        yield f"sqlite:///{(tmp_path / 'data' / 'rbroker-server.db').as_posix()}"
+        return
+    base = pg_url()
+    assert base is not None
+    schema = f"rbt_{os.getpid()}_{secrets.token_hex(4)}"
+    admin_engine = sa.create_engine(base)
+    with admin_engine.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    sep = "&" if "?" in base else "?"
+    try:
+        yield f"{base}{sep}options={quote(f'-csearch_path={schema}')}"
+    finally:
+        with admin_engine.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        admin_engine.dispose()
+
+
+@pytest.fixture
+def coordinator_factory(
+    database_url: str, backend: str, tmp_path: Path
+) -> Iterator[Callable[..., Coordinator]]:
+    """`coordinator_factory(**settings_changes)` → a running Coordinator on a fresh database
+    (all of one test's coordinators share it). All are stopped at teardown."""
+    started: list[Coordinator] = []
+
+    def factory(**changes: Any) -> Coordinator:
+        settings = Settings(data_dir=tmp_path / "data", database_url=database_url, **changes)
+        engine = db.make_engine(settings.db_url)
+        server, thread, url = _serve(create_app(settings, engine=engine))
+        c = Coordinator(url, settings, engine, httpx.Client(base_url=url, timeout=30), backend)
+        c._server, c._thread = server, thread
+        started.append(c)
+        return c
+
+    yield factory
+    for c in started:
+        c.stop()
+        c.engine.dispose()
+
+
+@pytest.fixture
+def coordinator(coordinator_factory: Callable[..., Coordinator]) -> Coordinator:
+    """A coordinator with default settings on a fresh database."""
+    return coordinator_factory()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj).encode()
