@@ -1,0 +1,333 @@
+"""The tray app: single-instance guard, the broker (in-process or attached), the tray icon
+and its menu, and the main window, wired together.
+
+`run(args)` is what `rbroker tray` and `rbroker-tray` end up in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtGui import QAction, QGuiApplication
+from PySide6.QtWidgets import QApplication, QMenu, QSystemTrayIcon
+
+from rbroker._exceptions import RBrokerError
+from rbroker.localapi.client import Client
+from rbroker.localapi.paths import default_data_dir, default_socket_path
+from rbroker.tray import autostart
+from rbroker.tray.embedded import EmbeddedBroker
+from rbroker.tray.fleet import FleetSource, NotEnrolled
+from rbroker.tray.icons import app_icon, state_icon
+from rbroker.tray.link import BrokerLink
+from rbroker.tray.settings import TraySettings
+from rbroker.tray.single import SingleInstance, instance_name
+from rbroker.tray.state import (
+    STATE_TEXT,
+    Snapshot,
+    TrayState,
+    derive_state,
+    run_snippet,
+    summary,
+)
+from rbroker.tray.window import FleetFeed, MainWindow
+
+log = logging.getLogger(__name__)
+
+TRAY_RETRY_MS = 2000
+FLEET_REFRESH_MS = 15000
+
+
+class TrayApp(QObject):
+    """The controller: owns the link to the broker, the window and (once the desktop has a
+    system tray) the tray icon.
+
+    Args:
+        socket: the broker's address (None: the default).
+        settings: the tray's saved settings.
+        embedded: the in-process broker, when this app started one (stopped on quit).
+        fleet: where the Fleet tab reads the group's computers.
+        show_window: open the window at start (it is always shown when there is no tray).
+        origin: how the broker was found, shown in the window ("started by this app"...).
+    """
+
+    broker_failed = Signal(str)
+
+    def __init__(
+        self,
+        socket: str | None,
+        settings: TraySettings,
+        embedded: EmbeddedBroker | None = None,
+        fleet: FleetSource | None = None,
+        show_window: bool = False,
+        origin: str = "",
+        guard: SingleInstance | None = None,
+        snippet_socket: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.socket = socket
+        self.snippet_socket = snippet_socket
+        self.settings = settings
+        self.embedded = embedded
+        self.guard = guard
+        self.state = TrayState.BROKER_DOWN
+        self.snapshot: Snapshot | None = None
+        self.tray: QSystemTrayIcon | None = None
+        self._shut_down = False
+
+        self.window = MainWindow(settings)
+        self.window.local.origin = origin
+        self.link = BrokerLink(socket, parent=self)
+        self.link.snapshot.connect(self.on_snapshot)
+        self.link.disconnected.connect(self.on_disconnected)
+        self.link.command_failed.connect(self.on_command_failed)
+        self.window.local.pause_toggled.connect(self.set_paused)
+        self.broker_failed.connect(self.on_broker_failed)
+
+        self.fleet_feed = FleetFeed(fleet or NotEnrolled(), parent=self)
+        self.fleet_feed.computers.connect(self.window.fleet.set_computers)
+        self.fleet_feed.failed.connect(self.window.fleet.set_error)
+        self.fleet_feed.not_enrolled.connect(self.window.fleet.set_not_enrolled)
+        self.fleet_timer = QTimer(self)
+        self.fleet_timer.timeout.connect(self.fleet_feed.refresh)
+
+        st = self.window.settings_tab
+        st.saved.connect(self.save_settings)
+        st.enroll_requested.connect(self.enroll)
+        st.autostart_toggled.connect(self.set_autostart)
+        self._show_autostart()
+
+        self.menu = QMenu()
+        self.status_action = QAction("rbroker: starting", self.menu)
+        self.status_action.setEnabled(False)
+        self.open_action = QAction("Open rbroker", self.menu)
+        self.open_action.triggered.connect(self.window.bring_to_front)
+        self.pause_action = QAction("Pause new admissions", self.menu)
+        self.pause_action.setCheckable(True)
+        self.pause_action.setEnabled(False)
+        self.pause_action.triggered.connect(self.set_paused)
+        self.snippet_action = QAction("Copy a `rbroker run` snippet", self.menu)
+        self.snippet_action.triggered.connect(self.copy_snippet)
+        self.quit_action = QAction("Quit", self.menu)
+        self.quit_action.triggered.connect(self.quit)
+        for a in (self.status_action, None, self.open_action, self.pause_action):
+            self.menu.addAction(a) if a else self.menu.addSeparator()
+        for a in (self.snippet_action, None, self.quit_action):
+            self.menu.addAction(a) if a else self.menu.addSeparator()
+
+        self.tray_timer = QTimer(self)
+        self.tray_timer.timeout.connect(self.ensure_tray)
+        self.set_state(TrayState.BROKER_DOWN)
+        if not self.ensure_tray():
+            # no system tray yet (early at login, or a desktop without one): keep a window
+            # reachable and create the icon once the tray appears
+            self.tray_timer.start(TRAY_RETRY_MS)
+            if show_window:
+                self.window.show()
+            else:
+                self.window.showMinimized()
+        elif show_window:
+            self.window.show()
+
+    def start(self) -> None:
+        """Start listening to the broker and reading the fleet."""
+        self.link.start()
+        self.fleet_feed.refresh()
+        self.fleet_timer.start(FLEET_REFRESH_MS)
+
+    # -- tray icon ---------------------------------------------------------------------------
+    def ensure_tray(self) -> bool:
+        """Create the tray icon if the desktop has a system tray; True when there is one."""
+        if self.tray is not None:
+            return True
+        if not QSystemTrayIcon.isSystemTrayAvailable():
+            return False
+        tray = QSystemTrayIcon(state_icon(self.state), self)
+        tray.setContextMenu(self.menu)
+        tray.setToolTip(summary(self.snapshot) if self.link.is_connected else summary(None))
+        tray.activated.connect(self._on_tray_activated)
+        tray.show()
+        self.tray = tray
+        self.window.close_to_tray = True
+        self.tray_timer.stop()
+        log.info("system tray available: icon created")
+        return True
+
+    def _on_tray_activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
+        if reason in (
+            QSystemTrayIcon.ActivationReason.Trigger,
+            QSystemTrayIcon.ActivationReason.DoubleClick,
+        ):
+            if self.window.isVisible() and not self.window.isMinimized():
+                self.window.hide()
+            else:
+                self.window.bring_to_front()
+
+    def set_state(self, state: TrayState) -> None:
+        self.state = state
+        tip = summary(self.snapshot if state is not TrayState.BROKER_DOWN else None)
+        self.status_action.setText(tip.removeprefix("rbroker: ").capitalize())
+        if self.tray is not None:
+            self.tray.setIcon(state_icon(state))
+            self.tray.setToolTip(tip)
+
+    # -- broker events -----------------------------------------------------------------------
+    def on_snapshot(self, snap: Snapshot) -> None:
+        self.snapshot = snap
+        self.window.apply_snapshot(snap)
+        self.pause_action.setEnabled(True)
+        self.pause_action.setChecked(snap.paused)
+        self.set_state(derive_state(snap))
+
+    def on_disconnected(self, message: str) -> None:
+        self.snapshot = None
+        self.pause_action.setEnabled(False)
+        self.window.set_broker_down(message)
+        self.set_state(TrayState.BROKER_DOWN)
+
+    def on_broker_failed(self, message: str) -> None:
+        self.window.local.origin = ""
+        self.window.broker_note = f"This app could not start the broker: {message}"
+        self.window.show_banner(self.window.broker_note, "error")
+
+    def on_command_failed(self, method: str, message: str) -> None:
+        self.window.show_banner(f"{method} failed: {message}", "error")
+        if self.snapshot is not None:
+            self.pause_action.setChecked(self.snapshot.paused)
+
+    def set_paused(self, paused: bool) -> None:
+        self.link.set_paused(bool(paused))
+
+    def copy_snippet(self) -> None:
+        text = run_snippet(self.snapshot, self.snippet_socket)
+        QGuiApplication.clipboard().setText(text)
+        if self.tray is not None and QSystemTrayIcon.supportsMessages():
+            self.tray.showMessage("rbroker", f"Copied:\n{text}", state_icon(self.state), 4000)
+
+    # -- settings ----------------------------------------------------------------------------
+    def _show_autostart(self) -> None:
+        if sys.platform == "win32":  # pragma: no cover - Windows only
+            where = rf"Registry: HKEY_CURRENT_USER\{autostart.RUN_KEY}\{autostart.APP_NAME}"
+        else:
+            where = f"Autostart entry: {autostart.autostart_file()}"
+        self.window.settings_tab.set_autostart(autostart.is_enabled(), where)
+
+    def set_autostart(self, on: bool) -> None:
+        try:
+            autostart.set_enabled(on)
+        except OSError as exc:
+            self.window.settings_tab.message.setText(f"Could not change start at login: {exc}")
+        self._show_autostart()
+
+    def save_settings(self, settings: TraySettings) -> None:
+        try:
+            settings.save()
+        except OSError as exc:
+            self.window.settings_tab.message.setText(f"Not saved: {exc}")
+            return
+        self.settings = settings
+        self.window.settings_tab.message.setText("Saved.")
+
+    def enroll(self, url: str, code: str) -> None:
+        label = self.window.settings_tab.enroll_state
+        if not url or not code:
+            label.setText("Enter the coordinator URL and the enrollment code first.")
+            return
+        label.setText(
+            "Enrollment from this window is not available in this version. Run in a "
+            f"terminal:  rbroker enroll {url} CODE"
+        )
+
+    # -- quit --------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop the link, the fleet reads and the in-process broker (if any). Idempotent."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        self.tray_timer.stop()
+        self.fleet_timer.stop()
+        self.link.stop()
+        self.fleet_feed.join()
+        if self.embedded is not None:
+            self.embedded.stop()
+        if self.guard is not None:
+            self.guard.release()
+        if self.tray is not None:
+            self.tray.hide()
+        self.window.quitting = True
+        self.window.close()
+
+    def quit(self) -> None:
+        self.shutdown()
+        app = QApplication.instance()
+        if app is not None:
+            app.quit()
+
+
+def _probe(socket: str) -> bool:
+    try:
+        with Client(socket, timeout_s=2):
+            return True
+    except RBrokerError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the tray app (see `rbroker.tray.run_tray`)."""
+    logging.basicConfig(
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    assert isinstance(app, QApplication)
+    app.setApplicationName("rbroker")
+    app.setQuitOnLastWindowClosed(False)
+    app.setWindowIcon(app_icon())
+
+    socket = args.socket or default_socket_path()
+    guard = SingleInstance(instance_name(args.socket))
+    if not guard.acquire():
+        print("rbroker tray is already running; its window was brought to the front.")
+        return 3
+
+    settings = TraySettings.load()
+    embedded: EmbeddedBroker | None = None
+    if _probe(socket) or args.attach_only:
+        origin = "attached"
+    else:
+        from rbroker.host import make_config
+
+        headroom = args.headroom_mib if args.headroom_mib is not None else settings.headroom_mib
+        config = make_config(
+            socket,
+            args.data_dir or default_data_dir(),
+            simulate=args.simulate is not None,
+            scenario=Path(args.simulate) if args.simulate else None,
+            headroom_mib=headroom,
+        )
+        embedded = EmbeddedBroker(config)
+        origin = "started by this app; quitting it stops the broker"
+
+    controller = TrayApp(
+        args.socket,
+        settings,
+        embedded=embedded,
+        show_window=args.show,
+        origin=origin,
+        guard=guard,
+        snippet_socket=args.socket,
+    )
+    guard.activated.connect(controller.window.bring_to_front)
+    if embedded is not None:
+        embedded.on_failed = lambda exc: controller.broker_failed.emit(str(exc))
+        embedded.start()
+    controller.start()
+    app.aboutToQuit.connect(controller.shutdown)
+    code = app.exec()
+    return int(code)
+
+
+__all__ = ["STATE_TEXT", "TrayApp", "run"]

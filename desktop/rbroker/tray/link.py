@@ -1,0 +1,229 @@
+"""The tray's connection to the broker: a change stream in, snapshots out, never on the GUI
+thread.
+
+Two plain threads, each with its own `rbroker.Client`:
+
+* the event thread connects, calls `events.subscribe` and blocks in `wait_event()`; every
+  event marks the state dirty. When the broker goes away it reports "disconnected" and
+  reconnects with backoff (0.25 s doubling to 5 s).
+* the refresh thread waits until the state is dirty and reads `gpus.list`, `leases.list`,
+  `broker.status` and `jobs.list` (a broker without `jobs.list` gives `jobs=None`), at most
+  every `min_interval_s`, so a burst of events costs one read.
+
+Results reach the GUI thread through Qt signals (queued connections).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from rbroker._exceptions import BrokerUnavailable, InvalidParams, RBrokerError
+from rbroker.localapi.client import Client
+from rbroker.tray.state import Snapshot
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START_S = 0.25
+BACKOFF_MAX_S = 5.0
+
+
+def read_snapshot(client: Client, jobs_supported: bool = True) -> tuple[Snapshot, bool]:
+    """One read of the broker's state; returns it and whether `jobs.list` exists.
+
+    Raises:
+        BrokerUnavailable: the broker went away.
+    """
+    gpus = client.gpus()
+    view = client.leases()
+    status = client.status()
+    jobs: list[dict[str, Any]] | None = None
+    if jobs_supported:
+        try:
+            jobs = client.jobs()
+        except InvalidParams as exc:
+            if exc.code != "method_not_found":
+                raise
+            jobs_supported = False
+    snap = Snapshot(
+        gpus=gpus,
+        leases=list(view.get("leases", [])),
+        queue=list(view.get("queue", [])),
+        status=status,
+        jobs=jobs,
+    )
+    return snap, jobs_supported
+
+
+class BrokerLink(QObject):
+    """Live view of one broker for the GUI.
+
+    Signals:
+        snapshot(Snapshot): a fresh read, after every change (coalesced).
+        connected(): the change stream is (re)established.
+        disconnected(str): no broker answers; the reason in words.
+        command_done(str, object): a command finished: (method, result).
+        command_failed(str, str): a command failed: (method, message).
+    """
+
+    snapshot = Signal(object)
+    connected = Signal()
+    disconnected = Signal(str)
+    command_done = Signal(str, object)
+    command_failed = Signal(str, str)
+
+    def __init__(
+        self, socket: str | None, min_interval_s: float = 0.25, parent: QObject | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.socket = socket
+        self.min_interval_s = min_interval_s
+        self.is_connected = False
+        self.last: Snapshot | None = None
+        self._stop = threading.Event()
+        self._dirty = threading.Event()
+        self._lock = threading.Lock()
+        self._event_client: Client | None = None
+        self._refresh_client: Client | None = None
+        self._threads: list[threading.Thread] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        for target, name in ((self._event_loop, "events"), (self._refresh_loop, "refresh")):
+            t = threading.Thread(target=target, name=f"rbroker-tray-{name}", daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop both threads and close their connections."""
+        self._stop.set()
+        self._dirty.set()
+        with self._lock:
+            clients = [self._event_client, self._refresh_client]
+        for c in clients:
+            if c is not None:
+                c.close()
+        for t in self._threads:
+            t.join(timeout_s)
+        self._threads.clear()
+
+    def refresh(self) -> None:
+        """Ask for a new snapshot now (e.g. after a command)."""
+        self._dirty.set()
+
+    # -- commands ------------------------------------------------------------------------------
+    def call(self, method: str, **params: Any) -> None:
+        """Run one local API call on a short-lived thread; the answer comes back as
+        `command_done` or `command_failed`, and a refresh follows."""
+
+        def run() -> None:
+            try:
+                with Client(self.socket, timeout_s=10) as c:
+                    result = c.call(method, **params)
+            except RBrokerError as exc:
+                self.command_failed.emit(method, exc.message)
+            else:
+                self.command_done.emit(method, result)
+            self._dirty.set()
+
+        t = threading.Thread(target=run, name=f"rbroker-tray-{method}", daemon=True)
+        self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        t.start()
+
+    def set_paused(self, paused: bool) -> None:
+        """Pause or resume new admissions (`broker.pause`)."""
+        self.call("broker.pause", paused=paused)
+
+    # -- threads -------------------------------------------------------------------------------
+    def _set_client(self, which: str, client: Client | None) -> bool:
+        with self._lock:
+            if self._stop.is_set():
+                if client is not None:
+                    client.close()
+                return False
+            setattr(self, which, client)
+            return True
+
+    def _event_loop(self) -> None:
+        backoff = BACKOFF_START_S
+        reported_down = False
+        while not self._stop.is_set():
+            try:
+                client = Client(self.socket, timeout_s=5)
+            except RBrokerError as exc:
+                if not reported_down:
+                    self.is_connected = False
+                    self.disconnected.emit(exc.message)
+                    reported_down = True
+                self._stop.wait(backoff)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
+                continue
+            if not self._set_client("_event_client", client):
+                return
+            try:
+                client.subscribe()
+                self.is_connected = True
+                reported_down = False
+                backoff = BACKOFF_START_S
+                self.connected.emit()
+                self._dirty.set()
+                while not self._stop.is_set():
+                    event = client.wait_event(None)
+                    if event is not None:
+                        self._dirty.set()
+            except RBrokerError as exc:
+                if self._stop.is_set():
+                    break
+                log.info("lost the broker: %s", exc)
+                self.is_connected = False
+                self.disconnected.emit(f"lost the broker: {exc.message}")
+                reported_down = True
+            finally:
+                self._set_client("_event_client", None)
+                client.close()
+
+    def _refresh_loop(self) -> None:
+        client: Client | None = None
+        jobs_supported = True
+        while not self._stop.is_set():
+            self._dirty.wait()
+            if self._stop.is_set():
+                break
+            self._dirty.clear()
+            try:
+                if client is None:
+                    client = Client(self.socket, timeout_s=10)
+                    jobs_supported = True
+                    if not self._set_client("_refresh_client", client):
+                        return
+                snap, jobs_supported = read_snapshot(client, jobs_supported)
+            except RBrokerError as exc:
+                if client is not None:
+                    client.close()
+                    client = None
+                    self._set_client("_refresh_client", None)
+                if not isinstance(exc, BrokerUnavailable):
+                    log.warning("reading the broker failed: %s", exc)
+                continue  # the event thread reports the outage and sets dirty on reconnect
+            self.last = snap
+            self.snapshot.emit(snap)
+            self._stop.wait(self.min_interval_s)
+        if client is not None:
+            client.close()
+
+
+def wait_for_broker(socket: str | None, timeout_s: float) -> bool:
+    """True when a broker answers at `socket` within `timeout_s` (no Qt involved)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with Client(socket, timeout_s=2):
+                return True
+        except RBrokerError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)

@@ -1,0 +1,390 @@
+"""Qt table models of the tray: leases, the queue, jobs and the fleet's computers.
+
+Each model holds plain dicts as the local API (or the fleet source) gives them, has one
+column list, and is updated with `set_rows()`: when the same records come back in the same
+order only the changed cells are announced (`dataChanged`, so selections survive the live
+updates); otherwise the model is reset (`beginResetModel`/`endResetModel`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+
+from rbroker.broker.capacity import fmt_mib, short_uuid
+from rbroker.tray.fleet import freshness_text
+from rbroker.tray.state import age_text
+
+ROW_ROLE = Qt.ItemDataRole.UserRole
+"""The row's record (a dict)."""
+SORT_ROLE = Qt.ItemDataRole.UserRole + 1
+"""A value that sorts naturally (numbers as numbers)."""
+PROGRESS_ROLE = Qt.ItemDataRole.UserRole + 2
+"""For progress columns: (done, failed, total or None)."""
+BADGE_ROLE = Qt.ItemDataRole.UserRole + 3
+"""For badge columns: the state word that picks the badge colour."""
+
+_LEFT = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+_RIGHT = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+
+Index = QModelIndex | QPersistentModelIndex
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its header, how a record shows in it, and how it sorts."""
+
+    header: str
+    text: Callable[[dict[str, Any]], str]
+    sort: Callable[[dict[str, Any]], Any] | None = None
+    right: bool = False
+    tooltip: Callable[[dict[str, Any]], str] | None = None
+
+
+def _s(key: str) -> Callable[[dict[str, Any]], str]:
+    return lambda r: str(r.get(key) or "")
+
+
+def _mib(value: Any) -> str:
+    return fmt_mib(int(value)) if isinstance(value, int | float) else "–"
+
+
+class RecordTableModel(QAbstractTableModel):
+    """A read-only table of records (dicts) with a fixed column list."""
+
+    columns: tuple[Column, ...] = ()
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self._rows: list[dict[str, Any]] = []
+        self._keys: list[Hashable] = []
+        self.now = time.time()
+        self.gpu_labels: dict[str, str] = {}
+
+    # -- updates -----------------------------------------------------------------------------
+    def key(self, row: dict[str, Any]) -> Hashable:
+        """What identifies a record across updates."""
+        return id(row)
+
+    def set_rows(self, rows: list[dict[str, Any]], now: float | None = None) -> None:
+        """Replace the records; `now` (Unix seconds) is the time ages are measured against."""
+        self.now = time.time() if now is None else now
+        rows = list(rows)
+        keys = [self.key(r) for r in rows]
+        if keys == self._keys and rows:
+            old = self._rows
+            self._rows = rows
+            last = len(self.columns) - 1
+            for i, (a, b) in enumerate(zip(old, rows, strict=True)):
+                if a != b or self._time_dependent:
+                    self.dataChanged.emit(self.index(i, 0), self.index(i, last))
+            return
+        self.beginResetModel()
+        self._rows = rows
+        self._keys = keys
+        self.endResetModel()
+
+    _time_dependent = False
+
+    def set_gpu_labels(self, labels: dict[str, str]) -> None:
+        """Names to show for GPU UUIDs (e.g. `GPU 0`)."""
+        if labels != self.gpu_labels:
+            self.gpu_labels = dict(labels)
+            if self._rows:
+                self.dataChanged.emit(
+                    self.index(0, 0), self.index(len(self._rows) - 1, len(self.columns) - 1)
+                )
+
+    def gpu_label(self, uuid: str | None) -> str:
+        if not uuid:
+            return "any"
+        return self.gpu_labels.get(uuid) or short_uuid(uuid)
+
+    def row(self, i: int) -> dict[str, Any]:
+        return self._rows[i]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return list(self._rows)
+
+    # -- QAbstractTableModel --------------------------------------------------------------------
+    def rowCount(self, parent: Index = QModelIndex()) -> int:  # noqa: B008 - Qt's signature
+        return 0 if parent.isValid() else len(self._rows)
+
+    def columnCount(self, parent: Index = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(self.columns)
+
+    def headerData(
+        self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole
+    ) -> Any:
+        if orientation == Qt.Orientation.Horizontal and 0 <= section < len(self.columns):
+            if role == Qt.ItemDataRole.DisplayRole:
+                return self.columns[section].header
+            if role == Qt.ItemDataRole.TextAlignmentRole:
+                return int(_RIGHT if self.columns[section].right else _LEFT)
+        return None
+
+    def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid() or not (0 <= index.row() < len(self._rows)):
+            return None
+        if not (0 <= index.column() < len(self.columns)):
+            return None
+        record = self._rows[index.row()]
+        col = self.columns[index.column()]
+        if role == Qt.ItemDataRole.DisplayRole:
+            return col.text(record)
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return col.tooltip(record) if col.tooltip else col.text(record)
+        if role == Qt.ItemDataRole.TextAlignmentRole:
+            return int(_RIGHT if col.right else _LEFT)
+        if role == ROW_ROLE:
+            return record
+        if role == SORT_ROLE:
+            return col.sort(record) if col.sort else col.text(record)
+        return self.extra_data(record, index.column(), role)
+
+    def extra_data(self, record: dict[str, Any], column: int, role: int) -> Any:
+        """Model-specific roles (progress, badges)."""
+        return None
+
+
+class LeasesModel(RecordTableModel):
+    """Active leases: owner, project, session, purpose, MiB, GPU, state, age, expires in."""
+
+    OWNER, PROJECT, SESSION, PURPOSE, MIB, GPU, STATE, AGE, EXPIRES = range(9)
+    _time_dependent = True
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.columns = (
+            Column("Owner", _s("owner")),
+            Column("Project", _s("project")),
+            Column("Session", _s("session")),
+            Column("Purpose", _s("purpose")),
+            Column(
+                "MiB",
+                lambda r: _mib(r.get("granted_mib")),
+                sort=lambda r: int(r.get("granted_mib") or 0),
+                right=True,
+                tooltip=self._mib_tooltip,
+            ),
+            Column(
+                "GPU",
+                lambda r: (
+                    ", ".join(self.gpu_label(u) for u in r.get("gpu_uuids") or [])
+                    or self.gpu_label(r.get("gpu_uuid"))
+                ),
+                tooltip=lambda r: ", ".join(r.get("gpu_uuids") or [r.get("gpu_uuid") or ""]),
+            ),
+            Column(
+                "State",
+                lambda r: (
+                    str(r.get("state", "")) + (" · over grant" if r.get("over_grant") else "")
+                ),
+            ),
+            Column(
+                "Age",
+                lambda r: age_text(self._age(r)),
+                sort=lambda r: self._age(r) or 0.0,
+                right=True,
+            ),
+            Column(
+                "Expires in",
+                lambda r: age_text(r.get("expires_in_s")),
+                sort=lambda r: float(r.get("expires_in_s") or 0.0),
+                right=True,
+            ),
+        )
+
+    def key(self, row: dict[str, Any]) -> Hashable:
+        return row.get("lease_id") or id(row)
+
+    def _age(self, r: dict[str, Any]) -> float | None:
+        granted = r.get("granted_at")
+        return max(0.0, self.now - float(granted)) if granted else None
+
+    @staticmethod
+    def _mib_tooltip(r: dict[str, Any]) -> str:
+        observed = r.get("observed_mib") or {}
+        used = sum(int(v) for v in observed.values())
+        return f"{_mib(r.get('granted_mib'))} MiB granted, {fmt_mib(used)} MiB in use now"
+
+
+class QueueModel(RecordTableModel):
+    """Waiting requests with the reason (and the numbers) they wait."""
+
+    OWNER, PROJECT, SESSION, PURPOSE, MIB, GPU, WAITING, AHEAD, REASON = range(9)
+    _time_dependent = True
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.columns = (
+            Column("Owner", _s("owner")),
+            Column("Project", _s("project")),
+            Column("Session", _s("session")),
+            Column("Purpose", _s("purpose")),
+            Column(
+                "MiB",
+                self._mib_text,
+                sort=lambda r: int(r.get("mib") or 0) * int(r.get("gpus") or 1),
+                right=True,
+            ),
+            Column("GPU", lambda r: self.gpu_label(r.get("gpu_uuid"))),
+            Column(
+                "Waiting",
+                lambda r: age_text(r.get("waiting_s")),
+                sort=lambda r: float(r.get("waiting_s") or 0.0),
+                right=True,
+            ),
+            Column(
+                "Ahead",
+                lambda r: str(r.get("ahead", 0)),
+                sort=lambda r: int(r.get("ahead") or 0),
+                right=True,
+            ),
+            Column("Reason", self._reason, tooltip=lambda r: str(r.get("reason") or "")),
+        )
+
+    def key(self, row: dict[str, Any]) -> Hashable:
+        return row.get("request_id") or id(row)
+
+    @staticmethod
+    def _mib_text(r: dict[str, Any]) -> str:
+        gpus = int(r.get("gpus") or 1)
+        text = _mib(r.get("mib"))
+        return f"{gpus} × {text}" if gpus > 1 else text
+
+    def _reason(self, r: dict[str, Any]) -> str:
+        text = str(r.get("reason") or "").removeprefix("waiting: ")
+        for uuid, label in self.gpu_labels.items():
+            text = text.replace(short_uuid(uuid), label)
+        return text
+
+
+class JobsModel(RecordTableModel):
+    """Parallel jobs (DESIGN §4) with their progress (drawn as bars by the view)."""
+
+    PROJECT, PURPOSE, HANDLER, WORKERS, STATE, DONE, FAILED, PROGRESS = range(8)
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.columns = (
+            Column("Project", _s("project")),
+            Column("Purpose", _s("purpose")),
+            Column("Handler", _s("handler")),
+            Column(
+                "Workers",
+                lambda r: str(r.get("workers", "")),
+                sort=lambda r: int(r.get("workers") or 0),
+                right=True,
+            ),
+            Column("State", _s("state")),
+            Column(
+                "Done",
+                self._done_text,
+                sort=lambda r: int(r.get("completed_items") or 0),
+                right=True,
+            ),
+            Column(
+                "Failed",
+                lambda r: fmt_mib(int(r.get("failed_items") or 0)),
+                sort=lambda r: int(r.get("failed_items") or 0),
+                right=True,
+            ),
+            Column("Progress", self._progress_text, sort=self._fraction, tooltip=self._done_text),
+        )
+
+    def key(self, row: dict[str, Any]) -> Hashable:
+        return row.get("job_id") or id(row)
+
+    @staticmethod
+    def _fraction(r: dict[str, Any]) -> float:
+        total = r.get("total_items")
+        done = int(r.get("completed_items") or 0) + int(r.get("failed_items") or 0)
+        return min(1.0, done / total) if total else 0.0
+
+    @staticmethod
+    def _done_text(r: dict[str, Any]) -> str:
+        done = int(r.get("completed_items") or 0)
+        total = r.get("total_items")
+        return f"{fmt_mib(done)} / {fmt_mib(int(total))}" if total else fmt_mib(done)
+
+    @classmethod
+    def _progress_text(cls, r: dict[str, Any]) -> str:
+        if not r.get("total_items"):
+            return "total unknown"
+        return f"{cls._fraction(r):.0%}"
+
+    def extra_data(self, record: dict[str, Any], column: int, role: int) -> Any:
+        if role == PROGRESS_ROLE and column == self.PROGRESS:
+            total = record.get("total_items")
+            return (
+                int(record.get("completed_items") or 0),
+                int(record.get("failed_items") or 0),
+                int(total) if total else None,
+            )
+        return None
+
+
+def _fleet_available(r: dict[str, Any]) -> int:
+    return sum(int(g.get("available_mib") or 0) for g in r.get("gpus") or [])
+
+
+class FleetModel(RecordTableModel):
+    """The group's computers with a freshness badge and what each is doing."""
+
+    NAME, FRESHNESS, GPUS, LEASES, JOBS, AVAILABLE = range(6)
+    _ORDER: ClassVar[dict[str, int]] = {"online": 0, "stale": 1, "offline": 2}
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.columns = (
+            Column("Computer", lambda r: str(r.get("name") or r.get("computer_id") or "")),
+            Column(
+                "Status",
+                freshness_text,
+                sort=lambda r: (
+                    self._ORDER.get(r.get("freshness", "offline"), 3),
+                    float(r.get("last_seen_age_s") or 0.0),
+                ),
+            ),
+            Column(
+                "GPUs",
+                lambda r: str(len(r.get("gpus") or [])),
+                sort=lambda r: len(r.get("gpus") or []),
+                right=True,
+                tooltip=lambda r: "\n".join(
+                    f"GPU {g.get('index', '?')}: {g.get('name', '')}" for g in r.get("gpus") or []
+                ),
+            ),
+            Column(
+                "Leases",
+                lambda r: str(len(r.get("leases") or [])),
+                sort=lambda r: len(r.get("leases") or []),
+                right=True,
+            ),
+            Column(
+                "Jobs",
+                lambda r: str(len(r.get("jobs") or [])),
+                sort=lambda r: len(r.get("jobs") or []),
+                right=True,
+            ),
+            Column(
+                "Available MiB",
+                lambda r: fmt_mib(_fleet_available(r)),
+                sort=_fleet_available,
+                right=True,
+            ),
+        )
+
+    def key(self, row: dict[str, Any]) -> Hashable:
+        return row.get("computer_id") or id(row)
+
+    def extra_data(self, record: dict[str, Any], column: int, role: int) -> Any:
+        if role == BADGE_ROLE and column == self.FRESHNESS:
+            return str(record.get("freshness") or "offline")
+        return None

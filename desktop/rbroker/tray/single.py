@@ -1,0 +1,81 @@
+"""One tray per user: a `QLocalServer` guard (after Vorta's `qt_single_application.py`).
+
+The first instance listens on a per-user name; a second one connects, sends `show`, and
+exits, and the first instance raises its window.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import os
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtNetwork import QLocalServer, QLocalSocket
+
+CONNECT_TIMEOUT_MS = 500
+
+
+def instance_name(socket: str | None = None) -> str:
+    """The guard's name: per user, and per broker address when one is given."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+    suffix = hashlib.sha256((socket or "").encode()).hexdigest()[:8] if socket else "default"
+    return f"rbroker-tray-{user}-{suffix}"
+
+
+class SingleInstance(QObject):
+    """`acquire()` → True for the first instance (it then listens), False when another one
+    answered (it was asked to show itself). `activated` fires in the first instance when a
+    later one starts."""
+
+    activated = Signal()
+
+    def __init__(self, name: str, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.name = name
+        self.server: QLocalServer | None = None
+
+    def _ping_running(self) -> bool:
+        sock = QLocalSocket()
+        sock.connectToServer(self.name)
+        if not sock.waitForConnected(CONNECT_TIMEOUT_MS):
+            return False
+        sock.write(b"show\n")
+        sock.waitForBytesWritten(CONNECT_TIMEOUT_MS)
+        sock.disconnectFromServer()
+        return True
+
+    def acquire(self) -> bool:
+        if self._ping_running():
+            return False
+        QLocalServer.removeServer(self.name)  # a stale socket left by a crashed instance
+        server = QLocalServer(self)
+        server.setSocketOptions(QLocalServer.SocketOption.UserAccessOption)
+        if not server.listen(self.name):
+            # lost a start-up race: the winner answers now
+            return not self._ping_running()
+        server.newConnection.connect(self._on_connection)
+        self.server = server
+        return True
+
+    def _on_connection(self) -> None:
+        assert self.server is not None
+        while self.server.hasPendingConnections():
+            conn = self.server.nextPendingConnection()
+            conn.readyRead.connect(lambda c=conn: self._on_ready(c))
+            conn.disconnected.connect(conn.deleteLater)
+            if conn.bytesAvailable():
+                self._on_ready(conn)
+
+    def _on_ready(self, conn: QLocalSocket) -> None:
+        data = bytes(conn.readAll().data())
+        if b"show" in data:
+            self.activated.emit()
+
+    def release(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
