@@ -15,6 +15,8 @@ from rbroker._exceptions import (
     DescriptionRejected,
     Infeasible,
     InvalidParams,
+    JobFinished,
+    JobNotFound,
     LeaseExpired,
     LeaseNotFound,
     NotLeaseOwner,
@@ -24,6 +26,7 @@ from rbroker._exceptions import (
     TelemetryUnavailable,
     WaitTimeout,
 )
+from rbroker._job import ChunkTask, Job, JobRef, job
 from rbroker._lease import Lease, alease, lease
 from rbroker._version import __version__
 from rbroker.localapi.client import Client
@@ -32,10 +35,15 @@ __all__ = [
     "BrokerUnavailable",
     "Cancelled",
     "CapacityUnavailable",
+    "ChunkTask",
     "Client",
     "DescriptionRejected",
     "Infeasible",
     "InvalidParams",
+    "Job",
+    "JobFinished",
+    "JobNotFound",
+    "JobRef",
     "Lease",
     "LeaseExpired",
     "LeaseNotFound",
@@ -47,5 +55,6 @@ __all__ = [
     "WaitTimeout",
     "__version__",
     "alease",
+    "job",
     "lease",
 ]

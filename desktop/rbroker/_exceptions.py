@@ -82,6 +82,14 @@ class NotSimulated(RBrokerError):
     """A `sim.*` method was called on a broker that reads real NVML."""
 
 
+class JobNotFound(RBrokerError):
+    """No such job."""
+
+
+class JobFinished(RBrokerError):
+    """The job already succeeded, failed or was cancelled."""
+
+
 class Cancelled(RBrokerError):
     """The request was cancelled (connection closed, broker stopping)."""
 
@@ -104,6 +112,8 @@ _BY_CODE: dict[ErrorCode, type[RBrokerError]] = {
     ErrorCode.PROTOCOL_VERSION: ProtocolVersionError,
     ErrorCode.NOT_SIMULATED: NotSimulated,
     ErrorCode.CANCELLED: Cancelled,
+    ErrorCode.JOB_NOT_FOUND: JobNotFound,
+    ErrorCode.JOB_FINISHED: JobFinished,
 }
 
 

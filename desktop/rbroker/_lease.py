@@ -166,6 +166,7 @@ def _acquire(
     ttl_s: float,
     adopt: bool,
     socket: str | None,
+    job_id: str | None = None,
 ) -> _Holder:
     client = Client(socket)
     params: dict[str, Any] = {
@@ -180,6 +181,8 @@ def _acquire(
     }
     if gpu_uuid is not None:
         params["gpu_uuid"] = gpu_uuid
+    if job_id is not None:
+        params["job_id"] = job_id
     wait_until = time.monotonic() + wait_s
     try:
         while True:

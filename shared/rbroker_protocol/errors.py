@@ -37,6 +37,8 @@ class ErrorCode(StrEnum):
     PROTOCOL_VERSION = "protocol_version"
     NOT_SIMULATED = "not_simulated"
     CANCELLED = "cancelled"
+    JOB_NOT_FOUND = "job_not_found"
+    JOB_FINISHED = "job_finished"
 
 
 ERROR_CODES: dict[ErrorCode, int] = {
@@ -57,6 +59,8 @@ ERROR_CODES: dict[ErrorCode, int] = {
     ErrorCode.TELEMETRY_UNAVAILABLE: -32040,
     ErrorCode.PROTOCOL_VERSION: -32050,
     ErrorCode.NOT_SIMULATED: -32060,
+    ErrorCode.JOB_NOT_FOUND: -32070,
+    ErrorCode.JOB_FINISHED: -32071,
 }
 """JSON-RPC numeric code for each name. Standard codes from the JSON-RPC 2.0 spec."""
 

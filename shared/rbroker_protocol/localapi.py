@@ -51,6 +51,8 @@ class AcquireParams(_Params):
     adopt: bool = False
     placement: Literal["pack", "spread"] = "pack"
     request_key: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9_-]*$")] | None = None
+    job_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    """Links the lease to a declared parallel job (one of its workers)."""
     """Client-chosen id of this request: re-sending it after a reconnect (e.g. a broker
     restart) re-attaches to the queued request or the lease granted for it."""
 
@@ -113,3 +115,44 @@ class SimStallParams(_Params):
     """`sim.stall`: block the broker's event loop for `seconds` (tests of stall grace)."""
 
     seconds: Annotated[float, Field(gt=0.0, le=300.0)]
+
+
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled", "stalled"]
+Count = Annotated[int, Field(ge=0, le=10**12, strict=True)]
+
+
+class JobDeclareParams(_Params):
+    """`job.declare`: a parallel job (DESIGN §4). `handler` is the registered name of the
+    function that processes chunks (e.g. `embed.encode_batch`); `workers` the allocated
+    worker count; `total_items` optional."""
+
+    project: str
+    purpose: str
+    handler: str
+    total_items: Count | None = None
+    workers: Annotated[int, Field(ge=1, le=100_000, strict=True)] = 1
+
+
+class JobUpdateParams(_Params):
+    """`job.update`: change state (running / succeeded / failed / cancelled; failed and
+    cancelled need a `reason`) or the allocated `workers`."""
+
+    job_id: Annotated[str, Field(min_length=1, max_length=64)]
+    state: Literal["running", "succeeded", "failed", "cancelled"] | None = None
+    reason: str | None = None
+    workers: Annotated[int, Field(ge=1, le=100_000, strict=True)] | None = None
+
+
+class JobReportParams(_Params):
+    """`job.report`: a chunk's result counts; idempotent by `chunk_id`."""
+
+    job_id: Annotated[str, Field(min_length=1, max_length=64)]
+    chunk_id: Annotated[str, Field(min_length=1, max_length=128)]
+    completed: Count = 0
+    failed: Count = 0
+
+
+class JobsListParams(_Params):
+    """`jobs.list`: `include_finished` adds succeeded/failed/cancelled jobs."""
+
+    include_finished: bool = True

@@ -62,6 +62,7 @@ class Lease:
     request_key: str = ""
     baseline_mib: dict[str, int] = field(default_factory=dict)
     restored: bool = False
+    job_id: str | None = None
 
     @property
     def gpu_uuid(self) -> str:
@@ -96,6 +97,7 @@ class Lease:
             "ended_reason": self.ended_reason,
             "ended_at": self.ended_at_wall,
             "restored": self.restored,
+            "job_id": self.job_id,
         }
 
     def to_record(self) -> dict[str, Any]:
@@ -118,6 +120,7 @@ class Lease:
             "baseline_mib": self.baseline_mib,
             "admission": self.admission,
             "request_key": self.request_key,
+            "job_id": self.job_id,
             "state": self.state.value,
             "ended_reason": self.ended_reason,
         }
@@ -148,6 +151,7 @@ class Lease:
             admission=dict(rec["admission"]),
             request_key=rec.get("request_key", ""),
             restored=True,
+            job_id=rec.get("job_id"),
         )
 
 
@@ -178,6 +182,7 @@ class Waiter:
     reason_data: dict[str, Any] = field(default_factory=dict)
     evaluated: bool = False
     request_key: str = ""
+    job_id: str | None = None
     wait_until_wall: float = 0.0
     reattach_by: float | None = None  # restored after a restart: its client must come back
 
@@ -199,6 +204,7 @@ class Waiter:
             "holder_start": self.holder.start_time,
             "wait_s": self.wait_s,
             "wait_until_wall": self.wait_until_wall,
+            "job_id": self.job_id,
         }
 
     def to_wire(self, now: float, ahead: int) -> dict[str, Any]:

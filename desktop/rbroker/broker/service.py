@@ -33,6 +33,7 @@ from rbroker.broker.capacity import (
 from rbroker.broker.clock import Clock, SystemClock
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Ancestry, Holder
+from rbroker.broker.jobs import JobTable
 from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker.broker.store import LeaseStore, token_hash
 from rbroker.gpu.fake_nvml import FakeNvml
@@ -126,6 +127,7 @@ class Broker:
         self._listeners: list[Listener] = []
         self.grant_count = 0
         self.paused = False
+        self.jobs = JobTable(self.clock, store)
         self._token_sha256: dict[str, str] = {}
         self._ends_since_prune = 0
 
@@ -209,6 +211,7 @@ class Broker:
                     request_key=key,
                     wait_until_wall=float(rec["wait_until_wall"]),
                     reattach_by=now + self.config.reattach_grace_s,
+                    job_id=rec.get("job_id"),
                 )
             )
         for slot in self.slots.values():
@@ -241,7 +244,7 @@ class Broker:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
-    def _emit(self, kind: str, data: dict[str, Any]) -> None:
+    def emit(self, kind: str, data: dict[str, Any]) -> None:
         for listener in list(self._listeners):
             try:
                 listener(kind, data)
@@ -277,7 +280,7 @@ class Broker:
                 log.warning("GPU %s telemetry %s: %s", slot.uuid, exc.state.value, exc)
             slot.telemetry = exc.state
             slot.telemetry_reason = exc.reason
-            self._emit("capacity", {"gpu_uuid": slot.uuid})
+            self.emit("capacity", {"gpu_uuid": slot.uuid})
             return
         if slot.telemetry is not TelemetryState.OK:
             log.info("GPU %s telemetry ok", slot.uuid)
@@ -288,7 +291,7 @@ class Broker:
         chains = [(p, self._ancestry.chain(p.pid)) for p in sample.processes]
         slot.chains = chains
         self._update_observed(slot)
-        self._emit("capacity", {"gpu_uuid": slot.uuid})
+        self.emit("capacity", {"gpu_uuid": slot.uuid})
 
     async def _enumerate_loop(self) -> None:
         """Pick up GPUs that appear later (hot-plug, MIG reconfiguration, a driver that
@@ -450,6 +453,8 @@ class Broker:
             if found is not None:
                 found.conn_id, found.reattach_by = conn_id, None
                 return await self._await_waiter(found)
+        if params.job_id is not None:
+            self.jobs.get(params.job_id, owner)  # job_not_found / not_lease_owner
         candidates = self._candidates(params)
         self._check_feasible(params, candidates)
         now = self.clock.monotonic()
@@ -475,13 +480,14 @@ class Broker:
             future=asyncio.get_running_loop().create_future(),
             request_key=params.request_key or "",
             wait_until_wall=self.clock.wall() + params.wait_s,
+            job_id=params.job_id,
         )
         self.queue.append(waiter)
         self._admit()
         if not waiter.future.done():
             if self.store is not None and waiter.request_key and params.wait_s > 0:
                 self.store.put_waiter(waiter.request_key, waiter.request_id, waiter.to_record())
-            self._emit("queue", {"request_id": waiter.request_id})
+            self.emit("queue", {"request_id": waiter.request_id})
         return await self._await_waiter(waiter)
 
     async def _await_waiter(self, waiter: Waiter) -> Lease:
@@ -671,6 +677,9 @@ class Broker:
             waited_s=now - waiter.enqueued_at,
         )
         lease.request_key = waiter.request_key
+        lease.job_id = waiter.job_id
+        if waiter.job_id is not None and waiter.job_id in self.jobs.jobs:
+            self.jobs.link_lease(waiter.job_id, waiter.owner, lease.lease_id)
         for u, cap, need in chosen:
             slot = self.slots[u]
             claim = waiter.mib - need
@@ -698,7 +707,7 @@ class Broker:
             lease.project,
             lease.waited_s,
         )
-        self._emit("lease", {"lease_id": lease.lease_id, "state": lease.state.value})
+        self.emit("lease", {"lease_id": lease.lease_id, "state": lease.state.value})
 
     # -- renew / release / expiry --------------------------------------------------------------
     def _find(self, lease_id: str, owner: str) -> Lease:
@@ -771,10 +780,11 @@ class Broker:
                 self._ends_since_prune = 0
                 self.store.prune_ended(self.config.ended_history)
         log.info("lease %s %s: %s", lease.lease_id, state.value, reason)
-        self._emit("lease", {"lease_id": lease.lease_id, "state": state.value})
+        self.emit("lease", {"lease_id": lease.lease_id, "state": state.value})
 
     def connection_closed(self, conn_id: int) -> None:
         """Release every lease bound to `conn_id` and drop its waiters (DESIGN §3)."""
+        self.jobs.connection_closed(conn_id)
         for lease in [lease for lease in self.leases.values() if lease.conn_id == conn_id]:
             self._end(lease, LeaseState.RELEASED, "holder connection closed")
         for waiter in [w for w in self.queue if w.conn_id == conn_id]:
@@ -798,6 +808,8 @@ class Broker:
                 if now - last_holder_check >= self.config.holder_check_s:
                     last_holder_check = now
                     self._reap_dead_holders()
+                    for job in self.jobs.check_stalled(set(self.leases)):
+                        self.emit("job", {"job_id": job.job_id, "state": job.state})
                 self._expire(now)
             except Exception:
                 log.exception("tick failed")
@@ -831,7 +843,7 @@ class Broker:
                 )
             elif now >= waiter.deadline and waiter.evaluated and not waiter.future.done():
                 self._remove_waiter(waiter, self._wait_error(waiter))
-                self._emit("queue", {"request_id": waiter.request_id})
+                self.emit("queue", {"request_id": waiter.request_id})
         if self.queue:
             self._admit()
 

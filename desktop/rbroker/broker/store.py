@@ -2,7 +2,9 @@
 
 What is written, and when (each a committed transaction before the answer goes out):
 - a lease at its grant (with a hash of its re-attach token, never the token) and at its end;
-- a waiting request when it first has to wait, and its removal.
+- a waiting request when it first has to wait, and its removal;
+- a job at its declaration and every change, and each chunk report together with the
+  job's new cumulative counts (one transaction, so counts and chunks never disagree).
 Renewals are not written: after a restart every restored lease gets one TTL from the
 restart, and its holder re-attaches within it. This keeps the heartbeat path free of disk
 writes while a broker crash (even `kill -9`) loses no grant.
@@ -30,6 +32,17 @@ CREATE TABLE IF NOT EXISTS leases (
     ended_at      REAL
 );
 CREATE INDEX IF NOT EXISTS leases_state ON leases(state);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id        TEXT PRIMARY KEY,
+    record        TEXT NOT NULL       -- JSON: the job with its cumulative counts
+);
+CREATE TABLE IF NOT EXISTS job_chunks (
+    job_id        TEXT NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
+    chunk_id      TEXT NOT NULL,
+    completed     INTEGER NOT NULL,
+    failed        INTEGER NOT NULL,
+    PRIMARY KEY (job_id, chunk_id)
+);
 CREATE TABLE IF NOT EXISTS waiters (
     request_key   TEXT PRIMARY KEY,
     seq           INTEGER NOT NULL,
@@ -134,3 +147,43 @@ class LeaseStore:
                 "ORDER BY ended_at DESC LIMIT ?)",
                 (keep,),
             )
+
+    def put_job(self, job_id: str, record: dict[str, Any]) -> None:
+        """Write a job's record (committed on return)."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO jobs(job_id, record) VALUES (?, ?)",
+                (job_id, json.dumps(record)),
+            )
+
+    def add_chunk(
+        self, job_id: str, chunk_id: str, completed: int, failed: int, record: dict[str, Any]
+    ) -> None:
+        """Record one chunk and the job's new counts in one transaction."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    "INSERT INTO job_chunks(job_id, chunk_id, completed, failed) "
+                    "VALUES (?, ?, ?, ?)",
+                    (job_id, chunk_id, completed, failed),
+                )
+                self._db.execute(
+                    "UPDATE jobs SET record = ? WHERE job_id = ?", (json.dumps(record), job_id)
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def jobs(self) -> list[tuple[dict[str, Any], dict[str, tuple[int, int]]]]:
+        """Every job's record with its chunks `{chunk_id: (completed, failed)}`."""
+        with self._lock:
+            jobs = self._db.execute("SELECT job_id, record FROM jobs ORDER BY rowid").fetchall()
+            chunks = self._db.execute(
+                "SELECT job_id, chunk_id, completed, failed FROM job_chunks"
+            ).fetchall()
+        by_job: dict[str, dict[str, tuple[int, int]]] = {}
+        for job_id, chunk_id, completed, failed in chunks:
+            by_job.setdefault(job_id, {})[chunk_id] = (int(completed), int(failed))
+        return [(json.loads(rec), by_job.get(job_id, {})) for job_id, rec in jobs]

@@ -58,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ttl", type=float, default=30.0)
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
+    j = sub.add_parser("jobs", help="parallel jobs: progress, items per second, ETA")
+    _add_socket(j)
+    j.add_argument("--json", action="store_true", help="print the raw JSON")
+    j.add_argument("--active", action="store_true", help="hide finished jobs")
+    j.add_argument("--watch", action="store_true", help="refresh live until Ctrl-C")
+
     d = sub.add_parser("demo", help="watch real processes lease simulated GPUs (about a minute)")
     d.add_argument("--seconds", type=float, default=45.0, help="approximate demo length")
     d.add_argument("--no-live", action="store_true", help="plain log lines instead of a live view")
@@ -83,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         from rbroker.cli.run import run_command
 
         return run_command(args)
+    if args.command == "jobs":
+        from rbroker.cli.jobs import run_jobs
+
+        return run_jobs(args)
     if args.command == "demo":
         from rbroker.cli.demo import run_demo
 

@@ -153,11 +153,86 @@ def legend() -> Text:
     return t
 
 
-def broker_view(gpus: list[dict[str, Any]], leases: dict[str, Any], header: str = "") -> Group:
+def broker_view(
+    gpus: list[dict[str, Any]],
+    leases: dict[str, Any],
+    header: str = "",
+    jobs: list[dict[str, Any]] | None = None,
+) -> Group:
     """Everything in one renderable."""
     items: list[Any] = []
     if header:
         items.append(Text(header, style="bold"))
     items += [gpu_table(gpus), legend(), lease_table(leases["leases"])]
     items.append(queue_table(leases["queue"]))
+    if jobs:
+        items.append(jobs_table(jobs))
     return Group(*items)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def progress_bar(job: dict[str, Any], width: int = 24) -> Text:
+    """Completed █ (green) and failed █ (red) items out of total_items (or counts only)."""
+    total = job.get("total_items")
+    done, failed = job["completed_items"], job["failed_items"]
+    if not total:
+        return Text(f"{fmt_mib(done)} done, {fmt_mib(failed)} failed")
+    ok_cells = round(width * done / total)
+    bad_cells = min(width - ok_cells, round(width * failed / total))
+    bar = Text()
+    bar.append("█" * ok_cells, style="green")
+    bar.append("█" * bad_cells, style="red")
+    bar.append("·" * (width - ok_cells - bad_cells), style="dim")
+    bar.append(f" {100 * (done + failed) / total:5.1f} %")
+    return bar
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> Table:
+    """Jobs: project, purpose, handler, state, workers, progress, items/s, ETA."""
+    table = Table(title=f"Jobs ({len(jobs)})", title_justify="left")
+    for col in (
+        "job",
+        "project",
+        "purpose",
+        "handler",
+        "state",
+        "workers",
+        "progress",
+        "completed",
+        "failed",
+        "items/s",
+        "ETA",
+    ):
+        table.add_column(
+            col,
+            justify="right"
+            if col in ("workers", "completed", "failed", "items/s", "ETA")
+            else "left",
+        )
+    styles = {"running": "green", "stalled": "yellow", "failed": "red", "succeeded": "cyan"}
+    for j in jobs:
+        state = j["state"] + (f" ({j['reason']})" if j.get("reason") else "")
+        rate = j.get("items_per_s")
+        table.add_row(
+            j["job_id"],
+            j["project"],
+            j["purpose"],
+            j["handler"],
+            Text(state, style=styles.get(j["state"], "")),
+            f"{len(j.get('lease_ids', []))}/{j['workers']}",
+            progress_bar(j),
+            fmt_mib(j["completed_items"]),
+            fmt_mib(j["failed_items"]),
+            f"{rate:.1f}" if rate else "—",
+            _duration(j.get("eta_s")),
+        )
+    return table

@@ -15,6 +15,10 @@ Methods (params → result):
     lease.release {lease_id}                  → {lease: {...}}
     leases.list {include_ended}               → {leases: [...], queue: [...], ended?: [...]}
     broker.status {}                          → {version, uptime_s, telemetry_source, ...}
+    job.declare {project, purpose, handler, total_items?, workers}  → {job: {...}}
+    job.update {job_id, state?, reason?, workers?}                  → {job: {...}}
+    job.report {job_id, chunk_id, completed, failed}  → {job: {...}, duplicate: bool}
+    jobs.list {include_finished}              → {jobs: [...]}
     broker.pause {paused}                     → {paused}   (pause/resume new admissions)
     events.subscribe {}                       → {subscribed: true}; then `event`
                                                 notifications {kind, data}
@@ -51,6 +55,10 @@ from rbroker_protocol.localapi import (
     AttachParams,
     EmptyParams,
     HelloParams,
+    JobDeclareParams,
+    JobReportParams,
+    JobsListParams,
+    JobUpdateParams,
     LeaseRef,
     LeasesListParams,
     SimAllocateParams,
@@ -148,6 +156,10 @@ class LocalApi:
             "lease.attach": (AttachParams, self._attach),
             "leases.list": (LeasesListParams, self._leases_list),
             "broker.status": (EmptyParams, self._status),
+            "job.declare": (JobDeclareParams, self._job_declare),
+            "job.update": (JobUpdateParams, self._job_update),
+            "job.report": (JobReportParams, self._job_report),
+            "jobs.list": (JobsListParams, self._jobs_list),
             "broker.pause": (PauseParams, self._pause),
             "events.subscribe": (EmptyParams, self._subscribe),
             "sim.allocate": (SimAllocateParams, self._sim_allocate),
@@ -324,6 +336,44 @@ class LocalApi:
 
     async def _status(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
         return self.broker.status()
+
+    def _job_wire(self, job: Any) -> dict[str, Any]:
+        live = set(self.broker.leases)
+        return dict(job.to_wire([lid for lid in job.lease_ids if lid in live]))
+
+    async def _job_declare(self, conn: Connection, p: JobDeclareParams) -> dict[str, Any]:
+        _check_descriptions({"project": p.project, "purpose": p.purpose, "handler": p.handler})
+        job = self.broker.jobs.declare(
+            conn.peer.user,
+            p.project.strip(),
+            p.purpose.strip(),
+            p.handler.strip(),
+            p.total_items,
+            p.workers,
+            conn.id,
+        )
+        self.broker.emit("job", {"job_id": job.job_id, "state": job.state})
+        return {"job": self._job_wire(job)}
+
+    async def _job_update(self, conn: Connection, p: JobUpdateParams) -> dict[str, Any]:
+        if p.reason is not None:
+            _check_descriptions({"reason": p.reason})
+        job = self.broker.jobs.update(
+            p.job_id, conn.peer.user, p.state, p.reason and p.reason.strip(), p.workers, conn.id
+        )
+        self.broker.emit("job", {"job_id": job.job_id, "state": job.state})
+        return {"job": self._job_wire(job)}
+
+    async def _job_report(self, conn: Connection, p: JobReportParams) -> dict[str, Any]:
+        job, duplicate = self.broker.jobs.report(
+            p.job_id, conn.peer.user, p.chunk_id, p.completed, p.failed
+        )
+        if not duplicate:
+            self.broker.emit("job", {"job_id": job.job_id, "state": job.state})
+        return {"job": self._job_wire(job), "duplicate": duplicate}
+
+    async def _jobs_list(self, conn: Connection, p: JobsListParams) -> dict[str, Any]:
+        return {"jobs": self.broker.jobs.view(p.include_finished, set(self.broker.leases))}
 
     async def _pause(self, conn: Connection, p: PauseParams) -> dict[str, Any]:
         self.broker.set_paused(p.paused)

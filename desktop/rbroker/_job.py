@@ -1,0 +1,202 @@
+"""`rbroker.job()`: declare a parallel job and report its chunks (DESIGN §4).
+
+    with rbroker.job(project="search", purpose="embed corpus", handler="embed.encode_batch",
+                     total_items=100_000, workers=4) as job:
+        job.report("chunk-17", completed=1000, failed=3)
+
+For pools, `job.task(fn, mib=...)` wraps a module-level function `fn(items) -> None |
+(completed, failed)` into a picklable callable `task(chunk_id, items)` for
+`concurrent.futures` or `multiprocessing`: each worker process connects once, holds its own
+lease linked to the job (when `mib` is given) until it exits, runs `fn` and reports the
+chunk. rbroker never sees the items or the results: only the counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sized
+from dataclasses import dataclass
+from typing import Any
+
+from rbroker._exceptions import RBrokerError
+from rbroker._lease import _acquire, _Holder
+from rbroker.localapi.client import Client
+
+
+class Job:
+    """A declared job, as its declarer sees it. `info` is the broker's latest record."""
+
+    def __init__(self, client: Client, info: dict[str, Any], socket: str | None) -> None:
+        self._client = client
+        self._socket = socket
+        self.info = info
+        self.job_id: str = info["job_id"]
+
+    def report(self, chunk_id: str, completed: int = 0, failed: int = 0) -> dict[str, Any]:
+        """Count one chunk (idempotent by `chunk_id`); returns the job's new record.
+
+        Raises:
+            InvalidParams: negative counts, beyond total_items, a chunk id re-used with
+                other counts. JobFinished: the job already ended.
+        """
+        result = self._client.call(
+            "job.report",
+            job_id=self.job_id,
+            chunk_id=chunk_id,
+            completed=completed,
+            failed=failed,
+        )
+        self.info = result["job"]
+        return dict(self.info)
+
+    def update(
+        self, state: str | None = None, reason: str | None = None, workers: int | None = None
+    ) -> dict[str, Any]:
+        """Change the state (`running`, `succeeded`, `failed`, `cancelled`) or workers."""
+        params: dict[str, Any] = {"job_id": self.job_id}
+        if state is not None:
+            params["state"] = state
+        if reason is not None:
+            params["reason"] = reason
+        if workers is not None:
+            params["workers"] = workers
+        self.info = self._client.call("job.update", **params)["job"]
+        return dict(self.info)
+
+    def task(
+        self, fn: Callable[[Any], Any], mib: int | None = None, wait_s: float = 600.0
+    ) -> ChunkTask:
+        """A picklable `task(chunk_id, items)` for pool workers (see the module doc)."""
+        return ChunkTask(
+            JobRef(
+                self.job_id, self._socket, self.info["project"], self.info["purpose"], mib, wait_s
+            ),
+            fn,
+        )
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """What a worker process needs to report to a job and lease for it (picklable)."""
+
+    job_id: str
+    socket: str | None
+    project: str
+    purpose: str
+    mib: int | None = None
+    wait_s: float = 600.0
+
+
+_worker_lock = threading.Lock()
+_workers: dict[str, tuple[Client, _Holder | None]] = {}
+
+
+def _worker(ref: JobRef) -> Client:
+    """This process's connection (and lease) for `ref`, made on first use."""
+    with _worker_lock:
+        entry = _workers.get(ref.job_id)
+        if entry is None:
+            holder = None
+            if ref.mib:
+                holder = _acquire(
+                    ref.mib,
+                    ref.project,
+                    f"{ref.job_id} worker",
+                    ref.purpose,
+                    ref.wait_s,
+                    1,
+                    None,
+                    30.0,
+                    False,
+                    ref.socket,
+                    job_id=ref.job_id,
+                )
+            entry = (Client(ref.socket), holder)
+            _workers[ref.job_id] = entry
+        return entry[0]
+
+
+class ChunkTask:
+    """`task(chunk_id, items)`: run `fn(items)` in a worker and report the chunk.
+
+    `fn` returns None (all items completed), or `(completed, failed)`. If it raises, the
+    chunk is reported with every item failed (len(items) when sized, else 1) and the
+    exception propagates.
+    """
+
+    def __init__(self, ref: JobRef, fn: Callable[[Any], Any]) -> None:
+        self.ref = ref
+        self.fn = fn
+
+    def __call__(self, chunk_id: str, items: Any) -> Any:
+        client = _worker(self.ref)
+        size = len(items) if isinstance(items, Sized) else 1
+        try:
+            outcome = self.fn(items)
+        except Exception:
+            client.call(
+                "job.report",
+                job_id=self.ref.job_id,
+                chunk_id=chunk_id,
+                completed=0,
+                failed=max(1, size),
+            )
+            raise
+        if outcome is None:
+            completed, failed = size, 0
+        else:
+            completed, failed = outcome
+        client.call(
+            "job.report",
+            job_id=self.ref.job_id,
+            chunk_id=chunk_id,
+            completed=completed,
+            failed=failed,
+        )
+        return outcome
+
+
+@contextlib.contextmanager
+def job(
+    *,
+    project: str,
+    purpose: str,
+    handler: str,
+    total_items: int | None = None,
+    workers: int = 1,
+    socket: str | None = None,
+) -> Iterator[Job]:
+    """Declare a job for the `with` block; it ends `succeeded` on a normal exit, `failed`
+    (the reason is the exception's type name, never its message) on an exception, and
+    `cancelled` on KeyboardInterrupt.
+
+    Raises:
+        DescriptionRejected: a description broke a rule. BrokerUnavailable: no broker.
+    """
+    client = Client(socket)
+    try:
+        params: dict[str, Any] = {
+            "project": project,
+            "purpose": purpose,
+            "handler": handler,
+            "workers": workers,
+        }
+        if total_items is not None:
+            params["total_items"] = total_items
+        handle = Job(client, client.call("job.declare", **params)["job"], socket)
+        try:
+            yield handle
+        except KeyboardInterrupt:
+            with contextlib.suppress(RBrokerError):
+                handle.update("cancelled", reason="interrupted")
+            raise
+        except BaseException as exc:
+            with contextlib.suppress(RBrokerError):
+                handle.update("failed", reason=f"raised {type(exc).__name__}")
+            raise
+        else:
+            if handle.info.get("state") not in ("succeeded", "failed", "cancelled"):
+                handle.update("succeeded")
+    finally:
+        client.close()

@@ -1,0 +1,288 @@
+"""Parallel jobs (DESIGN §4): declared purpose, handler, workers and chunk-driven progress.
+
+rbroker never runs a job's code and never sees its inputs or results: a job is a record
+that moves only when its chunks report counts.
+
+State machine::
+
+    queued ──▶ running ──▶ succeeded | failed(reason) | cancelled(reason)
+       │          ▲  │
+       │          │  ▼
+       └──────▶ stalled   (running, but its declarer is gone and no linked lease is live)
+
+Chunk reports are idempotent by `chunk_id`: the same chunk reported again with the same
+counts is acknowledged and not counted; with different counts it is refused. Counts are
+cumulative and persisted with each chunk in one transaction.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from rbroker.broker.clock import Clock
+from rbroker.broker.store import LeaseStore
+from rbroker_protocol.errors import ErrorCode, RpcError
+
+FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+
+
+@dataclass(slots=True)
+class Job:
+    """One declared job. Times are Unix seconds (display); rates use the broker clock."""
+
+    job_id: str
+    owner: str
+    project: str
+    purpose: str
+    handler: str
+    total_items: int | None
+    workers: int
+    state: str = "queued"
+    reason: str = ""
+    completed_items: int = 0
+    failed_items: int = 0
+    chunks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    declared_at: float = 0.0
+    first_report_at: float | None = None
+    last_report_at: float | None = None
+    finished_at: float | None = None
+    conn_id: int | None = None
+    lease_ids: set[str] = field(default_factory=set)
+
+    def to_record(self) -> dict[str, Any]:
+        """The persisted and wire form (no connection, no chunk list)."""
+        return {
+            "job_id": self.job_id,
+            "owner": self.owner,
+            "project": self.project,
+            "purpose": self.purpose,
+            "handler": self.handler,
+            "total_items": self.total_items,
+            "workers": self.workers,
+            "state": self.state,
+            "reason": self.reason,
+            "completed_items": self.completed_items,
+            "failed_items": self.failed_items,
+            "chunks_reported": len(self.chunks),
+            "declared_at": self.declared_at,
+            "first_report_at": self.first_report_at,
+            "last_report_at": self.last_report_at,
+            "finished_at": self.finished_at,
+        }
+
+    def to_wire(self, active_leases: list[str]) -> dict[str, Any]:
+        """`to_record()` plus the live links and the observed rate (items/s) and ETA (s)."""
+        out = self.to_record()
+        out["lease_ids"] = sorted(active_leases)
+        done = self.completed_items + self.failed_items
+        rate = None
+        if self.first_report_at is not None and self.last_report_at is not None:
+            span = self.last_report_at - self.declared_at
+            rate = done / span if span > 0 else None
+        out["items_per_s"] = round(rate, 3) if rate else None
+        out["eta_s"] = (
+            round((self.total_items - done) / rate, 1)
+            if rate and self.total_items is not None and self.state == "running"
+            else None
+        )
+        return out
+
+
+class JobTable:
+    """The broker's jobs. All methods run on the broker's event loop.
+
+    Raises `RpcError` with `job_not_found`, `job_finished`, `not_lease_owner` or
+    `invalid_params` (with the numbers) on bad requests; nothing is changed then.
+    """
+
+    def __init__(self, clock: Clock, store: LeaseStore | None) -> None:
+        self.clock = clock
+        self.store = store
+        self.jobs: dict[str, Job] = {}
+        if store is not None:
+            for rec, chunks in store.jobs():
+                job = Job(
+                    job_id=rec["job_id"],
+                    owner=rec["owner"],
+                    project=rec["project"],
+                    purpose=rec["purpose"],
+                    handler=rec["handler"],
+                    total_items=rec["total_items"],
+                    workers=rec["workers"],
+                    state=rec["state"],
+                    reason=rec["reason"],
+                    completed_items=rec["completed_items"],
+                    failed_items=rec["failed_items"],
+                    chunks=chunks,
+                    declared_at=rec["declared_at"],
+                    first_report_at=rec["first_report_at"],
+                    last_report_at=rec["last_report_at"],
+                    finished_at=rec["finished_at"],
+                )
+                if job.state == "running":
+                    job.state = "stalled"  # nobody is attached after a restart until they report
+                self.jobs[job.job_id] = job
+
+    def _save(self, job: Job) -> None:
+        if self.store is not None:
+            self.store.put_job(job.job_id, job.to_record())
+
+    def get(self, job_id: str, owner: str) -> Job:
+        """The job, checked to belong to `owner`."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise RpcError(ErrorCode.JOB_NOT_FOUND, f"no job {job_id}", job_id=job_id)
+        if job.owner != owner:
+            raise RpcError(
+                ErrorCode.NOT_LEASE_OWNER, f"job {job_id} belongs to another user", job_id=job_id
+            )
+        return job
+
+    def declare(
+        self,
+        owner: str,
+        project: str,
+        purpose: str,
+        handler: str,
+        total_items: int | None,
+        workers: int,
+        conn_id: int | None,
+    ) -> Job:
+        """Create a job in state `queued`, bound to the declaring connection."""
+        job = Job(
+            job_id="job-" + secrets.token_hex(6),
+            owner=owner,
+            project=project,
+            purpose=purpose,
+            handler=handler,
+            total_items=total_items,
+            workers=workers,
+            declared_at=self.clock.wall(),
+            conn_id=conn_id,
+        )
+        self.jobs[job.job_id] = job
+        self._save(job)
+        return job
+
+    def update(
+        self,
+        job_id: str,
+        owner: str,
+        state: str | None,
+        reason: str | None,
+        workers: int | None,
+        conn_id: int | None,
+    ) -> Job:
+        """Change state and/or workers. Finished jobs cannot change; failed and cancelled
+        need a reason."""
+        job = self.get(job_id, owner)
+        if job.state in FINISHED:
+            raise RpcError(
+                ErrorCode.JOB_FINISHED,
+                f"job {job_id} already {job.state}",
+                job_id=job_id,
+                state=job.state,
+            )
+        if state in ("failed", "cancelled") and not reason:
+            raise RpcError(
+                ErrorCode.INVALID_PARAMS, f"state {state} needs a reason", field="reason"
+            )
+        if workers is not None:
+            job.workers = workers
+        if conn_id is not None and job.conn_id is None:
+            job.conn_id = conn_id  # the declarer came back (SDK reconnect)
+        if state is not None:
+            job.state = state
+            job.reason = reason or ""
+            if state in FINISHED:
+                job.finished_at = self.clock.wall()
+        self._save(job)
+        return job
+
+    def report(
+        self, job_id: str, owner: str, chunk_id: str, completed: int, failed: int
+    ) -> tuple[Job, bool]:
+        """Count one chunk. Returns `(job, duplicate)`; a duplicate changes nothing."""
+        job = self.get(job_id, owner)
+        seen = job.chunks.get(chunk_id)
+        if seen is not None:
+            if seen == (completed, failed):
+                return job, True
+            raise RpcError(
+                ErrorCode.INVALID_PARAMS,
+                f"chunk {chunk_id} was already reported with completed={seen[0]}, "
+                f"failed={seen[1]}; now completed={completed}, failed={failed}",
+                field="chunk_id",
+            )
+        if job.state in FINISHED:
+            raise RpcError(
+                ErrorCode.JOB_FINISHED,
+                f"job {job_id} is {job.state}; chunk {chunk_id} not counted",
+                job_id=job_id,
+                state=job.state,
+            )
+        if completed + failed == 0:
+            raise RpcError(
+                ErrorCode.INVALID_PARAMS,
+                "a chunk report needs completed + failed > 0",
+                field="completed",
+            )
+        if job.total_items is not None:
+            after = job.completed_items + job.failed_items + completed + failed
+            if after > job.total_items:
+                raise RpcError(
+                    ErrorCode.INVALID_PARAMS,
+                    f"chunk {chunk_id} would bring the job to {after} items "
+                    f"({job.completed_items} completed + {job.failed_items} failed + "
+                    f"{completed + failed} now) but total_items is {job.total_items}",
+                    field="completed",
+                    total_items=job.total_items,
+                    would_be=after,
+                )
+        now = self.clock.wall()
+        job.chunks[chunk_id] = (completed, failed)
+        job.completed_items += completed
+        job.failed_items += failed
+        job.first_report_at = job.first_report_at or now
+        job.last_report_at = now
+        if job.state in ("queued", "stalled"):
+            job.state = "running"
+        if self.store is not None:
+            self.store.add_chunk(job.job_id, chunk_id, completed, failed, job.to_record())
+        return job, False
+
+    def link_lease(self, job_id: str, owner: str, lease_id: str) -> None:
+        """A worker's lease belongs to the job; the job is running while it has one."""
+        job = self.get(job_id, owner)
+        job.lease_ids.add(lease_id)
+        if job.state in ("queued", "stalled"):
+            job.state = "running"
+            self._save(job)
+
+    def check_stalled(self, live_lease_ids: set[str]) -> list[Job]:
+        """Running jobs whose declarer is gone and whose linked leases all ended become
+        `stalled`; returns the jobs that changed."""
+        changed = []
+        for job in self.jobs.values():
+            job.lease_ids &= live_lease_ids
+            if job.state == "running" and job.conn_id is None and not job.lease_ids:
+                job.state = "stalled"
+                self._save(job)
+                changed.append(job)
+        return changed
+
+    def connection_closed(self, conn_id: int) -> None:
+        """The declarer's connection is gone (finished or crashed)."""
+        for job in self.jobs.values():
+            if job.conn_id == conn_id:
+                job.conn_id = None
+
+    def view(self, include_finished: bool, live_lease_ids: set[str]) -> list[dict[str, Any]]:
+        """Jobs for `jobs.list`, newest last."""
+        return [
+            job.to_wire([lid for lid in job.lease_ids if lid in live_lease_ids])
+            for job in self.jobs.values()
+            if include_finished or job.state not in FINISHED
+        ]

@@ -1,0 +1,41 @@
+"""`rbroker jobs`: parallel jobs with progress bars, items per second and ETA."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from rich.console import Console
+from rich.live import Live
+
+import rbroker
+from rbroker.cli.views import jobs_table
+
+
+def run_jobs(args: argparse.Namespace) -> int:
+    """Print the jobs once (or live with --watch). Exit 0, or 69 when no broker answers."""
+    console = Console()
+    try:
+        with rbroker.Client(args.socket, timeout_s=5) as client:
+
+            def fetch() -> list[dict[str, object]]:
+                return list(client.call("jobs.list", include_finished=not args.active)["jobs"])
+
+            if args.json:
+                print(json.dumps(fetch(), indent=2))
+                return 0
+            if not args.watch:
+                console.print(jobs_table(fetch()))
+                return 0
+            with Live(jobs_table(fetch()), console=console, refresh_per_second=4) as live:
+                try:
+                    while True:
+                        time.sleep(0.5)
+                        live.update(jobs_table(fetch()))
+                except KeyboardInterrupt:
+                    pass
+    except rbroker.BrokerUnavailable as exc:
+        Console(stderr=True).print(f"rbroker jobs: {exc}")
+        return 69
+    return 0
