@@ -1,16 +1,58 @@
-"""Rules for declared description fields (project, session, purpose, handler): DESIGN §8.
+"""Rules for declared description fields (owner, project, session, purpose, handler): DESIGN §8.
 
 The same rules run on the broker (at lease and job declaration) and on the coordinator (on
-every report). A rejection names the rule and never echoes the value.
+every report). `check_description` applies them in this order and raises
+`DescriptionRejected` naming the first rule broken:
+
+=====================  ==================================================================
+rule                   refused when
+=====================  ==================================================================
+`not_text`             the value is not a `str`
+`empty`                nothing but white space
+`too_long`             longer than `MAX_LENGTHS[field]` characters (200 for other fields)
+`control_characters`   any control, format, surrogate, private-use or unassigned code
+                       point (Unicode categories Cc, Cf, Cs, Co, Cn) or a line or paragraph
+                       separator (Zl, Zp): newlines, tabs, ESC, U+202E right-to-left
+                       override, zero-width space and joiners, the byte order mark
+`secret:<kind>`        the text holds a credential or personal data; `SECRET_KINDS` lists
+                       the kinds and `rbroker_protocol._secrets` their formats and sources
+=====================  ==================================================================
+
+Secret kinds, in the order they are checked: cloud keys (`aws_access_key`,
+`aws_secret_key`, `google_api_key`, `gcp_service_account_key`, `google_oauth_token`,
+`azure_storage_key`, `azure_sas_token`), vendor tokens with known prefixes (`github_token`,
+`gitlab_token`, `slack_token`, `slack_webhook`, `discord_webhook`, `stripe_key`,
+`anthropic_key`, `openai_key`, `huggingface_token`, `npm_token`, `pypi_token`,
+`replicate_token`, `groq_key`, `databricks_token`, `twilio_key`, `sendgrid_key`,
+`telegram_bot_token`), `private_key_block` (checked first), `jwt`, `url_credentials`,
+`password_assignment`, `email_address`, `payment_card` (Luhn) and `high_entropy`.
+
+What passes on purpose: the bare words ("password-reset model evaluation", "token
+classification"), hexadecimal of up to 64 digits (commit ids, digests), UUIDs, versions, model
+names, paths, hyphenated run ids, URLs without credentials, long numbers that are not written
+like a card of a card network.
+
+Secret rules look at the NFKC form of the text, so full-width letters, digits and colons do
+not hide a secret; the accepted value is returned as given (only stripped). A rejection
+names the field, the rule and the character offset where the match starts: never the value
+or any part of it, so the error can be logged and sent back safely.
 """
 
 from __future__ import annotations
 
-import math
-import re
 import unicodedata
-from collections import Counter
 from typing import Final
+
+from rbroker_protocol._secrets import SECRET_RULES, scan
+
+__all__ = [
+    "DEFAULT_MAX_LENGTH",
+    "MAX_LENGTHS",
+    "SECRET_KINDS",
+    "DescriptionRejected",
+    "check_description",
+    "find_secret",
+]
 
 MAX_LENGTHS: Final[dict[str, int]] = {
     "owner": 64,
@@ -20,7 +62,49 @@ MAX_LENGTHS: Final[dict[str, int]] = {
     "handler": 128,
     "reason": 200,
 }
-"""Longest accepted value per field, in characters (not bytes)."""
+"""Longest accepted value per field, in characters (code points, not bytes)."""
+
+DEFAULT_MAX_LENGTH: Final = 200
+"""Longest accepted value of a field that `MAX_LENGTHS` does not name."""
+
+SECRET_KINDS: Final[tuple[str, ...]] = tuple(kind for kind, _ in SECRET_RULES)
+"""Every `<kind>` of a `secret:<kind>` rule, in the order they are checked."""
+
+_BAD_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+_SECRET_LABELS: Final[dict[str, str]] = {
+    "private_key_block": "a private key block",
+    "aws_access_key": "an AWS access key id",
+    "aws_secret_key": "an AWS secret access key",
+    "google_api_key": "a Google API key",
+    "gcp_service_account_key": "a Google Cloud service account key",
+    "google_oauth_token": "a Google OAuth token or client secret",
+    "azure_storage_key": "an Azure storage key or connection string",
+    "azure_sas_token": "an Azure shared access signature",
+    "github_token": "a GitHub token",
+    "gitlab_token": "a GitLab token",
+    "slack_token": "a Slack token",
+    "slack_webhook": "a Slack webhook URL",
+    "discord_webhook": "a Discord webhook URL",
+    "stripe_key": "a Stripe key",
+    "anthropic_key": "an Anthropic API key",
+    "openai_key": "an OpenAI API key",
+    "huggingface_token": "a Hugging Face token",
+    "npm_token": "an npm token",
+    "pypi_token": "a PyPI token",
+    "replicate_token": "a Replicate token",
+    "groq_key": "a Groq API key",
+    "databricks_token": "a Databricks token",
+    "twilio_key": "a Twilio account or key id",
+    "sendgrid_key": "a SendGrid API key",
+    "telegram_bot_token": "a Telegram bot token",
+    "jwt": "a JSON Web Token",
+    "url_credentials": "a URL with a user name and password",
+    "password_assignment": "a password, secret or token assignment",
+    "email_address": "an e-mail address",
+    "payment_card": "a payment card number",
+    "high_entropy": "a long random-looking string (a key or token?)",
+}
 
 
 class DescriptionRejected(ValueError):
@@ -28,8 +112,9 @@ class DescriptionRejected(ValueError):
 
     Attributes:
         field: which field (`project`, `purpose`, ...).
-        rule: the rule's stable name (`empty`, `too_long`, `control_characters`,
-            `secret:<kind>`, ...).
+        rule: the rule's stable name (`not_text`, `empty`, `too_long`,
+            `control_characters`, `secret:<kind>`).
+        detail: a human explanation, free of the value.
     """
 
     def __init__(self, field: str, rule: str, detail: str) -> None:
@@ -39,114 +124,73 @@ class DescriptionRejected(ValueError):
         self.detail = detail
 
 
-_SECRET_PATTERNS: Final[list[tuple[str, re.Pattern[str]]]] = [
-    ("private_key_block", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY")),
-    ("aws_access_key", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[A-Z0-9]{16}\b")),
-    ("github_token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})")),
-    ("slack_token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}")),
-    ("openai_key", re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}")),
-    ("huggingface_token", re.compile(r"\bhf_[A-Za-z0-9]{30,}")),
-    ("google_api_key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b")),
-    ("stripe_key", re.compile(r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}")),
-    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
-    ("url_credentials", re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s/:@]+:[^\s/@]+@", re.I)),
-    (
-        "password_assignment",
-        re.compile(
-            r"\b(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key)\s*[:=]\s*\S+",
-            re.I,
-        ),
-    ),
-    ("email_address", re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b")),
-]
-
-_CARD_CANDIDATE: Final = re.compile(r"\b(?:\d[ -]?){13,19}\b")
-_TOKEN: Final = re.compile(r"[A-Za-z0-9+/=_-]{24,}")
-
-
-def _luhn_ok(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = int(ch)
-        if i % 2 == 1:
-            d *= 2
-            if d > 9:
-                d -= 9
-        total += d
-    return total % 10 == 0
-
-
-def _entropy_bits_per_char(s: str) -> float:
-    counts = Counter(s)
-    n = len(s)
-    return -sum(c / n * math.log2(c / n) for c in counts.values())
-
-
-def _looks_high_entropy(token: str) -> bool:
-    """A long token mixing character classes with high Shannon entropy (≥ 4 bits/char)."""
-    classes = sum(
-        (
-            any(c.islower() for c in token),
-            any(c.isupper() for c in token),
-            any(c.isdigit() for c in token),
-        )
-    )
-    return classes >= 3 and _entropy_bits_per_char(token) >= 4.0
-
-
 def find_secret(value: str) -> str | None:
-    """Return the name of the first secret rule `value` trips, or None.
+    """Return the kind (`github_token`, `payment_card`, ...) of the first secret rule that
+    `value` trips, or None. The value itself, or any part of it, is never returned.
 
-    Rules: key formats (cloud, vendor tokens, JWT, PEM blocks), credential assignments,
-    URLs with credentials, e-mail addresses, payment cards (Luhn) and long high-entropy
-    tokens. The value itself is never returned.
+    Linear in `len(value)`; `check_description` calls it only on values within the length
+    limit.
     """
-    for rule, pattern in _SECRET_PATTERNS:
-        if pattern.search(value):
-            return rule
-    for match in _CARD_CANDIDATE.finditer(value):
-        digits = re.sub(r"\D", "", match.group())
-        if 13 <= len(digits) <= 19 and _luhn_ok(digits):
-            return "payment_card"
-    for match in _TOKEN.finditer(value):
-        if _looks_high_entropy(match.group()):
-            return "high_entropy"
+    found = scan(_for_scanning(value))
+    return None if found is None else found[0]
+
+
+def _for_scanning(text: str) -> str:
+    if text.isascii():
+        return text
+    return unicodedata.normalize("NFKC", text)
+
+
+def _first_bad_character(text: str) -> tuple[int, str] | None:
+    if text.isprintable():  # C speed; false only for C*, Z* other than U+0020
+        return None
+    for i, ch in enumerate(text):
+        if unicodedata.category(ch) in _BAD_CATEGORIES:
+            return i, ch
     return None
 
 
 def check_description(field: str, value: object) -> str:
-    """Validate one description field and return it stripped.
+    """Validate one description field and return it stripped of surrounding white space.
 
     Args:
-        field: one of `MAX_LENGTHS`' keys.
+        field: one of `MAX_LENGTHS`' keys (others get `DEFAULT_MAX_LENGTH`).
         value: the declared text.
 
     Returns:
-        The value with surrounding whitespace removed.
+        The value with surrounding white space removed. Checking the result again returns
+        it unchanged.
 
     Raises:
-        DescriptionRejected: not a string, empty, longer than `MAX_LENGTHS[field]`
-            characters, containing control or unprintable characters, or tripping a secret
-            rule (`secret:<kind>`). The message names the rule, never the value.
+        DescriptionRejected: see the module docstring for the rules. The message names the
+            field, the rule and where in the text the problem starts, never the value.
     """
     if not isinstance(value, str):
         raise DescriptionRejected(field, "not_text", f"expected text, got {type(value).__name__}")
     text = value.strip()
     if not text:
         raise DescriptionRejected(field, "empty", "must not be empty")
-    limit = MAX_LENGTHS.get(field, 200)
+    limit = MAX_LENGTHS.get(field, DEFAULT_MAX_LENGTH)
     if len(text) > limit:
         raise DescriptionRejected(
             field, "too_long", f"{len(text)} characters, at most {limit} allowed"
         )
-    for ch in text:
-        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn"):
-            raise DescriptionRejected(
-                field, "control_characters", "control or unprintable characters are not allowed"
-            )
-    secret = find_secret(text)
-    if secret is not None:
+    bad = _first_bad_character(text)
+    if bad is not None:
+        position, ch = bad
         raise DescriptionRejected(
-            field, f"secret:{secret}", "looks like it contains a secret or personal data"
+            field,
+            "control_characters",
+            f"control or invisible character U+{ord(ch):04X} ({unicodedata.category(ch)}) "
+            f"at character {position + 1}; only printable text is allowed",
+        )
+    found = scan(_for_scanning(text))
+    if found is not None:
+        kind, offset = found
+        raise DescriptionRejected(
+            field,
+            f"secret:{kind}",
+            f"looks like {_SECRET_LABELS.get(kind, 'a secret')} near character {offset + 1}; "
+            "describe the work without credentials or personal data",
         )
     return text
