@@ -29,6 +29,7 @@ from rich.text import Text
 
 import rbroker
 from rbroker.broker.capacity import fmt_mib, short_uuid
+from rbroker.cli.demo_job import expected_counts
 from rbroker.cli.views import broker_view
 
 DEMO_SCENARIO = """\
@@ -76,6 +77,7 @@ WORKERS = [
     WorkerSpec(3.5, 9216, 6.0, "search", "rerank-08", "distil a cross-encoder reranker"),
 ]
 KILL_AFTER_GRANT_S = 4.0
+JOB_START_S = 1.0
 
 
 @dataclass
@@ -90,6 +92,7 @@ class DemoState:
     snapshots: int = 0
     min_margin_mib: int | None = None
     violations: list[str] = field(default_factory=list)
+    job_exact: bool = True
 
     def log(self, text: str) -> None:
         self.events.append(f"+{time.time() - self.t0:5.1f} s  {text}")
@@ -193,7 +196,12 @@ def run_demo(args: argparse.Namespace) -> int:
     if interrupted:
         return 130
     console.print(summary)
-    ok = not state.violations and state.freed_after_s is not None and state.freed_after_s < 1.0
+    ok = (
+        not state.violations
+        and state.freed_after_s is not None
+        and state.freed_after_s < 1.0
+        and state.job_exact
+    )
     return 0 if ok else 1
 
 
@@ -225,6 +233,7 @@ def _run_workers(
     seen_queued: set[str] = set()
     granted_at: dict[str, float] = {}
     pending = sorted(WORKERS, key=lambda w: w.start_s)
+    job_proc: subprocess.Popen[bytes] | None = None
     victim = next(w for w in WORKERS if w.victim)
     start = time.monotonic()
     live = Live(console=console, refresh_per_second=8, transient=False) if live_ok else None
@@ -255,8 +264,16 @@ def _run_workers(
                 )
                 procs.append(workers[w.session])
                 state.log(f"worker {w.session} asks for {fmt_mib(w.mib)} MiB: {w.purpose}")
+            if job_proc is None and now >= JOB_START_S:
+                job_proc = subprocess.Popen(
+                    [sys.executable, "-m", "rbroker.cli.demo_job", "--socket", sock],
+                    preexec_fn=_die_with_parent,
+                )
+                procs.append(job_proc)
+                state.log("parallel job starts: 3 pool workers, 24 chunks of 50 items")
             gpus = client.gpus()
             view = client.leases(include_ended=True)
+            jobs = client.jobs()
             _check_snapshot(state, gpus)
             for lease in view["leases"]:
                 if lease["session"] not in seen_granted:
@@ -296,12 +313,17 @@ def _run_workers(
                         )
             if live is not None:
                 recent = Text("\n".join(state.events[-9:]), style="dim")
-                live.update(Group(broker_view(gpus, view, "rbroker demo — live"), recent))
+                live.update(Group(broker_view(gpus, view, "rbroker demo — live", jobs), recent))
             else:
                 while state.snapshots and len(state.events) > getattr(state, "_printed", 0):
                     console.print(state.events[getattr(state, "_printed", 0)])
                     state._printed = getattr(state, "_printed", 0) + 1  # type: ignore[attr-defined]
-            done = not pending and all(p.poll() is not None for p in workers.values())
+            done = (
+                not pending
+                and all(p.poll() is not None for p in workers.values())
+                and job_proc is not None
+                and job_proc.poll() is not None
+            )
             if done or now > budget_s:
                 if not done:
                     state.log("demo time is up; stopping the remaining workers")
@@ -363,4 +385,18 @@ def _summary(client: rbroker.Client, state: DemoState) -> Text:
     )
     for violation in state.violations[:5]:
         lines.append(f"  violation: {violation}")
+    want_ok, want_failed = expected_counts()
+    for job in client.jobs():
+        exact = (job["completed_items"], job["failed_items"]) == (want_ok, want_failed)
+        state.job_exact = state.job_exact and exact and job["state"] == "succeeded"
+        lines.append(
+            f"parallel job {job['handler']} ({job['purpose']}): {job['state']}, "
+            f"{job['completed_items']} completed + {job['failed_items']} failed of "
+            f"{job['total_items']} items in {job['chunks_reported']} chunks — "
+            + (
+                "exactly the counts the chunks reported"
+                if exact
+                else f"EXPECTED {want_ok} + {want_failed}"
+            )
+        )
     return Text("\n".join(lines))
