@@ -132,8 +132,11 @@ class Broker:
         self._ends_since_prune = 0
 
     # -- lifecycle -------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, background: bool = True) -> None:
         """Enumerate GPUs, take a first sample of each, start the sampler and tick tasks.
+
+        `background=False` (tests that drive the broker step by step) starts no tasks:
+        the caller then calls `_sample_once`, `_admit`, `_expire` and the rest itself.
 
         Raises:
             TelemetryError: NVML cannot enumerate any GPU.
@@ -145,6 +148,8 @@ class Broker:
         await asyncio.gather(*(self._sample_once(slot) for slot in self.slots.values()))
         if self.store is not None:
             self._restore(self.store)
+        if not background:
+            return
         for slot in self.slots.values():
             self._tasks.append(asyncio.create_task(self._sample_loop(slot)))
         self._tasks.append(asyncio.create_task(self._tick_loop()))
@@ -945,6 +950,13 @@ class Broker:
             "coordinator": {"link": "not enrolled", "last_report_at": None},
             "socket": str(self.config.socket_path),
         }
+
+    def memory_changed(self, uuid: str) -> None:
+        """The broker itself just changed what `uuid` will report (simulated allocate, free
+        or state change): like a grant or release, no admission may use an older sample."""
+        slot = self.slots[uuid]
+        slot.last_change_at = self.clock.monotonic()
+        slot.kick.set()
 
     def set_paused(self, paused: bool) -> None:
         """Pause or resume new admissions (existing leases are untouched)."""

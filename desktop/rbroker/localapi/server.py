@@ -411,14 +411,14 @@ class LocalApi:
             total = self.broker.fake.allocate(uuid, conn.peer.pid, p.mib)
         except ProcessLookupError:
             raise RpcError(ErrorCode.CANCELLED, "the calling process has exited") from None
-        self.broker.slots[uuid].kick.set()
+        self.broker.memory_changed(uuid)
         return {"gpu_uuid": uuid, "pid_mib": total}
 
     async def _sim_free(self, conn: Connection, p: SimFreeParams) -> dict[str, Any]:
         uuid = self._sim_gpu(conn, p.gpu_uuid)
         assert self.broker.fake is not None
         left = self.broker.fake.free(uuid, conn.peer.pid, p.mib)
-        self.broker.slots[uuid].kick.set()
+        self.broker.memory_changed(uuid)
         return {"gpu_uuid": uuid, "pid_mib": left}
 
     async def _sim_set(self, conn: Connection, p: SimSetParams) -> dict[str, Any]:
@@ -429,7 +429,7 @@ class LocalApi:
             gpu = self.broker.fake.set_gpu(uuid, **changes)
         except (ScenarioError, KeyError) as exc:
             raise RpcError(ErrorCode.INVALID_PARAMS, f"sim.set refused: {exc}") from None
-        self.broker.slots[uuid].kick.set()
+        self.broker.memory_changed(uuid)
         return {"gpu": {"uuid": gpu.uuid, **changes}}
 
     async def _sim_stall(self, conn: Connection, p: SimStallParams) -> dict[str, Any]:
