@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import os
 import shutil
 import signal
 import subprocess
@@ -105,15 +106,22 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _child_setup() -> None:  # pragma: no cover - runs in the child
+    os.setpgid(0, 0)
+    _die_with_parent()
+
+
 @contextlib.contextmanager
 def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         yield procs
     finally:
+        # every child leads its own process group: signal the group, so that the pool
+        # workers of the parallel job go too
         for p in procs:
-            if p.poll() is None:
-                p.terminate()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGTERM)
         deadline = time.monotonic() + 5
         for p in procs:
             try:
@@ -121,6 +129,8 @@ def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
 
 
 def _check_snapshot(state: DemoState, gpus: list[dict[str, Any]]) -> None:
@@ -140,10 +150,19 @@ def _check_snapshot(state: DemoState, gpus: list[dict[str, Any]]) -> None:
             )
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo; exit 0 when every check passed, 1 otherwise, 130 on Ctrl-C."""
     console = Console()
     live_ok = console.is_terminal and not args.no_live
+    # Ctrl-C, `kill` and a closed terminal all end the demo through the same cleanup path,
+    # also where the shell started it with SIGINT ignored (a background job).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     root = Path(tempfile.mkdtemp(prefix="rbroker-demo-"))
     sock = str(root / "broker.sock")
     scenario = root / "scenario.toml"
@@ -171,7 +190,7 @@ def run_demo(args: argparse.Namespace) -> int:
                         ],
                         stdout=broker_log,
                         stderr=subprocess.STDOUT,
-                        preexec_fn=_die_with_parent,
+                        preexec_fn=_child_setup,
                     )
                 )
                 client = _connect(sock, procs[0], root)
@@ -260,14 +279,14 @@ def _run_workers(
                         "--purpose",
                         w.purpose,
                     ],
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=_child_setup,
                 )
                 procs.append(workers[w.session])
                 state.log(f"worker {w.session} asks for {fmt_mib(w.mib)} MiB: {w.purpose}")
             if job_proc is None and now >= JOB_START_S:
                 job_proc = subprocess.Popen(
                     [sys.executable, "-m", "rbroker.cli.demo_job", "--socket", sock],
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=_child_setup,
                 )
                 procs.append(job_proc)
                 state.log("parallel job starts: 3 pool workers, 24 chunks of 50 items")

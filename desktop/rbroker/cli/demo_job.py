@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
+import ctypes
+import signal
 import sys
 import time
 
@@ -25,6 +28,13 @@ def encode_batch(items: list[int]) -> tuple[int, int]:
     time.sleep(0.7)
     failed = sum(1 for i in items if i % 17 == 0)
     return len(items) - failed, failed
+
+
+def _die_with_parent() -> None:
+    """Pool workers end with this process even when it is killed (Linux)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def expected_counts() -> tuple[int, int]:
@@ -48,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         socket=args.socket,
     ) as job:
         task = job.task(encode_batch, mib=WORKER_MIB)
-        with concurrent.futures.ProcessPoolExecutor(WORKERS) as pool:
+        with concurrent.futures.ProcessPoolExecutor(WORKERS, initializer=_die_with_parent) as pool:
             futures = [
                 pool.submit(
                     task,
