@@ -140,10 +140,13 @@ _FILE_SUFFIXES: Final = frozenset({
 
 
 def _email_address(text: str) -> int | None:
-    """`local@domain.tld`, except SSH remotes (`git@github.com:org/repo`) and `name@file.ext`."""
+    """`local@domain.tld`, except SSH remotes (`git@github.com:org/repo`), `name@file.ext` and
+    a user name alone in a URL (`abfss://container@account.dfs.core.windows.net/`)."""
     if "@" not in text:
         return None
     for match in _EMAIL.finditer(text):
+        if text.endswith("://", 0, match.start()):
+            continue  # URL userinfo without a password: abfss://container@account.dfs…
         domain = match.group("domain").lower()
         if match.group("local") == "git" and domain in _FORGE_SSH:
             continue
@@ -154,13 +157,14 @@ def _email_address(text: str) -> int | None:
 
 
 _PASSWORD_WORDS: Final = (
-    r"password|passwd|passphrase|pwd|secret|credentials?|"
+    r"password|passwd|passphrase|pwd|"
     r"passwort|kennwort|mot[ _-]de[ _-]passe|contrase(?:ñ|n)a|senha|parola[ _-]d'?ordine|"
     r"wachtwoord|has(?:ł|l)o|пароль|パスワード|密码|密碼|口令|비밀번호|şifre|lösenord"
 )
 _TOKEN_WORDS: Final = (
     r"token|api[ _-]?key|access[ _-]?key|secret[ _-]?key|private[ _-]?key|auth[ _-]?key|"
-    r"client[ _-]?key|signing[ _-]?key|encryption[ _-]?key|master[ _-]?key|bearer"
+    r"client[ _-]?key|signing[ _-]?key|encryption[ _-]?key|master[ _-]?key|bearer|secret|"
+    r"credentials?"
 )
 _ASSIGNMENT: Final = re.compile(
     r"(?:(?P<pw>" + _PASSWORD_WORDS + r")|(?P<tok>" + _TOKEN_WORDS + r"))"
@@ -184,6 +188,8 @@ _PLACEHOLDER: Final = re.compile(
     r"""omitted|removed|required|optional|env|from[_-]?env|vault|keyring|prompt|ask|auto)""",
     re.IGNORECASE,
 )
+_WORDISH: Final = re.compile(r"[A-Za-z][a-z]*(?:[-'][A-Za-z][a-z]*)*")
+"""Plain words (`classified`, `read-only`): prose after a colon, not a credential."""
 _NOT_A_SECRET_TOKEN_KEY: Final = re.compile(
     r"(?:^|[_.-])(?:pad|eos|bos|unk|sep|cls|mask|special|max|min|num|n|new|total|start|end|"
     r"stop|image|audio|video|vision|prompt|output|input|sys|system|user|assistant)[_-]?tokens?$",
@@ -196,9 +202,12 @@ def _password_assignment(text: str) -> int | None:
     the same words in other languages; not the bare word ("password-reset model").
 
     The value must be something: placeholders (`***`, `<token>`, `$HF_TOKEN`, `none`,
-    `redacted`) pass. Password-like keys refuse any value of 3+ characters; token-like keys
-    refuse values of 8+ characters with a digit, a capital or a symbol, and keys that name
-    model vocabulary (`pad_token`, `max_tokens`) are not credentials at all.
+    `redacted`) pass. Password keys (password, passwd, passphrase, pwd and their
+    translations) refuse any value of 3+ characters, since people pick words as passwords;
+    `pwd` followed by a path is the working directory. Token, key, secret and credential
+    keys refuse values of 8+ characters that are not plain words ("secret: classified"
+    passes, "secret: 9fQ2…" does not). Keys that name model vocabulary (`pad_token`,
+    `max_new_tokens`) and words glued into others (`ntoken`) are not credentials at all.
     """
     if ":" not in text and "=" not in text and ">" not in text:
         return None
@@ -222,9 +231,41 @@ def _password_assignment(text: str) -> int | None:
         )
         if glued or _NOT_A_SECRET_TOKEN_KEY.search(key):
             continue  # `ntoken=`, `pad_token=`, `max_tokens`: not a credential
-        if len(value) >= 8 and not (value.isalpha() and value.islower()):
+        if len(value) >= 8 and not _WORDISH.fullmatch(value):
             return match.start() - len(prefix)
     return None
+
+
+_AUTHORIZATION: Final = re.compile(
+    r"(?:(?P<header>(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?"
+    r"(?:(?:basic|bearer|token|digest|bot|apikey|sso-key)[ \t]+)?)|(?P<bearer>bearer[ \t]+))"
+    r"(?P<cred>[A-Za-z0-9._~+/=:-]+)",
+    re.IGNORECASE,
+)
+
+
+def _authorization(text: str) -> int | None:
+    """An HTTP `Authorization:` header value (RFC 9110 §11.6.2) or a bare `Bearer <token>`
+    (RFC 6750 §2.1). Header values of 8+ characters that are not plain words are refused;
+    after a bare "bearer" the token must have 16+ characters with letters and digits, so
+    "bearer of the results" passes.
+    """
+    lowered = text.lower()
+    if "authoriz" not in lowered and "bearer" not in lowered:
+        return None
+    for match in _AUTHORIZATION.finditer(text):
+        cred = match.group("cred")
+        if _PLACEHOLDER.fullmatch(cred) or _WORDISH.fullmatch(cred):
+            continue
+        if match.group("header") is not None and len(cred) >= 8:
+            return match.start()
+        if len(cred) >= 16 and _HAS_DIGIT.search(cred) and _HAS_LETTER.search(cred):
+            return match.start()
+    return None
+
+
+_HAS_DIGIT: Final = re.compile(r"[0-9]")
+_HAS_LETTER: Final = re.compile(r"[A-Za-z]")
 
 
 # --- the table -------------------------------------------------------------------------
@@ -342,6 +383,7 @@ SECRET_RULES: Final[tuple[tuple[str, Callable[[str], int | None]], ...]] = (
         ),
     ),
     ("jwt", _pattern(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.", glued=_WORD_DASH)),
+    ("authorization_header", _authorization),
     ("url_credentials", _url_credentials),
     ("password_assignment", _password_assignment),
     ("email_address", _email_address),

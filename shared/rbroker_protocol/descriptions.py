@@ -24,7 +24,8 @@ Secret kinds, in the order they are checked: cloud keys (`aws_access_key`,
 `gitlab_token`, `slack_token`, `slack_webhook`, `discord_webhook`, `stripe_key`,
 `anthropic_key`, `openai_key`, `huggingface_token`, `npm_token`, `pypi_token`,
 `replicate_token`, `groq_key`, `databricks_token`, `twilio_key`, `sendgrid_key`,
-`telegram_bot_token`), `private_key_block` (checked first), `jwt`, `url_credentials`,
+`telegram_bot_token`), `private_key_block` (checked first), `jwt`, `authorization_header`,
+`url_credentials`,
 `password_assignment`, `email_address`, `payment_card` (Luhn) and `high_entropy`.
 
 What passes on purpose: the bare words ("password-reset model evaluation", "token
@@ -99,6 +100,7 @@ _SECRET_LABELS: Final[dict[str, str]] = {
     "sendgrid_key": "a SendGrid API key",
     "telegram_bot_token": "a Telegram bot token",
     "jwt": "a JSON Web Token",
+    "authorization_header": "an HTTP Authorization header or bearer token",
     "url_credentials": "a URL with a user name and password",
     "password_assignment": "a password, secret or token assignment",
     "email_address": "an e-mail address",
