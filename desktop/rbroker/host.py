@@ -14,6 +14,7 @@ from rbroker.broker.service import Broker
 from rbroker.broker.store import LeaseStore
 from rbroker.gpu.select import open_gateway
 from rbroker.localapi.server import LocalApi
+from rbroker.uplink.runner import run_uplink
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class BrokerHost:
         self._gateway, self._fake = gateway, fake
         self.broker: Broker | None = None
         self.api: LocalApi | None = None
+        self._uplink: asyncio.Task[None] | None = None
 
     @property
     def simulated(self) -> bool:
@@ -80,13 +82,18 @@ class BrokerHost:
         try:
             await self.broker.start()
             await self.api.start()
+            self._uplink = asyncio.create_task(run_uplink(self.broker, self.config.data_dir))
         except BaseException:
             await self.broker.stop()
             self._lock.release()
             raise
 
     async def stop(self) -> None:
-        """Stop listening, stop the broker, unlock the data dir."""
+        """Stop listening, stop the reporter and the broker, unlock the data dir."""
+        if self._uplink is not None:
+            self._uplink.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._uplink
         if self.api is not None:
             await self.api.close()
         if self.broker is not None:

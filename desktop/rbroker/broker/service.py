@@ -128,6 +128,7 @@ class Broker:
         self.grant_count = 0
         self.paused = False
         self.jobs = JobTable(self.clock, store)
+        self.uplink_status: Callable[[], dict[str, Any]] | None = None
         self._token_sha256: dict[str, str] = {}
         self._ends_since_prune = 0
 
@@ -947,7 +948,9 @@ class Broker:
             "queued_requests": len(self.queue),
             "leases_granted_total": self.grant_count,
             "paused": self.paused,
-            "coordinator": {"link": "not enrolled", "last_report_at": None},
+            "coordinator": self.uplink_status()
+            if self.uplink_status is not None
+            else {"link": "not enrolled", "last_report_at": None},
             "socket": str(self.config.socket_path),
         }
 

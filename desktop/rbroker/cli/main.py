@@ -64,6 +64,30 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--active", action="store_true", help="hide finished jobs")
     j.add_argument("--watch", action="store_true", help="refresh live until Ctrl-C")
 
+    e = sub.add_parser("enroll", help="join a coordinator group (Ed25519 key in the OS keyring)")
+    e.add_argument("url", help="coordinator URL, e.g. https://rbroker.example.org:8787")
+    e.add_argument("code", help="one-time enrollment code from the coordinator's admin")
+    e.add_argument("--name", help="this computer's display name (default: host name)")
+    e.add_argument("--ca-file", help="PEM CA certificate of a self-signed coordinator")
+    e.add_argument("--data-dir", help="the broker's data directory (default: per-user)")
+    e.add_argument(
+        "--key-file",
+        action="store_true",
+        help="keep the private key in a 0600 file in the data dir (no OS keyring here)",
+    )
+    e.add_argument(
+        "--new-identity",
+        action="store_true",
+        help="enroll again with a new key even though this data dir is enrolled",
+    )
+
+    f = sub.add_parser("fleet", help="the group's computers from the coordinator")
+    f.add_argument("--token", help="viewer token (default: sign with this computer's key)")
+    f.add_argument("--url", help="coordinator URL (default: the enrolled one)")
+    f.add_argument("--ca-file", help="PEM CA certificate of a self-signed coordinator")
+    f.add_argument("--data-dir", help="the broker's data directory (default: per-user)")
+    f.add_argument("--json", action="store_true", help="print the raw JSON")
+
     d = sub.add_parser("demo", help="watch real processes lease simulated GPUs (about a minute)")
     d.add_argument("--seconds", type=float, default=45.0, help="approximate demo length")
     d.add_argument("--no-live", action="store_true", help="plain log lines instead of a live view")
@@ -93,6 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         from rbroker.cli.jobs import run_jobs
 
         return run_jobs(args)
+    if args.command == "enroll":
+        from rbroker.cli.uplink_cmds import run_enroll
+
+        return run_enroll(args)
+    if args.command == "fleet":
+        from rbroker.cli.uplink_cmds import run_fleet
+
+        return run_fleet(args)
     if args.command == "demo":
         from rbroker.cli.demo import run_demo
 

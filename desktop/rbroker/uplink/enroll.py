@@ -1,0 +1,108 @@
+"""`rbroker enroll URL CODE`: join a coordinator group with a new Ed25519 identity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import nacl.signing
+
+from rbroker.uplink.config import UplinkConfig
+from rbroker.uplink.keys import FileKeyStore, KeyringKeyStore, KeyStore, KeyStoreError
+from rbroker_protocol.signing import public_key_b64
+
+
+class EnrollError(RuntimeError):
+    """Enrollment failed; the message says why and what to do."""
+
+
+def http_verify(ca_file: str | None) -> str | bool:
+    """httpx's `verify`: the pinned CA file, else the system trust store."""
+    return ca_file if ca_file else True
+
+
+def enroll(
+    url: str,
+    code: str,
+    name: str,
+    data_dir: Path,
+    ca_file: str | None = None,
+    key_file: bool = False,
+    new_identity: bool = False,
+    timeout_s: float = 15.0,
+) -> UplinkConfig:
+    """Create a key pair, keep the private key, register the public key, save the config.
+
+    Never replaces an identity silently: when this data dir is already enrolled, it
+    refuses unless `new_identity` (and then the coordinator shows a second computer).
+
+    Raises:
+        EnrollError: already enrolled, the key cannot be stored, or the coordinator refused.
+    """
+    url = url.rstrip("/")
+    existing = UplinkConfig.load(data_dir)
+    store: KeyStore = (
+        FileKeyStore(data_dir / "computer.key") if key_file else KeyringKeyStore(data_dir)
+    )
+    if existing is not None and not new_identity:
+        try:
+            old = store_for(existing, data_dir).load()
+        except KeyStoreError as exc:
+            old, why = None, str(exc)
+        else:
+            why = "it is missing"
+        if old is None:
+            raise EnrollError(
+                f"this computer is already enrolled as {existing.computer_id} at "
+                f"{existing.url}, but its private key cannot be read ({why}). Restore the "
+                "key, or enroll again with --new-identity (the coordinator will then show "
+                "a second computer; revoke the old one there)"
+            )
+        raise EnrollError(
+            f"this computer is already enrolled as {existing.computer_id} at {existing.url} "
+            "(group " + existing.group + "); use --new-identity to enroll it again"
+        )
+    if new_identity:
+        store.delete()
+    key = nacl.signing.SigningKey.generate()
+    try:
+        store.save(key)
+    except KeyStoreError as exc:
+        raise EnrollError(str(exc)) from None
+    try:
+        response = httpx.post(
+            f"{url}/api/v1/enroll",
+            json={"code": code, "name": name, "public_key": public_key_b64(key)},
+            verify=http_verify(ca_file),
+            timeout=timeout_s,
+        )
+    except httpx.HTTPError as exc:
+        store.delete()
+        raise EnrollError(f"cannot reach the coordinator at {url}: {exc}") from None
+    if response.status_code != 201:
+        store.delete()
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        raise EnrollError(
+            f"the coordinator refused the enrollment ({response.status_code}): {str(detail)[:300]}"
+        )
+    body = response.json()
+    config = UplinkConfig(
+        url=url,
+        computer_id=str(body["computer_id"]),
+        group=str(body.get("group", "")),
+        name=name,
+        key_backend="file" if key_file else "keyring",
+        ca_file=str(Path(ca_file).resolve()) if ca_file else None,
+    )
+    config.save(data_dir)
+    return config
+
+
+def store_for(config: UplinkConfig, data_dir: Path) -> KeyStore:
+    """The key store an enrolled config uses."""
+    if config.key_backend == "file":
+        return FileKeyStore(data_dir / "computer.key")
+    return KeyringKeyStore(data_dir)

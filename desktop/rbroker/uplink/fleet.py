@@ -1,0 +1,60 @@
+"""Read the group's fleet from the coordinator: with a viewer token, or signed by this
+computer's own key (DESIGN §7: every fleet read is scoped to one group)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rbroker.uplink.config import UplinkConfig
+from rbroker.uplink.enroll import http_verify, store_for
+from rbroker_protocol.signing import sign_request
+
+
+class FleetError(RuntimeError):
+    """The fleet could not be read; the message says why."""
+
+
+def fetch_fleet(
+    data_dir: Path,
+    url: str | None = None,
+    token: str | None = None,
+    ca_file: str | None = None,
+    timeout_s: float = 10.0,
+) -> dict[str, Any]:
+    """`GET /api/v1/fleet` as a JSON object.
+
+    With `token`, a viewer token is sent (`url` required unless enrolled); otherwise the
+    request is signed with this computer's key from `data_dir`'s enrollment.
+
+    Raises:
+        FleetError: not enrolled and no token, key unavailable, HTTP or network error.
+    """
+    config = UplinkConfig.load(data_dir)
+    base = (url or (config.url if config else "")).rstrip("/")
+    if not base:
+        raise FleetError("no coordinator URL: enroll this computer first or pass --url")
+    verify = http_verify(ca_file or (config.ca_file if config else None))
+    path = "/api/v1/fleet"
+    if token:
+        headers = {"Authorization": f"Bearer {token}"}
+    else:
+        if config is None:
+            raise FleetError("this computer is not enrolled: pass a viewer --token or enroll")
+        key = store_for(config, data_dir).load()
+        if key is None:
+            raise FleetError("this computer's private key is missing; pass a viewer --token")
+        headers = sign_request(key, config.computer_id, "GET", path, int(time.time()))
+    try:
+        response = httpx.get(base + path, headers=headers, verify=verify, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise FleetError(f"cannot reach the coordinator at {base}: {exc}") from None
+    if response.status_code != 200:
+        raise FleetError(f"the coordinator answered {response.status_code}: {response.text[:300]}")
+    body = response.json()
+    if not isinstance(body, dict):
+        raise FleetError("the coordinator's answer is not a JSON object")
+    return body

@@ -1,0 +1,190 @@
+"""The reporter inside the broker: signed state snapshots to the coordinator (DESIGN §7).
+
+- A snapshot every `report_interval_s` (5 s) and on change (debounced, at most one a
+  second); each is signed as an envelope with this run's id and the next sequence number.
+- Every request has an overall deadline; failures back off exponentially with jitter
+  (0.5 s doubling to 30 s); a connection dropped while idle gets one immediate retry.
+- A retry sends the identical envelope (the coordinator acknowledges a duplicate and does
+  not apply it), so a report that was stored before the connection dropped counts once.
+- 4xx answers other than 429 are not retried: the link says `rejected: <reason>` and the
+  next attempt is a fresh snapshot after `REJECTED_PAUSE_S`.
+- Nothing here touches leases: the reporter only reads the broker's views.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import nacl.signing
+
+from rbroker.broker.service import Broker
+from rbroker.uplink.config import UplinkConfig
+from rbroker.uplink.enroll import http_verify
+from rbroker.uplink.payload import build_payload
+from rbroker_protocol.signing import encode_envelope, sign_report
+
+log = logging.getLogger(__name__)
+
+BACKOFF_MIN_S = 0.5
+BACKOFF_MAX_S = 30.0
+REJECTED_PAUSE_S = 60.0
+DEBOUNCE_S = 0.25
+MIN_GAP_S = 1.0
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Reporter:
+    """Reports `broker`'s state as `config.computer_id`, signed with `key`.
+
+    `status()` gives the link state for `broker.status` and `rbroker status`:
+    `{link, url, computer_id, last_report_at, detail}` where `link` is `ok`,
+    `retrying since <UTC time>`, `rejected: <reason>` or `connecting`.
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        config: UplinkConfig,
+        key: nacl.signing.SigningKey,
+        deadline_s: float = 10.0,
+    ) -> None:
+        self.broker = broker
+        self.config = config
+        self.key = key
+        self.deadline_s = deadline_s
+        self.run_id = uuid.uuid4().hex
+        self.seq = 0
+        self.link = "connecting"
+        self.detail = ""
+        self.last_report_at: float | None = None
+        self.reports_sent = 0
+        self._changed = asyncio.Event()
+        self._unsubscribe = broker.subscribe(lambda kind, data: self._changed.set())
+
+    def status(self) -> dict[str, Any]:
+        """The link state (see the class docstring)."""
+        return {
+            "link": self.link,
+            "url": self.config.url,
+            "computer_id": self.config.computer_id,
+            "group": self.config.group,
+            "last_report_at": self.last_report_at,
+            "reports_sent": self.reports_sent,
+            "detail": self.detail,
+        }
+
+    def _envelope(self) -> bytes:
+        payload, trimmed = build_payload(self.broker, self.config.name, self.run_id)
+        self.seq += 1
+        if trimmed:
+            self.detail = f"report trimmed to fit the size limit: {trimmed} entries left out"
+            log.warning("%s", self.detail)
+        return encode_envelope(
+            sign_report(self.key, self.config.computer_id, self.run_id, self.seq, payload)
+        )
+
+    async def _wait_trigger(self, pause_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + max(pause_s, self.config.report_interval_s)
+        await asyncio.sleep(pause_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), max(0.0, due - loop.time()))
+        await asyncio.sleep(DEBOUNCE_S)
+        self._changed.clear()
+
+    async def _post(self, client: httpx.AsyncClient, body: bytes) -> httpx.Response:
+        return await asyncio.wait_for(
+            client.post(
+                "/api/v1/reports", content=body, headers={"content-type": "application/json"}
+            ),
+            self.deadline_s,
+        )
+
+    async def _send(self, client: httpx.AsyncClient, body: bytes) -> str:
+        """One delivery attempt (with the idle-drop retry): `ok`, `retry` or `rejected`."""
+        for attempt in (1, 2):
+            try:
+                response = await self._post(client, body)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                if attempt == 1:
+                    log.info("connection dropped (%s); resending the same report", exc)
+                    continue
+                return self._retrying(f"connection dropped: {exc}")
+            except (httpx.TransportError, TimeoutError) as exc:
+                return self._retrying(
+                    f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                )
+            if response.is_success:
+                self.link = "ok"
+                self.last_report_at = time.time()
+                self.reports_sent += 1
+                if not self.detail.startswith("report trimmed"):
+                    self.detail = ""
+                return "ok"
+            reason = _reason(response)
+            if response.status_code == 429 or response.status_code >= 500:
+                return self._retrying(f"{response.status_code} {reason}")
+            self.link = f"rejected: {response.status_code} {reason}"
+            self.detail = reason
+            log.error("coordinator rejected the report: %s %s", response.status_code, reason)
+            return "rejected"
+        return "retry"  # pragma: no cover - the loop always returns
+
+    def _retrying(self, detail: str) -> str:
+        if not self.link.startswith("retrying"):
+            self.link = f"retrying since {_iso(time.time())}"
+            log.warning("coordinator unreachable: %s", detail)
+        self.detail = detail
+        return "retry"
+
+    async def run(self) -> None:
+        """Report until cancelled."""
+        async with httpx.AsyncClient(
+            base_url=self.config.url,
+            verify=http_verify(self.config.ca_file),
+            timeout=httpx.Timeout(self.deadline_s, connect=min(3.0, self.deadline_s)),
+        ) as client:
+            body: bytes | None = None
+            made_at = 0.0
+            backoff = BACKOFF_MIN_S
+            pause = 0.0
+            try:
+                while True:
+                    if body is None:
+                        await self._wait_trigger(pause)
+                        body, made_at = self._envelope(), time.monotonic()
+                    outcome = await self._send(client, body)
+                    if outcome == "ok":
+                        stale = time.monotonic() - made_at > self.config.report_interval_s
+                        body, backoff, pause = None, BACKOFF_MIN_S, MIN_GAP_S
+                        if stale:  # delivered after an outage: send the current state now
+                            self._changed.set()
+                            pause = 0.0
+                    elif outcome == "rejected":
+                        body, pause = None, REJECTED_PAUSE_S
+                    else:
+                        await asyncio.sleep(backoff / 2 + random.uniform(0, backoff / 2))
+                        backoff = min(BACKOFF_MAX_S, backoff * 2)
+            finally:
+                self._unsubscribe()
+
+
+def _reason(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.reason_phrase or "error"
+    if isinstance(body, dict):
+        return str(body.get("detail") or body.get("message") or response.reason_phrase)[:200]
+    return response.reason_phrase or "error"
