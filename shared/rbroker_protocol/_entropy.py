@@ -122,20 +122,23 @@ def looks_random(token: str) -> bool:
     return _entropy(token) >= min(4.0, math.log2(n) - 0.5)
 
 
-def _parts(run: str) -> list[str]:
-    """A run with `/` is judged whole (base64 uses `/`) unless one of its segments reads as
-    words, as in model ids and paths (`HuggingFaceH4/zephyr-7b-beta`): then part by part."""
+def _run_looks_random(run: str) -> bool:
+    """A run with `/` (base64 uses it) is judged whole unless one of its segments reads as
+    words, as in model ids and paths (`HuggingFaceH4/zephyr-7b-beta`); a random segment of
+    its own is enough either way."""
     if "/" not in run:
-        return [run]
+        return looks_random(run)
     segments = run.split("/")
-    if any(_mostly_words(s.strip("_=+-")) for s in segments if len(s) >= 3):
-        return segments
-    return [run]
+    if any(looks_random(s) for s in segments if len(s) >= 20):
+        return True
+    return looks_random(run) and not any(
+        _mostly_words(s.strip("_=+-")) for s in segments if len(s) >= 3
+    )
 
 
 def find_high_entropy(text: str) -> int | None:
     """Return the offset of the first random-looking run in `text`, or None."""
     for match in _CANDIDATE.finditer(text):
-        if any(looks_random(part) for part in _parts(match.group())):
+        if _run_looks_random(match.group()):
             return match.start()
     return None

@@ -156,21 +156,43 @@ def _email_address(text: str) -> int | None:
     return None
 
 
-_PASSWORD_WORDS: Final = (
-    r"password|passwd|passphrase|pwd|"
-    r"passwort|kennwort|mot[ _-]de[ _-]passe|contrase(?:ñ|n)a|senha|parola[ _-]d'?ordine|"
-    r"wachtwoord|has(?:ł|l)o|пароль|パスワード|密码|密碼|口令|비밀번호|şifre|lösenord"
+_PASSWORD_KEYS: Final = (
+    "password", "passwd", "passphrase", "pwd", "passwort", "kennwort", "mot de passe",
+    "contraseña", "contrasena", "senha", "parola d'ordine", "parola dordine", "wachtwoord",
+    "hasło", "haslo", "пароль", "パスワード", "密码", "密碼", "口令", "비밀번호", "şifre",
+    "lösenord",
+)  # fmt: skip
+_TOKEN_KEYS: Final = (
+    "token", "api key", "access key", "secret key", "private key", "auth key", "client key",
+    "signing key", "encryption key", "master key", "bearer", "secret", "credentials",
+    "credential",
+)  # fmt: skip
+"""Keys whose value is a credential. A space stands for an optional ` `, `_` or `-`."""
+
+
+def _reversed_alternation(keys: tuple[str, ...]) -> str:
+    """A regex alternation matching each key written backwards, longest first."""
+    return "|".join(
+        "[ _-]?".join(re.escape(piece[::-1]) for piece in reversed(key.split(" ")))
+        for key in sorted(keys, key=len, reverse=True)
+    )
+
+
+_OPERATOR: Final = re.compile(r"[:=]>?|->")
+_KEY_BEFORE_OPERATOR: Final = re.compile(
+    r"[ \t]*(?:si[ \t]+)?[\"']?(?:(?P<pw>"
+    + _reversed_alternation(_PASSWORD_KEYS)
+    + r")|(?P<tok>"
+    + _reversed_alternation(_TOKEN_KEYS)
+    + r"))"
 )
-_TOKEN_WORDS: Final = (
-    r"token|api[ _-]?key|access[ _-]?key|secret[ _-]?key|private[ _-]?key|auth[ _-]?key|"
-    r"client[ _-]?key|signing[ _-]?key|encryption[ _-]?key|master[ _-]?key|bearer|secret|"
-    r"credentials?"
-)
-_ASSIGNMENT: Final = re.compile(
-    r"(?:(?P<pw>" + _PASSWORD_WORDS + r")|(?P<tok>" + _TOKEN_WORDS + r"))"
-    r"[\"']?(?:[ \t]+is)?[ \t]*(?:=>|->|[:=])[ \t]*(?P<value>[^\s,;]*)",
-    re.IGNORECASE,
-)
+"""Matched on the lower-cased text before an operator, reversed: `key`, `"key"`, `key is`
+before `:`. Reading backwards from each operator is what keeps this rule fast: operators are
+few and the match is anchored, where a forward search would try every key at every
+position."""
+_KEY_BEFORE_OPERATOR_ANY_CASE: Final = re.compile(_KEY_BEFORE_OPERATOR.pattern, re.IGNORECASE)
+"""The same, for the rare text whose lower-case form has another length (`İ`)."""
+_VALUE: Final = re.compile(r"[ \t]*(?P<value>[^\s,;]*)")
 _KEY_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
 
@@ -188,8 +210,16 @@ _PLACEHOLDER: Final = re.compile(
     r"""omitted|removed|required|optional|env|from[_-]?env|vault|keyring|prompt|ask|auto)""",
     re.IGNORECASE,
 )
-_WORDISH: Final = re.compile(r"[A-Za-z][a-z]*(?:[-'][A-Za-z][a-z]*)*")
-"""Plain words (`classified`, `read-only`): prose after a colon, not a credential."""
+_WORD_PART: Final = re.compile(r"[A-Za-z][a-z]*|[^\W\d_A-Za-z]+")
+_WORD_JOINERS: Final = re.compile(r"[-'’]")
+
+
+def _plain_words(value: str) -> bool:
+    """Plain words (`classified`, `read-only`, `日本語トークナイザ`): prose after a colon, not a
+    credential. ASCII parts may only be capitalised; letters of other scripts count as words."""
+    return all(_WORD_PART.fullmatch(part) for part in _WORD_JOINERS.split(value))
+
+
 _NOT_A_SECRET_TOKEN_KEY: Final = re.compile(
     r"(?:^|[_.-])(?:pad|eos|bos|unk|sep|cls|mask|special|max|min|num|n|new|total|start|end|"
     r"stop|image|audio|video|vision|prompt|output|input|sys|system|user|assistant)[_-]?tokens?$",
@@ -209,20 +239,29 @@ def _password_assignment(text: str) -> int | None:
     passes, "secret: 9fQ2…" does not). Keys that name model vocabulary (`pad_token`,
     `max_new_tokens`) and words glued into others (`ntoken`) are not credentials at all.
     """
-    if ":" not in text and "=" not in text and ">" not in text:
-        return None
-    for match in _ASSIGNMENT.finditer(text):
-        value = match.group("value").strip("\"'`")
+    for operator in _OPERATOR.finditer(text):
+        at = operator.start()
+        before = text[max(0, at - 48) : at][::-1]
+        lowered = before.lower()
+        if len(lowered) == len(before):
+            match = _KEY_BEFORE_OPERATOR.match(lowered)
+        else:
+            match = _KEY_BEFORE_OPERATOR_ANY_CASE.match(before)
+        if match is None:
+            continue
+        value_match = _VALUE.match(text, operator.end())
+        value = value_match.group("value").strip("\"'`") if value_match else ""
         if not value or _PLACEHOLDER.fullmatch(value):
             continue
-        prefix = _key_prefix(text, match.start())
+        start = at - match.end()
+        prefix = _key_prefix(text, start)
         if match.group("pw") is not None:
-            if match.group("pw").lower() == "pwd" and value[:1] in "/~.\\":
+            if match.group("pw") == "dwp" and value[:1] in "/~.\\":
                 continue  # the working directory, not a password
             if len(value) >= 3:
-                return match.start() - len(prefix)
+                return start - len(prefix)
             continue
-        word = match.group("tok")
+        word = text[start : start + len(match.group("tok"))]
         key = prefix + word
         glued = (
             prefix[-1:].isalnum()
@@ -231,8 +270,8 @@ def _password_assignment(text: str) -> int | None:
         )
         if glued or _NOT_A_SECRET_TOKEN_KEY.search(key):
             continue  # `ntoken=`, `pad_token=`, `max_tokens`: not a credential
-        if len(value) >= 8 and not _WORDISH.fullmatch(value):
-            return match.start() - len(prefix)
+        if len(value) >= 8 and not _plain_words(value):
+            return start - len(prefix)
     return None
 
 
@@ -255,7 +294,7 @@ def _authorization(text: str) -> int | None:
         return None
     for match in _AUTHORIZATION.finditer(text):
         cred = match.group("cred")
-        if _PLACEHOLDER.fullmatch(cred) or _WORDISH.fullmatch(cred):
+        if _PLACEHOLDER.fullmatch(cred) or _plain_words(cred):
             continue
         if match.group("header") is not None and len(cred) >= 8:
             return match.start()

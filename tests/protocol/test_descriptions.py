@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rbroker_protocol import _cards
+from rbroker_protocol import _cards, descriptions
 from rbroker_protocol.descriptions import (
     DEFAULT_MAX_LENGTH,
     MAX_LENGTHS,
@@ -246,6 +246,29 @@ def test_secret_rule(kind: str, secret: str, sentence: str) -> None:
             assert secret[i : i + 8] not in message
 
 
+def test_every_secret_kind_is_documented_and_labelled() -> None:
+    doc = descriptions.__doc__ or ""
+    for kind in SECRET_KINDS:
+        assert f"`{kind}`" in doc, kind
+    assert set(descriptions._SECRET_LABELS) == set(SECRET_KINDS)
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("DB_PASSWORD=x7Gq2mZ9 export", "password_assignment"),
+        ('config {"password": "x7Gq2mZ9"}', "password_assignment"),
+        ("accessToken=" + "Zq3" * 8, "password_assignment"),
+        ("HFTOKEN=" + "Zq3" * 8, "password_assignment"),
+        ("mot de passe : Soleil2026 pour le NAS", "password_assignment"),
+        ("the password is: swordfish", "password_assignment"),
+        ("Authorization: token " + "a1" * 20, "authorization_header"),
+    ],
+)
+def test_assignment_shapes(text: str, kind: str) -> None:
+    assert find_secret(text) == kind
+
+
 def test_vendor_format_wins_over_the_generic_assignment() -> None:
     token = "hf_" + _rand(34, string.ascii_letters)
     assert find_secret(f"HF_TOKEN={token}") == "huggingface_token"
@@ -301,6 +324,10 @@ def test_find_secret_is_none_for_clean_text() -> None:
         "secret: classified dataset, handle per policy",
         "credentials: read-only, in the team vault",
         "the bearer of bad news classifier",
+        "bearer token refresh latency study",
+        "Authorization: see the team wiki",
+        "ntoken=12345678 for the synthetic benchmark",
+        "token: 日本語トークナイザの評価",
         "authorization flow model for loan decisions",
         "HuggingFaceH4/zephyr-7b-beta and HuggingFaceTB/SmolLM2-1.7B-Instruct",
         "run 01JD2W4T7X9K3M5N8P0Q2R4S6V (a ULID)",
