@@ -12,9 +12,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import importlib.util
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
@@ -32,6 +36,7 @@ import rbroker
 from rbroker.broker.capacity import fmt_mib, short_uuid
 from rbroker.cli.demo_job import expected_counts
 from rbroker.cli.views import broker_view
+from rbroker.gpu.select import real_nvml_available
 
 DEMO_SCENARIO = """\
 # rbroker demo: two simulated 24 GiB GPUs that other people already use a little.
@@ -94,6 +99,13 @@ class DemoState:
     min_margin_mib: int | None = None
     violations: list[str] = field(default_factory=list)
     job_exact: bool = True
+    simulated: bool = True
+    scale: float = 1.0
+    fleet_max_leases: int = 0
+    fleet_max_queue: int = 0
+    fleet_polls: int = 0
+    fleet_error: str = ""
+    coordinator_ok: bool = True
 
     def log(self, text: str) -> None:
         self.events.append(f"+{time.time() - self.t0:5.1f} s  {text}")
@@ -168,12 +180,15 @@ def run_demo(args: argparse.Namespace) -> int:
     scenario = root / "scenario.toml"
     scenario.write_text(DEMO_SCENARIO)
     state = DemoState()
+    state.simulated = args.simulate or not real_nvml_available()
     budget_s = max(30.0, float(args.seconds) + 15.0)
     interrupted = False
     try:
         with _processes() as procs:
             broker_log = open(root / "broker.log", "wb")  # noqa: SIM115 - closed below
             try:
+                coordinator = _start_coordinator(console, root, procs, state)
+                simulate = ["--simulate", str(scenario)] if state.simulated else []
                 procs.append(
                     subprocess.Popen(
                         [
@@ -181,8 +196,7 @@ def run_demo(args: argparse.Namespace) -> int:
                             "-m",
                             "rbroker",
                             "broker",
-                            "--simulate",
-                            str(scenario),
+                            *simulate,
                             "--socket",
                             sock,
                             "--data-dir",
@@ -193,7 +207,7 @@ def run_demo(args: argparse.Namespace) -> int:
                         preexec_fn=_child_setup,
                     )
                 )
-                client = _connect(sock, procs[0], root)
+                client = _connect(sock, procs[-1], root)
                 with client:
                     status = client.status()
                     src = (
@@ -202,9 +216,20 @@ def run_demo(args: argparse.Namespace) -> int:
                         else f"real GPUs (NVML, driver {status['driver_version']})"
                     )
                     console.print(f"[bold]rbroker demo[/] — broker on {sock} — {src}")
-                    state.log(f"broker up: {len(client.gpus())} GPUs, {src}")
-                    _run_workers(console, client, sock, procs, state, live_ok, budget_s)
-                    summary = _summary(client, state)
+                    gpus = client.gpus()
+                    state.log(f"broker up: {len(gpus)} GPUs, {src}")
+                    if not state.simulated:
+                        usable = min(g.get("total_mib", 0) - g.get("headroom_mib", 0) for g in gpus)
+                        state.scale = max(0.01, usable / 22323)
+                    if coordinator is not None:
+                        console.print(
+                            f"coordinator: {coordinator.url}  fleet: {coordinator.url}"
+                            f"/api/v1/fleet  viewer token: {coordinator.token}"
+                        )
+                    _run_workers(
+                        console, client, sock, procs, state, live_ok, budget_s, coordinator
+                    )
+                    summary = _summary(client, state, coordinator)
             finally:
                 broker_log.close()
     except KeyboardInterrupt:
@@ -220,6 +245,7 @@ def run_demo(args: argparse.Namespace) -> int:
         and state.freed_after_s is not None
         and state.freed_after_s < 1.0
         and state.job_exact
+        and state.coordinator_ok
     )
     return 0 if ok else 1
 
@@ -246,8 +272,10 @@ def _run_workers(
     state: DemoState,
     live_ok: bool,
     budget_s: float,
+    coordinator: Coordinator | None,
 ) -> None:
     workers: dict[str, subprocess.Popen[bytes]] = {}
+    next_fleet_poll = 0.0
     seen_granted: set[str] = set()
     seen_queued: set[str] = set()
     granted_at: dict[str, float] = {}
@@ -269,7 +297,7 @@ def _run_workers(
                         "--socket",
                         sock,
                         "--mib",
-                        str(w.mib),
+                        str(max(1, int(w.mib * state.scale))),
                         "--hold-s",
                         str(w.hold_s),
                         "--project",
@@ -293,6 +321,9 @@ def _run_workers(
             gpus = client.gpus()
             view = client.leases(include_ended=True)
             jobs = client.jobs()
+            if coordinator is not None and now >= next_fleet_poll:
+                next_fleet_poll = now + 2.0
+                _poll_fleet(coordinator, state)
             _check_snapshot(state, gpus)
             for lease in view["leases"]:
                 if lease["session"] not in seen_granted:
@@ -350,7 +381,125 @@ def _run_workers(
             time.sleep(0.1)
 
 
-def _summary(client: rbroker.Client, state: DemoState) -> Text:
+@dataclass
+class Coordinator:
+    """The demo's embedded coordinator process."""
+
+    url: str
+    token: str
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_coordinator(
+    console: Console, root: Path, procs: list[subprocess.Popen[bytes]], state: DemoState
+) -> Coordinator | None:
+    """Set up and serve a coordinator on SQLite in the demo's temp dir (127.0.0.1), and
+    enroll the demo's broker data dir with a 0600 key file. None (with a message) when the
+    server extra is not installed or it does not start."""
+    if importlib.util.find_spec("rbroker_server") is None or (
+        importlib.util.find_spec("litestar") is None
+    ):
+        console.print("coordinator: skipped (install rbroker[server] to see the fleet part)")
+        return None
+    port = _free_port()
+    coord_dir = root / "coordinator"
+    setup = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rbroker_server",
+            "setup",
+            "--data-dir",
+            str(coord_dir),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--public-hostname",
+            "127.0.0.1",
+            "--group",
+            "demo",
+            "--non-interactive",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    token = re.search(r"\b(rbv_[A-Za-z0-9_-]+)", setup.stdout)
+    code = re.search(r"\b(rbe_[A-Za-z0-9_-]+)", setup.stdout)
+    if setup.returncode != 0 or token is None or code is None:
+        console.print(f"coordinator: setup failed, skipped ({setup.stderr.strip()[-300:]})")
+        return None
+    log = open(root / "coordinator.log", "wb")  # noqa: SIM115 - the child keeps it
+    procs.append(
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rbroker_server",
+                "serve",
+                "--data-dir",
+                str(coord_dir),
+                "--log-level",
+                "warning",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_child_setup,
+        )
+    )
+    log.close()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if procs[-1].poll() is not None or time.monotonic() > deadline:
+            console.print("coordinator: did not start, skipped")
+            return None
+        time.sleep(0.2)
+    from rbroker.uplink.enroll import EnrollError, enroll
+
+    try:
+        enroll(url, code.group(1), "demo-computer", root / "data", key_file=True)
+    except EnrollError as exc:
+        console.print(f"coordinator: enrollment failed, skipped ({exc})")
+        return None
+    state.log("coordinator up on SQLite; this computer enrolled as demo-computer")
+    return Coordinator(url, token.group(1))
+
+
+def _fetch_fleet(coordinator: Coordinator) -> dict[str, Any]:
+    response = httpx.get(
+        coordinator.url + "/api/v1/fleet",
+        headers={"Authorization": f"Bearer {coordinator.token}"},
+        timeout=5.0,
+    )
+    response.raise_for_status()
+    return dict(response.json())
+
+
+def _poll_fleet(coordinator: Coordinator, state: DemoState) -> None:
+    try:
+        fleet = _fetch_fleet(coordinator)
+    except httpx.HTTPError as exc:
+        state.fleet_error = str(exc)
+        return
+    state.fleet_polls += 1
+    for computer in fleet.get("computers", []):
+        state.fleet_max_leases = max(state.fleet_max_leases, len(computer.get("leases", [])))
+        state.fleet_max_queue = max(state.fleet_max_queue, len(computer.get("queue", [])))
+
+
+def _summary(client: rbroker.Client, state: DemoState, coordinator: Coordinator | None) -> Text:
     view = client.leases(include_ended=True)
     ended = {lease["session"]: lease for lease in view["ended"]}
     ended.update({lease["session"]: lease for lease in view["leases"]})
@@ -418,4 +567,39 @@ def _summary(client: rbroker.Client, state: DemoState) -> Text:
                 else f"EXPECTED {want_ok} + {want_failed}"
             )
         )
+    if coordinator is not None:
+        lines += _coordinator_summary(coordinator, state)
     return Text("\n".join(lines))
+
+
+def _coordinator_summary(coordinator: Coordinator, state: DemoState) -> list[str]:
+    time.sleep(1.5)  # one debounced report after the last change
+    try:
+        fleet = _fetch_fleet(coordinator)
+    except httpx.HTTPError as exc:
+        state.coordinator_ok = False
+        return [f"coordinator: could not read the fleet: {exc}"]
+    lines = [f"coordinator ({coordinator.url}, group {fleet.get('group')}) saw:"]
+    for c in fleet.get("computers", []):
+        fresh = c.get("freshness", {})
+        lines.append(
+            f"  {c['name']}: {fresh.get('state')}, {len(c.get('gpus', []))} GPUs "
+            f"({', '.join(str(g.get('state')) for g in c.get('gpus', []))}), "
+            f"{c.get('reports_applied', 0)} signed reports applied; at most "
+            f"{state.fleet_max_leases} leases and {state.fleet_max_queue} waiting requests "
+            f"seen over {state.fleet_polls} fleet reads"
+        )
+        for job in c.get("jobs", []):
+            lines.append(
+                f"  job {job['handler']}: {job['state']}, {job['completed_items']} completed + "
+                f"{job['failed_items']} failed of {job['total_items']}"
+            )
+        state.coordinator_ok = state.coordinator_ok and c.get("reports_applied", 0) > 0
+    if not fleet.get("computers"):
+        state.coordinator_ok = False
+        lines.append("  no computer (reports did not arrive)")
+    lines.append(
+        f"  fleet: curl -H 'Authorization: Bearer {coordinator.token}' "
+        f"{coordinator.url}/api/v1/fleet"
+    )
+    return lines

@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="watch real processes lease simulated GPUs (about a minute)")
     d.add_argument("--seconds", type=float, default=45.0, help="approximate demo length")
     d.add_argument("--no-live", action="store_true", help="plain log lines instead of a live view")
+    d.add_argument(
+        "--simulate", action="store_true", help="simulated GPUs even where an NVIDIA driver answers"
+    )
 
     from rbroker.tray import add_tray_arguments  # imports no Qt
 
