@@ -31,14 +31,15 @@ import math
 import re
 from typing import Final
 
-_CANDIDATE: Final = re.compile(r"[A-Za-z0-9+/_=-]{20,}")
-"""Maximal runs of base64/base64url characters (leftmost-longest: whole runs)."""
+_CANDIDATE: Final = re.compile(r"[A-Za-z0-9+/_-]{20,}={0,2}")
+"""Maximal runs of base64/base64url characters, `=` only as padding at the end, so that
+`id=<hex>` or `lr=3e-4` are judged by their parts (leftmost-longest: whole runs)."""
 
 _HEX: Final = re.compile(r"[0-9a-fA-F-]+")
 _ULID: Final = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 _DIGIT: Final = re.compile(r"[0-9]")
 _LETTER: Final = re.compile(r"[A-Za-z]")
-_PIECE_SPLIT: Final = re.compile(r"[/_=+-]")
+_PIECE_SPLIT: Final = re.compile(r"[/_+-]")
 _WORD_RUN: Final = re.compile(r"[A-Z]?[a-z]{3,}|[A-Z]{4,}")
 _VOWELS: Final = frozenset("aeiouAEIOU")
 

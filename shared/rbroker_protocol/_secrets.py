@@ -2,9 +2,15 @@
 
 Rules run in the order of `SECRET_RULES`; the first that matches names the rejection. Vendor
 formats come first so that `HF_TOKEN=hf_…` is reported as `huggingface_token`, not as a
-generic assignment. Every pattern starts only where a run of its characters starts (a
-lookbehind or a literal prefix) and has no nested quantifiers over overlapping classes, so a
-search is linear in the length of the text: there is no catastrophic backtracking.
+generic assignment.
+
+Speed and safety on the hot path (every `lease.acquire`): patterns start with a literal or a
+character set, not a lookbehind, so the regex engine skips ahead to candidates; most rules
+are skipped outright by a substring gate (`needs`); no pattern nests quantifiers over
+overlapping classes, and the only unbounded repetitions are single greedy classes, so every
+search is linear in the length of the text (no catastrophic backtracking; see the
+pathological-input test). Assignments are found by reading back from each `:`/`=` rather
+than trying every key at every position.
 
 Sources of the formats:
 - AWS: IAM unique id prefixes (AKIA, ASIA, …) and 40-character secret access keys,
