@@ -8,7 +8,11 @@ State machine::
     queued ──▶ running ──▶ succeeded | failed(reason) | cancelled(reason)
        │          ▲  │
        │          │  ▼
-       └──────▶ stalled   (running, but its declarer is gone and no linked lease is live)
+       └──────▶ stalled   (no connection attached to it and no linked lease is live)
+
+A job is attached to the connections that declared it, updated it or reported a chunk
+to it, and to the leases its workers took with its `job_id`; when the last of these is
+gone before the job finished, it becomes `stalled` (visible), never silently done.
 
 Chunk reports are idempotent by `chunk_id`: the same chunk reported again with the same
 counts is acknowledged and not counted; with different counts it is refused. Counts are
@@ -48,7 +52,7 @@ class Job:
     first_report_at: float | None = None
     last_report_at: float | None = None
     finished_at: float | None = None
-    conn_id: int | None = None
+    conn_ids: set[int] = field(default_factory=set)
     lease_ids: set[str] = field(default_factory=set)
 
     def to_record(self) -> dict[str, Any]:
@@ -160,7 +164,7 @@ class JobTable:
             total_items=total_items,
             workers=workers,
             declared_at=self.clock.wall(),
-            conn_id=conn_id,
+            conn_ids=set() if conn_id is None else {conn_id},
         )
         self.jobs[job.job_id] = job
         self._save(job)
@@ -191,8 +195,8 @@ class JobTable:
             )
         if workers is not None:
             job.workers = workers
-        if conn_id is not None and job.conn_id is None:
-            job.conn_id = conn_id  # the declarer came back (SDK reconnect)
+        if conn_id is not None:
+            job.conn_ids.add(conn_id)  # e.g. the declarer came back (SDK reconnect)
         if state is not None:
             job.state = state
             job.reason = reason or ""
@@ -202,13 +206,22 @@ class JobTable:
         return job
 
     def report(
-        self, job_id: str, owner: str, chunk_id: str, completed: int, failed: int
+        self,
+        job_id: str,
+        owner: str,
+        chunk_id: str,
+        completed: int,
+        failed: int,
+        conn_id: int | None = None,
     ) -> tuple[Job, bool]:
-        """Count one chunk. Returns `(job, duplicate)`; a duplicate changes nothing."""
+        """Count one chunk from connection `conn_id` (which then keeps the job attached).
+        Returns `(job, duplicate)`; a duplicate changes no count and no state."""
         job = self.get(job_id, owner)
         seen = job.chunks.get(chunk_id)
         if seen is not None:
             if seen == (completed, failed):
+                if conn_id is not None and job.state not in FINISHED:
+                    job.conn_ids.add(conn_id)
                 return job, True
             raise RpcError(
                 ErrorCode.INVALID_PARAMS,
@@ -247,6 +260,8 @@ class JobTable:
         job.failed_items += failed
         job.first_report_at = job.first_report_at or now
         job.last_report_at = now
+        if conn_id is not None:
+            job.conn_ids.add(conn_id)
         if job.state in ("queued", "stalled"):
             job.state = "running"
         if self.store is not None:
@@ -261,23 +276,29 @@ class JobTable:
             job.state = "running"
             self._save(job)
 
+    def restore_link(self, job_id: str, lease_id: str) -> None:
+        """A lease restored after a broker restart still belongs to its job. The state does
+        not change: the job stays `stalled` until one of its workers reports again."""
+        job = self.jobs.get(job_id)
+        if job is not None and job.state not in FINISHED:
+            job.lease_ids.add(lease_id)
+
     def check_stalled(self, live_lease_ids: set[str]) -> list[Job]:
-        """Running jobs whose declarer is gone and whose linked leases all ended become
-        `stalled`; returns the jobs that changed."""
+        """Queued or running jobs with no attached connection and no live linked lease
+        become `stalled`; returns the jobs that changed."""
         changed = []
         for job in self.jobs.values():
             job.lease_ids &= live_lease_ids
-            if job.state == "running" and job.conn_id is None and not job.lease_ids:
+            if job.state in ("queued", "running") and not job.conn_ids and not job.lease_ids:
                 job.state = "stalled"
                 self._save(job)
                 changed.append(job)
         return changed
 
     def connection_closed(self, conn_id: int) -> None:
-        """The declarer's connection is gone (finished or crashed)."""
+        """A connection is gone (finished or crashed): it no longer keeps jobs attached."""
         for job in self.jobs.values():
-            if job.conn_id == conn_id:
-                job.conn_id = None
+            job.conn_ids.discard(conn_id)
 
     def view(self, include_finished: bool, live_lease_ids: set[str]) -> list[dict[str, Any]]:
         """Jobs for `jobs.list`, newest last."""

@@ -178,6 +178,8 @@ class Broker:
                 continue
             self.leases[lease.lease_id] = lease
             self._token_sha256[lease.lease_id] = stored.token_sha256
+            if lease.job_id is not None:
+                self.jobs.restore_link(lease.job_id, lease.lease_id)
             for u, baseline in lease.baseline_mib.items():
                 self._baselines[(lease.holder, u)] = baseline
             log.info("lease %s restored (holder %d alive)", lease.lease_id, lease.holder.pid)

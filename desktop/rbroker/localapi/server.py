@@ -366,7 +366,7 @@ class LocalApi:
 
     async def _job_report(self, conn: Connection, p: JobReportParams) -> dict[str, Any]:
         job, duplicate = self.broker.jobs.report(
-            p.job_id, conn.peer.user, p.chunk_id, p.completed, p.failed
+            p.job_id, conn.peer.user, p.chunk_id, p.completed, p.failed, conn.id
         )
         if not duplicate:
             self.broker.emit("job", {"job_id": job.job_id, "state": job.state})

@@ -1,0 +1,124 @@
+"""Parallel jobs when processes die (issue 6): a worker killed with SIGKILL mid-chunk, and
+the broker killed mid-job and restarted on the same data dir. Counts stay exact (the killed
+chunk is not counted, nothing is counted twice), the killed worker's lease is freed, and a
+job whose workers and declarer are all gone shows `stalled`, never silently done."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import rbroker
+from tests.conftest import BrokerProcess, wait_until
+from tests.desktop.jobhelp import Script, counts, declare, job_of, leases_of
+from tests.desktop.jobhelp import script as script  # the fixture
+
+MIB = 1024
+
+
+def _report(c: rbroker.Client, job_id: str, chunk: str, completed: int, failed: int = 0) -> bool:
+    """Report a chunk; True when it was a duplicate."""
+    result = c.call("job.report", job_id=job_id, chunk_id=chunk, completed=completed, failed=failed)
+    return bool(result["duplicate"])
+
+
+def test_worker_killed_mid_chunk_is_not_counted_and_its_lease_is_freed(
+    broker: BrokerProcess, script: Callable[..., Script]
+) -> None:
+    with broker.client() as c:
+        job = declare(c, total_items=1000, workers=2)
+        job_id = job["job_id"]
+        a = script("job_chunk_worker", broker.socket, job_id, str(MIB))
+        b = script("job_chunk_worker", broker.socket, job_id, str(MIB))
+        assert a.read_line() == "ready" and b.read_line() == "ready"
+        a.send("a-1 10")
+        b.send("b-1 20")
+        assert a.read_line() == "reported a-1"
+        assert b.read_line() == "reported b-1"
+        assert len(leases_of(c, job_id)) == 2
+        a.send("a-2 30 hang")
+        assert a.read_line() == "inside a-2"
+        before = {x["lease_id"] for x in leases_of(c, job_id)}
+        a.proc.send_signal(signal.SIGKILL)
+        a.proc.wait(5)
+        t0 = time.monotonic()
+        wait_until(lambda: len(leases_of(c, job_id)) == 1, timeout_s=5)
+        freed_s = time.monotonic() - t0
+        assert freed_s < 2.0
+        (left,) = leases_of(c, job_id)
+        assert left["lease_id"] in before
+        after = job_of(c, job_id)
+        assert counts(after) == (30, 0, 2)  # a-2 was never reported
+        assert after["lease_ids"] == [left["lease_id"]]
+        assert after["state"] == "running"  # a worker and the declarer remain
+        # the job keeps going: the surviving worker, then a new one, redo a-2
+        b.send("a-2 30")
+        assert b.read_line() == "reported a-2"
+        assert counts(job_of(c, job_id)) == (60, 0, 3)
+
+
+def test_job_stalls_when_declarer_and_all_workers_are_gone_then_runs_again(
+    broker: BrokerProcess, script: Callable[..., Script]
+) -> None:
+    declarer = broker.client()
+    job_id = declare(declarer, total_items=100, workers=1)["job_id"]
+    w = script("job_chunk_worker", broker.socket, job_id, str(MIB))
+    assert w.read_line() == "ready"
+    w.send("c-1 10")
+    assert w.read_line() == "reported c-1"
+    declarer.close()  # the declarer goes; the worker's lease keeps the job running
+    with broker.client() as c:
+        time.sleep(0.6)  # > 2 holder checks
+        assert job_of(c, job_id)["state"] == "running"
+        w.send("c-2 10 hang")
+        assert w.read_line() == "inside c-2"
+        w.proc.send_signal(signal.SIGKILL)
+        wait_until(lambda: job_of(c, job_id)["state"] == "stalled", timeout_s=5)
+        stalled = job_of(c, job_id)
+        assert counts(stalled) == (10, 0, 1)
+        assert stalled["lease_ids"] == []
+        assert stalled["finished_at"] is None  # not silently done
+        # a new worker picks the job up: running again, and it stays running while it lives
+        w2 = script("job_chunk_worker", broker.socket, job_id, str(MIB))
+        assert w2.read_line() == "ready"
+        w2.send("c-2 10")
+        assert w2.read_line() == "reported c-2"
+        assert job_of(c, job_id)["state"] == "running"
+        time.sleep(0.6)
+        job = job_of(c, job_id)
+        assert job["state"] == "running"
+        assert counts(job) == (20, 0, 2)
+        w2.stop()
+        wait_until(lambda: job_of(c, job_id)["state"] == "stalled", timeout_s=5)
+
+
+def test_broker_killed_mid_job_restarts_with_exact_counts(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    bp = broker_factory()
+    c = bp.client()
+    job_id = declare(c, total_items=1000, workers=2)["job_id"]
+    for n in range(10):
+        assert _report(c, job_id, f"chunk-{n}", completed=9, failed=1) is False
+    before = job_of(c, job_id)
+    assert counts(before) == (90, 10, 10)
+    bp.stop(signal.SIGKILL)
+    c.close()
+    bp2 = broker_factory(root=bp.data_dir.parent)
+    with bp2.client() as c2:
+        after = job_of(c2, job_id)
+        assert counts(after) == (90, 10, 10)
+        assert after["state"] == "stalled"  # nobody is attached after the restart
+        for key in ("project", "purpose", "handler", "total_items", "workers", "declared_at"):
+            assert after[key] == before[key]
+        # chunks re-sent after the restart (their answers were lost) are duplicates
+        for n in range(10):
+            assert _report(c2, job_id, f"chunk-{n}", completed=9, failed=1) is True
+        assert counts(job_of(c2, job_id)) == (90, 10, 10)
+        assert job_of(c2, job_id)["state"] == "stalled"  # a duplicate is no progress
+        assert _report(c2, job_id, "chunk-10", completed=10) is False
+        assert job_of(c2, job_id)["state"] == "running"
+        time.sleep(0.6)  # the reporter is attached: the job does not stall under it
+        assert job_of(c2, job_id)["state"] == "running"
+        assert counts(job_of(c2, job_id)) == (100, 10, 11)
