@@ -272,3 +272,12 @@ def b64(data: bytes) -> str:
 
 def dumps(obj: Any) -> bytes:
     return json.dumps(obj).encode()
+
+
+def wait_until_true(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll `predicate` until true, or fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        time.sleep(0.05)

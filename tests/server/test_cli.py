@@ -1,0 +1,195 @@
+"""`rbroker-server` commands: setup (non-interactive), serve over HTTPS, admin commands."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import nacl.signing
+import pytest
+
+from rbroker_protocol import signing
+from rbroker_server.cli import main, parse_duration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _setup_args(data: Path, backend: str, database_url: str, *extra: str) -> list[str]:
+    args = ["setup", "--non-interactive", "--data-dir", str(data), *extra]
+    if backend != "sqlite":
+        args += ["--database-url", database_url]
+    return args
+
+
+def _field(out: str, label: str) -> str:
+    m = re.search(rf"^{label}:\s+(\S+)", out, re.M)
+    assert m, out
+    return m.group(1)
+
+
+def test_setup_self_signed_then_serve_https(
+    tmp_path: Path, backend: str, database_url: str
+) -> None:
+    data = tmp_path / "srv"
+    port = _free_port()
+    cmd = [sys.executable, "-m", "rbroker_server"]
+    setup = subprocess.run(
+        cmd
+        + _setup_args(
+            data,
+            backend,
+            database_url,
+            "--self-signed",
+            "--public-hostname",
+            "localhost",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--group",
+            "lab",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert setup.returncode == 0, setup.stderr
+    token = _field(setup.stdout, "viewer token")
+    code = _field(setup.stdout, "enrollment code")
+    assert token.startswith("rbv_") and code.startswith("rbe_")
+    ca = data / "tls" / "ca.pem"
+    assert ca.exists() and (data / "tls" / "server.key").stat().st_mode & 0o077 == 0
+
+    log = (tmp_path / "serve.log").open("wb")
+    proc = subprocess.Popen([*cmd, "serve", "--data-dir", str(data)], stdout=log, stderr=log)
+    try:
+        url = f"https://127.0.0.1:{port}"
+        context = ssl.create_default_context(cafile=str(ca))
+        with httpx.Client(base_url=url, verify=context, timeout=5) as http:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    r = http.get("/healthz")
+                    break
+                except httpx.TransportError:
+                    assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+                    assert time.monotonic() < deadline, "serve did not answer"
+                    time.sleep(0.1)
+            assert r.status_code == 200 and r.json()["status"] == "ok"
+            # The generated CA is what makes it trusted.
+            with (
+                httpx.Client(base_url=url, timeout=5) as untrusted,
+                pytest.raises(httpx.ConnectError),
+            ):
+                untrusted.get("/healthz")
+            # Setup's enrollment code and viewer token work end to end.
+            key = nacl.signing.SigningKey.generate()
+            r = http.post(
+                "/api/v1/enroll",
+                json={"code": code, "name": "pc-1", "public_key": signing.public_key_b64(key)},
+            )
+            assert r.status_code == 201, r.text
+            fleet = http.get("/api/v1/fleet", headers={"authorization": f"Bearer {token}"})
+            assert fleet.status_code == 200 and fleet.json()["group"] == "lab"
+            assert [c["name"] for c in fleet.json()["computers"]] == ["pc-1"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+
+
+def test_admin_commands(
+    tmp_path: Path, backend: str, database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "srv"
+    assert main(_setup_args(data, backend, database_url)) == 0
+    capsys.readouterr()
+    # A second setup refuses to overwrite the config.
+    assert main(_setup_args(data, backend, database_url)) == 1
+    assert "exists already" in capsys.readouterr().err
+
+    d = ["--data-dir", str(data)]
+    assert main(["group", "create", "vision", *d]) == 0
+    assert main(["group", "create", "vision", *d]) == 1
+    capsys.readouterr()
+    assert main(["group", "list", *d]) == 0
+    listed = capsys.readouterr().out
+    assert "default" in listed and "vision" in listed
+
+    assert main(["enroll-code", "create", "--group", "vision", "--ttl", "30m", *d]) == 0
+    code = capsys.readouterr().out.strip()
+    assert code.startswith("rbe_")
+    assert main(["enroll-code", "create", "--group", "nope", *d]) == 1
+
+    assert main(["token", "create", "--group", "vision", "--name", "wall screen", *d]) == 0
+    token = capsys.readouterr().out.strip()
+    token_id = token.split("_")[1]
+    assert main(["token", "list", "--group", "vision", *d]) == 0
+    assert f"{token_id}\tactive" in capsys.readouterr().out
+    assert main(["token", "revoke", "--group", "default", token_id, *d]) == 1  # other group
+    assert main(["token", "revoke", "--group", "vision", token, *d]) == 0
+    capsys.readouterr()
+    assert main(["token", "list", "--group", "vision", *d]) == 0
+    assert f"{token_id}\trevoked" in capsys.readouterr().out
+
+    # Enroll through the service, then list and revoke through the CLI.
+    from rbroker_server import db
+    from rbroker_server.enroll.schema import EnrollRequest
+    from rbroker_server.enroll.service import enroll
+    from rbroker_server.settings import Settings
+
+    engine = db.make_engine(Settings.load(data).db_url)
+    try:
+        key = signing.public_key_b64(nacl.signing.SigningKey.generate())
+        computer_id = enroll(
+            engine, EnrollRequest(code=code, name="pc-9", public_key=key)
+        ).computer_id
+    finally:
+        engine.dispose()
+    assert main(["computer", "list", *d]) == 0
+    out = capsys.readouterr().out
+    assert computer_id in out and "pc-9" in out and "ok" in out
+    assert main(["computer", "revoke", computer_id, *d]) == 0
+    capsys.readouterr()
+    assert main(["computer", "list", "--group", "vision", *d]) == 0
+    assert "revoked" in capsys.readouterr().out
+    assert main(["computer", "revoke", "c_nope", *d]) == 1
+    assert main(["db", "upgrade", *d]) == 0
+    assert "revision" in capsys.readouterr().out
+
+
+def test_commands_without_setup_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["group", "list", "--data-dir", str(tmp_path / "none")]) == 1
+    assert "rbroker-server setup" in capsys.readouterr().err
+
+
+def test_data_dir_from_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RBROKER_SERVER_DATA_DIR", str(tmp_path / "env"))
+    assert main(["setup", "--non-interactive"]) == 0
+    assert (tmp_path / "env" / "config.toml").exists()
+    assert os.fspath(tmp_path / "env") in capsys.readouterr().out
+
+
+def test_parse_duration() -> None:
+    assert parse_duration("90") == 90
+    assert parse_duration("30m") == 1800
+    assert parse_duration("24h") == 86400
+    assert parse_duration("7d") == 7 * 86400

@@ -1,0 +1,74 @@
+"""Description rules run again on the server: a rejected field is stored redacted, flagged."""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+
+from rbroker_protocol.reports import JobSnapshot, LeaseReport, QueueEntry
+from tests.server.conftest import Coordinator, payload
+
+AWS_KEY = "AKIA" + "Z7Q2M4N8P1R5T3V6"
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+
+
+def test_rejected_description_is_redacted_and_the_computer_flagged(
+    coordinator: Coordinator,
+) -> None:
+    coordinator.group("vision")
+    pc = coordinator.enroll("vision")
+    p = payload(
+        leases=[
+            LeaseReport(
+                lease_id="l1",
+                gpu_uuids=["GPU-1"],
+                granted_mib=1024,
+                owner="alice",
+                project="vision",
+                session="run-42",
+                purpose=f"sync with {AWS_KEY}",
+            )
+        ],
+        queue=[QueueEntry(mib=2048, project="vision", purpose="fine-tune ViT-B")],
+        jobs=[JobSnapshot(job_id="j1", project="vision", purpose="embed", handler=JWT)],
+    )
+    r = pc.report(p)
+    assert r.status_code == 200, r.text
+    ack = r.json()
+    assert ack["applied"] is True
+    assert ack["flagged_fields"] == ["leases[0].purpose", "jobs[0].handler"]
+
+    view = coordinator.computer("vision", pc.id)
+    assert view["flagged"] is True and view["flagged_at"]
+    assert [f["field"] for f in view["flags"]] == ["leases[0].purpose", "jobs[0].handler"]
+    assert all(f["rule"].startswith("secret:") for f in view["flags"])
+    assert view["leases"][0]["purpose"] == "[redacted]"
+    assert view["leases"][0]["session"] == "run-42"  # clean fields kept
+    assert view["jobs"][0]["handler"] == "[redacted]"
+    assert view["queue"][0]["purpose"] == "fine-tune ViT-B"
+
+    # The secret is nowhere: not in any response, not in the database.
+    fleet = coordinator.http.get("/api/v1/fleet", headers=coordinator.viewer("vision")).text
+    assert AWS_KEY not in fleet and JWT not in fleet and AWS_KEY not in r.text
+    with coordinator.engine.connect() as conn:
+        dump = json.dumps(
+            [
+                [str(v) for v in row]
+                for table in ("computers", "history_points")
+                for row in conn.execute(sa.text(f"SELECT * FROM {table}"))
+            ]
+        )
+    assert AWS_KEY not in dump and JWT not in dump
+
+
+def test_flag_stays_after_a_clean_report(coordinator: Coordinator) -> None:
+    coordinator.group("vision")
+    pc = coordinator.enroll("vision")
+    assert pc.report(payload(name="mail me at someone@example.com")).json()["flagged_fields"] == [
+        "computer_name"
+    ]
+    assert coordinator.computer("vision", pc.id)["reported_name"] == "[redacted]"
+    assert pc.report(payload(name="lab-1")).json()["flagged_fields"] == []
+    view = coordinator.computer("vision", pc.id)
+    assert view["flagged"] is True and view["reported_name"] == "lab-1"

@@ -1,0 +1,99 @@
+"""POST /api/v1/enroll: one-time, expiring codes, stored hashed; keys never replaced."""
+
+from __future__ import annotations
+
+import time
+
+import nacl.signing
+import sqlalchemy as sa
+
+from rbroker_protocol import signing
+from rbroker_server.admin import service as admin
+from rbroker_server.models import EnrollCode
+from tests.server.conftest import Coordinator
+
+
+def _enroll(
+    c: Coordinator, code: str, key: nacl.signing.SigningKey | None = None, name: str = "pc"
+):
+    key = key or nacl.signing.SigningKey.generate()
+    return c.http.post(
+        "/api/v1/enroll",
+        json={"code": code, "name": name, "public_key": signing.public_key_b64(key)},
+    )
+
+
+def test_enroll_returns_a_computer_id_in_the_codes_group(coordinator: Coordinator) -> None:
+    coordinator.group("vision")
+    code = admin.create_enroll_code(coordinator.engine, "vision", 600)
+    r = _enroll(coordinator, code.text, name="lab-7")
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["group"] == "vision" and body["computer_id"].startswith("c_")
+    computers = admin.list_computers(coordinator.engine, "vision")
+    assert [(c.id, c.name) for c in computers] == [(body["computer_id"], "lab-7")]
+
+
+def test_code_is_stored_hashed(coordinator: Coordinator) -> None:
+    coordinator.group("vision")
+    code = admin.create_enroll_code(coordinator.engine, "vision", 600)
+    table = EnrollCode.__table__  # type: ignore[attr-defined]
+    with coordinator.engine.connect() as conn:
+        row = conn.execute(sa.select(table)).one()
+    secret = code.text.split("_", 2)[2]
+    assert secret not in str(tuple(row)) and code.text not in str(tuple(row))
+
+
+def test_code_used_twice_is_refused(coordinator: Coordinator) -> None:
+    coordinator.group("vision")
+    code = admin.create_enroll_code(coordinator.engine, "vision", 600).text
+    assert _enroll(coordinator, code).status_code == 201
+    r = _enroll(coordinator, code)
+    assert r.status_code == 401
+    assert len(admin.list_computers(coordinator.engine)) == 1
+
+
+def test_expired_code_is_refused(coordinator: Coordinator) -> None:
+    coordinator.group("vision")
+    code = admin.create_enroll_code(coordinator.engine, "vision", 1).text
+    time.sleep(1.2)
+    assert _enroll(coordinator, code).status_code == 401
+    assert admin.list_computers(coordinator.engine) == []
+
+
+def test_wrong_or_malformed_codes_are_refused(coordinator: Coordinator) -> None:
+    coordinator.group("vision")
+    code = admin.create_enroll_code(coordinator.engine, "vision", 600).text
+    prefix, code_id, secret = code.split("_", 2)
+    wrong = f"{prefix}_{code_id}_{'A' * len(secret)}"
+    assert _enroll(coordinator, wrong).status_code == 401
+    assert _enroll(coordinator, "hello").status_code == 401
+    assert _enroll(coordinator, code.replace("rbe_", "rbv_", 1)).status_code == 401
+    # The right code still works after the failures.
+    assert _enroll(coordinator, code).status_code == 201
+
+
+def test_known_key_is_never_replaced(coordinator: Coordinator) -> None:
+    coordinator.group("vision")
+    key = nacl.signing.SigningKey.generate()
+    first = admin.create_enroll_code(coordinator.engine, "vision", 600).text
+    assert _enroll(coordinator, first, key).status_code == 201
+    second = admin.create_enroll_code(coordinator.engine, "vision", 600).text
+    assert _enroll(coordinator, second, key).status_code == 409
+    # The refused attempt did not burn the code.
+    assert _enroll(coordinator, second).status_code == 201
+
+
+def test_bad_key_or_name_is_400(coordinator: Coordinator) -> None:
+    coordinator.group("vision")
+    code = admin.create_enroll_code(coordinator.engine, "vision", 600).text
+    r = coordinator.http.post(
+        "/api/v1/enroll", json={"code": code, "name": "pc", "public_key": "A" * 40 + "AA=="}
+    )
+    assert r.status_code == 400
+    key = signing.public_key_b64(nacl.signing.SigningKey.generate())
+    r = coordinator.http.post(
+        "/api/v1/enroll", json={"code": code, "name": "pc\x07", "public_key": key}
+    )
+    assert r.status_code == 400
+    assert _enroll(coordinator, code).status_code == 201
