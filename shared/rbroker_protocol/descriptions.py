@@ -9,34 +9,40 @@ rule                   refused when
 =====================  ==================================================================
 `not_text`             the value is not a `str`
 `empty`                nothing but white space
-`too_long`             longer than `MAX_LENGTHS[field]` characters (200 for other fields)
+`secret:<kind>`        the text holds a credential or personal data; `SECRET_KINDS` lists
+                       the kinds and `rbroker_protocol._secrets` their formats and sources
+`too_long`             longer than `MAX_LENGTHS[field]` characters (`DEFAULT_MAX_LENGTH`
+                       for other fields)
 `control_characters`   any control, format, surrogate, private-use or unassigned code
                        point (Unicode categories Cc, Cf, Cs, Co, Cn) or a line or paragraph
                        separator (Zl, Zp): newlines, tabs, ESC, U+202E right-to-left
                        override, zero-width space and joiners, the byte order mark
-`secret:<kind>`        the text holds a credential or personal data; `SECRET_KINDS` lists
-                       the kinds and `rbroker_protocol._secrets` their formats and sources
 =====================  ==================================================================
 
-Secret kinds, in the order they are checked: cloud keys (`aws_access_key`,
-`aws_secret_key`, `google_api_key`, `gcp_service_account_key`, `google_oauth_token`,
-`azure_storage_key`, `azure_sas_token`), vendor tokens with known prefixes (`github_token`,
-`gitlab_token`, `slack_token`, `slack_webhook`, `discord_webhook`, `stripe_key`,
-`anthropic_key`, `openai_key`, `huggingface_token`, `npm_token`, `pypi_token`,
+Secrets are looked for first, in the first `SCAN_LIMIT` characters, so that the most
+likely accident — a pasted key file or `.env` line, long and multi-line — is reported as
+what it is (`secret:private_key_block`), not as `too_long` or `control_characters`, and the
+coordinator can flag it. For that look, format characters (zero-width, bidi controls) are
+dropped and other control characters read as spaces, so they cannot split a token to hide
+it, and the text is put in NFKC form, so full-width letters, digits and colons do not hide
+one either. The accepted value is returned as given, only stripped.
+
+Secret kinds, in the order they are checked: `private_key_block`; cloud keys
+(`aws_access_key`, `aws_secret_key`, `google_api_key`, `gcp_service_account_key`,
+`google_oauth_token`, `azure_storage_key`, `azure_sas_token`); vendor tokens with known
+prefixes (`github_token`, `gitlab_token`, `slack_token`, `slack_webhook`, `discord_webhook`,
+`stripe_key`, `anthropic_key`, `openai_key`, `huggingface_token`, `npm_token`, `pypi_token`,
 `replicate_token`, `groq_key`, `databricks_token`, `twilio_key`, `sendgrid_key`,
-`telegram_bot_token`), `private_key_block` (checked first), `jwt`, `authorization_header`,
-`url_credentials`,
-`password_assignment`, `email_address`, `payment_card` (Luhn) and `high_entropy`.
+`telegram_bot_token`); `jwt`; `authorization_header`; `url_credentials`;
+`password_assignment`; `email_address`; `payment_card` (Luhn); `high_entropy`.
 
 What passes on purpose: the bare words ("password-reset model evaluation", "token
-classification"), hexadecimal of up to 64 digits (commit ids, digests), UUIDs, versions, model
-names, paths, hyphenated run ids, URLs without credentials, long numbers that are not written
-like a card of a card network.
+classification"), hexadecimal of up to 64 digits (commit ids, digests), UUIDs, ULIDs,
+versions, model names, paths, hyphenated run ids, URLs without credentials, long numbers
+that are not written like a card of a card network.
 
-Secret rules look at the NFKC form of the text, so full-width letters, digits and colons do
-not hide a secret; the accepted value is returned as given (only stripped). A rejection
-names the field, the rule and the character offset where the match starts: never the value
-or any part of it, so the error can be logged and sent back safely.
+A rejection names the field, the rule and roughly where the problem starts: never the
+value or any part of it, so the error can be logged, stored and sent back safely.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from rbroker_protocol._secrets import SECRET_RULES, scan
 __all__ = [
     "DEFAULT_MAX_LENGTH",
     "MAX_LENGTHS",
+    "SCAN_LIMIT",
     "SECRET_KINDS",
     "DescriptionRejected",
     "check_description",
@@ -67,6 +74,10 @@ MAX_LENGTHS: Final[dict[str, int]] = {
 
 DEFAULT_MAX_LENGTH: Final = 200
 """Longest accepted value of a field that `MAX_LENGTHS` does not name."""
+
+SCAN_LIMIT: Final = 4096
+"""How many characters of a value the secret rules read (enough for a pasted 4096-bit RSA
+key); a longer value is refused as `too_long` whatever it holds further on."""
 
 SECRET_KINDS: Final[tuple[str, ...]] = tuple(kind for kind, _ in SECRET_RULES)
 """Every `<kind>` of a `secret:<kind>` rule, in the order they are checked."""
@@ -130,17 +141,32 @@ def find_secret(value: str) -> str | None:
     """Return the kind (`github_token`, `payment_card`, ...) of the first secret rule that
     `value` trips, or None. The value itself, or any part of it, is never returned.
 
-    Linear in `len(value)`; `check_description` calls it only on values within the length
-    limit.
+    Reads the whole value (`check_description` passes at most `SCAN_LIMIT` characters);
+    linear in its length.
     """
     found = scan(_for_scanning(value))
     return None if found is None else found[0]
 
 
 def _for_scanning(text: str) -> str:
+    """The text the secret rules read: no format characters, other controls as spaces, NFKC."""
     if text.isascii():
-        return text
+        if text.isprintable():
+            return text  # the hot path: nothing to change
+        return text.translate(_ASCII_CONTROLS_TO_SPACES)
+    if not text.isprintable():
+        text = "".join(_visible(ch) for ch in text)
     return unicodedata.normalize("NFKC", text)
+
+
+_ASCII_CONTROLS_TO_SPACES: Final = {c: " " for c in [*range(0x20), 0x7F]}
+
+
+def _visible(ch: str) -> str:
+    category = unicodedata.category(ch)
+    if category == "Cf":
+        return ""
+    return " " if category in _BAD_CATEGORIES else ch
 
 
 def _first_bad_character(text: str) -> tuple[int, str] | None:
@@ -164,14 +190,24 @@ def check_description(field: str, value: object) -> str:
         it unchanged.
 
     Raises:
-        DescriptionRejected: see the module docstring for the rules. The message names the
-            field, the rule and where in the text the problem starts, never the value.
+        DescriptionRejected: see the module docstring for the rules and their order. The
+            message names the field, the rule and roughly where the problem starts, never
+            the value.
     """
     if not isinstance(value, str):
         raise DescriptionRejected(field, "not_text", f"expected text, got {type(value).__name__}")
     text = value.strip()
     if not text:
         raise DescriptionRejected(field, "empty", "must not be empty")
+    found = scan(_for_scanning(text[:SCAN_LIMIT]))
+    if found is not None:
+        kind, offset = found
+        raise DescriptionRejected(
+            field,
+            f"secret:{kind}",
+            f"looks like {_SECRET_LABELS.get(kind, 'a secret')} near character {offset + 1}; "
+            "describe the work without credentials or personal data",
+        )
     limit = MAX_LENGTHS.get(field, DEFAULT_MAX_LENGTH)
     if len(text) > limit:
         raise DescriptionRejected(
@@ -185,14 +221,5 @@ def check_description(field: str, value: object) -> str:
             "control_characters",
             f"control or invisible character U+{ord(ch):04X} ({unicodedata.category(ch)}) "
             f"at character {position + 1}; only printable text is allowed",
-        )
-    found = scan(_for_scanning(text))
-    if found is not None:
-        kind, offset = found
-        raise DescriptionRejected(
-            field,
-            f"secret:{kind}",
-            f"looks like {_SECRET_LABELS.get(kind, 'a secret')} near character {offset + 1}; "
-            "describe the work without credentials or personal data",
         )
     return text

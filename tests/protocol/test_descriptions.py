@@ -16,6 +16,7 @@ from rbroker_protocol import _cards, descriptions
 from rbroker_protocol.descriptions import (
     DEFAULT_MAX_LENGTH,
     MAX_LENGTHS,
+    SCAN_LIMIT,
     SECRET_KINDS,
     DescriptionRejected,
     check_description,
@@ -407,7 +408,32 @@ def test_find_secret_never_fails(text: str) -> None:
 def test_an_inserted_control_character_is_always_found(text: str, char: str, at: int) -> None:
     at = min(at, len(text))
     value = "x" + text[:at] + char + text[at:] + "x"
-    assert _rejected(value).rule == "control_characters"
+    rule = _rejected(value).rule
+    # Secrets are reported first; otherwise the character is.
+    assert rule == "control_characters" or rule.startswith("secret:")
+    if find_secret(value) is None:
+        assert rule == "control_characters"
+
+
+def test_secrets_are_reported_before_length_and_control_characters() -> None:
+    """A pasted key file is long and multi-line; it is reported as the secret it is."""
+    pem = "-----BEGIN RSA PRIVATE KEY-----\n" + "\n".join(_rand(64) for _ in range(25))
+    assert _rejected(f"deploy with\n{pem}\n-----END RSA PRIVATE KEY-----").rule == (
+        "secret:private_key_block"
+    )
+    assert _rejected("eval\nHF_TOKEN=hf_" + _rand(34, string.ascii_letters)).rule == (
+        "secret:huggingface_token"
+    )
+
+
+def test_invisible_characters_do_not_split_a_token_to_hide_it() -> None:
+    token = "ghp_" + _rand(18) + "\u200b" + _rand(18)
+    assert _rejected(f"clone with {token}").rule == "secret:github_token"
+
+
+def test_secrets_beyond_the_scan_limit_are_too_long() -> None:
+    value = "a " * (SCAN_LIMIT // 2) + "ghp_" + _rand(36)
+    assert _rejected(value).rule == "too_long"
 
 
 # --- linear time ------------------------------------------------------------------------
