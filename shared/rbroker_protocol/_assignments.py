@@ -1,0 +1,160 @@
+"""Credentials written as assignments: `password=…`, `token: …`, `Authorization: …`.
+
+Both rules look at what follows a key and let obvious non-secrets through: placeholders
+(`***`, `<token>`, `$HF_TOKEN`, `none`), plain words after keys that are not passwords
+("secret: classified dataset"), model vocabulary (`pad_token=eos_token`, `max_tokens: 512`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+_HAS_DIGIT: Final = re.compile(r"[0-9]")
+_HAS_LETTER: Final = re.compile(r"[A-Za-z]")
+
+_PASSWORD_KEYS: Final = (
+    "password", "passwd", "passphrase", "pwd", "passwort", "kennwort", "mot de passe",
+    "contraseña", "contrasena", "senha", "parola d'ordine", "parola dordine", "wachtwoord",
+    "hasło", "haslo", "пароль", "パスワード", "密码", "密碼", "口令", "비밀번호", "şifre",
+    "lösenord",
+)  # fmt: skip
+_TOKEN_KEYS: Final = (
+    "token", "api key", "access key", "secret key", "private key", "auth key", "client key",
+    "signing key", "encryption key", "master key", "bearer", "secret", "credentials",
+    "credential",
+)  # fmt: skip
+"""Keys whose value is a credential. A space stands for an optional ` `, `_` or `-`."""
+
+
+def _reversed_alternation(keys: tuple[str, ...]) -> str:
+    """A regex alternation matching each key written backwards, longest first."""
+    return "|".join(
+        "[ _-]?".join(re.escape(piece[::-1]) for piece in reversed(key.split(" ")))
+        for key in sorted(keys, key=len, reverse=True)
+    )
+
+
+_OPERATOR: Final = re.compile(r"[:=]>?|->")
+_KEY_BEFORE_OPERATOR: Final = re.compile(
+    r"[ \t]*(?:si[ \t]+)?[\"']?(?:(?P<pw>"
+    + _reversed_alternation(_PASSWORD_KEYS)
+    + r")|(?P<tok>"
+    + _reversed_alternation(_TOKEN_KEYS)
+    + r"))"
+)
+"""Matched on the lower-cased text before an operator, reversed: `key`, `"key"`, `key is`
+before `:`. Reading backwards from each operator is what keeps this rule fast: operators are
+few and the match is anchored, where a forward search would try every key at every
+position."""
+_KEY_BEFORE_OPERATOR_ANY_CASE: Final = re.compile(_KEY_BEFORE_OPERATOR.pattern, re.IGNORECASE)
+"""The same, for the rare text whose lower-case form has another length (`İ`)."""
+_VALUE: Final = re.compile(r"[ \t]*(?P<value>[^\s,;]*)")
+_KEY_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+
+def _key_prefix(text: str, end: int) -> str:
+    """The identifier characters right before `end` (at most 40): `DB_` in `DB_PASSWORD`."""
+    start = end
+    while start > 0 and end - start < 40 and text[start - 1] in _KEY_CHARS:
+        start -= 1
+    return text[start:end]
+
+
+_PLACEHOLDER: Final = re.compile(
+    r"""(?:\$\{?\w+\}?|%\w+%|\{\{.*\}\}|<.*>|\[.*\]|\(.*\)|\{.*\}|([*x.?#•_-])\1*|"""
+    r"""none|null|nil|true|false|yes|no|n/?a|tbd|todo|unset|empty|redacted|hidden|masked|"""
+    r"""omitted|removed|required|optional|env|from[_-]?env|vault|keyring|prompt|ask|auto)""",
+    re.IGNORECASE,
+)
+_WORD_PART: Final = re.compile(r"[A-Za-z][a-z]*|[^\W\d_A-Za-z]+")
+_WORD_JOINERS: Final = re.compile(r"[-'’]")
+
+
+def _plain_words(value: str) -> bool:
+    """Plain words (`classified`, `read-only`, `日本語トークナイザ`): prose after a colon, not a
+    credential. ASCII parts may only be capitalised; letters of other scripts count as words."""
+    return all(_WORD_PART.fullmatch(part) for part in _WORD_JOINERS.split(value))
+
+
+_NOT_A_SECRET_TOKEN_KEY: Final = re.compile(
+    r"(?:^|[_.-])(?:pad|eos|bos|unk|sep|cls|mask|special|max|min|num|n|new|total|start|end|"
+    r"stop|image|audio|video|vision|prompt|output|input|sys|system|user|assistant)[_-]?tokens?$",
+    re.IGNORECASE,
+)
+
+
+def find_password_assignment(text: str) -> int | None:
+    """`password=…`, `passwd: …`, `secret=…`, `token: …`, `api_key=…`, `DB_PASSWORD=…` and
+    the same words in other languages; not the bare word ("password-reset model").
+
+    The value must be something: placeholders (`***`, `<token>`, `$HF_TOKEN`, `none`,
+    `redacted`) pass. Password keys (password, passwd, passphrase, pwd and their
+    translations) refuse any value of 3+ characters, since people pick words as passwords;
+    `pwd` followed by a path is the working directory. Token, key, secret and credential
+    keys refuse values of 8+ characters that are not plain words ("secret: classified"
+    passes, "secret: 9fQ2…" does not). Keys that name model vocabulary (`pad_token`,
+    `max_new_tokens`) and words glued into others (`ntoken`) are not credentials at all.
+    """
+    for operator in _OPERATOR.finditer(text):
+        at = operator.start()
+        before = text[max(0, at - 48) : at][::-1]
+        lowered = before.lower()
+        if len(lowered) == len(before):
+            match = _KEY_BEFORE_OPERATOR.match(lowered)
+        else:
+            match = _KEY_BEFORE_OPERATOR_ANY_CASE.match(before)
+        if match is None:
+            continue
+        value_match = _VALUE.match(text, operator.end())
+        value = value_match.group("value").strip("\"'`") if value_match else ""
+        if not value or _PLACEHOLDER.fullmatch(value):
+            continue
+        start = at - match.end()
+        prefix = _key_prefix(text, start)
+        if match.group("pw") is not None:
+            if match.group("pw") == "dwp" and value[:1] in "/~.\\":
+                continue  # the working directory, not a password
+            if len(value) >= 3:
+                return start - len(prefix)
+            continue
+        word = text[start : start + len(match.group("tok"))]
+        key = prefix + word
+        glued = (
+            prefix[-1:].isalnum()
+            and not (prefix[-1].islower() and word[0].isupper())  # camelCase: accessToken
+            and not key.isupper()  # env style: HFTOKEN
+        )
+        if glued or _NOT_A_SECRET_TOKEN_KEY.search(key):
+            continue  # `ntoken=`, `pad_token=`, `max_tokens`: not a credential
+        if len(value) >= 8 and not _plain_words(value):
+            return start - len(prefix)
+    return None
+
+
+_AUTHORIZATION: Final = re.compile(
+    r"(?:(?P<header>(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?"
+    r"(?:(?:basic|bearer|token|digest|bot|apikey|sso-key)[ \t]+)?)|(?P<bearer>bearer[ \t]+))"
+    r"(?P<cred>[A-Za-z0-9._~+/=:-]+)",
+    re.IGNORECASE,
+)
+
+
+def find_authorization(text: str) -> int | None:
+    """An HTTP `Authorization:` header value (RFC 9110 §11.6.2) or a bare `Bearer <token>`
+    (RFC 6750 §2.1). Header values of 8+ characters that are not plain words are refused;
+    after a bare "bearer" the token must have 16+ characters with letters and digits, so
+    "bearer of the results" passes.
+    """
+    lowered = text.lower()
+    if "authoriz" not in lowered and "bearer" not in lowered:
+        return None
+    for match in _AUTHORIZATION.finditer(text):
+        cred = match.group("cred")
+        if _PLACEHOLDER.fullmatch(cred) or _plain_words(cred):
+            continue
+        if match.group("header") is not None and len(cred) >= 8:
+            return match.start()
+        if len(cred) >= 16 and _HAS_DIGIT.search(cred) and _HAS_LETTER.search(cred):
+            return match.start()
+    return None
