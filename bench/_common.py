@@ -1,0 +1,302 @@
+"""Shared pieces of the benchmarks: machine header, percentiles, the results table, recording.
+
+Every benchmark prints one markdown table (figure, value, floor/anchor, ratio, target,
+verdict) and, with `--record`, appends it to `bench/RESULTS.md` under a header that names the
+machine (cores, memory, CPU model, OS, Python), the date and the load average before and
+after the run. Nothing here asserts: a benchmark reports, it never fails on a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+RESULTS = BENCH_DIR / "RESULTS.md"
+
+GPU0 = "GPU-5a1e0000-0000-0000-0000-000000000001"
+SINGLE_24G = f"""
+[[gpu]]
+uuid = "{GPU0}"
+name = "Simulated RTX 4090"
+total_mib = 24576
+"""
+"""The scenario of the tests: one simulated, empty 24 576 MiB GPU."""
+
+
+# ---------------------------------------------------------------- machine and load
+
+
+def cpu_model() -> str:
+    """The CPU model name (from /proc/cpuinfo on Linux, else `platform`)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def memory_gib() -> float:
+    """Total memory in GiB."""
+    try:
+        import psutil
+
+        return float(psutil.virtual_memory().total) / 2**30
+    except ImportError:  # pragma: no cover - psutil is a base dependency
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def loadavg() -> str:
+    """The 1/5/15-minute load average, or 'n/a'."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "n/a"
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
+
+
+def machine_line() -> str:
+    """One line naming the machine's size: cores, memory, CPU model, OS, Python."""
+    return (
+        f"{os.cpu_count()} cores, {memory_gib():.1f} GiB memory, {cpu_model()}, "
+        f"{platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()} ({platform.python_implementation()})"
+    )
+
+
+def now_utc() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The nearest-rank `p`-th percentile (0 < p <= 100) of `values` (NaN when empty)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def fmt_us(seconds: float) -> str:
+    """Seconds as microseconds (or milliseconds above 10 ms), for the table."""
+    if math.isnan(seconds):
+        return "n/a"
+    if seconds >= 0.01:
+        return f"{seconds * 1e3:,.1f} ms"
+    return f"{seconds * 1e6:,.0f} µs"
+
+
+def fmt_ms(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "n/a"
+    return f"{seconds * 1e3:,.1f} ms"
+
+
+def fmt_rate(per_s: float, unit: str = "/s") -> str:
+    if math.isnan(per_s):
+        return "n/a"
+    return f"{per_s:,.0f}{unit}"
+
+
+def ratio(value: float, base: float) -> str:
+    """`value / base` as '2.31×' (n/a when either is missing)."""
+    if math.isnan(value) or math.isnan(base) or base == 0:
+        return "n/a"
+    return f"{value / base:.2f}×"
+
+
+def verdict(ok: bool | None) -> str:
+    """'meets' / 'misses' / '—' (no target)."""
+    if ok is None:
+        return "—"
+    return "meets" if ok else "**misses**"
+
+
+# ---------------------------------------------------------------- the table
+
+
+@dataclass
+class Row:
+    """One line of a results table."""
+
+    figure: str
+    value: str
+    floor: str = "—"
+    ratio: str = "—"
+    target: str = "—"
+    verdict: str = "—"
+
+
+@dataclass
+class Report:
+    """A benchmark's results: a title, rows, and notes printed under the table."""
+
+    title: str
+    quick: bool
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    load_before: str = field(default_factory=loadavg)
+    started: str = field(default_factory=now_utc)
+
+    def add(self, *args: str, **kw: str) -> None:
+        self.rows.append(Row(*args, **kw))
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def markdown(self, load_after: str) -> str:
+        mode = "quick mode (smoke check, small counts)" if self.quick else "full mode"
+        lines = [
+            f"### {self.title} — {self.started}, {mode}",
+            "",
+            f"Machine: {machine_line()}.  ",
+            f"Load average (1/5/15 min): {self.load_before} before, {load_after} after.",
+            "",
+            "| figure | value | floor / anchor | ratio | target | verdict |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in self.rows:
+            cells = (r.figure, r.value, r.floor, r.ratio, r.target, r.verdict)
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        if self.notes:
+            lines.append("")
+            lines.extend(f"- {n}" for n in self.notes)
+        return "\n".join(lines) + "\n"
+
+    def finish(self, record: bool) -> None:
+        """Print the table; with `record`, append it to bench/RESULTS.md."""
+        text = self.markdown(loadavg())
+        print(text, flush=True)
+        if record:
+            append_results(text)
+            print(f"(appended to {RESULTS.relative_to(REPO)})", flush=True)
+
+
+def append_results(text: str) -> None:
+    """Append `text` to bench/RESULTS.md (created with a title when missing)."""
+    if not RESULTS.exists():
+        RESULTS.write_text(
+            "# Benchmark results\n\n"
+            "Appended by `python bench/run_all.py --record` (or one benchmark with `--record`);\n"
+            "see bench/README.md for what each figure means.\n\n"
+        )
+    with RESULTS.open("a", encoding="utf-8") as f:
+        f.write("\n" + text)
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """The common command line: `--quick` (small counts) and `--record`."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="small counts: a smoke check, not figures")
+    p.add_argument(
+        "--record", action="store_true", help="append the results table to bench/RESULTS.md"
+    )
+    return p
+
+
+# ---------------------------------------------------------------- a real broker process
+
+
+@dataclass
+class Broker:
+    """A running `python -m rbroker broker --simulate` process."""
+
+    proc: subprocess.Popen[bytes]
+    socket: str
+    root: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return (self.root / "broker.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def short_tmp(prefix: str = "rbb-") -> Path:
+    """A short temporary directory (Unix socket paths are limited to ~100 bytes)."""
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def start_broker(scenario: str = SINGLE_24G, extra_args: Sequence[str] = ()) -> Broker:
+    """Start a simulated broker at its default log level and wait until it answers.
+
+    Raises:
+        RuntimeError: it exited or did not answer within 20 s (with its log).
+    """
+    import rbroker
+
+    root = short_tmp()
+    (root / "scenario.toml").write_text(textwrap.dedent(scenario))
+    sock = str(root / "broker.sock")
+    args = [
+        sys.executable,
+        "-m",
+        "rbroker",
+        "broker",
+        "--simulate",
+        str(root / "scenario.toml"),
+        "--socket",
+        sock,
+        "--data-dir",
+        str(root / "data"),
+        *extra_args,
+    ]
+    with open(root / "broker.log", "ab") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    broker = Broker(proc, sock, root)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"broker exited with {proc.returncode}:\n{broker.log()}")
+        try:
+            with rbroker.Client(sock, timeout_s=2):
+                return broker
+        except rbroker.BrokerUnavailable:
+            time.sleep(0.05)
+    broker.stop()
+    raise RuntimeError(f"broker did not answer within 20 s:\n{broker.log()}")
+
+
+@contextlib.contextmanager
+def running_broker(scenario: str = SINGLE_24G) -> Iterator[Broker]:
+    broker = start_broker(scenario)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def wait_until_monotonic(t: float) -> None:
+    """Sleep until `time.monotonic()` reaches `t` (the clock is shared by processes)."""
+    while True:
+        left = t - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.05))

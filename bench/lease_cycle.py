@@ -1,0 +1,367 @@
+"""Lease cycle over the local API (DESIGN §10): acquire + renew + release against a real broker.
+
+Measures, in one run on one machine:
+- the figure: `lease.acquire` + `lease.renew` + `lease.release` through `rbroker.Client` against
+  a real simulated broker process: p50/p99 with 1 client, cycles/s with N client processes;
+- the floor: three bare JSON-line round trips over a Unix socket (asyncio server process,
+  blocking Python client, the same framing), 1 client and N clients;
+- the anchor: a Redis lock cycle from redis-py (SET NX PX, PEXPIRE, DEL), 1 client and N
+  clients, when redis-py is installed and Redis answers (`RBROKER_BENCH_REDIS_URL`, default
+  redis://127.0.0.1:6379/0). etcd is not measured here (see the note it prints).
+
+    python bench/lease_cycle.py [--quick] [--record] [--clients 50] [--cycles 3000]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import secrets
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+from _common import (
+    Report,
+    fmt_rate,
+    fmt_us,
+    parser,
+    percentile,
+    ratio,
+    short_tmp,
+    start_broker,
+    verdict,
+    wait_until_monotonic,
+)
+
+import rbroker
+
+ACQUIRE = {
+    "mib": 64,
+    "project": "bench",
+    "purpose": "lease cycle benchmark",
+    "ttl_s": 30.0,
+    "wait_s": 30.0,
+}
+REDIS_URL = os.environ.get("RBROKER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+TARGET_P50_S = 300e-6
+TARGET_RATE = 7000.0
+DESIGN_ANCHORS = "DESIGN §10 anchors: etcd lease cycle ≈ 900 µs p50, ≈ 4 400 cycles/s with 50"
+
+_ctx = mp.get_context("fork")
+
+
+# ---------------------------------------------------------------- the floor: a bare echo
+
+
+class LineClient:
+    """A blocking JSON-line client, built like `rbroker.Client`'s Unix stream, minus RPC."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.rfile = self.sock.makefile("rb")
+        self.ids = 0
+
+    def call(self, method: str, **params: Any) -> Any:
+        self.ids += 1
+        msg = {"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params}
+        self.sock.sendall(
+            json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+        )
+        answer = json.loads(self.rfile.readline())
+        return answer["result"]
+
+    def close(self) -> None:
+        self.rfile.close()
+        self.sock.close()
+
+
+def _echo_server(path: str) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                msg = json.loads(line)
+                out = {"jsonrpc": "2.0", "id": msg.get("id"), "result": msg.get("params")}
+                writer.write(json.dumps(out, separators=(",", ":")).encode() + b"\n")
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_unix_server(handle, path)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def start_echo() -> tuple[Any, str]:
+    """The echo floor server in its own process; returns (process, socket path)."""
+    path = str(short_tmp() / "echo.sock")
+    proc = _ctx.Process(target=_echo_server, args=(path,), daemon=True)
+    proc.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            LineClient(path).close()
+            return proc, path
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError("echo server did not start")
+
+
+# ---------------------------------------------------------------- the three kinds of cycle
+
+
+def connect(kind: str, address: str) -> Any:
+    if kind == "broker":
+        return rbroker.Client(address, timeout_s=60)
+    if kind == "echo":
+        return LineClient(address)
+    import redis
+
+    return redis.Redis.from_url(address, socket_timeout=10)
+
+
+def cycle_fn(kind: str, conn: Any, index: int) -> Callable[[], None]:
+    """One cycle of `kind` on `conn` (client number `index`)."""
+    if kind == "broker":
+        params = {**ACQUIRE, "session": f"cycle-{index}"}
+
+        def broker_cycle() -> None:
+            lid = conn.call("lease.acquire", **params)["lease"]["lease_id"]
+            conn.call("lease.renew", lease_id=lid)
+            conn.call("lease.release", lease_id=lid)
+
+        return broker_cycle
+    if kind == "echo":
+        params = {**ACQUIRE, "session": f"cycle-{index}"}
+
+        def echo_cycle() -> None:
+            conn.call("lease.acquire", **params)
+            conn.call("lease.renew", lease_id="lease-0123456789ab")
+            conn.call("lease.release", lease_id="lease-0123456789ab")
+
+        return echo_cycle
+    key = f"rbroker-bench:{os.getpid()}:{index}:gpu-lock"
+    token = secrets.token_hex(8)
+
+    def redis_cycle() -> None:
+        if not conn.set(key, token, nx=True, px=30_000):
+            raise RuntimeError(f"redis lock {key} was held")
+        conn.pexpire(key, 30_000)
+        conn.delete(key)
+
+    return redis_cycle
+
+
+def close(conn: Any) -> None:
+    conn.close()
+
+
+def latencies(kind: str, address: str, n: int, warmup: int) -> list[float]:
+    """Durations (s) of `n` cycles by one client, after `warmup` untimed ones."""
+    conn = connect(kind, address)
+    try:
+        run = cycle_fn(kind, conn, 0)
+        for _ in range(warmup):
+            run()
+        out = []
+        clock = time.perf_counter
+        for _ in range(n):
+            t0 = clock()
+            run()
+            out.append(clock() - t0)
+        return out
+    finally:
+        close(conn)
+
+
+def _worker(kind: str, address: str, index: int, start_at: float, end_at: float, q: Any) -> None:
+    done = errors = 0
+    try:
+        conn = connect(kind, address)
+        run = cycle_fn(kind, conn, index)
+        run()  # connected and warm before the start
+        wait_until_monotonic(start_at)
+        while time.monotonic() < end_at:
+            try:
+                run()
+                done += 1
+            except (rbroker.RBrokerError, RuntimeError):
+                errors += 1
+        close(conn)
+    except Exception as exc:  # report, never hang the parent
+        q.put((index, done, errors + 1, repr(exc)))
+        return
+    q.put((index, done, errors, ""))
+
+
+def throughput(
+    kind: str, address: str, clients: int, duration_s: float, pid: int | None = None
+) -> tuple[float, int, float]:
+    """Cycles/s of `clients` processes running cycles for `duration_s`; also the number of
+    errors and, when `pid` is given, that process's CPU use (% of one core) meanwhile."""
+    q = _ctx.Queue()
+    start_at = time.monotonic() + 1.0 + clients * 0.03
+    end_at = start_at + duration_s
+    procs = [
+        _ctx.Process(target=_worker, args=(kind, address, i, start_at, end_at, q), daemon=True)
+        for i in range(clients)
+    ]
+    for p in procs:
+        p.start()
+    watched = psutil.Process(pid) if pid else None
+    wait_until_monotonic(start_at)
+    cpu0 = sum(watched.cpu_times()[:2]) if watched else 0.0
+    wait_until_monotonic(end_at)
+    cpu = (sum(watched.cpu_times()[:2]) - cpu0) / duration_s * 100 if watched else float("nan")
+    results = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(10)
+    total = sum(r[1] for r in results)
+    errors = sum(r[2] for r in results)
+    for r in results:
+        if r[3]:
+            print(f"  client {r[0]} of {kind} failed: {r[3]}", file=sys.stderr)
+    return total / duration_s, errors, cpu
+
+
+def redis_available() -> str | None:
+    """None when Redis can be used for the anchor, else why not."""
+    try:
+        import redis
+    except ImportError:
+        return "redis-py is not installed (`uv pip install redis` into the venv to add it)"
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_timeout=2).ping()
+    except Exception as exc:  # any failure means no anchor
+        return f"Redis does not answer at {REDIS_URL} ({exc.__class__.__name__})"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--clients", type=int, help="concurrent client processes (default 50)")
+    p.add_argument("--cycles", type=int, help="timed cycles for the 1-client latency")
+    p.add_argument("--seconds", type=float, help="duration of each concurrent run")
+    args = p.parse_args(argv)
+    clients = args.clients or (8 if args.quick else 50)
+    cycles = args.cycles or (200 if args.quick else 3000)
+    warmup = 50 if args.quick else 300
+    seconds = args.seconds or (1.0 if args.quick else 8.0)
+
+    report = Report("Lease cycle over the local API (acquire + renew + release)", args.quick)
+    broker = start_broker()
+    echo_proc, echo_path = start_echo()
+    no_redis = redis_available()
+    try:
+        lat: dict[str, list[float]] = {}
+        rate: dict[str, float] = {}
+        # interleave the kinds so that a burst of load elsewhere hits them alike
+        kinds = ["echo", "broker"] + ([] if no_redis else ["redis"])
+        address = {"echo": echo_path, "broker": broker.socket, "redis": REDIS_URL}
+        for kind in kinds:
+            lat[kind] = latencies(kind, address[kind], cycles, warmup)
+        cpu_broker = float("nan")
+        errors: dict[str, int] = {}
+        for kind in kinds:
+            pid = broker.pid if kind == "broker" else None
+            rate[kind], errors[kind], cpu = throughput(kind, address[kind], clients, seconds, pid)
+            if kind == "broker":
+                cpu_broker = cpu
+        if broker.proc.poll() is not None:
+            report.note(f"the broker exited during the run:\n{broker.log()[-2000:]}")
+    finally:
+        broker.stop()
+        echo_proc.kill()
+        echo_proc.join(5)
+
+    nan = float("nan")
+    p50 = {k: percentile(v, 50) for k, v in lat.items()}
+    p99 = {k: percentile(v, 99) for k, v in lat.items()}
+    r_p50 = p50.get("redis", nan)
+    r_rate = rate.get("redis", nan)
+    anchor50 = f"echo {fmt_us(p50['echo'])}" + (
+        f" · Redis {fmt_us(r_p50)}" if "redis" in p50 else ""
+    )
+    report.add(
+        "lease cycle, 1 client, p50",
+        fmt_us(p50["broker"]),
+        anchor50,
+        f"{ratio(p50['broker'], p50['echo'])} echo"
+        + (f" · {ratio(p50['broker'], r_p50)} Redis" if "redis" in p50 else ""),
+        "≤ 300 µs",
+        verdict(p50["broker"] <= TARGET_P50_S),
+    )
+    report.add(
+        "lease cycle, 1 client, p99",
+        fmt_us(p99["broker"]),
+        f"echo {fmt_us(p99['echo'])}"
+        + (f" · Redis {fmt_us(p99['redis'])}" if "redis" in p99 else ""),
+        f"{ratio(p99['broker'], p99['echo'])} echo",
+    )
+    anchor_rate = f"echo {fmt_rate(rate['echo'])}" + (
+        f" · Redis {fmt_rate(r_rate)}" if "redis" in rate else ""
+    )
+    report.add(
+        f"lease cycles/s, {clients} client processes",
+        fmt_rate(rate["broker"]),
+        anchor_rate,
+        f"{ratio(rate['broker'], rate['echo'])} echo"
+        + (f" · {ratio(rate['broker'], r_rate)} Redis" if "redis" in rate else ""),
+        "≥ 7 000/s",
+        verdict(rate["broker"] >= TARGET_RATE),
+    )
+    if "redis" in p50:
+        report.add(
+            "ahead of the Redis anchor (1-client p50, N-client rate)",
+            f"{'yes' if p50['broker'] < r_p50 else 'no'} / "
+            f"{'yes' if rate['broker'] > r_rate else 'no'}",
+            f"Redis {fmt_us(r_p50)} / {fmt_rate(r_rate)}",
+            "—",
+            "ahead of Redis",
+            verdict(p50["broker"] < r_p50 and rate["broker"] > r_rate),
+        )
+    report.add(
+        f"broker CPU during the {clients}-client run",
+        f"{cpu_broker:.0f} % of one core "
+        f"({rate['broker'] / max(cpu_broker / 100, 1e-9):,.0f} cycles per CPU-second)",
+    )
+    report.note(
+        f"1-client figures: {cycles} timed cycles after {warmup} warm-up cycles; "
+        f"{clients}-client figures: {seconds:g} s of cycles by {clients} separate processes, "
+        "each on its own connection (errors: "
+        + ", ".join(f"{k} {v}" for k, v in errors.items())
+        + ")."
+    )
+    report.note(
+        "Floor: three JSON-line round trips (asyncio Unix-socket server in its own process, "
+        "blocking client with the same framing) carrying the same request parameters."
+    )
+    if no_redis:
+        report.note(f"Redis anchor skipped: {no_redis}.")
+    else:
+        report.note(
+            "Redis anchor: redis-py SET key NX PX 30000, PEXPIRE key 30000, DEL key (one key "
+            f"per client) against {REDIS_URL} on this machine."
+        )
+    report.note(f"etcd is not available on this machine: not measured ({DESIGN_ANCHORS}).")
+    report.note(
+        f"{os.cpu_count()} cores are shared by the broker, the server under test "
+        "and every client process, so the concurrent figures are CPU-bound here."
+    )
+    report.finish(args.record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
