@@ -92,6 +92,13 @@ def test_length_counts_characters_not_bytes_and_ignores_surrounding_space() -> N
     assert check_description("project", f"  {text}  ") == text
 
 
+def test_text_rule_messages_do_not_echo_the_value() -> None:
+    for value, rule in [("Q7x" * 100, "too_long"), ("zebracorn\u202eQ7x", "control_characters")]:
+        exc = _rejected(value)
+        assert exc.rule == rule
+        assert "Q7x" not in str(exc) and "zebra" not in str(exc)
+
+
 def test_unknown_field_gets_the_default_limit() -> None:
     assert check_description("note", "a" * DEFAULT_MAX_LENGTH)
     assert _rejected("a" * (DEFAULT_MAX_LENGTH + 1), field="note").rule == "too_long"
@@ -267,6 +274,28 @@ def test_every_secret_kind_is_documented_and_labelled() -> None:
     ],
 )
 def test_assignment_shapes(text: str, kind: str) -> None:
+    assert find_secret(text) == kind
+
+
+@pytest.mark.parametrize(
+    ("kind", "text"),
+    [
+        ("aws_access_key", "sync with AKIAIOSFODNN7EXAMPLE"),
+        ("aws_secret_key", "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
+        ("stripe_key", "charge with sk_test_4eC39HqLyjWDarjtT1zdp7dc"),
+        ("slack_token", "notify xoxb-17653672481-19874698323-pdFZKVeTuE8sk7oOcBrzbqgy"),
+        ("google_api_key", "geocode with AIzaSyDaGmWKa4JsXZ-HjGw7ISLn_3namBGewQe"),
+        (
+            "jwt",
+            "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9l"
+            "IiwiaWF0IjoxNTE2MjM5MDIyfQ.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c",
+        ),
+        ("url_credentials", "engine postgresql+psycopg2://scott:tiger@localhost/test"),
+        ("payment_card", "test card 4242 4242 4242 4242"),
+    ],
+)
+def test_published_documentation_examples(kind: str, text: str) -> None:
+    """The example values in the vendors' own documentation (not secrets, but their shape)."""
     assert find_secret(text) == kind
 
 
