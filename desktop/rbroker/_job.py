@@ -9,19 +9,41 @@ For pools, `job.task(fn, mib=...)` wraps a module-level function `fn(items) -> N
 `concurrent.futures` or `multiprocessing`: each worker process connects once, holds its own
 lease linked to the job (when `mib` is given) until it exits, runs `fn` and reports the
 chunk. rbroker never sees the items or the results: only the counts.
+
+When the connection breaks (a broker restart), a report or update connects again (for up
+to `RECONNECT_WINDOW_S`) and is sent once more: reports are idempotent by chunk id, so a
+report whose answer was lost is acknowledged as a duplicate, never counted twice.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
 from typing import Any
 
-from rbroker._exceptions import RBrokerError
-from rbroker._lease import _acquire, _Holder
+from rbroker._exceptions import BrokerUnavailable, JobNotFound, RBrokerError
+from rbroker._lease import RECONNECT_WINDOW_S, _acquire, _Holder, _reconnect
 from rbroker.localapi.client import Client
+
+
+def _call_again(
+    client: Client, socket: str | None, method: str, params: dict[str, Any]
+) -> tuple[Client, Any]:
+    """`client.call(method)`; if the connection broke, once more on a new connection.
+    Returns the client to use from now on and the result.
+
+    Raises:
+        BrokerUnavailable: the broker did not come back within `RECONNECT_WINDOW_S`.
+    """
+    try:
+        return client, client.call(method, **params)
+    except BrokerUnavailable:
+        client.close()
+    fresh = _reconnect(socket, time.monotonic() + RECONNECT_WINDOW_S, None)
+    return fresh, fresh.call(method, **params)
 
 
 class Job:
@@ -40,15 +62,28 @@ class Job:
             InvalidParams: negative counts, beyond total_items, a chunk id re-used with
                 other counts. JobFinished: the job already ended.
         """
-        result = self._client.call(
+        result = self._call(
             "job.report",
-            job_id=self.job_id,
-            chunk_id=chunk_id,
-            completed=completed,
-            failed=failed,
+            {"job_id": self.job_id, "chunk_id": chunk_id, "completed": completed, "failed": failed},
         )
         self.info = result["job"]
         return dict(self.info)
+
+    def refresh(self) -> dict[str, Any]:
+        """The job's latest record (counts reported by every worker), also kept in `info`.
+
+        Raises:
+            JobNotFound: the broker no longer knows the job.
+        """
+        for info in self._call("jobs.list", {"include_finished": True})["jobs"]:
+            if info["job_id"] == self.job_id:
+                self.info = info
+                return dict(info)
+        raise JobNotFound(f"no job {self.job_id}", "job_not_found", job_id=self.job_id)
+
+    def _call(self, method: str, params: dict[str, Any]) -> Any:
+        self._client, result = _call_again(self._client, self._socket, method, params)
+        return result
 
     def update(
         self, state: str | None = None, reason: str | None = None, workers: int | None = None
@@ -61,7 +96,7 @@ class Job:
             params["reason"] = reason
         if workers is not None:
             params["workers"] = workers
-        self.info = self._client.call("job.update", **params)["job"]
+        self.info = self._call("job.update", params)["job"]
         return dict(self.info)
 
     def task(
@@ -90,6 +125,17 @@ class JobRef:
 
 _worker_lock = threading.Lock()
 _workers: dict[str, tuple[Client, _Holder | None]] = {}
+
+
+def _worker_report(ref: JobRef, chunk_id: str, completed: int, failed: int) -> None:
+    """Report a chunk on this process's connection for `ref` (connecting again if the
+    broker restarted)."""
+    params = {"job_id": ref.job_id, "chunk_id": chunk_id, "completed": completed, "failed": failed}
+    client, _ = _call_again(_worker(ref), ref.socket, "job.report", params)
+    with _worker_lock:
+        entry = _workers.get(ref.job_id)
+        if entry is not None and entry[0] is not client:
+            _workers[ref.job_id] = (client, entry[1])
 
 
 def _worker(ref: JobRef) -> Client:
@@ -130,30 +176,18 @@ class ChunkTask:
         self.fn = fn
 
     def __call__(self, chunk_id: str, items: Any) -> Any:
-        client = _worker(self.ref)
+        _worker(self.ref)  # the lease (if any) is held before the work starts
         size = len(items) if isinstance(items, Sized) else 1
         try:
             outcome = self.fn(items)
         except Exception:
-            client.call(
-                "job.report",
-                job_id=self.ref.job_id,
-                chunk_id=chunk_id,
-                completed=0,
-                failed=max(1, size),
-            )
+            _worker_report(self.ref, chunk_id, 0, max(1, size))
             raise
         if outcome is None:
             completed, failed = size, 0
         else:
             completed, failed = outcome
-        client.call(
-            "job.report",
-            job_id=self.ref.job_id,
-            chunk_id=chunk_id,
-            completed=completed,
-            failed=failed,
-        )
+        _worker_report(self.ref, chunk_id, completed, failed)
         return outcome
 
 
@@ -175,6 +209,7 @@ def job(
         DescriptionRejected: a description broke a rule. BrokerUnavailable: no broker.
     """
     client = Client(socket)
+    handle: Job | None = None
     try:
         params: dict[str, Any] = {
             "project": project,
@@ -199,4 +234,4 @@ def job(
             if handle.info.get("state") not in ("succeeded", "failed", "cancelled"):
                 handle.update("succeeded")
     finally:
-        client.close()
+        (handle._client if handle is not None else client).close()
