@@ -122,3 +122,46 @@ def test_broker_killed_mid_job_restarts_with_exact_counts(
         time.sleep(0.6)  # the reporter is attached: the job does not stall under it
         assert job_of(c2, job_id)["state"] == "running"
         assert counts(job_of(c2, job_id)) == (100, 10, 11)
+
+
+def test_broker_restart_keeps_worker_leases_linked_and_counts_exact(
+    broker_factory: Callable[..., BrokerProcess], script: Callable[..., Script]
+) -> None:
+    bp = broker_factory()
+    with bp.client() as c:
+        job_id = declare(c, total_items=1000, workers=2)["job_id"]
+        a = script("job_chunk_worker", bp.socket, job_id, str(MIB))
+        b = script("job_chunk_worker", bp.socket, job_id, str(MIB))
+        assert a.read_line() == "ready" and b.read_line() == "ready"
+        a.send("a-1 10")
+        b.send("b-1 20")
+        assert a.read_line() == "reported a-1" and b.read_line() == "reported b-1"
+        linked = job_of(c, job_id)["lease_ids"]
+        assert len(linked) == 2
+    bp.stop(signal.SIGKILL)
+    bp2 = broker_factory(root=bp.data_dir.parent)
+    with bp2.client() as c2:
+        # the workers are alive: their leases are restored and still belong to the job
+        assert sorted(x["lease_id"] for x in leases_of(c2, job_id)) == linked
+        job = job_of(c2, job_id)
+        assert job["lease_ids"] == linked
+        assert job["state"] == "stalled"  # until a worker reports again
+        assert counts(job) == (30, 0, 2)
+        a.send("a-1 10")  # re-sent after the restart: a duplicate (worker reconnects)
+        assert a.read_line() == "reported a-1"
+        assert counts(job_of(c2, job_id)) == (30, 0, 2)
+        a.send("a-2 5")
+        assert a.read_line() == "reported a-2"
+        assert job_of(c2, job_id)["state"] == "running"
+        assert counts(job_of(c2, job_id)) == (35, 0, 3)
+        # a worker killed mid-chunk after the restart: not counted, its lease freed
+        b.send("b-2 40 hang")
+        assert b.read_line() == "inside b-2"
+        b.proc.send_signal(signal.SIGKILL)
+        wait_until(lambda: len(job_of(c2, job_id)["lease_ids"]) == 1, timeout_s=5)
+        assert job_of(c2, job_id)["state"] == "running"  # worker a is still there
+        a.stop()  # the last worker goes (the declarer went with the old broker)
+        wait_until(lambda: job_of(c2, job_id)["state"] == "stalled", timeout_s=5)
+        final = job_of(c2, job_id)
+        assert counts(final) == (35, 0, 3)
+        assert final["lease_ids"] == [] and leases_of(c2, job_id) == []
