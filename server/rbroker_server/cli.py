@@ -7,15 +7,20 @@ data directory), which holds `config.toml` written by `setup`.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rbroker_server import __version__
 from rbroker_server.settings import CONFIG_NAME, Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -55,7 +60,7 @@ def _load(args: argparse.Namespace) -> Settings:
     return Settings.load(data_dir)
 
 
-def _engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _engine(args: argparse.Namespace) -> Engine:
     from rbroker_server import db
 
     settings = _load(args)
@@ -157,6 +162,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rbroker_server.app import create_app
 
     settings = _load(args)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     host = args.host or settings.bind_host
     port = args.port or settings.bind_port
     ssl: dict[str, str] = {}

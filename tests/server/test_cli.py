@@ -193,3 +193,33 @@ def test_parse_duration() -> None:
     assert parse_duration("30m") == 1800
     assert parse_duration("24h") == 86400
     assert parse_duration("7d") == 7 * 86400
+
+
+class _Tty:
+    """Stands in for a terminal on stdin: answers the prompts in order."""
+
+    def __init__(self, answers: list[str]) -> None:
+        self.lines = [a + "\n" for a in answers]
+
+    def isatty(self) -> bool:
+        return True
+
+    def readline(self) -> str:
+        return self.lines.pop(0)
+
+
+def test_interactive_setup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "asked"
+    answers = [str(data), "hub.example.org", "127.0.0.1", "9443", "", "s", "research"]
+    monkeypatch.setattr(sys, "stdin", _Tty(answers))
+    assert main(["setup", "--data-dir", str(tmp_path / "unused")]) == 0
+    out = capsys.readouterr().out
+    assert "https://hub.example.org:9443" in out
+    assert "group:            research" in out
+    from rbroker_server.settings import Settings
+
+    s = Settings.load(data)
+    assert (s.public_hostname, s.bind_host, s.bind_port) == ("hub.example.org", "127.0.0.1", 9443)
+    assert s.tls_enabled and Path(s.tls_ca).exists()

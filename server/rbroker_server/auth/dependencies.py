@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from litestar import Request
 from litestar.di import NamedDependency
 from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
@@ -11,7 +13,7 @@ from rbroker_server.auth.service import Forbidden, Scope, Unauthenticated, authe
 from rbroker_server.settings import Settings
 
 
-def request_target(request: Request) -> str:
+def request_target(request: Request[Any, Any, Any]) -> str:
     """The path with its query string, exactly as the client sent it (what it signed)."""
     path: str = request.scope["path"]
     query = request.scope.get("query_string", b"")
@@ -19,7 +21,9 @@ def request_target(request: Request) -> str:
 
 
 def provide_caller(
-    request: Request, engine: NamedDependency[Engine], settings: NamedDependency[Settings]
+    request: Request[Any, Any, Any],
+    engine: NamedDependency[Engine],
+    settings: NamedDependency[Settings],
 ) -> Scope:
     """The group this request may read (runs in a worker thread: it touches the database)."""
     headers = {k.lower(): v for k, v in request.headers.items()}

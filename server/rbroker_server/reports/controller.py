@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio.to_thread
 from litestar import Controller, Request, post
 from litestar.di import NamedDependency
@@ -23,7 +25,10 @@ class ReportsController(Controller):
 
     @post("/", status_code=200)
     async def report(
-        self, request: Request, engine: NamedDependency[Engine], settings: NamedDependency[Settings]
+        self,
+        request: Request[Any, Any, Any],
+        engine: NamedDependency[Engine],
+        settings: NamedDependency[Settings],
     ) -> ReportAck:
         """Verify and apply a signed report envelope (DESIGN §7).
 
