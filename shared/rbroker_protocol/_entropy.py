@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from typing import Final
 
 _CANDIDATE: Final = re.compile(r"[A-Za-z0-9+/_-]{20,}={0,2}")
@@ -40,26 +41,15 @@ _ULID: Final = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 _DIGIT: Final = re.compile(r"[0-9]")
 _LETTER: Final = re.compile(r"[A-Za-z]")
 _PIECE_SPLIT: Final = re.compile(r"[/_+-]")
+_CLASS_RUN: Final = re.compile(r"[0-9]+|[A-Z]+[a-z]*|[a-z]+|[^A-Za-z0-9]+")
+"""Runs of one class; a capital run followed by lower case is one run (CamelCase words)."""
 _WORD_RUN: Final = re.compile(r"[A-Z]?[a-z]{3,}|[A-Z]{4,}")
 _VOWELS: Final = frozenset("aeiouAEIOU")
 
 
 def _entropy(s: str) -> float:
     n = len(s)
-    counts: dict[str, int] = {}
-    for ch in s:
-        counts[ch] = counts.get(ch, 0) + 1
-    return -sum(c / n * math.log2(c / n) for c in counts.values())
-
-
-def _class(ch: str) -> int:
-    if ch.isdigit():
-        return 0
-    if ch.isupper():
-        return 1
-    if ch.islower():
-        return 2
-    return 3
+    return -sum(c / n * math.log2(c / n) for c in Counter(s).values())
 
 
 def _switch_ratio(token: str) -> float:
@@ -70,26 +60,25 @@ def _switch_ratio(token: str) -> float:
     (base64, base36, base32); names people write cluster their classes into words and
     numbers and score well below.
     """
+    digits = sum(map(str.isdigit, token))
+    upper = sum(map(str.isupper, token))
+    lower = sum(map(str.islower, token))
+    total = digits + upper + lower
     switches = 0
-    pairs = 0
-    counts = [0, 0, 0]
-    prev = -1
-    for ch in token:
-        cls = _class(ch)
-        if cls == 3:
-            prev = -1
-            continue
-        counts[cls] += 1
-        if prev >= 0:
-            pairs += 1
-            if cls != prev and not (prev == 1 and cls == 2):
-                switches += 1
-        prev = cls
-    total = sum(counts)
-    if not pairs or not total:
+    stretches = 0  # maximal alphanumeric stretches between separators
+    previous_alnum = False
+    for run in _CLASS_RUN.findall(token):
+        alnum = run[0].isalnum()
+        if alnum and previous_alnum:
+            switches += 1
+        elif alnum:
+            stretches += 1
+        previous_alnum = alnum
+    pairs = total - stretches
+    if pairs <= 0:
         return 0.0
-    digit, upper, lower = (c / total for c in counts)
-    expected = 1.0 - (digit * digit + upper * upper + lower * lower) - upper * lower
+    d, u, lo = digits / total, upper / total, lower / total
+    expected = 1.0 - (d * d + u * u + lo * lo) - u * lo
     return switches / pairs / expected if expected > 0 else 0.0
 
 
@@ -132,9 +121,9 @@ def _run_looks_random(run: str) -> bool:
     segments = run.split("/")
     if any(looks_random(s) for s in segments if len(s) >= 20):
         return True
-    return looks_random(run) and not any(
-        _mostly_words(s.strip("_=+-")) for s in segments if len(s) >= 3
-    )
+    if any(_mostly_words(s.strip("_=+-")) for s in segments if len(s) >= 3):
+        return False
+    return looks_random(run)
 
 
 def find_high_entropy(text: str) -> int | None:
