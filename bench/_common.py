@@ -229,14 +229,18 @@ class Broker:
     def log(self) -> str:
         return (self.root / "broker.log").read_text(errors="replace")
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+    def stop(self) -> str:
+        """SIGTERM, then SIGKILL after 10 s; returns a note when it had to be killed."""
+        if self.proc.poll() is not None:
+            return f"the broker had exited with {self.proc.returncode} before the end"
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            return "the broker did not exit within 10 s of SIGTERM (killed)"
+        return ""
 
 
 def short_tmp(prefix: str = "rbb-") -> Path:

@@ -278,10 +278,10 @@ def main(argv: list[str] | None = None) -> int:
             rate[kind], errors[kind], cpu = throughput(kind, address[kind], clients, seconds, pid)
             if kind == "broker":
                 cpu_broker = cpu
-        if broker.proc.poll() is not None:
-            report.note(f"the broker exited during the run:\n{broker.log()[-2000:]}")
     finally:
-        broker.stop()
+        stopped = broker.stop()
+        if stopped:
+            report.note(stopped)
         echo_proc.kill()
         echo_proc.join(5)
 
