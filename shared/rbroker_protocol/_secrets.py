@@ -132,10 +132,10 @@ def _url_credentials(text: str) -> int | None:
 
 
 _EMAIL: Final = re.compile(
-    r"(?<![A-Za-z0-9._%+-])(?P<local>[A-Za-z0-9._%+-]+)@"
-    r"(?P<domain>(?:[A-Za-z0-9-]+\.)+(?P<tld>[A-Za-z]{2,}))(?![A-Za-z0-9-])",
-    _A,
+    r"(?<![\w.%+-])(?P<local>[\w.%+-]+)@"
+    r"(?P<domain>(?:[\w-]+\.)+(?P<tld>[^\W\d_]{2,}))(?![\w-])"
 )
+"""Letters of any script in the local part and the domain (RFC 6531): `josé@empresa.es`."""
 _FORGE_SSH: Final = frozenset({"github.com", "gitlab.com", "bitbucket.org", "ssh.dev.azure.com"})
 _FILE_SUFFIXES: Final = frozenset({
     "pt", "pth", "ckpt", "bin", "safetensors", "onnx", "gguf", "json", "jsonl", "yaml", "yml",
@@ -184,7 +184,9 @@ SECRET_RULES: Final[tuple[tuple[str, Callable[[str], int | None]], ...]] = (
         "aws_secret_key",
         _pattern(
             r"(?:aws|amazon)[A-Za-z0-9_ .-]{0,20}?secret[A-Za-z0-9_ .-]{0,20}?"
-            r"[\"']?[ \t]*(?:[:=]|=>|\bis\b)?[ \t]*[\"']?[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])",
+            r"[\"']?[ \t]*(?:[:=]|=>|\bis\b)?[ \t]*[\"']?"
+            r"(?![0-9a-fA-F]{40}(?![A-Za-z0-9/+]))"  # a commit id after "aws secrets …"
+            r"[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])",
             _AI,
             glued=_WORD - {"_"},
         ),

@@ -227,6 +227,8 @@ SECRET_EXAMPLES: list[tuple[str, str, str]] = [
     ("password_assignment", "Sakura2026", "パスワード：{} で接続"),
     ("password_assignment", "Geheim123", "Passwort: {} für den Export"),
     ("email_address", "alice.smith@example.com", "results to {}"),
+    ("email_address", "josé.garcía@empresa.es", "resultados a {}"),
+    ("email_address", "müller@firma.de", "Ergebnisse an {}"),
     ("payment_card", _luhn_complete("4", 16), "card {} for billing"),
     ("payment_card", "5555 5555 5555 4444", "card {} for billing"),
     ("payment_card", "3782-822463-10005", "amex {}"),
@@ -380,6 +382,7 @@ def test_find_secret_is_none_for_clean_text() -> None:
         "ISBN 978-3-16-148410-0 covers",
         "date range 2026-11-01 2026-11-30 1200 runs",
         "wandb run 3kx9z2ab",
+        "aws secrets manager sync at commit 3f2a9c1d8e7b6a5f4e3d2c1b0a9f8e7d6c5b4a39",
     ],
 )
 def test_near_misses_pass(text: str) -> None:
