@@ -22,6 +22,7 @@ cumulative and persisted with each chunk in one transaction.
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,11 +31,13 @@ from rbroker.broker.store import LeaseStore
 from rbroker_protocol.errors import ErrorCode, RpcError
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+MIN_RATE_WINDOW_S = 1.0
+"""A job observed for less than this has no items/s (nor ETA) yet."""
 
 
 @dataclass(slots=True)
 class Job:
-    """One declared job. Times are Unix seconds (display); rates use the broker clock."""
+    """One declared job. Times are Unix seconds (wall clock, for display and rates)."""
 
     job_id: str
     owner: str
@@ -76,15 +79,24 @@ class Job:
             "finished_at": self.finished_at,
         }
 
-    def to_wire(self, active_leases: list[str]) -> dict[str, Any]:
-        """`to_record()` plus the live links and the observed rate (items/s) and ETA (s)."""
+    def to_wire(self, active_leases: list[str], now: float | None = None) -> dict[str, Any]:
+        """`to_record()` plus the live links, the observed rate (items/s) and the ETA (s).
+
+        The rate is items reported since the declaration over the time since then, up to
+        `now` (wall clock) while the job runs, so a job that stops reporting slows down
+        and its ETA grows instead of freezing; up to the last report otherwise. Under
+        `MIN_RATE_WINDOW_S` there is no rate yet.
+        """
         out = self.to_record()
         out["lease_ids"] = sorted(active_leases)
         done = self.completed_items + self.failed_items
         rate = None
         if self.first_report_at is not None and self.last_report_at is not None:
-            span = self.last_report_at - self.declared_at
-            rate = done / span if span > 0 else None
+            end = self.last_report_at
+            if self.state == "running":
+                end = max(end, time.time() if now is None else now)
+            span = end - self.declared_at
+            rate = done / span if span >= MIN_RATE_WINDOW_S else None
         out["items_per_s"] = round(rate, 3) if rate else None
         out["eta_s"] = (
             round((self.total_items - done) / rate, 1)
@@ -302,8 +314,9 @@ class JobTable:
 
     def view(self, include_finished: bool, live_lease_ids: set[str]) -> list[dict[str, Any]]:
         """Jobs for `jobs.list`, newest last."""
+        now = self.clock.wall()
         return [
-            job.to_wire([lid for lid in job.lease_ids if lid in live_lease_ids])
+            job.to_wire([lid for lid in job.lease_ids if lid in live_lease_ids], now)
             for job in self.jobs.values()
             if include_finished or job.state not in FINISHED
         ]

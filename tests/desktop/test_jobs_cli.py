@@ -1,0 +1,157 @@
+"""`rbroker jobs` (issue 6): a table with progress bars, items per second and an ETA from
+the observed rate; `--json`, `--active`, `--watch`; exit 69 without a broker. Run as a real
+`python -m rbroker jobs` process against a real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, start_broker
+from tests.desktop.jobhelp import declare, job_of
+
+ENV = {**os.environ, "COLUMNS": "220"}  # wide enough that rich never folds a cell
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[BrokerProcess]:
+    bp = start_broker(SINGLE_24G)
+    yield bp
+    bp.stop(signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def jobs(broker: BrokerProcess) -> Iterator[dict[str, str]]:
+    """A running job with a total (20 % done), one without a total, one succeeded."""
+    with broker.client() as c:
+        with_total = declare(c, purpose="embed with a total", total_items=1000, workers=3)
+        no_total = declare(c, purpose="count without a total")
+        done = declare(c, purpose="already finished", total_items=10)
+        c.call("job.report", job_id=with_total["job_id"], chunk_id="a", completed=100, failed=5)
+        c.call("job.report", job_id=no_total["job_id"], chunk_id="a", completed=12345, failed=6)
+        c.call("job.report", job_id=done["job_id"], chunk_id="a", completed=10)
+        c.call("job.update", job_id=done["job_id"], state="succeeded")
+        time.sleep(1.2)
+        c.call("job.report", job_id=with_total["job_id"], chunk_id="b", completed=95)
+        yield {
+            "with_total": with_total["job_id"],
+            "no_total": no_total["job_id"],
+            "done": done["job_id"],
+        }
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rbroker", "jobs", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+    )
+
+
+def _row(out: str, job_id: str) -> list[str]:
+    """The table's cells for `job_id`: job, project, purpose, handler, state, workers,
+    progress, completed, failed, items/s, ETA."""
+    for line in out.splitlines():
+        if job_id in line:
+            return [cell.strip() for cell in line.split("│")[1:-1]]
+    raise AssertionError(f"{job_id} not in:\n{out}")
+
+
+def test_table_shows_progress_rate_and_eta(broker: BrokerProcess, jobs: dict[str, str]) -> None:
+    out = _cli("--socket", broker.socket)
+    assert out.returncode == 0, out.stderr
+    for title in ("progress", "items/s", "ETA", "handler", "workers"):
+        assert title in out.stdout
+    cells = _row(out.stdout, jobs["with_total"])
+    assert cells[4] == "running"
+    assert cells[5] == "0/3"  # no worker leases, 3 workers allocated
+    assert cells[6].endswith("20.0 %") and "█" in cells[6]
+    assert (cells[7], cells[8]) == ("195", "5")
+    rate = float(cells[9])
+    assert 5 < rate < 170  # 200 items since the declaration, at least 1.2 s ago
+    eta = re.fullmatch(r"(\d+) (s|min)", cells[10])
+    assert eta is not None, cells[10]
+    eta_s = int(eta.group(1)) * (60 if eta.group(2) == "min" else 1)
+    assert abs(eta_s - 800 / rate) <= (2 if eta.group(2) == "s" else 31)
+
+    cells = _row(out.stdout, jobs["no_total"])
+    assert cells[6] == "12 345 done, 6 failed"
+    assert cells[10] == "—"  # no total: no ETA
+
+    cells = _row(out.stdout, jobs["done"])
+    assert cells[4] == "succeeded"
+    assert cells[6].endswith("100.0 %")
+    assert cells[10] == "—"  # finished: no ETA
+
+
+def test_json_has_the_rate_and_an_eta_from_it(broker: BrokerProcess, jobs: dict[str, str]) -> None:
+    out = _cli("--socket", broker.socket, "--json")
+    assert out.returncode == 0, out.stderr
+    by_id = {j["job_id"]: j for j in json.loads(out.stdout)}
+    assert set(jobs.values()) <= set(by_id)
+    j = by_id[jobs["with_total"]]
+    assert (j["completed_items"], j["failed_items"], j["total_items"]) == (195, 5, 1000)
+    rate, eta = j["items_per_s"], j["eta_s"]
+    assert 5 < rate < 170
+    assert eta == pytest.approx(800 / rate, rel=0.01, abs=0.2)
+    assert by_id[jobs["no_total"]]["eta_s"] is None
+    assert by_id[jobs["done"]]["eta_s"] is None and by_id[jobs["done"]]["state"] == "succeeded"
+    for job in by_id.values():  # privacy: no pids, commands or environment on the wire
+        assert not {"pid", "holder", "cmdline", "env"} & set(job)
+
+
+def test_rate_of_a_job_that_stops_reporting_falls_and_its_eta_grows(
+    broker: BrokerProcess, jobs: dict[str, str]
+) -> None:
+    with broker.client() as c:
+        first = job_of(c, jobs["with_total"])
+        time.sleep(0.5)
+        later = job_of(c, jobs["with_total"])
+    assert later["items_per_s"] < first["items_per_s"]
+    assert later["eta_s"] > first["eta_s"]
+
+
+def test_a_fresh_job_has_no_rate_yet(broker: BrokerProcess) -> None:
+    with broker.client() as c:
+        job = declare(c, total_items=100)
+        answer = c.call("job.report", job_id=job["job_id"], chunk_id="a", completed=50)
+        # reported within milliseconds of the declaration: no absurd items/s, no ETA
+        assert answer["job"]["items_per_s"] is None and answer["job"]["eta_s"] is None
+        c.call("job.update", job_id=job["job_id"], state="cancelled", reason="test over")
+
+
+def test_active_hides_finished_jobs(broker: BrokerProcess, jobs: dict[str, str]) -> None:
+    out = _cli("--socket", broker.socket, "--active", "--json")
+    ids = {j["job_id"] for j in json.loads(out.stdout)}
+    assert jobs["with_total"] in ids and jobs["done"] not in ids
+
+
+def test_watch_ends_cleanly_on_ctrl_c(broker: BrokerProcess, jobs: dict[str, str]) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rbroker", "jobs", "--socket", broker.socket, "--watch"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert jobs["with_total"] in out
+
+
+def test_no_broker_exits_69() -> None:
+    out = _cli("--socket", str(short_tmp() / "none.sock"))
+    assert out.returncode == 69
+    assert "no rbroker broker" in out.stderr
