@@ -290,9 +290,11 @@ SECRET_RULES: Final[tuple[tuple[str, Callable[[str], int | None]], ...]] = (
 """(kind, search) in the order they run; `search` returns the offset of a match or None."""
 
 
-def scan(text: str) -> tuple[str, int] | None:
-    """Return (kind, offset) of the first rule that `text` trips, or None."""
+def scan(text: str, skip: frozenset[str] = frozenset()) -> tuple[str, int] | None:
+    """Return (kind, offset) of the first rule not in `skip` that `text` trips, or None."""
     for kind, search in SECRET_RULES:
+        if kind in skip:
+            continue
         offset = search(text)
         if offset is not None:
             return kind, offset

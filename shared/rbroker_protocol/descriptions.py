@@ -41,6 +41,10 @@ classification"), hexadecimal of up to 64 digits (commit ids, digests), UUIDs, U
 versions, model names, paths, hyphenated run ids, URLs without credentials, long numbers
 that are not written like a card of a card network.
 
+One exception by field: an `owner` may look like an e-mail address, since it is the OS
+account (read from the connection, never declared) and directory-backed accounts are named
+`alice@corp.example.com`.
+
 A rejection names the field, the rule and roughly where the problem starts: never the
 value or any part of it, so the error can be logged, stored and sent back safely.
 """
@@ -81,6 +85,12 @@ key); a longer value is refused as `too_long` whatever it holds further on."""
 
 SECRET_KINDS: Final[tuple[str, ...]] = tuple(kind for kind, _ in SECRET_RULES)
 """Every `<kind>` of a `secret:<kind>` rule, in the order they are checked."""
+
+_NOT_SECRETS_IN: Final[dict[str, frozenset[str]]] = {
+    "owner": frozenset({"email_address"}),
+}
+"""Kinds that are no leak in a field: the owner is the OS account, read from the connection,
+and directory-backed accounts are named like addresses (`alice@corp.example.com`)."""
 
 _BAD_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
@@ -199,7 +209,7 @@ def check_description(field: str, value: object) -> str:
     text = value.strip()
     if not text:
         raise DescriptionRejected(field, "empty", "must not be empty")
-    found = scan(_for_scanning(text[:SCAN_LIMIT]))
+    found = scan(_for_scanning(text[:SCAN_LIMIT]), _NOT_SECRETS_IN.get(field, frozenset()))
     if found is not None:
         kind, offset = found
         raise DescriptionRejected(

@@ -301,6 +301,12 @@ def test_published_documentation_examples(kind: str, text: str) -> None:
     assert find_secret(text) == kind
 
 
+def test_an_owner_may_be_a_directory_account_named_like_an_address() -> None:
+    assert check_description("owner", "alice@corp.example.com") == "alice@corp.example.com"
+    assert _rejected("alice@corp.example.com", field="project").rule == "secret:email_address"
+    assert _rejected("ghp_" + _rand(36), field="owner").rule == "secret:github_token"
+
+
 def test_vendor_format_wins_over_the_generic_assignment() -> None:
     token = "hf_" + _rand(34, string.ascii_letters)
     assert find_secret(f"HF_TOKEN={token}") == "huggingface_token"
