@@ -86,10 +86,23 @@ def _pattern(
             start = match.start()
             if start == 0 or text[start - 1] not in glued:
                 return start
-            match = compiled.search(text, start + 1)
+            match = compiled.search(text, _past_run(text, start, glued))
         return None
 
     return search
+
+
+def _past_run(text: str, start: int, glued: frozenset[str]) -> int:
+    """The first position after `start` that is not glued to its left neighbour.
+
+    Searching again from there, not from `start + 1`, keeps a text like `xsk-sk-sk-…`
+    linear: a match glued to its left is part of a longer token, and so is everything up to
+    the end of that token.
+    """
+    pos = start + 1
+    while pos < len(text) and text[pos - 1] in glued:
+        pos += 1
+    return pos
 
 
 # --- rules that need a look at what matched --------------------------------------------
@@ -103,16 +116,20 @@ def _openai_key(text: str) -> int | None:
 
     That keeps hyphenated words such as `sk-learn-pipeline-benchmark-2026` out.
     """
-    for match in _OPENAI.finditer(text):
-        if match.start() and text[match.start() - 1] in _WORD_DASH:
-            continue
+    match = _OPENAI.search(text)
+    while match is not None:
+        start = match.start()
         body = match.group("body")
-        if "T3BlbkFJ" in body or (
-            any(c.isupper() for c in body)
-            and any(c.islower() for c in body)
-            and any(c.isdigit() for c in body)
+        if (start == 0 or text[start - 1] not in _WORD_DASH) and (
+            "T3BlbkFJ" in body
+            or (
+                any(c.isupper() for c in body)
+                and any(c.islower() for c in body)
+                and any(c.isdigit() for c in body)
+            )
         ):
-            return match.start()
+            return start
+        match = _OPENAI.search(text, _past_run(text, start, _WORD_DASH))
     return None
 
 
@@ -279,7 +296,12 @@ SECRET_RULES: Final[tuple[tuple[str, Callable[[str], int | None]], ...]] = (
             needs=(":AA",),
         ),
     ),
-    ("jwt", _pattern(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.", glued=_WORD_DASH)),
+    (
+        "jwt",
+        # The lookbehind after the literal drops `xeyJ…` before the segments are scanned, so
+        # a run of `xeyJxeyJ…` costs linear time; `glued` alone would come too late.
+        _pattern(r"eyJ(?<![A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\."),
+    ),
     ("authorization_header", find_authorization),
     ("url_credentials", _url_credentials),
     ("password_assignment", find_password_assignment),

@@ -480,16 +480,22 @@ _PATHOLOGICAL_UNITS = [
     "a", "@", "a@", "a.", "a@a.", "0 ", "0-", "0", "1111 ", "password=", "password", "sk-",
     "://:", ":", "-", "AKIA", "eyJ.", "aws secret ", "Ab1", "A1b2C3/+", "x=", "BEGIN ", "a:",
     "ghp_", "=", "'", '"private_key":', "token:", "__", "a-a-a- ", "hf_", "AccountKey=",
-    "?sig=", "ya29.", "1:AA",
+    "?sig=", "ya29.", "1:AA", "xsk-", "xglpat-", "xAKIA", "xhf_", "xeyJ", "é@", "日本@",
 ]  # fmt: skip
 
 
-@pytest.mark.timeout(60)  # a guard against super-linear patterns, not a timing assertion
 @pytest.mark.parametrize("unit", _PATHOLOGICAL_UNITS)
 def test_pathological_inputs_finish(unit: str) -> None:
-    """Repetitive input is where backtracking regexes blow up. The patterns are linear, so a
-    text of 50 000 characters takes milliseconds; a quadratic one would take minutes."""
-    short = (unit * 200)[:200]
-    with contextlib.suppress(DescriptionRejected):
-        check_description("purpose", short)
-    find_secret((unit * 50_000)[:50_000])
+    """Repetitive input is where backtracking regexes blow up; these must simply finish."""
+    for size in (200, SCAN_LIMIT + 1):
+        with contextlib.suppress(DescriptionRejected):
+            check_description("purpose", (unit * size)[:size])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(15)  # a guard against super-linear patterns, not a timing assertion
+@pytest.mark.parametrize("unit", _PATHOLOGICAL_UNITS)
+def test_pathological_inputs_scan_in_linear_time(unit: str) -> None:
+    """Every pattern is linear, so 300 000 characters take a fraction of a second; one that
+    rescans the rest of a run at each candidate (quadratic) takes far beyond the guard."""
+    find_secret((unit * 300_000)[:300_000])
