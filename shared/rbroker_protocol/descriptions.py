@@ -146,6 +146,9 @@ class DescriptionRejected(ValueError):
         self.rule = rule
         self.detail = detail
 
+    def __reduce__(self) -> tuple[type[DescriptionRejected], tuple[str, str, str]]:
+        return type(self), (self.field, self.rule, self.detail)
+
 
 def find_secret(value: str) -> str | None:
     """Return the kind (`github_token`, `payment_card`, ...) of the first secret rule that

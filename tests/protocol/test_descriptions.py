@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import pickle
 import random
 import string
 
@@ -62,6 +63,17 @@ def test_rejection_is_a_value_error_with_field_rule_and_detail() -> None:
     assert isinstance(exc, ValueError)
     assert (exc.field, exc.rule) == ("project", "empty")
     assert str(exc) == f"project rejected by rule empty: {exc.detail}"
+
+
+def test_rejection_survives_pickling() -> None:
+    exc = _rejected("ghp_" + _rand(36))
+    copy = pickle.loads(pickle.dumps(exc))
+    assert (copy.field, copy.rule, copy.detail, str(copy)) == (
+        exc.field,
+        exc.rule,
+        exc.detail,
+        str(exc),
+    )
 
 
 @pytest.mark.parametrize("value", [None, 42, 3.5, b"train resnet", ["train"], {"p": "x"}])
