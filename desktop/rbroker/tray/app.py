@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -169,7 +170,8 @@ class TrayApp(QObject):
     def set_state(self, state: TrayState) -> None:
         self.state = state
         tip = summary(self.snapshot if state is not TrayState.BROKER_DOWN else None)
-        self.status_action.setText(tip.removeprefix("rbroker: ").capitalize())
+        line = tip.removeprefix("rbroker: ")
+        self.status_action.setText(line[:1].upper() + line[1:])
         if self.tray is not None:
             self.tray.setIcon(state_icon(state))
             self.tray.setToolTip(tip)
@@ -275,6 +277,20 @@ def _probe(socket: str) -> bool:
         return False
 
 
+def _quit_on_signals(controller: TrayApp) -> None:
+    """SIGINT/SIGTERM quit cleanly (the in-process broker stops, its socket is removed).
+
+    Python runs signal handlers between bytecodes, so a timer wakes the interpreter while
+    Qt's event loop is idle."""
+    if sys.platform == "win32":  # pragma: no cover - no SIGTERM from the session manager
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: QTimer.singleShot(0, controller.quit))
+    wake = QTimer(controller)
+    wake.timeout.connect(lambda: None)
+    wake.start(250)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the tray app (see `rbroker.tray.run_tray`)."""
     logging.basicConfig(
@@ -326,6 +342,7 @@ def run(args: argparse.Namespace) -> int:
         embedded.start()
     controller.start()
     app.aboutToQuit.connect(controller.shutdown)
+    _quit_on_signals(controller)
     code = app.exec()
     return int(code)
 

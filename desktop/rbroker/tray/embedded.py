@@ -69,7 +69,12 @@ class EmbeddedBroker:
         self.simulated = host.simulated
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        await host.start()
+        try:
+            await host.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await host.stop()  # undo what started before the failure
+            raise
         log.info("in-process broker listening on %s", self.config.socket_path)
         self._ready.set()
         try:

@@ -65,15 +65,13 @@ class SingleInstance(QObject):
         assert self.server is not None
         while self.server.hasPendingConnections():
             conn = self.server.nextPendingConnection()
-            conn.readyRead.connect(lambda c=conn: self._on_ready(c))
-            conn.disconnected.connect(conn.deleteLater)
-            if conn.bytesAvailable():
-                self._on_ready(conn)
-
-    def _on_ready(self, conn: QLocalSocket) -> None:
-        data = bytes(conn.readAll().data())
-        if b"show" in data:
-            self.activated.emit()
+            if not conn.bytesAvailable():
+                conn.waitForReadyRead(CONNECT_TIMEOUT_MS)  # the message follows at once
+            data = bytes(conn.readAll().data())
+            conn.disconnectFromServer()
+            conn.deleteLater()
+            if b"show" in data:
+                self.activated.emit()
 
     def release(self) -> None:
         if self.server is not None:

@@ -564,11 +564,15 @@ class FleetFeed(QObject):
         super().__init__(parent)
         self.source = source
         self._busy = threading.Lock()
+        self._again = False
         self._threads: list[threading.Thread] = []
 
     def refresh(self) -> None:
+        """Read the source now (once more after the read in progress, if any)."""
         if not self._busy.acquire(blocking=False):
-            return  # a read is still running
+            self._again = True
+            return
+        self._again = False
 
         def run() -> None:
             try:
@@ -582,6 +586,8 @@ class FleetFeed(QObject):
                 self.failed.emit(f"{type(exc).__name__}: {exc}")
             finally:
                 self._busy.release()
+                if self._again:
+                    self.refresh()
 
         t = threading.Thread(target=run, name="rbroker-tray-fleet", daemon=True)
         self._threads = [x for x in self._threads if x.is_alive()] + [t]
