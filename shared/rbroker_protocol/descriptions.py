@@ -167,9 +167,20 @@ def _for_scanning(text: str) -> str:
         if text.isprintable():
             return text  # the hot path: nothing to change
         return text.translate(_ASCII_CONTROLS_TO_SPACES)
-    if not text.isprintable():
+    if not _printable(text):
         text = "".join(_visible(ch) for ch in text)
     return unicodedata.normalize("NFKC", text)
+
+
+_SPACE_SEPARATORS: Final = {
+    cp: " " for cp in (0xA0, 0x1680, *range(0x2000, 0x200B), 0x202F, 0x205F, 0x3000)
+}
+"""Unicode's space separators (Zs) other than U+0020, which `str.isprintable` refuses."""
+
+
+def _printable(text: str) -> bool:
+    """No character of `_BAD_CATEGORIES`, at C speed (spaces such as U+3000 are fine)."""
+    return text.isprintable() or text.translate(_SPACE_SEPARATORS).isprintable()
 
 
 _ASCII_CONTROLS_TO_SPACES: Final = {c: " " for c in [*range(0x20), 0x7F]}
@@ -183,7 +194,7 @@ def _visible(ch: str) -> str:
 
 
 def _first_bad_character(text: str) -> tuple[int, str] | None:
-    if text.isprintable():  # C speed; false only for C*, Z* other than U+0020
+    if _printable(text):
         return None
     for i, ch in enumerate(text):
         if unicodedata.category(ch) in _BAD_CATEGORIES:

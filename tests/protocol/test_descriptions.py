@@ -8,6 +8,7 @@ import json
 import pickle
 import random
 import string
+import unicodedata
 
 import pytest
 from hypothesis import given, settings
@@ -161,6 +162,11 @@ def test_control_and_invisible_characters_are_refused(char: str) -> None:
 )
 def test_printable_unicode_passes(text: str) -> None:
     assert check_description("purpose", text) == text
+
+
+def test_the_space_separator_table_is_complete() -> None:
+    spaces = {cp for cp in range(0x110000) if unicodedata.category(chr(cp)) == "Zs" and cp != 0x20}
+    assert spaces == set(descriptions._SPACE_SEPARATORS)
 
 
 # --- secret rules: one realistic example per kind ----------------------------------------
