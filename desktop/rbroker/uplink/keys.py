@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import concurrent.futures
 import contextlib
 import hashlib
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -60,16 +60,37 @@ def _decode(text: str, where: str) -> nacl.signing.SigningKey:
 
 
 def _bounded(fn: Callable[[], T], what: str) -> T:
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="keyring")
-    try:
-        return pool.submit(fn).result(timeout=KEYRING_TIMEOUT_S)
-    except concurrent.futures.TimeoutError:
+    """`fn()` on a daemon thread, given up after `KEYRING_TIMEOUT_S`.
+
+    A daemon thread, not a pool: a call that never returns must not keep the process
+    from exiting (a pool's worker is joined at interpreter exit).
+    """
+    outcome: list[tuple[bool, object]] = []
+
+    def call() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:  # handed to the caller below
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=call, name="keyring", daemon=True)
+    thread.start()
+    thread.join(KEYRING_TIMEOUT_S)
+    if not outcome:
         raise KeyStoreError(
             f"the OS keyring did not answer within {KEYRING_TIMEOUT_S:g} s ({what}); unlock it "
             "or use --key-file"
-        ) from None
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        )
+    ok, value = outcome[0]
+    if ok:
+        return value  # type: ignore[return-value]
+    import keyring.errors
+
+    if isinstance(value, keyring.errors.KeyringError) and not isinstance(
+        value, keyring.errors.PasswordDeleteError
+    ):
+        raise KeyStoreError(f"the OS keyring failed ({what}): {value}; or use --key-file")
+    raise value  # type: ignore[misc]
 
 
 def keyring_usable() -> tuple[bool, str]:

@@ -2,8 +2,12 @@
 
 - A snapshot every `report_interval_s` (5 s) and on change (debounced, at most one a
   second); each is signed as an envelope with this run's id and the next sequence number.
+  A change is a change of what the report says, not of its clocks: the broker's periodic
+  samples that find the same figures do not trigger a report.
 - Every request has an overall deadline; failures back off exponentially with jitter
-  (0.5 s doubling to 30 s); a connection dropped while idle gets one immediate retry.
+  (0.5 s doubling up to the report interval, so a coordinator that comes back sees the
+  current state within one interval and retries never outpace regular reports; up to
+  30 s when it answers 429); a connection dropped while idle gets one immediate retry.
 - A retry sends the identical envelope (the coordinator acknowledges a duplicate and does
   not apply it), so a report that was stored before the connection dropped counts once.
 - 4xx answers other than 429 are not retried: the link says `rejected: <reason>` and the
@@ -14,7 +18,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import json
 import logging
 import random
 import time
@@ -69,6 +73,7 @@ class Reporter:
         self.detail = ""
         self.last_report_at: float | None = None
         self.reports_sent = 0
+        self._sent_state = ""
         self._changed = asyncio.Event()
         self._unsubscribe = broker.subscribe(lambda kind, data: self._changed.set())
 
@@ -86,6 +91,7 @@ class Reporter:
 
     def _envelope(self) -> bytes:
         payload, trimmed = build_payload(self.broker, self.config.name, self.run_id)
+        self._sent_state = _state_key(payload)
         self.seq += 1
         if trimmed:
             self.detail = f"report trimmed to fit the size limit: {trimmed} entries left out"
@@ -94,14 +100,25 @@ class Reporter:
             sign_report(self.key, self.config.computer_id, self.run_id, self.seq, payload)
         )
 
+    def _state_changed(self) -> bool:
+        payload, _ = build_payload(self.broker, self.config.name, self.run_id)
+        return _state_key(payload) != self._sent_state
+
     async def _wait_trigger(self, pause_s: float) -> None:
+        """Until the next snapshot is due: `report_interval_s` after the last one, or
+        earlier (after `pause_s`) once the reported state changed."""
         loop = asyncio.get_running_loop()
         due = loop.time() + max(pause_s, self.config.report_interval_s)
         await asyncio.sleep(pause_s)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), max(0.0, due - loop.time()))
-        await asyncio.sleep(DEBOUNCE_S)
-        self._changed.clear()
+        while (left := due - loop.time()) > 0:
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                break
+            await asyncio.sleep(DEBOUNCE_S)
+            self._changed.clear()
+            if self._state_changed():
+                break
 
     async def _post(self, client: httpx.AsyncClient, body: bytes) -> httpx.Response:
         return await asyncio.wait_for(
@@ -112,7 +129,8 @@ class Reporter:
         )
 
     async def _send(self, client: httpx.AsyncClient, body: bytes) -> str:
-        """One delivery attempt (with the idle-drop retry): `ok`, `retry` or `rejected`."""
+        """One delivery attempt (with the idle-drop retry): `ok`, `retry`, `throttled`
+        (429) or `rejected`."""
         for attempt in (1, 2):
             try:
                 response = await self._post(client, body)
@@ -133,7 +151,10 @@ class Reporter:
                     self.detail = ""
                 return "ok"
             reason = _reason(response)
-            if response.status_code == 429 or response.status_code >= 500:
+            if response.status_code == 429:
+                self._retrying(f"{response.status_code} {reason}")
+                return "throttled"
+            if response.status_code >= 500:
                 return self._retrying(f"{response.status_code} {reason}")
             self.link = f"rejected: {response.status_code} {reason}"
             self.detail = reason
@@ -175,9 +196,24 @@ class Reporter:
                         body, pause = None, REJECTED_PAUSE_S
                     else:
                         await asyncio.sleep(backoff / 2 + random.uniform(0, backoff / 2))
-                        backoff = min(BACKOFF_MAX_S, backoff * 2)
+                        cap = BACKOFF_MAX_S
+                        if outcome != "throttled":
+                            cap = min(cap, max(BACKOFF_MIN_S, self.config.report_interval_s))
+                        backoff = min(cap, backoff * 2)
             finally:
                 self._unsubscribe()
+
+
+def _state_key(payload: bytes) -> str:
+    """What a payload says, without its clocks (generation time, lease expiry countdown,
+    queue waiting time): equal keys mean nothing changed worth an early report."""
+    state = json.loads(payload)
+    state.pop("generated_at", None)
+    for lease in state.get("leases", []):
+        lease.pop("expires_in_s", None)
+    for entry in state.get("queue", []):
+        entry.pop("waiting_s", None)
+    return json.dumps(state, sort_keys=True)
 
 
 def _reason(response: httpx.Response) -> str:
