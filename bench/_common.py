@@ -19,10 +19,11 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -288,15 +289,6 @@ def start_broker(scenario: str = SINGLE_24G, extra_args: Sequence[str] = ()) -> 
     raise RuntimeError(f"broker did not answer within 20 s:\n{broker.log()}")
 
 
-@contextlib.contextmanager
-def running_broker(scenario: str = SINGLE_24G) -> Iterator[Broker]:
-    broker = start_broker(scenario)
-    try:
-        yield broker
-    finally:
-        broker.stop()
-
-
 def wait_until_monotonic(t: float) -> None:
     """Sleep until `time.monotonic()` reaches `t` (the clock is shared by processes)."""
     while True:
@@ -304,3 +296,38 @@ def wait_until_monotonic(t: float) -> None:
         if left <= 0:
             return
         time.sleep(min(left, 0.05))
+
+
+class StartGate:
+    """Start worker processes together: each calls `arrive()` when ready (connected, warm)
+    and gets the common start time; the parent's `open()` waits for all, then sets it."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ready = ctx.Queue()
+        self._go = ctx.Event()
+        self._start = ctx.Value("d", 0.0, lock=False)
+
+    def arrive(self, ok: bool = True) -> float:
+        """Say ready (or failed), wait for the start and return it (monotonic seconds)."""
+        self._ready.put(ok)
+        if not ok:
+            return 0.0
+        self._go.wait()
+        start = float(self._start.value)
+        wait_until_monotonic(start)
+        return start
+
+    def open(self, workers: int, timeout_s: float = 300.0, delay_s: float = 0.3) -> float:
+        """Wait until `workers` arrived, start them `delay_s` from now; returns the start.
+
+        Raises:
+            RuntimeError: a worker failed before arriving.
+        """
+        oks = [self._ready.get(timeout=timeout_s) for _ in range(workers)]
+        start = time.monotonic() + delay_s
+        self._start.value = start
+        self._go.set()
+        if not all(oks):
+            raise RuntimeError("a worker process failed before the start (see stderr)")
+        wait_until_monotonic(start)
+        return start

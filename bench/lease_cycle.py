@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 from _common import (
     Report,
+    StartGate,
     fmt_rate,
     fmt_us,
     parser,
@@ -185,23 +186,24 @@ def latencies(kind: str, address: str, n: int, warmup: int) -> list[float]:
         close(conn)
 
 
-def _worker(kind: str, address: str, index: int, start_at: float, end_at: float, q: Any) -> None:
+def _worker(kind: str, address: str, index: int, gate: StartGate, seconds: float, q: Any) -> None:
     done = errors = 0
     try:
         conn = connect(kind, address)
         run = cycle_fn(kind, conn, index)
         run()  # connected and warm before the start
-        wait_until_monotonic(start_at)
-        while time.monotonic() < end_at:
-            try:
-                run()
-                done += 1
-            except (rbroker.RBrokerError, RuntimeError):
-                errors += 1
-        close(conn)
     except Exception as exc:  # report, never hang the parent
-        q.put((index, done, errors + 1, repr(exc)))
+        gate.arrive(ok=False)
+        q.put((index, 0, 1, repr(exc)))
         return
+    end_at = gate.arrive() + seconds
+    while time.monotonic() < end_at:
+        try:
+            run()
+            done += 1
+        except (rbroker.RBrokerError, RuntimeError):
+            errors += 1
+    close(conn)
     q.put((index, done, errors, ""))
 
 
@@ -211,18 +213,17 @@ def throughput(
     """Cycles/s of `clients` processes running cycles for `duration_s`; also the number of
     errors and, when `pid` is given, that process's CPU use (% of one core) meanwhile."""
     q = _ctx.Queue()
-    start_at = time.monotonic() + 1.0 + clients * 0.03
-    end_at = start_at + duration_s
+    gate = StartGate(_ctx)
     procs = [
-        _ctx.Process(target=_worker, args=(kind, address, i, start_at, end_at, q), daemon=True)
+        _ctx.Process(target=_worker, args=(kind, address, i, gate, duration_s, q), daemon=True)
         for i in range(clients)
     ]
     for p in procs:
         p.start()
     watched = psutil.Process(pid) if pid else None
-    wait_until_monotonic(start_at)
+    start_at = gate.open(clients)
     cpu0 = sum(watched.cpu_times()[:2]) if watched else 0.0
-    wait_until_monotonic(end_at)
+    wait_until_monotonic(start_at + duration_s)
     cpu = (sum(watched.cpu_times()[:2]) - cpu0) / duration_s * 100 if watched else float("nan")
     results = [q.get(timeout=120) for _ in procs]
     for p in procs:
