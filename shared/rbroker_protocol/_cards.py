@@ -5,7 +5,7 @@ dataset sizes, timestamps, seeds and barcodes are not mistaken for one:
 
 - 13 to 19 digits (ISO/IEC 7812-1), not glued to letters or other digits;
 - written the way cards are written: one block of digits, or groups separated by the same
-  single space or dash in a card layout (4-4-4-4, 4-4-4-4-3, 4-4-4-1..4, 4-6-5, 4-6-4);
+  single space or dash in a card layout (4-4-4-4, 4-4-4-1…3, 4-4-4-4-1…3, 4-6-5, 4-6-4);
 - an issuer identification number of a card network, with a length that network issues
   (Visa 4…; Mastercard 51–55, 2221–2720; American Express 34, 37; Discover 6011, 644–649, 65;
   Diners Club 300–305, 36, 38, 39; JCB 3528–3589; UnionPay 62; Maestro 50, 56–69; Mir

@@ -16,8 +16,8 @@ identifier a person wrote:
   that people write cluster letters into words and digits into numbers;
 - not mostly words: runs like `Hugging`, `Server`, `imagenet` with vowels in them;
 - Shannon entropy of at least 4 bits per character (detect-secrets uses 4.5 for base64 on
-  long strings; a random 20-character string reaches about 4.0), lowered for runs shorter
-  than 23 characters, whose entropy cannot reach 4.5.
+  long strings), or log2(length) − 0.5 for runs of 20–22 characters, whose entropy cannot
+  go much higher (a random 20-character string has about 4.0).
 
 Known misses, by design: hex keys, random strings shorter than 20 characters, base36 or
 base32 strings that happen to read like words. Known refusals, by design: random public ids
