@@ -22,6 +22,15 @@ _ENVELOPE_BUDGET = int(MAX_REPORT_BYTES * 0.7)
 """Payload bytes that still fit 1 MiB after base64 (4/3) and the envelope's other fields."""
 
 
+def _max_items(field: str) -> int:
+    """The schema's item limit of one of the payload's lists."""
+    for meta in ReportPayload.model_fields[field].metadata:
+        limit = getattr(meta, "max_length", None)
+        if limit is not None:
+            return int(limit)
+    raise LookupError(field)  # pragma: no cover - every list is bounded
+
+
 def build_payload(broker: Broker, computer_name: str, run_id: str) -> tuple[bytes, int]:
     """The payload bytes to sign, and how many list entries were trimmed to fit."""
     gpus = broker.gpus_view()
@@ -34,6 +43,11 @@ def build_payload(broker: Broker, computer_name: str, run_id: str) -> tuple[byte
         "jobs": jobs,
     }
     trimmed = 0
+    for name, items in lists.items():
+        limit = _max_items(name)
+        if len(items) > limit:  # a long-lived broker can hold more finished jobs than this
+            trimmed += len(items) - limit
+            lists[name] = items[-limit:]
     while True:
         payload = ReportPayload(
             computer_name=computer_name,

@@ -101,7 +101,10 @@ class Reporter:
         )
 
     def _state_changed(self) -> bool:
-        payload, _ = build_payload(self.broker, self.config.name, self.run_id)
+        try:
+            payload, _ = build_payload(self.broker, self.config.name, self.run_id)
+        except Exception:  # `_envelope` says why
+            return True
         return _state_key(payload) != self._sent_state
 
     async def _wait_trigger(self, pause_s: float) -> None:
@@ -184,7 +187,13 @@ class Reporter:
                 while True:
                     if body is None:
                         await self._wait_trigger(pause)
-                        body, made_at = self._envelope(), time.monotonic()
+                        try:
+                            body, made_at = self._envelope(), time.monotonic()
+                        except Exception as exc:  # never end reporting over one bad snapshot
+                            log.exception("cannot build the report")
+                            self.link = f"error: cannot build the report: {exc}"[:300]
+                            pause = self.config.report_interval_s
+                            continue
                     outcome = await self._send(client, body)
                     if outcome == "ok":
                         stale = time.monotonic() - made_at > self.config.report_interval_s
