@@ -18,6 +18,7 @@ report whose answer was lost is acknowledged as a duplicate, never counted twice
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sized
@@ -125,6 +126,21 @@ class JobRef:
 
 _worker_lock = threading.Lock()
 _workers: dict[str, tuple[Client, _Holder | None]] = {}
+_inherited: list[tuple[Client, _Holder | None]] = []
+
+
+def _forget_parent_workers() -> None:
+    """In a forked child: the parent's connections and leases stay the parent's. The child
+    makes its own on first use; the inherited ones are kept (never closed: closing would
+    shut the parent's connection down) and never used."""
+    global _worker_lock
+    _worker_lock = threading.Lock()
+    _inherited.extend(_workers.values())
+    _workers.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_workers)
 
 
 def _worker_report(ref: JobRef, chunk_id: str, completed: int, failed: int) -> None:

@@ -110,3 +110,35 @@ def test_pool_workers_each_hold_a_lease_linked_to_the_job(
         # the pool is gone: so are its workers' leases
         wait_until(lambda: not leases_of(c, job_id), timeout_s=5)
         assert job_of(c, job_id)["lease_ids"] == []
+
+
+def test_pool_forked_after_the_parent_ran_a_chunk_gives_each_worker_its_own_lease(
+    broker: BrokerProcess, script: Callable[..., Script], tmp_path: Path
+) -> None:
+    """Forked pool workers must not inherit the parent's connection and lease."""
+    go = tmp_path / "go"
+    pool = script(
+        "job_pool",
+        broker.socket,
+        "futures",
+        str(CHUNKS),
+        str(PER_CHUNK),
+        str(WORKERS),
+        str(WORKER_MIB),
+        str(go),
+        "warm",
+    )
+    job_id = pool.read_line().split()[1]
+    assert pool.read_line() == "warm"  # the parent ran chunk-000 on its own lease
+    with broker.client() as c:
+        wait_until(lambda: len(leases_of(c, job_id)) == WORKERS + 1, timeout_s=30)
+        assert len(job_of(c, job_id)["lease_ids"]) == WORKERS + 1
+        assert counts(job_of(c, job_id)) == (PER_CHUNK - 2, 2, 1)  # items 0 and 13 fail
+        go.touch()
+        assert pool.read_line() == "done"
+        assert pool.wait() == 0
+        items = range(CHUNKS * PER_CHUNK)
+        failed = sum(1 for i in items if i % 13 == 0)
+        final = job_of(c, job_id)
+        assert counts(final) == (len(items) - failed, failed, CHUNKS)
+        assert final["state"] == "succeeded"
