@@ -1,0 +1,44 @@
+"""Smoke check of bench/: each benchmark runs with --quick and prints its results table.
+
+Only that they run is checked; their numbers are never asserted (DESIGN §10).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+TABLE_HEADER = "| figure | value | floor / anchor | ratio | target | verdict |"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "extra"),
+    [
+        ("lease_cycle.py", ["--clients", "4", "--cycles", "100", "--seconds", "0.5"]),
+        ("heartbeats.py", ["--seconds", "1"]),
+        ("crash_release.py", ["--repeat", "3"]),
+        ("coordinator.py", ["--no-pg"]),
+    ],
+)
+def test_benchmark_runs_quick(script: str, extra: list[str]) -> None:
+    if script == "coordinator.py" and importlib.util.find_spec("litestar") is None:
+        pytest.skip("the coordinator benchmark needs rbroker[server]")
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick", *extra],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=BENCH.parent,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert TABLE_HEADER in done.stdout
+    assert "Machine: " in done.stdout and " cores, " in done.stdout
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert len(rows) >= 3, done.stdout  # header + at least two figures
