@@ -8,6 +8,10 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
 
 import rbroker
 from tests.conftest import BrokerProcess, wait_until
@@ -165,3 +169,54 @@ def test_broker_restart_keeps_worker_leases_linked_and_counts_exact(
         final = job_of(c2, job_id)
         assert counts(final) == (35, 0, 3)
         assert final["lease_ids"] == [] and leases_of(c2, job_id) == []
+
+
+def test_every_state_survives_a_broker_restart(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    bp = broker_factory()
+    c = bp.client()
+    ids = {name: declare(c, total_items=10)["job_id"] for name in ("queued", "running")}
+    _report(c, ids["running"], "c", completed=4, failed=1)
+    for end in ("succeeded", "failed", "cancelled"):
+        ids[end] = declare(c, total_items=10)["job_id"]
+        _report(c, ids[end], "c", completed=3)
+        c.call("job.update", job_id=ids[end], state=end, reason=f"{end} by the test")
+    before = {name: job_of(c, job_id) for name, job_id in ids.items()}
+    bp.stop(signal.SIGKILL)
+    c.close()
+    bp2 = broker_factory(root=bp.data_dir.parent)
+    with bp2.client() as c2:
+        after = {name: job_of(c2, job_id) for name, job_id in ids.items()}
+        for name in ("queued", "running"):  # nobody is attached any more
+            assert after[name]["state"] == "stalled"
+            assert after[name]["finished_at"] is None
+        for end in ("succeeded", "failed", "cancelled"):
+            assert after[end]["state"] == end
+            assert after[end]["reason"] == before[end]["reason"]
+            assert after[end]["finished_at"] == before[end]["finished_at"]
+            with pytest.raises(rbroker.JobFinished):
+                _report(c2, ids[end], "d", completed=1)
+        for name in ids:
+            assert counts(after[name]) == counts(before[name])
+
+
+def test_pool_worker_killed_mid_chunk_fails_the_job_and_frees_every_lease(
+    broker: BrokerProcess, script: Callable[..., Script], tmp_path: Path
+) -> None:
+    """concurrent.futures cannot go on after a worker is killed (BrokenProcessPool): the
+    job ends `failed` with only the exception's type, no chunk is counted, no lease stays."""
+    pool = script(
+        "job_pool", broker.socket, "futures", "6", "10", "3", str(MIB), str(tmp_path / "go")
+    )
+    job_id = pool.read_line().split()[1]
+    with broker.client() as c:
+        wait_until(lambda: len(leases_of(c, job_id)) == 3, timeout_s=30)
+        victim = psutil.Process(pool.proc.pid).children()[0]
+        victim.send_signal(signal.SIGKILL)
+        assert pool.wait() != 0  # the pool script raised BrokenProcessPool
+        final = job_of(c, job_id)
+        assert final["state"] == "failed"
+        assert final["reason"] == "raised BrokenProcessPool"
+        assert counts(final) == (0, 0, 0)
+        wait_until(lambda: not leases_of(c, job_id), timeout_s=5)

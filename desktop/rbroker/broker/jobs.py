@@ -137,7 +137,7 @@ class JobTable:
                     last_report_at=rec["last_report_at"],
                     finished_at=rec["finished_at"],
                 )
-                if job.state == "running":
+                if job.state in ("queued", "running"):
                     job.state = "stalled"  # nobody is attached after a restart until they report
                 self.jobs[job.job_id] = job
 
