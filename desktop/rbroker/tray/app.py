@@ -7,10 +7,13 @@ and its menu, and the main window, wired together.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
+import threading
 from pathlib import Path
+from socket import gethostname
 
 from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtGui import QAction, QGuiApplication
@@ -21,10 +24,10 @@ from rbroker.localapi.client import Client
 from rbroker.localapi.paths import default_data_dir, default_socket_path
 from rbroker.tray import autostart
 from rbroker.tray.embedded import EmbeddedBroker
-from rbroker.tray.fleet import FleetSource, NotEnrolled
+from rbroker.tray.fleet import FleetSource, NotEnrolled, UplinkFleet
 from rbroker.tray.icons import app_icon, state_icon
 from rbroker.tray.link import BrokerLink
-from rbroker.tray.settings import TraySettings
+from rbroker.tray.settings import TraySettings, settings_path
 from rbroker.tray.single import SingleInstance, instance_name
 from rbroker.tray.state import (
     STATE_TEXT,
@@ -56,6 +59,7 @@ class TrayApp(QObject):
     """
 
     broker_failed = Signal(str)
+    enroll_finished = Signal(bool, str)
 
     def __init__(
         self,
@@ -67,12 +71,14 @@ class TrayApp(QObject):
         origin: str = "",
         guard: SingleInstance | None = None,
         snippet_socket: str | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         super().__init__()
         self.socket = socket
         self.snippet_socket = snippet_socket
         self.settings = settings
         self.embedded = embedded
+        self.data_dir = data_dir
         self.guard = guard
         self.state = TrayState.BROKER_DOWN
         self.snapshot: Snapshot | None = None
@@ -87,6 +93,8 @@ class TrayApp(QObject):
         self.link.command_failed.connect(self.on_command_failed)
         self.window.local.pause_toggled.connect(self.set_paused)
         self.broker_failed.connect(self.on_broker_failed)
+        self.enroll_finished.connect(self.on_enroll_finished)
+        self._enroll_thread: threading.Thread | None = None
 
         self.fleet_feed = FleetFeed(fleet or NotEnrolled(), parent=self)
         self.fleet_feed.computers.connect(self.window.fleet.set_computers)
@@ -180,6 +188,7 @@ class TrayApp(QObject):
     def on_snapshot(self, snap: Snapshot) -> None:
         self.snapshot = snap
         self.window.apply_snapshot(snap)
+        self.window.settings_tab.set_link(snap.status.get("coordinator") or {})
         self.pause_action.setEnabled(True)
         self.pause_action.setChecked(snap.paused)
         self.set_state(derive_state(snap))
@@ -234,14 +243,47 @@ class TrayApp(QObject):
         self.window.settings_tab.message.setText("Saved.")
 
     def enroll(self, url: str, code: str) -> None:
+        """Enroll this computer (`rbroker enroll URL CODE`) on a worker thread."""
         label = self.window.settings_tab.enroll_state
         if not url or not code:
             label.setText("Enter the coordinator URL and the enrollment code first.")
             return
-        label.setText(
-            "Enrollment from this window is not available in this version. Run in a "
-            f"terminal:  rbroker enroll {url} CODE"
-        )
+        if self.data_dir is None:
+            label.setText(f"Run in a terminal:  rbroker enroll {url} CODE")
+            return
+        if self._enroll_thread is not None and self._enroll_thread.is_alive():
+            return
+        label.setText(f"Enrolling at {url}…")
+        self.window.settings_tab.enroll_button.setEnabled(False)
+        data_dir = self.data_dir
+
+        def run() -> None:
+            from rbroker.uplink.enroll import EnrollError
+            from rbroker.uplink.enroll import enroll as uplink_enroll
+
+            try:
+                config = uplink_enroll(url, code, gethostname(), data_dir)
+            except EnrollError as exc:
+                self.enroll_finished.emit(False, str(exc))
+            except Exception as exc:  # never let a bad answer take the tray down
+                self.enroll_finished.emit(False, f"{type(exc).__name__}: {exc}")
+            else:
+                self.enroll_finished.emit(
+                    True,
+                    f"Enrolled {config.name} as {config.computer_id} in group {config.group}. "
+                    "The broker starts reporting within seconds.",
+                )
+
+        self._enroll_thread = threading.Thread(target=run, name="rbroker-tray-enroll", daemon=True)
+        self._enroll_thread.start()
+
+    def on_enroll_finished(self, ok: bool, message: str) -> None:
+        tab = self.window.settings_tab
+        tab.enroll_button.setEnabled(True)
+        tab.enroll_state.setText(message if ok else f"Not enrolled: {message}")
+        if ok:
+            tab.code.clear()
+            self.fleet_feed.refresh()
 
     # -- quit --------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -253,6 +295,8 @@ class TrayApp(QObject):
         self.fleet_timer.stop()
         self.link.stop()
         self.fleet_feed.join()
+        if self._enroll_thread is not None:
+            self._enroll_thread.join(5)
         if self.embedded is not None:
             self.embedded.stop()
         if self.guard is not None:
@@ -309,7 +353,12 @@ def run(args: argparse.Namespace) -> int:
         print("rbroker tray is already running; its window was brought to the front.")
         return 3
 
+    data_dir = args.data_dir or default_data_dir()
+    first_run = not settings_path().exists()
     settings = TraySettings.load()
+    if first_run:  # a new user sees the window once; later starts sit in the tray
+        with contextlib.suppress(OSError):
+            settings.save()
     embedded: EmbeddedBroker | None = None
     if _probe(socket) or args.attach_only:
         origin = "attached"
@@ -319,7 +368,7 @@ def run(args: argparse.Namespace) -> int:
         headroom = args.headroom_mib if args.headroom_mib is not None else settings.headroom_mib
         config = make_config(
             socket,
-            args.data_dir or default_data_dir(),
+            data_dir,
             simulate=args.simulate is not None,
             scenario=Path(args.simulate) if args.simulate else None,
             headroom_mib=headroom,
@@ -331,10 +380,12 @@ def run(args: argparse.Namespace) -> int:
         args.socket,
         settings,
         embedded=embedded,
-        show_window=args.show,
+        show_window=args.show or first_run,
         origin=origin,
         guard=guard,
         snippet_socket=args.socket,
+        data_dir=data_dir,
+        fleet=UplinkFleet(data_dir),
     )
     guard.activated.connect(controller.window.bring_to_front)
     if embedded is not None:

@@ -1,7 +1,7 @@
 """Where the Fleet tab gets the group's computers: a small `FleetSource` interface.
 
-No Qt here. The real source (signed fleet reads through the uplink, DESIGN §7) plugs in
-behind this protocol; until the computer is enrolled the tab shows a "not enrolled" state.
+No Qt here. `UplinkFleet` reads the coordinator with this computer's
+signature (DESIGN §7); until the computer is enrolled the tab shows a "not enrolled" state.
 
 A computer is a plain dict::
 
@@ -14,6 +14,7 @@ A computer is a plain dict::
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rbroker.tray.state import age_text
@@ -79,3 +80,50 @@ def freshness_text(computer: dict[str, Any]) -> str:
     if fresh == "stale":
         return f"stale · last known {age_text(age)} ago" if age is not None else "stale"
     return f"offline · last seen {age_text(age)} ago" if age is not None else "offline"
+
+
+def computers_from_fleet_view(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The coordinator's `GET /api/v1/fleet` answer as this module's computer dicts."""
+    out = []
+    for c in body.get("computers") or []:
+        fresh = c.get("freshness") or {}
+        state = fresh.get("state", "offline")
+        out.append(
+            {
+                "computer_id": str(c.get("id", "")),
+                "name": str(c.get("name") or c.get("reported_name") or c.get("id", "")),
+                "freshness": state if state in FRESHNESS else "offline",
+                "last_seen_age_s": fresh.get("age_s"),
+                "gpus": list(c.get("gpus") or []),
+                "leases": list(c.get("leases") or []),
+                "queue": list(c.get("queue") or []),
+                "jobs": list(c.get("jobs") or []),
+            }
+        )
+    return out
+
+
+class UplinkFleet:
+    """The group's fleet read from the coordinator, signed with this computer's key (the
+    enrollment kept in the broker's data dir by `rbroker enroll` or the Settings tab)."""
+
+    def __init__(self, data_dir: Path, timeout_s: float = 10.0) -> None:
+        self.data_dir = data_dir
+        self.timeout_s = timeout_s
+
+    def enrolled(self) -> bool:
+        from rbroker.uplink.config import UplinkConfig
+
+        try:
+            return UplinkConfig.load(self.data_dir) is not None
+        except ValueError:
+            return True  # enrolled, but the config is broken: computers() says why
+
+    def computers(self) -> list[dict[str, Any]]:
+        from rbroker.uplink.fleet import FleetError, fetch_fleet
+
+        try:
+            body = fetch_fleet(self.data_dir, timeout_s=self.timeout_s)
+        except (FleetError, ValueError) as exc:
+            raise FleetUnavailable(str(exc)) from None
+        return computers_from_fleet_view(body)

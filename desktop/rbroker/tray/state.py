@@ -13,8 +13,16 @@ from typing import Any
 
 from rbroker.broker.capacity import fmt_mib
 
-COORDINATOR_PROBLEM_LINKS = frozenset({"unreachable", "error", "failing", "offline", "rejected"})
-"""`broker.status().coordinator.link` values that mean reports are not getting through."""
+COORDINATOR_PROBLEM_LINKS = (
+    "retrying",
+    "rejected",
+    "error",
+    "config error",
+    "key unavailable",
+    "unreachable",
+)
+"""Beginnings of `broker.status().coordinator.link` values that mean reports are not getting
+through (`ok`, `connecting` and `not enrolled` are fine)."""
 
 
 class TrayState(StrEnum):
@@ -84,7 +92,7 @@ def derive_state(snapshot: Snapshot | None) -> TrayState:
         return TrayState.WAITING
     if any(gpu_full(g) for g in snapshot.gpus):
         return TrayState.FULL
-    if snapshot.coordinator_link in COORDINATOR_PROBLEM_LINKS:
+    if snapshot.coordinator_link.startswith(COORDINATOR_PROBLEM_LINKS):
         return TrayState.COORDINATOR
     if snapshot.leases:
         return TrayState.ACTIVE

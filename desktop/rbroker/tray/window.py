@@ -393,12 +393,16 @@ class SettingsTab(QWidget):
         self.enroll_button.clicked.connect(
             lambda: self.enroll_requested.emit(self.url.text().strip(), self.code.text().strip())
         )
-        self.enroll_state = QLabel("Not enrolled")
+        self.enroll_state = QLabel("")
         self.enroll_state.setWordWrap(True)
+        self.link_state = QLabel("unknown (no broker)")
+        self.link_state.setWordWrap(True)
+        self.link_state.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         form.addRow("Coordinator URL", self.url)
         form.addRow("Enrollment code", self.code)
         form.addRow("", self.enroll_button)
-        form.addRow("Status", self.enroll_state)
+        form.addRow("", self.enroll_state)
+        form.addRow("Link", self.link_state)
         outer.addWidget(coord)
 
         broker = QGroupBox("This computer's broker")
@@ -440,6 +444,18 @@ class SettingsTab(QWidget):
         outer.addLayout(row)
         outer.addStretch(1)
         self._updating = False
+
+    def set_link(self, coordinator: dict[str, Any]) -> None:
+        """Show the broker's coordinator link state (`broker.status().coordinator`)."""
+        link = str(coordinator.get("link") or "not enrolled")
+        bits = [link]
+        if coordinator.get("computer_id"):
+            bits.append(f"computer {coordinator['computer_id']}")
+        if coordinator.get("url"):
+            bits.append(str(coordinator["url"]))
+        if coordinator.get("detail"):
+            bits.append(str(coordinator["detail"]))
+        self.link_state.setText(" · ".join(bits))
 
     def set_autostart(self, on: bool, where: str) -> None:
         self._updating = True

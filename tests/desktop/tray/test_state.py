@@ -53,6 +53,19 @@ WAITER = {"request_id": 1, "mib": 30000, "reason": "waiting: ..."}
             Snapshot(gpus=[gpu()], status={"coordinator": {"link": "not enrolled"}}),
             TrayState.IDLE,
         ),
+        (
+            Snapshot(
+                gpus=[gpu()],
+                status={"coordinator": {"link": "retrying since 2026-11-30T09:00:00Z"}},
+            ),
+            TrayState.COORDINATOR,
+        ),
+        (
+            Snapshot(gpus=[gpu()], status={"coordinator": {"link": "rejected: 401 bad sig"}}),
+            TrayState.COORDINATOR,
+        ),
+        (Snapshot(gpus=[gpu()], status={"coordinator": {"link": "ok"}}), TrayState.IDLE),
+        (Snapshot(gpus=[gpu()], status={"coordinator": {"link": "connecting"}}), TrayState.IDLE),
     ],
 )
 def test_state_priorities(snap: Snapshot | None, state: TrayState) -> None:
