@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+import weakref
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,24 @@ class UtcDateTime(sa.types.TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+_WRITE_LOCKS: weakref.WeakKeyDictionary[Engine, threading.Lock] = weakref.WeakKeyDictionary()
+_WRITE_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def write_lock(engine: Engine) -> Iterator[None]:
+    """Serialise this process's write transactions on SQLite (one writer at a time anyway);
+    threads then queue on a lock instead of sleeping in SQLite's busy handler. A no-op on
+    PostgreSQL, where row locks order concurrent writers."""
+    if engine.dialect.name != "sqlite":
+        yield
+        return
+    with _WRITE_LOCKS_GUARD:
+        lock = _WRITE_LOCKS.setdefault(engine, threading.Lock())
+    with lock:
+        yield
 
 
 def make_engine(url: str, **kw: Any) -> Engine:

@@ -12,24 +12,18 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-import sqlalchemy as sa
 from pydantic import ValidationError
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 
 from rbroker_protocol.reports import ReportPayload
 from rbroker_protocol.signing import Envelope, EnvelopeError, parse_envelope, verify_report
-from rbroker_server.db import utcnow
-from rbroker_server.models import Computer, ComputerRun, HistoryPoint
+from rbroker_server.db import utcnow, write_lock
+from rbroker_server.reports import statements as st
 from rbroker_server.reports.redact import checked_name, redacted_state
 from rbroker_server.reports.schema import ReportAck
 from rbroker_server.settings import Settings
 
 log = logging.getLogger(__name__)
-
-COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
-RUNS = ComputerRun.__table__  # type: ignore[attr-defined]
-HISTORY = HistoryPoint.__table__  # type: ignore[attr-defined]
 
 _HISTORY_GPU_FIELDS = (
     "uuid",
@@ -63,10 +57,6 @@ class ReportTooLarge(Exception):
 class _NotApplied(Exception):
     def __init__(self, reason: str) -> None:
         self.reason = reason
-
-
-def _insert(conn: Connection, table: sa.Table) -> Any:
-    return (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(table)
 
 
 def _from_unix(seconds: float) -> datetime | None:
@@ -120,98 +110,84 @@ def ingest(
 
 
 def _apply(engine: Engine, settings: Settings, env: Envelope, now: datetime) -> ReportAck:
-    with engine.begin() as conn:
-        row = conn.execute(
-            sa.select(
-                COMPUTERS.c.public_key,
-                COMPUTERS.c.revoked_at,
-                COMPUTERS.c.run_id,
-                COMPUTERS.c.seq,
-                COMPUTERS.c.history_at,
-            ).where(COMPUTERS.c.id == env.computer_id)
-        ).first()
-        if row is None:
-            raise ReportUnauthenticated("unknown computer")
-        try:
-            payload = verify_report(env, row.public_key)
-        except EnvelopeError as exc:
-            raise ReportUnauthenticated(str(exc)) from exc
-        if row.revoked_at is not None:
-            raise ComputerRevoked
-        try:
-            report = ReportPayload.from_bytes(payload)
-        except ValidationError as exc:
-            first = ".".join(str(p) for p in exc.errors()[0]["loc"])
-            raise ReportInvalid(
-                f"payload does not fit the report schema ({exc.error_count()} errors, "
-                f"first at {first or 'top level'})"
-            ) from exc
-        if report.run_id != env.run_id:
-            raise ReportInvalid("payload run_id differs from the envelope's")
+    # Read and verify outside any write transaction; the conditional UPDATE below is what
+    # decides, so a report racing this one can never be overwritten by an older seq.
+    with engine.connect() as conn:
+        row = conn.execute(st.SELECT_COMPUTER, {"w_id": env.computer_id}).first()
+    if row is None:
+        raise ReportUnauthenticated("unknown computer")
+    try:
+        payload = verify_report(env, row.public_key)
+    except EnvelopeError as exc:
+        raise ReportUnauthenticated(str(exc)) from exc
+    if row.revoked_at is not None:
+        raise ComputerRevoked
+    try:
+        report = ReportPayload.from_bytes(payload)
+    except ValidationError as exc:
+        first = ".".join(str(p) for p in exc.errors()[0]["loc"])
+        raise ReportInvalid(
+            f"payload does not fit the report schema ({exc.error_count()} errors, "
+            f"first at {first or 'top level'})"
+        ) from exc
+    if report.run_id != env.run_id:
+        raise ReportInvalid("payload run_id differs from the envelope's")
 
-        same_run = row.run_id == env.run_id
-        if same_run and env.seq <= row.seq:
-            raise _NotApplied(f"not applied: seq {env.seq} is not newer than {row.seq}")
+    same_run = row.run_id == env.run_id
+    if same_run and env.seq <= row.seq:
+        raise _NotApplied(f"not applied: seq {env.seq} is not newer than {row.seq}")
 
-        state, flags = redacted_state(report)
-        name, name_flag = checked_name(report.computer_name)
-        if name_flag:
-            flags.insert(0, name_flag)
-        generated = _from_unix(report.generated_at)
-        values: dict[str, Any] = {
-            "seq": env.seq,
-            "last_seen_at": now,
-            "generated_at": generated,
-            "clock_skew_s": (generated - now).total_seconds() if generated else None,
-            "reported_name": name,
-            "broker_version": report.broker_version,
-            "telemetry_source": report.telemetry_source,
-            "state": state,
-            "reports_applied": COMPUTERS.c.reports_applied + 1,
-        }
-        if flags:
-            values.update(flagged=True, flagged_at=now, flags=flags)
-            log.warning(
-                "computer %s sent rejected descriptions: %s",
-                env.computer_id,
-                ", ".join(f"{f['field']} ({f['rule']})" for f in flags),
-            )
-        bucket = history_bucket(now, settings.history_step_s)
-        new_bucket = row.history_at is None or bucket > row.history_at
-        if new_bucket:
-            values["history_at"] = bucket
+    state, flags = redacted_state(report)
+    name, name_flag = checked_name(report.computer_name)
+    if name_flag:
+        flags.insert(0, name_flag)
+    generated = _from_unix(report.generated_at)
+    params: dict[str, Any] = {
+        "w_id": env.computer_id,
+        "v_seq": env.seq,
+        "v_last_seen_at": now,
+        "v_generated_at": generated,
+        "v_clock_skew_s": (generated - now).total_seconds() if generated else None,
+        "v_reported_name": name,
+        "v_broker_version": report.broker_version,
+        "v_telemetry_source": report.telemetry_source,
+        "v_state": state,
+    }
+    if flags:
+        params.update(v_flagged_at=now, v_flags=flags)
+        log.warning(
+            "computer %s sent rejected descriptions: %s",
+            env.computer_id,
+            ", ".join(f"{f['field']} ({f['rule']})" for f in flags),
+        )
+    bucket = history_bucket(now, settings.history_step_s)
+    new_bucket = row.history_at is None or bucket > row.history_at
+    if new_bucket:
+        params["v_history_at"] = bucket
+    if same_run:
+        params.update(w_run=env.run_id, w_seq=env.seq)
+    else:
+        params["v_run_id"] = env.run_id
+        if row.run_id is not None:
+            params["w_old_run"] = row.run_id
+    update = st.update_computer(
+        same_run=same_run,
+        old_run_null=row.run_id is None,
+        flagged=bool(flags),
+        new_bucket=new_bucket,
+    )
 
-        if same_run:
-            where = sa.and_(
-                COMPUTERS.c.id == env.computer_id,
-                COMPUTERS.c.run_id == env.run_id,
-                COMPUTERS.c.seq < env.seq,
-            )
-        else:
-            inserted = conn.execute(
-                _insert(conn, RUNS)
-                .values(computer_id=env.computer_id, run_id=env.run_id, first_seen_at=now)
-                .on_conflict_do_nothing()
-                .returning(RUNS.c.run_id)
-            ).first()
-            if inserted is None:
+    with write_lock(engine), engine.begin() as conn:
+        dialect = conn.dialect.name
+        if not same_run:
+            run = {"computer_id": env.computer_id, "run_id": env.run_id, "first_seen_at": now}
+            if conn.execute(st.insert_run(dialect), run).first() is None:
                 raise _NotApplied(f"not applied: run {env.run_id} was replaced by a newer run")
-            values["run_id"] = env.run_id
-            old = (
-                COMPUTERS.c.run_id.is_(None)
-                if row.run_id is None
-                else COMPUTERS.c.run_id == row.run_id
-            )
-            where = sa.and_(COMPUTERS.c.id == env.computer_id, old)
-        updated = conn.execute(sa.update(COMPUTERS).where(where).values(**values))
-        if updated.rowcount != 1:
+        if conn.execute(update, params).rowcount != 1:
             raise _NotApplied("not applied: a newer report was applied meanwhile")
         if new_bucket:
-            conn.execute(
-                _insert(conn, HISTORY)
-                .values(computer_id=env.computer_id, at=bucket, data=history_data(state))
-                .on_conflict_do_nothing()
-            )
+            point = {"computer_id": env.computer_id, "at": bucket, "data": history_data(state)}
+            conn.execute(st.insert_history(dialect), point)
     return ReportAck(
         applied=True,
         reason="applied" if same_run else "applied (new run)",

@@ -1,0 +1,92 @@
+"""Prebuilt Core statements of the report hot path.
+
+Building a statement costs more than running it; these are built once (per variant and
+dialect) with bind parameters, so each report only binds values.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from rbroker_server.models import Computer, ComputerRun, HistoryPoint
+
+COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
+RUNS = ComputerRun.__table__  # type: ignore[attr-defined]
+HISTORY = HistoryPoint.__table__  # type: ignore[attr-defined]
+
+STATE_COLUMNS = (
+    "seq",
+    "last_seen_at",
+    "generated_at",
+    "clock_skew_s",
+    "reported_name",
+    "broker_version",
+    "telemetry_source",
+    "state",
+)
+"""Columns every applied report sets (bound as `v_<column>`)."""
+
+SELECT_COMPUTER = sa.select(
+    COMPUTERS.c.public_key,
+    COMPUTERS.c.revoked_at,
+    COMPUTERS.c.run_id,
+    COMPUTERS.c.seq,
+    COMPUTERS.c.history_at,
+).where(COMPUTERS.c.id == sa.bindparam("w_id"))
+"""What the hot path needs to know about the sender (bind `w_id`)."""
+
+
+def _bind(column: str) -> sa.BindParameter[Any]:
+    return sa.bindparam(f"v_{column}", type_=COMPUTERS.c[column].type)
+
+
+@functools.cache
+def update_computer(*, same_run: bool, old_run_null: bool, flagged: bool, new_bucket: bool) -> Any:
+    """The conditional UPDATE that applies a report, for one combination of cases.
+
+    Binds: `w_id`; same run: `w_run`, `w_seq` (applies only if `seq < w_seq`); new run:
+    `w_old_run` unless `old_run_null`, and `v_run_id`; `v_<column>` for `STATE_COLUMNS`;
+    `v_flagged_at`, `v_flags` when flagged; `v_history_at` for a new history bucket.
+    """
+    where = COMPUTERS.c.id == sa.bindparam("w_id")
+    values: dict[str, Any] = {c: _bind(c) for c in STATE_COLUMNS}
+    values["reports_applied"] = COMPUTERS.c.reports_applied + 1
+    if same_run:
+        where = sa.and_(
+            where,
+            COMPUTERS.c.run_id == sa.bindparam("w_run"),
+            COMPUTERS.c.seq < sa.bindparam("w_seq", type_=sa.BigInteger()),
+        )
+    else:
+        old = (
+            COMPUTERS.c.run_id.is_(None)
+            if old_run_null
+            else COMPUTERS.c.run_id == sa.bindparam("w_old_run")
+        )
+        where = sa.and_(where, old)
+        values["run_id"] = _bind("run_id")
+    if flagged:
+        values.update(flagged=sa.true(), flagged_at=_bind("flagged_at"), flags=_bind("flags"))
+    if new_bucket:
+        values["history_at"] = _bind("history_at")
+    return sa.update(COMPUTERS).where(where).values(**values)
+
+
+def _insert(dialect: str, table: sa.Table) -> Any:
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+
+
+@functools.cache
+def insert_run(dialect: str) -> Any:
+    """Record a run; returns a row only when it was new (binds the column names)."""
+    return _insert(dialect, RUNS).on_conflict_do_nothing().returning(RUNS.c.run_id)
+
+
+@functools.cache
+def insert_history(dialect: str) -> Any:
+    """Add a history point unless another coordinator wrote that bucket already."""
+    return _insert(dialect, HISTORY).on_conflict_do_nothing()
