@@ -1,8 +1,8 @@
 """A demo broker with real lease holders, and a demo fleet: what the screenshots show.
 
 No Qt here. `DemoBroker` runs a simulated broker in-process (as the tray does) and starts
-worker processes that hold leases and "use" part of them through `sim.allocate`, plus two
-that wait for room, so every part of the window has live data.
+worker processes that hold leases and "use" part of them through `sim.allocate`, two that
+wait for room and two that run parallel jobs, so every part of the window has live data.
 """
 
 from __future__ import annotations
@@ -64,8 +64,32 @@ WORKER = textwrap.dedent(
 )
 
 
+# (project, purpose, handler, total_items, workers, items per chunk, chunks at once)
+JOBS: list[tuple[str, str, str, int, int, int, int]] = [
+    ("nlp", "embed support tickets", "embed.encode_batch", 240_000, 4, 4_800, 31),
+    ("vision", "caption product photos", "caption.run", 80_000, 2, 1_450, 10),
+]
+
+JOB_WORKER = textwrap.dedent(
+    """
+    import sys, time, rbroker
+    sock, project, purpose, handler, total, workers, size, burst = sys.argv[1:9]
+    total, size, burst = int(total), int(size), int(burst)
+    with rbroker.job(project=project, purpose=purpose, handler=handler, total_items=total,
+                     workers=int(workers), socket=sock) as job:
+        n = 0
+        while (n + 1) * size <= total:
+            job.report(f"chunk-{n}", completed=size - (n % 9 == 4), failed=int(n % 9 == 4))
+            n += 1
+            time.sleep(0.01 if n < burst else 2.0)
+        time.sleep(3600)
+    """
+)
+
+
 class DemoBroker:
-    """A simulated broker on two GPUs with four lease holders and two waiting requests."""
+    """A simulated broker on two GPUs with four lease holders, two waiting requests and two
+    parallel jobs reporting progress."""
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or Path(tempfile.mkdtemp(prefix="rbdemo-"))
@@ -91,13 +115,19 @@ class DemoBroker:
         for mib, gpu_or_none, project, session, purpose in WAITERS:
             self._spawn([str(mib), gpu_or_none or "", project, session, purpose, "0"], env)
         self._wait(lambda: self._count("queue") >= len(WAITERS), timeout_s)
+        for job in JOBS:
+            self._spawn_script(JOB_WORKER, [str(x) for x in job], env)
+        self._wait(self._jobs_running, timeout_s)
         # let the broker see the holders' allocations in a fresh sample
         self._wait(self._allocations_seen, timeout_s)
 
     def _spawn(self, args: list[str], env: dict[str, str]) -> None:
+        self._spawn_script(WORKER, args, env)
+
+    def _spawn_script(self, script: str, args: list[str], env: dict[str, str]) -> None:
         self.procs.append(
             subprocess.Popen(
-                [sys.executable, "-c", WORKER, self.socket, *args],
+                [sys.executable, "-c", script, self.socket, *args],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -110,6 +140,17 @@ class DemoBroker:
                 return len(c.leases()[what])
         except RBrokerError:
             return 0
+
+    def _jobs_running(self) -> bool:
+        try:
+            with Client(self.socket, timeout_s=5) as c:
+                jobs = c.jobs()
+        except RBrokerError:
+            return False
+        done = {j.get("purpose"): int(j.get("completed_items") or 0) for j in jobs}
+        return all(
+            done.get(purpose, 0) >= size * (burst - 1) for _, purpose, _, _, _, size, burst in JOBS
+        )
 
     def _allocations_seen(self) -> bool:
         with Client(self.socket, timeout_s=5) as c:
