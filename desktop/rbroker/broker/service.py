@@ -597,11 +597,13 @@ class Broker:
                     need = waiter.mib - self._claim(waiter, self.slots[u])
                     if caps[u].fits(need):
                         fits.append((u, caps[u], need))
-            if len(fits) >= waiter.gpus and not self.paused:
-                reverse = waiter.placement == "spread"
-                fits.sort(
-                    key=lambda t: (t[1].available_mib, self.slots[t[0]].info.index), reverse=reverse
-                )
+            reverse = waiter.placement == "spread"
+            fits.sort(key=lambda t: self._rank(t[0], t[1]), reverse=reverse)
+            if (
+                len(fits) >= waiter.gpus
+                and not self.paused
+                and not self._pending_ranks_better(waiter, pending, blocked, fits[waiter.gpus - 1])
+            ):
                 self._grant(waiter, fits[: waiter.gpus], now)
                 for u, _, _ in fits[: waiter.gpus]:
                     cap = self.capacity(u)
@@ -613,6 +615,32 @@ class Broker:
                 blocked[u] = blocked.get(u, 0) + 1
             for u in pending:
                 self.slots[u].kick.set()
+
+    def _rank(self, uuid: str, cap: Capacity) -> tuple[int, int]:
+        """Placement order: `pack` takes the smallest, `spread` the largest."""
+        return (cap.available_mib, self.slots[uuid].info.index)
+
+    def _pending_ranks_better(
+        self,
+        waiter: Waiter,
+        pending: list[str],
+        blocked: dict[str, int],
+        last_chosen: tuple[str, Capacity, int],
+    ) -> bool:
+        """True when a GPU still waiting for its fresh sample would, by its previous sample,
+        be placed before one of the GPUs chosen now: the request waits for that sample
+        rather than being placed by whichever GPU happened to be sampled last."""
+        worst = self._rank(last_chosen[0], last_chosen[1])
+        for u in pending:
+            cap = self.capacity(u)
+            if u in blocked or cap is None:
+                continue
+            if not cap.fits(waiter.mib - self._claim(waiter, self.slots[u])):
+                continue
+            key = self._rank(u, cap)
+            if (key > worst) if waiter.placement == "spread" else (key < worst):
+                return True
+        return False
 
     def _explain_wait(
         self,
