@@ -10,6 +10,7 @@ keyring) and starts a real broker process on it. Everything started is stopped a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -78,6 +79,7 @@ class CoordinatorProcess:
     port: int
     token: str
     first_code: str
+    group: str = "default"
     host: str = "127.0.0.1"
     proc: subprocess.Popen[bytes] | None = None
     prefix: list[str] = field(default_factory=list)
@@ -149,16 +151,33 @@ class CoordinatorProcess:
         other.start()
         return other
 
-    def new_code(self, group: str = "default") -> str:
-        """A fresh one-time enrollment code (what `rbroker-server enroll-code create` makes)."""
+    def _admin(self, action: Callable[[Any, Any], str]) -> str:
         from rbroker_server import db
         from rbroker_server.admin import service as admin
 
         engine = db.make_engine(f"sqlite:///{self.db_path.as_posix()}")
         try:
-            return admin.create_enroll_code(engine, group, 600).text
+            return action(admin, engine)
         finally:
             engine.dispose()
+
+    def new_code(self) -> str:
+        """A fresh one-time enrollment code for this group (what `rbroker-server
+        enroll-code create` makes)."""
+        return self._admin(lambda admin, e: admin.create_enroll_code(e, self.group, 600).text)
+
+    def new_group(self, name: str) -> CoordinatorProcess:
+        """This same coordinator seen through a new group: its own viewer token and codes
+        (`stop()` on it stops nothing)."""
+
+        def make(admin: Any, engine: Any) -> str:
+            admin.create_group(engine, name)
+            return str(admin.create_token(engine, name, "test").text)
+
+        token = self._admin(make)
+        view = dataclasses.replace(self, token=token, group=name, first_code="", proc=None)
+        view.first_code = view.new_code()
+        return view
 
     def get(self, path: str, token: str | None = None) -> httpx.Response:
         return httpx.get(
@@ -224,10 +243,23 @@ def coordinator_factory(tmp_path: Path) -> Iterator[Callable[..., CoordinatorPro
         c.stop()
 
 
+@pytest.fixture(scope="session")
+def shared_coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
+    """One coordinator process with default settings for the tests that do not stop it."""
+    c = setup_coordinator(tmp_path_factory.mktemp("shared"))
+    c.start()
+    yield c
+    c.stop()
+
+
 @pytest.fixture
-def coordinator(coordinator_factory: Callable[..., CoordinatorProcess]) -> CoordinatorProcess:
-    """A coordinator where a computer is stale after 3 report intervals (15 s, the default)."""
-    return coordinator_factory()
+def coordinator(
+    shared_coordinator: CoordinatorProcess, request: pytest.FixtureRequest
+) -> CoordinatorProcess:
+    """The shared coordinator seen through a fresh group of this test's own (default
+    settings: a computer is stale after 3 report intervals, 15 s)."""
+    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[-40:].strip("-")
+    return shared_coordinator.new_group(f"g-{name}")
 
 
 def enroll_cli(

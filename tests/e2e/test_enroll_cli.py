@@ -1,0 +1,138 @@
+"""`rbroker enroll` against a real coordinator: where the private key goes and when it refuses.
+
+No usable keyring: refuses, naming the fix (--key-file), and uses up nothing. A keyring
+that hangs: cut off after a few seconds, and the command exits. --key-file: a 0600 file in
+the data dir. Enrolled before but the key is gone: says so, never a silent new identity.
+A working keyring (a test backend shared by processes): the broker reads its key there.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import time
+from pathlib import Path
+
+from tests.conftest import SINGLE_24G, short_tmp, start_broker, wait_until
+from tests.e2e.conftest import CoordinatorProcess, enroll_cli, py_env
+
+NO_KEYRING = "keyring.backends.fail.Keyring"
+HANGING = "tests.e2e.keyring_backends.HangingKeyring"
+FILE_BACKED = "tests.e2e.keyring_backends.FileBackedKeyring"
+
+
+def _env(backend: str, **extra: str) -> dict[str, str]:
+    return py_env(PYTHON_KEYRING_BACKEND=backend, COLUMNS="200", **extra)
+
+
+def _computers(coordinator: CoordinatorProcess) -> list[str]:
+    return [c["name"] for c in coordinator.fleet()["computers"]]
+
+
+def test_enroll_key_storage_and_refusals(coordinator: CoordinatorProcess) -> None:
+    root = short_tmp()
+    data = root / "data"
+    code = coordinator.first_code
+
+    # no OS keyring: refused, with the fix named; nothing written, the code still unused
+    done = enroll_cli(coordinator.url, code, data, "lab-1", env=_env(NO_KEYRING))
+    assert done.returncode == 1
+    assert "keyring" in done.stderr and "--key-file" in done.stderr, done.stderr
+    assert not (data / "uplink.json").exists() and not (data / "computer.key").exists()
+
+    # a keyring that never answers: cut off after a few seconds, and the process ends
+    started = time.monotonic()
+    done = enroll_cli(coordinator.url, code, data, "lab-1", env=_env(HANGING), timeout=30)
+    took = time.monotonic() - started
+    assert done.returncode == 1
+    assert "did not answer within 5 s" in done.stderr, done.stderr
+    assert "--key-file" in done.stderr
+    assert took < 20, took
+    print(f"hanging keyring: enroll exited after {took:.1f} s")
+    assert _computers(coordinator) == []
+
+    # --key-file: the same code now works; the key is a 0600 file in the data dir
+    done = enroll_cli(coordinator.url, code, data, "lab-1", "--key-file", env=_env(NO_KEYRING))
+    assert done.returncode == 0, done.stderr
+    assert "0600 key file" in done.stderr
+    config = json.loads((data / "uplink.json").read_text())
+    assert config["key_backend"] == "file" and config["url"] == coordinator.url
+    key_file = data / "computer.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert _computers(coordinator) == ["lab-1"]
+
+    # enrolled already: refused, whatever the flags
+    again = coordinator.new_code()
+    done = enroll_cli(coordinator.url, again, data, "lab-1", "--key-file")
+    assert done.returncode == 1
+    assert "already enrolled as " + config["computer_id"] in done.stderr
+
+    # the coordinator knows this computer but its key is gone: it says so, no new identity
+    saved = key_file.read_bytes()
+    key_file.unlink()
+    done = enroll_cli(coordinator.url, again, data, "lab-1", "--key-file")
+    assert done.returncode == 1
+    assert "private key cannot be read" in done.stderr, done.stderr
+    assert "--new-identity" in done.stderr
+    assert _computers(coordinator) == ["lab-1"]
+    assert json.loads((data / "uplink.json").read_text()) == config
+
+    # a broker on that data dir keeps leasing and says why it does not report
+    broker = start_broker(SINGLE_24G, root=root)
+    try:
+        with broker.client() as c:
+            link = wait_until(
+                lambda: (
+                    c.status()["coordinator"]["link"].startswith("key unavailable")
+                    and c.status()["coordinator"]
+                ),
+                timeout_s=10,
+            )
+            assert isinstance(link, dict) and link["computer_id"] == config["computer_id"]
+            lease = c.call(
+                "lease.acquire", mib=1024, project="tests", session="s", purpose="still leasing"
+            )
+            c.call("lease.release", lease_id=lease["lease"]["lease_id"])
+    finally:
+        broker.stop()
+
+    # a key file readable by others is not used (and not silently fixed)
+    key_file.write_bytes(saved)
+    key_file.chmod(0o644)
+    done = enroll_cli(coordinator.url, again, data, "lab-1", "--key-file")
+    assert done.returncode == 1
+    assert "readable by others" in done.stderr, done.stderr
+
+    # a bad code: refused by the coordinator, and no key is left behind
+    other = short_tmp() / "data"
+    done = enroll_cli(coordinator.url, "rbe_nope_nope", other, "lab-2", "--key-file")
+    assert done.returncode == 1
+    assert "refused the enrollment" in done.stderr, done.stderr
+    assert not (other / "computer.key").exists() and not (other / "uplink.json").exists()
+
+
+def test_enroll_into_a_keyring_and_report(coordinator: CoordinatorProcess, tmp_path: Path) -> None:
+    """The default path: the key in a (test) keyring, read back by the broker process."""
+    store = tmp_path / "keyring.json"
+    env = _env(FILE_BACKED, RBROKER_TEST_KEYRING_FILE=str(store))
+    root = short_tmp()
+    done = enroll_cli(coordinator.url, coordinator.first_code, root / "data", "lab-k", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "the OS keyring" in done.stderr
+    config = json.loads((root / "data" / "uplink.json").read_text())
+    assert config["key_backend"] == "keyring"
+    assert not (root / "data" / "computer.key").exists()
+    entries = json.loads(store.read_text())
+    assert len(entries) == 1 and next(iter(entries)).startswith("rbroker/computer-key-")
+
+    broker = start_broker(SINGLE_24G, root=root, env=env)
+    try:
+        wait_until(
+            lambda: coordinator.computer(config["computer_id"])["reports_applied"] > 0,
+            timeout_s=20,
+            interval_s=0.2,
+        )
+        with broker.client() as c:
+            assert c.status()["coordinator"]["link"] == "ok"
+    finally:
+        broker.stop()
