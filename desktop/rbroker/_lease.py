@@ -105,8 +105,12 @@ class _Holder:
     def _beat(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
+                # A slow answer is a stalled broker (it grants a TTL of grace), not a lost
+                # one: giving up would close this connection, and that releases the lease.
                 self.client.call(
-                    "lease.renew", lease_id=self.lease.lease_id, timeout_s=self.interval_s
+                    "lease.renew",
+                    lease_id=self.lease.lease_id,
+                    timeout_s=max(self.ttl_s, RECONNECT_WINDOW_S),
                 )
             except BrokerUnavailable:
                 if self._stop.is_set() or not self._reattach():

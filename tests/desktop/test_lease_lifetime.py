@@ -96,3 +96,21 @@ def test_closing_the_connection_releases_its_leases(broker: BrokerProcess) -> No
             ended = _ended(observer, lease_id)
             assert ended is not None and ended["state"] == "released"
             assert ended["ended_reason"] == "holder connection closed"
+
+
+@pytest.mark.parametrize("stall_s", [1.0, 3.0], ids=["shorter-than-ttl", "longer-than-ttl"])
+def test_a_broker_stall_does_not_lose_an_sdk_lease(broker: BrokerProcess, stall_s: float) -> None:
+    """The broker's loop blocks (sim.stall) longer than the heartbeat interval (ttl/3), and
+    even longer than the TTL: the lease survives (one TTL of grace after a stall)."""
+    with rbroker.lease(ttl_s=2, socket=broker.socket, **PARAMS) as lease:  # type: ignore[arg-type]
+        with broker.client(timeout_s=30) as c:
+            assert c.call("sim.stall", seconds=stall_s) == {"stalled_s": stall_s}
+        time.sleep(2.5)  # heartbeats resume after the stall
+        lease.check()
+        assert not lease.lost
+        with broker.client() as c:
+            assert [x["lease_id"] for x in c.leases()["leases"]] == [lease.lease_id]
+    with broker.client() as c:
+        ended = _ended(c, lease.lease_id)
+        assert ended is not None and ended["state"] == "released"
+        assert ended["ended_reason"] == "released by holder"
