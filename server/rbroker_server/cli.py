@@ -124,6 +124,8 @@ def cmd_setup(args: argparse.Namespace) -> int:
         tls_ca=ca,
     )
     config = settings.save()
+    if db.ensure_database(settings.db_url):
+        print(f"database created: {_redact_url(settings.db_url)}")
     engine = db.make_engine(settings.db_url)
     try:
         db.upgrade(engine)

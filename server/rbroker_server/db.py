@@ -90,6 +90,33 @@ def make_engine(url: str, **kw: Any) -> Engine:
     return sa.create_engine(url, pool_pre_ping=True, **kw)
 
 
+def ensure_database(url: str) -> bool:
+    """Create the PostgreSQL database named in `url` when it does not exist yet (through
+    the server's `postgres` database, which needs CREATEDB). SQLite files are created on
+    first use. Returns True when a database was created."""
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() != "postgresql" or not parsed.database:
+        return False
+    probe = sa.create_engine(url)
+    try:
+        with probe.connect():
+            return False
+    except sa.exc.OperationalError as exc:
+        if "does not exist" not in str(exc):
+            raise
+    finally:
+        probe.dispose()
+    maintenance = sa.create_engine(parsed.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with maintenance.connect() as conn:
+            quoted = conn.dialect.identifier_preparer.quote(parsed.database)
+            conn.exec_driver_sql(f"CREATE DATABASE {quoted}")
+    finally:
+        maintenance.dispose()
+    log.info("created database %s", parsed.database)
+    return True
+
+
 def _alembic_config(connection: sa.Connection) -> Any:
     from alembic.config import Config
 

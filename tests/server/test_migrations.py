@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import re
+import secrets
 
+import pytest
+import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from rbroker_server import db
 from rbroker_server.models import metadata
+from tests.server.conftest import PG_ENV, pg_url
 
 
 def test_revision_files_are_dated() -> None:
@@ -41,3 +45,28 @@ def test_sqlite_pragmas(tmp_path) -> None:  # type: ignore[no-untyped-def]
             assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 1000
     finally:
         engine.dispose()
+
+
+def test_setup_creates_a_missing_postgresql_database() -> None:
+    base = pg_url()
+    if base is None:
+        pytest.skip(f"PostgreSQL variant: set {PG_ENV}")
+    name = f"rbt_db_{secrets.token_hex(4)}"
+    url = sa.engine.make_url(base).set(database=name)
+    admin = sa.create_engine(sa.engine.make_url(base), isolation_level="AUTOCOMMIT")
+    try:
+        assert db.ensure_database(url.render_as_string(hide_password=False)) is True
+        assert db.ensure_database(url.render_as_string(hide_password=False)) is False
+        engine = db.make_engine(url.render_as_string(hide_password=False))
+        try:
+            assert db.upgrade(engine) == db.head_revision()
+        finally:
+            engine.dispose()
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.dispose()
+
+
+def test_ensure_database_leaves_sqlite_alone(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert db.ensure_database(f"sqlite:///{tmp_path / 'x.db'}") is False
