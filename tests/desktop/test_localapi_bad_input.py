@@ -227,3 +227,38 @@ def test_many_bad_lines_then_a_good_request(conn: RawConnection) -> None:
     assert names == {"parse_error", "invalid_request", "method_not_found", "request_too_large"}
     answer = _acquire(conn)
     assert answer["result"]["lease"]["granted_mib"] == 1024
+
+
+def test_deeply_nested_json(conn: RawConnection) -> None:
+    depth = 30000  # fits in 64 KiB, deeper than the parser's recursion limit
+    conn.send_line(b"[" * depth + b"]" * depth)
+    err = _error(conn.read_message(), ErrorCode.PARSE_ERROR)
+    assert "nested" in err["message"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("ttl_s", "NaN"), ("ttl_s", "Infinity"), ("wait_s", "NaN"), ("wait_s", "-Infinity")],
+)
+def test_non_finite_numbers(conn: RawConnection, field: str, value: str) -> None:
+    params = json.dumps({**GOOD, "session": "non-finite"})[:-1] + f', "{field}": {value}}}'
+    conn.send_line(
+        b'{"jsonrpc":"2.0","id":3,"method":"lease.acquire","params":%s}' % params.encode()
+    )
+    err = _error(conn.read_message(), ErrorCode.INVALID_PARAMS)
+    assert err["data"]["fields"] == [field]
+
+
+def test_over_long_line_followed_by_a_good_one_in_the_same_write(conn: RawConnection) -> None:
+    big = b'{"jsonrpc":"2.0","id":1,"method":"hello","pad":"' + b"y" * 200_000 + b'"}\n'
+    good = b'{"jsonrpc":"2.0","id":2,"method":"hello","params":{"protocol_version":1}}\n'
+    conn.sock.sendall(big + good)
+    first = conn.read_message()
+    _error(first, ErrorCode.REQUEST_TOO_LARGE)
+    second = conn.read_message()
+    assert second["id"] == 2 and second["result"]["protocol_version"] == 1
+
+
+def test_unknown_params_field(conn: RawConnection) -> None:
+    err = _error(_acquire(conn, priority=10), ErrorCode.INVALID_PARAMS)
+    assert err["data"]["fields"] == ["priority"]

@@ -36,6 +36,7 @@ import contextlib
 import itertools
 import json
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -245,6 +246,11 @@ class LocalApi:
                 msg = json.loads(line)
             except (ValueError, UnicodeDecodeError) as exc:
                 raise RpcError(ErrorCode.PARSE_ERROR, f"not valid JSON: {exc}") from None
+            except RecursionError:
+                raise RpcError(
+                    ErrorCode.PARSE_ERROR,
+                    f"JSON nested too deeply ({sys.getrecursionlimit()} levels at most)",
+                ) from None
             if not isinstance(msg, dict):
                 raise RpcError(ErrorCode.INVALID_REQUEST, "a request must be a JSON object")
             request_id = msg.get("id")
