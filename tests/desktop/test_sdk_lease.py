@@ -1,0 +1,133 @@
+"""The SDK surface (DESIGN §6a): `rbroker.lease()` / `alease()` and the exception types."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rbroker
+from rbroker import Lease
+from rbroker._exceptions import from_rpc_error
+from rbroker_protocol.errors import ErrorCode, RpcError
+from tests.conftest import GPU0, BrokerProcess, wait_until
+
+PROJECT, SESSION, PURPOSE = "tests", "sdk", "sdk surface"
+
+
+def _lease(socket: str | None, mib: int, **kw: Any) -> contextlib.AbstractContextManager[Lease]:
+    return rbroker.lease(
+        mib, project=PROJECT, session=SESSION, purpose=PURPOSE, socket=socket, **kw
+    )
+
+
+def _try_lease(socket: str, mib: int, **kw: Any) -> None:
+    with _lease(socket, mib, **kw):
+        pass
+
+
+def test_lease_fields(broker: BrokerProcess) -> None:
+    with _lease(broker.socket, 2048) as lease:
+        assert lease.gpu_uuid == GPU0
+        assert lease.gpu_uuids == [GPU0]
+        assert lease.cuda_visible_devices == GPU0
+        assert lease.granted_mib == 2048
+        assert lease.lease_id.startswith("lease-")
+        assert lease.info["state"] == "active"
+        assert lease.token and lease.token not in repr(lease)
+
+
+def test_socket_from_the_environment(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RBROKER_SOCKET", broker.socket)
+    with _lease(None, 1024) as lease, rbroker.Client() as c:
+        assert [x["lease_id"] for x in c.leases()["leases"]] == [lease.lease_id]
+
+
+def test_errors_are_typed_and_carry_numbers(broker: BrokerProcess) -> None:
+    with pytest.raises(rbroker.Infeasible) as infeasible:
+        _try_lease(broker.socket, 10**6)
+    assert infeasible.value.data["usable_mib"] == 24576 - 1229
+    with _lease(broker.socket, 20000):
+        with pytest.raises(rbroker.CapacityUnavailable) as no_room:
+            _try_lease(broker.socket, 8000)
+        assert no_room.value.data["available_mib"] == 24576 - 1229 - 20000
+        with pytest.raises(rbroker.WaitTimeout):
+            _try_lease(broker.socket, 8000, wait_s=0.5)
+    with (
+        pytest.raises(rbroker.DescriptionRejected) as rejected,
+        rbroker.lease(1024, socket=broker.socket, project="", session="s", purpose="p"),
+    ):
+        pass
+    assert rejected.value.data["rule"] == "empty"
+    with broker.client() as c:
+        assert c.leases() == {"leases": [], "queue": []}
+
+
+def test_no_broker_is_broker_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(rbroker.BrokerUnavailable) as unavailable:
+        _try_lease(str(tmp_path / "none.sock"), 1024)
+    assert "none.sock" in unavailable.value.message
+
+
+def test_a_lease_ended_elsewhere_is_reported_lost(broker: BrokerProcess) -> None:
+    with _lease(broker.socket, 1024, ttl_s=1.5) as lease:
+        with broker.client() as other:  # the same user ends it from another connection
+            other.call("lease.release", lease_id=lease.lease_id)
+        wait_until(lambda: lease.lost, timeout_s=5)
+        with pytest.raises(rbroker.RBrokerError) as lost:
+            lease.check()
+        assert lost.value.code in ("lease_not_found", "lease_expired")
+    # leaving the block after the loss raises nothing and leaves nothing behind
+    with broker.client() as c:
+        assert c.leases()["leases"] == []
+
+
+def test_alease_heartbeats_while_the_event_loop_is_blocked(broker: BrokerProcess) -> None:
+    async def main() -> str:
+        async with rbroker.alease(
+            1024, project=PROJECT, session=SESSION, purpose=PURPOSE, ttl_s=1.5, socket=broker.socket
+        ) as lease:
+            time.sleep(3.0)  # a blocked loop: heartbeats run on their own thread
+            lease.check()
+            with broker.client() as c:
+                assert [x["lease_id"] for x in c.leases()["leases"]] == [lease.lease_id]
+            return lease.lease_id
+
+    lease_id = asyncio.run(main())
+    with broker.client() as c:
+        (ended,) = [x for x in c.leases(include_ended=True)["ended"] if x["lease_id"] == lease_id]
+        assert ended["state"] == "released"
+
+
+def test_every_error_code_has_its_exception() -> None:
+    expected = {
+        ErrorCode.CAPACITY_UNAVAILABLE: rbroker.CapacityUnavailable,
+        ErrorCode.INFEASIBLE: rbroker.Infeasible,
+        ErrorCode.WAIT_TIMEOUT: rbroker.WaitTimeout,
+        ErrorCode.LEASE_NOT_FOUND: rbroker.LeaseNotFound,
+        ErrorCode.LEASE_EXPIRED: rbroker.LeaseExpired,
+        ErrorCode.NOT_LEASE_OWNER: rbroker.NotLeaseOwner,
+        ErrorCode.DESCRIPTION_REJECTED: rbroker.DescriptionRejected,
+        ErrorCode.TELEMETRY_UNAVAILABLE: rbroker.TelemetryUnavailable,
+        ErrorCode.PROTOCOL_VERSION: rbroker.ProtocolVersionError,
+        ErrorCode.INVALID_PARAMS: rbroker.InvalidParams,
+    }
+    for code in ErrorCode:
+        exc = from_rpc_error(RpcError(code, f"message for {code.value}", mib=1))
+        assert isinstance(exc, rbroker.RBrokerError)
+        assert exc.code == code.value and exc.data == {"mib": 1}
+        if code in expected:
+            assert type(exc) is expected[code], code
+    assert issubclass(rbroker.WaitTimeout, rbroker.CapacityUnavailable)
+
+
+def test_public_surface_is_sorted_and_importable() -> None:
+    assert rbroker.__all__ == sorted(rbroker.__all__)
+    for name in rbroker.__all__:
+        assert hasattr(rbroker, name), name
