@@ -66,7 +66,7 @@ WORKER = textwrap.dedent(
 
 # (project, purpose, handler, total_items, workers, items per chunk, chunks at once)
 JOBS: list[tuple[str, str, str, int, int, int, int]] = [
-    ("nlp", "embed support tickets", "embed.encode_batch", 240_000, 4, 4_800, 31),
+    ("nlp", "embed support tickets", "embed.encode_batch", 240_000, 4, 4_800, 27),
     ("vision", "caption product photos", "caption.run", 80_000, 2, 1_450, 10),
 ]
 
@@ -81,7 +81,7 @@ JOB_WORKER = textwrap.dedent(
         while (n + 1) * size <= total:
             job.report(f"chunk-{n}", completed=size - (n % 9 == 4), failed=int(n % 9 == 4))
             n += 1
-            time.sleep(0.01 if n < burst else 2.0)
+            time.sleep(0.01 if n < burst else 8.0)
         time.sleep(3600)
     """
 )
@@ -383,3 +383,230 @@ def demo_fleet(now: float | None = None) -> list[dict[str, Any]]:
             "jobs": [],
         },
     ]
+
+
+OTHER_COMPUTERS: list[tuple[str, str, list[tuple[int, str, str, str, int]]]] = [
+    # (name, scenario, leases: (mib, project, session, purpose, MiB used))
+    (
+        "render-02",
+        '[[gpu]]\nname = "Simulated RTX A6000"\ntotal_mib = 49140\nused_mib = 2500\n',
+        [(44000, "genai", "sdxl-lora", "SDXL LoRA fine-tune", 41000)],
+    ),
+    (
+        "gpu-box-03",
+        "".join(
+            f'[[gpu]]\nname = "Simulated A100 80GB"\ntotal_mib = 81920\nused_mib = {u}\n'
+            for u in (400, 400, 30000, 400)
+        ),
+        [(32768, "speech", "whisper-eval", "evaluate Whisper large-v3", 30500)],
+    ),
+    (
+        "laptop-anna",
+        '[[gpu]]\nname = "Simulated RTX 3070 Laptop"\ntotal_mib = 8192\nused_mib = 900\n',
+        [],
+    ),
+]
+
+
+class DemoFleet:
+    """A coordinator on 127.0.0.1 (SQLite, plain HTTP) and three more simulated computers
+    reporting to it, next to a `DemoBroker` enrolled as `lab-ws-01`; two of the others stop
+    so the fleet shows every freshness state. Needs the `server` extra (run as processes:
+    the tray never imports the server)."""
+
+    STALE_AFTER_S = 8.0
+    OFFLINE_AFTER_S = 20.0
+
+    def __init__(self, demo: DemoBroker) -> None:
+        self.demo = demo
+        self.root = demo.root / "fleet"
+        self.url = ""
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.brokers: dict[str, subprocess.Popen[bytes]] = {}
+
+    @staticmethod
+    def available() -> bool:
+        import importlib.util
+
+        return all(importlib.util.find_spec(m) is not None for m in ("rbroker_server", "litestar"))
+
+    def _server(self, *args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "rbroker_server", *args, "--data-dir", str(self.root / "c")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"rbroker-server {args[0]} failed: {out.stderr[-500:]}")
+        return out.stdout
+
+    def _code(self) -> str:
+        import re
+
+        text = self._server("enroll-code", "create", "--group", "demo")
+        match = re.search(r"\brbe_[A-Za-z0-9_-]+", text)
+        if match is None:
+            raise RuntimeError(f"no enrollment code in {text!r}")
+        return match.group(0)
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        import socket as socketlib
+
+        import httpx
+
+        from rbroker.uplink.enroll import enroll
+
+        with socketlib.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._server(
+            "setup",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--public-hostname",
+            "127.0.0.1",
+            "--group",
+            "demo",
+            "--non-interactive",
+        )
+        config = self.root / "c" / "config.toml"
+        text = config.read_text()
+        text = text.replace("stale_after_s = 15.0", f"stale_after_s = {self.STALE_AFTER_S}")
+        text = text.replace("offline_after_s = 300.0", f"offline_after_s = {self.OFFLINE_AFTER_S}")
+        config.write_text(text)
+        log = open(self.root / "coordinator.log", "wb")  # noqa: SIM115 - the child keeps it
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "rbroker_server",
+                    "serve",
+                    "--data-dir",
+                    str(self.root / "c"),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        log.close()
+        self.url = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        DemoBroker._wait(healthy, timeout_s)
+        enroll(self.url, self._code(), "lab-ws-01", self.demo.root / "data", key_file=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for name, scenario, leases in OTHER_COMPUTERS:
+            base = self.root / name
+            base.mkdir()
+            (base / "scenario.toml").write_text(scenario)
+            enroll(self.url, self._code(), name, base / "data", key_file=True)
+            sock = str(base / "b.sock")
+            blog = open(base / "broker.log", "wb")  # noqa: SIM115 - the child keeps it
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "rbroker",
+                    "broker",
+                    "--simulate",
+                    str(base / "scenario.toml"),
+                    "--socket",
+                    sock,
+                    "--data-dir",
+                    str(base / "data"),
+                ],
+                stdout=blog,
+                stderr=subprocess.STDOUT,
+            )
+            blog.close()
+            self.brokers[name] = proc
+            self.procs.append(proc)
+            DemoBroker._wait(lambda sock=sock: _answers(sock), timeout_s)
+            for mib, project, session, purpose, use in leases:
+                self.procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-c",
+                            WORKER,
+                            sock,
+                            str(mib),
+                            "",
+                            project,
+                            session,
+                            purpose,
+                            str(use),
+                        ],
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+
+    def computers(self) -> list[dict[str, Any]]:
+        """The fleet as this computer reads it (signed with its key)."""
+        from rbroker.tray.fleet import UplinkFleet
+
+        return UplinkFleet(self.demo.root / "data").computers()
+
+    def settle(self, timeout_s: float = 90.0) -> None:
+        """Wait until all four computers reported their leases, then stop `laptop-anna`
+        (goes offline) and, later, `gpu-box-03` (goes stale)."""
+
+        def all_reported() -> bool:
+            try:
+                cs = self.computers()
+            except Exception:
+                return False
+            online = {c["name"] for c in cs if c["freshness"] == "online"}
+            leased = sum(len(c["leases"]) for c in cs)
+            return len(online) == 4 and leased >= 4 + 2
+
+        DemoBroker._wait(all_reported, timeout_s)
+        self._stop(self.brokers["laptop-anna"])
+        time.sleep(self.OFFLINE_AFTER_S - self.STALE_AFTER_S)
+        self._stop(self.brokers["gpu-box-03"])
+
+        def states() -> bool:
+            fresh = {c["name"]: c["freshness"] for c in self.computers()}
+            return fresh.get("laptop-anna") == "offline" and fresh.get("gpu-box-03") == "stale"
+
+        DemoBroker._wait(states, timeout_s)
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen[bytes]) -> None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+
+def _answers(sock: str) -> bool:
+    try:
+        with Client(sock, timeout_s=2):
+            return True
+    except RBrokerError:
+        return False

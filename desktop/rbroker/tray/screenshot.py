@@ -3,9 +3,10 @@
     python -m rbroker.tray.screenshot [OUT_DIR]     # default: docs/
 
 Writes `screenshot-local.png` (This computer: live data from a simulated broker with real
-lease holders and waiting requests) and `screenshot-fleet.png` (the Fleet tab, fed by the
-demo fleet source while the coordinator link is not built). Runs on any Qt platform: under
-Xvfb, or with QT_QPA_PLATFORM=offscreen.
+lease holders, waiting requests and jobs) and `screenshot-fleet.png` (the Fleet tab, read
+from a local coordinator that this demo computer and three more simulated ones report to;
+`--static-fleet`, or no `server` extra, uses fixed demo data instead). Runs on any Qt
+platform: under Xvfb, or with QT_QPA_PLATFORM=offscreen.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=1180)
     parser.add_argument("--height", type=int, default=960)
     parser.add_argument("--settle-s", type=float, default=4.0, help="live updates before shots")
+    parser.add_argument(
+        "--static-fleet",
+        action="store_true",
+        help="feed the Fleet tab from fixed demo data instead of a local coordinator",
+    )
     args = parser.parse_args(argv)
     if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -31,17 +37,23 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     from rbroker.tray.app import TrayApp
-    from rbroker.tray.demo import DemoBroker, demo_fleet
-    from rbroker.tray.fleet import StaticFleet
+    from rbroker.tray.demo import DemoBroker, DemoFleet, demo_fleet
+    from rbroker.tray.fleet import FleetSource, StaticFleet, UplinkFleet
     from rbroker.tray.settings import TraySettings
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     demo = DemoBroker()
     demo.start()
+    coordinator: DemoFleet | None = None
+    source: FleetSource = StaticFleet(demo_fleet)
+    if not args.static_fleet and DemoFleet.available():
+        coordinator = DemoFleet(demo)
+        coordinator.start()
+        source = UplinkFleet(demo.root / "data")
     controller = TrayApp(
         demo.socket,
-        TraySettings(coordinator_url="https://coordinator.example.org"),
-        fleet=StaticFleet(demo_fleet),
+        TraySettings(coordinator_url=coordinator.url if coordinator else ""),
+        fleet=source,
         show_window=True,
         origin="demo broker",
     )
@@ -66,12 +78,23 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError("the window never showed the demo broker's state")
             pump(0.1)
         pump(args.settle_s)
+        if coordinator is not None:
+            coordinator.settle()
+            controller.fleet_feed.refresh()
+            pump(3)
         args.out.mkdir(parents=True, exist_ok=True)
         win.tabs.setCurrentIndex(0)
         pump(0.3)
         local = args.out / "screenshot-local.png"
         win.grab().save(str(local))
         win.tabs.setCurrentIndex(1)
+        fleet_tab = win.fleet
+        for row in range(fleet_tab.computers.rowCount()):
+            if fleet_tab.computers.row(row).get("name") == "lab-ws-01":
+                proxy = fleet_tab.computers_view.model()
+                fleet_tab.computers_view.selectRow(
+                    proxy.mapFromSource(fleet_tab.computers.index(row, 0)).row()  # type: ignore[attr-defined]
+                )
         pump(0.5)
         fleet = args.out / "screenshot-fleet.png"
         win.grab().save(str(fleet))
@@ -79,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         print(fleet)
     finally:
         controller.shutdown()
+        if coordinator is not None:
+            coordinator.stop()
         demo.stop()
     del app
     return 0
