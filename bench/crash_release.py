@@ -12,7 +12,7 @@ ended. Two ways a holder dies:
 Floor: the operating system's part, from SIGKILL until a process reading a Unix-socket
 connection of the killed process sees end-of-file (a bare socket, no broker).
 
-    python bench/crash_release.py [--quick] [--record] [--repeat 60]
+    python bench/crash_release.py [--quick] [--record] [--repeat 50]
 """
 
 from __future__ import annotations
@@ -118,9 +118,9 @@ def floor_once(listener: socket.socket, path: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--repeat", type=int, help="kills per way of dying (default 60)")
+    p.add_argument("--repeat", type=int, help="kills per way of dying (default 50)")
     args = p.parse_args(argv)
-    repeat = args.repeat or (5 if args.quick else 60)
+    repeat = args.repeat or (5 if args.quick else 50)
 
     report = Report("Crash release: a SIGKILLed holder's lease", args.quick)
     path = str(short_tmp() / "floor.sock")
