@@ -10,7 +10,12 @@ import pytest
 import rbroker
 from tests.conftest import BrokerProcess, wait_until
 
-PARAMS = {"mib": 4096, "project": "tests", "session": "lifetime", "purpose": "lease lifetime"}
+PARAMS: dict[str, Any] = {
+    "mib": 4096,
+    "project": "tests",
+    "session": "lifetime",
+    "purpose": "lease lifetime",
+}
 
 
 def _ended(c: rbroker.Client, lease_id: str) -> dict[str, Any] | None:

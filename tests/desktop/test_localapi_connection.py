@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ import rbroker
 from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, start_broker, wait_until
 from tests.desktop.conftest import RawConnection
 
-PARAMS = {"project": "tests", "session": "conn", "purpose": "connection behaviour"}
+PARAMS: dict[str, Any] = {"project": "tests", "session": "conn", "purpose": "connection behaviour"}
 
 
 def test_a_waiting_acquire_does_not_hold_up_the_connection(

@@ -126,7 +126,11 @@ def test_adopting_memory_already_held_checks_only_the_extra(
     """16 000 MiB in use by this process leave 7 552 available; it can take a lease of
     20 000 with adopt (only the 4 000 extra is checked), but not without."""
     broker = broker_factory(headroom_mib=HEADROOM)
-    params = {"project": "tests", "session": "adopt", "purpose": "adopt held memory"}
+    params: dict[str, Any] = {
+        "project": "tests",
+        "session": "adopt",
+        "purpose": "adopt held memory",
+    }
     with broker.client() as c:
         c.sim_allocate(16000, gpu_uuid=GPU0)
         _settled(c, device_used_mib=16000, available_mib=7552)

@@ -17,7 +17,7 @@ import rbroker
 from tests.conftest import GPU0, BrokerProcess, wait_until
 from tests.desktop.conftest import RawConnection
 
-PARAMS = {"project": "tests", "session": "telemetry", "purpose": "fail closed"}
+PARAMS: dict[str, Any] = {"project": "tests", "session": "telemetry", "purpose": "fail closed"}
 
 
 def _gpu(c: rbroker.Client) -> dict[str, Any]:
