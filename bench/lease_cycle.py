@@ -168,22 +168,30 @@ def close(conn: Any) -> None:
     conn.close()
 
 
-def latencies(kind: str, address: str, n: int, warmup: int) -> list[float]:
-    """Durations (s) of `n` cycles by one client, after `warmup` untimed ones."""
-    conn = connect(kind, address)
+def latencies(
+    address: dict[str, str], n: int, warmup: int, rounds: int = 10
+) -> dict[str, list[float]]:
+    """Durations (s) of `n` cycles by one client of each kind, after `warmup` untimed ones;
+    the kinds take turns in `rounds` slices, so that load elsewhere hits them alike."""
+    conns = {kind: connect(kind, addr) for kind, addr in address.items()}
     try:
-        run = cycle_fn(kind, conn, 0)
-        for _ in range(warmup):
-            run()
-        out = []
+        runs = {kind: cycle_fn(kind, conn, 0) for kind, conn in conns.items()}
+        out: dict[str, list[float]] = {kind: [] for kind in runs}
+        for run in runs.values():
+            for _ in range(warmup):
+                run()
         clock = time.perf_counter
-        for _ in range(n):
-            t0 = clock()
-            run()
-            out.append(clock() - t0)
+        for r in range(rounds):
+            for kind, run in runs.items():
+                times = out[kind]
+                for _ in range(n // rounds + (1 if r < n % rounds else 0)):
+                    t0 = clock()
+                    run()
+                    times.append(clock() - t0)
         return out
     finally:
-        close(conn)
+        for conn in conns.values():
+            close(conn)
 
 
 def _worker(kind: str, address: str, index: int, gate: StartGate, seconds: float, q: Any) -> None:
@@ -265,13 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     echo_proc, echo_path = start_echo()
     no_redis = redis_available()
     try:
-        lat: dict[str, list[float]] = {}
         rate: dict[str, float] = {}
-        # interleave the kinds so that a burst of load elsewhere hits them alike
         kinds = ["echo", "broker"] + ([] if no_redis else ["redis"])
         address = {"echo": echo_path, "broker": broker.socket, "redis": REDIS_URL}
-        for kind in kinds:
-            lat[kind] = latencies(kind, address[kind], cycles, warmup)
+        lat = latencies({k: address[k] for k in kinds}, cycles, warmup)
         cpu_broker = float("nan")
         errors: dict[str, int] = {}
         for kind in kinds:
@@ -338,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         f"({rate['broker'] / max(cpu_broker / 100, 1e-9):,.0f} cycles per CPU-second)",
     )
     report.note(
-        f"1-client figures: {cycles} timed cycles after {warmup} warm-up cycles; "
+        f"1-client figures: {cycles} timed cycles after {warmup} warm-up cycles, the kinds "
+        "taking turns in 10 slices; "
         f"{clients}-client figures: {seconds:g} s of cycles by {clients} separate processes, "
         "each on its own connection (errors: "
         + ", ".join(f"{k} {v}" for k, v in errors.items())
