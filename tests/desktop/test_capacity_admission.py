@@ -152,3 +152,17 @@ def test_waiting_request_is_admitted_when_room_appears(
         answer = waiting.read_answer(request_id)
         assert answer["result"]["lease"]["granted_mib"] == 80500
         assert answer["result"]["lease"]["admission"][GPU0]["available_mib"] == 80888
+
+
+def test_headroom_larger_than_the_gpu_makes_every_request_infeasible(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker = broker_factory(headroom_mib=30000)
+    with broker.client() as c:
+        (gpu,) = c.gpus()
+        assert gpu["available_mib"] == 0
+        with pytest.raises(rbroker.Infeasible) as refused:
+            c.call("lease.acquire", **_acquire_params(1, "tiny", wait_s=30))
+        assert refused.value.data["usable_mib"] == 0
+        assert refused.value.data["headroom_mib"] == 30000
+        assert "never offer more than 0 MiB" in refused.value.message

@@ -398,7 +398,7 @@ class Broker:
             if slot.sample is None:
                 fit += 1  # unknown yet: cannot call it infeasible
                 continue
-            usable = slot.sample.total_mib - slot.headroom_mib
+            usable = max(0, slot.sample.total_mib - slot.headroom_mib)
             if params.mib <= usable:
                 fit += 1
             else:
