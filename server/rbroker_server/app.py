@@ -13,8 +13,10 @@ from litestar import Litestar, get
 from litestar.di import NamedDependency, Provide
 from litestar.exceptions import ServiceUnavailableException
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, Reference, SecurityScheme
 from sqlalchemy.engine import Engine
 
+from rbroker_protocol import signing
 from rbroker_server import __version__, db, maintenance
 from rbroker_server.enroll.controller import EnrollController
 from rbroker_server.fleet.controller import FleetController
@@ -22,6 +24,27 @@ from rbroker_server.reports.controller import ReportsController
 from rbroker_server.settings import Settings
 
 log = logging.getLogger(__name__)
+
+SECURITY_SCHEMES: dict[str, SecurityScheme | Reference] = {
+    "viewerToken": SecurityScheme(
+        type="http",
+        scheme="bearer",
+        bearer_format="rbv_<id>_<secret>",
+        description="A group's viewer token (`rbroker-server token create --group G`).",
+    ),
+    "signedRequest": SecurityScheme(
+        type="apiKey",
+        name=signing.HEADER_SIGNATURE,
+        security_scheme_in="header",
+        description=(
+            f"An enrolled computer signs method, path with query, Unix time and a nonce "
+            f"with its Ed25519 key (rbroker_protocol.signing.sign_request) and sends "
+            f"{signing.HEADER_COMPUTER}, {signing.HEADER_TIMESTAMP}, {signing.HEADER_NONCE} "
+            f"and {signing.HEADER_SIGNATURE}. The time must be within the server's window; "
+            f"each nonce is accepted once."
+        ),
+    ),
+}
 
 
 @get("/healthz", sync_to_thread=True, tags=["health"])
@@ -85,5 +108,6 @@ def create_app(
             version=__version__,
             description="Enrollment, signed reports and group-scoped fleet views (DESIGN §7).",
             path="/schema",
+            components=Components(security_schemes=SECURITY_SCHEMES),
         ),
     )

@@ -20,6 +20,7 @@ class FleetController(Controller):
 
     path = "/api/v1"
     tags = ("fleet",)
+    security = ({"viewerToken": []}, {"signedRequest": []})
     dependencies = {"caller": Provide(provide_caller, sync_to_thread=True)}  # noqa: RUF012
 
     @get("/fleet", sync_to_thread=True)

@@ -14,6 +14,7 @@ from litestar.exceptions import (
 )
 from sqlalchemy.engine import Engine
 
+from rbroker_server.db import utcnow
 from rbroker_server.reports import service
 from rbroker_server.reports.schema import ReportAck
 from rbroker_server.settings import Settings
@@ -37,8 +38,11 @@ class ReportsController(Controller):
         422: authentic but not a valid payload.
         """
         body = await request.body()
+        received_at = utcnow()  # the freshness clock: when the whole body had arrived
         try:
-            return await anyio.to_thread.run_sync(service.ingest, engine, settings, body)
+            return await anyio.to_thread.run_sync(
+                service.ingest, engine, settings, body, received_at
+            )
         except service.ReportTooLarge as exc:
             raise ClientException("report body too large", status_code=413) from exc
         except service.ReportUnauthenticated as exc:
