@@ -30,7 +30,11 @@ def broker() -> Iterator[BrokerProcess]:
 
 @pytest.fixture(scope="module")
 def jobs(broker: BrokerProcess) -> Iterator[dict[str, str]]:
-    """A running job with a total (20 % done), one without a total, one succeeded."""
+    """A running job with a total (20 % done), one without a total, one succeeded, and
+    one stalled (its declarer went away)."""
+    with broker.client() as gone:
+        stalled = declare(gone, purpose="declarer went away", total_items=40)
+        gone.call("job.report", job_id=stalled["job_id"], chunk_id="a", completed=10)
     with broker.client() as c:
         with_total = declare(c, purpose="embed with a total", total_items=1000, workers=3)
         no_total = declare(c, purpose="count without a total")
@@ -45,6 +49,7 @@ def jobs(broker: BrokerProcess) -> Iterator[dict[str, str]]:
             "with_total": with_total["job_id"],
             "no_total": no_total["job_id"],
             "done": done["job_id"],
+            "stalled": stalled["job_id"],
         }
 
 
@@ -87,6 +92,11 @@ def test_table_shows_progress_rate_and_eta(broker: BrokerProcess, jobs: dict[str
     cells = _row(out.stdout, jobs["no_total"])
     assert cells[6] == "12 345 done, 6 failed"
     assert cells[10] == "—"  # no total: no ETA
+
+    cells = _row(out.stdout, jobs["stalled"])
+    assert cells[4] == "stalled"
+    assert cells[6].endswith("25.0 %")
+    assert cells[10] == "—"  # nothing moves: no ETA
 
     cells = _row(out.stdout, jobs["done"])
     assert cells[4] == "succeeded"
