@@ -61,7 +61,7 @@ def test_replay_is_acknowledged_and_not_applied(coordinator: Coordinator) -> Non
     assert pc.send(env).json()["applied"] is True
     r = pc.send(env)
     assert r.status_code == 200
-    assert r.json()["applied"] is False
+    assert (r.json()["applied"], r.json()["code"]) == (False, "not_newer")
     assert coordinator.row(pc.id).reports_applied == 1
 
 
@@ -85,12 +85,13 @@ def test_new_run_after_restart_is_accepted_and_old_run_retired(coordinator: Coor
     # The broker restarts: a new run_id, seq starting again from 1.
     restarted = pc.envelope(payload(run_id="run-2", name="after"), run_id="run-2", seq=1)
     r = pc.send(restarted)
-    assert r.json() | {} and r.json()["applied"] is True
+    assert (r.json()["applied"], r.json()["code"]) == (True, "new_run")
     assert (coordinator.row(pc.id).run_id, coordinator.row(pc.id).seq) == ("run-2", 1)
     # Envelopes of the replaced run never apply again, even with a higher seq.
     stale = pc.envelope(payload(run_id="run-1"), run_id="run-1", seq=101)
     r = pc.send(stale)
-    assert r.status_code == 200 and r.json()["applied"] is False
+    assert r.status_code == 200
+    assert (r.json()["applied"], r.json()["code"]) == (False, "run_retired")
     assert pc.send(first_run).json()["applied"] is False
     assert coordinator.row(pc.id).run_id == "run-2"
 
@@ -139,3 +140,20 @@ def test_fields_outside_the_schema_are_never_stored(coordinator: Coordinator) ->
     assert r.json()["applied"] is True
     stored = json.dumps(coordinator.row(pc.id).state)
     assert "4242" not in stored and "cmdline" not in stored and "AWS_SECRET" not in stored
+
+
+def test_a_broker_told_its_run_is_retired_recovers_with_a_new_run(
+    coordinator: Coordinator,
+) -> None:
+    """A report of a run the coordinator never saw (withheld, then replayed late) becomes
+    the current run; the live broker is told `run_retired` and starts a fresh run."""
+    coordinator.group("vision")
+    pc = coordinator.enroll("vision")
+    withheld = pc.envelope(payload(run_id="run-0", name="old"), run_id="run-0", seq=9)
+    assert pc.report(seq=1).json()["code"] == "new_run"
+    assert pc.send(withheld).json()["code"] == "new_run"  # unseen run: indistinguishable
+    r = pc.report(seq=2)
+    assert (r.json()["applied"], r.json()["code"]) == (False, "run_retired")
+    fresh = pc.envelope(payload(run_id="run-1b", name="live"), run_id="run-1b", seq=1)
+    assert pc.send(fresh).json()["code"] == "new_run"
+    assert coordinator.row(pc.id).reported_name == "live"

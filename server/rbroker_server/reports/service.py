@@ -20,7 +20,7 @@ from rbroker_protocol.signing import Envelope, EnvelopeError, parse_envelope, ve
 from rbroker_server.db import utcnow, write_lock
 from rbroker_server.reports import statements as st
 from rbroker_server.reports.redact import checked_name, redacted_state
-from rbroker_server.reports.schema import ReportAck
+from rbroker_server.reports.schema import AckCode, ReportAck
 from rbroker_server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,8 @@ class ReportTooLarge(Exception):
 
 
 class _NotApplied(Exception):
-    def __init__(self, reason: str) -> None:
+    def __init__(self, code: AckCode, reason: str) -> None:
+        self.code = code
         self.reason = reason
 
 
@@ -102,6 +103,7 @@ def ingest(
         # Nothing was written (the transaction rolled back); the computer treats it as delivered.
         return ReportAck(
             applied=False,
+            code=exc.code,
             reason=exc.reason,
             computer_id=env.computer_id,
             run_id=env.run_id,
@@ -135,7 +137,7 @@ def _apply(engine: Engine, settings: Settings, env: Envelope, now: datetime) -> 
 
     same_run = row.run_id == env.run_id
     if same_run and env.seq <= row.seq:
-        raise _NotApplied(f"not applied: seq {env.seq} is not newer than {row.seq}")
+        raise _NotApplied("not_newer", f"not applied: seq {env.seq} is not newer than {row.seq}")
 
     state, flags = redacted_state(report)
     name, name_flag = checked_name(report.computer_name)
@@ -182,14 +184,17 @@ def _apply(engine: Engine, settings: Settings, env: Envelope, now: datetime) -> 
         if not same_run:
             run = {"computer_id": env.computer_id, "run_id": env.run_id, "first_seen_at": now}
             if conn.execute(st.insert_run(dialect), run).first() is None:
-                raise _NotApplied(f"not applied: run {env.run_id} was replaced by a newer run")
+                raise _NotApplied(
+                    "run_retired", f"not applied: run {env.run_id} was replaced by another run"
+                )
         if conn.execute(update, params).rowcount != 1:
-            raise _NotApplied("not applied: a newer report was applied meanwhile")
+            raise _NotApplied("superseded", "not applied: a newer report was applied meanwhile")
         if new_bucket:
             point = {"computer_id": env.computer_id, "at": bucket, "data": history_data(state)}
             conn.execute(st.insert_history(dialect), point)
     return ReportAck(
         applied=True,
+        code="applied" if same_run else "new_run",
         reason="applied" if same_run else "applied (new run)",
         computer_id=env.computer_id,
         run_id=env.run_id,
