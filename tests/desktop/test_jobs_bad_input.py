@@ -156,6 +156,18 @@ def test_finished_job_refuses_reports_and_updates(
     for params in ({"state": "running"}, {"state": "succeeded"}, {"workers": 2}):
         _refused(client, "job_finished", "job.update", job_id=job_id, **params)
     _refused(client, "job_finished", "job.update", job_id=job_id, state="failed", reason="again")
+    # no new worker lease for it either
+    _refused(
+        client,
+        "job_finished",
+        "lease.acquire",
+        mib=512,
+        project="tests",
+        session="s",
+        purpose="late worker",
+        job_id=job_id,
+    )
+    assert client.call("leases.list")["leases"] == []
     # a chunk counted before the end, re-sent (its answer was lost), is acknowledged
     again = client.call("job.report", job_id=job_id, chunk_id="c-0", completed=10, failed=2)
     assert again["duplicate"] is True

@@ -156,6 +156,19 @@ class JobTable:
             )
         return job
 
+    def get_open(self, job_id: str, owner: str) -> Job:
+        """The job, checked to belong to `owner` and not to be finished (a worker may
+        still lease for it)."""
+        job = self.get(job_id, owner)
+        if job.state in FINISHED:
+            raise RpcError(
+                ErrorCode.JOB_FINISHED,
+                f"job {job_id} is {job.state}; no new worker leases for it",
+                job_id=job_id,
+                state=job.state,
+            )
+        return job
+
     def declare(
         self,
         owner: str,

@@ -320,6 +320,8 @@ class LocalApi:
             holder = Holder.of(conn.peer.pid)
         except ProcessLookupError:
             raise RpcError(ErrorCode.CANCELLED, "the requesting process has exited") from None
+        if p.job_id is not None:
+            self.broker.jobs.get_open(p.job_id, conn.peer.user)  # no workers for a finished job
         lease = await self.broker.acquire(p, conn.peer.user, holder, conn.id)
         return {
             "lease": lease.to_wire(),
