@@ -1,0 +1,179 @@
+"""The broker survives its own crash (issue 3, case 7; DESIGN §3 persistence, §5 socket).
+
+A broker process is killed with SIGKILL while leases are active and requests wait, then
+started again on the same data directory and socket path: leases whose holders live are
+restored, their SDKs re-attach with their tokens, waiting SDKs re-queue with their request
+keys, nothing is granted twice and the capacity arithmetic is what it was. The stale socket
+file left by the killed broker is removed at start; a second broker on a live broker's
+socket or data directory refuses to start and leaves the live one alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket as socketlib
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import rbroker
+from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, short_tmp, wait_until
+from tests.desktop.conftest import WorkerProcess
+
+HEADROOM = 1024
+CAPACITY_KEYS = ("total_mib", "headroom_mib", "device_used_mib", "outstanding_mib", "available_mib")
+
+
+def _gpu(c: rbroker.Client) -> dict[str, Any]:
+    (gpu,) = c.gpus()
+    return dict(gpu)
+
+
+def _capacity(c: rbroker.Client) -> tuple[int, ...]:
+    gpu = _gpu(c)
+    return tuple(gpu.get(k, -1) for k in CAPACITY_KEYS)
+
+
+def _scenario_with_use(pids: list[int], mib: int) -> str:
+    text = SINGLE_24G
+    for pid in pids:
+        text += f"\n[[gpu.process]]\npid = {pid}\nused_mib = {mib}\n"
+    return text
+
+
+def test_case7_sigkill_with_5_leases_and_2_waiters(
+    broker_factory: Callable[..., BrokerProcess], worker: Callable[..., WorkerProcess]
+) -> None:
+    broker = broker_factory(SINGLE_24G, headroom_mib=HEADROOM)
+    holders = [worker("hold_lease", broker.socket, "4096", f"holder-{i}", "0") for i in range(5)]
+    leases: dict[str, WorkerProcess] = {}
+    for h in holders:
+        line = h.read_line()
+        assert line.startswith("granted"), line
+        leases[line.split()[1]] = h
+    # three holders have allocated half of their grant (the driver lists their pids)
+    broker.write_scenario(_scenario_with_use([h.pid for h in holders[:3]], 2048))
+    expected_before = (24576, HEADROOM, 3 * 2048, 3 * 2048 + 2 * 4096, 3072)
+    waiters: list[WorkerProcess] = []
+    with broker.client() as c:
+        wait_until(lambda: _capacity(c) == expected_before)
+        for i in range(2):  # one after the other: the queue is FIFO
+            waiters.append(worker("hold_lease", broker.socket, "4096", f"waiter-{i}", "120"))
+            wait_until(lambda n=i + 1: len(c.leases()["queue"]) == n)
+        before = c.leases()
+        assert [q["session"] for q in before["queue"]] == ["waiter-0", "waiter-1"]
+        assert all(q["reason_kind"] == "capacity" for q in before["queue"])
+        observed_before = {x["lease_id"]: x["observed_mib"] for x in before["leases"]}
+        assert set(observed_before) == set(leases)
+
+    broker.proc.send_signal(signal.SIGKILL)
+    broker.proc.wait(10)
+    assert os.path.exists(broker.socket)  # a crashed broker leaves its socket file behind
+
+    restarted = broker_factory(
+        broker.scenario.read_text(), headroom_mib=HEADROOM, root=broker.scenario.parent
+    )
+    assert restarted.socket == broker.socket
+    with restarted.client() as c:
+        # every SDK re-attaches its lease with its token
+        wait_until(lambda: restarted.log().count("re-attached by its holder") >= 5, timeout_s=15)
+        for lease_id in leases:
+            assert f"lease {lease_id} re-attached" in restarted.log()
+        assert "restored 5 leases and 2 waiting requests" in restarted.log()
+        after = c.leases()
+        assert {x["lease_id"] for x in after["leases"]} == set(leases)
+        assert all(x["restored"] for x in after["leases"])
+        assert [q["session"] for q in after["queue"]] == ["waiter-0", "waiter-1"]
+        wait_until(lambda: _capacity(c) == expected_before, timeout_s=5)
+        assert {x["lease_id"]: x["observed_mib"] for x in c.leases()["leases"]} == (observed_before)
+        assert c.status()["leases_granted_total"] == 0
+        assert all(w.proc.poll() is None for w in waiters)
+
+        # A holder dies: exactly one waiter, the first, fits into what it frees.
+        first = holders[0]
+        first_lease = next(i for i, h in leases.items() if h is first)
+        first.stop()
+        line = waiters[0].read_line()
+        assert line.startswith("granted"), line
+        new_lease = line.split()[1]
+        assert new_lease not in leases
+
+        def settled() -> dict[str, Any] | None:
+            view = c.leases(include_ended=True)
+            return view if len(view["queue"]) == 1 and len(view["leases"]) == 5 else None
+
+        view = wait_until(settled)
+        assert isinstance(view, dict)
+        assert {x["lease_id"] for x in view["leases"]} == (set(leases) - {first_lease}) | {
+            new_lease
+        }
+        assert [q["session"] for q in view["queue"]] == ["waiter-1"]
+        assert [e["lease_id"] for e in view["ended"]] == [first_lease]
+        assert view["ended"][0]["state"] in ("released", "holder_exited")
+        assert c.status()["leases_granted_total"] == 1
+        # pid of the dead holder is still listed by the (simulated) driver: 2 × 2048 of the
+        # live holders + 2048 stale + the new lease's 4096 outstanding
+        expected_after = (24576, HEADROOM, 3 * 2048, 2 * 2048 + 3 * 4096, 1024)
+        wait_until(lambda: _capacity(c) == expected_after)
+    assert waiters[1].proc.poll() is None
+
+
+def _broker_cmd(socket: str, data_dir: str, scenario: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "rbroker",
+        "broker",
+        "--simulate",
+        scenario,
+        "--socket",
+        socket,
+        "--data-dir",
+        data_dir,
+    ]
+
+
+def test_second_broker_on_a_live_socket_refuses_and_leaves_it_alone(
+    broker: BrokerProcess,
+) -> None:
+    with broker.client() as c:
+        held = c.call(
+            "lease.acquire", mib=4096, project="tests", session="live", purpose="stay alive"
+        )["lease"]
+        inode = os.stat(broker.socket).st_ino
+        other = short_tmp()
+        for socket, data_dir in (
+            (broker.socket, str(other / "data")),  # same socket, another data dir
+            (str(other / "b.sock"), str(broker.data_dir)),  # same data dir, another socket
+        ):
+            second = subprocess.run(
+                _broker_cmd(socket, data_dir, str(broker.scenario)),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert second.returncode == 1, second.stderr
+            assert "not starting a second one" in " ".join(second.stderr.split())
+        assert os.stat(broker.socket).st_ino == inode
+        assert not os.path.exists(other / "b.sock")
+        assert broker.proc.poll() is None
+        assert [x["lease_id"] for x in c.leases()["leases"]] == [held["lease_id"]]
+        assert _gpu(c)["uuid"] == GPU0
+    with broker.client() as fresh:  # new connections still reach the live broker
+        assert fresh.hello()["simulated"] is True
+
+
+def test_stale_socket_file_is_replaced_at_start(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    root = short_tmp()
+    stale = root / "broker.sock"
+    s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    s.bind(str(stale))  # a socket file nobody listens on, as a crashed broker leaves
+    s.close()
+    assert stale.exists()
+    broker = broker_factory(root=root)
+    with broker.client() as c:
+        assert c.hello()["simulated"] is True
