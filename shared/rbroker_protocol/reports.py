@@ -14,7 +14,7 @@ History:
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -136,3 +136,28 @@ DESCRIPTION_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "jobs": ("project", "purpose", "handler"),
 }
 """Which declared-text fields of each list the description rules (§8) apply to."""
+
+
+AckCode = Literal["applied", "new_run", "not_newer", "run_retired", "superseded"]
+"""Why a report was or was not applied (see `ReportAck`)."""
+
+
+class ReportAck(_Model):
+    """The coordinator's answer (HTTP 200) to an authentic report.
+
+    `applied=false` means the report was delivered but not applied (a replay, an older seq);
+    it needs no resending. `code`: `applied`; `new_run` (applied, first report of a run);
+    `not_newer` (seq not above the last applied one of this run); `superseded` (a newer
+    report won a race); `run_retired` (this run_id was replaced by another run: a broker
+    that gets this for its live run should switch to a new run_id, which is accepted).
+    """
+
+    applied: bool
+    code: AckCode
+    reason: str
+    computer_id: str
+    run_id: str
+    seq: int
+    flagged_fields: list[str] = Field(default_factory=list)
+    """Description fields that broke a rule, stored redacted (paths like
+    `leases[0].purpose`; never the values)."""

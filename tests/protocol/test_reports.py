@@ -70,3 +70,19 @@ def test_round_trip_property(name: str, mibs: list[int], purpose: str) -> None:
         leases=[LeaseReport(lease_id="l", gpu_uuids=[], granted_mib=1, purpose=purpose)],
     )
     assert ReportPayload.from_bytes(p.to_bytes()) == p
+
+
+def test_report_ack_parses_and_ignores_new_fields() -> None:
+    from rbroker_protocol.reports import ReportAck
+
+    raw = {
+        "applied": False,
+        "code": "run_retired",
+        "reason": "not applied",
+        "computer_id": "c_1",
+        "run_id": "r",
+        "seq": 3,
+        "added_later": 1,
+    }
+    ack = ReportAck.model_validate(raw)
+    assert ack.code == "run_retired" and ack.flagged_fields == []
