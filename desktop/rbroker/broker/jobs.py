@@ -218,16 +218,21 @@ class JobTable:
             raise RpcError(
                 ErrorCode.INVALID_PARAMS, f"state {state} needs a reason", field="reason"
             )
+        before = (job.workers, job.state, job.reason, job.finished_at)
         if workers is not None:
             job.workers = workers
-        if conn_id is not None:
-            job.conn_ids.add(conn_id)  # e.g. the declarer came back (SDK reconnect)
         if state is not None:
             job.state = state
             job.reason = reason or ""
             if state in FINISHED:
                 job.finished_at = self.clock.wall()
-        self._save(job)
+        try:
+            self._save(job)
+        except BaseException:  # not written: not changed
+            job.workers, job.state, job.reason, job.finished_at = before
+            raise
+        if conn_id is not None:
+            job.conn_ids.add(conn_id)  # e.g. the declarer came back (SDK reconnect)
         return job
 
     def report(
@@ -280,17 +285,26 @@ class JobTable:
                     would_be=after,
                 )
         now = self.clock.wall()
+        before = (job.completed_items, job.failed_items, job.first_report_at, job.last_report_at)
+        state_before = job.state
         job.chunks[chunk_id] = (completed, failed)
         job.completed_items += completed
         job.failed_items += failed
         job.first_report_at = job.first_report_at or now
         job.last_report_at = now
-        if conn_id is not None:
-            job.conn_ids.add(conn_id)
         if job.state in ("queued", "stalled"):
             job.state = "running"
         if self.store is not None:
-            self.store.add_chunk(job.job_id, chunk_id, completed, failed, job.to_record())
+            try:
+                self.store.add_chunk(job.job_id, chunk_id, completed, failed, job.to_record())
+            except BaseException:  # not written: not counted (a retry counts it once)
+                del job.chunks[chunk_id]
+                job.completed_items, job.failed_items = before[0], before[1]
+                job.first_report_at, job.last_report_at = before[2], before[3]
+                job.state = state_before
+                raise
+        if conn_id is not None:
+            job.conn_ids.add(conn_id)
         return job, False
 
     def link_lease(self, job_id: str, owner: str, lease_id: str) -> None:
