@@ -1,0 +1,46 @@
+"""`rbroker demo` starts an embedded coordinator (SQLite in its temp dir, 127.0.0.1), enrolls
+its broker, prints the fleet URL and a viewer token, and its summary says what the
+coordinator saw; everything it started is gone afterwards."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import py_env
+
+
+@pytest.mark.slow
+def test_demo_reports_what_the_coordinator_saw() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "rbroker", "demo", "--no-live", "--simulate", "--seconds", "20"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=py_env(COLUMNS="200"),
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    head = re.search(
+        r"coordinator: (http://127\.0\.0\.1:\d+)\s+fleet: (\S+)\s+viewer token: (rbv_\S+)", out
+    )
+    assert head, out
+    url, fleet_url, token = head.groups()
+    assert fleet_url == url + "/api/v1/fleet"
+    saw = re.search(r"coordinator \((\S+), group (\S+)\) saw:", out)
+    assert saw and saw.group(1) == url, out
+    line = re.search(r"demo-computer: online, (\d+) GPUs .*?(\d+) signed reports applied", out)
+    assert line, out
+    assert int(line.group(1)) >= 1 and int(line.group(2)) >= 1
+    assert re.search(r"at most [1-9]\d* leases", out), out
+    job = re.search(r"  job (\S+): succeeded, (\d+) completed \+ (\d+) failed of (\d+)", out)
+    assert job and int(job.group(2)) + int(job.group(3)) == int(job.group(4)), out
+    assert f"Authorization: Bearer {token}" in out
+    # the embedded coordinator ended with the demo
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(url + "/healthz", timeout=2)
