@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
 from typing import Any
 
-from rbroker._exceptions import BrokerUnavailable, JobNotFound, RBrokerError
+from rbroker._exceptions import BrokerUnavailable, JobFinished, JobNotFound, RBrokerError
 from rbroker._lease import RECONNECT_WINDOW_S, _acquire, _Holder, _reconnect
 from rbroker.localapi.client import Client
 
@@ -248,6 +248,7 @@ def job(
             raise
         else:
             if handle.info.get("state") not in ("succeeded", "failed", "cancelled"):
-                handle.update("succeeded")
+                with contextlib.suppress(JobFinished):  # ended from elsewhere: keep that end
+                    handle.update("succeeded")
     finally:
         (handle._client if handle is not None else client).close()

@@ -92,6 +92,16 @@ def test_a_job_ended_inside_the_block_keeps_its_end(broker: BrokerProcess) -> No
     assert counts(final) == (1, 0, 1)
 
 
+def test_a_job_ended_from_elsewhere_keeps_that_end_on_normal_exit(broker: BrokerProcess) -> None:
+    with rbroker.job(**SPEC, socket=broker.socket) as job:
+        job.report("c", completed=1)
+        with broker.client() as other:  # e.g. an operator's tool, same OS user
+            other.call("job.update", job_id=job.job_id, state="cancelled", reason="operator")
+    with broker.client() as c:  # the block's normal exit raised nothing
+        final = job_of(c, job.job_id)
+    assert (final["state"], final["reason"]) == ("cancelled", "operator")
+
+
 def test_update_workers_and_refresh_see_other_reporters(broker: BrokerProcess) -> None:
     with rbroker.job(**SPEC, total_items=100, workers=1, socket=broker.socket) as job:
         assert job.update(workers=4)["workers"] == 4
