@@ -6,6 +6,7 @@ available = total − headroom − device_used − outstanding, with device_used
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -166,3 +167,28 @@ def test_headroom_larger_than_the_gpu_makes_every_request_infeasible(
         assert refused.value.data["usable_mib"] == 0
         assert refused.value.data["headroom_mib"] == 30000
         assert "never offer more than 0 MiB" in refused.value.message
+
+
+def test_a_waiter_that_can_no_longer_ever_fit_is_refused(
+    broker_factory: Callable[..., BrokerProcess],
+    raw_connect: Callable[[str], RawConnection],
+) -> None:
+    """The GPU shrinks while a request waits (a MIG reconfiguration, a rewritten scenario):
+    the request is refused as infeasible, not left queued until its wait runs out."""
+    broker = broker_factory(headroom_mib=1024)
+    with broker.client() as c:
+        c.call("lease.acquire", **_acquire_params(10000, "holder", wait_s=0))
+        waiting = raw_connect(broker.socket)
+        request_id = waiting.send_request(
+            "lease.acquire", _acquire_params(20000, "big", wait_s=300)
+        )
+        wait_until(lambda: _queued(c, "big"))
+        c.sim_set(GPU0, total_mib=16384)
+        started = time.monotonic()
+        answer = waiting.read_answer(request_id)
+        assert time.monotonic() - started < 5
+        err = answer["error"]
+        assert err["data"]["name"] == "infeasible"
+        assert err["data"]["usable_mib"] == 16384 - 1024
+        assert "15 360" in err["message"]
+        assert c.leases()["queue"] == []

@@ -383,14 +383,9 @@ class Broker:
         ]
         return tuple(usable if len(usable) >= params.gpus else ordered)
 
-    def _check_feasible(self, params: AcquireParams, candidates: tuple[str, ...]) -> None:
-        if params.gpus > len(candidates):
-            raise RpcError(
-                ErrorCode.INFEASIBLE,
-                f"infeasible: {params.gpus} GPUs requested, this computer has {len(candidates)}",
-                requested_gpus=params.gpus,
-                gpu_count=len(candidates),
-            )
+    def _never_fits(self, mib: int, gpus: int, candidates: tuple[str, ...]) -> RpcError | None:
+        """`infeasible` when fewer than `gpus` candidates could ever hold `mib` (more than
+        total − headroom by their latest samples); None when it may fit some day."""
         fit = 0
         worst: tuple[str, int, int, int] | None = None
         for uuid in candidates:
@@ -399,23 +394,36 @@ class Broker:
                 fit += 1  # unknown yet: cannot call it infeasible
                 continue
             usable = max(0, slot.sample.total_mib - slot.headroom_mib)
-            if params.mib <= usable:
+            if mib <= usable:
                 fit += 1
             else:
                 worst = (uuid, slot.sample.total_mib, slot.headroom_mib, usable)
-        if fit < params.gpus and worst is not None:
-            uuid, total, headroom, usable = worst
+        if fit >= gpus or worst is None:
+            return None
+        uuid, total, headroom, usable = worst
+        return RpcError(
+            ErrorCode.INFEASIBLE,
+            f"infeasible: {fmt_mib(mib)} MiB requested but {short_uuid(uuid)} can never "
+            f"offer more than {fmt_mib(usable)} MiB ({fmt_mib(total)} total − "
+            f"{fmt_mib(headroom)} headroom)",
+            gpu_uuid=uuid,
+            requested_mib=mib,
+            total_mib=total,
+            headroom_mib=headroom,
+            usable_mib=usable,
+        )
+
+    def _check_feasible(self, params: AcquireParams, candidates: tuple[str, ...]) -> None:
+        if params.gpus > len(candidates):
             raise RpcError(
                 ErrorCode.INFEASIBLE,
-                f"infeasible: {fmt_mib(params.mib)} MiB requested but {short_uuid(uuid)} can "
-                f"never offer more than {fmt_mib(usable)} MiB ({fmt_mib(total)} total − "
-                f"{fmt_mib(headroom)} headroom)",
-                gpu_uuid=uuid,
-                requested_mib=params.mib,
-                total_mib=total,
-                headroom_mib=headroom,
-                usable_mib=usable,
+                f"infeasible: {params.gpus} GPUs requested, this computer has {len(candidates)}",
+                requested_gpus=params.gpus,
+                gpu_count=len(candidates),
             )
+        never = self._never_fits(params.mib, params.gpus, candidates)
+        if never is not None:
+            raise never
         if params.gpu_uuid is not None:
             slot = self.slots[params.gpu_uuid]
             if slot.telemetry is TelemetryState.LOST:
@@ -585,6 +593,11 @@ class Broker:
         for waiter in list(self.queue):
             if waiter.future.done():
                 self._remove_waiter(waiter)
+                continue
+            never = self._never_fits(waiter.mib, waiter.gpus, waiter.candidates)
+            if never is not None:  # a GPU shrank while it waited: refuse, never wait forever
+                self._remove_waiter(waiter, never)
+                self.emit("queue", {"request_id": waiter.request_id})
                 continue
             pending = [
                 u
