@@ -495,6 +495,7 @@ class Figures:
     fleet: list[float]
     fleet_listed: int
     fleet_bytes: int
+    failures: list[str]
 
 
 def run_backend(database_url: str | None, args: Any) -> Figures:
@@ -503,6 +504,7 @@ def run_backend(database_url: str | None, args: Any) -> Figures:
 
     server = start_server(database_url)
     engine = db.make_engine(Settings.load(server.data_dir).db_url)
+    failures: list[str] = []
     try:
         computers = enroll(engine, args.computers, 0)
         load = http_load(
@@ -522,10 +524,14 @@ def run_backend(database_url: str | None, args: Any) -> Figures:
         floor = floor_rate(floor_engine, fresh, keys)
         verify_s = verify_only(fresh, keys)
         clone_computers(engine, computers[0].id, args.fleet - len(computers))
-        fleet, listed, size = fleet_reads(server, args.fleet_reads)
+        try:
+            fleet, listed, size = fleet_reads(server, args.fleet_reads)
+        except httpx.HTTPError as exc:  # report it, keep the other figures
+            fleet, listed, size = [], 0, 0
+            failures.append(f"fleet read failed: {exc!r}")
         if floor_engine is not engine:
             floor_engine.dispose()
-        return Figures(load, ingest, floor, verify_s, fleet, listed, size)
+        return Figures(load, ingest, floor, verify_s, fleet, listed, size, failures)
     finally:
         engine.dispose()
         server.stop()
@@ -551,11 +557,18 @@ def main(argv: list[str] | None = None) -> int:
     args.fleet_reads = 5 if q else 15
 
     report = Report("Coordinator: signed reports over HTTP, fleet read", q)
-    figures: dict[str, Figures] = {"SQLite": run_backend(None, args)}
-    no_pg = "skipped (--no-pg)" if args.no_pg else pg_available()
+    figures: dict[str, Figures] = {}
+    try:
+        figures["SQLite"] = run_backend(None, args)
+    except Exception as exc:  # report what failed instead of a traceback
+        report.note(f"SQLite run failed: {exc!r}")
+    no_pg = "--no-pg was given" if args.no_pg else pg_available()
     if no_pg is None:
-        with pg_schema() as url:
-            figures["PostgreSQL"] = run_backend(url, args)
+        try:
+            with pg_schema() as url:
+                figures["PostgreSQL"] = run_backend(url, args)
+        except Exception as exc:
+            report.note(f"PostgreSQL run failed: {exc!r}")
 
     for name, f in figures.items():
         share = f.load.rate / f.floor if f.floor else float("nan")
@@ -595,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.computers} computers, {args.processes} client processes × "
             f"{args.concurrency} in flight; Ed25519 verify alone {f.verify_s * 1e6:.0f} µs."
             + (f" Client failures: {'; '.join(f.load.failures)}" if f.load.failures else "")
+            + (f" {'; '.join(f.failures)}." if f.failures else "")
         )
     if no_pg:
         report.note(f"PostgreSQL figures skipped: {no_pg}.")
@@ -611,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         + ")."
     )
     report.finish(args.record)
-    return 0
+    return 0 if figures else 1
 
 
 def _has(module: str) -> bool:
