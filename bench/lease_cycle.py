@@ -194,6 +194,26 @@ def latencies(
             close(conn)
 
 
+def per_call(address: str, n: int) -> dict[str, list[float]]:
+    """Durations (s) of each call of the broker's cycle, one client, `n` cycles."""
+    out: dict[str, list[float]] = {"acquire": [], "renew": [], "release": []}
+    clock = time.perf_counter
+    with rbroker.Client(address, timeout_s=60) as conn:
+        params = {**ACQUIRE, "session": "per-call"}
+        for _ in range(n):
+            t0 = clock()
+            lid = conn.call("lease.acquire", **params)["lease"]["lease_id"]
+            t1 = clock()
+            conn.call("lease.renew", lease_id=lid)
+            t2 = clock()
+            conn.call("lease.release", lease_id=lid)
+            t3 = clock()
+            out["acquire"].append(t1 - t0)
+            out["renew"].append(t2 - t1)
+            out["release"].append(t3 - t2)
+    return out
+
+
 def _worker(kind: str, address: str, index: int, gate: StartGate, seconds: float, q: Any) -> None:
     done = errors = 0
     try:
@@ -277,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds = ["echo", "broker"] + ([] if no_redis else ["redis"])
         address = {"echo": echo_path, "broker": broker.socket, "redis": REDIS_URL}
         lat = latencies({k: address[k] for k in kinds}, cycles, warmup)
+        calls = per_call(broker.socket, max(100, cycles // 3))
         cpu_broker = float("nan")
         errors: dict[str, int] = {}
         for kind in kinds:
@@ -314,6 +335,15 @@ def main(argv: list[str] | None = None) -> int:
         f"echo {fmt_us(p99['echo'])}"
         + (f" · Redis {fmt_us(p99['redis'])}" if "redis" in p99 else ""),
         f"{ratio(p99['broker'], p99['echo'])} echo",
+    )
+    echo_rt = p50["echo"] / 3
+    report.add(
+        "1 client, p50 of each call: acquire · renew · release",
+        " · ".join(fmt_us(percentile(calls[k], 50)) for k in ("acquire", "renew", "release")),
+        f"echo round trip ≈ {fmt_us(echo_rt)} (⅓ of its cycle)",
+        " · ".join(
+            ratio(percentile(calls[k], 50), echo_rt) for k in ("acquire", "renew", "release")
+        ),
     )
     anchor_rate = f"echo {fmt_rate(rate['echo'])}" + (
         f" · Redis {fmt_rate(r_rate)}" if "redis" in rate else ""
