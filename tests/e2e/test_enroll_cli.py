@@ -136,3 +136,42 @@ def test_enroll_into_a_keyring_and_report(coordinator: CoordinatorProcess, tmp_p
             assert c.status()["coordinator"]["link"] == "ok"
     finally:
         broker.stop()
+
+
+def _threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no thread count")
+
+
+def test_broker_with_a_hanging_keyring_keeps_leasing_and_says_why() -> None:
+    """The key lookup is cut off, the link says why, and lookups that never return do not
+    pile up (one stuck call at a time)."""
+    from rbroker.uplink.config import UplinkConfig
+
+    root = short_tmp()
+    UplinkConfig(url="http://127.0.0.1:9", computer_id="c_hung", group="g", name="lab-hung").save(
+        root / "data"
+    )
+    broker = start_broker(SINGLE_24G, root=root, env=_env(HANGING))
+    try:
+        with broker.client() as c:
+            link = wait_until(
+                lambda: (
+                    c.status()["coordinator"]["link"].startswith("key unavailable")
+                    and c.status()["coordinator"]["link"]
+                ),
+                timeout_s=20,
+            )
+            assert "did not answer" in str(link) and "--key-file" in str(link), link
+            first = _threads(broker.proc.pid)
+            time.sleep(16)  # a few more polls of the enrollment
+            later = _threads(broker.proc.pid)
+            print(f"hanging keyring: broker threads {first} -> {later} over 16 s")
+            assert later <= first
+            assert c.status()["coordinator"]["link"].startswith("key unavailable")
+            lease = c.call("lease.acquire", mib=1024, project="t", session="s", purpose="p")
+            c.call("lease.release", lease_id=lease["lease"]["lease_id"])
+    finally:
+        broker.stop()

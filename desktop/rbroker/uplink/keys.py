@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -59,12 +60,19 @@ def _decode(text: str, where: str) -> nacl.signing.SigningKey:
     return nacl.signing.SigningKey(seed)
 
 
+_stuck: tuple[threading.Thread, float] | None = None
+"""The latest keyring call and when it started: while one is past its deadline and still
+running, new calls fail at once instead of piling up threads that never return."""
+_stuck_lock = threading.Lock()
+
+
 def _bounded(fn: Callable[[], T], what: str) -> T:
     """`fn()` on a daemon thread, given up after `KEYRING_TIMEOUT_S`.
 
     A daemon thread, not a pool: a call that never returns must not keep the process
     from exiting (a pool's worker is joined at interpreter exit).
     """
+    global _stuck
     outcome: list[tuple[bool, object]] = []
 
     def call() -> None:
@@ -74,6 +82,17 @@ def _bounded(fn: Callable[[], T], what: str) -> T:
             outcome.append((False, exc))
 
     thread = threading.Thread(target=call, name="keyring", daemon=True)
+    with _stuck_lock:
+        if (
+            _stuck is not None
+            and _stuck[0].is_alive()
+            and time.monotonic() - _stuck[1] > KEYRING_TIMEOUT_S
+        ):
+            raise KeyStoreError(
+                f"the OS keyring did not answer within {KEYRING_TIMEOUT_S:g} s and has not "
+                f"answered since ({what} not tried); unlock it or use --key-file"
+            )
+        _stuck = (thread, time.monotonic())
     thread.start()
     thread.join(KEYRING_TIMEOUT_S)
     if not outcome:
