@@ -107,11 +107,9 @@ class _Holder:
             try:
                 # A slow answer is a stalled broker (it grants a TTL of grace), not a lost
                 # one: giving up would close this connection, and that releases the lease.
-                self.client.call(
-                    "lease.renew",
-                    lease_id=self.lease.lease_id,
-                    timeout_s=max(self.ttl_s, RECONNECT_WINDOW_S),
-                )
+                # So wait as long as the connection stays open, however long the stall; a
+                # broker that dies closes it, and that is what starts a re-attach.
+                self.client.call("lease.renew", lease_id=self.lease.lease_id, timeout_s=None)
             except BrokerUnavailable:
                 if self._stop.is_set() or not self._reattach():
                     return
