@@ -393,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     report.note(f"etcd is not available on this machine: not measured ({DESIGN_ANCHORS}).")
     report.note(
-        f"{os.cpu_count()} cores are shared by the broker, the server under test "
-        "and every client process, so the concurrent figures are CPU-bound here."
+        f"{os.cpu_count()} cores are shared by the server under test and every client "
+        "process; the broker CPU row shows how busy the broker itself was meanwhile."
     )
     report.finish(args.record)
     return 0
