@@ -106,6 +106,9 @@ def cmd_setup(args: argparse.Namespace) -> int:
             key = _ask("TLS private key (PEM)", "", interactive)
     if bool(cert) != bool(key):
         raise CliError("--tls-cert and --tls-key go together")
+    for path in (cert, key):
+        if path and not Path(path).is_file():
+            raise CliError(f"TLS file not found: {path}")
     group_name = _ask("First group", args.group, interactive)
 
     data_dir.mkdir(parents=True, exist_ok=True)

@@ -174,6 +174,21 @@ def test_admin_commands(
     assert "revision" in capsys.readouterr().out
 
 
+def test_setup_with_own_tls_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rbroker_server import tls
+    from rbroker_server.settings import Settings
+
+    files = tls.generate_self_signed(tmp_path / "pki", "hub.example.org")
+    data = tmp_path / "srv"
+    base = ["setup", "--non-interactive", "--data-dir", str(data)]
+    assert main([*base, "--tls-cert", str(files.cert)]) == 1
+    assert main([*base, "--tls-cert", str(files.cert), "--tls-key", str(tmp_path / "no")]) == 1
+    assert "not found" in capsys.readouterr().err
+    assert main([*base, "--tls-cert", str(files.cert), "--tls-key", str(files.key)]) == 0
+    s = Settings.load(data)
+    assert s.tls_enabled and s.tls_cert == str(files.cert.resolve()) and s.tls_ca == ""
+
+
 def test_commands_without_setup_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["group", "list", "--data-dir", str(tmp_path / "none")]) == 1
     assert "rbroker-server setup" in capsys.readouterr().err
