@@ -8,8 +8,8 @@ from collections.abc import Callable
 from rbroker_protocol.reports import GpuReport, LeaseReport
 from tests.server.conftest import Coordinator, payload
 
-STALE_S = 1.0
-OFFLINE_S = 2.5
+STALE_S = 1.5
+OFFLINE_S = 3.0
 
 
 def _gpu(uuid: str, index: int, **kw: object) -> GpuReport:

@@ -26,16 +26,19 @@ def test_history_is_downsampled_served_and_pruned(
     pc = c.enroll("vision")
     sent = 0
     start = time.monotonic()
-    while time.monotonic() - start < 1.2:
+    while time.monotonic() - start < 1.2 or sent < 8:
         assert pc.report().json()["applied"]
         sent += 1
         time.sleep(0.05)
+    elapsed = time.monotonic() - start
     r = c.http.get(f"/api/v1/computers/{pc.id}/history", headers=c.viewer("vision"))
     assert r.status_code == 200
     body = r.json()
     points = body["points"]
     assert body["step_s"] == 0.4 and body["window_s"] == 1.5
-    assert 2 <= len(points) <= 5 < sent  # downsampled: not a row per report
+    # Downsampled: at most one point per step, far fewer than reports.
+    assert 2 <= len(points) <= elapsed / 0.4 + 2
+    assert len(points) < sent
     ats = [datetime.fromisoformat(p["at"]) for p in points]
     assert ats == sorted(ats) and len(set(ats)) == len(ats)
     assert points[0]["gpus"][0]["total_mib"] == 24576
