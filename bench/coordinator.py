@@ -52,6 +52,7 @@ from _common import (
     fmt_rate,
     parser,
     percentile,
+    ratio,
     short_tmp,
     verdict,
 )
@@ -602,11 +603,24 @@ def main(argv: list[str] | None = None) -> int:
             "< 200 ms" if target else "—",
             verdict(p50 < TARGET_FLEET_P50_S) if target else "—",
         )
+        report.add(
+            f"calibration ({name} run): Ed25519 verify (pynacl), one report",
+            f"{f.verify_s * 1e6:,.0f} µs",
+            "DESIGN §10's machine: ≈ 58 µs",
+            ratio(f.verify_s, 58e-6),
+        )
+        if name == "SQLite":
+            report.add(
+                "calibration: in-process floor on SQLite",
+                fmt_rate(f.floor),
+                "DESIGN §10's machine: ≈ 6 300/s",
+                ratio(f.floor, 6300.0),
+            )
         report.note(
             f"{name}: {f.load.applied:,} reports applied in {f.load.seconds:.1f} s "
             f"({f.load.not_applied} not applied, {f.load.errors} errors) from "
             f"{args.computers} computers, {args.processes} client processes × "
-            f"{args.concurrency} in flight; Ed25519 verify alone {f.verify_s * 1e6:.0f} µs."
+            f"{args.concurrency} in flight."
             + (f" Client failures: {'; '.join(f.load.failures)}" if f.load.failures else "")
             + (f" {'; '.join(f.failures)}." if f.failures else "")
         )

@@ -372,6 +372,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{cpu_broker:.0f} % of one core "
         f"({rate['broker'] / max(cpu_broker / 100, 1e-9):,.0f} cycles per CPU-second)",
     )
+    report.add(
+        "calibration: echo floor, one round trip p50",
+        fmt_us(echo_rt),
+        "DESIGN §10's machine: ≈ 75 µs",
+        ratio(echo_rt, 75e-6),
+    )
+    if "redis" in p50:
+        report.add(
+            f"calibration: Redis cycle, 1-client p50 · {clients}-client rate",
+            f"{fmt_us(r_p50)} · {fmt_rate(r_rate)}",
+            "DESIGN §10's machine: ≈ 300 µs · ≈ 6 700/s (50 clients)",
+            f"{ratio(r_p50, 300e-6)} · {ratio(r_rate, 6700.0)}",
+        )
     report.note(
         f"1-client figures: {cycles} timed cycles after {warmup} warm-up cycles, the kinds "
         "taking turns in 10 slices; "
