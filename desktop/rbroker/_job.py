@@ -159,22 +159,30 @@ def _worker(ref: JobRef) -> Client:
     with _worker_lock:
         entry = _workers.get(ref.job_id)
         if entry is None:
+            # the report connection first: once the lease is granted, nothing else can fail
+            # here and leave the lease held with no entry (a broker restart right after the
+            # grant is then handled by the reports' reconnect)
+            client = Client(ref.socket)
             holder = None
             if ref.mib:
-                holder = _acquire(
-                    ref.mib,
-                    ref.project,
-                    f"{ref.job_id} worker",
-                    ref.purpose,
-                    ref.wait_s,
-                    1,
-                    None,
-                    30.0,
-                    False,
-                    ref.socket,
-                    job_id=ref.job_id,
-                )
-            entry = (Client(ref.socket), holder)
+                try:
+                    holder = _acquire(
+                        ref.mib,
+                        ref.project,
+                        f"{ref.job_id} worker",
+                        ref.purpose,
+                        ref.wait_s,
+                        1,
+                        None,
+                        30.0,
+                        False,
+                        ref.socket,
+                        job_id=ref.job_id,
+                    )
+                except BaseException:
+                    client.close()
+                    raise
+            entry = (client, holder)
             _workers[ref.job_id] = entry
         return entry[0]
 
