@@ -131,6 +131,7 @@ class Broker:
         self.uplink_status: Callable[[], dict[str, Any]] | None = None
         self._token_sha256: dict[str, str] = {}
         self._ends_since_prune = 0
+        self.driver_version = "unknown"
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, background: bool = True) -> None:
@@ -143,6 +144,9 @@ class Broker:
             TelemetryError: NVML cannot enumerate any GPU.
         """
         infos = await asyncio.to_thread(self.gateway.enumerate)
+        # read once, off the loop: an NVML call on the loop would block the local API
+        # whenever the driver hangs
+        self.driver_version = await asyncio.to_thread(self.gateway.driver_version)
         for info in infos:
             override = self.config.headroom_overrides.get(info.uuid, self.config.headroom_mib)
             self.slots[info.uuid] = GpuSlot(info=info, headroom_override=override)
@@ -304,16 +308,25 @@ class Broker:
     async def _enumerate_loop(self) -> None:
         """Pick up GPUs that appear later (hot-plug, MIG reconfiguration, a driver that
         came back). GPUs are keyed by UUID, so index shifts change nothing; a GPU that
-        disappears turns `lost` through its sampler and keeps its leases."""
+        disappears turns `lost` through its sampler and keeps its leases. A hung
+        enumeration keeps its thread; no second one starts until it returns."""
+        running: asyncio.Future[list[GpuInfo]] | None = None
         while True:
             await asyncio.sleep(self.config.enumerate_interval_s)
+            if running is None:
+                running = asyncio.ensure_future(asyncio.to_thread(self.gateway.enumerate))
             try:
                 infos = await asyncio.wait_for(
-                    asyncio.to_thread(self.gateway.enumerate), self.config.nvml_deadline_s * 4
+                    asyncio.shield(running), self.config.nvml_deadline_s * 4
                 )
-            except (TelemetryError, TimeoutError) as exc:
+            except TimeoutError:
+                log.debug("re-enumeration still running (NVML hangs)")
+                continue  # keep waiting for the same call next time
+            except TelemetryError as exc:
+                running = None
                 log.debug("re-enumeration failed: %s", exc)
                 continue
+            running = None
             for info in infos:
                 slot = self.slots.get(info.uuid)
                 if slot is not None:
@@ -985,7 +998,7 @@ class Broker:
             "started_at": self._started_wall,
             "telemetry_source": self.gateway.source,
             "simulated": self.fake is not None,
-            "driver_version": self.gateway.driver_version(),
+            "driver_version": self.driver_version,
             "gpus": {u: s.telemetry.value for u, s in self.slots.items()},
             "active_leases": len(self.leases),
             "queued_requests": len(self.queue),
