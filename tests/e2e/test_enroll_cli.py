@@ -102,6 +102,24 @@ def test_enroll_key_storage_and_refusals(coordinator: CoordinatorProcess) -> Non
     done = enroll_cli(coordinator.url, again, data, "lab-1", "--key-file")
     assert done.returncode == 1
     assert "readable by others" in done.stderr, done.stderr
+    key_file.chmod(0o600)
+
+    # --new-identity that fails (a bad code) leaves the old identity as it was
+    done = enroll_cli(
+        coordinator.url, "rbe_nope_nope", data, "lab-1", "--key-file", "--new-identity"
+    )
+    assert done.returncode == 1
+    assert "refused the enrollment" in done.stderr, done.stderr
+    assert key_file.read_bytes() == saved
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert json.loads((data / "uplink.json").read_text()) == config
+
+    # --new-identity that succeeds: a second computer, asked for explicitly
+    done = enroll_cli(coordinator.url, again, data, "lab-1", "--key-file", "--new-identity")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((data / "uplink.json").read_text())["computer_id"] != config["computer_id"]
+    assert key_file.read_bytes() != saved
+    assert _computers(coordinator) == ["lab-1", "lab-1"]
 
     # a bad code: refused by the coordinator, and no key is left behind
     other = short_tmp() / "data"

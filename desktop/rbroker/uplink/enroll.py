@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import httpx
@@ -62,12 +63,18 @@ def enroll(
             f"this computer is already enrolled as {existing.computer_id} at {existing.url} "
             "(group " + existing.group + "); use --new-identity to enroll it again"
         )
-    if new_identity:
+    previous: nacl.signing.SigningKey | None = None
+    if new_identity:  # the old key comes back if this enrollment fails
+        with contextlib.suppress(KeyStoreError):
+            previous = store.load()
         store.delete()
     key = nacl.signing.SigningKey.generate()
     try:
         store.save(key)
-    except KeyStoreError as exc:
+    except KeyStoreError as exc:  # nothing was stored (a key already there stays)
+        if previous is not None:
+            with contextlib.suppress(KeyStoreError):
+                store.save(previous)
         raise EnrollError(str(exc)) from None
     try:
         response = httpx.post(
@@ -77,10 +84,10 @@ def enroll(
             timeout=timeout_s,
         )
     except httpx.HTTPError as exc:
-        store.delete()
+        _undo(store, previous)
         raise EnrollError(f"cannot reach the coordinator at {url}: {exc}") from None
     if response.status_code != 201:
-        store.delete()
+        _undo(store, previous)
         try:
             detail = response.json().get("detail", response.text)
         except ValueError:
@@ -99,6 +106,14 @@ def enroll(
     )
     config.save(data_dir)
     return config
+
+
+def _undo(store: KeyStore, previous: nacl.signing.SigningKey | None) -> None:
+    """Remove the key of a failed enrollment and put back the one it replaced."""
+    with contextlib.suppress(KeyStoreError):
+        store.delete()
+        if previous is not None:
+            store.save(previous)
 
 
 def store_for(config: UplinkConfig, data_dir: Path) -> KeyStore:
