@@ -42,7 +42,7 @@ from _common import (
 
 import rbroker
 
-ACQUIRE = {
+ACQUIRE: dict[str, Any] = {
     "mib": 64,
     "project": "bench",
     "purpose": "lease cycle benchmark",
