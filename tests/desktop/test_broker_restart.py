@@ -10,17 +10,22 @@ socket or data directory refuses to start and leaves the live one alone.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket as socketlib
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 import rbroker
 from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, short_tmp, wait_until
 from tests.desktop.conftest import WorkerProcess
+from tests.desktop.inprocess import InProcessBroker, SleeperPool
 
 HEADROOM = 1024
 CAPACITY_KEYS = ("total_mib", "headroom_mib", "device_used_mib", "outstanding_mib", "available_mib")
@@ -177,3 +182,34 @@ def test_stale_socket_file_is_replaced_at_start(
     broker = broker_factory(root=root)
     with broker.client() as c:
         assert c.hello()["simulated"] is True
+
+
+def test_restored_waiter_whose_holder_dies_leaves_nothing_behind(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request restored after a restart whose client never comes back (its holder
+    dies): it is dropped from the queue and the store, and no error is left unhandled."""
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(SINGLE_24G)
+    pool = SleeperPool()
+    h = InProcessBroker(scenario, tmp_path)
+    try:
+        proc, holder = pool.spawn()
+        h.acquire(holder, mib=20000, request_key="big")
+        task = h.acquire(holder, mib=8192, wait_s=60, request_key="waits")
+        assert not task.done()
+        h.restart()
+        assert [w.request_key for w in h.broker.queue] == ["waits"]
+        proc.kill()
+        proc.wait(10)
+        h.tick(0.25)
+        assert h.broker.queue == []
+        assert h.broker.store is not None and h.broker.store.waiters() == []
+        del task
+        gc.collect()
+        h.spin()
+        gc.collect()
+    finally:
+        h.close()
+        pool.close()
+    assert "never retrieved" not in caplog.text

@@ -535,6 +535,8 @@ class Broker:
             self.store.delete_waiter(waiter.request_key)
         if error is not None and not waiter.future.done():
             waiter.future.set_exception(error)
+            if waiter.reattach_by is not None:  # restored, its client not back: nobody awaits
+                waiter.future.exception()
 
     def _find_request(self, request_key: str, owner: str, holder: Holder) -> Lease | Waiter | None:
         """A lease granted, or a request still queued, under `request_key` for this holder
