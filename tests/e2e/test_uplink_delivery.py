@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import sqlite3
 import threading
@@ -177,6 +178,44 @@ def test_report_stored_then_connection_dropped_is_resent_identically_and_counted
         db.close()
     assert row == (len(distinct), view["seq"], envelope["run_id"])
     assert "resending the same report" in lab.broker.log()
+
+
+def test_a_state_too_large_for_one_report_is_trimmed_and_says_so(
+    coordinator: CoordinatorProcess, uplink_broker: Callable[..., UplinkBroker]
+) -> None:
+    lab = uplink_broker(coordinator, "lab-big")
+    wait_until(lambda: lab.link()["link"] == "ok", timeout_s=20, interval_s=0.1)
+    declared = 1500  # about 560 bytes each as JSON: more than one report may carry
+    with lab.broker.client() as c:
+        ids = [
+            c.call(
+                "job.declare",
+                project=f"vision-{'x' * 50}",
+                purpose="embed the support ticket corpus for the nightly index rebuild " * 3,
+                handler=f"embed.encode_batch_{'y' * 100}",
+                total_items=1000,
+                workers=1,
+            )["job"]["job_id"]
+            for _ in range(declared)
+        ]
+        link = wait_until(
+            lambda: "report trimmed" in lab.link()["detail"] and lab.link(), timeout_s=20
+        )
+    assert isinstance(link, dict)
+    left_out = re.search(r"trimmed to fit the size limit: (\d+) entries left out", link["detail"])
+    assert left_out, link
+    assert link["link"] == "ok"
+
+    def stored() -> dict[str, Any] | None:
+        view = coordinator.computer(lab.computer_id)
+        return view if len(view["jobs"]) == declared - int(left_out.group(1)) else None
+
+    view = wait_until(stored, timeout_s=20, interval_s=0.3)
+    assert isinstance(view, dict)
+    print(f"trimmed: {left_out.group(1)} of {declared} jobs left out, {len(view['jobs'])} stored")
+    kept = [j["job_id"] for j in view["jobs"]]
+    assert kept == ids[-len(kept) :]  # the newest are kept
+    assert 0 < len(kept) < declared
 
 
 # ---------------------------------------------------------------- rejections

@@ -96,6 +96,8 @@ class Reporter:
         if trimmed:
             self.detail = f"report trimmed to fit the size limit: {trimmed} entries left out"
             log.warning("%s", self.detail)
+        elif self.detail.startswith("report trimmed"):
+            self.detail = ""
         return encode_envelope(
             sign_report(self.key, self.config.computer_id, self.run_id, self.seq, payload)
         )
