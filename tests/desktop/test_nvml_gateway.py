@@ -243,6 +243,30 @@ class TestFakeScenarios:
             "not_supported",
         )
 
+    def test_memory_query_coming_back_uses_v2_again(self, tmp_path: Path) -> None:
+        """`not_supported` means no memory query at all, not "v2 missing": when the query
+        works again, v2 (with its reserved memory) is used, not v1 for ever after."""
+        gw, fake, _ = self._gateway(tmp_path, _gpu(total_mib=24576, memory_api="not_supported"))
+        with pytest.raises(TelemetryError):
+            gw.read(GPU0)
+        fake.set_gpu(GPU0, memory_api="v2", reserved_mib=300)
+        sample = gw.read(GPU0)
+        assert (sample.memory_api, sample.device_used_mib) == ("v2", 300)
+
+    def test_v1_only_library_is_remembered(self, tmp_path: Path) -> None:
+        gw, fake, _ = self._gateway(tmp_path, _gpu(total_mib=24576, memory_api="v1"))
+        calls: list[object] = []
+        real = fake.nvmlDeviceGetMemoryInfo
+
+        def counting(handle: object, version: int | None = None) -> object:
+            calls.append(version)
+            return real(handle, version)
+
+        fake.nvmlDeviceGetMemoryInfo = counting  # type: ignore[method-assign,assignment]
+        for _ in range(3):
+            assert gw.read(GPU0).memory_api == "v1"
+        assert calls == [pynvml.nvmlMemory_v2, None, None, None]  # v2 tried once, not each time
+
     def test_errors_clear_when_the_driver_recovers(self, tmp_path: Path) -> None:
         gw, fake, _ = self._gateway(tmp_path, _gpu(total_mib=24576))
         fake.set_gpu(GPU0, error="gpu_lost")

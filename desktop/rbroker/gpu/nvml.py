@@ -219,6 +219,7 @@ class NvmlGateway:
 
     def _memory(self, uuid: str, handle: Any) -> tuple[int, int, str]:
         lib = self.lib
+        v2_error = None
         if uuid not in self._v2_missing:
             try:
                 mem = lib.nvmlDeviceGetMemoryInfo(handle, version=lib.nvmlMemory_v2)
@@ -230,9 +231,11 @@ class NvmlGateway:
                     _ERR_NOT_SUPPORTED,
                 ):
                     raise
-                log.info("GPU %s: NVML memory v2 unavailable (%s); using v1", uuid, exc)
-                self._v2_missing.add(uuid)
+                v2_error = exc
         mem = lib.nvmlDeviceGetMemoryInfo(handle)
+        if v2_error is not None:  # remembered only once v1 works: else nothing is missing
+            log.info("GPU %s: NVML memory v2 unavailable (%s); using v1", uuid, v2_error)
+            self._v2_missing.add(uuid)
         return int(mem.total), int(mem.free), "v1"
 
     def read(self, uuid: str) -> GpuSample:
