@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from rbroker_server.db import utcnow
+from rbroker_server.db import utcnow, write_lock
 from rbroker_server.models import HistoryPoint, RequestNonce
 from rbroker_server.settings import Settings
 
@@ -29,7 +29,7 @@ def prune(engine: Engine, settings: Settings, now: datetime | None = None) -> Pr
     """Delete history points older than `history_window_s` and expired request nonces."""
     now = now or utcnow()
     cutoff = now - timedelta(seconds=settings.history_window_s)
-    with engine.begin() as conn:
+    with write_lock(engine), engine.begin() as conn:
         history = conn.execute(sa.delete(HISTORY).where(HISTORY.c.at < cutoff)).rowcount
         nonces = conn.execute(sa.delete(NONCES).where(NONCES.c.expires_at < now)).rowcount
     if history or nonces:

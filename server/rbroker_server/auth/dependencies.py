@@ -15,7 +15,8 @@ from rbroker_server.settings import Settings
 
 def request_target(request: Request[Any, Any, Any]) -> str:
     """The path with its query string, exactly as the client sent it (what it signed)."""
-    path: str = request.scope["path"]
+    raw = request.scope.get("raw_path")
+    path: str = raw.decode("latin-1") if raw else request.scope["path"]
     query = request.scope.get("query_string", b"")
     return f"{path}?{query.decode('latin-1')}" if query else path
 

@@ -22,7 +22,7 @@ from rbroker_protocol.signing import (
     verify_request,
 )
 from rbroker_server.credentials import VIEWER_PREFIX, parse_credential, secret_matches
-from rbroker_server.db import utcnow
+from rbroker_server.db import utcnow, write_lock
 from rbroker_server.models import Computer, RequestNonce, ViewerToken
 from rbroker_server.settings import Settings
 
@@ -92,20 +92,22 @@ def _computer_scope(
     now = utcnow()
     if abs(now.timestamp() - signed.timestamp) > settings.request_window_s:
         raise Unauthenticated("signed request timestamp outside the accepted window")
-    with engine.begin() as conn:
+    with engine.connect() as conn:
         row = conn.execute(
             sa.select(COMPUTERS.c.group_id, COMPUTERS.c.public_key, COMPUTERS.c.revoked_at).where(
                 COMPUTERS.c.id == signed.computer_id
             )
         ).first()
-        if row is None:
-            raise Unauthenticated("unknown computer")
-        try:
-            verify_request(signed, row.public_key, method, path)
-        except EnvelopeError as exc:
-            raise Unauthenticated(str(exc)) from exc
-        if row.revoked_at is not None:
-            raise Forbidden("computer revoked")
+    if row is None:
+        raise Unauthenticated("unknown computer")
+    try:
+        verify_request(signed, row.public_key, method, path)
+    except EnvelopeError as exc:
+        raise Unauthenticated(str(exc)) from exc
+    if row.revoked_at is not None:
+        raise Forbidden("computer revoked")
+    # Each nonce once, across every coordinator sharing the database.
+    with write_lock(engine), engine.begin() as conn:
         insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(NONCES)
         used = conn.execute(
             insert.values(
@@ -116,6 +118,6 @@ def _computer_scope(
             .on_conflict_do_nothing()
             .returning(NONCES.c.nonce)
         ).first()
-        if used is None:
-            raise Unauthenticated("nonce already used (replayed request)")
+    if used is None:
+        raise Unauthenticated("nonce already used (replayed request)")
     return Scope(row.group_id, "computer", signed.computer_id)

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 from rbroker_protocol.descriptions import DescriptionRejected, check_description
 from rbroker_protocol.signing import EnvelopeError, load_verify_key
 from rbroker_server.credentials import ENROLL_PREFIX, parse_credential, secret_matches
-from rbroker_server.db import utcnow
+from rbroker_server.db import utcnow, write_lock
 from rbroker_server.enroll.schema import EnrollRequest, EnrollResponse
 from rbroker_server.models import Computer, EnrollCode, Group
 
@@ -55,7 +55,7 @@ def enroll(engine: Engine, req: EnrollRequest) -> EnrollResponse:
         raise EnrollRefused
     now = utcnow()
     computer_id = "c_" + secrets.token_hex(8)
-    with engine.begin() as conn:
+    with write_lock(engine), engine.begin() as conn:
         row = conn.execute(
             sa.select(CODES.c.secret_hash, CODES.c.group_id).where(CODES.c.id == cred.id)
         ).first()
