@@ -24,7 +24,7 @@ import pytest
 
 import rbroker
 from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, short_tmp, wait_until
-from tests.desktop.conftest import WorkerProcess
+from tests.desktop.conftest import RawConnection, WorkerProcess
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
 
 HEADROOM = 1024
@@ -213,3 +213,32 @@ def test_restored_waiter_whose_holder_dies_leaves_nothing_behind(
         h.close()
         pool.close()
     assert "never retrieved" not in caplog.text
+
+
+def test_waiter_that_disconnects_leaves_nothing_to_restore(
+    broker_factory: Callable[..., BrokerProcess],
+    raw_connect: Callable[[str], RawConnection],
+) -> None:
+    """A persisted waiting request whose connection closes is gone from the queue and from
+    the store: a broker killed afterwards restores nothing of it."""
+    broker = broker_factory(SINGLE_24G, headroom_mib=HEADROOM)
+    desc = {"project": "tests", "session": "gone", "purpose": "leave nothing"}
+    c = broker.client()
+    c.call("lease.acquire", mib=20000, **desc)
+    leaver = raw_connect(broker.socket)
+    leaver.send_request("lease.acquire", {"mib": 8192, "wait_s": 60, "request_key": "k1", **desc})
+    stays = raw_connect(broker.socket)
+    stays.send_request("lease.acquire", {"mib": 8192, "wait_s": 60, "request_key": "k2", **desc})
+    wait_until(lambda: len(c.leases()["queue"]) == 2)
+    leaver.close()
+    wait_until(lambda: len(c.leases()["queue"]) == 1)
+    broker.proc.send_signal(signal.SIGKILL)
+    broker.proc.wait(10)
+    c.close()
+    restarted = broker_factory(
+        broker.scenario.read_text(), headroom_mib=HEADROOM, root=broker.scenario.parent
+    )
+    assert "restored 1 leases and 1 waiting requests" in restarted.log()
+    with restarted.client() as again:
+        (queued,) = again.leases()["queue"]
+        assert queued["mib"] == 8192
