@@ -302,9 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     setup = add("setup", cmd_setup, "write the config, create the database, a group and tokens")
-    setup.add_argument("--public-hostname", default="localhost")
+    setup.add_argument(
+        "--public-hostname", default="localhost", help="the name computers use to reach it"
+    )
     setup.add_argument("--bind", default="0.0.0.0", help="bind address (default 0.0.0.0)")
-    setup.add_argument("--port", type=int, default=8787)
+    setup.add_argument("--port", type=int, default=8787, help="port (default 8787)")
     setup.add_argument("--tls-cert", help="PEM certificate (chain) file")
     setup.add_argument("--tls-key", help="PEM private key file")
     setup.add_argument(
