@@ -242,3 +242,25 @@ def test_waiter_that_disconnects_leaves_nothing_to_restore(
     with restarted.client() as again:
         (queued,) = again.leases()["queue"]
         assert queued["mib"] == 8192
+
+
+def test_lease_of_a_holder_that_died_while_the_broker_was_down_ends_with_the_reason(
+    broker_factory: Callable[..., BrokerProcess], worker: Callable[..., WorkerProcess]
+) -> None:
+    broker = broker_factory(SINGLE_24G, headroom_mib=HEADROOM)
+    alive, dies = (worker("hold_lease", broker.socket, "4096", f"h{i}", "0") for i in range(2))
+    alive_lease, dead_lease = (w.read_line().split()[1] for w in (alive, dies))
+    broker.proc.send_signal(signal.SIGKILL)
+    broker.proc.wait(10)
+    dies.stop()
+    restarted = broker_factory(
+        broker.scenario.read_text(), headroom_mib=HEADROOM, root=broker.scenario.parent
+    )
+    with restarted.client() as c:
+        view = c.leases(include_ended=True)
+        assert [x["lease_id"] for x in view["leases"]] == [alive_lease]
+        (ended,) = view["ended"]
+        assert ended["lease_id"] == dead_lease
+        assert ended["state"] == "holder_exited"
+        assert "exited while the broker was down" in ended["ended_reason"]
+        assert _gpu(c)["outstanding_mib"] == 4096
