@@ -1,4 +1,5 @@
-"""Ingest one signed report: the hot path (SQLAlchemy Core, one transaction).
+"""Ingest one signed report: the hot path (prebuilt SQLAlchemy Core statements: one read,
+then one short write transaction whose conditional UPDATE decides).
 
 Order of checks: envelope structure → computer known → signature over the exact payload
 bytes → computer not revoked → payload schema → (run, seq) order → write. Nothing of the
