@@ -193,3 +193,38 @@ def test_broker_with_a_hanging_keyring_keeps_leasing_and_says_why() -> None:
             c.call("lease.release", lease_id=lease["lease"]["lease_id"])
     finally:
         broker.stop()
+
+
+def test_broker_with_a_missing_ca_file_says_so() -> None:
+    """An enrollment whose pinned CA file is gone: the link names the file, leasing goes on."""
+    import nacl.signing
+
+    from rbroker.uplink.config import UplinkConfig
+    from rbroker.uplink.keys import FileKeyStore
+
+    root = short_tmp()
+    FileKeyStore(root / "data" / "computer.key").save(nacl.signing.SigningKey.generate())
+    missing = str(root / "moved-away" / "ca.pem")
+    UplinkConfig(
+        url="https://127.0.0.1:9",
+        computer_id="c_ca",
+        group="g",
+        name="lab-ca",
+        key_backend="file",
+        ca_file=missing,
+    ).save(root / "data")
+    broker = start_broker(SINGLE_24G, root=root)
+    try:
+        with broker.client() as c:
+            link = wait_until(
+                lambda: (
+                    c.status()["coordinator"]["link"].startswith("config error")
+                    and c.status()["coordinator"]["link"]
+                ),
+                timeout_s=10,
+            )
+            assert missing in str(link), link
+            lease = c.call("lease.acquire", mib=1024, project="t", session="s", purpose="p")
+            c.call("lease.release", lease_id=lease["lease"]["lease_id"])
+    finally:
+        broker.stop()

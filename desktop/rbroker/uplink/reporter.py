@@ -175,44 +175,51 @@ class Reporter:
         return "retry"
 
     async def run(self) -> None:
-        """Report until cancelled."""
-        async with httpx.AsyncClient(
-            base_url=self.config.url,
-            verify=http_verify(self.config.ca_file),
-            timeout=httpx.Timeout(self.deadline_s, connect=min(3.0, self.deadline_s)),
-        ) as client:
-            body: bytes | None = None
-            made_at = 0.0
-            backoff = BACKOFF_MIN_S
-            pause = 0.0
-            try:
-                while True:
-                    if body is None:
-                        await self._wait_trigger(pause)
-                        try:
-                            body, made_at = self._envelope(), time.monotonic()
-                        except Exception as exc:  # never end reporting over one bad snapshot
-                            log.exception("cannot build the report")
-                            self.link = f"error: cannot build the report: {exc}"[:300]
-                            pause = self.config.report_interval_s
-                            continue
-                    outcome = await self._send(client, body)
-                    if outcome == "ok":
-                        stale = time.monotonic() - made_at > self.config.report_interval_s
-                        body, backoff, pause = None, BACKOFF_MIN_S, MIN_GAP_S
-                        if stale:  # delivered after an outage: send the current state now
-                            self._changed.set()
-                            pause = 0.0
-                    elif outcome == "rejected":
-                        body, pause = None, REJECTED_PAUSE_S
-                    else:
-                        await asyncio.sleep(backoff / 2 + random.uniform(0, backoff / 2))
-                        cap = BACKOFF_MAX_S
-                        if outcome != "throttled":
-                            cap = min(cap, max(BACKOFF_MIN_S, self.config.report_interval_s))
-                        backoff = min(cap, backoff * 2)
-            finally:
-                self._unsubscribe()
+        """Report until cancelled.
+
+        Raises:
+            Exception: the HTTP client cannot be made (e.g. the pinned CA file is gone).
+        """
+        try:
+            async with httpx.AsyncClient(
+                base_url=self.config.url,
+                verify=http_verify(self.config.ca_file),
+                timeout=httpx.Timeout(self.deadline_s, connect=min(3.0, self.deadline_s)),
+            ) as client:
+                await self._loop(client)
+        finally:
+            self._unsubscribe()
+
+    async def _loop(self, client: httpx.AsyncClient) -> None:
+        body: bytes | None = None
+        made_at = 0.0
+        backoff = BACKOFF_MIN_S
+        pause = 0.0
+        while True:
+            if body is None:
+                await self._wait_trigger(pause)
+                try:
+                    body, made_at = self._envelope(), time.monotonic()
+                except Exception as exc:  # never end reporting over one bad snapshot
+                    log.exception("cannot build the report")
+                    self.link = f"error: cannot build the report: {exc}"[:300]
+                    pause = self.config.report_interval_s
+                    continue
+            outcome = await self._send(client, body)
+            if outcome == "ok":
+                stale = time.monotonic() - made_at > self.config.report_interval_s
+                body, backoff, pause = None, BACKOFF_MIN_S, MIN_GAP_S
+                if stale:  # delivered after an outage: send the current state now
+                    self._changed.set()
+                    pause = 0.0
+            elif outcome == "rejected":
+                body, pause = None, REJECTED_PAUSE_S
+            else:
+                await asyncio.sleep(backoff / 2 + random.uniform(0, backoff / 2))
+                cap = BACKOFF_MAX_S
+                if outcome != "throttled":
+                    cap = min(cap, max(BACKOFF_MIN_S, self.config.report_interval_s))
+                backoff = min(cap, backoff * 2)
 
 
 def _state_key(payload: bytes) -> str:

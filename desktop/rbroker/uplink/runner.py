@@ -16,6 +16,8 @@ from rbroker.uplink.reporter import Reporter
 log = logging.getLogger(__name__)
 
 CONFIG_POLL_S = 2.0
+RESTART_S = 30.0
+"""Pause before the enrollment is read again after the reporter stopped on an error."""
 
 
 async def run_uplink(broker: Broker, data_dir: Path) -> None:
@@ -31,21 +33,35 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
         except ValueError as exc:
             state.update(link=f"config error: {exc}")
             config = None
+        if config is not None and config.ca_file and not Path(config.ca_file).is_file():
+            state.update(
+                link=f"config error: the coordinator's CA file {config.ca_file} is missing",
+                computer_id=config.computer_id,
+            )
+            config = None
         if config is not None:
             try:
                 key = await asyncio.to_thread(store_for(config, data_dir).load)
+                why = "the private key is missing"
             except KeyStoreError as exc:
-                key = None
-                state.update(link=f"key unavailable: {exc}", computer_id=config.computer_id)
-            if key is None and not state["link"].startswith("key unavailable"):
-                state.update(
-                    link="key unavailable: the private key is missing",
-                    computer_id=config.computer_id,
-                )
+                key, why = None, str(exc)
+            if key is None:
+                state.update(link=f"key unavailable: {why}", computer_id=config.computer_id)
             if key is not None:
                 reporter = Reporter(broker, config, key)
                 broker.uplink_status = reporter.status
                 log.info("reporting to %s as %s", config.url, config.computer_id)
-                await reporter.run()
-                return
+                try:
+                    await reporter.run()
+                    return
+                except Exception as exc:  # the broker goes on; the link says why
+                    log.exception("reporting to %s stopped", config.url)
+                    broker.uplink_status = lambda: dict(state)
+                    state.update(
+                        link=f"error: {type(exc).__name__}: {exc}"[:300]
+                        + f"; trying again in {RESTART_S:g} s",
+                        computer_id=config.computer_id,
+                    )
+                    await asyncio.sleep(RESTART_S)
+                    continue
         await asyncio.sleep(CONFIG_POLL_S)
