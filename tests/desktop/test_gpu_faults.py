@@ -16,11 +16,15 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 
 import rbroker
+from rbroker.gpu.fake_nvml import FakeNvml
+from rbroker.gpu.nvml import NvmlGateway, TelemetryError
 from tests.conftest import GPU0, GPU1, BrokerProcess, wait_until
 from tests.desktop.conftest import RawConnection
 
@@ -398,3 +402,75 @@ def test_gpu_disappearing_shifts_indices_harmlessly(
         _telemetry(c, GPU0, "ok")
         back = c.call("lease.acquire", mib=1024, gpu_uuid=GPU0, wait_s=5, **PARAMS)["lease"]
         assert back["gpu_uuid"] == GPU0
+
+
+# -- every NVML error a real driver raises becomes a telemetry state ---------------------------
+class _Failing(FakeNvml):
+    """The simulated library, with one NVML function raising a given error code."""
+
+    def __init__(self, scenario: Path, function: str, code: int) -> None:
+        super().__init__(scenario)
+        self.failing, self.code = function, code
+
+    def __getattribute__(self, name: str) -> Any:
+        if name != "failing" and name == object.__getattribute__(self, "failing"):
+
+            def fail(*args: object, **kwargs: object) -> object:
+                raise pynvml.NVMLError(object.__getattribute__(self, "code"))
+
+            return fail
+        return object.__getattribute__(self, name)
+
+
+@pytest.mark.parametrize(
+    ("function", "code", "state", "reason"),
+    [
+        ("nvmlInit", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "unavailable", "library_not_found"),
+        ("nvmlInit", pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "unavailable", "driver_not_loaded"),
+        ("nvmlInit", pynvml.NVML_ERROR_NO_PERMISSION, "unavailable", "no_permission"),
+        (
+            "nvmlDeviceGetComputeRunningProcesses",
+            pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+            "unavailable",
+            "version_mismatch",
+        ),
+        ("nvmlDeviceGetComputeRunningProcesses", pynvml.NVML_ERROR_GPU_IS_LOST, "lost", "gpu_lost"),
+        ("nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_UNKNOWN, "unavailable", "unknown_error"),
+        ("nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_TIMEOUT, "unavailable", "timeout"),
+        (
+            "nvmlDeviceGetMemoryInfo",
+            pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+            "unavailable",
+            "function_not_found",
+        ),
+        (
+            "nvmlDeviceGetMemoryInfo",
+            pynvml.NVML_ERROR_NOT_SUPPORTED,
+            "unknown_capacity",
+            "not_supported",
+        ),
+        ("nvmlDeviceGetHandleByUUID", pynvml.NVML_ERROR_NOT_FOUND, "lost", "not_found"),
+    ],
+)
+def test_nvml_error_codes_become_states(
+    tmp_path: Path, function: str, code: int, state: str, reason: str
+) -> None:
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(_scenario())
+    gateway = NvmlGateway(_Failing(scenario, function, code), source="simulated")
+    with pytest.raises(TelemetryError) as err:
+        gateway.read(GPU0)
+    assert not isinstance(err.value, pynvml.NVMLError)
+    assert (err.value.state.value, err.value.reason) == (state, reason)
+
+
+@pytest.mark.parametrize(
+    "code", [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND]
+)
+def test_graphics_list_missing_is_not_an_error(tmp_path: Path, code: int) -> None:
+    """Some GPUs or drivers cannot list graphics processes: the compute list still counts."""
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(_scenario() + _process(4000, 2048))
+    lib = _Failing(scenario, "nvmlDeviceGetGraphicsRunningProcesses", code)
+    sample = NvmlGateway(lib, source="simulated").read(GPU0)
+    assert [(p.pid, p.used_mib) for p in sample.processes] == [(4000, 2048)]
