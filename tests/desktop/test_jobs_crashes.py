@@ -250,3 +250,29 @@ def test_pool_job_survives_a_broker_restart_mid_job(
         wait_until(lambda: not leases_of(c2, job_id), timeout_s=5)  # the workers exited
         ended = c2.call("leases.list", include_ended=True)["ended"]
         assert {x["lease_id"] for x in ended} >= set(linked)  # the same leases, released
+
+
+def test_subscribers_see_a_job_stall_and_run_again(broker: BrokerProcess) -> None:
+    """The tray learns of a stall from the event stream, not by polling."""
+    watcher = broker.client()
+    watcher.subscribe()
+    declarer = broker.client()
+    job_id = declare(declarer)["job_id"]
+    _report(declarer, job_id, "c1", completed=1)
+    declarer.close()
+
+    def next_job_state() -> str:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            ev = watcher.wait_event(timeout_s=deadline - time.monotonic())
+            if ev and ev.get("kind") == "job" and ev["data"].get("job_id") == job_id:
+                return str(ev["data"]["state"])
+        raise AssertionError("no job event within 5 s")
+
+    states = [next_job_state() for _ in range(3)]  # declared, counted, stalled
+    assert states == ["queued", "running", "stalled"]
+    with broker.client() as again:
+        _report(again, job_id, "c2", completed=1)
+        assert next_job_state() == "running"
+    assert next_job_state() == "stalled"  # that reporter went too
+    watcher.close()
