@@ -119,9 +119,13 @@ class Client:
             ) from None
         self.server_info: dict[str, Any] = {}
         if hello:
-            self.server_info = self.call(
-                "hello", protocol_version=PROTOCOL_VERSION, client="rbroker-python"
-            )
+            try:
+                self.server_info = self.call(
+                    "hello", protocol_version=PROTOCOL_VERSION, client="rbroker-python"
+                )
+            except BaseException:  # not a broker, or one we cannot talk to: no socket leaks
+                self.close()
+                raise
 
     def __enter__(self) -> Client:
         return self
@@ -162,6 +166,8 @@ class Client:
                             "broker_unavailable",
                         )
                     msg = json.loads(line)
+                    if not isinstance(msg, dict):
+                        raise ValueError("the answer is not a JSON-RPC object")
                     if "id" not in msg and msg.get("method") == "event":
                         self._events.put(msg.get("params") or {})
                         continue
@@ -172,9 +178,14 @@ class Client:
                 raise BrokerUnavailable(
                     f"lost the broker at {self.address}: {exc}", "broker_unavailable"
                 ) from None
-        if "error" in msg:
+        if isinstance(msg.get("error"), dict):
             raise from_rpc_error(RpcError.from_wire(msg["error"]))
-        return msg.get("result")
+        if "result" not in msg:
+            raise BrokerUnavailable(
+                f"the peer at {self.address} sent neither a result nor an error",
+                "broker_unavailable",
+            )
+        return msg["result"]
 
     def next_event(self, timeout_s: float | None = None) -> dict[str, Any] | None:
         """The next queued event notification (after `subscribe()`), or None on timeout.
@@ -200,8 +211,13 @@ class Client:
                 raise BrokerUnavailable(f"lost the broker: {exc}", "broker_unavailable") from None
         if not line:
             raise BrokerUnavailable("broker closed the connection", "broker_unavailable")
-        msg = json.loads(line)
-        return msg.get("params") if msg.get("method") == "event" else None
+        try:
+            msg = json.loads(line)
+        except ValueError as exc:
+            raise BrokerUnavailable(f"lost the broker: {exc}", "broker_unavailable") from None
+        if isinstance(msg, dict) and msg.get("method") == "event":
+            return msg.get("params")
+        return None
 
     # -- typed helpers ---------------------------------------------------------------------
     def hello(self) -> dict[str, Any]:
