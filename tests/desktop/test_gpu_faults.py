@@ -23,6 +23,7 @@ import pynvml
 import pytest
 
 import rbroker
+from rbroker.gpu import nvml as nvml_module
 from rbroker.gpu.fake_nvml import FakeNvml
 from rbroker.gpu.nvml import NvmlGateway, TelemetryError
 from tests.conftest import GPU0, GPU1, BrokerProcess, wait_until
@@ -474,3 +475,35 @@ def test_graphics_list_missing_is_not_an_error(tmp_path: Path, code: int) -> Non
     lib = _Failing(scenario, "nvmlDeviceGetGraphicsRunningProcesses", code)
     sample = NvmlGateway(lib, source="simulated").read(GPU0)
     assert [(p.pid, p.used_mib) for p in sample.processes] == [(4000, 2048)]
+
+
+@pytest.mark.parametrize(
+    ("source", "nested", "expected"),
+    [("nvml", False, 2048), ("nvml", True, None), ("simulated", True, 2048)],
+    ids=["host-pids", "container-pid-namespace", "simulation"],
+)
+def test_per_process_figures_from_another_pid_namespace_are_unknown(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    source: str,
+    nested: bool,
+    expected: int | None,
+) -> None:
+    """Real NVML read from a container's own pid namespace lists the host's pids: they name
+    other processes here (or none), so every per-process figure is unknown; device_used
+    still counts the memory. The simulated library lists pids of the broker's namespace."""
+    monkeypatch.setattr(nvml_module, "in_child_pid_namespace", lambda: nested)
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(_scenario() + _process(4000, 2048))
+    sample = NvmlGateway(FakeNvml(scenario), source=source).read(GPU0)
+    assert [(p.pid, p.used_mib) for p in sample.processes] == [(4000, expected)]
+    assert sample.device_used_mib == 2048
+
+
+def test_pid_namespace_probe_matches_proc() -> None:
+    status = Path("/proc/self/status")
+    if not status.exists():
+        assert nvml_module.in_child_pid_namespace() is False
+        return
+    line = next((x for x in status.read_text().splitlines() if x.startswith("NSpid:")), "")
+    assert nvml_module.in_child_pid_namespace() is (len(line.split()) > 2)

@@ -9,7 +9,8 @@ What it does for the broker:
   `device_used = total - free` in both (v2's `reserved` is neither free nor usable);
 - compute and graphics process lists, read before and after the memory read, keeping the
   smaller value per pid; values that are None (WDDM), pid 0, pids ≥ 2^32−1 or larger than
-  the GPU become *unknown*;
+  the GPU become *unknown*, and so do all of them when real NVML is read from a container's
+  own pid namespace (its pids are the host's);
 - every NVML error turned into a `TelemetryError` carrying a `TelemetryState` and a reason
   name, never a raw NVMLError;
 - `AsyncSampler`: at most one call in flight per GPU, run off the event loop, with a
@@ -82,6 +83,20 @@ def _nvml_code(exc: BaseException) -> int | None:
     return value if isinstance(value, int) else None
 
 
+def in_child_pid_namespace() -> bool:
+    """True when this process runs in a nested pid namespace (a container without the
+    host's pids, Linux): NVML lists pids of the host's namespace, which here name other
+    processes or none, so its per-process figures cannot be attributed."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    return len(line.split()) > 2
+    except OSError:
+        pass
+    return False
+
+
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -107,6 +122,8 @@ class NvmlGateway:
         self._initialised = False
         self._handles: dict[str, Any] = {}
         self._v2_missing: set[str] = set()
+        # real NVML seen from a container's own pid namespace: per-process pids are foreign
+        self.foreign_pids = source == "nvml" and in_child_pid_namespace()
 
     def _error(self, exc: BaseException, what: str) -> TelemetryError:
         code = _nvml_code(exc)
@@ -291,6 +308,8 @@ class NvmlGateway:
                 mib = min(early.used_mib, late.used_mib)
             if mib is not None and mib > total_mib:
                 mib = None  # garbage: larger than the GPU
+            if self.foreign_pids:
+                mib = None  # another pid namespace's pid: unknown (device_used has it)
             procs.append(ProcessSample(pid, mib, late.kind))
         return GpuSample(
             uuid=uuid,
