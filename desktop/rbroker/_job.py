@@ -192,7 +192,8 @@ class ChunkTask:
 
     `fn` returns None (all items completed), or `(completed, failed)`. If it raises, the
     chunk is reported with every item failed (len(items) when sized, else 1) and the
-    exception propagates.
+    exception propagates (if that report is refused, e.g. the job ended, the exception
+    still propagates, with a note saying so).
     """
 
     def __init__(self, ref: JobRef, fn: Callable[[Any], Any]) -> None:
@@ -204,8 +205,11 @@ class ChunkTask:
         size = len(items) if isinstance(items, Sized) else 1
         try:
             outcome = self.fn(items)
-        except Exception:
-            _worker_report(self.ref, chunk_id, 0, max(1, size))
+        except Exception as exc:
+            try:
+                _worker_report(self.ref, chunk_id, 0, max(1, size))
+            except RBrokerError as report_error:  # the caller's exception matters more
+                exc.add_note(f"rbroker: chunk {chunk_id} not reported: {report_error}")
             raise
         if outcome is None:
             completed, failed = size, 0

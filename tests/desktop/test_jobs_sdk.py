@@ -160,6 +160,18 @@ def test_chunk_task_reports_completed_failed_and_raised_chunks(broker: BrokerPro
         assert counts(job.refresh()) == (19, 11, 3)
 
 
+def test_chunk_task_keeps_the_callers_exception_when_its_report_is_refused(
+    broker: BrokerProcess,
+) -> None:
+    with rbroker.job(**SPEC, total_items=30, socket=broker.socket) as job:
+        task = job.task(_fails_on_negative)
+        job.update("cancelled", reason="stopped early")
+        with pytest.raises(ValueError, match="item -1") as err:
+            task("c0", [-1] * 10)  # its failure report is refused: the job has ended
+        assert any("not reported" in note for note in err.value.__notes__)
+        assert counts(job.refresh()) == (0, 0, 0)
+
+
 def test_job_handle_keeps_reporting_across_a_broker_restart(
     broker_factory: Callable[..., BrokerProcess],
 ) -> None:
