@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -166,3 +167,42 @@ def test_killed_holder_frees_its_lease_and_its_memory(
         gpu = _settled(c, device_used_mib=0, outstanding_mib=0)
         assert gpu["available_mib"] == TOTAL - HEADROOM
         assert c.leases()["leases"] == []
+
+
+def test_memory_kept_after_releasing_one_of_two_leases_is_not_the_others(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """This process holds leases A (4 000) and B (6 000) and has allocated A's 4 000. It
+    releases A but keeps the memory: B has still allocated nothing, so B's 6 000 stay
+    outstanding (counting A's leftover as B's use would over-admit by 4 000)."""
+    broker = broker_factory(headroom_mib=HEADROOM)
+    params: dict[str, Any] = {"project": "tests", "session": "two", "purpose": "two leases"}
+    with broker.client() as a, broker.client() as b, broker.client() as c:
+        lease_a = a.call("lease.acquire", mib=4000, **params)["lease"]
+        b.call("lease.acquire", mib=6000, **params)
+        c.sim_allocate(4000, gpu_uuid=GPU0)
+        _settled(c, device_used_mib=4000, outstanding_mib=6000)
+        a.call("lease.release", lease_id=lease_a["lease_id"])
+        gpu = _settled(c, device_used_mib=4000, leases=1)
+        time.sleep(1.5)  # a few more samples
+        gpu = _gpu(c)
+        assert gpu["outstanding_mib"] == 6000, gpu
+        assert gpu["available_mib"] == TOTAL - HEADROOM - 4000 - 6000
+
+
+def test_memory_held_before_a_lease_and_freed_after_is_not_counted_twice(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """4 000 MiB held before an 8 192 MiB lease, then freed, then 8 192 allocated for the
+    lease: the lease has allocated all of it, nothing is outstanding."""
+    broker = broker_factory(headroom_mib=HEADROOM)
+    params: dict[str, Any] = {"project": "tests", "session": "freed", "purpose": "free then use"}
+    with broker.client() as c:
+        c.sim_allocate(4000, gpu_uuid=GPU0)
+        _settled(c, device_used_mib=4000)
+        c.call("lease.acquire", mib=8192, **params)
+        _settled(c, device_used_mib=4000, outstanding_mib=8192)
+        c.sim_free(gpu_uuid=GPU0)
+        _settled(c, device_used_mib=0, outstanding_mib=8192)
+        c.sim_allocate(8192, gpu_uuid=GPU0)
+        _settled(c, device_used_mib=8192, outstanding_mib=0)

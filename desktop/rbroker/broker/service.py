@@ -87,6 +87,10 @@ class GpuSlot:
         """MiB the latest sample attributes to `holder`'s process tree (unknown = 0)."""
         return sum(p.used_mib or 0 for p, chain in self.chains if holder in chain)
 
+    def holder_mib_known(self, holder: Holder) -> bool:
+        """True when the latest sample knows the memory of every process of `holder`'s tree."""
+        return all(p.used_mib is not None for p, chain in self.chains if holder in chain)
+
 
 Listener = Callable[[str, dict[str, Any]], None]
 
@@ -348,13 +352,25 @@ class Broker:
         for lease in self._leases_on(slot.uuid):
             by_holder.setdefault(lease.holder, []).append(lease)
         for holder, leases in by_holder.items():
-            pool = max(0, slot.holder_mib(holder) - self._baselines.get((holder, slot.uuid), 0))
+            held = slot.holder_mib(holder)
+            baseline = self._baselines.get((holder, slot.uuid), 0)
+            if held < baseline and slot.holder_mib_known(holder):
+                # the holder freed memory it held outside its leases: that much is gone
+                baseline = held
+                self._set_baseline(holder, slot.uuid, baseline, leases)
+            pool = max(0, held - baseline)
             leases.sort(key=lambda lease: lease.granted_at_wall)
             for i, lease in enumerate(leases):
                 share = pool if i == len(leases) - 1 else min(pool, lease.granted_mib)
                 pool -= share
                 lease.observed_mib[slot.uuid] = share
                 lease.over_grant = any(v > lease.granted_mib for v in lease.observed_mib.values())
+
+    def _set_baseline(self, holder: Holder, uuid: str, mib: int, leases: list[Lease]) -> None:
+        """`holder`'s memory on `uuid` outside its leases (`leases`: its leases there)."""
+        self._baselines[(holder, uuid)] = mib
+        for lease in leases:
+            lease.baseline_mib[uuid] = mib
 
     def capacity(self, uuid: str) -> Capacity | None:
         """The capacity split of GPU `uuid` now, or None before its first good sample."""
@@ -828,11 +844,18 @@ class Broker:
             if slot is not None:
                 slot.last_change_at = now
                 slot.kick.set()
-            if not any(
-                other.holder == lease.holder and u in other.gpu_uuids
+            others = [
+                other
                 for other in self.leases.values()
-            ):
+                if other.holder == lease.holder and u in other.gpu_uuids
+            ]
+            if not others:
                 self._baselines.pop((lease.holder, u), None)
+            elif lease.observed_mib.get(u, 0) > 0:
+                # What the ended lease's processes still hold is outside any lease now, not
+                # the use of the holder's other leases (counting it there would over-admit).
+                kept = self._baselines.get((lease.holder, u), 0) + lease.observed_mib[u]
+                self._set_baseline(lease.holder, u, kept, others)
         self.ended.append(lease)
         self._token_sha256.pop(lease.lease_id, None)
         if self.store is not None:
