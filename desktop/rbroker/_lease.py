@@ -148,6 +148,12 @@ class _Holder:
     def release(self) -> None:
         self._stop.set()
         self._thread.join(timeout=self.interval_s + 2.0)
+        if self._thread.is_alive():
+            # its heartbeat still waits on a stalled broker: do not wait behind it; closing
+            # the connection releases the lease as soon as the broker runs again
+            log.warning("lease %s: broker not answering; released by closing", self.lease.lease_id)
+            self.client.close()
+            return
         try:
             self.client.call("lease.release", lease_id=self.lease.lease_id, timeout_s=5.0)
         except RBrokerError as exc:

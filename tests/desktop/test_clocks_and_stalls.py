@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -267,3 +269,59 @@ def test_case6_cpu_bound_main_thread_keeps_its_lease(
     with contextlib.suppress(Exception):
         holder.proc.wait(10)
     assert holder.proc.returncode == 0
+
+
+RELEASE_ON_LINE = """
+import sys, time
+import rbroker
+
+with rbroker.lease(2048, ttl_s=3, project="tests", session="exit-in-stall",
+                   purpose="leave while the broker stalls", socket=sys.argv[1]) as lease:
+    print(f"granted {lease.lease_id}", flush=True)
+    sys.stdin.readline()
+    started = time.monotonic()
+print(f"left {time.monotonic() - started:.2f}", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_leaving_a_lease_while_the_broker_stalls_does_not_hang(
+    broker_factory: Callable[..., BrokerProcess], raw_connect: Callable[[str], RawConnection]
+) -> None:
+    """A job that ends while the broker's loop is stalled leaves its `with` block at once
+    (its heartbeat waits on the broker; the SDK closes the connection instead of queueing
+    behind it) and the lease is released when the broker runs again."""
+    broker = broker_factory()
+    job = subprocess.Popen(
+        [sys.executable, "-c", RELEASE_ON_LINE, broker.socket],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert job.stdin is not None and job.stdout is not None
+    try:
+        line = job.stdout.readline()
+        assert line.startswith("granted"), line
+        lease_id = line.split()[1]
+        staller = raw_connect(broker.socket)
+        stall_id = staller.send_request("sim.stall", {"seconds": 15})
+        time.sleep(2.5)  # a heartbeat (every 1 s) is now waiting on the stalled broker
+        job.stdin.write("done\n")
+        job.stdin.flush()
+        left = job.stdout.readline()
+        assert left.startswith("left"), left
+        assert float(left.split()[1]) < 5.0, left
+        assert job.wait(10) == 0
+        staller.sock.settimeout(30)
+        assert "result" in staller.read_answer(stall_id)
+        with broker.client() as c:
+            ended = wait_until(lambda: _ended(c, lease_id), timeout_s=5)
+            assert isinstance(ended, dict)
+            # its connection closed and its process exited while the loop was blocked:
+            # whichever the broker notices first ends it
+            assert ended["state"] in ("released", "holder_exited")
+    finally:
+        job.kill()
+        job.wait(10)
+        job.stdin.close()
+        job.stdout.close()
