@@ -192,3 +192,12 @@ def test_a_waiter_that_can_no_longer_ever_fit_is_refused(
         assert err["data"]["usable_mib"] == 16384 - 1024
         assert "15 360" in err["message"]
         assert c.leases()["queue"] == []
+
+
+def test_a_negative_headroom_is_refused_at_start(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """A negative headroom would admit more than the GPU holds."""
+    with pytest.raises(RuntimeError) as refused:
+        broker_factory(headroom_mib=-4096)
+    assert "headroom_mib must be 0 MiB or more, got -4096" in str(refused.value)

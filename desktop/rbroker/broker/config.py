@@ -33,3 +33,19 @@ class BrokerConfig:
     reattach_grace_s: float = 30.0
     enumerate_interval_s: float = 10.0
     capacity_overrides_mib: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Refuse settings that would admit more than a GPU holds.
+
+        Raises:
+            ValueError: a negative headroom, or a capacity override that is not positive.
+        """
+        headrooms = [("headroom_mib", self.headroom_mib)] + [
+            (f"headroom for {uuid}", mib) for uuid, mib in self.headroom_overrides.items()
+        ]
+        for name, mib in headrooms:
+            if mib is not None and mib < 0:
+                raise ValueError(f"{name} must be 0 MiB or more, got {mib}")
+        for uuid, mib in self.capacity_overrides_mib.items():
+            if mib <= 0:
+                raise ValueError(f"capacity override for {uuid} must be positive, got {mib}")
