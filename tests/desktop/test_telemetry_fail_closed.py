@@ -104,7 +104,7 @@ def test_hung_nvml_never_blocks_the_local_api(
             started = time.monotonic()
             c.hello()
             c.call("lease.renew", lease_id=held["lease_id"])
-            assert time.monotonic() - started < 0.5
+            assert time.monotonic() - started < 1.0  # the NVML call hangs for 60 s
 
         # A new request is refused with a reason (no fresh sample), never admitted blind.
         with pytest.raises(rbroker.TelemetryUnavailable) as refused:
