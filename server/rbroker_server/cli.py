@@ -75,7 +75,10 @@ def _engine(args: argparse.Namespace) -> Engine:
 def _ask(prompt: str, default: str, interactive: bool) -> str:
     if not interactive:
         return default
-    answer = input(f"{prompt} [{default}]: ").strip()
+    try:
+        answer = input(f"{prompt} [{default}]: ").strip()
+    except EOFError as exc:
+        raise CliError("input ended; pass --non-interactive and the values as flags") from exc
     return answer or default
 
 
