@@ -54,7 +54,8 @@ def _san(hostname: str, extra: list[str]) -> x509.SubjectAlternativeName:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
 
