@@ -68,13 +68,17 @@ class BadSignature(EnvelopeError):
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    """A structurally valid, not yet verified envelope. `payload` is the decoded bytes."""
+    """A structurally valid, not yet verified envelope.
+
+    The payload bytes are deliberately named `unverified_payload`: the only way to get
+    bytes to parse is `verify_report`, which returns them once the signature holds.
+    """
 
     v: int
     computer_id: str
     run_id: str
     seq: int
-    payload: bytes
+    unverified_payload: bytes
     sig: bytes
 
 
@@ -202,7 +206,7 @@ def parse_envelope(body: bytes | Mapping[str, Any]) -> Envelope:
         computer_id=obj["computer_id"],
         run_id=obj["run_id"],
         seq=obj["seq"],
-        payload=_b64decode("payload", obj.get("payload")),
+        unverified_payload=_b64decode("payload", obj.get("payload")),
         sig=sig,
     )
 
@@ -219,12 +223,13 @@ def verify_report(envelope: Envelope, public_key: str | bytes | nacl.signing.Ver
         if isinstance(public_key, nacl.signing.VerifyKey)
         else load_verify_key(public_key)
     )
-    message = report_message(envelope.computer_id, envelope.run_id, envelope.seq, envelope.payload)
+    payload = envelope.unverified_payload
+    message = report_message(envelope.computer_id, envelope.run_id, envelope.seq, payload)
     try:
         vk.verify(message, envelope.sig)
     except nacl.exceptions.BadSignatureError as exc:
         raise BadSignature("report signature does not verify") from exc
-    return envelope.payload
+    return payload
 
 
 def sign_request(
