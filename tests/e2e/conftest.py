@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -39,8 +40,9 @@ def free_port() -> int:
 
 
 def py_env(**extra: str) -> dict[str, str]:
-    """The environment for child Python processes: the repository importable (`tests.`)."""
-    env = {**os.environ, **extra}
+    """The environment for child Python processes: the repository importable (`tests.`),
+    and a terminal width that keeps rich from wrapping messages that tests look for."""
+    env = {**os.environ, "COLUMNS": "1000", **extra}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     return env
 
@@ -80,6 +82,8 @@ class CoordinatorProcess:
     token: str
     first_code: str
     group: str = "default"
+    ca_file: str | None = None
+    """The CA of a coordinator set up with `--self-signed` (served over HTTPS)."""
     host: str = "127.0.0.1"
     proc: subprocess.Popen[bytes] | None = None
     prefix: list[str] = field(default_factory=list)
@@ -87,7 +91,11 @@ class CoordinatorProcess:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.ca_file else 'http'}://{self.host}:{self.port}"
+
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        return ssl.create_default_context(cafile=self.ca_file) if self.ca_file else True
 
     @property
     def db_path(self) -> Path:
@@ -131,7 +139,10 @@ class CoordinatorProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"coordinator exited:\n{self.log_path.read_text()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
+                if (
+                    httpx.get(self.url + "/healthz", timeout=2, verify=self.verify).status_code
+                    == 200
+                ):
                     return
             time.sleep(0.1)
         raise RuntimeError(f"coordinator did not answer:\n{self.log_path.read_text()}")
@@ -147,7 +158,7 @@ class CoordinatorProcess:
 
     def second(self) -> CoordinatorProcess:
         """Another serving process on the same data dir and database, on its own port."""
-        other = CoordinatorProcess(self.data_dir, free_port(), self.token, self.first_code)
+        other = dataclasses.replace(self, port=free_port(), proc=None, prefix=[])
         other.start()
         return other
 
@@ -184,6 +195,7 @@ class CoordinatorProcess:
             self.url + path,
             headers={"Authorization": f"Bearer {token or self.token}"},
             timeout=10,
+            verify=self.verify,
         )
 
     def fleet(self) -> dict[str, Any]:
@@ -197,8 +209,11 @@ class CoordinatorProcess:
         return dict(r.json())
 
 
-def setup_coordinator(root: Path, port: int | None = None, **settings: Any) -> CoordinatorProcess:
-    """`rbroker-server setup` in `root/coordinator`, then `settings` written to config.toml."""
+def setup_coordinator(
+    root: Path, port: int | None = None, tls: bool = False, **settings: Any
+) -> CoordinatorProcess:
+    """`rbroker-server setup` in `root/coordinator` (with `tls`: a generated CA and
+    certificate for 127.0.0.1), then `settings` written to config.toml."""
     data_dir = root / "coordinator"
     port = port or free_port()
     done = server_cli(
@@ -212,6 +227,7 @@ def setup_coordinator(root: Path, port: int | None = None, **settings: Any) -> C
         "--port",
         str(port),
         "--non-interactive",
+        *(["--self-signed"] if tls else []),
     )
     assert done.returncode == 0, done.stderr
     token = re.search(r"viewer token:\s+(rbv_\S+)", done.stdout)
@@ -223,16 +239,21 @@ def setup_coordinator(root: Path, port: int | None = None, **settings: Any) -> C
         lines = [ln for ln in lines if not ln.startswith(f"{key} =")]
         lines.append(f"{key} = {value!r}")
     config.write_text("\n".join(lines) + "\n")
-    return CoordinatorProcess(data_dir, port, token.group(1), code.group(1))
+    ca = re.search(r"TLS CA \(copy to computers\): (\S+)", done.stdout)
+    assert bool(ca) == tls, done.stdout
+    return CoordinatorProcess(
+        data_dir, port, token.group(1), code.group(1), ca_file=ca.group(1) if ca else None
+    )
 
 
 @pytest.fixture
 def coordinator_factory(tmp_path: Path) -> Iterator[Callable[..., CoordinatorProcess]]:
-    """`coordinator_factory(**settings)` → a serving CoordinatorProcess (SQLite in tmp)."""
+    """`coordinator_factory(tls=False, **settings)` → a serving CoordinatorProcess (SQLite in
+    tmp; with `tls`, HTTPS with a generated CA that brokers pin at enrollment)."""
     started: list[CoordinatorProcess] = []
 
-    def factory(start: bool = True, **settings: Any) -> CoordinatorProcess:
-        c = setup_coordinator(tmp_path / f"c{len(started)}", **settings)
+    def factory(start: bool = True, tls: bool = False, **settings: Any) -> CoordinatorProcess:
+        c = setup_coordinator(tmp_path / f"c{len(started)}", tls=tls, **settings)
         started.append(c)
         if start:
             c.start()
@@ -308,8 +329,9 @@ def uplink_broker() -> Iterator[Callable[..., UplinkBroker]]:
         url: str | None = None,
     ) -> UplinkBroker:
         root = short_tmp()
+        ca = ["--ca-file", coordinator.ca_file] if coordinator.ca_file else []
         done = enroll_cli(
-            url or coordinator.url, coordinator.new_code(), root / "data", name, "--key-file"
+            url or coordinator.url, coordinator.new_code(), root / "data", name, "--key-file", *ca
         )
         assert done.returncode == 0, done.stderr
         computer_id = json.loads((root / "data" / "uplink.json").read_text())["computer_id"]

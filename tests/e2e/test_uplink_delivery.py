@@ -296,7 +296,7 @@ def test_rejections_are_not_retried_in_a_loop_and_say_why() -> None:
                 lease = c.call("lease.acquire", mib=1024, project="t", session="s", purpose="p")
                 c.call("lease.release", lease_id=lease["lease"]["lease_id"])
         # a server error is retried, with backoff
-        assert 3 <= counts[503] <= 8, counts
+        assert 3 <= counts[503] <= 10, counts
         with brokers[503].client() as c:
             assert c.status()["coordinator"]["link"].startswith("retrying since ")
         done = rbroker_cli("status", "--socket", brokers[413].socket, "--json")

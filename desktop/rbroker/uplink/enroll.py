@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ssl
 from pathlib import Path
 
 import httpx
@@ -17,9 +18,13 @@ class EnrollError(RuntimeError):
     """Enrollment failed; the message says why and what to do."""
 
 
-def http_verify(ca_file: str | None) -> str | bool:
-    """httpx's `verify`: the pinned CA file, else the system trust store."""
-    return ca_file if ca_file else True
+def http_verify(ca_file: str | None) -> ssl.SSLContext | bool:
+    """httpx's `verify`: a context trusting the pinned CA file, else the system trust store.
+
+    Raises:
+        OSError, ssl.SSLError: the CA file cannot be read or is not a PEM certificate.
+    """
+    return ssl.create_default_context(cafile=ca_file) if ca_file else True
 
 
 def enroll(
@@ -41,6 +46,10 @@ def enroll(
         EnrollError: already enrolled, the key cannot be stored, or the coordinator refused.
     """
     url = url.rstrip("/")
+    try:
+        verify = http_verify(ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise EnrollError(f"cannot use the CA file {ca_file}: {exc}") from None
     existing = UplinkConfig.load(data_dir)
     store: KeyStore = (
         FileKeyStore(data_dir / "computer.key") if key_file else KeyringKeyStore(data_dir)
@@ -80,7 +89,7 @@ def enroll(
         response = httpx.post(
             f"{url}/api/v1/enroll",
             json={"code": code, "name": name, "public_key": public_key_b64(key)},
-            verify=http_verify(ca_file),
+            verify=verify,
             timeout=timeout_s,
         )
     except httpx.HTTPError as exc:

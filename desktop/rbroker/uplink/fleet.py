@@ -3,6 +3,7 @@ computer's own key (DESIGN §7: every fleet read is scoped to one group)."""
 
 from __future__ import annotations
 
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,11 @@ def fetch_fleet(
     base = (url or (config.url if config else "")).rstrip("/")
     if not base:
         raise FleetError("no coordinator URL: enroll this computer first or pass --url")
-    verify = http_verify(ca_file or (config.ca_file if config else None))
+    ca = ca_file or (config.ca_file if config else None)
+    try:
+        verify = http_verify(ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise FleetError(f"cannot use the CA file {ca}: {exc}") from None
     path = "/api/v1/fleet"
     if token:
         headers = {"Authorization": f"Bearer {token}"}

@@ -5,9 +5,9 @@
   A change is a change of what the report says, not of its clocks: the broker's periodic
   samples that find the same figures do not trigger a report.
 - Every request has an overall deadline; failures back off exponentially with jitter
-  (0.5 s doubling up to the report interval, so a coordinator that comes back sees the
-  current state within one interval and retries never outpace regular reports; up to
-  30 s when it answers 429); a connection dropped while idle gets one immediate retry.
+  (0.5 s doubling up to `RETRY_SHARE` of the report interval, so a coordinator that comes
+  back sees the current state within one interval; up to 30 s when it answers 429); a
+  connection dropped while idle gets one immediate retry.
 - A retry sends the identical envelope (the coordinator acknowledges a duplicate and does
   not apply it), so a report that was stored before the connection dropped counts once.
 - 4xx answers other than 429 are not retried: the link says `rejected: <reason>` and the
@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 30.0
 REJECTED_PAUSE_S = 60.0
+RETRY_SHARE = 0.8
+"""Longest pause between tries, as a share of the report interval: room left for the
+resend and the fresh snapshot that follows it to arrive within one interval."""
 DEBOUNCE_S = 0.25
 MIN_GAP_S = 1.0
 
@@ -218,7 +221,7 @@ class Reporter:
                 await asyncio.sleep(backoff / 2 + random.uniform(0, backoff / 2))
                 cap = BACKOFF_MAX_S
                 if outcome != "throttled":
-                    cap = min(cap, max(BACKOFF_MIN_S, self.config.report_interval_s))
+                    cap = min(cap, max(BACKOFF_MIN_S, RETRY_SHARE * self.config.report_interval_s))
                 backoff = min(cap, backoff * 2)
 
 
