@@ -1,5 +1,7 @@
 """Delivery of signed reports: a report stored and then lost on the way back is resent
-identically and counted once; 400, 401 and 413 are not retried in a loop and say why.
+identically and counted once; 400, 401 and 413 are not retried in a loop and say why,
+while 503 is retried with backoff and an answer that never ends meets the overall
+deadline per request; a state too large for one report is trimmed, saying so.
 
 A small real TCP proxy sits between a broker and the coordinator process; a small real
 HTTP server stands in for a coordinator that rejects reports.
@@ -260,6 +262,48 @@ class FakeCoordinator:
             self.server.server_close()
 
 
+@dataclass
+class TricklingCoordinator:
+    """Reads a report, then answers one byte every 0.5 s and never finishes: no single
+    read waits long, so only an overall deadline per request ends it."""
+
+    attempts: list[float] = field(default_factory=list)
+    cut_after: list[float] = field(default_factory=list)
+    _listener: socket.socket | None = None
+
+    def start(self) -> str:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._accept, daemon=True).start()
+        return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+
+    def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            if _read_message(conn, b"") is None:
+                return
+            started = time.monotonic()
+            self.attempts.append(started)
+            try:
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000\r\n\r\n")
+                while time.monotonic() - started < 60:
+                    conn.sendall(b" ")
+                    time.sleep(0.5)
+            except OSError:
+                self.cut_after.append(time.monotonic() - started)
+
+
 def _enrolled_broker(url: str, name: str) -> BrokerProcess:
     """A broker whose data dir says it is enrolled at `url` (the enrollment itself is
     tested elsewhere), with its key in a 0600 file."""
@@ -272,13 +316,15 @@ def _enrolled_broker(url: str, name: str) -> BrokerProcess:
     return start_broker(SINGLE_24G, root=root)
 
 
-def test_rejections_are_not_retried_in_a_loop_and_say_why() -> None:
+def test_rejections_are_not_retried_in_a_loop_and_say_why_errors_are() -> None:
     fakes = {code: FakeCoordinator(code) for code in (400, 401, 413, 503)}
+    trickle = TricklingCoordinator()
     brokers: dict[int, BrokerProcess] = {}
     try:
         for code, fake in fakes.items():
             brokers[code] = _enrolled_broker(fake.start(), f"lab-{code}")
-        wait_until(lambda: all(f.attempts for f in fakes.values()), timeout_s=20)
+        brokers[0] = _enrolled_broker(trickle.start(), "lab-trickle")
+        wait_until(lambda: all(f.attempts for f in [*fakes.values(), trickle]), timeout_s=20)
         window = 10.0
         time.sleep(window)
         counts = {
@@ -303,7 +349,16 @@ def test_rejections_are_not_retried_in_a_loop_and_say_why() -> None:
         assert json.loads(done.stdout)["status"]["coordinator"]["link"].startswith("rejected: 413 ")
         done = rbroker_cli("status", "--socket", brokers[401].socket)
         assert "coordinator: rejected: 401" in done.stdout, done.stdout
+
+        # an answer that never ends is cut off by the overall deadline (10 s) and retried
+        wait_until(lambda: trickle.cut_after, timeout_s=10)
+        print(f"trickling answer cut off after {trickle.cut_after[0]:.1f} s")
+        assert 9.0 <= trickle.cut_after[0] <= 13.0
+        with brokers[0].client() as c:
+            link = c.status()["coordinator"]
+        assert link["link"].startswith("retrying since ") and "Timeout" in link["detail"], link
     finally:
+        trickle.stop()
         for b in brokers.values():
             b.stop()
         for f in fakes.values():
