@@ -10,6 +10,8 @@
   connection dropped while idle gets one immediate retry.
 - A retry sends the identical envelope (the coordinator acknowledges a duplicate and does
   not apply it), so a report that was stored before the connection dropped counts once.
+- An acknowledged report whose run the coordinator retired (`run_retired`: another run of
+  this computer, e.g. a replayed old one, replaced it) starts a new run id at once.
 - 4xx answers other than 429 are not retried: the link says `rejected: <reason>` and the
   next attempt is a fresh snapshot after `REJECTED_PAUSE_S`.
 - Nothing here touches leases: the reporter only reads the broker's views.
@@ -152,6 +154,12 @@ class Reporter:
                     f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 )
             if response.is_success:
+                if _ack_code(response) == "run_retired":
+                    # another run of this computer replaced ours (e.g. a replayed old run):
+                    # start a new run; the next snapshot goes out at once under it
+                    self.run_id, self.seq = uuid.uuid4().hex, 0
+                    self._changed.set()
+                    log.warning("coordinator retired this run; reporting under a new run id")
                 self.link = "ok"
                 self.last_report_at = time.time()
                 self.reports_sent += 1
@@ -235,6 +243,15 @@ def _state_key(payload: bytes) -> str:
     for entry in state.get("queue", []):
         entry.pop("waiting_s", None)
     return json.dumps(state, sort_keys=True)
+
+
+def _ack_code(response: httpx.Response) -> str:
+    """The `code` of a `ReportAck` answer ('' when the body is not one)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    return str(body.get("code", "")) if isinstance(body, dict) else ""
 
 
 def _reason(response: httpx.Response) -> str:
