@@ -261,6 +261,13 @@ def _check_fleet_cli(
     ):
         assert text in done.stdout, done.stdout
 
+    key_file = Path(a.broker.data_dir) / "computer.key"
+    key_file.chmod(0o644)
+    done = rbroker_cli("fleet", "--data-dir", str(a.broker.data_dir))
+    key_file.chmod(0o600)
+    assert done.returncode == 1, done.stderr
+    assert "readable by others" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
     done = rbroker_cli("fleet", "--url", coordinator.url, "--token", "rbv_x_nope")
     assert done.returncode == 1
     assert "401" in done.stderr

@@ -12,6 +12,7 @@ import httpx
 
 from rbroker.uplink.config import UplinkConfig
 from rbroker.uplink.enroll import http_verify, store_for
+from rbroker.uplink.keys import KeyStoreError
 from rbroker_protocol.signing import sign_request
 
 
@@ -49,7 +50,10 @@ def fetch_fleet(
     else:
         if config is None:
             raise FleetError("this computer is not enrolled: pass a viewer --token or enroll")
-        key = store_for(config, data_dir).load()
+        try:
+            key = store_for(config, data_dir).load()
+        except KeyStoreError as exc:
+            raise FleetError(f"cannot read this computer's key: {exc}; or pass --token") from None
         if key is None:
             raise FleetError("this computer's private key is missing; pass a viewer --token")
         headers = sign_request(key, config.computer_id, "GET", path, int(time.time()))
