@@ -121,6 +121,15 @@ def test_enroll_key_storage_and_refusals(coordinator: CoordinatorProcess) -> Non
     assert key_file.read_bytes() != saved
     assert _computers(coordinator) == ["lab-1", "lab-1"]
 
+    # an unreadable enrollment file: said plainly, nothing changed
+    broken = short_tmp() / "data"
+    broken.mkdir()
+    (broken / "uplink.json").write_text("{not json")
+    done = enroll_cli(coordinator.url, again, broken, "lab-3", "--key-file")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "uplink.json is unreadable" in done.stderr, done.stderr
+    assert not (broken / "computer.key").exists()
+
     # a bad code: refused by the coordinator, and no key is left behind
     other = short_tmp() / "data"
     done = enroll_cli(coordinator.url, "rbe_nope_nope", other, "lab-2", "--key-file")

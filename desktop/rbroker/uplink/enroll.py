@@ -50,7 +50,10 @@ def enroll(
         verify = http_verify(ca_file)
     except (OSError, ssl.SSLError) as exc:
         raise EnrollError(f"cannot use the CA file {ca_file}: {exc}") from None
-    existing = UplinkConfig.load(data_dir)
+    try:
+        existing = UplinkConfig.load(data_dir)
+    except ValueError as exc:
+        raise EnrollError(f"{exc}; fix or remove it first") from None
     store: KeyStore = (
         FileKeyStore(data_dir / "computer.key") if key_file else KeyringKeyStore(data_dir)
     )
@@ -74,9 +77,12 @@ def enroll(
         )
     previous: nacl.signing.SigningKey | None = None
     if new_identity:  # the old key comes back if this enrollment fails
-        with contextlib.suppress(KeyStoreError):
-            previous = store.load()
-        store.delete()
+        try:
+            with contextlib.suppress(KeyStoreError):
+                previous = store.load()
+            store.delete()
+        except KeyStoreError as exc:
+            raise EnrollError(str(exc)) from None
     key = nacl.signing.SigningKey.generate()
     try:
         store.save(key)
