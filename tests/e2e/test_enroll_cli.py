@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import SINGLE_24G, short_tmp, start_broker, wait_until
-from tests.e2e.conftest import CoordinatorProcess, enroll_cli, py_env
+from tests.e2e.conftest import CoordinatorProcess, enroll_cli, py_env, rbroker_cli
 
 NO_KEYRING = "keyring.backends.fail.Keyring"
 HANGING = "tests.e2e.keyring_backends.HangingKeyring"
@@ -138,29 +138,40 @@ def test_enroll_key_storage_and_refusals(coordinator: CoordinatorProcess) -> Non
     assert not (other / "computer.key").exists() and not (other / "uplink.json").exists()
 
 
-def test_enroll_into_a_keyring_and_report(coordinator: CoordinatorProcess, tmp_path: Path) -> None:
-    """The default path: the key in a (test) keyring, read back by the broker process."""
+def test_enroll_into_a_keyring_while_the_broker_runs(
+    coordinator: CoordinatorProcess, tmp_path: Path
+) -> None:
+    """The default path: the key in a (test) keyring shared by processes; a running broker
+    picks up the new enrollment by itself and starts reporting."""
     store = tmp_path / "keyring.json"
     env = _env(FILE_BACKED, RBROKER_TEST_KEYRING_FILE=str(store))
     root = short_tmp()
-    done = enroll_cli(coordinator.url, coordinator.first_code, root / "data", "lab-k", env=env)
-    assert done.returncode == 0, done.stderr
-    assert "the OS keyring" in done.stderr
-    config = json.loads((root / "data" / "uplink.json").read_text())
-    assert config["key_backend"] == "keyring"
-    assert not (root / "data" / "computer.key").exists()
-    entries = json.loads(store.read_text())
-    assert len(entries) == 1 and next(iter(entries)).startswith("rbroker/computer-key-")
-
     broker = start_broker(SINGLE_24G, root=root, env=env)
     try:
+        with broker.client() as c:
+            assert c.status()["coordinator"]["link"] == "not enrolled"
+        done = rbroker_cli("status", "--socket", broker.socket)
+        assert "coordinator: not enrolled" in done.stdout, done.stdout
+
+        done = enroll_cli(coordinator.url, coordinator.first_code, root / "data", "lab-k", env=env)
+        enrolled_at = time.monotonic()
+        assert done.returncode == 0, done.stderr
+        assert "the OS keyring" in done.stderr
+        config = json.loads((root / "data" / "uplink.json").read_text())
+        assert config["key_backend"] == "keyring"
+        assert not (root / "data" / "computer.key").exists()
+        entries = json.loads(store.read_text())
+        assert len(entries) == 1 and next(iter(entries)).startswith("rbroker/computer-key-")
+
         wait_until(
             lambda: coordinator.computer(config["computer_id"])["reports_applied"] > 0,
             timeout_s=20,
             interval_s=0.2,
         )
+        print(f"first report stored {time.monotonic() - enrolled_at:.1f} s after enrolling")
         with broker.client() as c:
-            assert c.status()["coordinator"]["link"] == "ok"
+            link = c.status()["coordinator"]
+        assert link["link"] == "ok" and link["computer_id"] == config["computer_id"], link
     finally:
         broker.stop()
 
