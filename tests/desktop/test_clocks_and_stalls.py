@@ -7,10 +7,15 @@
   sending heartbeats every 5 s, and an SDK holder keeps its lease (slow).
 - Case 6: a client's main thread is CPU-bound for 60 s; the SDK's heartbeat thread keeps
   the lease alive (slow).
+- A job that leaves its lease while the broker stalls is not held up (slow).
+
+Cases 3 (from test_gpu_faults), 5, 6 and the stalled exit each take about a minute of real
+time on their own brokers: `test_long_cases_run_together` runs them at the same time.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import glob
 import os
@@ -30,6 +35,7 @@ from rbroker.broker.leases import Lease
 from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, wait_until
 from tests.desktop.conftest import RawConnection, WorkerProcess
 from tests.desktop.inprocess import InProcessBroker
+from tests.desktop.test_gpu_faults import case3_hung_memory_query_for_60_s
 
 PARAMS = {"project": "tests", "session": "clocks", "purpose": "time jumps"}
 
@@ -176,8 +182,7 @@ def test_case4_wall_clock_jumps_under_libfaketime(
 
 
 # -- case 5 ----------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_case5_broker_loop_stalls_45_s(
+def case5_broker_loop_stalls_45_s(
     broker_factory: Callable[..., BrokerProcess],
     raw_connect: Callable[[str], RawConnection],
     worker: Callable[..., WorkerProcess],
@@ -236,8 +241,7 @@ def test_case5_broker_loop_stalls_45_s(
 
 
 # -- case 6 --------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_case6_cpu_bound_main_thread_keeps_its_lease(
+def case6_cpu_bound_main_thread_keeps_its_lease(
     broker_factory: Callable[..., BrokerProcess], worker: Callable[..., WorkerProcess]
 ) -> None:
     """A holder whose main thread runs a pure-Python CPU loop for 60 s: the SDK heartbeats
@@ -284,8 +288,7 @@ print(f"left {time.monotonic() - started:.2f}", flush=True)
 """
 
 
-@pytest.mark.slow
-def test_leaving_a_lease_while_the_broker_stalls_does_not_hang(
+def leaving_a_lease_while_the_broker_stalls_does_not_hang(
     broker_factory: Callable[..., BrokerProcess], raw_connect: Callable[[str], RawConnection]
 ) -> None:
     """A job that ends while the broker's loop is stalled leaves its `with` block at once
@@ -325,3 +328,40 @@ def test_leaving_a_lease_while_the_broker_stalls_does_not_hang(
         job.wait(10)
         job.stdin.close()
         job.stdout.close()
+
+
+# -- the long cases, side by side ----------------------------------------------------------------
+@pytest.mark.slow
+def test_long_cases_run_together(
+    broker_factory: Callable[..., BrokerProcess],
+    raw_connect: Callable[[str], RawConnection],
+    worker: Callable[..., WorkerProcess],
+) -> None:
+    """Cases 3 (60 s NVML hang), 5 (45 s loop stall), 6 (60 s CPU-bound holder) and the
+    stalled-exit check each wait about a minute on real time; they use separate brokers,
+    so they run at the same time, in threads, and this test fails with every failure."""
+    cases: dict[str, Callable[[], None]] = {
+        "case 3: NVML hung 60 s": lambda: case3_hung_memory_query_for_60_s(
+            broker_factory, raw_connect
+        ),
+        "case 5: loop stalled 45 s": lambda: case5_broker_loop_stalls_45_s(
+            broker_factory, raw_connect, worker
+        ),
+        "case 6: CPU-bound holder 60 s": lambda: case6_cpu_bound_main_thread_keeps_its_lease(
+            broker_factory, worker
+        ),
+        "leaving during a stall": lambda: leaving_a_lease_while_the_broker_stalls_does_not_hang(
+            broker_factory, raw_connect
+        ),
+    }
+    failures: list[Exception] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(cases)) as pool:
+        running = {pool.submit(case): name for name, case in cases.items()}
+        for done in concurrent.futures.as_completed(running):
+            exc = done.exception()
+            if exc is not None:
+                assert isinstance(exc, Exception), exc
+                exc.add_note(f"in {running[done]}")
+                failures.append(exc)
+    if failures:
+        raise ExceptionGroup(f"{len(failures)} of {len(cases)} long cases failed", failures)

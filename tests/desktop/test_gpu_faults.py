@@ -3,7 +3,8 @@
 Each test runs a real broker process on a simulated GPU scenario; faults are injected by
 rewriting the scenario file or with `sim.set`, which feed the production NVML gateway:
 - a lost GPU among two (case 1), a driver/library version mismatch (case 2), a memory
-  query hung for 60 s (case 3, slow);
+  query hung for 60 s (case 3, slow: run in parallel with the other long cases by
+  `test_clocks_and_stalls.test_long_cases_run_together`);
 - per-process values that are garbage, memory v1, a memory query that is not supported
   (with and without a capacity override), a GPU that disappears so indices shift.
 """
@@ -159,9 +160,8 @@ def test_case2_version_mismatch_then_recovery(
     assert broker.proc.poll() is None
 
 
-# -- case 3 ----------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_case3_hung_memory_query_for_60_s(
+# -- case 3 (run by test_clocks_and_stalls.test_long_cases_run_together) -----------------------
+def case3_hung_memory_query_for_60_s(
     broker_factory: Callable[..., BrokerProcess], raw_connect: Callable[[str], RawConnection]
 ) -> None:
     """NVML hangs for 60 s: heartbeats and releases stay under 200 ms p99, no lease expires,
