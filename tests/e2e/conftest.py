@@ -84,6 +84,8 @@ class CoordinatorProcess:
     group: str = "default"
     ca_file: str | None = None
     """The CA of a coordinator set up with `--self-signed` (served over HTTPS)."""
+    database_url: str = ""
+    """Empty: SQLite at `db_path`."""
     host: str = "127.0.0.1"
     proc: subprocess.Popen[bytes] | None = None
     prefix: list[str] = field(default_factory=list)
@@ -166,7 +168,7 @@ class CoordinatorProcess:
         from rbroker_server import db
         from rbroker_server.admin import service as admin
 
-        engine = db.make_engine(f"sqlite:///{self.db_path.as_posix()}")
+        engine = db.make_engine(self.database_url or f"sqlite:///{self.db_path.as_posix()}")
         try:
             return action(admin, engine)
         finally:
@@ -210,7 +212,11 @@ class CoordinatorProcess:
 
 
 def setup_coordinator(
-    root: Path, port: int | None = None, tls: bool = False, **settings: Any
+    root: Path,
+    port: int | None = None,
+    tls: bool = False,
+    database_url: str = "",
+    **settings: Any,
 ) -> CoordinatorProcess:
     """`rbroker-server setup` in `root/coordinator` (with `tls`: a generated CA and
     certificate for 127.0.0.1), then `settings` written to config.toml."""
@@ -228,6 +234,7 @@ def setup_coordinator(
         str(port),
         "--non-interactive",
         *(["--self-signed"] if tls else []),
+        *(["--database-url", database_url] if database_url else []),
     )
     assert done.returncode == 0, done.stderr
     token = re.search(r"viewer token:\s+(rbv_\S+)", done.stdout)
@@ -242,7 +249,12 @@ def setup_coordinator(
     ca = re.search(r"TLS CA \(copy to computers\): (\S+)", done.stdout)
     assert bool(ca) == tls, done.stdout
     return CoordinatorProcess(
-        data_dir, port, token.group(1), code.group(1), ca_file=ca.group(1) if ca else None
+        data_dir,
+        port,
+        token.group(1),
+        code.group(1),
+        ca_file=ca.group(1) if ca else None,
+        database_url=database_url,
     )
 
 
