@@ -11,10 +11,17 @@ from __future__ import annotations
 import json
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import SINGLE_24G, short_tmp, start_broker, wait_until
-from tests.e2e.conftest import CoordinatorProcess, enroll_cli, py_env, rbroker_cli
+from tests.e2e.conftest import (
+    CoordinatorProcess,
+    UplinkBroker,
+    enroll_cli,
+    py_env,
+    rbroker_cli,
+)
 
 NO_KEYRING = "keyring.backends.fail.Keyring"
 HANGING = "tests.e2e.keyring_backends.HangingKeyring"
@@ -248,3 +255,33 @@ def test_broker_with_a_missing_ca_file_says_so() -> None:
             c.call("lease.release", lease_id=lease["lease"]["lease_id"])
     finally:
         broker.stop()
+
+
+def test_reenrolling_a_running_broker_switches_its_identity(
+    coordinator: CoordinatorProcess, uplink_broker: Callable[..., UplinkBroker]
+) -> None:
+    """`enroll --new-identity` beside a running broker: it reports as the new computer from
+    then on (not as the old one with a key that is gone from the store)."""
+    lab = uplink_broker(coordinator, "lab-re")
+    wait_until(lambda: lab.link()["link"] == "ok", timeout_s=20, interval_s=0.2)
+    data = lab.broker.data_dir
+    done = enroll_cli(
+        coordinator.url, coordinator.new_code(), data, "lab-re", "--key-file", "--new-identity"
+    )
+    switched_at = time.monotonic()
+    assert done.returncode == 0, done.stderr
+    new_id = json.loads((data / "uplink.json").read_text())["computer_id"]
+    assert new_id != lab.computer_id
+    link = wait_until(
+        lambda: lab.link()["computer_id"] == new_id and lab.link()["link"] == "ok" and lab.link(),
+        timeout_s=20,
+        interval_s=0.2,
+    )
+    assert isinstance(link, dict)
+    wait_until(lambda: coordinator.computer(new_id)["reports_applied"] > 0, timeout_s=10)
+    print(
+        f"re-enrolled: reporting as the new computer {time.monotonic() - switched_at:.1f} s later"
+    )
+    old = coordinator.computer(lab.computer_id)["reports_applied"]
+    time.sleep(6)  # more than one report interval: the old identity is silent
+    assert coordinator.computer(lab.computer_id)["reports_applied"] == old

@@ -1,8 +1,10 @@
-"""Runs the reporter beside a broker once the data dir holds an enrollment."""
+"""Runs the reporter beside a broker once the data dir holds an enrollment, and again
+from the new enrollment when it changes (`rbroker enroll --new-identity`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,8 @@ RESTART_S = 30.0
 
 
 async def run_uplink(broker: Broker, data_dir: Path) -> None:
-    """Wait for `uplink.json` (written by `rbroker enroll`), then report until cancelled.
+    """Wait for `uplink.json` (written by `rbroker enroll`), then report until cancelled;
+    a changed or removed `uplink.json` ends the reporter and is read again.
 
     A missing or unreadable key never stops the broker: the link state says why.
     """
@@ -52,8 +55,7 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
                 broker.uplink_status = reporter.status
                 log.info("reporting to %s as %s", config.url, config.computer_id)
                 try:
-                    await reporter.run()
-                    return
+                    await _report_until_changed(reporter, data_dir, config)
                 except Exception as exc:  # the broker goes on; the link says why
                     log.exception("reporting to %s stopped", config.url)
                     broker.uplink_status = lambda: dict(state)
@@ -64,4 +66,34 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
                     )
                     await asyncio.sleep(RESTART_S)
                     continue
+                log.info("the enrollment in %s changed; reading it again", data_dir)
+                state.clear()
+                state.update(link="not enrolled", last_report_at=None)
+                broker.uplink_status = lambda: dict(state)
+                continue
         await asyncio.sleep(CONFIG_POLL_S)
+
+
+async def _report_until_changed(reporter: Reporter, data_dir: Path, config: UplinkConfig) -> None:
+    """Run `reporter` until `data_dir`'s enrollment is no longer `config`.
+
+    Raises:
+        Exception: whatever ended the reporter.
+    """
+    task = asyncio.create_task(reporter.run())
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=CONFIG_POLL_S)
+            if done:
+                task.result()
+                return
+            try:
+                if UplinkConfig.load(data_dir) != config:
+                    return
+            except ValueError:
+                pass  # unreadable: keep reporting as enrolled
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
