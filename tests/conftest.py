@@ -7,6 +7,7 @@ adapter). Brokers run as real processes listening on real Unix sockets.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ class BrokerProcess:
     scenario: Path
     log_path: Path
     extra_args: list[str] = field(default_factory=list)
+    owns_root: bool = False
 
     def client(self, **kw: object) -> rbroker.Client:
         """A new connection to this broker."""
@@ -89,6 +91,7 @@ def start_broker(
     Raises:
         RuntimeError: it exited or did not answer within 20 s (with its log).
     """
+    owns_root = root is None
     root = root or short_tmp()
     scenario = root / "scenario.toml"
     scenario.write_text(textwrap.dedent(scenario_text))
@@ -115,7 +118,9 @@ def start_broker(
         proc = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
-    bp = BrokerProcess(proc, sock, data_dir, scenario, log_path, extra_args or [])
+    bp = BrokerProcess(
+        proc, sock, data_dir, scenario, log_path, extra_args or [], owns_root=owns_root
+    )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -143,6 +148,8 @@ def broker_factory() -> Iterator[Callable[..., BrokerProcess]]:
     yield factory
     for bp in started:
         bp.stop(signal.SIGKILL)
+        if bp.owns_root:
+            shutil.rmtree(bp.scenario.parent, ignore_errors=True)
 
 
 @pytest.fixture
