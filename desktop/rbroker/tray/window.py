@@ -510,7 +510,7 @@ class MainWindow(QMainWindow):
         self.close_to_tray = False
         self.quitting = False
         self.broker_note = ""
-        self.set_broker_down("Connecting to the broker…")
+        self.set_broker_down("connecting to the broker")
 
     # -- what the window shows ------------------------------------------------------------------
     def show_banner(self, text: str, kind: str = "info") -> None:
@@ -552,7 +552,8 @@ class MainWindow(QMainWindow):
         self.state = TrayState.BROKER_DOWN
         self.local.set_down()
         self.show_banner(
-            f"Broker not running — {message}. The window updates by itself once a broker "
+            f"Broker not running — {message.rstrip('. ')}. The window updates by itself once a "
+            "broker "
             "answers (start one with `rbroker broker`, or let this app start it).",
             "error",
         )

@@ -118,19 +118,31 @@ def test_waiting_request_shows_with_its_reason(
         except rbroker.RBrokerError as exc:
             errors.append(exc)
 
-    with rbroker.lease(10000, project="vision", session="a", purpose="p", socket=broker.socket):
-        t = threading.Thread(target=wait_for_room, daemon=True)
-        t.start()
-        qtbot.waitUntil(lambda: queue.rowCount() == 1, timeout=TIMEOUT_MS)
-        qtbot.waitUntil(lambda: tray.state is TrayState.WAITING, timeout=TIMEOUT_MS)
-        reason = queue.data(queue.index(0, QueueModel.REASON))
-        assert reason.startswith("GPU 0 has 13 347 MiB available (24 576 total − 1 229 headroom")
-        assert reason.endswith("20 000 requested")
-        assert queue.data(queue.index(0, QueueModel.MIB)) == "20 000"
-        assert tray.window.local.queue_box.title() == "Waiting (1)"
-        waiter.close()  # the waiter leaves; nothing is left behind
-        t.join(5)
-        qtbot.waitUntil(lambda: queue.rowCount() == 0, timeout=TIMEOUT_MS)
+    t = threading.Thread(target=wait_for_room, daemon=True)
+    try:
+        with rbroker.lease(10000, project="vision", session="a", purpose="p", socket=broker.socket):
+            t.start()
+            qtbot.waitUntil(lambda: queue.rowCount() == 1, timeout=TIMEOUT_MS)
+            qtbot.waitUntil(lambda: tray.state is TrayState.WAITING, timeout=TIMEOUT_MS)
+
+            def reason() -> str:
+                return str(queue.data(queue.index(0, QueueModel.REASON)))
+
+            # first "waiting for a fresh GPU sample", then the reason with the numbers
+            qtbot.waitUntil(lambda: reason().startswith("GPU 0 has"), timeout=TIMEOUT_MS)
+            assert reason().startswith(
+                "GPU 0 has 13 347 MiB available (24 576 total − 1 229 headroom"
+            )
+            assert reason().endswith("20 000 requested")
+            assert queue.data(queue.index(0, QueueModel.MIB)) == "20 000"
+            assert tray.window.local.queue_box.title() == "Waiting (1)"
+            waiter.close()  # the waiter leaves; nothing is left behind
+            t.join(5)
+            qtbot.waitUntil(lambda: queue.rowCount() == 0, timeout=TIMEOUT_MS)
+    finally:
+        waiter.close()
+        if t.is_alive():
+            t.join(5)
     assert errors  # the closed connection ended the wait
 
 
