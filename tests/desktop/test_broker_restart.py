@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import signal
 import socket as socketlib
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,14 @@ from tests.desktop.inprocess import InProcessBroker, SleeperPool
 
 HEADROOM = 1024
 CAPACITY_KEYS = ("total_mib", "headroom_mib", "device_used_mib", "outstanding_mib", "available_mib")
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short temporary directory (Unix socket paths are short), removed afterwards."""
+    root = short_tmp()
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _gpu(c: rbroker.Client) -> dict[str, Any]:
@@ -141,14 +150,14 @@ def _broker_cmd(socket: str, data_dir: str, scenario: str) -> list[str]:
 
 
 def test_second_broker_on_a_live_socket_refuses_and_leaves_it_alone(
-    broker: BrokerProcess,
+    broker: BrokerProcess, short_dir: Path
 ) -> None:
     with broker.client() as c:
         held = c.call(
             "lease.acquire", mib=4096, project="tests", session="live", purpose="stay alive"
         )["lease"]
         inode = os.stat(broker.socket).st_ino
-        other = short_tmp()
+        other = short_dir
         for socket, data_dir in (
             (broker.socket, str(other / "data")),  # same socket, another data dir
             (str(other / "b.sock"), str(broker.data_dir)),  # same data dir, another socket
@@ -171,9 +180,9 @@ def test_second_broker_on_a_live_socket_refuses_and_leaves_it_alone(
 
 
 def test_stale_socket_file_is_replaced_at_start(
-    broker_factory: Callable[..., BrokerProcess],
+    broker_factory: Callable[..., BrokerProcess], short_dir: Path
 ) -> None:
-    root = short_tmp()
+    root = short_dir
     stale = root / "broker.sock"
     s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
     s.bind(str(stale))  # a socket file nobody listens on, as a crashed broker leaves

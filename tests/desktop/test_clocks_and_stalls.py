@@ -19,6 +19,7 @@ import concurrent.futures
 import contextlib
 import glob
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -38,6 +39,14 @@ from tests.desktop.inprocess import InProcessBroker
 from tests.desktop.test_gpu_faults import case3_hung_memory_query_for_60_s
 
 PARAMS = {"project": "tests", "session": "clocks", "purpose": "time jumps"}
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short temporary directory (Unix socket paths are short), removed afterwards."""
+    root = short_tmp()
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _ended(c: rbroker.Client, lease_id: str) -> dict[str, Any] | None:
@@ -129,11 +138,11 @@ def _libfaketime() -> str | None:
     _libfaketime() is None, reason="libfaketime not installed (Debian/Ubuntu package faketime)"
 )
 def test_case4_wall_clock_jumps_under_libfaketime(
-    broker_factory: Callable[..., BrokerProcess],
+    broker_factory: Callable[..., BrokerProcess], short_dir: Path
 ) -> None:
     """The broker process's wall clock (CLOCK_REALTIME) jumps, its monotonic clock does not
     (FAKETIME_DONT_FAKE_MONOTONIC): expiry follows the monotonic clock."""
-    root = short_tmp()
+    root = short_dir
     offset = root / "faketime"
     offset.write_text("+0\n")
     env = {
