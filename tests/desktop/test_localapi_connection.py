@@ -6,10 +6,12 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import select
 import socket
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -152,3 +154,33 @@ def test_a_stale_socket_file_is_replaced() -> None:
     finally:
         bp.stop()
     assert not path.exists(), "a stopped broker removes its socket file"
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """True once the peer closed `sock`, without reading what is still buffered in it."""
+    poller = select.poll()
+    poller.register(sock, select.POLLHUP | getattr(select, "POLLRDHUP", 0))
+    return any(ev & (select.POLLHUP | getattr(select, "POLLRDHUP", 0)) for _, ev in poller.poll(0))
+
+
+@pytest.mark.skipif(not hasattr(select, "poll"), reason="needs poll()")
+def test_a_subscriber_that_never_reads_is_dropped(broker: BrokerProcess) -> None:
+    """Events for a subscriber that does not read pile up in the broker; past a bound the
+    broker drops that connection instead of growing without end, and serves everyone else."""
+    sub = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sub.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sub.connect(broker.socket)
+        sub.sendall(b'{"jsonrpc":"2.0","id":1,"method":"events.subscribe","params":{}}\n')
+        started = time.monotonic()
+        with broker.client() as c:
+            while not _hung_up(sub):
+                assert time.monotonic() - started < 120, "the silent subscriber was never dropped"
+                for _ in range(100):
+                    lease = c.call("lease.acquire", mib=1024, wait_s=5, **PARAMS)["lease"]
+                    c.call("lease.release", lease_id=lease["lease_id"])
+            assert c.hello()["protocol_version"] == 1
+        assert "does not read its events" in broker.log()
+        assert broker.proc.poll() is None
+    finally:
+        sub.close()

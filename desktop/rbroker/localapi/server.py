@@ -113,6 +113,12 @@ class PauseParams(BaseModel):
     paused: bool
 
 
+MAX_EVENT_BACKLOG = 10_000
+"""Events queued for one subscriber that is not reading them. Past this the connection is
+dropped (as Redis drops pub/sub clients over their output buffer limit): without a bound, a
+local client that subscribes and never reads grows the broker's memory without end."""
+
+
 class Connection:
     """One client connection: its peer, its writer and its in-flight request tasks."""
 
@@ -124,6 +130,7 @@ class Connection:
         self.lock = asyncio.Lock()
         self.unsubscribe: Callable[[], None] | None = None
         self.closed = False
+        self.event_backlog = 0
 
     async def send(self, message: dict[str, Any]) -> None:
         if self.closed:
@@ -392,10 +399,26 @@ class LocalApi:
         if conn.unsubscribe is None:
 
             def push(kind: str, data: dict[str, Any]) -> None:
+                if conn.closed:
+                    return
+                if conn.event_backlog >= MAX_EVENT_BACKLOG:
+                    log.warning(
+                        "connection %d does not read its events (%d queued): dropping it",
+                        conn.id,
+                        conn.event_backlog,
+                    )
+                    conn.closed = True
+                    conn.writer.transport.abort()  # its reader loop then cleans up
+                    return
                 msg = {"jsonrpc": "2.0", "method": "event", "params": {"kind": kind, "data": data}}
+                conn.event_backlog += 1
                 task = asyncio.get_running_loop().create_task(conn.send(msg))
                 conn.tasks.add(task)
                 task.add_done_callback(conn.tasks.discard)
+                task.add_done_callback(_event_sent)
+
+            def _event_sent(_task: asyncio.Task[None]) -> None:
+                conn.event_backlog -= 1
 
             conn.unsubscribe = self.broker.subscribe(push)
         return {"subscribed": True}
