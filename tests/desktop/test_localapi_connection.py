@@ -184,3 +184,29 @@ def test_a_subscriber_that_never_reads_is_dropped(broker: BrokerProcess) -> None
         assert broker.proc.poll() is None
     finally:
         sub.close()
+
+
+def test_a_client_that_never_reads_its_answers_meets_backpressure(broker: BrokerProcess) -> None:
+    """Requests sent without reading the answers: the broker stops reading that connection
+    (so the sender's writes block) instead of queueing answers without bound, and keeps
+    serving everyone else."""
+    flood = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        flood.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        flood.connect(broker.socket)
+        flood.settimeout(1.0)
+        batch = b'{"jsonrpc":"2.0","id":1,"method":"gpus.list","params":{}}\n' * 100
+        sent, started = 0, time.monotonic()
+        with pytest.raises(TimeoutError):
+            while time.monotonic() - started < 30:
+                flood.sendall(batch)
+                sent += 100
+        assert sent < 100_000, sent
+        with broker.client(timeout_s=5) as c:
+            t = time.monotonic()
+            c.hello()
+            assert time.monotonic() - t < 1.0
+    finally:
+        flood.close()
+    assert broker.proc.poll() is None

@@ -113,6 +113,11 @@ class PauseParams(BaseModel):
     paused: bool
 
 
+MAX_IN_FLIGHT = 1024
+"""Requests of one connection served at once. Past this the connection is not read until
+one finishes: a client that sends without reading its answers meets backpressure (its own
+writes block) instead of growing the broker's memory without end."""
+
 MAX_EVENT_BACKLOG = 10_000
 """Events queued for one subscriber that is not reading them. Past this the connection is
 dropped (as Redis drops pub/sub clients over their output buffer limit): without a bound, a
@@ -127,6 +132,7 @@ class Connection:
         self.writer = writer
         self.peer = peer
         self.tasks: set[asyncio.Task[None]] = set()
+        self.requests: set[asyncio.Task[None]] = set()
         self.lock = asyncio.Lock()
         self.unsubscribe: Callable[[], None] | None = None
         self.closed = False
@@ -232,7 +238,11 @@ class LocalApi:
                     continue
                 task = asyncio.create_task(self._serve_line(conn, line))
                 conn.tasks.add(task)
+                conn.requests.add(task)
                 task.add_done_callback(conn.tasks.discard)
+                task.add_done_callback(conn.requests.discard)
+                if len(conn.requests) >= MAX_IN_FLIGHT:
+                    await asyncio.wait(conn.requests, return_when=asyncio.FIRST_COMPLETED)
         except (ConnectionError, OSError):
             pass
         finally:
