@@ -15,7 +15,7 @@ import queue
 import socket
 import sys
 import threading
-from typing import Any, BinaryIO
+from typing import Any
 
 from rbroker._exceptions import BrokerUnavailable, RBrokerError, from_rpc_error
 from rbroker.localapi.paths import default_socket_path
@@ -26,6 +26,9 @@ from rbroker_protocol.versions import PROTOCOL_VERSION
 if sys.platform != "win32":
 
     class _UnixStream:
+        """A connected Unix socket read line by line through its own buffer, so a read
+        that times out loses nothing and the connection stays usable."""
+
         def __init__(self, path: str, timeout_s: float | None) -> None:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.settimeout(timeout_s)
@@ -34,14 +37,24 @@ if sys.platform != "win32":
             except OSError:
                 self.sock.close()
                 raise
-            self.file: BinaryIO = self.sock.makefile("rwb", buffering=0)  # type: ignore[assignment]
-            self._rfile = self.sock.makefile("rb")
+            self._buf = bytearray()
 
         def write(self, data: bytes) -> None:
             self.sock.sendall(data)
 
         def readline(self) -> bytes:
-            return self._rfile.readline()
+            """One line with its newline; b"" at end of stream. Raises TimeoutError."""
+            while True:
+                end = self._buf.find(b"\n")
+                if end >= 0:
+                    line = bytes(self._buf[: end + 1])
+                    del self._buf[: end + 1]
+                    return line
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    rest, self._buf = bytes(self._buf), bytearray()
+                    return rest
+                self._buf += chunk
 
         def settimeout(self, timeout_s: float | None) -> None:
             self.sock.settimeout(timeout_s)
@@ -49,8 +62,6 @@ if sys.platform != "win32":
         def close(self) -> None:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
-            self._rfile.close()
-            self.file.close()
             self.sock.close()
 
 

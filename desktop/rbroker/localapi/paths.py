@@ -5,7 +5,7 @@ from __future__ import annotations
 import getpass
 import os
 import sys
-import tempfile
+import warnings
 from pathlib import Path
 
 import platformdirs
@@ -17,18 +17,24 @@ def default_socket_path() -> str:
     """The address jobs and the broker use when none is given.
 
     `RBROKER_SOCKET` wins; else on Windows `\\\\.\\pipe\\rbroker-<user>`; else
-    `<user runtime dir>/rbroker/broker.sock` (e.g. /run/user/1000/rbroker/broker.sock), or
-    `<tmp>/rbroker-<uid>/broker.sock` where the runtime dir does not exist.
+    `<user runtime dir>/rbroker/broker.sock`: `$XDG_RUNTIME_DIR` when it is the user's own
+    0700 directory, else `/run/user/<uid>`, else a checked `runtime-<uid>` directory in the
+    temporary directory (platformdirs' rules, which refuse directories another user could
+    have planted). A runtime dir that cannot be had at all falls back to the data dir.
     """
     env = os.environ.get(ENV_SOCKET)
     if env:
         return env
     if sys.platform == "win32":
         return rf"\\.\pipe\rbroker-{getpass.getuser()}"
-    runtime = Path(platformdirs.user_runtime_dir("rbroker", appauthor=False))
-    if runtime.parent.is_dir() and os.access(runtime.parent, os.W_OK):
-        return str(runtime / "broker.sock")
-    return str(Path(tempfile.gettempdir()) / f"rbroker-{os.getuid()}" / "broker.sock")
+    with warnings.catch_warnings():
+        # the fallback is the point here; its warning would only repeat this docstring
+        warnings.simplefilter("ignore", getattr(platformdirs, "RuntimeDirWarning", Warning))
+        try:
+            runtime = Path(platformdirs.user_runtime_dir("rbroker", appauthor=False))
+        except PermissionError:
+            return str(default_data_dir() / "broker.sock")
+    return str(runtime / "broker.sock")
 
 
 def default_data_dir() -> Path:
