@@ -27,13 +27,6 @@ def run_broker(args: argparse.Namespace) -> int:
     )
     socket_path = args.socket or default_socket_path()
     scenario = Path(args.simulate) if args.simulate else None
-    config = make_config(
-        socket_path,
-        args.data_dir or default_data_dir(),
-        simulate=args.simulate is not None,
-        scenario=scenario,
-        headroom_mib=args.headroom_mib,
-    )
     overrides: dict[str, int] = {}
     for item in args.capacity_mib:
         uuid, _, mib = item.partition("=")
@@ -41,7 +34,18 @@ def run_broker(args: argparse.Namespace) -> int:
             console.print(f"[red]rbroker: --capacity-mib wants UUID=MIB, got {item!r}[/]")
             return 2
         overrides[uuid] = int(mib)
-    config = dataclasses.replace(config, capacity_overrides_mib=overrides)
+    try:
+        config = make_config(
+            socket_path,
+            args.data_dir or default_data_dir(),
+            simulate=args.simulate is not None,
+            scenario=scenario,
+            headroom_mib=args.headroom_mib,
+        )
+        config = dataclasses.replace(config, capacity_overrides_mib=overrides)
+    except ValueError as exc:
+        console.print(f"[red]rbroker: {exc}[/]")
+        return 2
     try:
         host = BrokerHost(config)
     except ScenarioError as exc:
