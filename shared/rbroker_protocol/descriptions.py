@@ -51,6 +51,7 @@ value or any part of it, so the error can be logged, stored and sent back safely
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from typing import Final
 
@@ -220,6 +221,14 @@ def check_description(field: str, value: object) -> str:
     """
     if not isinstance(value, str):
         raise DescriptionRejected(field, "not_text", f"expected text, got {type(value).__name__}")
+    return _check_text(field, value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _check_text(field: str, value: str) -> str:
+    """`check_description` for text. Accepted values are remembered (the same project and
+    purpose texts come with every lease and every report); refusals raise, so a rejected
+    value is never kept."""
     text = value.strip()
     if not text:
         raise DescriptionRejected(field, "empty", "must not be empty")

@@ -908,13 +908,21 @@ class Broker:
             lease.deadline = max(lease.deadline, now + lease.ttl_s)
 
     def _reap_dead_holders(self) -> None:
+        # one liveness check per distinct holder (a process often holds many leases)
+        alive: dict[Holder, bool] = {}
+
+        def is_alive(holder: Holder) -> bool:
+            if holder not in alive:
+                alive[holder] = holder.alive()
+            return alive[holder]
+
         for lease in list(self.leases.values()):
-            if not lease.holder.alive():
+            if not is_alive(lease.holder):
                 self._end(
                     lease, LeaseState.HOLDER_EXITED, f"holder process {lease.holder.pid} exited"
                 )
         for waiter in list(self.queue):
-            if not waiter.holder.alive():
+            if not is_alive(waiter.holder):
                 self._remove_waiter(
                     waiter, RpcError(ErrorCode.CANCELLED, "request cancelled: holder exited")
                 )

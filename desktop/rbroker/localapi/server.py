@@ -137,6 +137,18 @@ class Connection:
         self.unsubscribe: Callable[[], None] | None = None
         self.closed = False
         self.event_backlog = 0
+        self._holder: Holder | None = None
+
+    def holder(self) -> Holder:
+        """The peer process's identity (pid + start time), read once per connection: the
+        process on the other end of a socket never changes.
+
+        Raises:
+            ProcessLookupError: the peer has exited.
+        """
+        if self._holder is None:
+            self._holder = Holder.of(self.peer.pid)
+        return self._holder
 
     async def send(self, message: dict[str, Any]) -> None:
         if self.closed:
@@ -334,7 +346,7 @@ class LocalApi:
             }
         )
         try:
-            holder = Holder.of(conn.peer.pid)
+            holder = conn.holder()
         except ProcessLookupError:
             raise RpcError(ErrorCode.CANCELLED, "the requesting process has exited") from None
         if p.job_id is not None:
