@@ -153,7 +153,8 @@ def cmd_setup(args: argparse.Namespace) -> int:
     print(f"viewer token:     {token.text}")
     print(f"enrollment code:  {code.text}  (one use, expires {_fmt_time(code.expires_at)})")
     print(f"next: rbroker-server serve --data-dir {data_dir}")
-    print(f"on a computer: rbroker enroll {url} {code.text}")
+    ca_hint = f" --ca-file {ca}" if ca else ""
+    print(f"on a computer: rbroker enroll {url} {code.text}{ca_hint}")
     return 0
 
 

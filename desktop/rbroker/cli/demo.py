@@ -224,7 +224,8 @@ def run_demo(args: argparse.Namespace) -> int:
                     if coordinator is not None:
                         console.print(
                             f"coordinator: {coordinator.url}  fleet: {coordinator.url}"
-                            f"/api/v1/fleet  viewer token: {coordinator.token}"
+                            f"/api/v1/fleet  viewer token: {coordinator.token}",
+                            soft_wrap=True,
                         )
                     _run_workers(
                         console, client, sock, procs, state, live_ok, budget_s, coordinator
@@ -239,7 +240,7 @@ def run_demo(args: argparse.Namespace) -> int:
         shutil.rmtree(root, ignore_errors=True)
     if interrupted:
         return 130
-    console.print(summary)
+    console.print(summary, soft_wrap=True)  # commands and tokens stay copyable
     ok = (
         not state.violations
         and state.freed_after_s is not None

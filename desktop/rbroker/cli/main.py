@@ -46,7 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_socket(s)
     s.add_argument("--json", action="store_true", help="print the raw JSON")
 
-    r = sub.add_parser("run", help="hold a lease while a command runs")
+    r = sub.add_parser(
+        "run",
+        help="hold a lease while a command runs",
+        epilog="exit codes: the command's own; 69 no broker; 75 no room within --wait; "
+        "2 refused (infeasible, bad input, description rejected); 126/127 cannot start",
+    )
     _add_socket(r)
     r.add_argument("--mib", type=int, required=True, help="GPU memory to lease, MiB")
     r.add_argument("--gpus", type=int, default=1)
@@ -88,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--data-dir", help="the broker's data directory (default: per-user)")
     f.add_argument("--json", action="store_true", help="print the raw JSON")
 
-    d = sub.add_parser("demo", help="watch real processes lease simulated GPUs (about a minute)")
+    d = sub.add_parser(
+        "demo", help="watch real processes lease GPU memory from a local broker (about 30 s)"
+    )
     d.add_argument("--seconds", type=float, default=45.0, help="approximate demo length")
     d.add_argument("--no-live", action="store_true", help="plain log lines instead of a live view")
     d.add_argument(

@@ -18,6 +18,13 @@ class EnrollError(RuntimeError):
     """Enrollment failed; the message says why and what to do."""
 
 
+def tls_hint(exc: BaseException) -> str:
+    """A hint for certificate failures: a self-signed coordinator needs its CA file."""
+    if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return " (a self-signed coordinator: pass --ca-file with its tls/ca.pem)"
+    return ""
+
+
 def http_verify(ca_file: str | None) -> ssl.SSLContext | bool:
     """httpx's `verify`: a context trusting the pinned CA file, else the system trust store.
 
@@ -100,7 +107,7 @@ def enroll(
         )
     except httpx.HTTPError as exc:
         _undo(store, previous)
-        raise EnrollError(f"cannot reach the coordinator at {url}: {exc}") from None
+        raise EnrollError(f"cannot reach the coordinator at {url}: {exc}{tls_hint(exc)}") from None
     if response.status_code != 201:
         _undo(store, previous)
         try:

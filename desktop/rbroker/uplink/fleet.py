@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from rbroker.uplink.config import UplinkConfig
-from rbroker.uplink.enroll import http_verify, store_for
+from rbroker.uplink.enroll import http_verify, store_for, tls_hint
 from rbroker.uplink.keys import KeyStoreError
 from rbroker_protocol.signing import sign_request
 
@@ -38,7 +38,9 @@ def fetch_fleet(
     config = UplinkConfig.load(data_dir)
     base = (url or (config.url if config else "")).rstrip("/")
     if not base:
-        raise FleetError("no coordinator URL: enroll this computer first or pass --url")
+        raise FleetError(
+            f"no enrollment in {data_dir}: pass the broker's --data-dir, or --url and --token"
+        )
     ca = ca_file or (config.ca_file if config else None)
     try:
         verify = http_verify(ca)
@@ -60,7 +62,7 @@ def fetch_fleet(
     try:
         response = httpx.get(base + path, headers=headers, verify=verify, timeout=timeout_s)
     except httpx.HTTPError as exc:
-        raise FleetError(f"cannot reach the coordinator at {base}: {exc}") from None
+        raise FleetError(f"cannot reach the coordinator at {base}: {exc}{tls_hint(exc)}") from None
     if response.status_code != 200:
         raise FleetError(f"the coordinator answered {response.status_code}: {response.text[:300]}")
     body = response.json()
