@@ -22,6 +22,8 @@ import pytest
 
 import rbroker
 
+pytest_plugins = ["tests.os_users"]  # the `other_user` fixture (a real second OS account)
+
 GPU0 = "GPU-5a1e0000-0000-0000-0000-000000000001"
 GPU1 = "GPU-5a1e0000-0000-0000-0000-000000000002"
 

@@ -14,6 +14,8 @@ RBrokerError                      base: .code (stable name), .message, .data (nu
 ├── LeaseExpired                  lease_expired
 ├── NotLeaseOwner                 not_lease_owner
 ├── NotSimulated                  not_simulated (sim.* on a real-GPU broker)
+├── NotAllowed                    not_allowed (pause/simulation by another user),
+│                                 too_many_connections (per-user connection cap)
 └── Cancelled                     cancelled
 """
 
@@ -82,6 +84,12 @@ class NotSimulated(RBrokerError):
     """A `sim.*` method was called on a broker that reads real NVML."""
 
 
+class NotAllowed(RBrokerError):
+    """The caller may not do this: an administrative method (`broker.pause`, `sim.set`,
+    `sim.stall`) from a user other than the broker's own or its admin group, or a connection
+    past the per-user cap (`code` says which)."""
+
+
 class JobNotFound(RBrokerError):
     """No such job."""
 
@@ -114,6 +122,8 @@ _BY_CODE: dict[ErrorCode, type[RBrokerError]] = {
     ErrorCode.CANCELLED: Cancelled,
     ErrorCode.JOB_NOT_FOUND: JobNotFound,
     ErrorCode.JOB_FINISHED: JobFinished,
+    ErrorCode.NOT_ALLOWED: NotAllowed,
+    ErrorCode.TOO_MANY_CONNECTIONS: NotAllowed,
 }
 
 

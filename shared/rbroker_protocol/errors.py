@@ -39,6 +39,8 @@ class ErrorCode(StrEnum):
     CANCELLED = "cancelled"
     JOB_NOT_FOUND = "job_not_found"
     JOB_FINISHED = "job_finished"
+    NOT_ALLOWED = "not_allowed"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
 
 
 ERROR_CODES: dict[ErrorCode, int] = {
@@ -61,6 +63,8 @@ ERROR_CODES: dict[ErrorCode, int] = {
     ErrorCode.NOT_SIMULATED: -32060,
     ErrorCode.JOB_NOT_FOUND: -32070,
     ErrorCode.JOB_FINISHED: -32071,
+    ErrorCode.NOT_ALLOWED: -32080,
+    ErrorCode.TOO_MANY_CONNECTIONS: -32081,
 }
 """JSON-RPC numeric code for each name. Standard codes from the JSON-RPC 2.0 spec."""
 

@@ -10,8 +10,17 @@ MAX_LINE_BYTES: Final = 64 * 1024
 
 
 def encode(message: dict[str, Any]) -> bytes:
-    """Serialise one message as a compact JSON line ending in `\\n` (UTF-8)."""
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    """Serialise one message as a compact JSON line ending in `\\n` (UTF-8).
+
+    Text that UTF-8 cannot carry (a lone surrogate such as `"\\ud800"`, which JSON's
+    `\\u` escapes can produce) is written as a JSON `\\u` escape instead, so every
+    message can be sent: a request id or method name echoed back never makes an answer fail.
+    """
+    text = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode() + b"\n"
+    except UnicodeEncodeError:
+        return json.dumps(message, separators=(",", ":"), ensure_ascii=True).encode() + b"\n"
 
 
 def request(request_id: int | str | None, method: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ class BrokerConfig:
     reattach_grace_s: float = 30.0
     enumerate_interval_s: float = 10.0
     capacity_overrides_mib: dict[str, int] = field(default_factory=dict)
+    admin_group: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse settings that would admit more than a GPU holds.

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -14,6 +15,18 @@ from rbroker.gpu.nvml import TelemetryError
 from rbroker.gpu.scenario import ScenarioError
 from rbroker.localapi.paths import default_data_dir, default_socket_path
 from rbroker.localapi.transport import BrokerAlreadyRunning
+
+
+def _group_exists(name: str) -> bool:
+    if sys.platform == "win32":
+        return False
+    import grp
+
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def run_broker(args: argparse.Namespace) -> int:
@@ -34,6 +47,9 @@ def run_broker(args: argparse.Namespace) -> int:
             console.print(f"[red]rbroker: --capacity-mib wants UUID=MIB, got {item!r}[/]")
             return 2
         overrides[uuid] = int(mib)
+    if args.admin_group and not _group_exists(args.admin_group):
+        console.print(f"[red]rbroker: --admin-group: no OS group named {args.admin_group!r}[/]")
+        return 2
     try:
         config = make_config(
             socket_path,
@@ -42,7 +58,9 @@ def run_broker(args: argparse.Namespace) -> int:
             scenario=scenario,
             headroom_mib=args.headroom_mib,
         )
-        config = dataclasses.replace(config, capacity_overrides_mib=overrides)
+        config = dataclasses.replace(
+            config, capacity_overrides_mib=overrides, admin_group=args.admin_group
+        )
     except ValueError as exc:
         console.print(f"[red]rbroker: {exc}[/]")
         return 2

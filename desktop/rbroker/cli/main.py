@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="UUID=MIB",
         help="total MiB of a GPU whose NVML memory query is not supported (repeatable)",
     )
+    b.add_argument(
+        "--admin-group",
+        metavar="GROUP",
+        help="OS group whose members may also pause admissions (default: the broker's user only)",
+    )
     b.add_argument("-v", "--verbose", action="store_true", help="log every lease")
 
     s = sub.add_parser("status", help="GPU capacity and leases of the local broker")

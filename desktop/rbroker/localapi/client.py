@@ -15,6 +15,7 @@ import queue
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
 from rbroker._exceptions import BrokerUnavailable, RBrokerError, from_rpc_error
@@ -30,13 +31,26 @@ if sys.platform != "win32":
         that times out loses nothing and the connection stays usable."""
 
         def __init__(self, path: str, timeout_s: float | None) -> None:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.settimeout(timeout_s)
-            try:
-                self.sock.connect(path)
-            except OSError:
-                self.sock.close()
-                raise
+            # A full listen backlog (a burst of clients) answers EAGAIN at once on a Unix
+            # socket instead of waiting: retry within the timeout (at most 5 s) before
+            # calling the broker unavailable.
+            deadline = time.monotonic() + min(timeout_s if timeout_s is not None else 5.0, 5.0)
+            delay_s = 0.001
+            while True:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.settimeout(timeout_s)
+                try:
+                    self.sock.connect(path)
+                    break
+                except BlockingIOError:
+                    self.sock.close()
+                    if time.monotonic() + delay_s > deadline:
+                        raise
+                    time.sleep(delay_s)
+                    delay_s = min(delay_s * 2, 0.05)
+                except OSError:
+                    self.sock.close()
+                    raise
             self._buf = bytearray()
 
         def write(self, data: bytes) -> None:

@@ -47,6 +47,7 @@ from rbroker._version import __version__
 from rbroker.broker.holders import Holder
 from rbroker.broker.service import Broker
 from rbroker.gpu.scenario import ScenarioError
+from rbroker.localapi.access import admin_description, is_admin
 from rbroker.localapi.transport import ListeningServer, Peer, serve
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.descriptions import DescriptionRejected, check_description
@@ -72,6 +73,8 @@ from rbroker_protocol.versions import PROTOCOL_VERSION, PROTOCOL_VERSION_MIN
 log = logging.getLogger(__name__)
 
 _TOO_LONG = object()
+_VIEWS = frozenset({"hello", "gpus.list", "leases.list", "broker.status", "jobs.list"})
+"""Methods whose answer is a view of the broker's state: built only when it can be written."""
 _conn_ids = itertools.count(1)
 
 
@@ -118,10 +121,47 @@ MAX_IN_FLIGHT = 1024
 one finishes: a client that sends without reading its answers meets backpressure (its own
 writes block) instead of growing the broker's memory without end."""
 
+MAX_UNSENT_BYTES = 4 * 1024 * 1024
+"""Answer and event bytes of one connection that the broker keeps unsent. Answers are built
+only while less than this waits in the connection's write buffer, and the connection is not
+read meanwhile: a client that sends without reading costs the broker at most about this much
+(one client sending `leases.list` without reading grew the broker by about 1 GiB before)."""
+
+UNSENT_DROP_AFTER_S = 10.0
+"""A connection whose unsent bytes stay past `MAX_UNSENT_BYTES` this long is dropped."""
+
+LINE_TIMEOUT_S = 10.0
+"""Time a started request line may take to end with its newline. A connection that sends
+half a line and stalls is answered `invalid_request` and closed (1 030 such connections
+used to exhaust the broker's file handles). An idle connection between lines is fine."""
+
+MAX_CONNECTIONS_PER_USER = 512
+"""Open connections per OS user (by uid). One more is answered `too_many_connections` and
+closed, so one user cannot take every file handle of a broker that others share."""
+
 MAX_EVENT_BACKLOG = 10_000
 """Events queued for one subscriber that is not reading them. Past this the connection is
 dropped (as Redis drops pub/sub clients over their output buffer limit): without a bound, a
 local client that subscribes and never reads grows the broker's memory without end."""
+
+
+def raise_open_file_limit() -> tuple[int, int] | None:
+    """Raise this process's soft limit of open files to its hard limit (Unix).
+
+    Each connection takes one file handle; the usual soft limit of 1 024 would let a few
+    hundred idle clients of several users starve everyone else. Returns the (soft, hard)
+    limits now in force, or None where the OS has no such limit (Windows).
+    """
+    if sys.platform == "win32":
+        return None
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft, hard
 
 
 class Connection:
@@ -138,6 +178,8 @@ class Connection:
         self.closed = False
         self.event_backlog = 0
         self._holder: Holder | None = None
+        # drain() waits only past the bound: answers are written without a round of waiting
+        writer.transport.set_write_buffer_limits(high=MAX_UNSENT_BYTES)
 
     def holder(self) -> Holder:
         """The peer process's identity (pid + start time), read once per connection: the
@@ -150,16 +192,33 @@ class Connection:
             self._holder = Holder.of(self.peer.pid)
         return self._holder
 
-    async def send(self, message: dict[str, Any]) -> None:
-        if self.closed:
-            return
-        data = jsonrpc.encode(message)
+    async def send(self, message: dict[str, Any] | Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        """Write one message, or build it with `message()` and write it, once fewer than
+        `MAX_UNSENT_BYTES` wait unsent on this connection (so a client that does not read
+        holds up only its own answers, and no answer is built before it can be written)."""
         async with self.lock:
+            if self.closed:
+                return
             try:
-                self.writer.write(data)
                 await self.writer.drain()
+                if self.closed:
+                    return
+                if callable(message):
+                    message = await message()
+                self.writer.write(jsonrpc.encode(message))
             except (ConnectionError, RuntimeError):
                 self.closed = True
+
+    def unsent_bytes(self) -> int:
+        """Bytes written to this connection that the peer has not taken yet."""
+        return self.writer.transport.get_write_buffer_size()
+
+    def drop(self, why: str) -> None:
+        """Close at once, discarding unsent bytes; the reader loop then cleans up."""
+        if not self.closed:
+            log.warning("dropping connection %d of %s: %s", self.id, self.peer.user, why)
+        self.closed = True
+        self.writer.transport.abort()
 
 
 Method = Callable[[Connection, Any], Awaitable[Any]]
@@ -173,6 +232,9 @@ class LocalApi:
         self.address = address
         self._server: ListeningServer | None = None
         self._connections: set[Connection] = set()
+        self._per_user: dict[int | str, int] = {}
+        self._warned_cap: dict[str, bool] = {}
+        self.admin_methods = frozenset({"broker.pause", "sim.set", "sim.stall"})
         self.methods: dict[str, tuple[type[BaseModel], Method]] = {
             "hello": (HelloParams, self._hello),
             "gpus.list": (EmptyParams, self._gpus_list),
@@ -196,6 +258,7 @@ class LocalApi:
 
     async def start(self) -> None:
         """Listen. Raises `BrokerAlreadyRunning` or `OSError` (see `transport.serve`)."""
+        raise_open_file_limit()
         self._server = await serve(self.address, self._handle, limit=2 * jsonrpc.MAX_LINE_BYTES)
 
     async def close(self) -> None:
@@ -206,32 +269,115 @@ class LocalApi:
             conn.writer.close()
 
     # -- connection loop -----------------------------------------------------------------
-    async def _read_line(self, reader: asyncio.StreamReader) -> bytes | object | None:
-        too_long = False
-        while True:
-            try:
-                line = await reader.readuntil(b"\n")
-            except asyncio.IncompleteReadError as exc:
-                if too_long or not exc.partial.strip():
-                    return None
-                return exc.partial if len(exc.partial) <= jsonrpc.MAX_LINE_BYTES else None
-            except asyncio.LimitOverrunError as exc:
-                too_long = True
-                await reader.readexactly(max(1, exc.consumed))
-                continue
-            if too_long or len(line) - 1 > jsonrpc.MAX_LINE_BYTES:
-                return _TOO_LONG
-            return line
+    async def _read_line(
+        self, conn: Connection, reader: asyncio.StreamReader
+    ) -> bytes | object | None:
+        """The next request line, `_TOO_LONG`, or None at the end of the stream.
+
+        Waiting for a line to start has no limit (an idle client is fine); once it has
+        started, it must end within `LINE_TIMEOUT_S` or the connection is closed.
+        """
+        try:
+            first = await reader.readexactly(1)
+        except asyncio.IncompleteReadError:
+            return None
+        if first == b"\n":
+            return first
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(LINE_TIMEOUT_S, self._line_timed_out, conn)
+        try:
+            too_long = False
+            while True:
+                try:
+                    line = first + await reader.readuntil(b"\n")
+                except asyncio.IncompleteReadError as exc:
+                    if too_long or not (first + exc.partial).strip():
+                        return None
+                    rest = first + exc.partial
+                    return rest if len(rest) <= jsonrpc.MAX_LINE_BYTES else None
+                except asyncio.LimitOverrunError as exc:
+                    too_long = True
+                    await reader.readexactly(max(1, exc.consumed))
+                    continue
+                if too_long or len(line) - 1 > jsonrpc.MAX_LINE_BYTES:
+                    return _TOO_LONG
+                return line
+        finally:
+            timer.cancel()
+
+    def _line_timed_out(self, conn: Connection) -> None:
+        if conn.closed:
+            return
+        err = RpcError(
+            ErrorCode.INVALID_REQUEST,
+            f"incomplete request line: no newline within {LINE_TIMEOUT_S:g} s; closing",
+            timeout_s=LINE_TIMEOUT_S,
+        )
+        with contextlib.suppress(Exception):
+            conn.writer.write(jsonrpc.encode(jsonrpc.error(None, err.to_wire())))
+        conn.drop(f"incomplete request line for {LINE_TIMEOUT_S:g} s")
+
+    async def _wait_until_written(self, conn: Connection) -> bool:
+        """Stop reading while answers pile up unsent; False when the connection was dropped
+        because they stayed past `MAX_UNSENT_BYTES` for `UNSENT_DROP_AFTER_S`."""
+        if conn.unsent_bytes() <= MAX_UNSENT_BYTES:
+            return True
+        try:
+            await asyncio.wait_for(conn.writer.drain(), UNSENT_DROP_AFTER_S)
+        except TimeoutError:
+            conn.drop(
+                f"{conn.unsent_bytes()} answer bytes unsent for {UNSENT_DROP_AFTER_S:g} s "
+                f"(the client does not read; at most {MAX_UNSENT_BYTES} are kept)"
+            )
+            return False
+        except (ConnectionError, RuntimeError):
+            return False
+        return not conn.closed
+
+    def _admit_connection(self, conn: Connection) -> RpcError | None:
+        key = conn.peer.uid if conn.peer.uid is not None else conn.peer.user
+        count = self._per_user.get(key, 0)
+        if count >= MAX_CONNECTIONS_PER_USER:
+            return RpcError(
+                ErrorCode.TOO_MANY_CONNECTIONS,
+                f"user {conn.peer.user} already has {count} connections to this broker "
+                f"({MAX_CONNECTIONS_PER_USER} at most); close some and try again",
+                limit=MAX_CONNECTIONS_PER_USER,
+            )
+        self._per_user[key] = count + 1
+        return None
+
+    def _forget_connection(self, conn: Connection) -> None:
+        key = conn.peer.uid if conn.peer.uid is not None else conn.peer.user
+        left = self._per_user.get(key, 0) - 1
+        if left > 0:
+            self._per_user[key] = left
+        else:
+            self._per_user.pop(key, None)
 
     async def _handle(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Peer
     ) -> None:
         conn = Connection(writer, peer)
+        refused = self._admit_connection(conn)
+        if refused is not None:
+            with contextlib.suppress(Exception):
+                writer.write(jsonrpc.encode(jsonrpc.error(None, refused.to_wire())))
+                await asyncio.wait_for(writer.drain(), 1.0)
+            if not self._warned_cap.get(peer.user):
+                log.warning("refusing connections of %s: %s", peer.user, refused.message)
+                self._warned_cap[peer.user] = True
+            with contextlib.suppress(Exception):
+                writer.close()
+            return
+        self._warned_cap.pop(peer.user, None)
         self._connections.add(conn)
         try:
             while True:
-                line = await self._read_line(reader)
-                if line is None:
+                if not await self._wait_until_written(conn):
+                    break
+                line = await self._read_line(conn, reader)
+                if line is None or conn.closed:
                     break
                 if line is _TOO_LONG:
                     await conn.send(
@@ -260,6 +406,7 @@ class LocalApi:
         finally:
             conn.closed = True
             self._connections.discard(conn)
+            self._forget_connection(conn)
             if conn.unsubscribe is not None:
                 conn.unsubscribe()
             for task in list(conn.tasks):
@@ -300,6 +447,19 @@ class LocalApi:
                 )
             model, fn = entry
             params = _parse(model, msg.get("params"))
+            if method in self.admin_methods:
+                self._check_admin(conn, method)
+            if method in _VIEWS and "id" in msg:
+                rid = request_id
+
+                async def build() -> dict[str, Any]:
+                    try:
+                        return jsonrpc.result(rid, await fn(conn, params))
+                    except RpcError as err:
+                        return jsonrpc.error(rid, err.to_wire())
+
+                await conn.send(build)
+                return
             value = await fn(conn, params)
             if "id" in msg:
                 await conn.send(jsonrpc.result(request_id, value))
@@ -314,6 +474,22 @@ class LocalApi:
                     request_id, RpcError(ErrorCode.INTERNAL_ERROR, "internal error").to_wire()
                 )
             )
+
+    def _check_admin(self, conn: Connection, method: str) -> None:
+        """Refuse `method` unless the caller is the broker's user or in its admin group.
+
+        Raises:
+            RpcError: `not_allowed`, naming who may use it.
+        """
+        group = self.broker.config.admin_group
+        if is_admin(conn.peer, group):
+            return
+        raise RpcError(
+            ErrorCode.NOT_ALLOWED,
+            f"{method} changes the broker for everyone: only {admin_description(group)} "
+            f"may use it, not {conn.peer.user}",
+            method=method,
+        )
 
     # -- methods ---------------------------------------------------------------------------
     async def _hello(self, conn: Connection, p: HelloParams) -> dict[str, Any]:

@@ -22,6 +22,11 @@ from rbroker.localapi.transport import BrokerAlreadyRunning, Handler, Peer
 assert sys.platform != "win32", "rbroker.localapi.unix is not for Windows"
 
 
+LISTEN_BACKLOG = 1024
+"""Connections the kernel queues before the broker accepts them (capped by
+net.core.somaxconn). A burst of clients past it is answered EAGAIN; the SDK retries."""
+
+
 def peer_of(sock: socket.socket) -> Peer:
     """Read the connecting process's pid and user from the kernel.
 
@@ -95,7 +100,9 @@ async def serve_unix(address: str, handler: Handler, limit: int) -> UnixServer:
 
     old_umask = os.umask(0o117)
     try:
-        server = await asyncio.start_unix_server(on_connect, path=address, limit=limit)
+        server = await asyncio.start_unix_server(
+            on_connect, path=address, limit=limit, backlog=LISTEN_BACKLOG
+        )
     finally:
         os.umask(old_umask)
     os.chmod(address, 0o660)

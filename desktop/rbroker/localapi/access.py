@@ -1,0 +1,58 @@
+"""Who may use the local API's administrative methods (`broker.pause`, `sim.set`, `sim.stall`).
+
+Everyone who can connect may lease, list and report; changing what the broker does for
+everyone is kept to the broker's own OS user and, when configured, the members of an admin
+group (e.g. the operators of a system broker). The caller is the `Peer` the OS reported for
+the connection, never a name from the request.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+from functools import lru_cache
+
+from rbroker.localapi.transport import Peer
+
+
+@lru_cache(maxsize=1)
+def broker_user() -> str:
+    """The OS user this broker process runs as."""
+    return getpass.getuser()
+
+
+def in_group(user: str, group: str) -> bool:
+    """True when OS user `user` is a member of OS group `group` (primary or supplementary).
+
+    Unknown users or groups are not members. Always False on Windows (no Unix groups).
+    """
+    if sys.platform == "win32":
+        return False
+    import grp
+    import pwd
+
+    try:
+        gid = grp.getgrnam(group).gr_gid
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return False
+    return gid in os.getgrouplist(user, entry.pw_gid)
+
+
+def is_admin(peer: Peer, admin_group: str | None) -> bool:
+    """True when `peer` may pause admissions or change a simulation on this broker."""
+    if sys.platform != "win32" and peer.uid is not None:
+        if peer.uid == os.getuid():
+            return True
+    elif peer.user == broker_user():
+        return True
+    return admin_group is not None and in_group(peer.user, admin_group)
+
+
+def admin_description(admin_group: str | None) -> str:
+    """Who may use the administrative methods, in words (for refusals)."""
+    who = f"the broker's own user ({broker_user()})"
+    if admin_group:
+        who += f" and members of the group {admin_group!r}"
+    return who

@@ -1,0 +1,114 @@
+"""Real OS users for multi-user tests: create one, run code as it, remove it.
+
+Needs root (CI runs as root); `other_user` skips cleanly without it. Code runs as the other
+user in a forked child that drops to its uid and gid, so the kernel reports that user to the
+broker (SO_PEERCRED) exactly as for a process that user started; the child needs no access
+to this interpreter's files on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import secrets
+import shutil
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+
+@dataclass(frozen=True)
+class OsUser:
+    """A real OS account made for a test."""
+
+    name: str
+    uid: int
+    gid: int
+
+
+def create_user(prefix: str = "rbt") -> OsUser:
+    """`useradd` a system account without a home directory or a login shell."""
+    import pwd
+
+    name = f"{prefix}-{secrets.token_hex(3)}"
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        check=True,
+        capture_output=True,
+    )
+    entry = pwd.getpwnam(name)
+    return OsUser(name, entry.pw_uid, entry.pw_gid)
+
+
+def remove_user(user: OsUser) -> None:
+    """`userdel` the account (and its group, where useradd made one)."""
+    subprocess.run(["userdel", user.name], capture_output=True)
+    subprocess.run(["groupdel", user.name], capture_output=True)
+
+
+def run_as(user: OsUser, fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0) -> Any:
+    """Run `fn(*args)` in a forked child as `user`; return its result or raise its error.
+
+    Raises:
+        RuntimeError: the child failed (with its traceback) or ran past `timeout_s`.
+    """
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(read_fd)
+        status = 0
+        try:
+            os.setgroups([])
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            payload = pickle.dumps(("ok", fn(*args)))
+        except BaseException:
+            payload = pickle.dumps(("error", traceback.format_exc()))
+            status = 1
+        with os.fdopen(write_fd, "wb") as out:
+            out.write(payload)
+        os._exit(status)
+    os.close(write_fd)
+    import select
+
+    chunks = []
+    with os.fdopen(read_fd, "rb") as src:
+        while True:
+            ready, _, _ = select.select([src], [], [], timeout_s)
+            if not ready:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                raise RuntimeError(f"code run as {user.name} took more than {timeout_s} s")
+            chunk = src.read1(1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(b"".join(chunks))
+    if kind == "error":
+        raise RuntimeError(f"code run as {user.name} failed:\n{value}")
+    return value
+
+
+def open_to_everyone(*paths: str | os.PathLike[str]) -> None:
+    """Let any local user reach a broker socket: its directories 0755, the socket 0666."""
+    for path in paths:
+        mode = 0o666 if os.path.exists(path) and not os.path.isdir(path) else 0o755
+        os.chmod(path, mode)
+
+
+@pytest.fixture
+def other_user() -> Iterator[OsUser]:
+    """A fresh OS account other than the one running the tests (root only)."""
+    if sys.platform == "win32" or os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd to create a second OS user")
+    user = create_user()
+    try:
+        yield user
+    finally:
+        remove_user(user)
