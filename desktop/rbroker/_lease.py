@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket as _socket
 import threading
 import time
 import uuid
@@ -93,6 +94,8 @@ class _Holder:
         self.socket = socket
         self.interval_s = max(0.2, ttl_s / 3)
         self._stop = threading.Event()
+        # written to on release: wakes the heartbeat thread out of its wait at once
+        self._wake_r, self._wake_w = _socket.socketpair()
         self._thread = threading.Thread(
             target=self._beat, name=f"rbroker-heartbeat-{lease.lease_id}", daemon=True
         )
@@ -103,7 +106,22 @@ class _Holder:
         self.lease.lost, self.lease.error = True, exc
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        try:
+            self._beat_until_stopped()
+        finally:
+            self._wake_r.close()
+
+    def _beat_until_stopped(self) -> None:
+        while not self._stop.is_set():
+            # Between heartbeats, watch the connection: a broker that stops (restart,
+            # crash) is noticed at once and the lease re-attached within about a second,
+            # well inside the grace a restarted broker gives restored leases.
+            if self.client.wait_until_closed(self.interval_s, self._wake_r):
+                if self._stop.is_set() or not self._reattach():
+                    return
+                continue
+            if self._stop.is_set():
+                return
             try:
                 # A slow answer is a stalled broker (it grants a TTL of grace), not a lost
                 # one: giving up would close this connection, and that releases the lease.
@@ -147,7 +165,10 @@ class _Holder:
 
     def release(self) -> None:
         self._stop.set()
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
         self._thread.join(timeout=self.interval_s + 2.0)
+        self._wake_w.close()
         if self._thread.is_alive():
             # its heartbeat still waits on a stalled broker: do not wait behind it; closing
             # the connection releases the lease as soon as the broker runs again
@@ -156,11 +177,65 @@ class _Holder:
             return
         try:
             self.client.call("lease.release", lease_id=self.lease.lease_id, timeout_s=5.0)
+        except BrokerUnavailable as exc:
+            # The broker is down (restarting): a release is never lost. Deliver it, with the
+            # lease's token, as soon as a broker answers again.
+            log.warning(
+                "release of %s: %s; it will be delivered when the broker is back",
+                self.lease.lease_id,
+                exc,
+            )
+            _deliver_later(self.lease, self.socket)
         except RBrokerError as exc:
             if not self.lease.lost:
                 log.warning("release of %s: %s", self.lease.lease_id, exc)
         finally:
             self.client.close()
+
+
+RELEASE_DELIVERY_WINDOW_S = 600.0
+"""How long a release that could not be delivered (broker down) keeps being retried."""
+
+_pending_releases: set[threading.Thread] = set()
+
+
+def _deliver_later(lease: Lease, socket: str | None) -> threading.Thread:
+    """Start a daemon thread that releases `lease` once a broker answers again.
+
+    It re-attaches with the lease's token (proving possession after a restart), then
+    releases. A lease the broker already ended (expired, or ended because its holder did not
+    come back in time) needs nothing more. Gives up after `RELEASE_DELIVERY_WINDOW_S`, or
+    when this process exits (the broker then sees its holder gone).
+    """
+
+    def deliver() -> None:
+        give_up_at = time.monotonic() + RELEASE_DELIVERY_WINDOW_S
+        try:
+            while True:
+                try:
+                    client = _reconnect(socket, give_up_at, None)
+                except BrokerUnavailable:
+                    log.error("release of %s could not be delivered: no broker", lease.lease_id)
+                    return
+                try:
+                    client.call("lease.attach", lease_id=lease.lease_id, token=lease.token)
+                    client.call("lease.release", lease_id=lease.lease_id)
+                    log.info("lease %s released now that the broker is back", lease.lease_id)
+                    return
+                except BrokerUnavailable:
+                    continue  # it went away again: reconnect
+                except RBrokerError as exc:
+                    log.info("lease %s already ended at the broker: %s", lease.lease_id, exc)
+                    return
+                finally:
+                    client.close()
+        finally:
+            _pending_releases.discard(threading.current_thread())
+
+    thread = threading.Thread(target=deliver, name=f"rbroker-release-{lease.lease_id}", daemon=True)
+    _pending_releases.add(thread)
+    thread.start()
+    return thread
 
 
 def _acquire(

@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import queue
+import select
 import socket
 import sys
 import threading
@@ -73,6 +74,25 @@ if sys.platform != "win32":
         def settimeout(self, timeout_s: float | None) -> None:
             self.sock.settimeout(timeout_s)
 
+        def wait_readable(self, timeout_s: float, wake: socket.socket | None) -> str:
+            """Wait until the broker sends something or closes ("data" / "closed"), `wake`
+            becomes readable ("woken") or `timeout_s` passes ("timeout")."""
+            if self._buf:
+                return "data"
+            watched: list[Any] = [self.sock] + ([wake] if wake is not None else [])
+            ready, _, _ = select.select(watched, [], [], timeout_s)
+            if wake is not None and wake in ready:
+                return "woken"
+            if not ready:
+                return "timeout"
+            try:
+                peeked = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return "timeout"
+            except OSError:
+                return "closed"
+            return "data" if peeked else "closed"
+
         def close(self) -> None:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
@@ -97,6 +117,14 @@ class _PipeStream:  # pragma: no cover - Windows only
 
     def settimeout(self, timeout_s: float | None) -> None:
         pass
+
+    def wait_readable(self, timeout_s: float, wake: socket.socket | None) -> str:
+        # a pipe cannot be selected: only the wake socket and the timeout end the wait
+        if wake is None:
+            time.sleep(timeout_s)
+            return "timeout"
+        ready, _, _ = select.select([wake], [], [], timeout_s)
+        return "woken" if ready else "timeout"
 
     def close(self) -> None:
         self.f.close()
@@ -211,6 +239,38 @@ class Client:
                 "broker_unavailable",
             )
         return msg["result"]
+
+    def wait_until_closed(self, timeout_s: float, wake: socket.socket | None = None) -> bool:
+        """Block up to `timeout_s` s; True as soon as the broker closes this connection.
+
+        Returns False when the time passes or `wake` (a socket another thread writes to)
+        becomes readable. Event notifications that arrive meanwhile are queued for
+        `next_event`. On Windows a pipe's closing is noticed only by the next call.
+        """
+        end = time.monotonic() + timeout_s
+        while True:
+            remaining = end - time.monotonic()
+            if remaining <= 0 or self._closed:
+                return False
+            state = self._stream.wait_readable(remaining, wake)
+            if state == "closed":
+                return True
+            if state != "data":
+                return False
+            with self._lock:
+                self._stream.settimeout(1.0)
+                try:
+                    line = self._stream.readline()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return True
+            if not line:
+                return True
+            with contextlib.suppress(ValueError):
+                msg = json.loads(line)
+                if isinstance(msg, dict) and msg.get("method") == "event":
+                    self._events.put(msg.get("params") or {})
 
     def next_event(self, timeout_s: float | None = None) -> dict[str, Any] | None:
         """The next queued event notification (after `subscribe()`), or None on timeout.
