@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rbroker.broker.service import Broker
 from rbroker.uplink.config import UplinkConfig
 from rbroker.uplink.enroll import store_for
-from rbroker.uplink.keys import KeyStoreError
+from rbroker.uplink.keys import KeyStoreError, PlaintextKeyError
 from rbroker.uplink.reporter import Reporter
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,10 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
     """Wait for `uplink.json` (written by `rbroker enroll`), then report until cancelled;
     a changed or removed `uplink.json` ends the reporter and is read again.
 
-    A missing or unreadable key never stops the broker: the link state says why.
+    A missing or unreadable key never stops the broker: the link state says why, naming
+    the OS account the broker runs as and the store it asked; `key` says where the key is
+    (or was looked for). A key found in a plaintext keyring backend is not used: the link
+    says so and `warning` carries the fix.
     """
     state: dict[str, Any] = {"link": "not enrolled", "last_report_at": None}
     broker.uplink_status = lambda: dict(state)
@@ -43,16 +47,28 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
             )
             config = None
         if config is not None:
+            store = store_for(config, data_dir)
+            warning = None
             try:
-                key = await asyncio.to_thread(store_for(config, data_dir).load)
-                why = "the private key is missing"
+                key = await asyncio.to_thread(store.load)
+                why = "" if key is not None else store.missing_message()
+            except PlaintextKeyError as exc:
+                key, why = None, str(exc)
+                warning = f"{exc}. Not reporting until then; leasing goes on"
             except KeyStoreError as exc:
                 key, why = None, str(exc)
             if key is None:
-                state.update(link=f"key unavailable: {why}", computer_id=config.computer_id)
+                state.pop("warning", None)
+                state.update(
+                    link=f"key unavailable: {why}",
+                    computer_id=config.computer_id,
+                    key=store.description,
+                    **({"warning": warning} if warning else {}),
+                )
             if key is not None:
                 reporter = Reporter(broker, config, key)
-                broker.uplink_status = reporter.status
+                where = store.description if config.key_backend != "file" else store.where()
+                broker.uplink_status = _with_key(reporter.status, where)
                 log.info("reporting to %s as %s", config.url, config.computer_id)
                 try:
                     await _report_until_changed(reporter, data_dir, config)
@@ -72,6 +88,11 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
                 broker.uplink_status = lambda: dict(state)
                 continue
         await asyncio.sleep(CONFIG_POLL_S)
+
+
+def _with_key(status: Callable[[], dict[str, Any]], where: str) -> Callable[[], dict[str, Any]]:
+    """`status` with `key`: where the private key in use lives."""
+    return lambda: {**status(), "key": where}
 
 
 async def _report_until_changed(reporter: Reporter, data_dir: Path, config: UplinkConfig) -> None:
