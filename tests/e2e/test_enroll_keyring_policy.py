@@ -22,6 +22,7 @@ import sys
 import sysconfig
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -283,6 +284,7 @@ def test_a_broker_under_another_account_names_it(coordinator: CoordinatorProcess
         python = _python_as(user)
         if python is None:
             pytest.skip(f"no Python interpreter with rbroker is reachable by OS account {user}")
+        print(f"the broker runs as {user} with {python[0]}")
         # enrolled by this account, the key in its (test, encrypted) keyring
         data = root / "data"
         env = py_env(
@@ -351,3 +353,90 @@ def _answers(sock: str) -> bool:
             return True
     except rbroker.BrokerUnavailable:
         return False
+
+
+# -- a real Secret Service (GNOME Keyring on a private session bus) ----------------------
+
+
+@pytest.fixture
+def secret_service() -> Iterator[dict[str, str]]:
+    """An environment whose keyring is a real, unlocked GNOME Keyring serving the Secret
+    Service on a session bus of its own; skipped where dbus-daemon or gnome-keyring is
+    not installed (.ci/run installs both)."""
+    if not (shutil.which("dbus-daemon") and shutil.which("gnome-keyring-daemon")):
+        pytest.skip("needs dbus-daemon and gnome-keyring-daemon (Debian: dbus, gnome-keyring)")
+    root = short_tmp()
+    runtime = root / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = _isolated_env(root, XDG_RUNTIME_DIR=str(runtime))
+    (root / "home").mkdir()
+    bus = subprocess.Popen(
+        ["dbus-daemon", "--session", "--nofork", "--print-address"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    daemons = [bus]
+    try:
+        assert bus.stdout is not None
+        env["DBUS_SESSION_BUS_ADDRESS"] = bus.stdout.readline().decode().strip()
+        keyring_daemon = subprocess.Popen(
+            ["gnome-keyring-daemon", "--foreground", "--unlock", "--components=secrets"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        daemons.append(keyring_daemon)
+        assert keyring_daemon.stdin is not None
+        keyring_daemon.stdin.write(b"a test login password")
+        keyring_daemon.stdin.close()
+        probe = [
+            sys.executable,
+            "-c",
+            "from rbroker.uplink.keys import choose_keyring; print(choose_keyring().name)",
+        ]
+        wait_until(
+            lambda: (
+                subprocess.run(probe, capture_output=True, text=True, env=env, timeout=30).stdout
+                == "Secret Service (GNOME Keyring)\n"
+            ),
+            timeout_s=20,
+            interval_s=0.2,
+        )
+        yield env
+    finally:
+        for daemon in reversed(daemons):
+            daemon.terminate()
+            try:
+                daemon.wait(10)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait(5)
+        if bus.stdout is not None:
+            bus.stdout.close()
+
+
+def test_secret_service_is_accepted_and_named(
+    coordinator: CoordinatorProcess, secret_service: dict[str, str]
+) -> None:
+    root = short_tmp()
+    data = root / "data"
+    env = secret_service
+    done = enroll_cli(coordinator.url, coordinator.first_code, data, "lab-ss", env=env)
+    assert done.returncode == 0, done.stderr
+    where = f"Secret Service (GNOME Keyring) of OS account {ME} (service rbroker, entry"
+    assert f"private key kept in {where}" in done.stderr, done.stderr
+    assert not (data / "computer.key").exists()
+    assert not Path(env["XDG_DATA_HOME"], "python_keyring", "keyring_pass.cfg").exists()
+    computer_id = json.loads((data / "uplink.json").read_text())["computer_id"]
+
+    broker = start_broker(SINGLE_24G, root=root, env=env)
+    try:
+        with broker.client() as c:
+            wait_until(lambda: c.status()["coordinator"]["link"] == "ok", timeout_s=20)
+        done = rbroker_cli("status", "--socket", broker.socket)
+        assert f"private key: {where}" in done.stdout, done.stdout
+        wait_until(lambda: coordinator.computer(computer_id)["reports_applied"] > 0, timeout_s=20)
+    finally:
+        broker.stop()

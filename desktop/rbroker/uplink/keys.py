@@ -201,6 +201,9 @@ def backend_name(backend: object) -> str:
     does not set it)."""
     known = _mro_match(backend, OS_BACKENDS)
     if known is not None:
+        if OS_BACKENDS[known] == "Secret Service":
+            provider = secret_service_provider()
+            return f"Secret Service ({provider})" if provider else "Secret Service"
         return OS_BACKENDS[known]
     if _mro_match(backend, REFUSED_BACKENDS) is not None and _class_path(type(backend)).startswith(
         "keyrings.alt."
@@ -208,6 +211,32 @@ def backend_name(backend: object) -> str:
         return f"keyrings.alt {type(backend).__name__}"
     name = getattr(backend, "name", None)
     return name if isinstance(name, str) and name else _class_path(type(backend))
+
+
+SECRET_SERVICE_PROVIDERS = {
+    "gnome-keyring-d": "GNOME Keyring",  # gnome-keyring-daemon, as the kernel shortens it
+    "kwalletd5": "KWallet",
+    "kwalletd6": "KWallet",
+    "ksecretd": "KWallet",
+    "keepassxc": "KeePassXC",
+}
+
+
+def secret_service_provider() -> str | None:
+    """The program serving the Secret Service (org.freedesktop.secrets) on this session's
+    D-Bus, by the name of its process (Linux), e.g. "GNOME Keyring"; None when unknown."""
+    try:
+        from jeepney.bus_messages import message_bus
+        from jeepney.io.blocking import open_dbus_connection
+
+        with open_dbus_connection(bus="SESSION") as conn:
+            reply = conn.send_and_get_reply(
+                message_bus.GetConnectionUnixProcessID("org.freedesktop.secrets"), timeout=2
+            )
+        comm = Path(f"/proc/{int(reply.body[0])}/comm").read_text().strip()
+    except Exception:  # no jeepney, no session bus, no owner, not Linux: just "Secret Service"
+        return None
+    return SECRET_SERVICE_PROVIDERS.get(comm, comm or None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,14 +290,14 @@ def judge(backend: object) -> KeyringChoice:
 
 def choose_keyring() -> KeyringChoice:
     """The backend keyring picks for this process (environment, keyringrc, else the
-    highest priority), judged by `judge`.
+    highest priority), judged by `judge`; finding and naming it are bounded in time.
 
     Raises:
         KeyStoreError: keyring did not answer within `KEYRING_TIMEOUT_S`.
     """
     import keyring
 
-    return judge(_bounded(keyring.get_keyring, "finding a backend"))
+    return _bounded(lambda: judge(keyring.get_keyring()), "finding a backend")
 
 
 def keyring_usable() -> tuple[bool, str]:
