@@ -28,9 +28,9 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
     a changed or removed `uplink.json` ends the reporter and is read again.
 
     A missing or unreadable key never stops the broker: the link state says why, naming
-    the OS account the broker runs as and the store it asked; `key` says where the key is
-    (or was looked for). A key found in a plaintext keyring backend is not used: the link
-    says so and `warning` carries the fix.
+    the OS account the broker runs as and the store it asked. While reporting, `key` says
+    where the key is. A key found in a plaintext keyring backend is not used: the link says
+    so and `warning` carries the fix.
     """
     state: dict[str, Any] = {"link": "not enrolled", "last_report_at": None}
     broker.uplink_status = lambda: dict(state)
@@ -38,9 +38,11 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
         try:
             config = UplinkConfig.load(data_dir)
         except ValueError as exc:
+            state.pop("warning", None)
             state.update(link=f"config error: {exc}")
             config = None
         if config is not None and config.ca_file and not Path(config.ca_file).is_file():
+            state.pop("warning", None)
             state.update(
                 link=f"config error: the coordinator's CA file {config.ca_file} is missing",
                 computer_id=config.computer_id,
@@ -59,12 +61,9 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
                 key, why = None, str(exc)
             if key is None:
                 state.pop("warning", None)
-                state.update(
-                    link=f"key unavailable: {why}",
-                    computer_id=config.computer_id,
-                    key=store.description,
-                    **({"warning": warning} if warning else {}),
-                )
+                state.update(link=f"key unavailable: {why}", computer_id=config.computer_id)
+                if warning:
+                    state["warning"] = warning
             if key is not None:
                 reporter = Reporter(broker, config, key)
                 where = store.description if config.key_backend != "file" else store.where()
@@ -75,6 +74,7 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
                 except Exception as exc:  # the broker goes on; the link says why
                     log.exception("reporting to %s stopped", config.url)
                     broker.uplink_status = lambda: dict(state)
+                    state.pop("warning", None)
                     state.update(
                         link=f"error: {type(exc).__name__}: {exc}"[:300]
                         + f"; trying again in {RESTART_S:g} s",
