@@ -300,12 +300,6 @@ def choose_keyring() -> KeyringChoice:
     return _bounded(lambda: judge(keyring.get_keyring()), "finding a backend")
 
 
-def keyring_usable() -> tuple[bool, str]:
-    """Whether the keyring backend of this process is accepted, and its name (or why not)."""
-    choice = choose_keyring()
-    return choice.refusal is None, choice.refusal or choice.name
-
-
 def _plaintext_stores(choice: KeyringChoice | None) -> list[Any]:
     """Plaintext backends worth looking in for a key put there before rbroker refused them:
     the chosen backend when it is one, and keyrings.alt's PlaintextKeyring when installed.
