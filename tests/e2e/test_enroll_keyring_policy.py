@@ -301,19 +301,30 @@ def test_a_broker_under_another_account_names_it(coordinator: CoordinatorProcess
         pw = pwd.getpwnam(user)
         subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", str(data)], check=True)
 
-        # the service account asks its own keyring (empty), then has no keyring at all
-        for n, backend in enumerate((ENCRYPTED, "keyring.backends.fail.Keyring")):
+        # a key file that only this account can read, in a data dir the service account owns
+        filed = root / "data-file"
+        done = enroll_cli(
+            coordinator.url, coordinator.new_code(), filed, "lab-svc-file", "--key-file"
+        )
+        assert done.returncode == 0, done.stderr
+        file_id = json.loads((filed / "uplink.json").read_text())["computer_id"]
+        shutil.chown(filed, user)
+        shutil.chown(filed / "uplink.json", user)
+
+        # the service account asks its own keyring (empty), then has no keyring at all, then
+        # finds a key file it may not read
+        cases = [
+            (data, computer_id, ENCRYPTED),
+            (data, computer_id, "keyring.backends.fail.Keyring"),
+            (filed, file_id, ENCRYPTED),
+        ]
+        for n, (data_dir, enrolled_as, backend) in enumerate(cases):
             sock = str(root / "run" / f"broker-{n}.sock")
             log = open(root / f"broker-{n}.log", "wb")  # noqa: SIM115 - closed with the process
             args = ["runuser", "-u", user, "--", "env", f"PYTHONPATH={REPO}"]
             args += [f"PYTHON_KEYRING_BACKEND={backend}", *python, "broker", "--socket", sock]
-            args += ["--simulate", str(root / "scenario.toml"), "--data-dir", str(data)]
-            proc = subprocess.Popen(
-                args,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd="/",
-            )
+            args += ["--simulate", str(root / "scenario.toml"), "--data-dir", str(data_dir)]
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd="/")
             log.close()
             procs.append(proc)
             wait_until(lambda s=sock: _answers(s), timeout_s=30)
@@ -325,18 +336,26 @@ def test_a_broker_under_another_account_names_it(coordinator: CoordinatorProcess
                     ),
                     timeout_s=20,
                 )
-            assert isinstance(link, dict) and link["computer_id"] == computer_id
+                # leasing goes on
+                lease = c.call("lease.acquire", mib=1024, project="t", session="s", purpose="p")
+                c.call("lease.release", lease_id=lease["lease"]["lease_id"])
+            assert isinstance(link, dict) and link["computer_id"] == enrolled_as
             text = link["link"]
-            print(f"as {user} with {backend}: {text}")
-            assert f"OS account {user}" in text and "--key-file" in text, text
-            if backend == ENCRYPTED:
+            print(f"as {user}, {data_dir.name}, {backend}: {text}")
+            assert f"OS account {user}" in text, text
+            if data_dir == filed:
+                key_file = filed / "computer.key"
+                assert f"cannot read {key_file} as OS account {user}: Permission denied" in text
+                assert f"it belongs to {ME}: run the broker as {ME}, or chown" in text, text
+            elif backend == ENCRYPTED:
                 assert f"not in rbroker test keyring (encrypted) of OS account {user}" in text
-                assert f"enroll as {user}" in text, text
+                assert f"enroll as {user}" in text and "--key-file" in text, text
                 done = rbroker_cli("status", "--socket", sock)
                 assert "coordinator: key unavailable: the private key is not in" in done.stdout
                 assert f"OS account {user}" in done.stdout, done.stdout
             else:
                 assert f"cannot use the OS keyring of OS account {user}: no OS keyring" in text
+                assert "--key-file" in text, text
             proc.send_signal(signal.SIGTERM)
             proc.wait(20)
     finally:

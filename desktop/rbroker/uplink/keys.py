@@ -353,7 +353,7 @@ class KeyringKeyStore:
         return (
             f"Install and unlock an OS keyring for {self.os_account} ({ACCEPTED_TEXT}), or "
             "enroll with --key-file to keep the key in a 0600 file in the data dir "
-            f"({self.data_dir})"
+            f"({self.data_dir}; add --new-identity when it is enrolled already)"
         )
 
     def _backend(self) -> Any:
