@@ -9,6 +9,8 @@ A working keyring (a test backend shared by processes): the broker reads its key
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import stat
 import time
 from collections.abc import Callable
@@ -25,7 +27,7 @@ from tests.e2e.conftest import (
 
 NO_KEYRING = "keyring.backends.fail.Keyring"
 HANGING = "tests.e2e.keyring_backends.HangingKeyring"
-FILE_BACKED = "tests.e2e.keyring_backends.FileBackedKeyring"
+ENCRYPTED = "tests.e2e.keyring_backends.EncryptedFileKeyring"
 
 
 def _env(backend: str, **extra: str) -> dict[str, str]:
@@ -61,7 +63,7 @@ def test_enroll_key_storage_and_refusals(coordinator: CoordinatorProcess) -> Non
     # --key-file: the same code now works; the key is a 0600 file in the data dir
     done = enroll_cli(coordinator.url, code, data, "lab-1", "--key-file", env=_env(NO_KEYRING))
     assert done.returncode == 0, done.stderr
-    assert "0600 key file" in done.stderr
+    assert f"private key kept in the key file {data / 'computer.key'} (mode 0600)" in done.stderr
     config = json.loads((data / "uplink.json").read_text())
     assert config["key_backend"] == "file" and config["url"] == coordinator.url
     key_file = data / "computer.key"
@@ -151,7 +153,7 @@ def test_enroll_into_a_keyring_while_the_broker_runs(
     """The default path: the key in a (test) keyring shared by processes; a running broker
     picks up the new enrollment by itself and starts reporting."""
     store = tmp_path / "keyring.json"
-    env = _env(FILE_BACKED, RBROKER_TEST_KEYRING_FILE=str(store))
+    env = _env(ENCRYPTED, RBROKER_TEST_KEYRING_FILE=str(store))
     root = short_tmp()
     broker = start_broker(SINGLE_24G, root=root, env=env)
     try:
@@ -163,12 +165,15 @@ def test_enroll_into_a_keyring_while_the_broker_runs(
         done = enroll_cli(coordinator.url, coordinator.first_code, root / "data", "lab-k", env=env)
         enrolled_at = time.monotonic()
         assert done.returncode == 0, done.stderr
-        assert "the OS keyring" in done.stderr
+        account = pwd.getpwuid(os.geteuid()).pw_name
+        where = f"rbroker test keyring (encrypted) of OS account {account} (service rbroker"
+        assert f"private key kept in {where}" in done.stderr, done.stderr
         config = json.loads((root / "data" / "uplink.json").read_text())
         assert config["key_backend"] == "keyring"
         assert not (root / "data" / "computer.key").exists()
         entries = json.loads(store.read_text())
         assert len(entries) == 1 and next(iter(entries)).startswith("rbroker/computer-key-")
+        assert next(iter(entries.values())).startswith("secretbox:")  # stored encrypted
 
         wait_until(
             lambda: coordinator.computer(config["computer_id"])["reports_applied"] > 0,
@@ -179,6 +184,10 @@ def test_enroll_into_a_keyring_while_the_broker_runs(
         with broker.client() as c:
             link = c.status()["coordinator"]
         assert link["link"] == "ok" and link["computer_id"] == config["computer_id"], link
+        assert link["key"].startswith(where), link
+        done = rbroker_cli("status", "--socket", broker.socket)
+        assert f"private key: {where}" in done.stdout, done.stdout
+        assert "warning" not in done.stdout
     finally:
         broker.stop()
 

@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--key-file",
         action="store_true",
-        help="keep the private key in a 0600 file in the data dir (no OS keyring here)",
+        help="keep the private key in a 0600 file in the data dir (where no OS keyring that "
+        "keeps it encrypted exists: a server, a service account)",
     )
     e.add_argument(
         "--new-identity",

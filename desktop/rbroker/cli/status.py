@@ -1,4 +1,5 @@
-"""`rbroker status`: the broker's GPUs (capacity split), leases and queue."""
+"""`rbroker status`: the broker's GPUs (capacity split), leases and queue, the coordinator
+link, where the private key is, and a warning when the enrollment needs fixing."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import json
 
 from rich.console import Console
+from rich.text import Text
 
 import rbroker
 from rbroker.cli.views import broker_view
@@ -33,5 +35,10 @@ def run_status(args: argparse.Namespace) -> int:
     )
     if source == "simulated":
         header += "  [no real GPU is read]"
+    link = status["coordinator"]
+    if link.get("key"):
+        header += f"\nprivate key: {link['key']}"
     console.print(broker_view(gpus, leases, header))
+    if link.get("warning"):
+        console.print(Text(f"warning: {link['warning']}", style="bold yellow"))
     return 0

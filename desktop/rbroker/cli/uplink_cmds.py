@@ -18,11 +18,13 @@ from rbroker.localapi.paths import default_data_dir
 
 def run_enroll(args: argparse.Namespace) -> int:
     """Enroll; exit 0, or 1 with the reason."""
-    from rbroker.uplink.enroll import EnrollError, enroll
+    from rbroker.uplink.enroll import EnrollError, enroll, store_for
+    from rbroker.uplink.keys import KeyStoreError, os_account
 
     console = Console(stderr=True)
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     name = args.name or socket.gethostname()
+    notes: list[str] = []
     try:
         config = enroll(
             args.url,
@@ -32,16 +34,24 @@ def run_enroll(args: argparse.Namespace) -> int:
             ca_file=args.ca_file,
             key_file=args.key_file,
             new_identity=args.new_identity,
+            notes=notes,
         )
     except EnrollError as exc:
         console.print(f"[red]rbroker enroll:[/] {exc}")
         return 1
-    where = "a 0600 key file in the data dir" if config.key_backend == "file" else "the OS keyring"
+    try:
+        where = store_for(config, data_dir).where()
+    except KeyStoreError as exc:  # stored a moment ago; the keyring stopped answering since
+        where = f"the OS keyring ({exc})"
+    who = "" if config.key_backend == "file" else f" running as OS account {os_account()}"
     console.print(
         f"enrolled [bold]{config.name}[/] as {config.computer_id} in group {config.group} at "
-        f"{config.url}; private key kept in {where}. A broker using {data_dir} starts "
-        "reporting within seconds."
+        f"{config.url}; private key kept in {where}. A broker{who} using {data_dir} starts "
+        "reporting within seconds.",
+        highlight=False,
     )
+    for note in notes:
+        console.print(note, highlight=False)
     return 0
 
 

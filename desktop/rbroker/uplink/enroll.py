@@ -43,11 +43,15 @@ def enroll(
     key_file: bool = False,
     new_identity: bool = False,
     timeout_s: float = 15.0,
+    notes: list[str] | None = None,
 ) -> UplinkConfig:
     """Create a key pair, keep the private key, register the public key, save the config.
 
     Never replaces an identity silently: when this data dir is already enrolled, it
     refuses unless `new_identity` (and then the coordinator shows a second computer).
+    The key goes into an accepted OS keyring (see `rbroker.uplink.keys.judge`) or, with
+    `key_file`, a 0600 file; after success an unencrypted copy of this data dir's old key
+    left in a plaintext keyring backend is deleted, and `notes` (when given) says so.
 
     Raises:
         EnrollError: already enrolled, the key cannot be stored, or the coordinator refused.
@@ -127,6 +131,9 @@ def enroll(
         ca_file=str(Path(ca_file).resolve()) if ca_file else None,
     )
     config.save(data_dir)
+    removed = KeyringKeyStore(data_dir).forget_plaintext_copies()
+    if removed and notes is not None:
+        notes.append(f"removed the old identity's unencrypted key from {', '.join(removed)}")
     return config
 
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rbroker.broker.service import Broker
 from rbroker.uplink.config import UplinkConfig
 from rbroker.uplink.enroll import store_for
-from rbroker.uplink.keys import KeyStoreError
+from rbroker.uplink.keys import KeyStoreError, PlaintextKeyError
 from rbroker.uplink.reporter import Reporter
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,10 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
     """Wait for `uplink.json` (written by `rbroker enroll`), then report until cancelled;
     a changed or removed `uplink.json` ends the reporter and is read again.
 
-    A missing or unreadable key never stops the broker: the link state says why.
+    A missing or unreadable key never stops the broker: the link state says why, naming
+    the OS account the broker runs as and the store it asked. While reporting, `key` says
+    where the key is. A key found in a plaintext keyring backend is not used: the link says
+    so and `warning` carries the fix.
     """
     state: dict[str, Any] = {"link": "not enrolled", "last_report_at": None}
     broker.uplink_status = lambda: dict(state)
@@ -34,31 +38,43 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
         try:
             config = UplinkConfig.load(data_dir)
         except ValueError as exc:
+            state.pop("warning", None)
             state.update(link=f"config error: {exc}")
             config = None
         if config is not None and config.ca_file and not Path(config.ca_file).is_file():
+            state.pop("warning", None)
             state.update(
                 link=f"config error: the coordinator's CA file {config.ca_file} is missing",
                 computer_id=config.computer_id,
             )
             config = None
         if config is not None:
+            store = store_for(config, data_dir)
+            warning = None
             try:
-                key = await asyncio.to_thread(store_for(config, data_dir).load)
-                why = "the private key is missing"
+                key = await asyncio.to_thread(store.load)
+                why = "" if key is not None else store.missing_message()
+            except PlaintextKeyError as exc:
+                key, why = None, str(exc)
+                warning = f"{exc}. Not reporting until then; leasing goes on"
             except KeyStoreError as exc:
                 key, why = None, str(exc)
             if key is None:
+                state.pop("warning", None)
                 state.update(link=f"key unavailable: {why}", computer_id=config.computer_id)
+                if warning:
+                    state["warning"] = warning
             if key is not None:
                 reporter = Reporter(broker, config, key)
-                broker.uplink_status = reporter.status
+                where = store.description if config.key_backend != "file" else store.where()
+                broker.uplink_status = _with_key(reporter.status, where)
                 log.info("reporting to %s as %s", config.url, config.computer_id)
                 try:
                     await _report_until_changed(reporter, data_dir, config)
                 except Exception as exc:  # the broker goes on; the link says why
                     log.exception("reporting to %s stopped", config.url)
                     broker.uplink_status = lambda: dict(state)
+                    state.pop("warning", None)
                     state.update(
                         link=f"error: {type(exc).__name__}: {exc}"[:300]
                         + f"; trying again in {RESTART_S:g} s",
@@ -72,6 +88,11 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
                 broker.uplink_status = lambda: dict(state)
                 continue
         await asyncio.sleep(CONFIG_POLL_S)
+
+
+def _with_key(status: Callable[[], dict[str, Any]], where: str) -> Callable[[], dict[str, Any]]:
+    """`status` with `key`: where the private key in use lives."""
+    return lambda: {**status(), "key": where}
 
 
 async def _report_until_changed(reporter: Reporter, data_dir: Path, config: UplinkConfig) -> None:
