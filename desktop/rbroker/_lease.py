@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket as _socket
+import sys
 import threading
 import time
 import uuid
@@ -52,6 +54,40 @@ class Lease:
         """Raise the heartbeat's error if the lease was lost (expired, broker gone)."""
         if self.lost and self.error is not None:
             raise self.error
+
+
+DEFAULT_PROJECT = "default"
+"""The project of a lease that names none (as `rbroker run --project`'s default)."""
+
+_PROGRAM_NAME_MAX = 64
+
+
+def program_name() -> str:
+    """The running program's name, for the default session and purpose of a lease.
+
+    `python train.py` → `train.py`; `python -m pkg.train` → `pkg.train`; `python -c`, an
+    interactive interpreter or a notebook → `python`. Only the name, never the path or the
+    arguments (they stay in this process, as with `rbroker run`); at most 64 characters.
+    """
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    name = ""
+    spec_name = str(getattr(spec, "name", None) or "")
+    if spec_name:
+        name = spec_name.removesuffix(".__main__")
+    elif sys.argv and sys.argv[0] not in ("", "-c", "-"):
+        name = os.path.basename(sys.argv[0])
+    return (name.strip() or "python")[:_PROGRAM_NAME_MAX]
+
+
+def _descriptions(project: str, session: str | None, purpose: str | None) -> tuple[str, str, str]:
+    """Fill in the defaults `rbroker run` uses: session = the program's name, purpose =
+    `run <program name>`."""
+    if session is None or purpose is None:
+        program = program_name()
+        session = program if session is None else session
+        purpose = f"run {program}" if purpose is None else purpose
+    return project, session, purpose
 
 
 RECONNECT_WINDOW_S = 30.0
@@ -299,9 +335,9 @@ def _acquire(
 def lease(
     mib: int,
     *,
-    project: str,
-    session: str,
-    purpose: str,
+    project: str = DEFAULT_PROJECT,
+    session: str | None = None,
+    purpose: str | None = None,
     wait_s: float = 0.0,
     gpus: int = 1,
     gpu_uuid: str | None = None,
@@ -315,11 +351,19 @@ def lease(
     renews every `ttl_s`/3 from a background thread, releases on exit (also on
     exceptions; a crash or kill frees it through the closed connection).
 
+    The descriptions default as in `rbroker run`: `project="default"`, `session` the
+    program's name (`program_name()`), `purpose="run <program name>"`.
+
+    With PyTorch (or any CUDA library), take the lease before CUDA initialises and set
+    `os.environ["CUDA_VISIBLE_DEVICES"] = lease.cuda_visible_devices` first: the granted
+    GPU is then `cuda:0` inside the process (docs/architecture.md §6a).
+
     Raises:
         CapacityUnavailable / WaitTimeout: no room now / within `wait_s`.
         Infeasible: can never fit here. DescriptionRejected: a description broke a rule.
         TelemetryUnavailable: the GPU's telemetry is failing. BrokerUnavailable: no broker.
     """
+    project, session, purpose = _descriptions(project, session, purpose)
     holder = _acquire(mib, project, session, purpose, wait_s, gpus, gpu_uuid, ttl_s, adopt, socket)
     try:
         yield holder.lease
@@ -331,9 +375,9 @@ def lease(
 async def alease(
     mib: int,
     *,
-    project: str,
-    session: str,
-    purpose: str,
+    project: str = DEFAULT_PROJECT,
+    session: str | None = None,
+    purpose: str | None = None,
     wait_s: float = 0.0,
     gpus: int = 1,
     gpu_uuid: str | None = None,
@@ -344,8 +388,9 @@ async def alease(
     """`async with rbroker.alease(...)`: `lease()` for asyncio code.
 
     Waiting happens in a worker thread, heartbeats on their own thread, so a busy event loop
-    cannot let the lease expire. Raises like `lease()`.
+    cannot let the lease expire. Defaults and errors as for `lease()`.
     """
+    project, session, purpose = _descriptions(project, session, purpose)
     holder = await asyncio.to_thread(
         _acquire, mib, project, session, purpose, wait_s, gpus, gpu_uuid, ttl_s, adopt, socket
     )
