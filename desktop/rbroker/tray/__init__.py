@@ -54,6 +54,12 @@ def run_tray(args: argparse.Namespace) -> int:
     if not qt_available():
         print(MISSING_QT, file=sys.stderr)
         return 1
+    from rbroker.tray.xcb import check
+
+    problem = check()  # before Qt: a plugin that cannot load would abort without names
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 1
     from rbroker.tray.app import run
 
     return run(args)
