@@ -140,3 +140,14 @@ def test_every_code_block_is_valid(path: Path) -> None:
         elif b.lang == "toml":
             gpus = parse_scenario(textwrap.dedent(b.code))
             assert gpus, b.where
+
+
+def test_test_paths_and_markers_the_readme_names_exist() -> None:
+    text = README.read_text(encoding="utf-8")
+    paths = set(re.findall(r"\btests/[\w/]+\.py\b", text))
+    assert paths, "the README names no test files"
+    missing = sorted(p for p in paths if not (ROOT / p).is_file())
+    assert not missing, f"the README names test files that do not exist: {missing}"
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    for marker in set(re.findall(r'-m "not (\w+)"', text)) | {"slow", "gpu"}:
+        assert f'"{marker}:' in pyproject, f"marker {marker} is not declared in pyproject.toml"

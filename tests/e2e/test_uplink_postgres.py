@@ -2,44 +2,30 @@
 balancer, DESIGN §7): brokers reporting to either instance appear in both fleets; when one
 instance stops, the computers reporting to it go stale while the others stay online.
 
-Runs where `RBROKER_TEST_PG_URL` names a PostgreSQL database (a fresh schema is made and
-dropped); skipped otherwise.
+Runs where `RBROKER_TEST_PG_URL` names a PostgreSQL server and database (see `tests.pg`: a
+fresh schema is made and dropped, the database created when missing); skipped otherwise.
 """
 
 from __future__ import annotations
 
-import os
-import secrets
 from collections.abc import Callable, Iterator
-from urllib.parse import quote
 
 import pytest
-import sqlalchemy as sa
 
 from tests.conftest import wait_until
 from tests.e2e.conftest import CoordinatorProcess, UplinkBroker, by_name
+from tests.pg import pg_base_url, scratch_schema
 
-PG_ENV = "RBROKER_TEST_PG_URL"
+__all__ = ["pg_base_url"]  # a fixture for this module
+
 STALE_AFTER_S = 8.0
 
 
 @pytest.fixture
-def pg_database_url() -> Iterator[str]:
-    """A fresh PostgreSQL schema as a database URL; dropped afterwards."""
-    base = os.environ.get(PG_ENV)
-    if not base:
-        pytest.skip(f"PostgreSQL variant: set {PG_ENV} (e.g. postgresql+psycopg://…/test)")
-    schema = f"rbe_{os.getpid()}_{secrets.token_hex(4)}"
-    engine = sa.create_engine(base)
-    try:
-        with engine.begin() as conn:
-            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-        sep = "&" if "?" in base else "?"
-        yield f"{base}{sep}options={quote(f'-csearch_path={schema}')}"
-        with engine.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-    finally:
-        engine.dispose()
+def pg_database_url(pg_base_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL schema as a database URL; dropped afterwards, also on failure."""
+    with scratch_schema(pg_base_url, "rbe") as url:
+        yield url
 
 
 def test_two_coordinator_instances_on_one_postgresql_database(

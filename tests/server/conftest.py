@@ -2,16 +2,15 @@
 
 `coordinator` runs once on a fresh SQLite file and once on a fresh PostgreSQL schema when
 `RBROKER_TEST_PG_URL` is set (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test);
-the schema is dropped afterwards. `coordinator_factory(**settings)` makes more, with
-settings changed (small freshness thresholds, short history windows).
+the schema is dropped afterwards, also when the test fails, and the database is created
+for the session when it does not exist (`tests.pg`). `coordinator_factory(**settings)`
+makes more, with settings changed (small freshness thresholds, short history windows).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
-import secrets
 import socket
 import threading
 import time
@@ -19,7 +18,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import nacl.signing
@@ -34,14 +32,11 @@ from rbroker_server import db
 from rbroker_server.admin import service as admin
 from rbroker_server.app import create_app
 from rbroker_server.settings import Settings
+from tests.pg import PG_ENV, pg_base_url, pg_url, scratch_schema
 
-PG_ENV = "RBROKER_TEST_PG_URL"
+__all__ = ["PG_ENV", "pg_base_url", "pg_url"]  # pg_base_url: a fixture for these tests
 
 GPU_A = "GPU-5a1e0000-0000-0000-0000-000000000001"
-
-
-def pg_url() -> str | None:
-    return os.environ.get(PG_ENV) or None
 
 
 def payload(
@@ -217,24 +212,14 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def database_url(backend: str, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty database: a SQLite file, or a new PostgreSQL schema dropped afterwards."""
+def database_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh, empty database: a SQLite file, or a new PostgreSQL schema dropped afterwards
+    (also when the test fails)."""
     if backend == "sqlite":
         yield f"sqlite:///{(tmp_path / 'data' / 'rbroker-server.db').as_posix()}"
         return
-    base = pg_url()
-    assert base is not None
-    schema = f"rbt_{os.getpid()}_{secrets.token_hex(4)}"
-    admin_engine = sa.create_engine(base)
-    with admin_engine.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    sep = "&" if "?" in base else "?"
-    try:
-        yield f"{base}{sep}options={quote(f'-csearch_path={schema}')}"
-    finally:
-        with admin_engine.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-        admin_engine.dispose()
+    with scratch_schema(request.getfixturevalue("pg_base_url"), "rbt") as url:
+        yield url
 
 
 @pytest.fixture

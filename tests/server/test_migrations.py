@@ -5,14 +5,12 @@ from __future__ import annotations
 import re
 import secrets
 
-import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from rbroker_server import db
 from rbroker_server.models import metadata
-from tests.server.conftest import PG_ENV, pg_url
 
 
 def test_revision_files_are_dated() -> None:
@@ -47,10 +45,8 @@ def test_sqlite_pragmas(tmp_path) -> None:  # type: ignore[no-untyped-def]
         engine.dispose()
 
 
-def test_setup_creates_a_missing_postgresql_database() -> None:
-    base = pg_url()
-    if base is None:
-        pytest.skip(f"PostgreSQL variant: set {PG_ENV}")
+def test_setup_creates_a_missing_postgresql_database(pg_base_url: str) -> None:
+    base = pg_base_url
     name = f"rbt_db_{secrets.token_hex(4)}"
     url = sa.engine.make_url(base).set(database=name)
     admin = sa.create_engine(sa.engine.make_url(base), isolation_level="AUTOCOMMIT")
