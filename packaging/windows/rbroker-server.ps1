@@ -37,7 +37,7 @@ $env:RBROKER_SERVER_DATA_DIR = $DataDir
 $Exe = Join-Path $PSScriptRoot "venv\Scripts\rbroker-server.exe"
 if (-not (Test-Path $Exe)) {
     $found = Get-Command rbroker-server -ErrorAction SilentlyContinue
-    if (-not $found) { throw "rbroker-server not found: pip install 'rbroker[server]' into .\venv next to this script" }
+    if (-not $found) { throw "rbroker-server not found: pip install the rbroker wheel (dist\rbroker-<version>-py3-none-any.whl[server], built with uv build in a clone) into .\venv next to this script" }
     $Exe = $found.Source
 }
 

@@ -12,9 +12,13 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from rbroker._version import __version__
+
 MISSING_QT = (
     "rbroker tray needs PySide6, which is not installed.\n"
-    "Install the desktop extra:  pip install 'rbroker[desktop]'"
+    "Install rbroker with its desktop extra, from the wheel built in a clone (uv build):\n"
+    f"  pip install 'dist/rbroker-{__version__}-py3-none-any.whl[desktop]'\n"
+    "or, in the clone itself:  pip install '.[desktop]'"
 )
 
 

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+import rbroker
 from rbroker.cli.main import build_parser, main
 
 
@@ -21,7 +22,9 @@ def test_missing_pyside6_names_the_extra(
 ) -> None:
     monkeypatch.setitem(sys.modules, "PySide6", None)  # what `import PySide6` sees when absent
     assert main(["tray"]) == 1
-    assert "pip install 'rbroker[desktop]'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"pip install 'dist/rbroker-{rbroker.__version__}-py3-none-any.whl[desktop]'" in err
+    assert "pip install '.[desktop]'" in err
 
 
 def test_gui_script_entry_point_shares_the_message(
@@ -31,4 +34,4 @@ def test_gui_script_entry_point_shares_the_message(
 
     monkeypatch.setitem(sys.modules, "PySide6", None)
     assert tray_main([]) == 1
-    assert "rbroker[desktop]" in capsys.readouterr().err
+    assert "py3-none-any.whl[desktop]" in capsys.readouterr().err
