@@ -47,6 +47,12 @@ def test_per_connection_limits_match_the_code() -> None:
     assert jsonrpc.MAX_LINE_BYTES == 64 * 1024 and "64 KiB" in api
     assert f"{server.MAX_IN_FLIGHT:,}".replace(",", " ") in api
     assert f"{server.MAX_EVENT_BACKLOG:,}".replace(",", " ") in api
+    assert f"at most {server.MAX_CONNECTIONS_PER_USER} open connections" in api
+    assert server.MAX_UNSENT_BYTES == 4 * 1024 * 1024 and "less than 4 MiB" in api
+    assert f"within {server.LINE_TIMEOUT_S:g} s" in api
+    assert f"for {server.UNSENT_DROP_AFTER_S:g} s" in api
+    for method in sorted(server.LocalApi(None, "unused").admin_methods):  # type: ignore[arg-type]
+        assert f"`{method}`" in api.split("**Administrative methods.**")[1].split("\n\n")[0]
 
 
 def test_scenario_format_matches_the_parser() -> None:
