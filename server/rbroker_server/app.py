@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import anyio.to_thread
 import sqlalchemy as sa
 from litestar import Litestar, get
+from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.exceptions import ServiceUnavailableException
 from litestar.openapi import OpenAPIConfig
@@ -20,6 +21,7 @@ from rbroker_protocol import signing
 from rbroker_server import __version__, db, maintenance
 from rbroker_server.enroll.controller import EnrollController
 from rbroker_server.fleet.controller import FleetController
+from rbroker_server.net import STATE_TRUSTED, PrefixStrip, parse_networks
 from rbroker_server.reports.controller import ReportsController
 from rbroker_server.settings import Settings
 
@@ -95,7 +97,7 @@ def create_app(
             if owned:
                 eng.dispose()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[healthz, EnrollController, ReportsController, FleetController],
         dependencies={
             "engine": Provide(lambda: eng, use_cache=True, sync_to_thread=False),
@@ -110,4 +112,8 @@ def create_app(
             path="/schema",
             components=Components(security_schemes=SECURITY_SCHEMES),
         ),
+        state=State({STATE_TRUSTED: parse_networks(settings.trusted_proxies)}),
     )
+    if settings.root_path:  # behind a proxy under a prefix: route with or without it
+        app.asgi_handler = PrefixStrip(app.asgi_handler, settings.root_path)
+    return app

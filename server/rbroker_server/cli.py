@@ -128,6 +128,8 @@ def cmd_setup(args: argparse.Namespace) -> int:
         tls_cert=str(Path(cert).resolve()) if cert else "",
         tls_key=str(Path(key).resolve()) if key else "",
         tls_ca=ca,
+        external_url=args.external_url or "",
+        trusted_proxies=tuple(args.trusted_proxy or ()),
     )
     config = settings.save()
     if db.ensure_database(settings.db_url):
@@ -141,8 +143,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
         code = admin.create_enroll_code(engine, group_name, settings.enroll_code_ttl_s)
     finally:
         engine.dispose()
-    scheme = "https" if settings.tls_enabled else "http"
-    url = f"{scheme}://{hostname}:{port}"
+    url = settings.base_url
     print(f"config written:   {config}")
     print(f"database:         {_redact_url(settings.db_url)}")
     if ca:
@@ -153,7 +154,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
     print(f"viewer token:     {token.text}")
     print(f"enrollment code:  {code.text}  (one use, expires {_fmt_time(code.expires_at)})")
     print(f"next: rbroker-server serve --data-dir {data_dir}")
-    ca_hint = f" --ca-file {ca}" if ca else ""
+    ca_hint = f" --ca-file {ca}" if ca and not settings.external_url else ""
     print(f"on a computer: rbroker enroll {url} {code.text}{ca_hint}")
     return 0
 
@@ -179,12 +180,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ssl: dict[str, str] = {}
     if settings.tls_enabled:
         ssl = {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key}
+    trusted = list(settings.trusted_proxies)
     uvicorn.run(
         create_app(settings),
         host=host,
         port=port,
         log_level=args.log_level,
-        proxy_headers=False,
+        # access logs name the client behind the configured proxies only (the same rule
+        # as rbroker_server.net.client_address); no proxy configured: the peer itself
+        proxy_headers=bool(trusted),
+        forwarded_allow_ips=trusted or None,
         server_header=False,
         **ssl,  # type: ignore[arg-type]
     )
@@ -319,6 +324,15 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--san", action="append", help="extra DNS name or IP for --self-signed")
     setup.add_argument("--database-url", help="e.g. postgresql+psycopg://user@host:5432/rbroker")
     setup.add_argument("--group", default="default", help="name of the first group")
+    setup.add_argument(
+        "--external-url",
+        help="the URL behind a reverse proxy, e.g. https://lab.example.org/rbroker/",
+    )
+    setup.add_argument(
+        "--trusted-proxy",
+        action="append",
+        help="address or network of a reverse proxy whose X-Forwarded-For is believed",
+    )
     setup.add_argument("--non-interactive", action="store_true", help="never prompt")
     setup.add_argument("--force", action="store_true", help="rewrite an existing config")
 

@@ -6,10 +6,12 @@ Nothing here runs at import time; `create_app(settings)` and the CLI pass settin
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 CONFIG_NAME = "config.toml"
 """File name of the configuration inside the data dir."""
@@ -37,6 +39,13 @@ class Settings:
         request_window_s: how far a signed request's timestamp may be from server time.
         max_body_bytes: the largest request body (reports included), 1 MiB.
         enroll_code_ttl_s: default lifetime of enrollment codes.
+        external_url: the URL computers and browsers use when a reverse proxy serves the
+            coordinator, e.g. `https://lab.example.org/rbroker/`; its path is the prefix
+            the proxy adds (signed fleet reads are verified against it). Empty: served
+            directly at `https://public_hostname:bind_port/`.
+        trusted_proxies: addresses or networks (`127.0.0.1`, `10.0.0.0/8`, `::1`) of reverse
+            proxies whose `X-Forwarded-For` gives the client address for rate limits and
+            logs; from any other peer the header is ignored.
     """
 
     data_dir: Path = field(default_factory=lambda: Path("rbroker-server-data"))
@@ -57,6 +66,8 @@ class Settings:
     request_window_s: float = 60.0
     max_body_bytes: int = 1024 * 1024
     enroll_code_ttl_s: float = 24 * 3600.0
+    external_url: str = ""
+    trusted_proxies: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 < self.stale_after_s <= self.offline_after_s:
@@ -65,6 +76,37 @@ class Settings:
             raise ValueError("history_step_s and history_window_s must be positive")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")
+        if self.external_url:
+            parts = urlsplit(self.external_url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ValueError(
+                    f"external_url must be an http(s) URL like https://lab.example.org/rbroker/,"
+                    f" not {self.external_url!r}"
+                )
+            if parts.query or parts.fragment:
+                raise ValueError("external_url must not have a query or a fragment")
+        object.__setattr__(self, "trusted_proxies", tuple(self.trusted_proxies))
+        for entry in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"trusted_proxies: {entry!r} is not an IP address or network"
+                ) from None
+
+    @property
+    def root_path(self) -> str:
+        """The path prefix of `external_url` without its trailing `/` ('' at the root),
+        percent-encoded as in the URL (e.g. `/rbroker`)."""
+        return urlsplit(self.external_url).path.rstrip("/") if self.external_url else ""
+
+    @property
+    def base_url(self) -> str:
+        """The URL computers enroll at: `external_url`, else the direct address."""
+        if self.external_url:
+            return self.external_url.rstrip("/")
+        scheme = "https" if self.tls_enabled else "http"
+        return f"{scheme}://{self.public_hostname}:{self.bind_port}"
 
     @property
     def db_url(self) -> str:
@@ -100,6 +142,11 @@ class Settings:
             if key == "data_dir":
                 continue
             default = getattr(cls(), key)
+            if isinstance(default, tuple):
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ValueError(f"{path}: {key} must be a list of strings")
+                values[key] = tuple(value)
+                continue
             values[key] = type(default)(value)
         return cls(data_dir=Path(data_dir), **values)
 
@@ -124,6 +171,8 @@ def _toml_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     text = str(value)
     escaped = text.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'

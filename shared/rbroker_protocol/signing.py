@@ -11,9 +11,15 @@ Ed25519 signature (base64) over::
 produce the same signed bytes. `verify_report` returns the payload bytes only when the
 signature holds; the caller parses them afterwards, never before.
 
-Fleet reads by an enrolled computer are signed the same way over the method, the path
-with its query, a Unix timestamp and a random nonce (`sign_request` / `verify_request`):
-the server accepts a timestamp within a short window and each nonce once.
+Fleet reads by an enrolled computer are signed the same way over the method, the request
+target (the path with its query) exactly as the client sent it on the wire, a Unix
+timestamp and a random nonce (`sign_request` / `verify_request`): the server accepts a
+timestamp within a short window and each nonce once. Behind a reverse proxy that serves
+the coordinator under a path prefix, the target includes the prefix (`/rbroker/api/v1/fleet`)
+and the server verifies against its external path: the configured prefix joined with the
+path it received. Both sides first bring the target to `canonical_target` form (RFC 3986
+§6.2.2.1-2 percent-encoding normalization), so `%7e` and `~`, or `%c3%a9` and `%C3%A9`,
+sign the same while `%2F` and `/` stay different.
 
 Exceptions::
 
@@ -100,8 +106,56 @@ def report_message(computer_id: str, run_id: str, seq: int, payload: bytes) -> b
     )
 
 
+_UNRESERVED: Final = frozenset(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~"
+)
+_TARGET_SAFE: Final = _UNRESERVED | frozenset(b"!$&'()*+,;=:@/?")
+"""Bytes a request target carries as they are: RFC 3986 pchar, `/` and `?`."""
+_HEX: Final = frozenset(b"0123456789abcdefABCDEF")
+
+
+def canonical_target(target: str) -> str:
+    """The request target (path with query) in the form a request signature covers.
+
+    RFC 3986 §6.2.2.1-2 normalization of percent-encoding: an escape of an unreserved
+    character (`A-Z a-z 0-9 - . _ ~`) becomes the character, other escapes get upper-case
+    hex digits, and any byte outside `pchar / "/" / "?"` (a space, non-ASCII text as UTF-8,
+    a `%` that starts no escape) is escaped. Reserved characters keep their form: `%2F` is
+    not `/`. Nothing else changes (no dot-segment removal, no slash merging).
+
+    >>> canonical_target("/lab%20tools/r%c3%a9/api/v1/fleet?x=%7e1")
+    '/lab%20tools/r%C3%A9/api/v1/fleet?x=~1'
+    """
+    raw = target.encode("utf-8", "surrogateescape")  # raw bytes decoded with surrogateescape
+    out = bytearray()
+    i = 0
+    while i < len(raw):
+        byte = raw[i]
+        if byte == 0x25 and i + 2 < len(raw) and raw[i + 1] in _HEX and raw[i + 2] in _HEX:
+            value = int(raw[i + 1 : i + 3], 16)
+            out += bytes([value]) if value in _UNRESERVED else b"%%%02X" % value
+            i += 3
+            continue
+        out += bytes([byte]) if byte in _TARGET_SAFE else b"%%%02X" % byte
+        i += 1
+    return out.decode("ascii")
+
+
+def external_target(prefix: str, target: str) -> str:
+    """The target a client sent through a proxy that serves the coordinator under `prefix`.
+
+    `prefix` is the path of the coordinator's external URL (`/rbroker`, `/lab%20tools/rb`,
+    or '' at the root; a trailing `/` is ignored) and `target` the path with query the
+    coordinator received after the proxy (or the coordinator itself) removed the prefix.
+    The result is in `canonical_target` form.
+    """
+    head = canonical_target(prefix).rstrip("/")
+    return head + canonical_target(target)
+
+
 def request_message(computer_id: str, method: str, path: str, timestamp: int, nonce: str) -> bytes:
-    """The exact bytes a request signature covers: context, computer, method, path, time,
+    """The exact bytes a request signature covers: context, computer, method, the request
+    target (`path` with its query, prefix included, in `canonical_target` form), time and
     nonce, each length-prefixed (the timestamp as a signed 64-bit integer)."""
     _check_id("computer_id", computer_id)
     if not _NONCE_PATTERN.match(nonce):
@@ -112,7 +166,7 @@ def request_message(computer_id: str, method: str, path: str, timestamp: int, no
         REQUEST_CONTEXT
         + _lp(computer_id.encode())
         + _lp(method.upper().encode())
-        + _lp(path.encode())
+        + _lp(canonical_target(path).encode())
         + struct.pack(">q", timestamp)
         + _lp(nonce.encode())
     )
@@ -240,7 +294,12 @@ def sign_request(
     timestamp: int,
     nonce: str | None = None,
 ) -> dict[str, str]:
-    """The headers that authenticate one request (`path` includes its query string)."""
+    """The headers that authenticate one request.
+
+    `path` is the request target as it goes on the wire: the path of the full URL the
+    request is sent to (the coordinator's base path, e.g. `/rbroker`, included) with its
+    query string, e.g. `httpx.URL(url).raw_path.decode()`.
+    """
     nonce = nonce or secrets.token_urlsafe(18)
     sig = key.sign(request_message(computer_id, method, path, timestamp, nonce)).signature
     return {
@@ -294,6 +353,9 @@ def verify_request(
     path: str,
 ) -> None:
     """Check the signature of a request (freshness and nonce reuse are the server's part).
+
+    `path` is the target the client sent: behind a prefix, `external_target(prefix, path
+    received)`; it is compared in `canonical_target` form.
 
     Raises:
         BadSignature: the signature does not hold for this method, path, time and nonce.

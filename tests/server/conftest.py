@@ -183,7 +183,11 @@ def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_config=None, log_level="warning", lifespan="on")
+    # as `rbroker-server serve` without trusted proxies: the peer is the connection's
+    # address (uvicorn's default would believe X-Forwarded-For from 127.0.0.1)
+    config = uvicorn.Config(
+        app, log_config=None, log_level="warning", lifespan="on", proxy_headers=False
+    )
     server = uvicorn.Server(config)
 
     def run() -> None:

@@ -58,7 +58,10 @@ def fetch_fleet(
             raise FleetError(f"cannot read this computer's key: {exc}; or pass --token") from None
         if key is None:
             raise FleetError("this computer's private key is missing; pass a viewer --token")
-        headers = sign_request(key, config.computer_id, "GET", path, int(time.time()))
+        # sign the target as it goes on the wire: the base URL's path (a reverse proxy's
+        # prefix, e.g. /rbroker) included, percent-encoded as httpx sends it
+        target = httpx.URL(base + path).raw_path.decode("ascii")
+        headers = sign_request(key, config.computer_id, "GET", target, int(time.time()))
     try:
         response = httpx.get(base + path, headers=headers, verify=verify, timeout=timeout_s)
     except httpx.HTTPError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from litestar import Request
@@ -9,16 +10,23 @@ from litestar.di import NamedDependency
 from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
 from sqlalchemy.engine import Engine
 
+from rbroker_protocol.signing import external_target
 from rbroker_server.auth.service import Forbidden, Scope, Unauthenticated, authenticate
+from rbroker_server.net import client_address
 from rbroker_server.settings import Settings
 
+log = logging.getLogger(__name__)
 
-def request_target(request: Request[Any, Any, Any]) -> str:
-    """The path with its query string, exactly as the client sent it (what it signed)."""
+
+def request_target(request: Request[Any, Any, Any], root_path: str = "") -> str:
+    """The path with its query string as the client sent it (what it signed): the external
+    prefix `root_path` (`Settings.root_path`, e.g. `/rbroker`) joined with the path this
+    server received, in `canonical_target` form."""
     raw = request.scope.get("raw_path")
-    path: str = raw.decode("latin-1") if raw else request.scope["path"]
+    path: str = raw.decode("utf-8", "surrogateescape") if raw else request.scope["path"]
     query = request.scope.get("query_string", b"")
-    return f"{path}?{query.decode('latin-1')}" if query else path
+    target = f"{path}?{query.decode('utf-8', 'surrogateescape')}" if query else path
+    return external_target(root_path, target)
 
 
 def provide_caller(
@@ -29,8 +37,11 @@ def provide_caller(
     """The group this request may read (runs in a worker thread: it touches the database)."""
     headers = {k.lower(): v for k, v in request.headers.items()}
     try:
-        return authenticate(engine, settings, headers, request.method, request_target(request))
+        return authenticate(
+            engine, settings, headers, request.method, request_target(request, settings.root_path)
+        )
     except Unauthenticated as exc:
+        log.info("unauthenticated fleet read from %s: %s", client_address(request), exc)
         raise NotAuthorizedException(str(exc)) from exc
     except Forbidden as exc:
         raise PermissionDeniedException(str(exc)) from exc

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from litestar import Controller, post
+import logging
+from typing import Any
+
+from litestar import Controller, Request, post
 from litestar.di import NamedDependency
 from litestar.exceptions import ClientException, NotAuthorizedException
 from litestar.params import JSONBody
@@ -10,6 +13,9 @@ from sqlalchemy.engine import Engine
 
 from rbroker_server.enroll import service
 from rbroker_server.enroll.schema import EnrollRequest, EnrollResponse
+from rbroker_server.net import client_address
+
+log = logging.getLogger(__name__)
 
 
 class EnrollController(Controller):
@@ -18,17 +24,23 @@ class EnrollController(Controller):
 
     @post("/", status_code=201, sync_to_thread=True)
     def enroll(
-        self, data: JSONBody[EnrollRequest], engine: NamedDependency[Engine]
+        self,
+        request: Request[Any, Any, Any],
+        data: JSONBody[EnrollRequest],
+        engine: NamedDependency[Engine],
     ) -> EnrollResponse:
         """Enroll a computer with a one-time code and its Ed25519 public key.
 
         401: the code is unknown, used or expired. 409: the key is already enrolled.
         """
         try:
-            return service.enroll(engine, data)
+            response = service.enroll(engine, data)
         except service.EnrollRefused as exc:
+            log.warning("enrollment refused (bad code) from %s", client_address(request))
             raise NotAuthorizedException("enrollment code invalid, used or expired") from exc
         except service.EnrollConflict as exc:
             raise ClientException("this public key is already enrolled", status_code=409) from exc
         except service.EnrollInvalid as exc:
             raise ClientException(str(exc), status_code=400) from exc
+        log.info("computer %s enrolled from %s", response.computer_id, client_address(request))
+        return response

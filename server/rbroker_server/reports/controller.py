@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import anyio.to_thread
@@ -15,9 +16,12 @@ from litestar.exceptions import (
 from sqlalchemy.engine import Engine
 
 from rbroker_server.db import utcnow
+from rbroker_server.net import client_address
 from rbroker_server.reports import service
 from rbroker_server.reports.schema import ReportAck
 from rbroker_server.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 class ReportsController(Controller):
@@ -46,6 +50,7 @@ class ReportsController(Controller):
         except service.ReportTooLarge as exc:
             raise ClientException("report body too large", status_code=413) from exc
         except service.ReportUnauthenticated as exc:
+            log.warning("unauthenticated report from %s: %s", client_address(request), exc)
             raise NotAuthorizedException(f"report not authenticated: {exc}") from exc
         except service.ComputerRevoked as exc:
             raise PermissionDeniedException("computer revoked") from exc
