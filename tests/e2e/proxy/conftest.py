@@ -4,7 +4,8 @@
 test (the listen address, the certificate paths and the coordinator's port are the only
 things replaced; `proxy_bind` is added) inside a minimal main config of its own (temp
 prefix, pid and logs in the test's directory, `daemon off`), and runs nginx in the
-foreground with TLS from a generated CA. No system service is touched. Tests skip when nginx is not installed.
+foreground with TLS from a generated CA. No system service is touched. Tests skip when
+nginx is not installed.
 """
 
 from __future__ import annotations
