@@ -204,8 +204,11 @@ def test_a_state_too_large_for_one_report_is_trimmed_and_says_so(
             lambda: "report trimmed" in lab.link()["detail"] and lab.link(), timeout_s=20
         )
     assert isinstance(link, dict)
-    left_out = re.search(r"trimmed to fit the size limit: (\d+) entries left out", link["detail"])
+    left_out = re.search(
+        r"trimmed to fit the size limit: left out the oldest (\d+) jobs", link["detail"]
+    )
     assert left_out, link
+    assert link["left_out"] == {"jobs": int(left_out.group(1))}
     assert link["link"] == "ok"
 
     def stored() -> dict[str, Any] | None:

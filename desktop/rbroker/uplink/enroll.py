@@ -129,6 +129,7 @@ def enroll(
         name=name,
         key_backend="file" if key_file else "keyring",
         ca_file=str(Path(ca_file).resolve()) if ca_file else None,
+        extra=existing.extra if existing is not None else {},  # a newer version's keys
     )
     config.save(data_dir)
     removed = KeyringKeyStore(data_dir).forget_plaintext_copies()

@@ -3,8 +3,8 @@
 Only declared descriptions, owners, resources, states and progress leave the computer
 (DESIGN §8): the views hold no pids, command lines, environment or process names, and the
 payload model drops any field it does not define. Lists are trimmed, newest kept, so the
-signed envelope fits the coordinator's size limit; the count of what was left out is
-returned so the link state can say so.
+signed envelope fits the coordinator's size limit (a binary search for the largest list
+length that fits); what was left out is returned per list so the link state can say so.
 """
 
 from __future__ import annotations
@@ -14,12 +14,28 @@ from typing import Any
 from rbroker._version import __version__
 from rbroker.broker.service import Broker
 from rbroker_protocol.reports import MAX_REPORT_BYTES, ReportPayload
+from rbroker_protocol.signing import ENVELOPE_VERSION, MAX_SEQ, encode_envelope
 
 REASON_LIMIT = 200
 """Queue reasons are cut to the description rules' limit for `reason` (characters)."""
 
-_ENVELOPE_BUDGET = int(MAX_REPORT_BYTES * 0.7)
-"""Payload bytes that still fit 1 MiB after base64 (4/3) and the envelope's other fields."""
+_ID_MAX = "x" * 64
+_SIG_B64 = "A" * 86 + "=="
+
+
+def max_payload_bytes(limit_bytes: int = MAX_REPORT_BYTES) -> int:
+    """The largest payload whose signed envelope fits `limit_bytes` (the coordinator's body
+    limit, 1 MiB) for any computer and run id (up to 64 characters) and sequence number.
+
+    The envelope is compact JSON whose only variable part is the payload's base64
+    (4 characters per 3 bytes, rounded up), so the answer is exact for the longest ids.
+    """
+    empty = encode_envelope(
+        {"v": ENVELOPE_VERSION, "computer_id": _ID_MAX, "run_id": _ID_MAX,
+         "seq": MAX_SEQ, "payload": "", "sig": _SIG_B64}
+    )  # fmt: skip
+    room = limit_bytes - len(empty)
+    return max(0, room // 4 * 3)
 
 
 def _max_items(field: str) -> int:
@@ -31,8 +47,18 @@ def _max_items(field: str) -> int:
     raise LookupError(field)  # pragma: no cover - every list is bounded
 
 
-def build_payload(broker: Broker, computer_name: str, run_id: str) -> tuple[bytes, int]:
-    """The payload bytes to sign, and how many list entries were trimmed to fit."""
+def build_payload(
+    broker: Broker, computer_name: str, run_id: str, limit_bytes: int = MAX_REPORT_BYTES
+) -> tuple[bytes, dict[str, int]]:
+    """The payload bytes to sign, and per list (`leases`, `queue`, `jobs`) how many of its
+    oldest entries were left out: first to the schema's item limits, then to fit the size
+    limit (`max_payload_bytes(limit_bytes)`).
+
+    To fit, every list is cut to at most `n` newest entries, with `n` the largest that
+    fits, found by binary search (about log2(longest list) encodings); lists shorter than
+    `n` are sent whole. When even `n = 0` does not fit (GPUs alone too large), the
+    smallest payload is returned and the coordinator will refuse it.
+    """
     gpus = broker.gpus_view()
     view = broker.leases_view()
     jobs = broker.jobs.view(include_finished=True, live_lease_ids=set(broker.leases))
@@ -42,28 +68,43 @@ def build_payload(broker: Broker, computer_name: str, run_id: str) -> tuple[byte
         "queue": queue,
         "jobs": jobs,
     }
-    trimmed = 0
     for name, items in lists.items():
         limit = _max_items(name)
         if len(items) > limit:  # a long-lived broker can hold more finished jobs than this
-            trimmed += len(items) - limit
             lists[name] = items[-limit:]
-    while True:
-        payload = ReportPayload(
+
+    generated_at = broker.clock.wall()
+
+    def encode(cap: int | None) -> bytes:
+        """The payload with each list cut to its `cap` newest entries (None: whole)."""
+        kept = {k: v if cap is None else v[max(0, len(v) - cap) :] for k, v in lists.items()}
+        return ReportPayload(
             computer_name=computer_name,
             broker_version=__version__,
             telemetry_source=broker.gateway.source,
             run_id=run_id,
-            generated_at=broker.clock.wall(),
+            generated_at=generated_at,
             gpus=gpus,  # type: ignore[arg-type]  # validated from dicts by pydantic
-            **lists,  # type: ignore[arg-type]
-        )
-        data = payload.to_bytes()
-        if len(data) <= _ENVELOPE_BUDGET:
-            return data, trimmed
-        longest = max(lists, key=lambda k: len(lists[k]))
-        if not lists[longest]:
-            return data, trimmed  # only GPUs left: cannot shrink further
-        cut = max(1, len(lists[longest]) // 4)
-        lists[longest] = lists[longest][cut:]
-        trimmed += cut
+            **kept,  # type: ignore[arg-type]
+        ).to_bytes()
+
+    budget = max_payload_bytes(limit_bytes)
+    data = encode(None)
+    cap: int | None = None
+    if len(data) > budget:
+        # the largest cap that fits lies in [0, longest - 1] (the longest does not fit)
+        low, high = 0, max(len(v) for v in lists.values()) - 1
+        while low < high:
+            mid = (low + high + 1) // 2
+            if len(encode(mid)) <= budget:
+                low = mid
+            else:
+                high = mid - 1
+        cap, data = low, encode(low)
+    totals = {"leases": len(view["leases"]), "queue": len(queue), "jobs": len(jobs)}
+    left_out: dict[str, int] = {}
+    for name, items in lists.items():
+        kept = len(items) if cap is None else min(cap, len(items))
+        if totals[name] > kept:
+            left_out[name] = totals[name] - kept
+    return data, left_out

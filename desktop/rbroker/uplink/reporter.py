@@ -8,18 +8,25 @@
   (0.5 s doubling up to `RETRY_SHARE` of the report interval, so a coordinator that comes
   back sees the current state within one interval; up to 30 s when it answers 429); a
   connection dropped while idle gets one immediate retry.
+- A 429 or 503 with `Retry-After` (seconds or an HTTP date, RFC 9110 §10.2.3) is obeyed:
+  the next try comes that long after the answer, not sooner, at most `RETRY_AFTER_MAX_S`.
 - A retry sends the identical envelope (the coordinator acknowledges a duplicate and does
   not apply it), so a report that was stored before the connection dropped counts once.
 - An acknowledged report whose run the coordinator retired (`run_retired`: another run of
   this computer, e.g. a replayed old one, replaced it) starts a new run id at once.
 - 4xx answers other than 429 are not retried: the link says `rejected: <reason>` and the
-  next attempt is a fresh snapshot after `REJECTED_PAUSE_S`.
+  next attempt is a fresh snapshot as soon as the reported state changes (debounced, at
+  least `MIN_GAP_S` later), or after `REJECTED_PAUSE_S` when it does not.
+- A report too large for the coordinator's 1 MiB limit leaves out the oldest list entries
+  (the largest length that fits, see `payload.build_payload`); the link state says how
+  many of which (`left_out`, and `detail`).
 - Nothing here touches leases: the reporter only reads the broker's views.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import logging
 import random
@@ -42,6 +49,10 @@ log = logging.getLogger(__name__)
 BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 30.0
 REJECTED_PAUSE_S = 60.0
+"""After a 4xx (not 429): the next try when the state changes, else after this long."""
+RETRY_AFTER_MAX_S = 600.0
+"""Longest `Retry-After` obeyed; a larger one is cut to this (a misconfigured proxy must
+not silence a computer for hours)."""
 RETRY_SHARE = 0.8
 """Longest pause between tries, as a share of the report interval: room left for the
 resend and the fresh snapshot that follows it to arrive within one interval."""
@@ -57,8 +68,10 @@ class Reporter:
     """Reports `broker`'s state as `config.computer_id`, signed with `key`.
 
     `status()` gives the link state for `broker.status` and `rbroker status`:
-    `{link, url, computer_id, last_report_at, detail}` where `link` is `ok`,
-    `retrying since <UTC time>`, `rejected: <reason>` or `connecting`.
+    `{link, url, computer_id, last_report_at, detail, left_out}` where `link` is `ok`,
+    `retrying since <UTC time>`, `rejected: <reason>` or `connecting`, and `left_out`
+    counts, per list (`leases`, `queue`, `jobs`), the oldest entries the last report left
+    out to fit the size limit (empty when nothing was).
     """
 
     def __init__(
@@ -78,6 +91,9 @@ class Reporter:
         self.detail = ""
         self.last_report_at: float | None = None
         self.reports_sent = 0
+        self.left_out: dict[str, int] = {}
+        """List entries left out of the last report to fit the size limit, per list."""
+        self._retry_after_s: float | None = None
         self._sent_state = ""
         self._changed = asyncio.Event()
         self._unsubscribe = broker.subscribe(lambda kind, data: self._changed.set())
@@ -92,15 +108,19 @@ class Reporter:
             "last_report_at": self.last_report_at,
             "reports_sent": self.reports_sent,
             "detail": self.detail,
+            "left_out": dict(self.left_out),
         }
 
     def _envelope(self) -> bytes:
-        payload, trimmed = build_payload(self.broker, self.config.name, self.run_id)
+        payload, left_out = build_payload(self.broker, self.config.name, self.run_id)
         self._sent_state = _state_key(payload)
         self.seq += 1
-        if trimmed:
-            self.detail = f"report trimmed to fit the size limit: {trimmed} entries left out"
-            log.warning("%s", self.detail)
+        changed, self.left_out = left_out != self.left_out, left_out
+        if left_out:
+            what = ", ".join(f"{n} {name}" for name, n in left_out.items())
+            self.detail = f"report trimmed to fit the size limit: left out the oldest {what}"
+            if changed:
+                log.warning("%s", self.detail)
         elif self.detail.startswith("report trimmed"):
             self.detail = ""
         return encode_envelope(
@@ -114,11 +134,11 @@ class Reporter:
             return True
         return _state_key(payload) != self._sent_state
 
-    async def _wait_trigger(self, pause_s: float) -> None:
-        """Until the next snapshot is due: `report_interval_s` after the last one, or
-        earlier (after `pause_s`) once the reported state changed."""
+    async def _wait_trigger(self, pause_s: float, due_s: float | None = None) -> None:
+        """Until the next snapshot is due: `due_s` (default `report_interval_s`) after the
+        last one, or earlier (after `pause_s`) once the reported state changed."""
         loop = asyncio.get_running_loop()
-        due = loop.time() + max(pause_s, self.config.report_interval_s)
+        due = loop.time() + max(pause_s, self.config.report_interval_s if due_s is None else due_s)
         await asyncio.sleep(pause_s)
         while (left := due - loop.time()) > 0:
             try:
@@ -140,7 +160,9 @@ class Reporter:
 
     async def _send(self, client: httpx.AsyncClient, body: bytes) -> str:
         """One delivery attempt (with the idle-drop retry): `ok`, `retry`, `throttled`
-        (429) or `rejected`."""
+        (429) or `rejected`; after a 429 or 503, `_retry_after_s` holds the server's
+        `Retry-After` (bounded), else None."""
+        self._retry_after_s = None
         for attempt in (1, 2):
             try:
                 response = await self._post(client, body)
@@ -167,6 +189,10 @@ class Reporter:
                     self.detail = ""
                 return "ok"
             reason = _reason(response)
+            if response.status_code in (429, 503):
+                self._retry_after_s = retry_after_s(response)
+                if self._retry_after_s is not None:
+                    reason += f" (retry after {self._retry_after_s:g} s)"
             if response.status_code == 429:
                 self._retrying(f"{response.status_code} {reason}")
                 return "throttled"
@@ -206,9 +232,11 @@ class Reporter:
         made_at = 0.0
         backoff = BACKOFF_MIN_S
         pause = 0.0
+        due: float | None = None
         while True:
             if body is None:
-                await self._wait_trigger(pause)
+                await self._wait_trigger(pause, due)
+                due = None
                 try:
                     body, made_at = self._envelope(), time.monotonic()
                 except Exception as exc:  # never end reporting over one bad snapshot
@@ -224,7 +252,11 @@ class Reporter:
                     self._changed.set()
                     pause = 0.0
             elif outcome == "rejected":
-                body, pause = None, REJECTED_PAUSE_S
+                # the next snapshot when what it says changes (the rejected one may have
+                # carried what the coordinator refused), else after REJECTED_PAUSE_S
+                body, pause, due = None, MIN_GAP_S, REJECTED_PAUSE_S
+            elif self._retry_after_s is not None:
+                await asyncio.sleep(self._retry_after_s)  # the server said when
             else:
                 await asyncio.sleep(backoff / 2 + random.uniform(0, backoff / 2))
                 cap = BACKOFF_MAX_S
@@ -243,6 +275,25 @@ def _state_key(payload: bytes) -> str:
     for entry in state.get("queue", []):
         entry.pop("waiting_s", None)
     return json.dumps(state, sort_keys=True)
+
+
+def retry_after_s(response: httpx.Response, now: float | None = None) -> float | None:
+    """The response's `Retry-After` in seconds (delay-seconds or an HTTP date, RFC 9110
+    §10.2.3), cut to 0..`RETRY_AFTER_MAX_S`; None when absent or unreadable."""
+    value = response.headers.get("retry-after", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        seconds = float(value)
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return min(RETRY_AFTER_MAX_S, max(0.0, seconds))
 
 
 def _ack_code(response: httpx.Response) -> str:
