@@ -187,7 +187,7 @@ def test_a_state_too_large_for_one_report_is_trimmed_and_says_so(
 ) -> None:
     lab = uplink_broker(coordinator, "lab-big")
     wait_until(lambda: lab.link()["link"] == "ok", timeout_s=20, interval_s=0.1)
-    declared = 1500  # about 560 bytes each as JSON: more than one report may carry
+    declared = 2000  # about 515 bytes each as JSON (1 MB): more than one report may carry
     with lab.broker.client() as c:
         ids = [
             c.call(
