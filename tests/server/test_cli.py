@@ -238,3 +238,24 @@ def test_interactive_setup(
     s = Settings.load(data)
     assert (s.public_hostname, s.bind_host, s.bind_port) == ("hub.example.org", "127.0.0.1", 9443)
     assert s.tls_enabled and Path(s.tls_ca).exists()
+
+
+def test_setup_behind_a_reverse_proxy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rbroker_server.settings import Settings
+
+    data = tmp_path / "data"
+    base = ["setup", "--non-interactive", "--data-dir", str(data), "--bind", "127.0.0.1"]
+    assert main([*base, "--external-url", "lab.example.org/rbroker"]) == 1
+    assert "external_url must be an http(s) URL" in capsys.readouterr().err
+    assert main([*base, "--trusted-proxy", "proxy.local"]) == 1
+    assert "not an IP address or network" in capsys.readouterr().err
+    args = ["--external-url", "https://lab.example.org/rbroker/", "--trusted-proxy", "127.0.0.1"]
+    assert main([*base, *args, "--trusted-proxy", "10.0.0.0/8"]) == 0
+    out = capsys.readouterr().out
+    assert _field(out, "coordinator URL") == "https://lab.example.org/rbroker"
+    assert "rbroker enroll https://lab.example.org/rbroker rbe_" in out
+    settings = Settings.load(data)
+    assert settings.external_url == "https://lab.example.org/rbroker/"
+    assert settings.root_path == "/rbroker"
+    assert settings.trusted_proxies == ("127.0.0.1", "10.0.0.0/8")
+    assert 'trusted_proxies = ["127.0.0.1", "10.0.0.0/8"]' in (data / "config.toml").read_text()
