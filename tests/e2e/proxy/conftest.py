@@ -34,8 +34,8 @@ def nginx_binary() -> str | None:
 
 
 @dataclass
-class NginxProxy:
-    """A running nginx: `url` is the coordinator's external URL through it (prefix
+class ProxyProcess:
+    """A running proxy (nginx or Caddy): `url` is the coordinator's external URL through it (prefix
     included, no trailing slash); `ca_file` is the CA its certificate chains to."""
 
     port: int
@@ -114,19 +114,19 @@ http {{
 
 
 @pytest.fixture
-def nginx_proxy(tmp_path: Path) -> Iterator[Callable[..., NginxProxy]]:
+def nginx_proxy(tmp_path: Path) -> Iterator[Callable[..., ProxyProcess]]:
     """`nginx_proxy(coordinator, conf="rbroker-prefix.conf", port=None)` → a running
-    NginxProxy in front of `coordinator` (plain HTTP on 127.0.0.1). Stopped at teardown."""
+    ProxyProcess in front of `coordinator` (plain HTTP on 127.0.0.1). Stopped at teardown."""
     binary = nginx_binary()
     if binary is None:
         pytest.skip("nginx is not installed (Debian: apt-get install nginx)")
     from rbroker_server import tls
 
-    started: list[NginxProxy] = []
+    started: list[ProxyProcess] = []
 
     def factory(
         coordinator: CoordinatorProcess, conf: str = "rbroker-prefix.conf", port: int | None = None
-    ) -> NginxProxy:
+    ) -> ProxyProcess:
         root = tmp_path / f"nginx{len(started)}"
         root.mkdir()
         files = tls.generate_self_signed(root / "tls", "127.0.0.1")
@@ -165,11 +165,11 @@ def nginx_proxy(tmp_path: Path) -> Iterator[Callable[..., NginxProxy]]:
                 stderr=subprocess.STDOUT,
             )
         prefix = "/rbroker" if "prefix" in conf else ""
-        proxy = NginxProxy(
+        proxy = ProxyProcess(
             port, f"https://127.0.0.1:{port}{prefix}", str(files.ca_cert), proc, root
         )
         started.append(proxy)
-        _wait_tls(proxy)
+        wait_tls(proxy)
         return proxy
 
     yield factory
@@ -177,7 +177,7 @@ def nginx_proxy(tmp_path: Path) -> Iterator[Callable[..., NginxProxy]]:
         proxy.stop()
 
 
-def _wait_tls(proxy: NginxProxy, timeout_s: float = 15) -> None:
+def wait_tls(proxy: ProxyProcess, timeout_s: float = 15) -> None:
     context = ssl.create_default_context(cafile=proxy.ca_file)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

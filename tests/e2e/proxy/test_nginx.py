@@ -21,14 +21,14 @@ from rbroker_protocol import signing
 from rbroker_protocol.reports import ReportPayload
 from tests.conftest import wait_until
 from tests.e2e.conftest import CoordinatorProcess, UplinkBroker, by_name, free_port, rbroker_cli
-from tests.e2e.proxy.conftest import PROXY_SOURCE, NginxProxy
+from tests.e2e.proxy.conftest import PROXY_SOURCE, ProxyProcess
 
 
 def _behind_proxy(
     coordinator_factory: Callable[..., CoordinatorProcess],
-    nginx_proxy: Callable[..., NginxProxy],
+    nginx_proxy: Callable[..., ProxyProcess],
     conf: str = "rbroker-prefix.conf",
-) -> tuple[CoordinatorProcess, NginxProxy]:
+) -> tuple[CoordinatorProcess, ProxyProcess]:
     port = free_port()
     prefix = "/rbroker/" if "prefix" in conf else "/"
     coordinator = coordinator_factory(
@@ -39,7 +39,7 @@ def _behind_proxy(
 
 def test_broker_enrolls_reports_and_reads_through_nginx_under_a_prefix(
     coordinator_factory: Callable[..., CoordinatorProcess],
-    nginx_proxy: Callable[..., NginxProxy],
+    nginx_proxy: Callable[..., ProxyProcess],
     uplink_broker: Callable[..., UplinkBroker],
 ) -> None:
     coordinator, proxy = _behind_proxy(coordinator_factory, nginx_proxy)
@@ -92,7 +92,7 @@ def test_broker_enrolls_reports_and_reads_through_nginx_under_a_prefix(
 )
 def test_signed_read_is_bound_to_the_external_path(
     coordinator_factory: Callable[..., CoordinatorProcess],
-    nginx_proxy: Callable[..., NginxProxy],
+    nginx_proxy: Callable[..., ProxyProcess],
     conf: str,
     signed_path: str,
     wrong_path: str,
@@ -154,7 +154,7 @@ def _reports(
 
 def test_latency_added_by_the_proxy_per_report(
     coordinator_factory: Callable[..., CoordinatorProcess],
-    nginx_proxy: Callable[..., NginxProxy],
+    nginx_proxy: Callable[..., ProxyProcess],
     record_property: Callable[[str, Any], None],
 ) -> None:
     """Median time of one report, direct (plain HTTP to 127.0.0.1) and through nginx
