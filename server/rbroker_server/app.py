@@ -39,7 +39,8 @@ SECURITY_SCHEMES: dict[str, SecurityScheme | Reference] = {
         name=signing.HEADER_SIGNATURE,
         security_scheme_in="header",
         description=(
-            f"An enrolled computer signs method, path with query, Unix time and a nonce "
+            f"An enrolled computer signs method, the request target as sent (path with "
+            f"query, a reverse proxy's prefix included), Unix time and a nonce "
             f"with its Ed25519 key (rbroker_protocol.signing.sign_request) and sends "
             f"{signing.HEADER_COMPUTER}, {signing.HEADER_TIMESTAMP}, {signing.HEADER_NONCE} "
             f"and {signing.HEADER_SIGNATURE}. The time must be within the server's window; "
