@@ -1,10 +1,13 @@
-"""Import boundaries of DESIGN §1, checked statically (ast over every module) and at run time.
+"""Import boundaries of docs/architecture.md §1, checked statically (ast over every module) and at run time.
 
 - only `rbroker.tray` imports PySide6; only `rbroker.gpu` imports pynvml;
 - `rbroker_protocol` imports neither `rbroker` nor `rbroker_server`;
 - `rbroker_server` never imports `rbroker`; `rbroker` never imports `rbroker_server`
   (nor the server's web stack);
-- `import rbroker` (what a training job does) loads no NVML, Qt or server code.
+- `import rbroker` (what a training job does) loads no NVML, Qt or server code;
+- the broker's parts (`rbroker.broker.admission`, `.table`, ...) are imported only inside
+  `rbroker.broker`: everything else, tests and benchmarks included, goes through the
+  `Broker` façade in `rbroker.broker.service`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ PACKAGES = {
     "rbroker_server": ROOT / "server" / "rbroker_server",
 }
 WEB_STACK = ("litestar", "sqlmodel", "sqlalchemy", "alembic", "uvicorn", "jinja2")
+#: The parts behind the `Broker` façade (issue 11); only `rbroker.broker.*` imports them.
+BROKER_PARTS = ("admission", "events", "restore", "sampling", "table", "views", "waiting")
+#: Other trees whose imports of the broker's parts are checked too.
+CALLERS = {"tests": ROOT / "tests", "bench": ROOT / "bench"}
 
 
 def _module_name(package: str, root: Path, path: Path) -> str:
@@ -78,6 +85,14 @@ def violations(module: str, imported: str) -> list[str]:
         out.append("the server never imports rbroker")
     if inside[0] == "rbroker" and (top == "rbroker_server" or top in WEB_STACK):
         out.append("rbroker never imports the server or its web stack")
+    parts = imported.split(".")
+    if (
+        parts[:2] == ["rbroker", "broker"]
+        and len(parts) > 2
+        and parts[2] in BROKER_PARTS
+        and inside[:2] != ["rbroker", "broker"]
+    ):
+        out.append("only rbroker.broker imports the broker's parts (use the Broker façade)")
     return out
 
 
@@ -98,6 +113,33 @@ def test_every_module_keeps_the_boundaries() -> None:
                 found.append(f"{path.relative_to(ROOT)}:{line}: imports {imported}: {rule}")
     assert checked >= 30, f"only {checked} modules found: is the layout still {PACKAGES}?"
     assert not found, "\n".join(found)
+
+
+def test_tests_and_benchmarks_use_the_broker_facade() -> None:
+    found: list[str] = []
+    for package, root in CALLERS.items():
+        for path in sorted(root.rglob("*.py")):
+            module = _module_name(package, root, path)
+            source = path.read_text(encoding="utf-8")
+            for line, imported in imported_modules(source, module, path.name == "__init__.py"):
+                for rule in violations(module, imported):
+                    if "broker's parts" in rule:
+                        found.append(f"{path.relative_to(ROOT)}:{line}: imports {imported}")
+    assert not found, "\n".join(found)
+
+
+def test_the_broker_parts_exist_and_the_facade_imports_them() -> None:
+    """The parts rule is not vacuous: each part is a module, and the façade uses them."""
+    broker = PACKAGES["rbroker"] / "broker"
+    for part in BROKER_PARTS:
+        assert (broker / f"{part}.py").is_file(), part
+    imported = {
+        name
+        for _, name in imported_modules(
+            (broker / "service.py").read_text(encoding="utf-8"), "rbroker.broker.service", False
+        )
+    }
+    assert {f"rbroker.broker.{part}" for part in BROKER_PARTS} <= imported
 
 
 def test_the_gateway_and_the_tray_are_where_the_imports_are() -> None:
@@ -129,6 +171,11 @@ def test_the_gateway_and_the_tray_are_where_the_imports_are() -> None:
         ("rbroker.uplink.report", False, "from litestar import Litestar", "web stack"),
         ("rbroker.cli.demo", False, "importlib.import_module('rbroker_server.cli')", "server"),
         ("rbroker.broker.x", False, "from .. import gpu", None),
+        ("rbroker.localapi.server", False, "from rbroker.broker.admission import A", "façade"),
+        ("rbroker.tray.app", False, "from rbroker.broker import table", "façade"),
+        ("rbroker.broker.service", False, "from .table import LeaseTable", None),
+        ("rbroker.broker.admission", False, "from rbroker.broker.sampling import G", None),
+        ("rbroker.localapi.server", False, "from rbroker.broker.service import Broker", None),
         ("rbroker_server.app", False, "from . import models", None),
     ],
 )

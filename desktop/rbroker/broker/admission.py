@@ -1,0 +1,297 @@
+"""Admission: which GPUs a request may use, whether it can ever fit, the FIFO admission
+pass with placement, and the reasons (with their numbers) a request waits or is refused.
+
+One pass is synchronous on the event loop, so two requests can never both pass the capacity
+check (docs/architecture.md §2). It reads the GPUs' samples and the lease table and decides;
+every grant goes through the `grant` callback, which books it before the next waiter is
+checked, so one pass may make several grants from the same sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rbroker.broker.capacity import Capacity, explain, fmt_mib, short_uuid
+from rbroker.broker.clock import Clock
+from rbroker.broker.config import BrokerConfig
+from rbroker.broker.leases import Waiter
+from rbroker.broker.sampling import GpuSlot
+from rbroker.broker.table import Choice, LeaseTable
+from rbroker.broker.waiting import WaitQueue
+from rbroker.gpu.types import TelemetryState
+from rbroker_protocol.errors import ErrorCode, RpcError
+from rbroker_protocol.localapi import AcquireParams
+
+Grant = Callable[[Waiter, list[Choice], float], None]
+Emit = Callable[[str, dict[str, object]], None]
+
+
+class Admission:
+    """Admission decisions over `slots` (by UUID) and the lease `table`."""
+
+    def __init__(
+        self, slots: dict[str, GpuSlot], table: LeaseTable, clock: Clock, config: BrokerConfig
+    ) -> None:
+        self.slots = slots
+        self.table = table
+        self.clock = clock
+        self.config = config
+
+    # -- at request time -----------------------------------------------------------------------
+    def candidates(self, params: AcquireParams) -> tuple[str, ...]:
+        """The GPUs a request may be placed on, by index: the pinned one, or every GPU
+        whose capacity is known (all of them when too few are).
+
+        Raises:
+            RpcError: `infeasible` for an unknown pinned GPU, `invalid_params` for a pin
+                with `gpus` ≠ 1.
+        """
+        if params.gpu_uuid is not None:
+            if params.gpu_uuid not in self.slots:
+                known = ", ".join(self.slots) or "none"
+                raise RpcError(
+                    ErrorCode.INFEASIBLE,
+                    f"infeasible: no GPU {params.gpu_uuid} on this computer (known: {known})",
+                    gpu_uuid=params.gpu_uuid,
+                    requested_mib=params.mib,
+                )
+            if params.gpus != 1:
+                raise RpcError(
+                    ErrorCode.INVALID_PARAMS,
+                    f"gpu_uuid pins one GPU, but gpus={params.gpus} were asked for",
+                    field="gpus",
+                )
+            return (params.gpu_uuid,)
+        ordered = sorted(self.slots, key=lambda u: self.slots[u].info.index)
+        usable = [
+            u for u in ordered if self.slots[u].telemetry is not TelemetryState.UNKNOWN_CAPACITY
+        ]
+        return tuple(usable if len(usable) >= params.gpus else ordered)
+
+    def never_fits(self, mib: int, gpus: int, candidates: tuple[str, ...]) -> RpcError | None:
+        """`infeasible` when fewer than `gpus` candidates could ever hold `mib` (more than
+        total − headroom by their latest samples); None when it may fit some day."""
+        fit = 0
+        worst: tuple[str, int, int, int] | None = None
+        for uuid in candidates:
+            slot = self.slots[uuid]
+            if slot.sample is None:
+                fit += 1  # unknown yet: cannot call it infeasible
+                continue
+            usable = max(0, slot.sample.total_mib - slot.headroom_mib)
+            if mib <= usable:
+                fit += 1
+            else:
+                worst = (uuid, slot.sample.total_mib, slot.headroom_mib, usable)
+        if fit >= gpus or worst is None:
+            return None
+        uuid, total, headroom, usable = worst
+        return RpcError(
+            ErrorCode.INFEASIBLE,
+            f"infeasible: {fmt_mib(mib)} MiB requested but {short_uuid(uuid)} can never "
+            f"offer more than {fmt_mib(usable)} MiB ({fmt_mib(total)} total − "
+            f"{fmt_mib(headroom)} headroom)",
+            gpu_uuid=uuid,
+            requested_mib=mib,
+            total_mib=total,
+            headroom_mib=headroom,
+            usable_mib=usable,
+        )
+
+    def check_feasible(self, params: AcquireParams, candidates: tuple[str, ...]) -> None:
+        """Refuse at once what can never be granted.
+
+        Raises:
+            RpcError: `infeasible` (too few GPUs, more than total − headroom);
+                `telemetry_unavailable` (the pinned GPU is lost, or the capacity of too
+                many candidates is unknown).
+        """
+        if params.gpus > len(candidates):
+            raise RpcError(
+                ErrorCode.INFEASIBLE,
+                f"infeasible: {params.gpus} GPUs requested, this computer has {len(candidates)}",
+                requested_gpus=params.gpus,
+                gpu_count=len(candidates),
+            )
+        never = self.never_fits(params.mib, params.gpus, candidates)
+        if never is not None:
+            raise never
+        if params.gpu_uuid is not None:
+            slot = self.slots[params.gpu_uuid]
+            if slot.telemetry is TelemetryState.LOST:
+                raise RpcError(
+                    ErrorCode.TELEMETRY_UNAVAILABLE,
+                    f"refused: {short_uuid(slot.uuid)} is lost ({slot.telemetry_reason})",
+                    gpu_uuid=slot.uuid,
+                    reason="gpu_lost",
+                    telemetry=slot.telemetry.value,
+                )
+        known = [
+            u for u in candidates if self.slots[u].telemetry is not TelemetryState.UNKNOWN_CAPACITY
+        ]
+        if len(known) < params.gpus:
+            unknown = [u for u in candidates if u not in known]
+            raise RpcError(
+                ErrorCode.TELEMETRY_UNAVAILABLE,
+                f"refused: the memory capacity of {', '.join(short_uuid(u) for u in unknown)} "
+                "is unknown (NVML does not support the memory query on it); set a capacity "
+                "override for its UUID to lease it",
+                gpu_uuid=unknown[0],
+                reason="capacity_unknown",
+                telemetry=TelemetryState.UNKNOWN_CAPACITY.value,
+            )
+
+    # -- the pass ------------------------------------------------------------------------------
+    def run(self, waiting: WaitQueue, paused: bool, grant: Grant, emit: Emit) -> None:
+        """One atomic admission pass over the queue, in FIFO order (see module docstring).
+
+        A waiter is granted when enough of its candidates are fresh and fit, unless
+        admissions are `paused` or a GPU still waiting for its fresh sample would be placed
+        first; otherwise it gets its reason and blocks its GPUs for the waiters behind it.
+        """
+        if not waiting.waiters:
+            return
+        now = self.clock.monotonic()
+        max_age = self.config.max_sample_age_s
+        fresh = {u for u, s in self.slots.items() if s.fresh(now, max_age)}
+        caps: dict[str, Capacity] = {}
+        for u in fresh:
+            cap = self.table.capacity(u)
+            if cap is not None:
+                caps[u] = cap
+        blocked: dict[str, int] = {}
+        for waiter in list(waiting.waiters):
+            if waiter.future.done():
+                waiting.remove(waiter)
+                continue
+            never = self.never_fits(waiter.mib, waiter.gpus, waiter.candidates)
+            if never is not None:  # a GPU shrank while it waited: refuse, never wait forever
+                waiting.remove(waiter, never)
+                emit("queue", {"request_id": waiter.request_id})
+                continue
+            pending = [
+                u
+                for u in waiter.candidates
+                if u not in caps and self.slots[u].telemetry is TelemetryState.OK
+            ]
+            fits: list[Choice] = []
+            for u in waiter.candidates:
+                if u in caps and u not in blocked:
+                    need = waiter.mib - self.claim(waiter, self.slots[u])
+                    if caps[u].fits(need):
+                        fits.append((u, caps[u], need))
+            reverse = waiter.placement == "spread"
+            fits.sort(key=lambda t: self.rank(t[0], t[1]), reverse=reverse)
+            if (
+                len(fits) >= waiter.gpus
+                and not paused
+                and not self._pending_ranks_better(waiter, pending, blocked, fits[waiter.gpus - 1])
+            ):
+                grant(waiter, fits[: waiter.gpus], now)
+                for u, _, _ in fits[: waiter.gpus]:
+                    cap = self.table.capacity(u)
+                    if cap is not None:
+                        caps[u] = cap
+                continue
+            self._explain_wait(waiter, caps, blocked, pending, paused)
+            for u in waiter.candidates:
+                blocked[u] = blocked.get(u, 0) + 1
+            for u in pending:
+                self.slots[u].kick.set()
+
+    def claim(self, waiter: Waiter, slot: GpuSlot) -> int:
+        """MiB of the holder's existing use that an adopting request takes over on `slot`."""
+        if not waiter.adopt:
+            return 0
+        return min(waiter.mib, self.table.baseline_now(waiter.holder, slot))
+
+    def rank(self, uuid: str, cap: Capacity) -> tuple[int, int]:
+        """Placement order: `pack` takes the smallest, `spread` the largest."""
+        return (cap.available_mib, self.slots[uuid].info.index)
+
+    def _pending_ranks_better(
+        self, waiter: Waiter, pending: list[str], blocked: dict[str, int], last_chosen: Choice
+    ) -> bool:
+        """True when a GPU still waiting for its fresh sample would, by its previous sample,
+        be placed before one of the GPUs chosen now: the request waits for that sample
+        rather than being placed by whichever GPU happened to be sampled last."""
+        worst = self.rank(last_chosen[0], last_chosen[1])
+        for u in pending:
+            cap = self.table.capacity(u)
+            if u in blocked or cap is None:
+                continue
+            if not cap.fits(waiter.mib - self.claim(waiter, self.slots[u])):
+                continue
+            key = self.rank(u, cap)
+            if (key > worst) if waiter.placement == "spread" else (key < worst):
+                return True
+        return False
+
+    # -- reasons -------------------------------------------------------------------------------
+    def _explain_wait(
+        self,
+        waiter: Waiter,
+        caps: dict[str, Capacity],
+        blocked: dict[str, int],
+        pending: list[str],
+        paused: bool,
+    ) -> None:
+        """Set the waiter's reason (text, kind and numbers) for this pass."""
+        ahead = max((blocked.get(u, 0) for u in waiter.candidates), default=0)
+        ahead_txt = f"; {ahead} request{'s' if ahead != 1 else ''} ahead" if ahead else ""
+        if paused:
+            waiter.reason, waiter.reason_kind = "waiting: new admissions are paused", "paused"
+            waiter.reason_data = {}
+            waiter.evaluated = True
+            return
+        if pending:
+            waiter.reason = "waiting for a fresh GPU sample" + ahead_txt
+            waiter.reason_kind = "sampling"
+            waiter.reason_data = {"ahead": ahead}
+            return
+        waiter.evaluated = True
+        known = [u for u in waiter.candidates if u in caps]
+        if known:
+            best = max(known, key=lambda u: caps[u].available_mib)
+            cap = caps[best]
+            waiter.reason = (
+                f"waiting: {explain(best, cap)}; {fmt_mib(waiter.mib)} requested" + ahead_txt
+            )
+            if waiter.gpus > 1:
+                waiter.reason += f"; {waiter.gpus} GPUs needed at once"
+            waiter.reason_kind = "capacity"
+            waiter.reason_data = {
+                "gpu_uuid": best,
+                "requested_mib": waiter.mib,
+                "ahead": ahead,
+                **cap.as_dict(),
+            }
+            return
+        states = {u: self.slots[u] for u in waiter.candidates}
+        parts = ", ".join(
+            f"{short_uuid(u)} {s.telemetry.value} ({s.telemetry_reason})" for u, s in states.items()
+        )
+        waiter.reason = f"waiting: telemetry unavailable: {parts}" + ahead_txt
+        waiter.reason_kind = "telemetry"
+        first = next(iter(states.values()))
+        waiter.reason_data = {
+            "telemetry": first.telemetry.value,
+            "reason": first.telemetry_reason,
+            "ahead": ahead,
+        }
+
+    def wait_error(self, waiter: Waiter) -> RpcError:
+        """The error a wait ends with: `wait_timeout` after a `wait_s` > 0, else
+        `telemetry_unavailable` or `capacity_unavailable`, with the last reason's numbers."""
+        data = dict(waiter.reason_data)
+        data["waited_s"] = round(self.clock.monotonic() - waiter.enqueued_at, 3)
+        if waiter.wait_s > 0:
+            return RpcError(
+                ErrorCode.WAIT_TIMEOUT,
+                f"not granted within {waiter.wait_s:g} s; last {waiter.reason}",
+                **data,
+            )
+        reason = waiter.reason.removeprefix("waiting: ")
+        if waiter.reason_kind == "telemetry":
+            return RpcError(ErrorCode.TELEMETRY_UNAVAILABLE, f"refused: {reason}", **data)
+        return RpcError(ErrorCode.CAPACITY_UNAVAILABLE, f"no room now: {reason}", **data)

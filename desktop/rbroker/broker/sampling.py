@@ -1,0 +1,197 @@
+"""Sampling: what the broker knows about each GPU, the per-GPU NVML loop and the freshness rule.
+
+NVML is read off the event loop by `AsyncSampler`; the loop only ever uses finished samples.
+Freshness rule (docs/architecture.md §2): a GPU takes part in an admission pass only when its
+latest sample started after the latest grant or release on that GPU, and is at most
+`max_sample_age_s` old (`GpuSlot.fresh`). A grant, a release or a simulated memory change sets
+`last_change_at` and kicks the GPU's loop, so the next sample comes at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from rbroker.broker.capacity import default_headroom_mib
+from rbroker.broker.config import BrokerConfig
+from rbroker.broker.holders import Ancestry, Holder
+from rbroker.gpu.nvml import AsyncSampler, NvmlGateway, TelemetryError
+from rbroker.gpu.types import GpuInfo, GpuSample, ProcessSample, TelemetryState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class GpuSlot:
+    """What the broker knows about one capacity unit (GPU or MIG slice)."""
+
+    info: GpuInfo
+    headroom_override: int | None
+    sample: GpuSample | None = None
+    telemetry: TelemetryState = TelemetryState.STALE
+    telemetry_reason: str = "not sampled yet"
+    last_change_at: float = 0.0
+    failures: int = 0
+    kick: asyncio.Event = field(default_factory=asyncio.Event)
+    chains: list[tuple[ProcessSample, frozenset[Holder]]] = field(default_factory=list)
+
+    @property
+    def uuid(self) -> str:
+        return self.info.uuid
+
+    @property
+    def total_mib(self) -> int | None:
+        return self.sample.total_mib if self.sample else None
+
+    @property
+    def headroom_mib(self) -> int:
+        if self.headroom_override is not None:
+            return self.headroom_override
+        return default_headroom_mib(self.sample.total_mib) if self.sample else 0
+
+    def fresh(self, now: float, max_age_s: float) -> bool:
+        """Usable for admission now (see the module docstring)."""
+        s = self.sample
+        return (
+            s is not None
+            and self.telemetry is TelemetryState.OK
+            and s.started_at > self.last_change_at
+            and now - s.started_at <= max_age_s
+        )
+
+    def holder_mib(self, holder: Holder) -> int:
+        """MiB the latest sample attributes to `holder`'s process tree (unknown = 0)."""
+        return sum(p.used_mib or 0 for p, chain in self.chains if holder in chain)
+
+    def holder_mib_known(self, holder: Holder) -> bool:
+        """True when the latest sample knows the memory of every process of `holder`'s tree."""
+        return all(p.used_mib is not None for p, chain in self.chains if holder in chain)
+
+
+#: `(slot, ok)` after every sample attempt; `ok` is False when telemetry failed.
+SampleHook = Callable[[GpuSlot, bool], None]
+
+
+class Sampling:
+    """The GPUs (`slots`, keyed by UUID) and the tasks that keep their samples current.
+
+    `on_sample(slot, ok)` runs on the loop after each attempt (the broker attributes memory
+    to leases and tells listeners); `after_turn()` runs after each background loop turn (the
+    broker's admission pass); `spawn(coro)` starts a background task the broker owns.
+    """
+
+    def __init__(
+        self,
+        gateway: NvmlGateway,
+        config: BrokerConfig,
+        on_sample: SampleHook,
+        after_turn: Callable[[], None],
+    ) -> None:
+        self.gateway = gateway
+        self.config = config
+        self.sampler = AsyncSampler(gateway, config.nvml_deadline_s)
+        self.slots: dict[str, GpuSlot] = {}
+        self._ancestry = Ancestry()
+        self._on_sample = on_sample
+        self._after_turn = after_turn
+
+    def add_slot(self, info: GpuInfo) -> GpuSlot:
+        """A slot for a newly seen GPU, with its configured headroom override."""
+        override = self.config.headroom_overrides.get(info.uuid, self.config.headroom_mib)
+        slot = GpuSlot(info=info, headroom_override=override)
+        self.slots[info.uuid] = slot
+        return slot
+
+    async def enumerate(self) -> None:
+        """Enumerate the GPUs (off the loop) and add a slot for each.
+
+        Raises:
+            TelemetryError: NVML cannot enumerate any GPU.
+        """
+        for info in await asyncio.to_thread(self.gateway.enumerate):
+            self.add_slot(info)
+
+    async def sample_all(self) -> None:
+        """Take one sample of every GPU, concurrently."""
+        await asyncio.gather(*(self.sample_once(slot) for slot in self.slots.values()))
+
+    async def sample_once(self, slot: GpuSlot) -> None:
+        """Take one sample of `slot` (bounded by the NVML deadline) and record the outcome."""
+        try:
+            sample = await self.sampler.sample(slot.uuid)
+        except TelemetryError as exc:
+            slot.failures += 1
+            if slot.telemetry is not exc.state or slot.telemetry_reason != exc.reason:
+                log.warning("GPU %s telemetry %s: %s", slot.uuid, exc.state.value, exc)
+            slot.telemetry = exc.state
+            slot.telemetry_reason = exc.reason
+            self._on_sample(slot, False)
+            return
+        if slot.telemetry is not TelemetryState.OK:
+            log.info("GPU %s telemetry ok", slot.uuid)
+        slot.failures = 0
+        slot.sample = sample
+        slot.telemetry = TelemetryState.OK
+        slot.telemetry_reason = ""
+        slot.chains = [(p, self._ancestry.chain(p.pid)) for p in sample.processes]
+        self._on_sample(slot, True)
+
+    async def sample_loop(self, slot: GpuSlot) -> None:
+        """Sample `slot` every `sample_interval_s` or at once when kicked; back off (0.2 s
+        doubling, at most 5 s) while its telemetry fails."""
+        while True:
+            interval = self.config.sample_interval_s
+            if slot.failures:
+                interval = min(5.0, 0.2 * 2 ** min(slot.failures, 5))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(slot.kick.wait(), timeout=interval)
+            if slot.failures and self.sampler.busy(slot.uuid):
+                await asyncio.sleep(0.2)  # the hung call still holds the GPU's one slot
+            slot.kick.clear()
+            try:
+                await self.sample_once(slot)
+                self._after_turn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let one GPU's sampler die
+                log.exception("sampling %s failed", slot.uuid)
+
+    async def enumerate_loop(self, spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+        """Pick up GPUs that appear later (hot-plug, MIG reconfiguration, a driver that
+        came back). GPUs are keyed by UUID, so index shifts change nothing; a GPU that
+        disappears turns `lost` through its sampler and keeps its leases. A hung
+        enumeration keeps its thread; no second one starts until it returns."""
+        running: asyncio.Future[list[GpuInfo]] | None = None
+        while True:
+            await asyncio.sleep(self.config.enumerate_interval_s)
+            if running is None:
+                running = asyncio.ensure_future(asyncio.to_thread(self.gateway.enumerate))
+            try:
+                infos = await asyncio.wait_for(
+                    asyncio.shield(running), self.config.nvml_deadline_s * 4
+                )
+            except TimeoutError:
+                log.debug("re-enumeration still running (NVML hangs)")
+                continue  # keep waiting for the same call next time
+            except TelemetryError as exc:
+                running = None
+                log.debug("re-enumeration failed: %s", exc)
+                continue
+            running = None
+            for info in infos:
+                slot = self.slots.get(info.uuid)
+                if slot is not None:
+                    slot.info = info  # the index may have shifted: display only
+                    continue
+                slot = self.add_slot(info)
+                log.warning("new GPU %s (%s)", info.uuid, info.name)
+                await self.sample_once(slot)
+                spawn(self.sample_loop(slot))
+
+    def close(self) -> None:
+        """Stop the sampler's worker threads."""
+        self.sampler.close()

@@ -1,0 +1,315 @@
+"""The lease table and expiry: active and recently ended leases, what each lease's holder
+holds outside its leases (baselines), token hashes, and the tick loop that ends leases.
+
+Memory attribution (docs/architecture.md §2): the latest sample's memory of a holder's
+process tree, less its baseline, is shared among its leases on that GPU in grant order;
+what a lease was granted but does not use yet is *outstanding* and counts against capacity.
+
+Expiry (docs/architecture.md §3): a lease ends when its deadline (monotonic) passes without a
+heartbeat, when its holder process exits, or when its connection closes; after a loop stall
+or a sleep/resume gap every lease first gets one TTL of grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import logging
+import secrets
+from collections.abc import Callable
+
+from rbroker.broker.capacity import Capacity
+from rbroker.broker.clock import Clock
+from rbroker.broker.config import BrokerConfig
+from rbroker.broker.holders import Holder
+from rbroker.broker.leases import Lease, LeaseState, Waiter
+from rbroker.broker.sampling import GpuSlot
+from rbroker.broker.store import LeaseStore, token_hash
+from rbroker_protocol.errors import ErrorCode, RpcError
+
+log = logging.getLogger(__name__)
+
+#: `(gpu_uuid, capacity checked, extra MiB needed)` for each GPU an admission chose.
+Choice = tuple[str, Capacity, int]
+
+
+class LeaseTable:
+    """Active leases (`leases`, by id), the last `ended_history` ended ones (`ended`) and the
+    bookkeeping that turns samples into per-lease use. Writes through to `store` if given."""
+
+    def __init__(
+        self,
+        slots: dict[str, GpuSlot],
+        clock: Clock,
+        config: BrokerConfig,
+        store: LeaseStore | None,
+    ) -> None:
+        self.slots = slots
+        self.clock = clock
+        self.config = config
+        self.store = store
+        self.leases: dict[str, Lease] = {}
+        self.ended: collections.deque[Lease] = collections.deque(maxlen=config.ended_history)
+        self.baselines: dict[tuple[Holder, str], int] = {}
+        self.token_sha256: dict[str, str] = {}
+        self._ends_since_prune = 0
+
+    # -- attribution and capacity --------------------------------------------------------------
+    def on(self, uuid: str) -> list[Lease]:
+        """The active leases on GPU `uuid`."""
+        return [lease for lease in self.leases.values() if uuid in lease.gpu_uuids]
+
+    def update_observed(self, slot: GpuSlot) -> None:
+        """Attribute the latest sample's memory to the leases of each holder on `slot`."""
+        by_holder: dict[Holder, list[Lease]] = {}
+        for lease in self.on(slot.uuid):
+            by_holder.setdefault(lease.holder, []).append(lease)
+        for holder, leases in by_holder.items():
+            held = slot.holder_mib(holder)
+            baseline = self.baselines.get((holder, slot.uuid), 0)
+            if held < baseline and slot.holder_mib_known(holder):
+                # the holder freed memory it held outside its leases: that much is gone
+                baseline = held
+                self.set_baseline(holder, slot.uuid, baseline, leases)
+            pool = max(0, held - baseline)
+            leases.sort(key=lambda lease: lease.granted_at_wall)
+            for i, lease in enumerate(leases):
+                share = pool if i == len(leases) - 1 else min(pool, lease.granted_mib)
+                pool -= share
+                lease.observed_mib[slot.uuid] = share
+                lease.over_grant = any(v > lease.granted_mib for v in lease.observed_mib.values())
+
+    def set_baseline(self, holder: Holder, uuid: str, mib: int, leases: list[Lease]) -> None:
+        """`holder`'s memory on `uuid` outside its leases (`leases`: its leases there)."""
+        self.baselines[(holder, uuid)] = mib
+        for lease in leases:
+            lease.baseline_mib[uuid] = mib
+
+    def baseline_now(self, holder: Holder, slot: GpuSlot) -> int:
+        """MiB `holder` holds on `slot` outside its leases (its whole use if it has none)."""
+        key = (holder, slot.uuid)
+        if key in self.baselines:
+            return self.baselines[key]
+        return slot.holder_mib(holder)
+
+    def capacity(self, uuid: str) -> Capacity | None:
+        """The capacity split of GPU `uuid` now, or None before its first good sample."""
+        slot = self.slots[uuid]
+        if slot.sample is None:
+            return None
+        outstanding = sum(
+            max(0, lease.granted_mib - lease.observed_mib.get(uuid, 0)) for lease in self.on(uuid)
+        )
+        return Capacity(
+            total_mib=slot.sample.total_mib,
+            headroom_mib=slot.headroom_mib,
+            device_used_mib=slot.sample.device_used_mib,
+            outstanding_mib=outstanding,
+        )
+
+    # -- grant, lookup, rebind ---------------------------------------------------------------
+    def new_lease(self, waiter: Waiter, chosen: list[Choice], now: float) -> Lease:
+        """A lease for `waiter` on the chosen GPUs, with a fresh id and token (not booked)."""
+        wall = self.clock.wall()
+        lease = Lease(
+            lease_id="lease-" + secrets.token_hex(6),
+            token=secrets.token_urlsafe(24),
+            gpu_uuids=tuple(u for u, _, _ in chosen),
+            granted_mib=waiter.mib,
+            owner=waiter.owner,
+            project=waiter.project,
+            session=waiter.session,
+            purpose=waiter.purpose,
+            holder=waiter.holder,
+            ttl_s=waiter.ttl_s,
+            deadline=now + waiter.ttl_s,
+            granted_at_wall=wall,
+            renewed_at_wall=wall,
+            conn_id=waiter.conn_id,
+            adopt=waiter.adopt,
+            waited_s=now - waiter.enqueued_at,
+        )
+        lease.request_key = waiter.request_key
+        lease.job_id = waiter.job_id
+        return lease
+
+    def book(self, lease: Lease, waiter: Waiter, chosen: list[Choice], now: float) -> None:
+        """Enter a granted lease: its claims on memory the holder already uses (adoption),
+        the admission record per GPU, the store; each chosen GPU needs a new sample."""
+        for u, cap, need in chosen:
+            slot = self.slots[u]
+            claim = waiter.mib - need
+            baseline = self.baseline_now(waiter.holder, slot)
+            self.baselines[(waiter.holder, u)] = baseline - claim
+            lease.baseline_mib[u] = baseline - claim
+            lease.claimed_mib[u] = claim
+            lease.admission[u] = {**cap.as_dict(), "requested_mib": waiter.mib, "extra_mib": need}
+            slot.last_change_at = now
+        self.leases[lease.lease_id] = lease
+        self.token_sha256[lease.lease_id] = token_hash(lease.token)
+        if self.store is not None:
+            self.store.put_lease(lease.lease_id, lease.token, lease.to_record())
+        for u, _, _ in chosen:
+            self.update_observed(self.slots[u])
+        log.info(
+            "lease %s granted: %d MiB on %s to %s/%s (waited %.2f s)",
+            lease.lease_id,
+            lease.granted_mib,
+            ",".join(lease.gpu_uuids),
+            lease.owner,
+            lease.project,
+            lease.waited_s,
+        )
+
+    def find(self, lease_id: str, owner: str) -> Lease:
+        """The active lease `lease_id` of `owner`.
+
+        Raises:
+            RpcError: `lease_not_found`, `lease_expired` (ended other than by release),
+                `not_lease_owner`.
+        """
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            for old in self.ended:
+                if old.lease_id == lease_id:
+                    raise RpcError(
+                        ErrorCode.LEASE_EXPIRED
+                        if old.state is not LeaseState.RELEASED
+                        else ErrorCode.LEASE_NOT_FOUND,
+                        f"lease {lease_id} ended: {old.state.value} ({old.ended_reason})",
+                        lease_id=lease_id,
+                        state=old.state.value,
+                        ended_reason=old.ended_reason,
+                    )
+            raise RpcError(ErrorCode.LEASE_NOT_FOUND, f"no lease {lease_id}", lease_id=lease_id)
+        if lease.owner != owner:
+            raise RpcError(
+                ErrorCode.NOT_LEASE_OWNER,
+                f"lease {lease_id} belongs to another user",
+                lease_id=lease_id,
+            )
+        return lease
+
+    def attach(self, lease_id: str, token: str, owner: str, conn_id: int | None) -> Lease:
+        """Re-attach lease `lease_id` to a new connection of its holder, proving possession
+        with the token from the grant (compared as SHA-256 in constant time).
+
+        Raises:
+            RpcError: as `find`, and `not_lease_owner` for a wrong token.
+        """
+        lease = self.find(lease_id, owner)
+        expected = self.token_sha256.get(lease_id, "")
+        if not expected or not hmac.compare_digest(expected, token_hash(token)):
+            raise RpcError(
+                ErrorCode.NOT_LEASE_OWNER, f"wrong token for lease {lease_id}", lease_id=lease_id
+            )
+        return self.rebind(lease, conn_id)
+
+    def rebind(self, lease: Lease, conn_id: int | None) -> Lease:
+        """Bind a lease to the holder's new connection, renew it, give it a fresh token."""
+        lease.conn_id = conn_id
+        lease.deadline = self.clock.monotonic() + lease.ttl_s
+        lease.token = secrets.token_urlsafe(24)
+        self.token_sha256[lease.lease_id] = token_hash(lease.token)
+        if self.store is not None:
+            self.store.put_lease(lease.lease_id, lease.token, lease.to_record())
+        log.info("lease %s re-attached by its holder", lease.lease_id)
+        return lease
+
+    # -- ending ------------------------------------------------------------------------------
+    def end(self, lease: Lease, state: LeaseState, reason: str) -> bool:
+        """End an active lease (False when it already ended): free its GPUs for a new
+        sample, keep what its processes still hold as the holder's baseline, record it."""
+        if lease.lease_id not in self.leases:
+            return False
+        del self.leases[lease.lease_id]
+        lease.state = state
+        lease.ended_reason = reason
+        lease.ended_at_wall = self.clock.wall()
+        now = self.clock.monotonic()
+        for u in lease.gpu_uuids:
+            slot = self.slots.get(u)
+            if slot is not None:
+                slot.last_change_at = now
+                slot.kick.set()
+            others = [
+                other
+                for other in self.leases.values()
+                if other.holder == lease.holder and u in other.gpu_uuids
+            ]
+            if not others:
+                self.baselines.pop((lease.holder, u), None)
+            elif lease.observed_mib.get(u, 0) > 0:
+                # What the ended lease's processes still hold is outside any lease now, not
+                # the use of the holder's other leases (counting it there would over-admit).
+                kept = self.baselines.get((lease.holder, u), 0) + lease.observed_mib[u]
+                self.set_baseline(lease.holder, u, kept, others)
+        self.ended.append(lease)
+        self.token_sha256.pop(lease.lease_id, None)
+        if self.store is not None:
+            self.store.end_lease(
+                lease.lease_id, state.value, lease.ended_at_wall, lease.to_record()
+            )
+            self._ends_since_prune += 1
+            if self._ends_since_prune >= 200:
+                self._ends_since_prune = 0
+                self.store.prune_ended(self.config.ended_history)
+        log.info("lease %s %s: %s", lease.lease_id, state.value, reason)
+        return True
+
+    def overdue(self, now: float) -> list[Lease]:
+        """Active leases whose heartbeat deadline has passed."""
+        return [lease for lease in self.leases.values() if lease.deadline < now]
+
+    def held_by_dead(self, is_alive: Callable[[Holder], bool]) -> list[Lease]:
+        """Active leases whose holder process is gone."""
+        return [lease for lease in self.leases.values() if not is_alive(lease.holder)]
+
+    def grace(self, now: float, gap: float) -> None:
+        """After a loop stall or sleep/resume gap, give every lease one TTL
+        (docs/architecture.md §3)."""
+        log.warning("broker loop stalled %.1f s: every lease gets one TTL of grace", gap)
+        for lease in self.leases.values():
+            lease.deadline = max(lease.deadline, now + lease.ttl_s)
+
+
+def liveness_memo() -> Callable[[Holder], bool]:
+    """`holder.alive()`, checked once per distinct holder (a process often holds many leases)."""
+    alive: dict[Holder, bool] = {}
+
+    def is_alive(holder: Holder) -> bool:
+        if holder not in alive:
+            alive[holder] = holder.alive()
+        return alive[holder]
+
+    return is_alive
+
+
+async def tick_loop(
+    clock: Clock,
+    config: BrokerConfig,
+    on_stall: Callable[[float, float], None],
+    on_holder_check: Callable[[], None],
+    on_tick: Callable[[float], None],
+) -> None:
+    """Every `tick_s`: after a gap over `stall_threshold_s` (monotonic or boot time, which
+    also counts a suspend) call `on_stall(now, gap)`; every `holder_check_s` call
+    `on_holder_check()`; then `on_tick(now)` (expiry). A failing turn is logged, never fatal."""
+    last = clock.monotonic()
+    last_boot = clock.boottime()
+    last_holder_check = 0.0
+    while True:
+        await asyncio.sleep(config.tick_s)
+        now, boot = clock.monotonic(), clock.boottime()
+        gap = max(now - last, boot - last_boot)  # boot time also counts a suspend
+        last, last_boot = now, boot
+        try:
+            if gap > config.stall_threshold_s:
+                on_stall(now, gap)
+            if now - last_holder_check >= config.holder_check_s:
+                last_holder_check = now
+                on_holder_check()
+            on_tick(now)
+        except Exception:
+            log.exception("tick failed")
