@@ -1,4 +1,5 @@
-"""Import boundaries of docs/architecture.md §1, checked statically (ast over every module) and at run time.
+"""Import boundaries of docs/architecture.md §1, checked statically (ast over every module)
+and at run time.
 
 - only `rbroker.tray` imports PySide6; only `rbroker.gpu` imports pynvml;
 - `rbroker_protocol` imports neither `rbroker` nor `rbroker_server`;
