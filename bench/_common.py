@@ -14,16 +14,15 @@ import math
 import os
 import platform
 import signal
-import subprocess
-import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from rbroker.demo.processes import SimulatedBroker
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -215,31 +214,18 @@ def parser(description: str) -> argparse.ArgumentParser:
 # ---------------------------------------------------------------- a real broker process
 
 
-@dataclass
-class Broker:
-    """A running `python -m rbroker broker --simulate` process."""
-
-    proc: subprocess.Popen[bytes]
-    socket: str
-    root: Path
+class Broker(SimulatedBroker):
+    """A running `python -m rbroker broker --simulate` process (the tests' helper)."""
 
     @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log(self) -> str:
-        return (self.root / "broker.log").read_text(errors="replace")
+    def root(self) -> Path:
+        return self.log_path.parent
 
     def stop(self) -> str:
         """SIGTERM, then SIGKILL after 10 s; returns a note when it had to be killed."""
         if self.proc.poll() is not None:
             return f"the broker had exited with {self.proc.returncode} before the end"
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        if not self.terminate(signal.SIGTERM, 10.0):
             return "the broker did not exit within 10 s of SIGTERM (killed)"
         return ""
 
@@ -255,38 +241,8 @@ def start_broker(scenario: str = SINGLE_24G, extra_args: Sequence[str] = ()) -> 
     Raises:
         RuntimeError: it exited or did not answer within 20 s (with its log).
     """
-    import rbroker
-
-    root = short_tmp()
-    (root / "scenario.toml").write_text(textwrap.dedent(scenario))
-    sock = str(root / "broker.sock")
-    args = [
-        sys.executable,
-        "-m",
-        "rbroker",
-        "broker",
-        "--simulate",
-        str(root / "scenario.toml"),
-        "--socket",
-        sock,
-        "--data-dir",
-        str(root / "data"),
-        *extra_args,
-    ]
-    with open(root / "broker.log", "ab") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    broker = Broker(proc, sock, root)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"broker exited with {proc.returncode}:\n{broker.log()}")
-        try:
-            with rbroker.Client(sock, timeout_s=2):
-                return broker
-        except rbroker.BrokerUnavailable:
-            time.sleep(0.05)
-    broker.stop()
-    raise RuntimeError(f"broker did not answer within 20 s:\n{broker.log()}")
+    broker: Broker = Broker.start(scenario, short_tmp(), extra_args)
+    return broker
 
 
 def wait_until_monotonic(t: float) -> None:

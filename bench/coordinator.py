@@ -26,18 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import multiprocessing as mp
 import os
-import re
 import secrets
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -57,6 +52,7 @@ from _common import (
     verdict,
 )
 
+from rbroker.demo.coordinator import LocalCoordinator
 from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport, ReportPayload
 from rbroker_protocol.signing import (
     encode_envelope,
@@ -154,70 +150,14 @@ class Computer:
 # ---------------------------------------------------------------- the server process
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    url: str
-    data_dir: Path
-    token: str
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
-def start_server(database_url: str | None) -> Server:
-    """`rbroker-server setup` (in this process) + `serve` (a process: one uvicorn worker)."""
+def start_server(database_url: str | None) -> LocalCoordinator:
+    """`rbroker-server setup` + `serve` (a process: one uvicorn worker), through the shared
+    local-coordinator helper."""
     data_dir = short_tmp("rbbs-") / "server"
-    port = free_port()
-    from rbroker_server import cli
-
-    argv = ["setup", "--data-dir", str(data_dir), "--bind", "127.0.0.1", "--port", str(port)]
-    argv += ["--non-interactive"] + (["--database-url", database_url] if database_url else [])
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        code = cli.main(argv)  # the `rbroker-server setup` command, in this process
-    m = re.search(r"viewer token:\s+(\S+)", out.getvalue())
-    if code != 0 or m is None:
-        raise RuntimeError(f"setup failed ({code}):\n{out.getvalue()}")
-    log = open(data_dir / "serve.log", "ab")  # noqa: SIM115 - kept open by the child
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rbroker_server",
-            "serve",
-            "--data-dir",
-            str(data_dir),
-            "--log-level",
-            "warning",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    log.close()
-    server = Server(proc, f"http://127.0.0.1:{port}", data_dir, m.group(1))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError((data_dir / "serve.log").read_text(errors="replace"))
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(server.url + "/healthz", timeout=2).status_code == 200:
-                return server
-        time.sleep(0.1)
-    server.stop()
-    raise RuntimeError("the coordinator did not answer within 60 s")
+    server = LocalCoordinator.setup(data_dir, database_url=database_url or "")
+    server.log_name = "serve.log"
+    server.start(timeout_s=60)
+    return server
 
 
 def enroll(engine: sa.Engine, n: int, first: int) -> list[Computer]:
@@ -339,7 +279,7 @@ class Load:
 
 
 def http_load(
-    server: Server,
+    server: LocalCoordinator,
     computers: list[Computer],
     processes: int,
     concurrency: int,
@@ -358,6 +298,7 @@ def http_load(
     ]
     for p in procs:
         p.start()
+    assert server.proc is not None
     sproc = psutil.Process(server.proc.pid)
     start_at = gate.open(processes)
     c0 = sum(sproc.cpu_times()[:2])
@@ -440,7 +381,7 @@ def verify_only(bodies: list[bytes], keys: dict[str, str]) -> float:
     return (time.perf_counter() - t0) / len(envs)
 
 
-def fleet_reads(server: Server, n: int) -> tuple[list[float], int, int]:
+def fleet_reads(server: LocalCoordinator, n: int) -> tuple[list[float], int, int]:
     """Client-side durations of `n` fleet reads; also the computers listed and bytes."""
     out = []
     headers = {"authorization": f"Bearer {server.token}"}

@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -21,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import rbroker
+from rbroker.demo.processes import SimulatedBroker
 
 pytest_plugins = ["tests.os_users"]  # the `other_user` fixture (a real second OS account)
 
@@ -36,14 +35,9 @@ total_mib = 24576
 
 
 @dataclass
-class BrokerProcess:
+class BrokerProcess(SimulatedBroker):
     """A running `rbroker broker --simulate` process and how to reach it."""
 
-    proc: subprocess.Popen[bytes]
-    socket: str
-    data_dir: Path
-    scenario: Path
-    log_path: Path
     extra_args: list[str] = field(default_factory=list)
     owns_root: bool = False
 
@@ -62,17 +56,8 @@ class BrokerProcess:
             self.scenario, ns=(st.st_atime_ns, max(st.st_mtime_ns + 1_000_000, time.time_ns()))
         )
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        self.terminate(sig)
         return self.proc.returncode
 
 
@@ -88,52 +73,26 @@ def start_broker(
     root: Path | None = None,
     env: dict[str, str] | None = None,
 ) -> BrokerProcess:
-    """Start `python -m rbroker broker --simulate SCENARIO` and wait until it answers.
+    """Start `python -m rbroker broker --simulate SCENARIO -v` and wait until it answers
+    (through `rbroker.demo.processes.SimulatedBroker`, as the benchmarks do).
 
     Raises:
         RuntimeError: it exited or did not answer within 20 s (with its log).
     """
     owns_root = root is None
-    root = root or short_tmp()
-    scenario = root / "scenario.toml"
-    scenario.write_text(textwrap.dedent(scenario_text))
-    sock = str(root / "broker.sock")
-    data_dir = root / "data"
-    args = [
-        sys.executable,
-        "-m",
-        "rbroker",
-        "broker",
-        "--simulate",
-        str(scenario),
-        "--socket",
-        sock,
-        "--data-dir",
-        str(data_dir),
-        "-v",
-    ]
+    args = ["-v"]
     if headroom_mib is not None:
         args += ["--headroom-mib", str(headroom_mib)]
     args += extra_args or []
-    log_path = root / "broker.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
-    bp = BrokerProcess(
-        proc, sock, data_dir, scenario, log_path, extra_args or [], owns_root=owns_root
+    bp: BrokerProcess = BrokerProcess.start(
+        scenario_text,
+        root or short_tmp(),
+        args,
+        env=env,
+        extra_args=extra_args or [],
+        owns_root=owns_root,
     )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"broker exited with {proc.returncode}:\n{bp.log()}")
-        try:
-            with rbroker.Client(sock, timeout_s=2):
-                return bp
-        except rbroker.BrokerUnavailable:
-            time.sleep(0.05)
-    bp.stop(signal.SIGKILL)
-    raise RuntimeError(f"broker did not answer within 20 s:\n{bp.log()}")
+    return bp
 
 
 @pytest.fixture

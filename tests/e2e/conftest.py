@@ -1,42 +1,34 @@
 """End-to-end fixtures: a real coordinator process and real brokers reporting to it.
 
 `coordinator_factory(**settings)` runs `python -m rbroker_server setup` and `serve` on a free
-127.0.0.1 port with SQLite in a temporary directory; settings (small freshness thresholds)
-are written into its config.toml before it starts. `uplink_broker(coordinator, name)`
+127.0.0.1 port with SQLite in a temporary directory (through `rbroker.demo.coordinator`, the
+one helper the demo, the screenshots and the benchmarks use too); settings (small freshness
+thresholds) are written into its config.toml before it starts. `uplink_broker(coordinator, name)`
 enrolls a fresh data dir with `rbroker enroll ... --key-file` (test machines have no OS
 keyring) and starts a real broker process on it. Everything started is stopped at teardown.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import re
 import signal
-import socket
-import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from rbroker.demo.coordinator import LocalCoordinator, free_port, run_module
+from rbroker.demo.coordinator import server_cli as run_server_cli
 from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, start_broker
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def py_env(**extra: str) -> dict[str, str]:
@@ -51,112 +43,18 @@ def rbroker_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     """Run `python -m rbroker ARGS...` and return the finished process (text output)."""
-    return subprocess.run(
-        [sys.executable, "-m", "rbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env or py_env(),
-        check=False,
-    )
+    return run_module("rbroker", *args, env=env or py_env(), timeout=timeout)
 
 
 def server_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run `python -m rbroker_server ARGS...` and return the finished process."""
-    return subprocess.run(
-        [sys.executable, "-m", "rbroker_server", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=py_env(),
-        check=False,
-    )
+    return run_server_cli(*args, env=py_env(), timeout=timeout)
 
 
 @dataclass
-class CoordinatorProcess:
-    """A coordinator set up in `data_dir`; `start()` serves it as a separate process."""
-
-    data_dir: Path
-    port: int
-    token: str
-    first_code: str
-    group: str = "default"
-    ca_file: str | None = None
-    """The CA of a coordinator set up with `--self-signed` (served over HTTPS)."""
-    database_url: str = ""
-    """Empty: SQLite at `db_path`."""
-    host: str = "127.0.0.1"
-    proc: subprocess.Popen[bytes] | None = None
-    prefix: list[str] = field(default_factory=list)
-    """Command prefix (e.g. `ip netns exec NAME`) to run `serve` somewhere else."""
-
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.ca_file else 'http'}://{self.host}:{self.port}"
-
-    @property
-    def verify(self) -> ssl.SSLContext | bool:
-        return ssl.create_default_context(cafile=self.ca_file) if self.ca_file else True
-
-    @property
-    def db_path(self) -> Path:
-        return self.data_dir / "rbroker-server.db"
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / f"serve-{self.port}.log"
-
-    def start(self, wait: bool = True) -> None:
-        """Serve (again, after `stop()`) and wait for `/healthz`."""
-        assert self.proc is None or self.proc.poll() is not None, "already running"
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    *self.prefix,
-                    sys.executable,
-                    "-m",
-                    "rbroker_server",
-                    "serve",
-                    "--data-dir",
-                    str(self.data_dir),
-                    "--host",
-                    "0.0.0.0" if self.prefix else self.host,
-                    "--port",
-                    str(self.port),
-                    "--log-level",
-                    "warning",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=py_env(),
-            )
-        if wait and not self.prefix:
-            self.wait_healthy()
-
-    def wait_healthy(self, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"coordinator exited:\n{self.log_path.read_text()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if (
-                    httpx.get(self.url + "/healthz", timeout=2, verify=self.verify).status_code
-                    == 200
-                ):
-                    return
-            time.sleep(0.1)
-        raise RuntimeError(f"coordinator did not answer:\n{self.log_path.read_text()}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+class CoordinatorProcess(LocalCoordinator):
+    """The shared coordinator helper (`rbroker.demo.coordinator`) plus what tests need:
+    a second serving process, codes and groups made through the server's admin service."""
 
     def second(self) -> CoordinatorProcess:
         """Another serving process on the same data dir and database, on its own port."""
@@ -173,6 +71,10 @@ class CoordinatorProcess:
             return action(admin, engine)
         finally:
             engine.dispose()
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "rbroker-server.db"
 
     def new_code(self) -> str:
         """A fresh one-time enrollment code for this group (what `rbroker-server
@@ -191,14 +93,6 @@ class CoordinatorProcess:
         view = dataclasses.replace(self, token=token, group=name, first_code="", proc=None)
         view.first_code = view.new_code()
         return view
-
-    def get(self, path: str, token: str | None = None) -> httpx.Response:
-        return httpx.get(
-            self.url + path,
-            headers={"Authorization": f"Bearer {token or self.token}"},
-            timeout=10,
-            verify=self.verify,
-        )
 
     def fleet(self) -> dict[str, Any]:
         r = self.get("/api/v1/fleet")
@@ -220,41 +114,13 @@ def setup_coordinator(
 ) -> CoordinatorProcess:
     """`rbroker-server setup` in `root/coordinator` (with `tls`: a generated CA and
     certificate for 127.0.0.1), then `settings` written to config.toml."""
-    data_dir = root / "coordinator"
-    port = port or free_port()
-    done = server_cli(
-        "setup",
-        "--data-dir",
-        str(data_dir),
-        "--bind",
-        "127.0.0.1",
-        "--public-hostname",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--non-interactive",
-        *(["--self-signed"] if tls else []),
-        *(["--database-url", database_url] if database_url else []),
-    )
-    assert done.returncode == 0, done.stderr
-    token = re.search(r"viewer token:\s+(rbv_\S+)", done.stdout)
-    code = re.search(r"enrollment code:\s+(rbe_\S+)", done.stdout)
-    assert token and code, done.stdout
-    config = data_dir / "config.toml"
-    lines = config.read_text().splitlines()
-    for key, value in settings.items():
-        lines = [ln for ln in lines if not ln.startswith(f"{key} =")]
-        lines.append(f"{key} = {value!r}")
-    config.write_text("\n".join(lines) + "\n")
-    ca = re.search(r"TLS CA \(copy to computers\): (\S+)", done.stdout)
-    assert bool(ca) == tls, done.stdout
-    return CoordinatorProcess(
-        data_dir,
-        port,
-        token.group(1),
-        code.group(1),
-        ca_file=ca.group(1) if ca else None,
+    return CoordinatorProcess.setup(
+        root / "coordinator",
+        port=port,
+        tls=tls,
         database_url=database_url,
+        settings=settings,
+        env=py_env(),
     )
 
 

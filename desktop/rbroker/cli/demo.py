@@ -11,18 +11,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import importlib.util
-import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,56 +27,18 @@ from rich.text import Text
 
 import rbroker
 from rbroker.broker.capacity import fmt_mib, short_uuid
-from rbroker.cli.demo_job import expected_counts
 from rbroker.cli.views import broker_view
+from rbroker.demo.coordinator import CoordinatorError, LocalCoordinator, server_available
+from rbroker.demo.job import expected_counts
+from rbroker.demo.processes import ProcessGroup, broker_command, child_setup, worker_command
+from rbroker.demo.world import (
+    DEMO_SCENARIO,
+    JOB_START_S,
+    KILL_AFTER_GRANT_S,
+    WORKERS,
+    job_command,
+)
 from rbroker.gpu.select import real_nvml_available
-
-DEMO_SCENARIO = """\
-# rbroker demo: two simulated 24 GiB GPUs that other people already use a little.
-[[gpu]]
-uuid = "GPU-de300000-0000-0000-0000-000000000001"
-name = "Simulated RTX 4090"
-total_mib = 24576
-[[gpu.process]]          # a desktop session's graphics process
-pid = 4000
-used_mib = 1024
-kind = "graphics"
-
-[[gpu]]
-uuid = "GPU-de300000-0000-0000-0000-000000000002"
-name = "Simulated RTX 4090"
-total_mib = 24576
-used_mib = 6144          # another user's job, outside rbroker
-"""
-
-
-@dataclass
-class WorkerSpec:
-    """One demo worker: when it starts (s after the demo), what it asks for and holds."""
-
-    start_s: float
-    mib: int
-    hold_s: float
-    project: str
-    session: str
-    purpose: str
-    victim: bool = False
-
-
-WORKERS = [
-    WorkerSpec(0.0, 12288, 10.0, "vision", "vit-ft-01", "fine-tune ViT-B/16 on food-101"),
-    WorkerSpec(
-        0.5, 10240, 30.0, "search", "embed-02", "embed product catalogue with e5-large", victim=True
-    ),
-    WorkerSpec(1.0, 8192, 9.0, "eval", "mmlu-03", "evaluate llama-3.1-8b on MMLU 5-shot"),
-    WorkerSpec(1.5, 6144, 8.0, "render", "turntable-04", "render turntable frames 0-240"),
-    WorkerSpec(2.0, 4096, 6.0, "media", "av1-05", "transcode lecture videos to AV1"),
-    WorkerSpec(2.5, 16384, 7.0, "vision", "resnet-06", "train ResNet-50 baseline, seed 3"),
-    WorkerSpec(3.0, 2048, 5.0, "eval", "reward-07", "score summaries with a reward model"),
-    WorkerSpec(3.5, 9216, 6.0, "search", "rerank-08", "distil a cross-encoder reranker"),
-]
-KILL_AFTER_GRANT_S = 4.0
-JOB_START_S = 1.0
 
 
 @dataclass
@@ -109,40 +64,6 @@ class DemoState:
 
     def log(self, text: str) -> None:
         self.events.append(f"+{time.time() - self.t0:5.1f} s  {text}")
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Linux: the child gets SIGTERM if the demo dies without cleaning up."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _child_setup() -> None:  # pragma: no cover - runs in the child
-    os.setpgid(0, 0)
-    _die_with_parent()
-
-
-@contextlib.contextmanager
-def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        yield procs
-    finally:
-        # every child leads its own process group: signal the group, so that the pool
-        # workers of the parallel job go too
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        for p in procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)
 
 
 def _check_snapshot(state: DemoState, gpus: list[dict[str, Any]]) -> None:
@@ -184,30 +105,13 @@ def run_demo(args: argparse.Namespace) -> int:
     budget_s = max(30.0, float(args.seconds) + 15.0)
     interrupted = False
     try:
-        with _processes() as procs:
+        with ProcessGroup() as procs:
             broker_log = open(root / "broker.log", "wb")  # noqa: SIM115 - closed below
             try:
                 coordinator = _start_coordinator(console, root, procs, state)
-                simulate = ["--simulate", str(scenario)] if state.simulated else []
-                procs.append(
-                    subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "rbroker",
-                            "broker",
-                            *simulate,
-                            "--socket",
-                            sock,
-                            "--data-dir",
-                            str(root / "data"),
-                        ],
-                        stdout=broker_log,
-                        stderr=subprocess.STDOUT,
-                        preexec_fn=_child_setup,
-                    )
-                )
-                client = _connect(sock, procs[-1], root)
+                cmd = broker_command(sock, root / "data", scenario if state.simulated else None)
+                broker = procs.spawn(cmd, stdout=broker_log)
+                client = _connect(sock, broker, root)
                 with client:
                     status = client.status()
                     src = (
@@ -269,11 +173,11 @@ def _run_workers(
     console: Console,
     client: rbroker.Client,
     sock: str,
-    procs: list[subprocess.Popen[bytes]],
+    procs: ProcessGroup,
     state: DemoState,
     live_ok: bool,
     budget_s: float,
-    coordinator: Coordinator | None,
+    coordinator: LocalCoordinator | None,
 ) -> None:
     workers: dict[str, subprocess.Popen[bytes]] = {}
     next_fleet_poll = 0.0
@@ -290,34 +194,12 @@ def _run_workers(
             now = time.monotonic() - start
             while pending and pending[0].start_s <= now:
                 w = pending.pop(0)
-                workers[w.session] = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "rbroker.cli.demo_worker",
-                        "--socket",
-                        sock,
-                        "--mib",
-                        str(max(1, int(w.mib * state.scale))),
-                        "--hold-s",
-                        str(w.hold_s),
-                        "--project",
-                        w.project,
-                        "--session",
-                        w.session,
-                        "--purpose",
-                        w.purpose,
-                    ],
-                    preexec_fn=_child_setup,
-                )
-                procs.append(workers[w.session])
+                mib = max(1, int(w.mib * state.scale))
+                cmd = worker_command(sock, mib, w.project, w.session, w.purpose, hold_s=w.hold_s)
+                workers[w.session] = procs.spawn(cmd)
                 state.log(f"worker {w.session} asks for {fmt_mib(w.mib)} MiB: {w.purpose}")
             if job_proc is None and now >= JOB_START_S:
-                job_proc = subprocess.Popen(
-                    [sys.executable, "-m", "rbroker.cli.demo_job", "--socket", sock],
-                    preexec_fn=_child_setup,
-                )
-                procs.append(job_proc)
+                job_proc = procs.spawn(job_command(sock))
                 state.log("parallel job starts: 3 pool workers, 24 chunks of 50 items")
             gpus = client.gpus()
             view = client.leases(include_ended=True)
@@ -382,115 +264,44 @@ def _run_workers(
             time.sleep(0.1)
 
 
-@dataclass
-class Coordinator:
-    """The demo's embedded coordinator process."""
-
-    url: str
-    token: str
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start_coordinator(
-    console: Console, root: Path, procs: list[subprocess.Popen[bytes]], state: DemoState
-) -> Coordinator | None:
+    console: Console, root: Path, procs: ProcessGroup, state: DemoState
+) -> LocalCoordinator | None:
     """Set up and serve a coordinator on SQLite in the demo's temp dir (127.0.0.1), and
     enroll the demo's broker data dir with a 0600 key file. None (with a message) when the
     server extra is not installed or it does not start."""
-    if importlib.util.find_spec("rbroker_server") is None or (
-        importlib.util.find_spec("litestar") is None
-    ):
+    if not server_available():
         console.print("coordinator: skipped (install rbroker[server] to see the fleet part)")
         return None
-    port = _free_port()
-    coord_dir = root / "coordinator"
-    setup = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rbroker_server",
-            "setup",
-            "--data-dir",
-            str(coord_dir),
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--public-hostname",
-            "127.0.0.1",
-            "--group",
-            "demo",
-            "--non-interactive",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    token = re.search(r"\b(rbv_[A-Za-z0-9_-]+)", setup.stdout)
-    code = re.search(r"\b(rbe_[A-Za-z0-9_-]+)", setup.stdout)
-    if setup.returncode != 0 or token is None or code is None:
-        console.print(f"coordinator: setup failed, skipped ({setup.stderr.strip()[-300:]})")
+    try:
+        coordinator = LocalCoordinator.setup(root / "coordinator", group="demo")
+    except CoordinatorError as exc:
+        console.print(f"coordinator: setup failed, skipped ({str(exc)[-300:]})")
         return None
-    log = open(root / "coordinator.log", "wb")  # noqa: SIM115 - the child keeps it
-    procs.append(
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rbroker_server",
-                "serve",
-                "--data-dir",
-                str(coord_dir),
-                "--log-level",
-                "warning",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_child_setup,
-        )
-    )
-    log.close()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if procs[-1].poll() is not None or time.monotonic() > deadline:
-            console.print("coordinator: did not start, skipped")
-            return None
-        time.sleep(0.2)
-    from rbroker.uplink.enroll import EnrollError, enroll
+    try:
+        coordinator.start(wait=False, preexec_fn=child_setup)
+    finally:
+        if coordinator.proc is not None:
+            procs.adopt(coordinator.proc)
+    try:
+        coordinator.wait_healthy(30)
+    except CoordinatorError:
+        console.print("coordinator: did not start, skipped")
+        return None
+    from rbroker.uplink.enroll import EnrollError
 
     try:
-        enroll(url, code.group(1), "demo-computer", root / "data", key_file=True)
+        coordinator.enroll("demo-computer", root / "data", code=coordinator.first_code)
     except EnrollError as exc:
         console.print(f"coordinator: enrollment failed, skipped ({exc})")
         return None
     state.log("coordinator up on SQLite; this computer enrolled as demo-computer")
-    return Coordinator(url, token.group(1))
+    return coordinator
 
 
-def _fetch_fleet(coordinator: Coordinator) -> dict[str, Any]:
-    response = httpx.get(
-        coordinator.url + "/api/v1/fleet",
-        headers={"Authorization": f"Bearer {coordinator.token}"},
-        timeout=5.0,
-    )
-    response.raise_for_status()
-    return dict(response.json())
-
-
-def _poll_fleet(coordinator: Coordinator, state: DemoState) -> None:
+def _poll_fleet(coordinator: LocalCoordinator, state: DemoState) -> None:
     try:
-        fleet = _fetch_fleet(coordinator)
+        fleet = coordinator.fleet()
     except httpx.HTTPError as exc:
         state.fleet_error = str(exc)
         return
@@ -500,7 +311,9 @@ def _poll_fleet(coordinator: Coordinator, state: DemoState) -> None:
         state.fleet_max_queue = max(state.fleet_max_queue, len(computer.get("queue", [])))
 
 
-def _summary(client: rbroker.Client, state: DemoState, coordinator: Coordinator | None) -> Text:
+def _summary(
+    client: rbroker.Client, state: DemoState, coordinator: LocalCoordinator | None
+) -> Text:
     view = client.leases(include_ended=True)
     ended = {lease["session"]: lease for lease in view["ended"]}
     ended.update({lease["session"]: lease for lease in view["leases"]})
@@ -573,10 +386,10 @@ def _summary(client: rbroker.Client, state: DemoState, coordinator: Coordinator 
     return Text("\n".join(lines))
 
 
-def _coordinator_summary(coordinator: Coordinator, state: DemoState) -> list[str]:
+def _coordinator_summary(coordinator: LocalCoordinator, state: DemoState) -> list[str]:
     time.sleep(1.5)  # one debounced report after the last change
     try:
-        fleet = _fetch_fleet(coordinator)
+        fleet = coordinator.fleet()
     except httpx.HTTPError as exc:
         state.coordinator_ok = False
         return [f"coordinator: could not read the fleet: {exc}"]

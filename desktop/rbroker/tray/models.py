@@ -53,6 +53,26 @@ def _mib(value: Any) -> str:
     return fmt_mib(int(value)) if isinstance(value, int | float) else "–"
 
 
+def _right(
+    header: str,
+    text: Callable[[dict[str, Any]], str],
+    sort: Callable[[dict[str, Any]], Any],
+    tooltip: Callable[[dict[str, Any]], str] | None = None,
+) -> Column:
+    """A right-aligned (numeric) column that sorts by `sort`."""
+    return Column(header, text, sort=sort, right=True, tooltip=tooltip)
+
+
+REQUEST_COLUMNS: tuple[Column, ...] = (
+    Column("Owner", _s("owner")),
+    Column("Project", _s("project")),
+    Column("Session", _s("session")),
+    Column("Purpose", _s("purpose")),
+)
+"""The columns a lease and a waiting request share, first in both tables: who asked, for what
+(the description fields of `lease.acquire`)."""
+
+
 class RecordTableModel(QAbstractTableModel):
     """A read-only table of records (dicts) with a fixed column list."""
 
@@ -152,24 +172,33 @@ class RecordTableModel(QAbstractTableModel):
         return None
 
 
-class LeasesModel(RecordTableModel):
-    """Active leases: owner, project, session, purpose, MiB, GPU, state, age, expires in."""
+class RequestTableModel(RecordTableModel):
+    """A table of requests for GPU memory: `REQUEST_COLUMNS`, then the model's own
+    (`own_columns()`); ages and expiries move with the clock."""
 
-    OWNER, PROJECT, SESSION, PURPOSE, MIB, GPU, STATE, AGE, EXPIRES = range(9)
+    OWNER, PROJECT, SESSION, PURPOSE = range(len(REQUEST_COLUMNS))
     _time_dependent = True
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
-        self.columns = (
-            Column("Owner", _s("owner")),
-            Column("Project", _s("project")),
-            Column("Session", _s("session")),
-            Column("Purpose", _s("purpose")),
-            Column(
+        self.columns = (*REQUEST_COLUMNS, *self.own_columns())
+
+    def own_columns(self) -> tuple[Column, ...]:
+        """The columns after the shared ones."""
+        return ()
+
+
+class LeasesModel(RequestTableModel):
+    """Active leases: owner, project, session, purpose, MiB, GPU, state, age, expires in."""
+
+    MIB, GPU, STATE, AGE, EXPIRES = range(len(REQUEST_COLUMNS), len(REQUEST_COLUMNS) + 5)
+
+    def own_columns(self) -> tuple[Column, ...]:
+        return (
+            _right(
                 "MiB",
                 lambda r: _mib(r.get("granted_mib")),
-                sort=lambda r: int(r.get("granted_mib") or 0),
-                right=True,
+                lambda r: int(r.get("granted_mib") or 0),
                 tooltip=self._mib_tooltip,
             ),
             Column(
@@ -186,17 +215,11 @@ class LeasesModel(RecordTableModel):
                     str(r.get("state", "")) + (" · over grant" if r.get("over_grant") else "")
                 ),
             ),
-            Column(
-                "Age",
-                lambda r: age_text(self._age(r)),
-                sort=lambda r: self._age(r) or 0.0,
-                right=True,
-            ),
-            Column(
+            _right("Age", lambda r: age_text(self._age(r)), lambda r: self._age(r) or 0.0),
+            _right(
                 "Expires in",
                 lambda r: age_text(r.get("expires_in_s")),
-                sort=lambda r: float(r.get("expires_in_s") or 0.0),
-                right=True,
+                lambda r: float(r.get("expires_in_s") or 0.0),
             ),
         )
 
@@ -214,38 +237,25 @@ class LeasesModel(RecordTableModel):
         return f"{_mib(r.get('granted_mib'))} MiB granted, {fmt_mib(used)} MiB in use now"
 
 
-class QueueModel(RecordTableModel):
+class QueueModel(RequestTableModel):
     """Waiting requests with the reason (and the numbers) they wait."""
 
-    OWNER, PROJECT, SESSION, PURPOSE, MIB, GPU, WAITING, AHEAD, REASON = range(9)
-    _time_dependent = True
+    MIB, GPU, WAITING, AHEAD, REASON = range(len(REQUEST_COLUMNS), len(REQUEST_COLUMNS) + 5)
 
-    def __init__(self, parent: Any = None) -> None:
-        super().__init__(parent)
-        self.columns = (
-            Column("Owner", _s("owner")),
-            Column("Project", _s("project")),
-            Column("Session", _s("session")),
-            Column("Purpose", _s("purpose")),
-            Column(
+    def own_columns(self) -> tuple[Column, ...]:
+        return (
+            _right(
                 "MiB",
                 self._mib_text,
-                sort=lambda r: int(r.get("mib") or 0) * int(r.get("gpus") or 1),
-                right=True,
+                lambda r: int(r.get("mib") or 0) * int(r.get("gpus") or 1),
             ),
             Column("GPU", lambda r: self.gpu_label(r.get("gpu_uuid"))),
-            Column(
+            _right(
                 "Waiting",
                 lambda r: age_text(r.get("waiting_s")),
-                sort=lambda r: float(r.get("waiting_s") or 0.0),
-                right=True,
+                lambda r: float(r.get("waiting_s") or 0.0),
             ),
-            Column(
-                "Ahead",
-                lambda r: str(r.get("ahead", 0)),
-                sort=lambda r: int(r.get("ahead") or 0),
-                right=True,
-            ),
+            _right("Ahead", lambda r: str(r.get("ahead", 0)), lambda r: int(r.get("ahead") or 0)),
             Column("Reason", self._reason, tooltip=lambda r: str(r.get("reason") or "")),
         )
 

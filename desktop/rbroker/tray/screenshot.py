@@ -36,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
+    from rbroker.demo.fleet import DemoFleet, demo_fleet
+    from rbroker.demo.world import DemoBroker
     from rbroker.tray.app import TrayApp
-    from rbroker.tray.demo import DemoBroker, DemoFleet, demo_fleet
     from rbroker.tray.fleet import FleetSource, StaticFleet, UplinkFleet
     from rbroker.tray.settings import TraySettings
 

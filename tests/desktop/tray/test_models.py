@@ -9,7 +9,7 @@ from PySide6.QtCore import Qt
 from pytestqt.modeltest import ModelTester
 from pytestqt.qtbot import QtBot
 
-from rbroker.tray.demo import demo_fleet
+from rbroker.demo.fleet import demo_fleet
 from rbroker.tray.models import (
     BADGE_ROLE,
     PROGRESS_ROLE,

@@ -266,7 +266,7 @@ def test_copy_snippet_puts_a_run_command_on_the_clipboard(
 def test_fleet_tab_not_enrolled_then_computers(
     qtbot: QtBot, tmp_path: Path, make_tray: Callable[..., TrayApp]
 ) -> None:
-    from rbroker.tray.demo import demo_fleet
+    from rbroker.demo.fleet import demo_fleet
 
     tray = make_tray(str(tmp_path / "none.sock"), fleet=NotEnrolled())
     fleet = tray.window.fleet

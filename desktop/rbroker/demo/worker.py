@@ -1,9 +1,11 @@
 """A demo worker: lease GPU memory through the SDK, "allocate" it, hold it, release it.
 
-Run by `rbroker demo` as a real process: `python -m rbroker.cli.demo_worker --socket S
---mib N --hold-s T --project P --session S --purpose TEXT`. On a simulated broker it makes
-its memory visible with `sim.allocate` (what a CUDA allocation would do); on real GPUs it
-only holds the lease.
+Run by `rbroker demo` and the screenshot world as a real process: `python -m
+rbroker.demo.worker --socket S --mib N --hold-s T --project P --session S --purpose TEXT`
+(and optionally `--gpu-uuid`, `--use-mib` (default: N), `--steps`, `--wait-s`, `--ttl-s`,
+`--announce`, which prints `granted` once the memory is in use). On a simulated broker it
+makes its memory visible with `sim.allocate` (what a CUDA allocation would do), in `steps`
+parts 0.25 s apart like a model loading layer by layer; on real GPUs it only holds the lease.
 """
 
 from __future__ import annotations
@@ -25,26 +27,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--session", required=True)
     p.add_argument("--purpose", required=True)
     p.add_argument("--wait-s", type=float, default=120.0)
+    p.add_argument("--ttl-s", type=float, default=10.0)
+    p.add_argument("--gpu-uuid", default=None)
+    p.add_argument("--use-mib", type=int, default=None)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--announce", action="store_true")
     args = p.parse_args(argv)
+    use = args.mib if args.use_mib is None else args.use_mib
     try:
         with (
             rbroker.lease(
                 args.mib,
+                gpu_uuid=args.gpu_uuid,
                 project=args.project,
                 session=args.session,
                 purpose=args.purpose,
                 wait_s=args.wait_s,
-                ttl_s=10.0,
+                ttl_s=args.ttl_s,
                 socket=args.socket,
             ) as lease,
             rbroker.Client(args.socket) as client,
         ):
             simulated = bool(client.server_info.get("simulated"))
-            steps = 4
+            steps = max(1, args.steps)
             for i in range(steps):  # allocate gradually, like a model loading layer by layer
-                if simulated:
-                    share = args.mib // steps + (args.mib % steps if i == steps - 1 else 0)
+                share = use // steps + (use % steps if i == steps - 1 else 0)
+                if simulated and share:
                     client.sim_allocate(share, lease.gpu_uuid)
+                if args.announce and i == steps - 1:
+                    print("granted", flush=True)
                 time.sleep(0.25)
             time.sleep(max(0.0, args.hold_s - steps * 0.25))
             lease.check()

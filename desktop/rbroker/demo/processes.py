@@ -1,0 +1,221 @@
+"""The processes of a demo world: brokers, lease-holding workers and jobs, started as real
+child processes that never outlive the demo.
+
+Every child leads its own process group and (on Linux) gets SIGTERM when its parent dies
+(PR_SET_PDEATHSIG), so a demo killed without cleanup leaves nothing behind; `ProcessGroup`
+stops them all (the group first, so a job's pool workers go too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Linux: this process gets SIGTERM when its parent dies without cleaning up."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def child_setup() -> None:  # pragma: no cover - runs in the child
+    """`preexec_fn` of every demo child: its own process group, gone with its parent."""
+    os.setpgid(0, 0)
+    die_with_parent()
+
+
+def broker_command(socket: str, data_dir: Path, scenario: Path | None) -> list[str]:
+    """`python -m rbroker broker` on `socket` and `data_dir`; simulated from `scenario`
+    (a TOML file) when given, else on the real GPUs."""
+    simulate = ["--simulate", str(scenario)] if scenario is not None else []
+    return [
+        sys.executable, "-m", "rbroker", "broker", *simulate,
+        "--socket", socket, "--data-dir", str(data_dir),
+    ]  # fmt: skip
+
+
+@dataclass
+class SimulatedBroker:
+    """A running `python -m rbroker broker --simulate SCENARIO` process (what the tests and
+    the benchmarks start): its socket, data dir, scenario file and log, all under one root."""
+
+    proc: subprocess.Popen[bytes]
+    socket: str
+    data_dir: Path
+    scenario: Path
+    log_path: Path
+
+    @classmethod
+    def start(
+        cls,
+        scenario_text: str,
+        root: Path,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        timeout_s: float = 20.0,
+        **fields: Any,
+    ) -> Any:
+        """Write `scenario_text` (dedented) to `root/scenario.toml`, start the broker on
+        `root/broker.sock` and `root/data` with `extra_args` (its output appended to
+        `root/broker.log`, `env` added to this process's environment) and wait until it
+        answers a local API connection. `fields` go to the constructor of `cls`.
+
+        Raises:
+            RuntimeError: it exited or did not answer within `timeout_s` (with its log).
+        """
+        scenario = root / "scenario.toml"
+        scenario.write_text(textwrap.dedent(scenario_text))
+        sock = str(root / "broker.sock")
+        cmd = [*broker_command(sock, root / "data", scenario), *extra_args]
+        log_path = root / "broker.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            )
+        broker = cls(proc, sock, root / "data", scenario, log_path, **fields)
+        broker.wait_answering(timeout_s)
+        return broker
+
+    def wait_answering(self, timeout_s: float) -> None:
+        """Wait until the broker accepts a connection (killed with SIGKILL on failure).
+
+        Raises:
+            RuntimeError: it exited or did not answer within `timeout_s` (with its log).
+        """
+        from rbroker._exceptions import BrokerUnavailable
+        from rbroker.localapi.client import Client
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with Client(self.socket, timeout_s=2):
+                    return
+            except BrokerUnavailable:
+                time.sleep(0.05)
+        self.terminate(signal.SIGKILL)
+        raise RuntimeError(f"broker did not answer within {timeout_s:g} s:\n{self.log()}")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        """Everything the broker wrote so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def terminate(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> bool:
+        """Send `sig` and wait `timeout_s`, then SIGKILL; False when it had to be killed."""
+        if self.proc.poll() is not None:
+            return True
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            return False
+        return True
+
+
+def worker_command(
+    socket: str,
+    mib: int,
+    project: str,
+    session: str,
+    purpose: str,
+    *,
+    hold_s: float,
+    gpu_uuid: str | None = None,
+    use_mib: int | None = None,
+    steps: int = 4,
+    wait_s: float = 120.0,
+    ttl_s: float = 10.0,
+    announce: bool = False,
+) -> list[str]:
+    """A `rbroker.demo.worker` process that leases `mib` MiB and holds it `hold_s` seconds
+    (see that module for the options)."""
+    cmd = [
+        sys.executable, "-m", "rbroker.demo.worker", "--socket", socket, "--mib", str(mib),
+        "--hold-s", str(hold_s), "--project", project, "--session", session,
+        "--purpose", purpose, "--steps", str(steps), "--wait-s", str(wait_s),
+        "--ttl-s", str(ttl_s),
+    ]  # fmt: skip
+    if gpu_uuid:
+        cmd += ["--gpu-uuid", gpu_uuid]
+    if use_mib is not None:
+        cmd += ["--use-mib", str(use_mib)]
+    if announce:
+        cmd.append("--announce")
+    return cmd
+
+
+class ProcessGroup:
+    """The children of one demo: `spawn()` them, and on exit (also on Ctrl-C) SIGTERM each
+    child's process group, wait up to `grace_s` in all, then SIGKILL what is left."""
+
+    def __init__(self, grace_s: float = 5.0) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.grace_s = grace_s
+
+    def spawn(
+        self,
+        cmd: list[str],
+        *,
+        stdout: IO[Any] | int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Start `cmd` as a demo child (own process group, gone with this process); its
+        stderr goes where its stdout goes when `stdout` is given."""
+        proc = subprocess.Popen(
+            cmd,
+            stdout=stdout,
+            stderr=subprocess.STDOUT if stdout is not None else None,
+            env=env,
+            preexec_fn=child_setup,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def adopt(self, proc: subprocess.Popen[bytes]) -> None:
+        """Stop `proc` with the others (it must have been started with `child_setup`)."""
+        self.procs.append(proc)
+
+    def stop(self) -> None:
+        """Stop every child (see the class docstring)."""
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
