@@ -25,6 +25,7 @@ from rbroker.localapi.paths import default_data_dir, default_socket_path
 from rbroker.tray import autostart
 from rbroker.tray.embedded import EmbeddedBroker
 from rbroker.tray.fleet import FleetSource, NotEnrolled, UplinkFleet
+from rbroker.tray.fleet_tab import FleetFeed
 from rbroker.tray.icons import app_icon, state_icon
 from rbroker.tray.link import BrokerLink
 from rbroker.tray.settings import TraySettings, settings_path
@@ -37,7 +38,7 @@ from rbroker.tray.state import (
     run_snippet,
     summary,
 )
-from rbroker.tray.window import FleetFeed, MainWindow
+from rbroker.tray.window import MainWindow
 
 log = logging.getLogger(__name__)
 
