@@ -216,3 +216,22 @@ def test_import_rbroker_loads_no_nvml_qt_or_server_code() -> None:
     forbidden = ("pynvml", "PySide6", "shiboken6", "rbroker_server", *WEB_STACK)
     leaked = sorted(m for m in loaded if m.split(".")[0] in forbidden)
     assert leaked == []
+
+
+def test_the_demo_package_loads_no_qt_or_server_code() -> None:
+    """The demo world, its fleet and the local coordinator helper serve the CLI, the
+    screenshot tool, the end-to-end tests and the benchmarks: no Qt, no server imports
+    (the coordinator runs as a process)."""
+    code = (
+        "import json, sys\n"
+        "import rbroker.demo.world, rbroker.demo.fleet, rbroker.demo.coordinator\n"
+        "import rbroker.demo.processes, rbroker.demo.job, rbroker.demo.worker\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    loaded = set(json.loads(out.stdout))
+    assert "rbroker.demo.coordinator" in loaded
+    forbidden = ("PySide6", "shiboken6", "rbroker_server", *WEB_STACK)
+    assert sorted(m for m in loaded if m.split(".")[0] in forbidden) == []

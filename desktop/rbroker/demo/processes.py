@@ -62,13 +62,13 @@ class SimulatedBroker:
         cls,
         scenario_text: str,
         root: Path,
-        extra_args: Sequence[str] = (),
+        args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         timeout_s: float = 20.0,
         **fields: Any,
     ) -> Any:
         """Write `scenario_text` (dedented) to `root/scenario.toml`, start the broker on
-        `root/broker.sock` and `root/data` with `extra_args` (its output appended to
+        `root/broker.sock` and `root/data` with the extra `args` (its output appended to
         `root/broker.log`, `env` added to this process's environment) and wait until it
         answers a local API connection. `fields` go to the constructor of `cls`.
 
@@ -78,7 +78,7 @@ class SimulatedBroker:
         scenario = root / "scenario.toml"
         scenario.write_text(textwrap.dedent(scenario_text))
         sock = str(root / "broker.sock")
-        cmd = [*broker_command(sock, root / "data", scenario), *extra_args]
+        cmd = [*broker_command(sock, root / "data", scenario), *args]
         log_path = root / "broker.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
