@@ -1,4 +1,5 @@
-"""Coordinator throughput (DESIGN §7, §10): signed reports/s over HTTP, beside the floor.
+"""Coordinator throughput (docs/architecture.md §7, §10): signed reports/s over HTTP, beside
+the floor.
 
 For each database (SQLite in a temporary data dir; PostgreSQL too when it answers at
 `RBROKER_BENCH_PG_URL`, default postgresql+psycopg://postgres@127.0.0.1:5432/test, in a fresh

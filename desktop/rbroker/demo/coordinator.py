@@ -178,7 +178,8 @@ class LocalCoordinator:
         `/healthz` answers (not with a `prefix`: the caller knows where it runs).
 
         Raises:
-            CoordinatorError: the process exited or did not answer within `timeout_s`.
+            CoordinatorError: already running; or the process exited or did not answer
+                within `timeout_s` (then it is stopped).
         """
         if self.proc is not None and self.proc.poll() is None:
             raise CoordinatorError("the coordinator is already running")
@@ -205,7 +206,11 @@ class LocalCoordinator:
                 preexec_fn=preexec_fn,
             )
         if wait and not self.prefix:
-            self.wait_healthy(timeout_s)
+            try:
+                self.wait_healthy(timeout_s)
+            except CoordinatorError:
+                self.stop()  # never leave a half-started coordinator behind
+                raise
 
     def healthy(self) -> bool:
         """One `GET /healthz` (1 s timeout): True on 200."""

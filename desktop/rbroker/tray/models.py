@@ -276,7 +276,8 @@ class QueueModel(RequestTableModel):
 
 
 class JobsModel(RecordTableModel):
-    """Parallel jobs (DESIGN §4) with their progress (drawn as bars by the view)."""
+    """Parallel jobs (docs/architecture.md §4) with their progress (drawn as bars by the
+    view)."""
 
     PROJECT, PURPOSE, HANDLER, WORKERS, STATE, DONE, FAILED, PROGRESS = range(8)
 
