@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import sys
@@ -44,10 +43,23 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rbroker._version import __version__
-from rbroker.broker.holders import Holder
 from rbroker.broker.service import Broker
 from rbroker.gpu.scenario import ScenarioError
 from rbroker.localapi.access import admin_description, is_admin
+from rbroker.localapi.connection import (
+    LINE_TIMEOUT_S,
+    MAX_CONNECTIONS_PER_USER,
+    MAX_EVENT_BACKLOG,
+    MAX_IN_FLIGHT,
+    MAX_UNSENT_BYTES,
+    TOO_LONG,
+    UNSENT_DROP_AFTER_S,
+    Connection,
+    PerUserLimit,
+    raise_open_file_limit,
+    read_line,
+    wait_until_written,
+)
 from rbroker.localapi.transport import ListeningServer, Peer, serve
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.descriptions import DescriptionRejected, check_description
@@ -70,12 +82,20 @@ from rbroker_protocol.localapi import (
 )
 from rbroker_protocol.versions import PROTOCOL_VERSION, PROTOCOL_VERSION_MIN
 
+__all__ = [
+    "LINE_TIMEOUT_S",
+    "MAX_CONNECTIONS_PER_USER",
+    "MAX_IN_FLIGHT",
+    "MAX_UNSENT_BYTES",
+    "UNSENT_DROP_AFTER_S",
+    "LocalApi",
+    "raise_open_file_limit",
+]
+
 log = logging.getLogger(__name__)
 
-_TOO_LONG = object()
 _VIEWS = frozenset({"hello", "gpus.list", "leases.list", "broker.status", "jobs.list"})
 """Methods whose answer is a view of the broker's state: built only when it can be written."""
-_conn_ids = itertools.count(1)
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -116,111 +136,6 @@ class PauseParams(BaseModel):
     paused: bool
 
 
-MAX_IN_FLIGHT = 1024
-"""Requests of one connection served at once. Past this the connection is not read until
-one finishes: a client that sends without reading its answers meets backpressure (its own
-writes block) instead of growing the broker's memory without end."""
-
-MAX_UNSENT_BYTES = 4 * 1024 * 1024
-"""Answer and event bytes of one connection that the broker keeps unsent. Answers are built
-only while less than this waits in the connection's write buffer, and the connection is not
-read meanwhile: a client that sends without reading costs the broker at most about this much
-(one client sending `leases.list` without reading grew the broker by about 1 GiB before)."""
-
-UNSENT_DROP_AFTER_S = 10.0
-"""A connection whose unsent bytes stay past `MAX_UNSENT_BYTES` this long is dropped."""
-
-LINE_TIMEOUT_S = 10.0
-"""Time a started request line may take to end with its newline. A connection that sends
-half a line and stalls is answered `invalid_request` and closed (1 030 such connections
-used to exhaust the broker's file handles). An idle connection between lines is fine."""
-
-MAX_CONNECTIONS_PER_USER = 512
-"""Open connections per OS user (by uid). One more is answered `too_many_connections` and
-closed, so one user cannot take every file handle of a broker that others share."""
-
-MAX_EVENT_BACKLOG = 10_000
-"""Events queued for one subscriber that is not reading them. Past this the connection is
-dropped (as Redis drops pub/sub clients over their output buffer limit): without a bound, a
-local client that subscribes and never reads grows the broker's memory without end."""
-
-
-def raise_open_file_limit() -> tuple[int, int] | None:
-    """Raise this process's soft limit of open files to its hard limit (Unix).
-
-    Each connection takes one file handle; the usual soft limit of 1 024 would let a few
-    hundred idle clients of several users starve everyone else. Returns the (soft, hard)
-    limits now in force, or None where the OS has no such limit (Windows).
-    """
-    if sys.platform == "win32":
-        return None
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    return soft, hard
-
-
-class Connection:
-    """One client connection: its peer, its writer and its in-flight request tasks."""
-
-    def __init__(self, writer: asyncio.StreamWriter, peer: Peer) -> None:
-        self.id = next(_conn_ids)
-        self.writer = writer
-        self.peer = peer
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.requests: set[asyncio.Task[None]] = set()
-        self.lock = asyncio.Lock()
-        self.unsubscribe: Callable[[], None] | None = None
-        self.closed = False
-        self.event_backlog = 0
-        self._holder: Holder | None = None
-        # drain() waits only past the bound: answers are written without a round of waiting
-        writer.transport.set_write_buffer_limits(high=MAX_UNSENT_BYTES)
-
-    def holder(self) -> Holder:
-        """The peer process's identity (pid + start time), read once per connection: the
-        process on the other end of a socket never changes.
-
-        Raises:
-            ProcessLookupError: the peer has exited.
-        """
-        if self._holder is None:
-            self._holder = Holder.of(self.peer.pid)
-        return self._holder
-
-    async def send(self, message: dict[str, Any] | Callable[[], Awaitable[dict[str, Any]]]) -> None:
-        """Write one message, or build it with `message()` and write it, once fewer than
-        `MAX_UNSENT_BYTES` wait unsent on this connection (so a client that does not read
-        holds up only its own answers, and no answer is built before it can be written)."""
-        async with self.lock:
-            if self.closed:
-                return
-            try:
-                await self.writer.drain()
-                if self.closed:
-                    return
-                if callable(message):
-                    message = await message()
-                self.writer.write(jsonrpc.encode(message))
-            except (ConnectionError, RuntimeError):
-                self.closed = True
-
-    def unsent_bytes(self) -> int:
-        """Bytes written to this connection that the peer has not taken yet."""
-        return self.writer.transport.get_write_buffer_size()
-
-    def drop(self, why: str) -> None:
-        """Close at once, discarding unsent bytes; the reader loop then cleans up."""
-        if not self.closed:
-            log.warning("dropping connection %d of %s: %s", self.id, self.peer.user, why)
-        self.closed = True
-        self.writer.transport.abort()
-
-
 Method = Callable[[Connection, Any], Awaitable[Any]]
 
 
@@ -232,7 +147,7 @@ class LocalApi:
         self.address = address
         self._server: ListeningServer | None = None
         self._connections: set[Connection] = set()
-        self._per_user: dict[int | str, int] = {}
+        self._per_user = PerUserLimit(MAX_CONNECTIONS_PER_USER)
         self._warned_cap: dict[str, bool] = {}
         self.admin_methods = frozenset({"broker.pause", "sim.set", "sim.stall"})
         self.methods: dict[str, tuple[type[BaseModel], Method]] = {
@@ -269,97 +184,11 @@ class LocalApi:
             conn.writer.close()
 
     # -- connection loop -----------------------------------------------------------------
-    async def _read_line(
-        self, conn: Connection, reader: asyncio.StreamReader
-    ) -> bytes | object | None:
-        """The next request line, `_TOO_LONG`, or None at the end of the stream.
-
-        Waiting for a line to start has no limit (an idle client is fine); once it has
-        started, it must end within `LINE_TIMEOUT_S` or the connection is closed.
-        """
-        try:
-            first = await reader.readexactly(1)
-        except asyncio.IncompleteReadError:
-            return None
-        if first == b"\n":
-            return first
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(LINE_TIMEOUT_S, self._line_timed_out, conn)
-        try:
-            too_long = False
-            while True:
-                try:
-                    line = first + await reader.readuntil(b"\n")
-                except asyncio.IncompleteReadError as exc:
-                    if too_long or not (first + exc.partial).strip():
-                        return None
-                    rest = first + exc.partial
-                    return rest if len(rest) <= jsonrpc.MAX_LINE_BYTES else None
-                except asyncio.LimitOverrunError as exc:
-                    too_long = True
-                    await reader.readexactly(max(1, exc.consumed))
-                    continue
-                if too_long or len(line) - 1 > jsonrpc.MAX_LINE_BYTES:
-                    return _TOO_LONG
-                return line
-        finally:
-            timer.cancel()
-
-    def _line_timed_out(self, conn: Connection) -> None:
-        if conn.closed:
-            return
-        err = RpcError(
-            ErrorCode.INVALID_REQUEST,
-            f"incomplete request line: no newline within {LINE_TIMEOUT_S:g} s; closing",
-            timeout_s=LINE_TIMEOUT_S,
-        )
-        with contextlib.suppress(Exception):
-            conn.writer.write(jsonrpc.encode(jsonrpc.error(None, err.to_wire())))
-        conn.drop(f"incomplete request line for {LINE_TIMEOUT_S:g} s")
-
-    async def _wait_until_written(self, conn: Connection) -> bool:
-        """Stop reading while answers pile up unsent; False when the connection was dropped
-        because they stayed past `MAX_UNSENT_BYTES` for `UNSENT_DROP_AFTER_S`."""
-        if conn.unsent_bytes() <= MAX_UNSENT_BYTES:
-            return True
-        try:
-            await asyncio.wait_for(conn.writer.drain(), UNSENT_DROP_AFTER_S)
-        except TimeoutError:
-            conn.drop(
-                f"{conn.unsent_bytes()} answer bytes unsent for {UNSENT_DROP_AFTER_S:g} s "
-                f"(the client does not read; at most {MAX_UNSENT_BYTES} are kept)"
-            )
-            return False
-        except (ConnectionError, RuntimeError):
-            return False
-        return not conn.closed
-
-    def _admit_connection(self, conn: Connection) -> RpcError | None:
-        key = conn.peer.uid if conn.peer.uid is not None else conn.peer.user
-        count = self._per_user.get(key, 0)
-        if count >= MAX_CONNECTIONS_PER_USER:
-            return RpcError(
-                ErrorCode.TOO_MANY_CONNECTIONS,
-                f"user {conn.peer.user} already has {count} connections to this broker "
-                f"({MAX_CONNECTIONS_PER_USER} at most); close some and try again",
-                limit=MAX_CONNECTIONS_PER_USER,
-            )
-        self._per_user[key] = count + 1
-        return None
-
-    def _forget_connection(self, conn: Connection) -> None:
-        key = conn.peer.uid if conn.peer.uid is not None else conn.peer.user
-        left = self._per_user.get(key, 0) - 1
-        if left > 0:
-            self._per_user[key] = left
-        else:
-            self._per_user.pop(key, None)
-
     async def _handle(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Peer
     ) -> None:
         conn = Connection(writer, peer)
-        refused = self._admit_connection(conn)
+        refused = self._per_user.admit(conn)
         if refused is not None:
             with contextlib.suppress(Exception):
                 writer.write(jsonrpc.encode(jsonrpc.error(None, refused.to_wire())))
@@ -374,12 +203,12 @@ class LocalApi:
         self._connections.add(conn)
         try:
             while True:
-                if not await self._wait_until_written(conn):
+                if not await wait_until_written(conn):
                     break
-                line = await self._read_line(conn, reader)
+                line = await read_line(conn, reader)
                 if line is None or conn.closed:
                     break
-                if line is _TOO_LONG:
+                if line is TOO_LONG:
                     await conn.send(
                         jsonrpc.error(
                             None,
@@ -406,7 +235,7 @@ class LocalApi:
         finally:
             conn.closed = True
             self._connections.discard(conn)
-            self._forget_connection(conn)
+            self._per_user.forget(conn)
             if conn.unsubscribe is not None:
                 conn.unsubscribe()
             for task in list(conn.tasks):

@@ -1,0 +1,228 @@
+"""Connections of the local API and the limits that keep hostile or broken clients from
+hurting the broker: bytes kept unsent, requests in flight, half-sent lines, connections
+per user, queued events, open file handles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from rbroker.broker.holders import Holder
+from rbroker.localapi.transport import Peer
+from rbroker_protocol import jsonrpc
+from rbroker_protocol.errors import ErrorCode, RpcError
+
+log = logging.getLogger(__name__)
+
+TOO_LONG = object()
+"""`read_line`'s answer for a line over `jsonrpc.MAX_LINE_BYTES` (skipped to its end)."""
+_conn_ids = itertools.count(1)
+
+
+MAX_IN_FLIGHT = 1024
+"""Requests of one connection served at once. Past this the connection is not read until
+one finishes: a client that sends without reading its answers meets backpressure (its own
+writes block) instead of growing the broker's memory without end."""
+
+MAX_UNSENT_BYTES = 4 * 1024 * 1024
+"""Answer and event bytes of one connection that the broker keeps unsent. Answers are built
+only while less than this waits in the connection's write buffer, and the connection is not
+read meanwhile: a client that sends without reading costs the broker at most about this much
+(one client sending `leases.list` without reading grew the broker by about 1 GiB before)."""
+
+UNSENT_DROP_AFTER_S = 10.0
+"""A connection whose unsent bytes stay past `MAX_UNSENT_BYTES` this long is dropped."""
+
+LINE_TIMEOUT_S = 10.0
+"""Time a started request line may take to end with its newline. A connection that sends
+half a line and stalls is answered `invalid_request` and closed (1 030 such connections
+used to exhaust the broker's file handles). An idle connection between lines is fine."""
+
+MAX_CONNECTIONS_PER_USER = 512
+"""Open connections per OS user (by uid). One more is answered `too_many_connections` and
+closed, so one user cannot take every file handle of a broker that others share."""
+
+MAX_EVENT_BACKLOG = 10_000
+"""Events queued for one subscriber that is not reading them. Past this the connection is
+dropped (as Redis drops pub/sub clients over their output buffer limit): without a bound, a
+local client that subscribes and never reads grows the broker's memory without end."""
+
+
+def raise_open_file_limit() -> tuple[int, int] | None:
+    """Raise this process's soft limit of open files to its hard limit (Unix).
+
+    Each connection takes one file handle; the usual soft limit of 1 024 would let a few
+    hundred idle clients of several users starve everyone else. Returns the (soft, hard)
+    limits now in force, or None where the OS has no such limit (Windows).
+    """
+    if sys.platform == "win32":
+        return None
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft, hard
+
+
+class Connection:
+    """One client connection: its peer, its writer and its in-flight request tasks."""
+
+    def __init__(self, writer: asyncio.StreamWriter, peer: Peer) -> None:
+        self.id = next(_conn_ids)
+        self.writer = writer
+        self.peer = peer
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.requests: set[asyncio.Task[None]] = set()
+        self.lock = asyncio.Lock()
+        self.unsubscribe: Callable[[], None] | None = None
+        self.closed = False
+        self.event_backlog = 0
+        self._holder: Holder | None = None
+        # drain() waits only past the bound: answers are written without a round of waiting
+        writer.transport.set_write_buffer_limits(high=MAX_UNSENT_BYTES)
+
+    def holder(self) -> Holder:
+        """The peer process's identity (pid + start time), read once per connection: the
+        process on the other end of a socket never changes.
+
+        Raises:
+            ProcessLookupError: the peer has exited.
+        """
+        if self._holder is None:
+            self._holder = Holder.of(self.peer.pid)
+        return self._holder
+
+    async def send(self, message: dict[str, Any] | Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        """Write one message, or build it with `message()` and write it, once fewer than
+        `MAX_UNSENT_BYTES` wait unsent on this connection (so a client that does not read
+        holds up only its own answers, and no answer is built before it can be written)."""
+        async with self.lock:
+            if self.closed:
+                return
+            try:
+                await self.writer.drain()
+                if self.closed:
+                    return
+                if callable(message):
+                    message = await message()
+                self.writer.write(jsonrpc.encode(message))
+            except (ConnectionError, RuntimeError):
+                self.closed = True
+
+    def unsent_bytes(self) -> int:
+        """Bytes written to this connection that the peer has not taken yet."""
+        return self.writer.transport.get_write_buffer_size()
+
+    def drop(self, why: str) -> None:
+        """Close at once, discarding unsent bytes; the reader loop then cleans up."""
+        if not self.closed:
+            log.warning("dropping connection %d of %s: %s", self.id, self.peer.user, why)
+        self.closed = True
+        self.writer.transport.abort()
+
+
+async def read_line(conn: Connection, reader: asyncio.StreamReader) -> bytes | object | None:
+    """The next request line, `TOO_LONG`, or None at the end of the stream.
+
+    Waiting for a line to start has no limit (an idle client is fine); once it has
+    started, it must end within `LINE_TIMEOUT_S` or the connection is closed.
+    """
+    try:
+        first = await reader.readexactly(1)
+    except asyncio.IncompleteReadError:
+        return None
+    if first == b"\n":
+        return first
+    loop = asyncio.get_running_loop()
+    timer = loop.call_later(LINE_TIMEOUT_S, _line_timed_out, conn)
+    try:
+        too_long = False
+        while True:
+            try:
+                line = first + await reader.readuntil(b"\n")
+            except asyncio.IncompleteReadError as exc:
+                if too_long or not (first + exc.partial).strip():
+                    return None
+                rest = first + exc.partial
+                return rest if len(rest) <= jsonrpc.MAX_LINE_BYTES else None
+            except asyncio.LimitOverrunError as exc:
+                too_long = True
+                await reader.readexactly(max(1, exc.consumed))
+                continue
+            if too_long or len(line) - 1 > jsonrpc.MAX_LINE_BYTES:
+                return TOO_LONG
+            return line
+    finally:
+        timer.cancel()
+
+
+def _line_timed_out(conn: Connection) -> None:
+    if conn.closed:
+        return
+    err = RpcError(
+        ErrorCode.INVALID_REQUEST,
+        f"incomplete request line: no newline within {LINE_TIMEOUT_S:g} s; closing",
+        timeout_s=LINE_TIMEOUT_S,
+    )
+    with contextlib.suppress(Exception):
+        conn.writer.write(jsonrpc.encode(jsonrpc.error(None, err.to_wire())))
+    conn.drop(f"incomplete request line for {LINE_TIMEOUT_S:g} s")
+
+
+async def wait_until_written(conn: Connection) -> bool:
+    """Stop reading while answers pile up unsent; False when the connection was dropped
+    because they stayed past `MAX_UNSENT_BYTES` for `UNSENT_DROP_AFTER_S`."""
+    if conn.unsent_bytes() <= MAX_UNSENT_BYTES:
+        return True
+    try:
+        await asyncio.wait_for(conn.writer.drain(), UNSENT_DROP_AFTER_S)
+    except TimeoutError:
+        conn.drop(
+            f"{conn.unsent_bytes()} answer bytes unsent for {UNSENT_DROP_AFTER_S:g} s "
+            f"(the client does not read; at most {MAX_UNSENT_BYTES} are kept)"
+        )
+        return False
+    except (ConnectionError, RuntimeError):
+        return False
+    return not conn.closed
+
+
+class PerUserLimit:
+    """Open connections per OS user (by uid, else by name), at most `limit` each."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._count: dict[int | str, int] = {}
+
+    def admit(self, conn: Connection) -> RpcError | None:
+        """Count `conn` in; `too_many_connections` (not counted) when its user is at the
+        limit."""
+        key = conn.peer.uid if conn.peer.uid is not None else conn.peer.user
+        count = self._count.get(key, 0)
+        if count >= self.limit:
+            return RpcError(
+                ErrorCode.TOO_MANY_CONNECTIONS,
+                f"user {conn.peer.user} already has {count} connections to this broker "
+                f"({self.limit} at most); close some and try again",
+                limit=self.limit,
+            )
+        self._count[key] = count + 1
+        return None
+
+    def forget(self, conn: Connection) -> None:
+        """Count a closed connection out."""
+        key = conn.peer.uid if conn.peer.uid is not None else conn.peer.user
+        left = self._count.get(key, 0) - 1
+        if left > 0:
+            self._count[key] = left
+        else:
+            self._count.pop(key, None)
