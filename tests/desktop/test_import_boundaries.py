@@ -201,37 +201,34 @@ def test_relative_imports_are_resolved() -> None:
     assert names == ["rbroker.localapi", "rbroker.localapi.client"]
 
 
-def test_import_rbroker_loads_no_nvml_qt_or_server_code() -> None:
-    code = (
-        "import json, sys\n"
-        "import rbroker\n"
-        "rbroker.Client, rbroker.lease, rbroker.CapacityUnavailable\n"
-        "print(json.dumps(sorted(sys.modules)))\n"
-    )
+def _loaded_after(imports: str) -> set[str]:
+    """The modules a fresh interpreter has loaded after running `imports`."""
+    code = f"import json, sys\n{imports}\nprint(json.dumps(sorted(sys.modules)))\n"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
-    loaded = set(json.loads(out.stdout))
+    return set(json.loads(out.stdout))
+
+
+def _leaked(loaded: set[str], forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in loaded if m.split(".")[0] in forbidden)
+
+
+def test_import_rbroker_loads_no_nvml_qt_or_server_code() -> None:
+    loaded = _loaded_after(
+        "import rbroker\nrbroker.Client, rbroker.lease, rbroker.CapacityUnavailable"
+    )
     assert "rbroker" in loaded and "rbroker.localapi.client" in loaded
-    forbidden = ("pynvml", "PySide6", "shiboken6", "rbroker_server", *WEB_STACK)
-    leaked = sorted(m for m in loaded if m.split(".")[0] in forbidden)
-    assert leaked == []
+    assert _leaked(loaded, ("pynvml", "PySide6", "shiboken6", "rbroker_server", *WEB_STACK)) == []
 
 
 def test_the_demo_package_loads_no_qt_or_server_code() -> None:
     """The demo world, its fleet and the local coordinator helper serve the CLI, the
     screenshot tool, the end-to-end tests and the benchmarks: no Qt, no server imports
     (the coordinator runs as a process)."""
-    code = (
-        "import json, sys\n"
+    loaded = _loaded_after(
         "import rbroker.demo.world, rbroker.demo.fleet, rbroker.demo.coordinator\n"
-        "import rbroker.demo.processes, rbroker.demo.job, rbroker.demo.worker\n"
-        "print(json.dumps(sorted(sys.modules)))\n"
+        "import rbroker.demo.processes, rbroker.demo.job, rbroker.demo.worker"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    )
-    loaded = set(json.loads(out.stdout))
     assert "rbroker.demo.coordinator" in loaded
-    forbidden = ("PySide6", "shiboken6", "rbroker_server", *WEB_STACK)
-    assert sorted(m for m in loaded if m.split(".")[0] in forbidden) == []
+    assert _leaked(loaded, ("PySide6", "shiboken6", "rbroker_server", *WEB_STACK)) == []

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from rbroker.demo.coordinator import LocalCoordinator, server_available
-from rbroker.demo.processes import ProcessGroup, broker_command
+from rbroker.demo.processes import ProcessGroup, broker_command, stop_process
 from rbroker.demo.world import DemoBroker, answers, holder_command, wait_for
 
 
@@ -324,24 +324,15 @@ class DemoFleet:
             return len(online) == 4 and leased >= 4 + 2
 
         wait_for(all_reported, timeout_s)
-        self._stop(self.brokers["laptop-anna"])
+        stop_process(self.brokers["laptop-anna"])
         time.sleep(self.OFFLINE_AFTER_S - self.STALE_AFTER_S)
-        self._stop(self.brokers["gpu-box-03"])
+        stop_process(self.brokers["gpu-box-03"])
 
         def states() -> bool:
             fresh = {c["name"]: c["freshness"] for c in self.computers()}
             return fresh.get("laptop-anna") == "offline" and fresh.get("gpu-box-03") == "stale"
 
         wait_for(states, timeout_s)
-
-    @staticmethod
-    def _stop(proc: subprocess.Popen[bytes]) -> None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
     def stop(self) -> None:
         """Stop the other computers' brokers and workers, then the coordinator."""

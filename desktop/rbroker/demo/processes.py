@@ -163,6 +163,16 @@ def worker_command(
     return cmd
 
 
+def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM `proc`, SIGKILL it after `grace_s` seconds; wait until it is gone."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 class ProcessGroup:
     """The children of one demo: `spawn()` them, and on exit (also on Ctrl-C) SIGTERM each
     child's process group, wait up to `grace_s` in all, then SIGKILL what is left."""
