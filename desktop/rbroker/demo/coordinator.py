@@ -212,10 +212,11 @@ class LocalCoordinator:
                 self.stop()  # never leave a half-started coordinator behind
                 raise
 
-    def healthy(self) -> bool:
-        """One `GET /healthz` (1 s timeout): True on 200."""
+    def healthy(self, timeout_s: float = 2.0) -> bool:
+        """One `GET /healthz`: True on 200 within `timeout_s` (a cold server on a busy
+        machine may take over a second for its first answer)."""
         with contextlib.suppress(httpx.HTTPError):
-            r = httpx.get(self.url + "/healthz", timeout=1.0, verify=self.verify)
+            r = httpx.get(self.url + "/healthz", timeout=timeout_s, verify=self.verify)
             return r.status_code == 200
         return False
 
