@@ -41,7 +41,9 @@ def test_sign_in_session_cookie_and_sign_out(coordinator: Coordinator) -> None:
     client, r = sign_in(coordinator, coordinator.tokens["alpha"])
     with contextlib.closing(client):
         assert r.status_code == 303 and r.headers["location"] == "/fleet", r.text
-        cookie = next(v for k, v in r.headers.multi_items() if k == "set-cookie" and SESSION_COOKIE in v)
+        cookie = next(
+            v for k, v in r.headers.multi_items() if k == "set-cookie" and SESSION_COOKIE in v
+        )
         assert "HttpOnly" in cookie and "samesite=strict" in cookie.lower(), cookie
         assert "Secure" not in cookie  # plain HTTP here; over HTTPS the cookie is Secure
         page = client.get("/fleet")
