@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable
 
 import httpx
 import pytest
@@ -70,7 +69,7 @@ def test_wrong_token_and_missing_csrf_are_refused(coordinator: Coordinator) -> N
 
 def test_revoking_the_token_ends_the_session(coordinator: Coordinator) -> None:
     coordinator.group("alpha")
-    client, r = sign_in(coordinator, coordinator.tokens["alpha"])
+    client, _ = sign_in(coordinator, coordinator.tokens["alpha"])
     with contextlib.closing(client):
         assert client.get("/fleet").status_code == 200
         assert admin.revoke_token(coordinator.engine, "alpha", coordinator.tokens["alpha"])
@@ -190,8 +189,7 @@ def test_metrics_match_the_fleet(coordinator: Coordinator) -> None:
     assert "lab-b" not in r.text
     (c,) = fleet["computers"]
     g = c["gpus"][0]
-    gl = (("computer", "lab-a"), ("computer_id", cid), ("gpu_index", "0"),
-          ("gpu_name", g["name"]), ("gpu_uuid", GPU_A))  # fmt: skip
+    gl = (("computer", "lab-a"), ("computer_id", cid), ("gpu_index", "0"), ("gpu_uuid", GPU_A))
     for metric, field in [
         ("rbroker_gpu_total_bytes", "total_mib"),
         ("rbroker_gpu_headroom_bytes", "headroom_mib"),
@@ -208,9 +206,12 @@ def test_metrics_match_the_fleet(coordinator: Coordinator) -> None:
     assert samples[("rbroker_computer_waiting_requests", cl)] == len(c["queue"]) == 0
     age = samples[("rbroker_computer_last_report_age_seconds", cl)]
     assert before["computers"][0]["freshness"]["age_s"] <= age <= c["freshness"]["age_s"]
-    jl = tuple(sorted((*cl, ("handler", "h.x"), ("job_id", "j1"), ("project", "p"))))
+    assert samples[("rbroker_gpu_info", tuple(sorted((*gl, ("gpu_name", g["name"])))))] == 1
+    jl = (*cl, ("job_id", "j1"))
     assert samples[("rbroker_job_items_completed_total", jl)] == 250
     assert samples[("rbroker_job_items_failed_total", jl)] == 5
     assert samples[("rbroker_job_items", jl)] == 1000
+    info = (("handler", "h.x"), ("project", "p"), ("purpose", "embed"), ("state", "running"))
+    assert samples[("rbroker_job_info", tuple(sorted((*jl, *info))))] == 1
     for name, _ in samples:
         assert re.fullmatch(r"rbroker_[a-z_]+", name), name

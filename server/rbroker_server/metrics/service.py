@@ -35,8 +35,10 @@ GPU_STATES = ("free", "busy", "full", "telemetry_unavailable", "lost")
 FRESHNESS_STATES = ("online", "stale", "offline")
 
 COMPUTER_LABELS = ["computer_id", "computer"]
-GPU_LABELS = [*COMPUTER_LABELS, "gpu_uuid", "gpu_index", "gpu_name"]
-JOB_LABELS = [*COMPUTER_LABELS, "job_id", "project", "handler"]
+GPU_LABELS = [*COMPUTER_LABELS, "gpu_uuid", "gpu_index"]
+JOB_LABELS = [*COMPUTER_LABELS, "job_id"]
+"""Identifying labels only; descriptive ones (GPU name, job project, purpose and handler) are
+on the `_info` metrics (value 1), joined in queries by these labels."""
 
 
 class FleetCollector(Collector):
@@ -53,6 +55,9 @@ class FleetCollector(Collector):
         gpu_bytes = {
             name: GaugeMetricFamily(name, doc, labels=GPU_LABELS) for name, _, doc in GPU_BYTES
         }
+        gpu_info = GaugeMetricFamily(
+            "rbroker_gpu_info", "The GPU's name (value 1).", labels=[*GPU_LABELS, "gpu_name"]
+        )
         gpu_state = GaugeMetricFamily(
             "rbroker_gpu_state",
             "1 for the GPU's current state (free, busy, full, telemetry_unavailable, lost).",
@@ -89,10 +94,16 @@ class FleetCollector(Collector):
         total = GaugeMetricFamily(
             "rbroker_job_items", "Items a job declared in total.", labels=JOB_LABELS
         )
+        job_info = GaugeMetricFamily(
+            "rbroker_job_info",
+            "A job's declared project, purpose, handler and state (value 1).",
+            labels=[*JOB_LABELS, "project", "purpose", "handler", "state"],
+        )
         for c in view.computers:
             who = [c.id, c.name]
             for g in c.gpus:
-                labels = [*who, g.uuid, str(g.index), g.name]
+                labels = [*who, g.uuid, str(g.index)]
+                gpu_info.add_metric([*labels, g.name], 1.0)
                 for name, field, _ in GPU_BYTES:
                     mib = getattr(g, field)
                     if mib is not None:
@@ -106,13 +117,15 @@ class FleetCollector(Collector):
             for state in FRESHNESS_STATES:
                 freshness.add_metric([*who, state], 1.0 if c.freshness.state == state else 0.0)
             for j in c.jobs:
-                labels = [*who, j.job_id, j.project, j.handler]
+                labels = [*who, j.job_id]
+                job_info.add_metric([*labels, j.project, j.purpose, j.handler, j.state], 1.0)
                 completed.add_metric(labels, float(j.completed_items))
                 failed.add_metric(labels, float(j.failed_items))
                 if j.total_items is not None:
                     total.add_metric(labels, float(j.total_items))
         yield from gpu_bytes.values()
-        yield from (gpu_state, leases, waiting, age, freshness, completed, failed, total)
+        yield from (gpu_info, gpu_state, leases, waiting, age, freshness)
+        yield from (completed, failed, total, job_info)
 
 
 def exposition(view: FleetView) -> bytes:
