@@ -16,7 +16,6 @@ import time
 
 import httpx
 import psutil
-
 from _common import Report, fmt_ms, parser, percentile
 from coordinator import clone_computers, enroll, start_server
 
