@@ -3,7 +3,7 @@
 A real `rbroker-server serve` process (SQLite, one worker); one computer enrolled and
 reporting (one GPU, two leases, a job), then cloned to `--computers` computers with their
 state; a signed-in session. Measured: the server process's CPU time per refresh
-(`GET /fleet?fragment=1`, what an open fleet page fetches every 5 s) beside the JSON fleet
+(`GET /fleet/live`, what an open fleet page fetches every 5 s) beside the JSON fleet
 read `GET /api/v1/fleet` of the same computers (the anchor), the client-side p50, and the
 bytes of one refresh. Numbers are printed, never asserted.
 """
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             csrf = re.search(r'name="csrf_token" value="([^"]+)"', form)
             assert csrf is not None
             client.post("/signin", data={"token": server.token, "csrf_token": csrf.group(1)})
-            page, page_cpu, page_bytes = _timed(client, proc, "/fleet?fragment=1", n)
+            page, page_cpu, page_bytes = _timed(client, proc, "/fleet/live", n)
             auth = {"authorization": f"Bearer {server.token}"}
             api, api_cpu, api_bytes = _timed(client, proc, "/api/v1/fleet", n, headers=auth)
             met, met_cpu, met_bytes = _timed(client, proc, "/metrics", n, headers=auth)

@@ -11,6 +11,7 @@ import anyio.to_thread
 import sqlalchemy as sa
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from litestar import Litestar, get
+from litestar.config.compression import CompressionConfig
 from litestar.datastructures import CacheControlHeader, State
 from litestar.di import NamedDependency, Provide
 from litestar.exceptions import ServiceUnavailableException
@@ -126,6 +127,13 @@ def create_app(
             static,
         ],
         middleware=[security_headers],
+        compression_config=CompressionConfig(
+            backend="gzip",
+            minimum_size=1024,
+            gzip_compress_level=6,
+            exclude=["^/api/", "^/healthz", "^/schema"],
+            exclude_opt_key=web.NO_COMPRESSION,
+        ),
         template_config=TemplateConfig(instance=JinjaTemplateEngine.from_environment(templates)),
         dependencies={
             "engine": Provide(lambda: eng, use_cache=True, sync_to_thread=False),

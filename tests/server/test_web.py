@@ -54,7 +54,7 @@ def test_sign_in_session_cookie_and_sign_out(coordinator: Coordinator) -> None:
         out = client.post("/signout", data={"csrf_token": _csrf(page.text)})
         assert out.status_code == 303 and out.headers["location"] == "/signin"
         assert client.get("/fleet").status_code == 303
-        assert client.get("/fleet?fragment=1").status_code == 401
+        assert client.get("/fleet/live").status_code == 401
 
 
 def test_wrong_token_and_missing_csrf_are_refused(coordinator: Coordinator) -> None:
@@ -73,7 +73,7 @@ def test_revoking_the_token_ends_the_session(coordinator: Coordinator) -> None:
     with contextlib.closing(client):
         assert client.get("/fleet").status_code == 200
         assert admin.revoke_token(coordinator.engine, "alpha", coordinator.tokens["alpha"])
-        assert client.get("/fleet?fragment=1").status_code == 401
+        assert client.get("/fleet/live").status_code == 401
         assert client.get("/fleet").headers["location"] == "/signin"
 
 
@@ -145,7 +145,7 @@ def test_descriptions_are_escaped(coordinator: Coordinator) -> None:
     cid = _report_with_everything(coordinator, "alpha", "lab-x")
     client, _ = sign_in(coordinator, coordinator.tokens["alpha"])
     with contextlib.closing(client):
-        for path in ("/fleet", f"/computers/{cid}", "/fleet?fragment=1"):
+        for path in ("/fleet", f"/computers/{cid}", "/fleet/live"):
             html = client.get(path).text
             assert "<script>alert(1)</script>" not in html and "<b>bold</b>" not in html
             assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
@@ -215,3 +215,18 @@ def test_metrics_match_the_fleet(coordinator: Coordinator) -> None:
     assert samples[("rbroker_job_info", tuple(sorted((*jl, *info))))] == 1
     for name, _ in samples:
         assert re.fullmatch(r"rbroker_[a-z_]+", name), name
+
+
+def test_compression_never_mixes_secrets_and_influenced_text(coordinator: Coordinator) -> None:
+    """Live fragments and metrics are gzipped; pages that carry a CSRF token are not."""
+    coordinator.group("alpha")
+    for i in range(3):
+        _report_with_everything(coordinator, "alpha", f"lab-{i}")
+    client, _ = sign_in(coordinator, coordinator.tokens["alpha"])
+    with contextlib.closing(client):
+        gz = {"accept-encoding": "gzip"}
+        assert client.get("/fleet/live", headers=gz).headers.get("content-encoding") == "gzip"
+        page = client.get("/fleet", headers=gz)
+        assert "csrf_token" in page.text and "content-encoding" not in page.headers
+        r = client.get("/metrics", headers={**gz, **coordinator.viewer("alpha")})
+        assert r.headers.get("content-encoding") == "gzip"

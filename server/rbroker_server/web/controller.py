@@ -2,7 +2,8 @@
 fragments and a computer's history as JSON for the charts.
 
 Every page needs a session (see `rbroker_server.web.sessions`); without one, pages redirect
-to `/signin` and fragments answer 401 so the page's script can send the browser there.
+to `/signin` and their live fragments (`…/live`) answer 401 so the page's script can send
+the browser there.
 Forms carry a CSRF token: the session's, or before sign-in a random one also set in a
 short-lived SameSite=Strict cookie (double submit).
 """
@@ -18,7 +19,7 @@ from litestar.datastructures import CacheControlHeader, Cookie
 from litestar.di import NamedDependency
 from litestar.enums import RequestEncodingType
 from litestar.exceptions import NotAuthorizedException, NotFoundException
-from litestar.params import Body, FromPath, FromQuery
+from litestar.params import Body, FromPath
 from litestar.response import Redirect, Template
 from sqlalchemy.engine import Engine
 
@@ -39,6 +40,10 @@ SIGNIN_CSRF_COOKIE = "rbroker_signin_csrf"
 SIGNIN_ATTEMPTS = 10
 SIGNIN_WINDOW_S = 60.0
 """Sign-in attempts per client address: a burst of 10, then one every 6 s."""
+NO_COMPRESSION = "no_compression"
+"""Route option: never gzip this answer. Full pages carry the session's CSRF token beside
+text others can influence (descriptions), the mix a compression side channel (BREACH)
+needs; the live fragments, JSON and metrics carry no secret and are compressed."""
 REFRESH_MS = 5000
 """The pages refresh their figures every 5 s, the brokers' report interval."""
 
@@ -114,6 +119,67 @@ def _signin_page(
     )
 
 
+def _fleet(
+    request: Request[Any, Any, Any], engine: Engine, settings: Settings, *, fragment: bool
+) -> Template | Redirect:
+    signed = _session(request, engine)
+    if signed is None:
+        if fragment:
+            raise NotAuthorizedException("signed out")
+        return _to_signin(request)
+    view = fleet_service.fleet(engine, settings, signed.scope)
+    context = _common(
+        request,
+        group=view.group,
+        csrf_token=signed.csrf_token,
+        generated_at=view.generated_at,
+        stale_after_s=view.stale_after_s,
+        offline_after_s=view.offline_after_s,
+        pages=pages.computer_pages(engine, view.computers, view.generated_at),
+    )
+    return Template(template_name="fleet_live.html" if fragment else "fleet.html", context=context)
+
+
+def _computer(
+    request: Request[Any, Any, Any],
+    computer_id: str,
+    engine: Engine,
+    settings: Settings,
+    *,
+    fragment: bool,
+) -> Template | Redirect:
+    signed = _session(request, engine)
+    if signed is None:
+        if fragment:
+            raise NotAuthorizedException("signed out")
+        return _to_signin(request)
+    now = utcnow()
+    try:
+        view = fleet_service.computer(engine, settings, signed.scope, computer_id)
+    except fleet_service.ComputerNotFound:
+        return Template(
+            template_name="message.html",
+            context=_common(
+                request,
+                csrf_token=signed.csrf_token,
+                heading="No such computer",
+                message="This group has no computer with that id.",
+            ),
+            status_code=404,
+        )
+    context = _common(
+        request,
+        csrf_token=signed.csrf_token,
+        generated_at=now,
+        page=pages.computer_pages(engine, [view], now)[0],
+        history_window_s=settings.history_window_s,
+        history_step_s=settings.history_step_s,
+    )
+    return Template(
+        template_name="computer_live.html" if fragment else "computer.html", context=context
+    )
+
+
 class WebController(Controller):
     """Server-rendered pages of the group a session was signed in for."""
 
@@ -127,7 +193,7 @@ class WebController(Controller):
         target = "/fleet" if _session(request, engine) else "/signin"
         return Redirect(path=f"{base_path(request)}{target}", status_code=303)
 
-    @get("/signin", sync_to_thread=True)
+    @get("/signin", sync_to_thread=True, opt={NO_COMPRESSION: True})
     def signin_form(
         self, request: Request[Any, Any, Any], engine: NamedDependency[Engine]
     ) -> Template | Redirect:
@@ -136,7 +202,7 @@ class WebController(Controller):
             return Redirect(path=f"{base_path(request)}/fleet", status_code=303)
         return _signin_page(request)
 
-    @post("/signin", sync_to_thread=True, status_code=303)
+    @post("/signin", sync_to_thread=True, status_code=303, opt={NO_COMPRESSION: True})
     def signin(
         self,
         request: Request[Any, Any, Any],
@@ -196,74 +262,47 @@ class WebController(Controller):
             sessions.sign_out(engine, request.cookies.get(SESSION_COOKIE))
         return _to_signin(request)
 
-    @get("/fleet", sync_to_thread=True)
+    @get("/fleet", sync_to_thread=True, opt={NO_COMPRESSION: True})
     def fleet(
         self,
         request: Request[Any, Any, Any],
         engine: NamedDependency[Engine],
         settings: NamedDependency[Settings],
-        fragment: FromQuery[bool] = False,
     ) -> Template | Redirect:
-        """The group's computers; `?fragment=1`: only the part that refreshes."""
-        signed = _session(request, engine)
-        if signed is None:
-            if fragment:
-                raise NotAuthorizedException("signed out")
-            return _to_signin(request)
-        view = fleet_service.fleet(engine, settings, signed.scope)
-        context = _common(
-            request,
-            group=view.group,
-            csrf_token=signed.csrf_token,
-            generated_at=view.generated_at,
-            stale_after_s=view.stale_after_s,
-            offline_after_s=view.offline_after_s,
-            pages=pages.computer_pages(engine, view.computers, view.generated_at),
-        )
-        return Template(
-            template_name="fleet_live.html" if fragment else "fleet.html", context=context
-        )
+        """The group's computers (a page that refreshes its figures from `/fleet/live`)."""
+        return _fleet(request, engine, settings, fragment=False)
 
-    @get("/computers/{computer_id:str}", sync_to_thread=True)
+    @get("/fleet/live", sync_to_thread=True)
+    def fleet_live(
+        self,
+        request: Request[Any, Any, Any],
+        engine: NamedDependency[Engine],
+        settings: NamedDependency[Settings],
+    ) -> Template | Redirect:
+        """The part of the fleet page that refreshes (401 without a session)."""
+        return _fleet(request, engine, settings, fragment=True)
+
+    @get("/computers/{computer_id:str}", sync_to_thread=True, opt={NO_COMPRESSION: True})
     def computer(
         self,
         request: Request[Any, Any, Any],
         computer_id: FromPath[str],
         engine: NamedDependency[Engine],
         settings: NamedDependency[Settings],
-        fragment: FromQuery[bool] = False,
     ) -> Template | Redirect:
         """One computer: now, its flags, and charts over the retained history."""
-        signed = _session(request, engine)
-        if signed is None:
-            if fragment:
-                raise NotAuthorizedException("signed out")
-            return _to_signin(request)
-        now = utcnow()
-        try:
-            view = fleet_service.computer(engine, settings, signed.scope, computer_id)
-        except fleet_service.ComputerNotFound:
-            return Template(
-                template_name="message.html",
-                context=_common(
-                    request,
-                    csrf_token=signed.csrf_token,
-                    heading="No such computer",
-                    message="This group has no computer with that id.",
-                ),
-                status_code=404,
-            )
-        context = _common(
-            request,
-            csrf_token=signed.csrf_token,
-            generated_at=now,
-            page=pages.computer_pages(engine, [view], now)[0],
-            history_window_s=settings.history_window_s,
-            history_step_s=settings.history_step_s,
-        )
-        return Template(
-            template_name="computer_live.html" if fragment else "computer.html", context=context
-        )
+        return _computer(request, computer_id, engine, settings, fragment=False)
+
+    @get("/computers/{computer_id:str}/live", sync_to_thread=True)
+    def computer_live(
+        self,
+        request: Request[Any, Any, Any],
+        computer_id: FromPath[str],
+        engine: NamedDependency[Engine],
+        settings: NamedDependency[Settings],
+    ) -> Template | Redirect:
+        """The part of a computer's page that refreshes (401 without a session)."""
+        return _computer(request, computer_id, engine, settings, fragment=True)
 
     @get("/computers/{computer_id:str}/history.json", sync_to_thread=True)
     def history(
