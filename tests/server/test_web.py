@@ -230,3 +230,23 @@ def test_compression_never_mixes_secrets_and_influenced_text(coordinator: Coordi
         assert "csrf_token" in page.text and "content-encoding" not in page.headers
         r = client.get("/metrics", headers={**gz, **coordinator.viewer("alpha")})
         assert r.headers.get("content-encoding") == "gzip"
+
+
+def test_computer_page_shows_flags_never_the_secret(coordinator: Coordinator) -> None:
+    coordinator.group("alpha")
+    computer = coordinator.enroll("alpha", "lab-f")
+    secret = "AKIA" + "IOSFODNN7EXAMPLE"
+    lease = LeaseReport(
+        lease_id="l1", gpu_uuids=[GPU_A], granted_mib=1024, owner="ana", project="vision",
+        session="s", purpose=f"sync with {secret}",
+    )  # fmt: skip
+    assert computer.report(payload("lab-f", leases=[lease])).json()["flagged_fields"] == [
+        "leases[0].purpose"
+    ]
+    client, _ = sign_in(coordinator, coordinator.tokens["alpha"])
+    with contextlib.closing(client):
+        html = client.get(f"/computers/{computer.id}").text
+        fleet_html = client.get("/fleet").text
+    assert "<code>leases[0].purpose</code>" in html and "secret:" in html
+    assert secret not in html and secret not in fleet_html
+    assert "flagged" in fleet_html

@@ -40,7 +40,14 @@ _HISTORY_GPU_FIELDS = (
 )
 
 
-_HISTORY_JOB_FIELDS = ("job_id", "state", "total_items", "completed_items", "failed_items")
+_HISTORY_JOB_FIELDS = (
+    "job_id",
+    "purpose",
+    "state",
+    "total_items",
+    "completed_items",
+    "failed_items",
+)
 
 
 class ReportUnauthenticated(Exception):

@@ -142,12 +142,15 @@
       fig.appendChild(table(title, ["time"].concat(SERIES.map(function (s) { return s[1] + " MiB"; })),
         pts.map(function (p, i) { return [times[i]].concat(series.map(function (s) { return fmt(s.values[i]); })); })));
     });
-    var jobIds = [];
-    pts.forEach(function (p) { (p.jobs || []).forEach(function (j) { if (jobIds.indexOf(j.job_id) < 0) jobIds.push(j.job_id); }); });
+    var jobIds = [], purposes = {};
+    pts.forEach(function (p) { (p.jobs || []).forEach(function (j) {
+      if (jobIds.indexOf(j.job_id) < 0) jobIds.push(j.job_id);
+      if (j.purpose) purposes[j.job_id] = j.purpose;
+    }); });
     if (jobIds.length) {
       var palette = ["#2f6fdb", "#3aa55d", "#e08a2c", "#8e44ad", "#d0453a", "#555b63"];
       var series = jobIds.map(function (id, k) {
-        return { label: "job " + id.slice(0, 8) + " items done", colour: palette[k % palette.length], values: pts.map(function (p) {
+        return { label: (purposes[id] ? purposes[id] + " (" + id.slice(0, 8) + ")" : "job " + id.slice(0, 8)) + " items done", colour: palette[k % palette.length], values: pts.map(function (p) {
           var j = (p.jobs || []).filter(function (x) { return x.job_id === id; })[0];
           return j ? j.completed_items + j.failed_items : null;
         }) };
