@@ -174,3 +174,24 @@ def test_fleet_in_a_browser(
             assert page.url.endswith("/signin")
             assert not [e for e in errors if "Content Security Policy" in e], errors
     _ = lab_full
+
+
+def test_session_cookie_is_secure_over_https(
+    coordinator_factory: Callable[..., CoordinatorProcess],
+) -> None:
+    import httpx
+
+    coordinator = coordinator_factory(tls=True)
+    with httpx.Client(base_url=coordinator.url, verify=coordinator.verify, timeout=30) as http:
+        form = http.get("/signin")
+        assert "Secure" in form.headers["set-cookie"]  # the sign-in form's CSRF cookie
+        csrf = re.search(r'name="csrf_token" value="([^"]+)"', form.text)
+        assert csrf is not None
+        r = http.post("/signin", data={"token": coordinator.token, "csrf_token": csrf.group(1)})
+        assert r.status_code == 303, r.text
+        session = next(
+            v for k, v in r.headers.multi_items() if k == "set-cookie" and "rbroker_session=" in v
+        )
+        attrs = {a.strip().lower() for a in session.split(";")}
+        assert {"secure", "httponly", "samesite=strict"} <= attrs, session
+        assert http.get("/fleet").status_code == 200
