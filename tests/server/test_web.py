@@ -37,6 +37,7 @@ def sign_in(coordinator: Coordinator, token: str) -> tuple[httpx.Client, httpx.R
 def test_sign_in_session_cookie_and_sign_out(coordinator: Coordinator) -> None:
     coordinator.group("alpha")
     assert coordinator.http.get("/fleet").status_code == 303  # to /signin
+    assert coordinator.http.get("/").headers["location"] == "/signin"
     client, r = sign_in(coordinator, coordinator.tokens["alpha"])
     with contextlib.closing(client):
         assert r.status_code == 303 and r.headers["location"] == "/fleet", r.text
@@ -45,6 +46,8 @@ def test_sign_in_session_cookie_and_sign_out(coordinator: Coordinator) -> None:
         )
         assert "HttpOnly" in cookie and "samesite=strict" in cookie.lower(), cookie
         assert "Secure" not in cookie  # plain HTTP here; over HTTPS the cookie is Secure
+        assert client.get("/").headers["location"] == "/fleet"
+        assert client.get("/signin").headers["location"] == "/fleet"  # already signed in
         page = client.get("/fleet")
         assert page.status_code == 200 and "group <strong>alpha</strong>" in page.text
         assert page.headers["cache-control"] == "no-store"
@@ -250,3 +253,22 @@ def test_computer_page_shows_flags_never_the_secret(coordinator: Coordinator) ->
     assert "<code>leases[0].purpose</code>" in html and "secret:" in html
     assert secret not in html and secret not in fleet_html
     assert "flagged" in fleet_html
+
+
+def test_capacity_bars_use_the_trays_split_and_colours() -> None:
+    pytest.importorskip("PySide6")
+    from rbroker.tray import widgets
+    from rbroker_server.web import service as pages
+    from rbroker_server.web.controller import COLOURS, TEMPLATES
+
+    assert [(k, label) for k, label, _ in widgets.SEGMENTS] == [
+        (k, label) for k, label, _ in pages.SEGMENTS
+    ]
+    base = (TEMPLATES / "base.html").read_text()
+    for key, _, colour in widgets.SEGMENTS:
+        web = COLOURS[key]
+        if web.startswith("url(#"):  # hatched like the tray: the pattern's ground colour
+            pattern = re.search(rf'id="{web[5:-1]}".*?fill="(#[0-9a-f]{{6}})"', base, re.S)
+            assert pattern is not None, key
+            web = pattern.group(1)
+        assert web == colour.name(), key
