@@ -272,3 +272,15 @@ def test_capacity_bars_use_the_trays_split_and_colours() -> None:
             assert pattern is not None, key
             web = pattern.group(1)
         assert web == colour.name(), key
+
+
+def test_a_gpu_without_telemetry_shows_unknown_figures(coordinator: Coordinator) -> None:
+    coordinator.group("alpha")
+    computer = coordinator.enroll("alpha", "lab-t")
+    gpu = GpuReport(uuid=GPU_A, index=0, name="Lost GPU", telemetry="unavailable")
+    assert computer.report(payload("lab-t", gpus=[gpu])).status_code == 200
+    client, _ = sign_in(coordinator, coordinator.tokens["alpha"])
+    with contextlib.closing(client):
+        html = client.get("/fleet").text
+    assert "telemetry unavailable" in html and "available ? MiB" in html
+    assert "? MiB total" in html and "available 0 MiB" not in html

@@ -17,7 +17,8 @@ class Segment:
 
     key: str
     label: str
-    mib: int
+    mib: int | None
+    """None: not reported (failed telemetry)."""
     x_pct: float
     width_pct: float
 
@@ -29,7 +30,7 @@ class GpuCard:
     gpu: GpuView
     state_text: str
     segments: list[Segment]
-    total_mib: int
+    total_mib: int | None
     summary: str
     """The bar as one sentence, for screen readers."""
 

@@ -48,13 +48,15 @@ def fmt_mib(mib: int | float | None) -> str:
 
 
 def gpu_card(gpu: GpuView) -> GpuCard:
-    """The bar of one GPU: segments proportional to its total (scaled when over-committed)."""
-    values = [(key, label, int(getattr(gpu, attr) or 0)) for key, label, attr in SEGMENTS]
-    total = int(gpu.total_mib or 0)
-    scale = max(total, sum(v for _, _, v in values), 1)
+    """The bar of one GPU: segments proportional to its total (scaled when over-committed).
+    Figures the computer did not report (failed telemetry) stay unknown (`None`, shown as
+    `?`), never 0."""
+    values = [(key, label, getattr(gpu, attr)) for key, label, attr in SEGMENTS]
+    total = gpu.total_mib
+    scale = max(total or 0, sum(v or 0 for _, _, v in values), 1)
     segments, x = [], 0.0
     for key, label, mib in values:
-        width = 100.0 * mib / scale
+        width = 100.0 * (mib or 0) / scale
         segments.append(Segment(key, label, mib, round(x, 3), round(width, 3)))
         x += width
     state_text = GPU_STATE_TEXT.get(gpu.state, gpu.state)
