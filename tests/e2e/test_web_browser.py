@@ -154,7 +154,8 @@ def test_fleet_in_a_browser(
             coordinator.stop()
             expect(banner).to_be_visible(timeout=20_000)
             expect(banner).to_contain_text("The coordinator is unreachable")
-            coordinator.start()
+            coordinator.start(wait=False)
+            coordinator.wait_healthy(timeout_s=120)  # a slow start on a busy machine is fine
             expect(banner).to_be_hidden(timeout=20_000)
             assert page.evaluate("window.rbrokerNotReloaded") is True  # never reloaded
 
