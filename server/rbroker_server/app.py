@@ -132,7 +132,6 @@ def create_app(
             minimum_size=1024,
             gzip_compress_level=6,
             exclude=["^/api/", "^/healthz", "^/schema"],
-            exclude_opt_key=web.NO_COMPRESSION,
         ),
         template_config=TemplateConfig(instance=JinjaTemplateEngine.from_environment(templates)),
         dependencies={

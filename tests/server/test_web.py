@@ -108,6 +108,18 @@ def test_sign_in_is_rate_limited_per_address(coordinator: Coordinator) -> None:
         assert SESSION_COOKIE not in client.cookies
 
 
+def test_csrf_masking_round_trips_and_rejects_garbage() -> None:
+    from rbroker_server.web import sessions
+
+    token = "a" * 43
+    masked = {sessions.mask_token(token) for _ in range(5)}
+    assert len(masked) == 5
+    assert all(sessions.csrf_matches(token, m) for m in masked)
+    assert not sessions.csrf_matches(token, token)  # the bare token is not a masked value
+    for bad in ("", "!!!", "YWJj", "x" * 600, sessions.mask_token("b" * 43)):
+        assert not sessions.csrf_matches(token, bad), bad
+
+
 def test_rate_limiter_refills_and_bounds_its_keys() -> None:
     now = [0.0]
     limiter = RateLimiter(3, 60.0, clock=lambda: now[0], max_keys=2)
@@ -220,8 +232,9 @@ def test_metrics_match_the_fleet(coordinator: Coordinator) -> None:
         assert re.fullmatch(r"rbroker_[a-z_]+", name), name
 
 
-def test_compression_never_mixes_secrets_and_influenced_text(coordinator: Coordinator) -> None:
-    """Live fragments and metrics are gzipped; pages that carry a CSRF token are not."""
+def test_pages_are_compressed_with_csrf_tokens_masked_afresh(coordinator: Coordinator) -> None:
+    """Pages, live fragments and metrics are gzipped; a page's CSRF token differs in every
+    response (masked, so compression never repeats it), and any of them is accepted."""
     coordinator.group("alpha")
     for i in range(3):
         _report_with_everything(coordinator, "alpha", f"lab-{i}")
@@ -229,10 +242,13 @@ def test_compression_never_mixes_secrets_and_influenced_text(coordinator: Coordi
     with contextlib.closing(client):
         gz = {"accept-encoding": "gzip"}
         assert client.get("/fleet/live", headers=gz).headers.get("content-encoding") == "gzip"
-        page = client.get("/fleet", headers=gz)
-        assert "csrf_token" in page.text and "content-encoding" not in page.headers
+        first, second = client.get("/fleet", headers=gz), client.get("/fleet", headers=gz)
+        assert first.headers.get("content-encoding") == "gzip"
+        assert _csrf(first.text) != _csrf(second.text)
         r = client.get("/metrics", headers={**gz, **coordinator.viewer("alpha")})
         assert r.headers.get("content-encoding") == "gzip"
+        assert client.post("/signout", data={"csrf_token": _csrf(first.text)}).status_code == 303
+        assert client.get("/fleet/live").status_code == 401
 
 
 def test_computer_page_shows_flags_never_the_secret(coordinator: Coordinator) -> None:

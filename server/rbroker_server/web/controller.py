@@ -5,7 +5,7 @@ Every page needs a session (see `rbroker_server.web.sessions`); without one, pag
 to `/signin` and their live fragments (`…/live`) answer 401 so the page's script can send
 the browser there.
 Forms carry a CSRF token: the session's, or before sign-in a random one also set in a
-short-lived SameSite=Strict cookie (double submit).
+short-lived SameSite=Strict cookie (double submit); masked afresh in every response.
 """
 
 from __future__ import annotations
@@ -40,10 +40,6 @@ SIGNIN_CSRF_COOKIE = "rbroker_signin_csrf"
 SIGNIN_ATTEMPTS = 10
 SIGNIN_WINDOW_S = 60.0
 """Sign-in attempts per client address: a burst of 10, then one every 6 s."""
-NO_COMPRESSION = "no_compression"
-"""Route option: never gzip this answer. Full pages carry the session's CSRF token beside
-text others can influence (descriptions), the mix a compression side channel (BREACH)
-needs; the live fragments, JSON and metrics carry no secret and are compressed."""
 REFRESH_MS = 5000
 """The pages refresh their figures every 5 s, the brokers' report interval."""
 
@@ -69,6 +65,8 @@ def _secure(request: Request[Any, Any, Any]) -> bool:
 
 
 def _common(request: Request[Any, Any, Any], **context: Any) -> dict[str, Any]:
+    if context.get("csrf_token"):
+        context["csrf_token"] = sessions.mask_token(context["csrf_token"])
     return {
         "base": base_path(request),
         "group": None,
@@ -104,7 +102,7 @@ def _signin_page(
     token = secrets.token_urlsafe(32)
     return Template(
         template_name="signin.html",
-        context=_common(request, error=error, signin_csrf=token),
+        context=_common(request, error=error, signin_csrf=sessions.mask_token(token)),
         status_code=status_code,
         cookies=[
             Cookie(
@@ -193,7 +191,7 @@ class WebController(Controller):
         target = "/fleet" if _session(request, engine) else "/signin"
         return Redirect(path=f"{base_path(request)}{target}", status_code=303)
 
-    @get("/signin", sync_to_thread=True, opt={NO_COMPRESSION: True})
+    @get("/signin", sync_to_thread=True)
     def signin_form(
         self, request: Request[Any, Any, Any], engine: NamedDependency[Engine]
     ) -> Template | Redirect:
@@ -202,7 +200,7 @@ class WebController(Controller):
             return Redirect(path=f"{base_path(request)}/fleet", status_code=303)
         return _signin_page(request)
 
-    @post("/signin", sync_to_thread=True, status_code=303, opt={NO_COMPRESSION: True})
+    @post("/signin", sync_to_thread=True, status_code=303)
     def signin(
         self,
         request: Request[Any, Any, Any],
@@ -262,7 +260,7 @@ class WebController(Controller):
             sessions.sign_out(engine, request.cookies.get(SESSION_COOKIE))
         return _to_signin(request)
 
-    @get("/fleet", sync_to_thread=True, opt={NO_COMPRESSION: True})
+    @get("/fleet", sync_to_thread=True)
     def fleet(
         self,
         request: Request[Any, Any, Any],
@@ -282,7 +280,7 @@ class WebController(Controller):
         """The part of the fleet page that refreshes (401 without a session)."""
         return _fleet(request, engine, settings, fragment=True)
 
-    @get("/computers/{computer_id:str}", sync_to_thread=True, opt={NO_COMPRESSION: True})
+    @get("/computers/{computer_id:str}", sync_to_thread=True)
     def computer(
         self,
         request: Request[Any, Any, Any],

@@ -8,6 +8,8 @@ at most and ends at once when its token is revoked (every lookup joins the token
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import secrets
 from dataclasses import dataclass
@@ -103,8 +105,36 @@ def sign_out(engine: Engine, session_id: str | None) -> None:
         conn.execute(sa.delete(SESSIONS).where(SESSIONS.c.id_hash == _hash(session_id)))
 
 
+def mask_token(token: str) -> str:
+    """`token` as a form sends it: a fresh random pad and the token XORed with it (URL-safe
+    base64), different in every page, so a compressed page never repeats the same secret
+    bytes (the masking Django uses against BREACH-style compression side channels)."""
+    raw = token.encode()
+    pad = secrets.token_bytes(len(raw))
+    return base64.urlsafe_b64encode(
+        pad + bytes(a ^ b for a, b in zip(pad, raw, strict=True))
+    ).decode()
+
+
+def unmask_token(text: str) -> str | None:
+    """The token inside a masked form value, or None when it is not one."""
+    try:
+        blob = base64.urlsafe_b64decode(text.encode("ascii"))
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        return None
+    half = len(blob) // 2
+    if not blob or len(blob) % 2:
+        return None
+    try:
+        return bytes(a ^ b for a, b in zip(blob[:half], blob[half:], strict=True)).decode()
+    except UnicodeDecodeError:
+        return None
+
+
 def csrf_matches(expected: str | None, given: str | None) -> bool:
-    """Constant-time comparison of a form's CSRF token with the expected one."""
-    if not expected or not given:
+    """Whether a form's masked CSRF value (`mask_token`) holds the expected token (constant
+    time in the token's length)."""
+    if not expected or not given or len(given) > 512:
         return False
-    return secrets.compare_digest(expected.encode(), given.encode())
+    token = unmask_token(given)
+    return token is not None and secrets.compare_digest(expected.encode(), token.encode())
