@@ -151,6 +151,7 @@ def create_app(
             {
                 STATE_TRUSTED: parse_networks(settings.trusted_proxies),
                 "signin_limiter": RateLimiter(web.SIGNIN_ATTEMPTS, web.SIGNIN_WINDOW_S),
+                web.SETTINGS_STATE: settings,
             }
         ),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -300,3 +301,29 @@ def test_a_gpu_without_telemetry_shows_unknown_figures(coordinator: Coordinator)
         html = client.get("/fleet").text
     assert "telemetry unavailable" in html and "available ? MiB" in html
     assert "? MiB total" in html and "available 0 MiB" not in html
+
+
+def test_web_view_behind_a_proxy_prefix(coordinator_factory: Callable[..., Coordinator]) -> None:
+    """Under `external_url = https://…/rbroker/` (TLS ended at the proxy): links, redirects
+    and cookie paths carry the prefix, and cookies are Secure."""
+    coordinator = coordinator_factory(external_url="https://lab.example.org/rbroker/")
+    coordinator.group("alpha")
+    with httpx.Client(base_url=coordinator.url, timeout=30) as client:
+        form = client.get("/rbroker/signin")
+        assert form.status_code == 200
+        assert 'src="/rbroker/static/app.js"' in form.text
+        assert 'action="/rbroker/signin"' in form.text
+        csrf_cookie = form.headers["set-cookie"]
+        assert "secure" in csrf_cookie.lower() and "path=/rbroker" in csrf_cookie.lower()
+        r = client.post(  # a browser sends the Secure cookie over https; httpx here needs help
+            "/rbroker/signin",
+            data={"token": coordinator.tokens["alpha"], "csrf_token": _csrf(form.text)},
+            headers={"cookie": csrf_cookie.split(";")[0]},
+        )
+        assert r.status_code == 303 and r.headers["location"] == "/rbroker/fleet", r.text
+        session = next(
+            v for k, v in r.headers.multi_items() if k == "set-cookie" and SESSION_COOKIE in v
+        )
+        attrs = {a.strip().lower() for a in session.split(";")}
+        assert {"secure", "path=/rbroker", "httponly", "samesite=strict"} <= attrs, session
+        assert client.get("/rbroker/static/app.css").status_code == 200

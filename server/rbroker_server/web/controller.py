@@ -40,6 +40,8 @@ SIGNIN_CSRF_COOKIE = "rbroker_signin_csrf"
 SIGNIN_ATTEMPTS = 10
 SIGNIN_WINDOW_S = 60.0
 """Sign-in attempts per client address: a burst of 10, then one every 6 s."""
+SETTINGS_STATE = "settings"
+"""Key of the coordinator's `Settings` in the app's `state` (read where no handler has them)."""
 REFRESH_MS = 5000
 """The pages refresh their figures every 5 s, the brokers' report interval."""
 
@@ -61,7 +63,14 @@ def base_path(request: Request[Any, Any, Any]) -> str:
 
 
 def _secure(request: Request[Any, Any, Any]) -> bool:
-    return request.url.scheme == "https"
+    """Cookies get `Secure` when the browser reaches the coordinator over HTTPS: served over
+    TLS here, or an `https://` external URL (TLS ended at a reverse proxy)."""
+    settings: Settings = request.app.state.get(SETTINGS_STATE) or Settings()
+    return request.url.scheme == "https" or settings.external_url.lower().startswith("https:")
+
+
+def _cookie_path(request: Request[Any, Any, Any]) -> str:
+    return base_path(request) or "/"
 
 
 def _common(request: Request[Any, Any, Any], **context: Any) -> dict[str, Any]:
@@ -92,7 +101,17 @@ def _to_signin(request: Request[Any, Any, Any]) -> Redirect:
     return Redirect(
         path=f"{base_path(request)}/signin",
         status_code=303,
-        cookies=[Cookie(key=SESSION_COOKIE, value="", max_age=0, httponly=True, samesite="strict")],
+        cookies=[
+            Cookie(
+                key=SESSION_COOKIE,
+                value="",
+                max_age=0,
+                path=_cookie_path(request),
+                httponly=True,
+                secure=_secure(request),
+                samesite="strict",
+            )
+        ],
     )
 
 
@@ -109,6 +128,7 @@ def _signin_page(
                 key=SIGNIN_CSRF_COOKIE,
                 value=token,
                 max_age=3600,
+                path=_cookie_path(request),
                 httponly=True,
                 secure=_secure(request),
                 samesite="strict",
@@ -240,11 +260,20 @@ class WebController(Controller):
                     key=SESSION_COOKIE,
                     value=session_id,
                     max_age=int(sessions.SESSION_TTL_S),
+                    path=_cookie_path(request),
                     httponly=True,
                     secure=_secure(request),
                     samesite="strict",
                 ),
-                Cookie(key=SIGNIN_CSRF_COOKIE, value="", max_age=0, httponly=True),
+                Cookie(
+                    key=SIGNIN_CSRF_COOKIE,
+                    value="",
+                    max_age=0,
+                    path=_cookie_path(request),
+                    httponly=True,
+                    secure=_secure(request),
+                    samesite="strict",
+                ),
             ],
         )
 
