@@ -24,10 +24,14 @@ TABLE_HEADER = "| figure | value | floor / anchor | ratio | target | verdict |"
         ("heartbeats.py", ["--seconds", "1"]),
         ("crash_release.py", ["--repeat", "3"]),
         ("coordinator.py", ["--no-pg"]),
+        ("web_refresh.py", ["--computers", "10", "--requests", "3"]),
     ],
 )
 def test_benchmark_runs_quick(script: str, extra: list[str]) -> None:
-    if script == "coordinator.py" and importlib.util.find_spec("litestar") is None:
+    if (
+        script in ("coordinator.py", "web_refresh.py")
+        and importlib.util.find_spec("litestar") is None
+    ):
         pytest.skip("the coordinator benchmark needs rbroker[server]")
     done = subprocess.run(
         [sys.executable, str(BENCH / script), "--quick", *extra],

@@ -9,21 +9,30 @@ from collections.abc import AsyncIterator
 
 import anyio.to_thread
 import sqlalchemy as sa
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from litestar import Litestar, get
-from litestar.datastructures import State
+from litestar.config.compression import CompressionConfig
+from litestar.datastructures import CacheControlHeader, State
 from litestar.di import NamedDependency, Provide
 from litestar.exceptions import ServiceUnavailableException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, Reference, SecurityScheme
+from litestar.plugins.jinja import JinjaTemplateEngine
+from litestar.static_files import create_static_files_router
+from litestar.template import TemplateConfig
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
 from rbroker_server import __version__, db, maintenance
 from rbroker_server.enroll.controller import EnrollController
 from rbroker_server.fleet.controller import FleetController
+from rbroker_server.metrics.controller import MetricsController
 from rbroker_server.net import STATE_TRUSTED, PrefixStrip, parse_networks
+from rbroker_server.ratelimit import RateLimiter
 from rbroker_server.reports.controller import ReportsController
 from rbroker_server.settings import Settings
+from rbroker_server.web import controller as web
+from rbroker_server.web.headers import security_headers
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +107,33 @@ def create_app(
             if owned:
                 eng.dispose()
 
+    templates = Environment(
+        loader=FileSystemLoader(web.TEMPLATES), autoescape=True, undefined=StrictUndefined
+    )
+    static = create_static_files_router(
+        path="/static",
+        directories=[web.STATIC],
+        cache_control=CacheControlHeader(max_age=3600),
+        include_in_schema=False,
+    )
     app = Litestar(
-        route_handlers=[healthz, EnrollController, ReportsController, FleetController],
+        route_handlers=[
+            healthz,
+            EnrollController,
+            ReportsController,
+            FleetController,
+            MetricsController,
+            web.WebController,
+            static,
+        ],
+        middleware=[security_headers],
+        compression_config=CompressionConfig(
+            backend="gzip",
+            minimum_size=1024,
+            gzip_compress_level=6,
+            exclude=["^/api/", "^/healthz", "^/schema"],
+        ),
+        template_config=TemplateConfig(instance=JinjaTemplateEngine.from_environment(templates)),
         dependencies={
             "engine": Provide(lambda: eng, use_cache=True, sync_to_thread=False),
             "settings": Provide(lambda: settings, use_cache=True, sync_to_thread=False),
@@ -113,7 +147,13 @@ def create_app(
             path="/schema",
             components=Components(security_schemes=SECURITY_SCHEMES),
         ),
-        state=State({STATE_TRUSTED: parse_networks(settings.trusted_proxies)}),
+        state=State(
+            {
+                STATE_TRUSTED: parse_networks(settings.trusted_proxies),
+                "signin_limiter": RateLimiter(web.SIGNIN_ATTEMPTS, web.SIGNIN_WINDOW_S),
+                web.SETTINGS_STATE: settings,
+            }
+        ),
     )
     if settings.root_path:  # behind a proxy under a prefix: route with or without it
         app.asgi_handler = PrefixStrip(app.asgi_handler, settings.root_path)

@@ -2,7 +2,7 @@
 
 Tables: groups, viewer tokens, enrollment codes (hashed), computers (with their latest
 state), runs seen per computer (so a retired run can never be replayed), downsampled
-history points, and used request nonces.
+history points, used request nonces, and the web view's sign-in sessions.
 """
 
 from __future__ import annotations
@@ -129,6 +129,25 @@ class RequestNonce(SQLModel, table=True):
 
     computer_id: str = Field(primary_key=True, max_length=64)
     nonce: str = Field(primary_key=True, max_length=64)
+    expires_at: datetime = Field(sa_column=sa.Column(UtcDateTime, nullable=False, index=True))
+
+
+class WebSession(SQLModel, table=True):
+    """A browser signed in with a viewer token; only a SHA-256 of the session id is kept.
+
+    The session lives as long as its token: a revoked token ends every session made with it.
+    """
+
+    __tablename__ = "web_sessions"
+
+    id_hash: str = Field(primary_key=True, max_length=64)
+    token_id: str = Field(
+        sa_column=sa.Column(
+            sa.ForeignKey("viewer_tokens.id", ondelete="CASCADE"), nullable=False, index=True
+        )
+    )
+    csrf_token: str = Field(max_length=64)
+    created_at: datetime = Field(sa_type=UtcDateTime)
     expires_at: datetime = Field(sa_column=sa.Column(UtcDateTime, nullable=False, index=True))
 
 

@@ -49,3 +49,27 @@ def test_windows_launchers() -> None:
     ps1 = (ROOT / "packaging" / "windows" / "rbroker-server.ps1").read_text()
     for needle in ("Register-ScheduledTask", '"setup"', "serve", "RBROKER_SERVER_DATA_DIR"):
         assert needle in ps1, needle
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("uv") is None, reason="needs uv to build the wheel")
+def test_wheel_carries_the_web_view(tmp_path: Path) -> None:
+    """Templates, static files (the vendored chart library with its licence) and migrations
+    are package data: the installed coordinator serves its pages from the wheel."""
+    import zipfile
+
+    out = subprocess.run(
+        ["uv", "build", "--wheel", "--out-dir", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    web = ROOT / "server" / "rbroker_server" / "web"
+    for sub in ("templates", "static"):
+        for path in (web / sub).iterdir():
+            assert f"rbroker_server/web/{sub}/{path.name}" in names, path.name
+    assert "rbroker_server/web/static/uPlot.LICENSE.txt" in names
+    assert "rbroker_server/migrations/versions/2026_11_30_0002_web_sessions.py" in names

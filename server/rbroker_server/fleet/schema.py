@@ -77,12 +77,15 @@ class FleetView(BaseModel):
 
 
 class HistoryPointView(BaseModel):
-    """One downsampled point: per-GPU MiB figures, lease and queue counts."""
+    """One downsampled point: per-GPU MiB figures, lease and queue counts, and each job's
+    cumulative counts (`job_id`, `purpose`, `state`, `total_items`, `completed_items`,
+    `failed_items`; empty for points written before jobs were kept)."""
 
     at: datetime
     gpus: list[dict[str, Any]]
     leases: int
     queue: int
+    jobs: list[dict[str, Any]] = []
 
 
 class HistoryView(BaseModel):

@@ -180,6 +180,7 @@ def history(engine: Engine, settings: Settings, scope: Scope, computer_id: str) 
                 gpus=p.data.get("gpus", []),
                 leases=p.data.get("leases", 0),
                 queue=p.data.get("queue", 0),
+                jobs=p.data.get("jobs", []),
             )
             for p in points
         ],

@@ -31,11 +31,22 @@ _HISTORY_GPU_FIELDS = (
     "index",
     "telemetry",
     "total_mib",
+    "headroom_mib",
     "device_used_mib",
     "available_mib",
     "leased_in_use_mib",
     "other_in_use_mib",
     "outstanding_mib",
+)
+
+
+_HISTORY_JOB_FIELDS = (
+    "job_id",
+    "purpose",
+    "state",
+    "total_items",
+    "completed_items",
+    "failed_items",
 )
 
 
@@ -74,13 +85,19 @@ def history_bucket(at: datetime, step_s: float) -> datetime:
     return datetime.fromtimestamp(ts - ts % step_s, UTC)
 
 
-def history_data(state: dict[str, Any]) -> dict[str, Any]:
-    """The chart figures of one state: per GPU MiB figures, lease and queue counts."""
-    return {
+def history_data(state: dict[str, Any], received_at: datetime | None = None) -> dict[str, Any]:
+    """The chart figures of one state: per GPU MiB figures, lease and queue counts, each
+    job's cumulative counts, and the server receive time (Unix s) of the report they came
+    from (a bucket's `at` is only its start; rates need the real time)."""
+    data: dict[str, Any] = {
         "gpus": [{k: g.get(k) for k in _HISTORY_GPU_FIELDS} for g in state["gpus"]],
         "leases": len(state["leases"]),
         "queue": len(state["queue"]),
+        "jobs": [{k: j.get(k) for k in _HISTORY_JOB_FIELDS} for j in state.get("jobs", [])],
     }
+    if received_at is not None:
+        data["received_at"] = received_at.timestamp()
+    return data
 
 
 def ingest(
@@ -191,7 +208,7 @@ def _apply(engine: Engine, settings: Settings, env: Envelope, now: datetime) -> 
         if conn.execute(update, params).rowcount != 1:
             raise _NotApplied("superseded", "not applied: a newer report was applied meanwhile")
         if new_bucket:
-            point = {"computer_id": env.computer_id, "at": bucket, "data": history_data(state)}
+            point = {"computer_id": env.computer_id, "at": bucket, "data": history_data(state, now)}
             conn.execute(st.insert_history(dialect), point)
     return ReportAck(
         applied=True,

@@ -1,0 +1,1 @@
+"""`/metrics`: a group's fleet in the Prometheus text format."""

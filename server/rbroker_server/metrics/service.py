@@ -1,0 +1,135 @@
+"""A group's fleet as Prometheus metrics (prometheus-client's text exposition format).
+
+Names follow Prometheus' conventions: base units (bytes, seconds), `_bytes` and `_seconds`
+suffixes, counters end in `_total`. Figures are the same ones `/api/v1/fleet` shows at the
+same instant, MiB turned into bytes (x 1 048 576). A figure the computer did not report
+(unknown, e.g. failed telemetry) is left out rather than written as 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from rbroker_server.fleet.schema import FleetView
+
+MIB = 1024 * 1024
+
+GPU_BYTES: tuple[tuple[str, str, str], ...] = (
+    ("rbroker_gpu_total_bytes", "total_mib", "GPU memory in total."),
+    ("rbroker_gpu_headroom_bytes", "headroom_mib", "Memory the broker never grants."),
+    ("rbroker_gpu_in_use_bytes", "device_used_mib", "Memory in use on the device (total - free)."),
+    (
+        "rbroker_gpu_outstanding_bytes",
+        "outstanding_mib",
+        "Granted to leases but not allocated yet.",
+    ),
+    ("rbroker_gpu_available_bytes", "available_mib", "What a new lease could be granted now."),
+)
+"""(metric, GpuView field in MiB, help)."""
+
+GPU_STATES = ("free", "busy", "full", "telemetry_unavailable", "lost")
+FRESHNESS_STATES = ("online", "stale", "offline")
+
+COMPUTER_LABELS = ["computer_id", "computer"]
+GPU_LABELS = [*COMPUTER_LABELS, "gpu_uuid", "gpu_index"]
+JOB_LABELS = [*COMPUTER_LABELS, "job_id"]
+"""Identifying labels only; descriptive ones (GPU name, job project, purpose and handler) are
+on the `_info` metrics (value 1), joined in queries by these labels."""
+
+
+class FleetCollector(Collector):
+    """Yields the metric families of one fleet view (made fresh for every scrape)."""
+
+    def __init__(self, view: FleetView) -> None:
+        self.view = view
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def _families(self) -> Iterator[Metric]:
+        view = self.view
+        gpu_bytes = {
+            name: GaugeMetricFamily(name, doc, labels=GPU_LABELS) for name, _, doc in GPU_BYTES
+        }
+        gpu_info = GaugeMetricFamily(
+            "rbroker_gpu_info", "The GPU's name (value 1).", labels=[*GPU_LABELS, "gpu_name"]
+        )
+        gpu_state = GaugeMetricFamily(
+            "rbroker_gpu_state",
+            "1 for the GPU's current state (free, busy, full, telemetry_unavailable, lost).",
+            labels=[*GPU_LABELS, "state"],
+        )
+        leases = GaugeMetricFamily(
+            "rbroker_computer_leases", "Active leases on the computer.", labels=COMPUTER_LABELS
+        )
+        waiting = GaugeMetricFamily(
+            "rbroker_computer_waiting_requests",
+            "Lease requests waiting in the computer's queue.",
+            labels=COMPUTER_LABELS,
+        )
+        age = GaugeMetricFamily(
+            "rbroker_computer_last_report_age_seconds",
+            "Seconds since the coordinator received the computer's last applied report.",
+            labels=COMPUTER_LABELS,
+        )
+        freshness = GaugeMetricFamily(
+            "rbroker_computer_freshness",
+            "1 for the computer's freshness (online, stale, offline).",
+            labels=[*COMPUTER_LABELS, "state"],
+        )
+        completed = CounterMetricFamily(
+            "rbroker_job_items_completed",
+            "Items a job's chunks reported completed (cumulative).",
+            labels=JOB_LABELS,
+        )
+        failed = CounterMetricFamily(
+            "rbroker_job_items_failed",
+            "Items a job's chunks reported failed (cumulative).",
+            labels=JOB_LABELS,
+        )
+        total = GaugeMetricFamily(
+            "rbroker_job_items", "Items a job declared in total.", labels=JOB_LABELS
+        )
+        job_info = GaugeMetricFamily(
+            "rbroker_job_info",
+            "A job's declared project, purpose, handler and state (value 1).",
+            labels=[*JOB_LABELS, "project", "purpose", "handler", "state"],
+        )
+        for c in view.computers:
+            who = [c.id, c.name]
+            for g in c.gpus:
+                labels = [*who, g.uuid, str(g.index)]
+                gpu_info.add_metric([*labels, g.name], 1.0)
+                for name, field, _ in GPU_BYTES:
+                    mib = getattr(g, field)
+                    if mib is not None:
+                        gpu_bytes[name].add_metric(labels, float(mib * MIB))
+                for state in GPU_STATES:
+                    gpu_state.add_metric([*labels, state], 1.0 if g.state == state else 0.0)
+            leases.add_metric(who, float(len(c.leases)))
+            waiting.add_metric(who, float(len(c.queue)))
+            if c.freshness.age_s is not None:
+                age.add_metric(who, c.freshness.age_s)
+            for state in FRESHNESS_STATES:
+                freshness.add_metric([*who, state], 1.0 if c.freshness.state == state else 0.0)
+            for j in c.jobs:
+                labels = [*who, j.job_id]
+                job_info.add_metric([*labels, j.project, j.purpose, j.handler, j.state], 1.0)
+                completed.add_metric(labels, float(j.completed_items))
+                failed.add_metric(labels, float(j.failed_items))
+                if j.total_items is not None:
+                    total.add_metric(labels, float(j.total_items))
+        yield from gpu_bytes.values()
+        yield from (gpu_info, gpu_state, leases, waiting, age, freshness)
+        yield from (completed, failed, total, job_info)
+
+
+def exposition(view: FleetView) -> bytes:
+    """The text exposition (format 0.0.4) of `view`."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FleetCollector(view))
+    return generate_latest(registry)

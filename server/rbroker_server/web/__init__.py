@@ -1,0 +1,1 @@
+"""The private web view: sign-in sessions and server-rendered fleet and computer pages."""

@@ -1,0 +1,80 @@
+"""What the pages show, already worked out: capacity bar segments, lease ages, job rates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rbroker_server.fleet.schema import ComputerView, GpuView
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One part of a capacity bar, in MiB and as a share of the bar (percent, 0–100).
+
+    `key` is one of `leased`, `reserved`, `others`, `available`, `headroom` (the tray's
+    split and colours: rbroker.tray.widgets.SEGMENTS).
+    """
+
+    key: str
+    label: str
+    mib: int | None
+    """None: not reported (failed telemetry)."""
+    x_pct: float
+    width_pct: float
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCard:
+    """A GPU with its bar; `state_text` is the GPU's own state in words."""
+
+    gpu: GpuView
+    state_text: str
+    segments: list[Segment]
+    total_mib: int | None
+    summary: str
+    """The bar as one sentence, for screen readers."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """A job with its progress: `done` = completed + failed; rates from the history."""
+
+    job_id: str
+    project: str
+    purpose: str
+    handler: str
+    state: str
+    workers: int
+    total_items: int | None
+    completed_items: int
+    failed_items: int
+    done: int
+    percent: float | None
+    items_per_s: float | None
+    eta_text: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRow:
+    """A lease as a table row; `age_text` from the computer's grant time and the server clock
+    corrected by the computer's clock skew."""
+
+    owner: str
+    project: str
+    session: str
+    purpose: str
+    granted_mib: int
+    gpus: str
+    age_text: str
+    over_grant: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ComputerPage:
+    """One computer as the pages show it."""
+
+    view: ComputerView
+    gpus: list[GpuCard]
+    leases: list[LeaseRow]
+    jobs: list[JobRow]
+    queue_reasons: list[str] = field(default_factory=list)

@@ -1,0 +1,172 @@
+"""Turns fleet views into page models: bar segments, lease ages, job rates and ETAs.
+
+Job rates come from the downsampled history (docs/architecture.md §7): the items done now
+against the oldest point of the last `RATE_WINDOW_S` seconds that has the job, over the time
+between the two reports (server receive times).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from rbroker_server.fleet.schema import ComputerView, GpuView
+from rbroker_server.fleet.service import age_text
+from rbroker_server.models import HistoryPoint
+from rbroker_server.web.schema import ComputerPage, GpuCard, JobRow, LeaseRow, Segment
+
+HISTORY = HistoryPoint.__table__  # type: ignore[attr-defined]
+
+RATE_WINDOW_S = 600.0
+"""Items per second are measured over (at most) the last ten minutes of history."""
+
+SEGMENTS: tuple[tuple[str, str, str], ...] = (
+    ("leased", "in use by leases", "leased_in_use_mib"),
+    ("reserved", "granted, not yet in use", "outstanding_mib"),
+    ("others", "in use by others", "other_in_use_mib"),
+    ("available", "available", "available_mib"),
+    ("headroom", "headroom", "headroom_mib"),
+)
+"""The tray's split, in the tray's order (rbroker.tray.widgets.SEGMENTS)."""
+
+GPU_STATE_TEXT = {
+    "free": "free",
+    "busy": "busy",
+    "full": "full",
+    "telemetry_unavailable": "telemetry unavailable",
+    "lost": "lost",
+}
+
+
+def fmt_mib(mib: int | float | None) -> str:
+    """`24 576` (thin grouping like the CLI and tray), `?` when unknown."""
+    return "?" if mib is None else f"{int(mib):,}".replace(",", "\u202f")
+
+
+def gpu_card(gpu: GpuView) -> GpuCard:
+    """The bar of one GPU: segments proportional to its total (scaled when over-committed).
+    Figures the computer did not report (failed telemetry) stay unknown (`None`, shown as
+    `?`), never 0."""
+    values = [(key, label, getattr(gpu, attr)) for key, label, attr in SEGMENTS]
+    total = gpu.total_mib
+    scale = max(total or 0, sum(v or 0 for _, _, v in values), 1)
+    segments, x = [], 0.0
+    for key, label, mib in values:
+        width = 100.0 * (mib or 0) / scale
+        segments.append(Segment(key, label, mib, round(x, 3), round(width, 3)))
+        x += width
+    state_text = GPU_STATE_TEXT.get(gpu.state, gpu.state)
+    parts = ", ".join(f"{label} {fmt_mib(mib)} MiB" for _, label, mib in values)
+    summary = f"GPU {gpu.index} {state_text}: {parts}; total {fmt_mib(total)} MiB"
+    return GpuCard(gpu, state_text, segments, total, summary)
+
+
+def _lease_rows(view: ComputerView, now: datetime) -> list[LeaseRow]:
+    rows = []
+    skew = view.clock_skew_s or 0.0
+    for lease in view.leases:
+        age = "?"
+        if lease.granted_at is not None:
+            age = age_text(max(0.0, now.timestamp() + skew - lease.granted_at))
+        rows.append(
+            LeaseRow(
+                owner=lease.owner,
+                project=lease.project,
+                session=lease.session,
+                purpose=lease.purpose,
+                granted_mib=lease.granted_mib,
+                gpus=", ".join(lease.gpu_uuids),
+                age_text=age,
+                over_grant=lease.over_grant,
+            )
+        )
+    return rows
+
+
+def eta_text(seconds: float | None) -> str:
+    """`12 s`, `4 min`, `2 h` or `—` when unknown."""
+    return "—" if seconds is None else age_text(max(0.0, seconds))
+
+
+def _job_rows(view: ComputerView, earliest: dict[str, tuple[float, int]]) -> list[JobRow]:
+    rows = []
+    seen_at = view.freshness.last_seen_at.timestamp() if view.freshness.last_seen_at else None
+    for job in view.jobs:
+        done = job.completed_items + job.failed_items
+        percent = None
+        if job.total_items:
+            percent = min(100.0, 100.0 * done / job.total_items)
+        rate = None
+        first = earliest.get(job.job_id)
+        if first is not None and seen_at is not None and seen_at - first[0] > 0:
+            rate = max(0.0, (done - first[1]) / (seen_at - first[0]))
+        eta = None
+        if job.state == "running" and rate and job.total_items is not None:
+            eta = max(0, job.total_items - done) / rate
+        rows.append(
+            JobRow(
+                job_id=job.job_id,
+                project=job.project,
+                purpose=job.purpose,
+                handler=job.handler,
+                state=job.state,
+                workers=job.workers,
+                total_items=job.total_items,
+                completed_items=job.completed_items,
+                failed_items=job.failed_items,
+                done=done,
+                percent=percent,
+                items_per_s=rate,
+                eta_text=eta_text(eta) if job.state == "running" else "—",
+            )
+        )
+    return rows
+
+
+def job_history(
+    engine: Engine, computer_ids: Iterable[str], now: datetime
+) -> dict[str, dict[str, tuple[float, int]]]:
+    """Per computer, per job: (receive time, items done) at the oldest history point of the
+    last `RATE_WINDOW_S` seconds that has the job."""
+    ids = list(computer_ids)
+    if not ids:
+        return {}
+    since = now - timedelta(seconds=RATE_WINDOW_S)
+    out: dict[str, dict[str, tuple[float, int]]] = {}
+    with engine.connect() as conn:
+        points = conn.execute(
+            sa.select(HISTORY.c.computer_id, HISTORY.c.at, HISTORY.c.data)
+            .where(HISTORY.c.computer_id.in_(ids), HISTORY.c.at >= since)
+            .order_by(HISTORY.c.at)
+        ).all()
+    for p in points:
+        data: dict[str, Any] = p.data or {}
+        at = data.get("received_at")
+        if not isinstance(at, int | float):
+            continue
+        jobs = out.setdefault(p.computer_id, {})
+        for job in data.get("jobs", []):
+            jobs.setdefault(
+                str(job.get("job_id")),
+                (float(at), int(job.get("completed_items", 0)) + int(job.get("failed_items", 0))),
+            )
+    return out
+
+
+def computer_pages(engine: Engine, views: list[ComputerView], now: datetime) -> list[ComputerPage]:
+    """Page models of `views` (one history query for all the computers with jobs)."""
+    history = job_history(engine, [v.id for v in views if v.jobs], now)
+    return [
+        ComputerPage(
+            view=v,
+            gpus=[gpu_card(g) for g in v.gpus],
+            leases=_lease_rows(v, now),
+            jobs=_job_rows(v, history.get(v.id, {})),
+            queue_reasons=[q.reason for q in v.queue],
+        )
+        for v in views
+    ]
