@@ -51,7 +51,8 @@ def update_computer(*, same_run: bool, old_run_null: bool, flagged: bool, new_bu
 
     Binds: `w_id`; same run: `w_run`, `w_seq` (applies only if `seq < w_seq`); new run:
     `w_old_run` unless `old_run_null`, `v_run_id` and `v_run_counter`; `v_<column>` for
-    `STATE_COLUMNS`; `v_flagged_at`, `v_flags` when flagged; `v_history_at` for a new history bucket.
+    `STATE_COLUMNS`; `v_flagged_at`, `v_flags` when flagged; `v_history_at` for a new
+    history bucket.
     """
     where = COMPUTERS.c.id == sa.bindparam("w_id")
     values: dict[str, Any] = {c: _bind(c) for c in STATE_COLUMNS}
