@@ -125,8 +125,11 @@ def test_readme_example_runs(block: Block, broker: BrokerProcess, tmp_path: Path
         f"{block.where} failed ({proc.returncode})\n--- code\n{block.code}"
         f"--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}--- broker\n{broker.log()[-3000:]}"
     )
-    if "rbroker.lease(" in block.code or block.code.startswith("rbroker run "):
+    if "rbroker.lease(" in block.code:
         assert GPU0 in proc.stdout, f"{block.where}: no granted GPU in its output:\n{proc.stdout}"
+    if block.code.startswith("rbroker run "):
+        # the granted GPU (the simulated GPU0, NVML index 0) by index, in PCI bus order
+        assert proc.stdout.split() == ["0", "PCI_BUS_ID"], f"{block.where}: {proc.stdout}"
 
 
 @pytest.mark.parametrize("path", [README, ARCHITECTURE], ids=lambda p: p.name)

@@ -3,7 +3,7 @@
     import rbroker
     with rbroker.lease(8192, project="vision", session="run-42",
                        purpose="fine-tune ViT-B", wait_s=600) as lease:
-        ...  # CUDA_VISIBLE_DEVICES=lease.cuda_visible_devices
+        os.environ.update(lease.cuda_env())  # CUDA_VISIBLE_DEVICES (+ CUDA_DEVICE_ORDER)
 
 Importing this package loads no NVML, Qt or server code (DESIGN §1).
 """

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from rbroker._cuda import cuda_env, cuda_indices
 from rbroker._exceptions import BrokerUnavailable, RBrokerError
 from rbroker.localapi.client import Client
 
@@ -35,7 +36,12 @@ class Lease:
         gpu_uuid: the granted GPU (the first one for multi-GPU leases).
         gpu_uuids: every granted GPU.
         granted_mib: MiB granted on each GPU.
-        cuda_visible_devices: value for `CUDA_VISIBLE_DEVICES` (GPU UUIDs, comma separated).
+        cuda_visible_devices: the granted GPUs' UUIDs, comma separated: a value for
+            `CUDA_VISIBLE_DEVICES` that never depends on device order (unchanged meaning; many
+            tools parse that variable as integers: prefer `cuda_env()`).
+        gpu_indices: the granted GPUs' NVML indices when they name the same GPUs to CUDA under
+            `CUDA_DEVICE_ORDER=PCI_BUS_ID`; None for MIG slices or when unknown (see
+            `rbroker._cuda`).
         info: the broker's full lease record.
         lost: set when a heartbeat found the lease gone; `error` says why.
     """
@@ -49,6 +55,19 @@ class Lease:
     token: str = field(repr=False, default="")
     lost: bool = False
     error: RBrokerError | None = None
+    gpu_indices: list[int] | None = None
+
+    def cuda_env(self, form: str = "auto") -> dict[str, str]:
+        """Environment variables that make this lease's GPUs a process's CUDA devices.
+
+        `form`: `auto` (an index with `CUDA_DEVICE_ORDER=PCI_BUS_ID` where that is
+        unambiguous, the UUID for MIG slices), `index` or `uuid`; e.g.
+        `{"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}`.
+
+        Raises:
+            ValueError: an unknown form, or `index` where no index names the GPU (MIG).
+        """
+        return cuda_env(self.gpu_uuids, self.gpu_indices, form)
 
     def check(self) -> None:
         """Raise the heartbeat's error if the lease was lost (expired, broker gone)."""
@@ -319,14 +338,23 @@ def _acquire(
         client.close()
         raise
     info = result["lease"]
+    gpu_uuids = list(info["gpu_uuids"])
+    try:
+        indices = cuda_indices(gpu_uuids, client.call("gpus.list")["gpus"])
+    except RBrokerError:  # the lease is granted: without the list, the UUID form still works
+        indices = None
+    except BaseException:
+        client.close()  # the connection closing frees the grant
+        raise
     lease = Lease(
         lease_id=info["lease_id"],
         gpu_uuid=info["gpu_uuid"],
-        gpu_uuids=list(info["gpu_uuids"]),
+        gpu_uuids=gpu_uuids,
         granted_mib=info["granted_mib"],
         cuda_visible_devices=result["cuda_visible_devices"],
         info=info,
         token=result.get("token", ""),
+        gpu_indices=indices,
     )
     return _Holder(client, lease, ttl_s, socket)
 

@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rbroker_protocol.startup import one_line, os_error_code, os_error_text
 from rbroker_server import __version__
 from rbroker_server.settings import CONFIG_NAME, Settings
 
@@ -167,22 +168,21 @@ def _redact_url(url: str) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from rbroker_server.app import create_app
+    from rbroker_server.startup import check_database, prepare, run
 
     settings = _load(args)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     host = args.host or settings.bind_host
     port = args.port or settings.bind_port
     ssl: dict[str, str] = {}
     if settings.tls_enabled:
         ssl = {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key}
     trusted = list(settings.trusted_proxies)
-    uvicorn.run(
-        create_app(settings),
+    # database, TLS files and address checked before logging starts, so that a failure to
+    # start is one line with its exit code (rbroker_server.startup), never a traceback
+    revision = check_database(settings)
+    config, sock = prepare(
+        create_app(settings, migrate=False),
         host=host,
         port=port,
         log_level=args.log_level,
@@ -191,8 +191,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         proxy_headers=bool(trusted),
         forwarded_allow_ips=trusted or None,
         server_header=False,
-        **ssl,  # type: ignore[arg-type]
+        **ssl,
     )
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger(__name__).info("database schema at revision %s", revision)
+    run(config, sock)
     return 0
 
 
@@ -379,12 +384,23 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "data_dir"):
         args.data_dir = default_data_dir()
     from rbroker_server.admin.service import AdminError
+    from rbroker_server.startup import StartupFailure
 
     try:
         return int(args.func(args))
+    except StartupFailure as exc:
+        print(f"rbroker-server: {exc.line}", file=sys.stderr)
+        return exc.code
     except (CliError, AdminError, ValueError) as exc:
-        print(f"rbroker-server: {exc}", file=sys.stderr)
+        print(f"rbroker-server: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
+    except OSError as exc:  # e.g. the data dir or config.toml cannot be read or written
+        print(
+            f"rbroker-server: {os_error_text(exc)}; check --data-dir ({args.data_dir}) and "
+            "that this user may use it",
+            file=sys.stderr,
+        )
+        return os_error_code(exc)
     except KeyboardInterrupt:
         return 130
 

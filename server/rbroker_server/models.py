@@ -76,6 +76,8 @@ class Computer(SQLModel, table=True):
     enrolled_at: datetime = Field(sa_type=UtcDateTime)
     revoked_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
     run_id: str | None = Field(default=None, max_length=64)
+    run_counter: int | None = Field(default=None, sa_type=sa.BigInteger)
+    """The current run's `run_counter` (None: its broker sends none)."""
     seq: int | None = Field(default=None, sa_type=sa.BigInteger)
     last_seen_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
     """Server receive time of the latest applied report (the only freshness clock)."""

@@ -10,6 +10,7 @@ so nothing outside this schema is ever stored. Fields are only ever added;
 History:
     1 (2026-11-30): computer name, broker version, telemetry source, run id, generated_at,
                     gpus, leases, queue, jobs.
+    2 (2026-11-30): run_counter (the order of a computer's runs).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_VERSION: Final = 1
+REPORT_VERSION: Final = 2
 """The payload version this build writes."""
 
 MAX_REPORT_BYTES: Final = 1024 * 1024
@@ -109,6 +110,11 @@ class ReportPayload(_Model):
     telemetry_source: Annotated[str, Field(max_length=32)] = ""
     """`nvml` or `simulated` (DESIGN §6)."""
     run_id: Annotated[str, Field(min_length=1, max_length=64)]
+    run_counter: _COUNT | None = None
+    """The order of this run among the computer's runs: a counter kept in the broker's data
+    dir, raised for every new run (each broker start). The coordinator never lets a run
+    with a lower counter replace the current one (`run_outdated`). None from brokers
+    before report version 2: such runs are ordered by arrival, as before."""
     generated_at: float
     """The computer's wall clock, Unix seconds. The coordinator never uses it for freshness."""
     gpus: Annotated[list[GpuReport], Field(max_length=256)] = Field(default_factory=list)
@@ -138,7 +144,7 @@ DESCRIPTION_FIELDS: Final[dict[str, tuple[str, ...]]] = {
 """Which declared-text fields of each list the description rules (§8) apply to."""
 
 
-AckCode = Literal["applied", "new_run", "not_newer", "run_retired", "superseded"]
+AckCode = Literal["applied", "new_run", "not_newer", "run_retired", "run_outdated", "superseded"]
 """Why a report was or was not applied (see `ReportAck`)."""
 
 
@@ -149,7 +155,11 @@ class ReportAck(_Model):
     it needs no resending. `code`: `applied`; `new_run` (applied, first report of a run);
     `not_newer` (seq not above the last applied one of this run); `superseded` (a newer
     report won a race); `run_retired` (this run_id was replaced by another run: a broker
-    that gets this for its live run should switch to a new run_id, which is accepted).
+    that gets this for its live run should switch to a new run_id, which is accepted);
+    `run_outdated` (a run the coordinator has not applied yet whose `run_counter` is lower
+    than the current run's, e.g. an old report delivered late: not applied; a live broker
+    that gets this, e.g. after its data dir was restored from a backup, continues with a
+    new run whose counter is above `current_run_counter`, which is accepted).
     """
 
     applied: bool
@@ -158,6 +168,8 @@ class ReportAck(_Model):
     computer_id: str
     run_id: str
     seq: int
+    current_run_counter: int | None = None
+    """With `run_outdated`: the run counter of the computer's current run."""
     flagged_fields: list[str] = Field(default_factory=list)
     """Description fields that broke a rule, stored redacted (paths like
     `leases[0].purpose`; never the values)."""

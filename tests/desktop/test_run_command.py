@@ -79,7 +79,7 @@ def test_exit_code_passes_through_and_lease_is_released(
     returncode, report = _run(broker, tmp_path, 4096, str(code))
     assert returncode == code
     assert report is not None
-    assert report["cuda_visible_devices"] == GPU0
+    assert report["cuda_visible_devices"] == "0"  # GPU0 by its index (test_cuda_devices.py)
     (held,) = report["active_leases"]
     assert held["lease_id"] == report["lease_id"]
     assert held["granted_mib"] == 4096
@@ -90,7 +90,7 @@ def test_exit_code_passes_through_and_lease_is_released(
 
 def test_child_killed_by_a_signal(broker: BrokerProcess, tmp_path: Path) -> None:
     returncode, report = _run(broker, tmp_path, 2048, "kill9")
-    assert report is not None and report["cuda_visible_devices"] == GPU0
+    assert report is not None and report["cuda_visible_devices"] == "0"
     assert returncode == 128 + signal.SIGKILL
     _no_leases_left(broker)
 
@@ -115,7 +115,7 @@ def test_signal_is_passed_to_the_child(broker: BrokerProcess, tmp_path: Path) ->
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
-    assert json.loads(out.read_text())["cuda_visible_devices"] == GPU0
+    assert json.loads(out.read_text())["cuda_visible_devices"] == "0"
     with broker.client() as c:
         wait_until(lambda: c.leases()["leases"] == [])
 

@@ -1,8 +1,9 @@
 """Worker: the command run under `rbroker run`; reports what it sees, then ends as told.
 
 Usage: report_env.py OUT_FILE HOW
-Writes a JSON object to OUT_FILE: CUDA_VISIBLE_DEVICES and RBROKER_LEASE_ID (null when
-unset) and, when RBROKER_SOCKET is set, the broker's active leases at that moment.
+Writes a JSON object to OUT_FILE: CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and
+RBROKER_LEASE_ID (null when unset) and, when RBROKER_SOCKET is set, the broker's active leases
+at that moment.
 HOW: an integer exit code; `kill9` (die by SIGKILL); `sleep` (print `ready`, then sleep
 until a signal ends the process).
 """
@@ -23,6 +24,7 @@ def main() -> int:
     out, how = Path(sys.argv[1]), sys.argv[2]
     report: dict[str, object] = {
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER"),
         "lease_id": os.environ.get("RBROKER_LEASE_ID"),
     }
     socket_path = os.environ.get("RBROKER_SOCKET")

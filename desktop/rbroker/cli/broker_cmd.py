@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -15,6 +16,23 @@ from rbroker.gpu.nvml import TelemetryError
 from rbroker.gpu.scenario import ScenarioError
 from rbroker.localapi.paths import default_data_dir, default_socket_path
 from rbroker.localapi.transport import BrokerAlreadyRunning
+from rbroker.startup import os_error_line
+from rbroker_protocol.startup import (
+    EXIT_CANNOT_START,
+    EXIT_DATABASE,
+    EXIT_INTERNAL,
+    EXIT_USAGE,
+    check_socket_path,
+    one_line,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _fail(code: int, text: str) -> int:
+    """Print one line on stderr (never wrapped, whatever the terminal) and return `code`."""
+    print(f"rbroker: {one_line(text)}", file=sys.stderr)
+    return code
 
 
 def _group_exists(name: str) -> bool:
@@ -30,7 +48,11 @@ def _group_exists(name: str) -> bool:
 
 
 def run_broker(args: argparse.Namespace) -> int:
-    """Run until SIGINT/SIGTERM. Exit codes: 0 stopped, 1 cannot start."""
+    """Run until SIGINT/SIGTERM. Exit codes: 0 stopped, 1 cannot start (another broker,
+    bad scenario, GPUs unreadable), 2 bad arguments, and the startup codes of
+    `rbroker_protocol.startup` (10 socket path too long, 11 permission denied, 13 read-only
+    file system, 14 no space, 15 lease database, 19 other OS error, 70 unexpected); every
+    failure is one line on stderr with the fix."""
     from rbroker.host import BrokerHost, DataDirLocked, make_config
 
     console = Console(stderr=True)
@@ -39,21 +61,24 @@ def run_broker(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     socket_path = args.socket or default_socket_path()
+    data_dir = Path(args.data_dir or default_data_dir())
+    try:
+        check_socket_path(socket_path)
+    except OSError as exc:
+        return _fail(*os_error_line(exc, socket_path, data_dir))
     scenario = Path(args.simulate) if args.simulate else None
     overrides: dict[str, int] = {}
     for item in args.capacity_mib:
         uuid, _, mib = item.partition("=")
         if not uuid or not mib.isdigit() or int(mib) <= 0:
-            console.print(f"[red]rbroker: --capacity-mib wants UUID=MIB, got {item!r}[/]")
-            return 2
+            return _fail(EXIT_USAGE, f"--capacity-mib wants UUID=MIB, got {item!r}")
         overrides[uuid] = int(mib)
     if args.admin_group and not _group_exists(args.admin_group):
-        console.print(f"[red]rbroker: --admin-group: no OS group named {args.admin_group!r}[/]")
-        return 2
+        return _fail(EXIT_USAGE, f"--admin-group: no OS group named {args.admin_group!r}")
     try:
         config = make_config(
             socket_path,
-            args.data_dir or default_data_dir(),
+            data_dir,
             simulate=args.simulate is not None,
             scenario=scenario,
             headroom_mib=args.headroom_mib,
@@ -62,13 +87,14 @@ def run_broker(args: argparse.Namespace) -> int:
             config, capacity_overrides_mib=overrides, admin_group=args.admin_group
         )
     except ValueError as exc:
-        console.print(f"[red]rbroker: {exc}[/]")
-        return 2
+        return _fail(EXIT_USAGE, str(exc))
     try:
         host = BrokerHost(config)
     except ScenarioError as exc:
-        console.print(f"[red]rbroker: bad scenario:[/] {exc}")
-        return 1
+        return _fail(EXIT_CANNOT_START, f"bad scenario: {exc}")
+    except OSError as exc:  # the scenario file cannot be read
+        return _fail(*os_error_line(exc, socket_path, data_dir))
+    started = False
 
     async def main() -> None:
         ready = asyncio.Event()
@@ -76,6 +102,8 @@ def run_broker(args: argparse.Namespace) -> int:
         waiter = asyncio.create_task(ready.wait())
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
         if ready.is_set() and host.broker is not None:
+            nonlocal started
+            started = True
             gpus = host.broker.gpus_view()
             if host.simulated:
                 source = f"scenario {scenario}" if scenario else "the default scenario"
@@ -96,11 +124,29 @@ def run_broker(args: argparse.Namespace) -> int:
     try:
         asyncio.run(main())
     except (BrokerAlreadyRunning, DataDirLocked) as exc:
-        console.print(f"[red]rbroker:[/] {exc}; not starting a second one")
-        return 1
+        return _fail(EXIT_CANNOT_START, f"{exc}; not starting a second one")
     except TelemetryError as exc:
-        console.print(f"[red]rbroker: cannot read GPUs:[/] {exc}")
-        return 1
+        return _fail(EXIT_CANNOT_START, f"cannot read GPUs: {exc}")
     except KeyboardInterrupt:
         pass
+    except OSError as exc:
+        if started:
+            raise
+        return _fail(*os_error_line(exc, socket_path, data_dir))
+    except sqlite3.Error as exc:
+        if started:
+            raise
+        return _fail(
+            EXIT_DATABASE,
+            f"cannot open the lease database {data_dir / 'broker.sqlite3'}: {exc}; move a "
+            "damaged file aside or choose another --data-dir",
+        )
+    except Exception as exc:
+        if started:
+            raise
+        log.info("startup failed", exc_info=True)  # the traceback, with -v
+        return _fail(
+            EXIT_INTERNAL,
+            f"cannot start: {type(exc).__name__}: {exc} (run with -v for the traceback)",
+        )
     return 0

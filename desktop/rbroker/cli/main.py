@@ -66,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--purpose", default=None, help="default: 'run <command name>'")
     r.add_argument("--wait", type=float, default=0.0, help="seconds to wait for room")
     r.add_argument("--ttl", type=float, default=30.0)
+    r.add_argument(
+        "--cuda-devices",
+        choices=("auto", "index", "uuid"),
+        default="auto",
+        help="how CUDA_VISIBLE_DEVICES names the granted GPU: 'index' (with "
+        "CUDA_DEVICE_ORDER=PCI_BUS_ID, what tools that parse integers need), 'uuid' (GPU-… or "
+        "MIG-…), or 'auto' (default: the index, the UUID for MIG slices)",
+    )
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
     j = sub.add_parser("jobs", help="parallel jobs: progress, items per second, ETA")

@@ -1,9 +1,10 @@
 """`rbroker run --mib N -- CMD...`: hold a lease while CMD runs (DESIGN §3).
 
-Sets `CUDA_VISIBLE_DEVICES` (and `RBROKER_LEASE_ID`) in CMD's environment, forwards
-SIGINT/SIGTERM/SIGHUP to it, releases the lease when it exits, and exits with its code
-(128 + N when it was killed by signal N). The command line itself never leaves this
-process: the lease's session and purpose default to the program's name only.
+Sets `CUDA_VISIBLE_DEVICES` (an index with `CUDA_DEVICE_ORDER=PCI_BUS_ID`, or the UUID for
+MIG slices; `--cuda-devices` chooses, see `rbroker._cuda`) and `RBROKER_LEASE_ID` in CMD's
+environment, forwards SIGINT/SIGTERM/SIGHUP to it, releases the lease when it exits, and
+exits with its code (128 + N when it was killed by signal N). The command line itself never
+leaves this process: the lease's session and purpose default to the program's name only.
 """
 
 from __future__ import annotations
@@ -69,7 +70,11 @@ def run_command(args: argparse.Namespace) -> int:
 
     try:
         env = dict(os.environ)
-        env["CUDA_VISIBLE_DEVICES"] = lease.cuda_visible_devices
+        try:
+            env.update(lease.cuda_env(getattr(args, "cuda_devices", "auto")))
+        except ValueError as exc:
+            console.print(f"rbroker run: {exc}", soft_wrap=True, markup=False)
+            return EX_USAGE
         env["RBROKER_LEASE_ID"] = lease.lease_id
         for sig in forwarded:
             previous[sig] = signal.signal(sig, forward)

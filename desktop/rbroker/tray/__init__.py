@@ -53,8 +53,11 @@ def qt_available() -> bool:
 
 
 def run_tray(args: argparse.Namespace) -> int:
-    """Run the tray app until the user quits. Exit codes: 0 quit, 1 cannot start,
-    3 another instance already runs (it was asked to show its window)."""
+    """Run the tray app until the user quits. Exit codes: 0 quit, 1 cannot start (no
+    PySide6), 3 another instance already runs (it was asked to show its window), and, when
+    the broker it would start could not listen or keep its state, the startup codes of
+    `rbroker_protocol.startup` (10 socket path too long, 11 permission denied, 13 read-only
+    file system, 14 no space, 19 other OS error), each with one line on stderr."""
     if not qt_available():
         print(MISSING_QT, file=sys.stderr)
         return 1

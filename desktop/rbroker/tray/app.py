@@ -22,6 +22,7 @@ from PySide6.QtWidgets import QApplication, QMenu, QSystemTrayIcon
 from rbroker._exceptions import RBrokerError
 from rbroker.localapi.client import Client
 from rbroker.localapi.paths import default_data_dir, default_socket_path
+from rbroker.startup import check_broker_paths, os_error_line
 from rbroker.tray import autostart
 from rbroker.tray.embedded import EmbeddedBroker
 from rbroker.tray.fleet import FleetSource, NotEnrolled, UplinkFleet
@@ -39,6 +40,7 @@ from rbroker.tray.state import (
     summary,
 )
 from rbroker.tray.window import MainWindow
+from rbroker_protocol.startup import EXIT_TRAY_ALREADY_RUNNING, check_socket_path, one_line
 
 log = logging.getLogger(__name__)
 
@@ -342,19 +344,28 @@ def run(args: argparse.Namespace) -> int:
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    socket = args.socket or default_socket_path()
+    data_dir = args.data_dir or default_data_dir()
+    try:  # a broker this app would start must be able to listen and keep its state
+        check_socket_path(socket)
+        if not args.attach_only and not _probe(socket):
+            check_broker_paths(socket, data_dir)
+    except OSError as exc:
+        code, line = os_error_line(exc, socket, data_dir)
+        print(f"rbroker tray: {one_line(line)}", file=sys.stderr)
+        return code
+
     app = QApplication.instance() or QApplication(sys.argv[:1])
     assert isinstance(app, QApplication)
     app.setApplicationName("rbroker")
     app.setQuitOnLastWindowClosed(False)
     app.setWindowIcon(app_icon())
 
-    socket = args.socket or default_socket_path()
     guard = SingleInstance(instance_name(args.socket))
     if not guard.acquire():
         print("rbroker tray is already running; its window was brought to the front.")
-        return 3
+        return EXIT_TRAY_ALREADY_RUNNING
 
-    data_dir = args.data_dir or default_data_dir()
     first_run = not settings_path().exists()
     settings = TraySettings.load()
     if first_run:  # a new user sees the window once; later starts sit in the tray

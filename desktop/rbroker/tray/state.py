@@ -81,12 +81,26 @@ def gpu_full(gpu: dict[str, Any]) -> bool:
     return gpu.get("total_mib") is not None and int(gpu.get("available_mib", 0)) <= 0
 
 
+def telemetry_ok(gpu: dict[str, Any]) -> bool:
+    """This GPU's figures come from a current sample (`telemetry` is `ok`).
+
+    A `stale`, `unavailable` or `lost` GPU keeps showing its last known values, but nothing can
+    be admitted on it (the broker fails closed), so its `available_mib` is not capacity anyone
+    can have: it never counts in a total or a suggestion.
+    """
+    return gpu.get("telemetry") == "ok"
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU{'s' if n != 1 else ''}"
+
+
 def derive_state(snapshot: Snapshot | None) -> TrayState:
     """The most urgent state: broker down > telemetry problem > requests waiting > a GPU
     full > coordinator unreachable > leases active > idle. `None` means no broker answers."""
     if snapshot is None:
         return TrayState.BROKER_DOWN
-    if any(g.get("telemetry") != "ok" for g in snapshot.gpus):
+    if not all(telemetry_ok(g) for g in snapshot.gpus):
         return TrayState.TELEMETRY
     if snapshot.queue:
         return TrayState.WAITING
@@ -101,7 +115,11 @@ def derive_state(snapshot: Snapshot | None) -> TrayState:
 
 def summary(snapshot: Snapshot | None) -> str:
     """The tooltip: one line, e.g. `rbroker: 2 leases (18 432 MiB) · 1 waiting ·
-    15 155 MiB available on 2 GPUs · simulated`."""
+    15 155 MiB available on 2 GPUs · simulated`.
+
+    Only GPUs whose telemetry is `ok` count in the available total; the others are named
+    beside it (`23 347 MiB available on 1 GPU (1 GPU without telemetry)`), since their last
+    known figures cannot be granted."""
     if snapshot is None:
         return "rbroker: broker not running"
     parts: list[str] = []
@@ -114,11 +132,14 @@ def summary(snapshot: Snapshot | None) -> str:
         parts.append("no leases")
     if snapshot.queue:
         parts.append(f"{len(snapshot.queue)} waiting")
-    avail = sum(int(g.get("available_mib", 0)) for g in snapshot.gpus)
-    ngpu = len(snapshot.gpus)
-    parts.append(f"{fmt_mib(avail)} MiB available on {ngpu} GPU{'s' if ngpu != 1 else ''}")
+    good = [g for g in snapshot.gpus if telemetry_ok(g)]
+    bad = [g for g in snapshot.gpus if not telemetry_ok(g)]
+    avail = sum(int(g.get("available_mib") or 0) for g in good)
+    text = f"{fmt_mib(avail)} MiB available on {_gpus(len(good))}"
+    if bad:
+        text += f" ({_gpus(len(bad))} without telemetry)"
+    parts.append(text)
     if state is TrayState.TELEMETRY:
-        bad = [g for g in snapshot.gpus if g.get("telemetry") != "ok"]
         parts.append(f"telemetry {bad[0].get('telemetry')} on GPU {bad[0].get('index')}")
     elif state is TrayState.FULL:
         parts.append("GPU full")
@@ -132,10 +153,13 @@ def summary(snapshot: Snapshot | None) -> str:
 
 
 def suggested_mib(snapshot: Snapshot | None, default: int = 8192) -> int:
-    """A MiB figure for the `rbroker run` snippet: `default`, or less when no GPU has it."""
+    """A MiB figure for the `rbroker run` snippet: `default`, or less (whole GiB, at least
+    1 024) when no GPU with `ok` telemetry has it; GPUs without telemetry offer nothing."""
     if snapshot is None or not snapshot.gpus:
         return default
-    best = max(int(g.get("available_mib", 0)) for g in snapshot.gpus)
+    best = max(
+        (int(g.get("available_mib") or 0) for g in snapshot.gpus if telemetry_ok(g)), default=0
+    )
     if best >= default:
         return default
     return max(1024, best // 1024 * 1024)

@@ -48,7 +48,12 @@ def _max_items(field: str) -> int:
 
 
 def build_payload(
-    broker: Broker, computer_name: str, run_id: str, limit_bytes: int = MAX_REPORT_BYTES
+    broker: Broker,
+    computer_name: str,
+    run_id: str,
+    limit_bytes: int = MAX_REPORT_BYTES,
+    *,
+    run_counter: int | None = None,
 ) -> tuple[bytes, dict[str, int]]:
     """The payload bytes to sign, and per list (`leases`, `queue`, `jobs`) how many of its
     oldest entries were left out: first to the schema's item limits, then to fit the size
@@ -58,6 +63,8 @@ def build_payload(
     fits, found by binary search (about log2(longest list) encodings); lists shorter than
     `n` are sent whole. When even `n = 0` does not fit (GPUs alone too large), the
     smallest payload is returned and the coordinator will refuse it.
+
+    `run_counter`: this run's place in the computer's run order (`rbroker.uplink.runs`).
     """
     gpus = broker.gpus_view()
     view = broker.leases_view()
@@ -83,6 +90,7 @@ def build_payload(
             broker_version=__version__,
             telemetry_source=broker.gateway.source,
             run_id=run_id,
+            run_counter=run_counter,
             generated_at=generated_at,
             gpus=gpus,  # type: ignore[arg-type]  # validated from dicts by pydantic
             **kept,  # type: ignore[arg-type]

@@ -14,6 +14,9 @@
   not apply it), so a report that was stored before the connection dropped counts once.
 - An acknowledged report whose run the coordinator retired (`run_retired`: another run of
   this computer, e.g. a replayed old one, replaced it) starts a new run id at once.
+- Each run carries a run counter (`rbroker.uplink.runs`); a report refused because the
+  coordinator's current run has a higher counter (`run_outdated`: e.g. a data dir restored
+  from a backup) starts a new run with a counter above it, once, which is accepted.
 - 4xx answers other than 429 are not retried: the link says `rejected: <reason>` and the
   next attempt is a fresh snapshot as soon as the reported state changes (debounced, at
   least `MIN_GAP_S` later), or after `REJECTED_PAUSE_S` when it does not.
@@ -42,6 +45,7 @@ from rbroker.broker.service import Broker
 from rbroker.uplink.config import UplinkConfig
 from rbroker.uplink.enroll import http_verify
 from rbroker.uplink.payload import build_payload
+from rbroker.uplink.runs import RunCounter
 from rbroker_protocol.signing import encode_envelope, sign_report
 
 log = logging.getLogger(__name__)
@@ -80,12 +84,16 @@ class Reporter:
         config: UplinkConfig,
         key: nacl.signing.SigningKey,
         deadline_s: float = 10.0,
+        runs: RunCounter | None = None,
+        run_counter: int | None = None,
     ) -> None:
         self.broker = broker
         self.config = config
         self.key = key
         self.deadline_s = deadline_s
+        self.runs = runs
         self.run_id = uuid.uuid4().hex
+        self.run_counter = run_counter if run_counter is not None or runs is None else runs.next()
         self.seq = 0
         self.link = "connecting"
         self.detail = ""
@@ -112,7 +120,9 @@ class Reporter:
         }
 
     def _envelope(self) -> bytes:
-        payload, left_out = build_payload(self.broker, self.config.name, self.run_id)
+        payload, left_out = build_payload(
+            self.broker, self.config.name, self.run_id, run_counter=self.run_counter
+        )
         self._sent_state = _state_key(payload)
         self.seq += 1
         changed, self.left_out = left_out != self.left_out, left_out
@@ -129,7 +139,9 @@ class Reporter:
 
     def _state_changed(self) -> bool:
         try:
-            payload, _ = build_payload(self.broker, self.config.name, self.run_id)
+            payload, _ = build_payload(
+                self.broker, self.config.name, self.run_id, run_counter=self.run_counter
+            )
         except Exception:  # `_envelope` says why
             return True
         return _state_key(payload) != self._sent_state
@@ -176,12 +188,21 @@ class Reporter:
                     f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 )
             if response.is_success:
-                if _ack_code(response) == "run_retired":
+                ack = _ack(response)
+                if ack.get("code") == "run_retired":
                     # another run of this computer replaced ours (e.g. a replayed old run):
                     # start a new run; the next snapshot goes out at once under it
-                    self.run_id, self.seq = uuid.uuid4().hex, 0
-                    self._changed.set()
+                    self._new_run()
                     log.warning("coordinator retired this run; reporting under a new run id")
+                elif ack.get("code") == "run_outdated":
+                    current = ack.get("current_run_counter")
+                    self._new_run(above=current if isinstance(current, int) else None)
+                    log.warning(
+                        "coordinator's current run has run counter %s, above ours; "
+                        "reporting under a new run with counter %s",
+                        current,
+                        self.run_counter,
+                    )
                 self.link = "ok"
                 self.last_report_at = time.time()
                 self.reports_sent += 1
@@ -203,6 +224,13 @@ class Reporter:
             log.error("coordinator rejected the report: %s %s", response.status_code, reason)
             return "rejected"
         return "retry"  # pragma: no cover - the loop always returns
+
+    def _new_run(self, above: int | None = None) -> None:
+        """Report under a new run id (and the next run counter) from now on."""
+        self.run_id, self.seq = uuid.uuid4().hex, 0
+        if self.runs is not None:
+            self.run_counter = self.runs.next(above)
+        self._changed.set()
 
     def _retrying(self, detail: str) -> str:
         if not self.link.startswith("retrying"):
@@ -296,13 +324,13 @@ def retry_after_s(response: httpx.Response, now: float | None = None) -> float |
     return min(RETRY_AFTER_MAX_S, max(0.0, seconds))
 
 
-def _ack_code(response: httpx.Response) -> str:
-    """The `code` of a `ReportAck` answer ('' when the body is not one)."""
+def _ack(response: httpx.Response) -> dict[str, Any]:
+    """A `ReportAck` answer as a dict (empty when the body is not one)."""
     try:
         body = response.json()
     except ValueError:
-        return ""
-    return str(body.get("code", "")) if isinstance(body, dict) else ""
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def _reason(response: httpx.Response) -> str:

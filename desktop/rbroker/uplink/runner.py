@@ -15,6 +15,7 @@ from rbroker.uplink.config import UplinkConfig
 from rbroker.uplink.enroll import store_for
 from rbroker.uplink.keys import KeyStoreError, PlaintextKeyError
 from rbroker.uplink.reporter import Reporter
+from rbroker.uplink.runs import RunCounter
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +28,16 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
     """Wait for `uplink.json` (written by `rbroker enroll`), then report until cancelled;
     a changed or removed `uplink.json` ends the reporter and is read again.
 
-    A missing or unreadable key never stops the broker: the link state says why, naming
-    the OS account the broker runs as and the store it asked. While reporting, `key` says
-    where the key is. A key found in a plaintext keyring backend is not used: the link says
-    so and `warning` carries the fix.
+    Each broker start takes the next run counter of the data dir (`rbroker.uplink.runs`)
+    for its first run. A missing or unreadable key never stops the broker: the link state
+    says why, naming the OS account the broker runs as and the store it asked. While
+    reporting, `key` says where the key is. A key found in a plaintext keyring backend is
+    not used: the link says so and `warning` carries the fix.
     """
     state: dict[str, Any] = {"link": "not enrolled", "last_report_at": None}
     broker.uplink_status = lambda: dict(state)
+    runs = RunCounter(data_dir)
+    first_counter: int | None = await asyncio.to_thread(runs.next)  # one per broker start
     while True:
         try:
             config = UplinkConfig.load(data_dir)
@@ -65,7 +69,8 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
                 if warning:
                     state["warning"] = warning
             if key is not None:
-                reporter = Reporter(broker, config, key)
+                reporter = Reporter(broker, config, key, runs=runs, run_counter=first_counter)
+                first_counter = None  # a later reporter (new enrollment) takes the next one
                 where = store.description if config.key_backend != "file" else store.where()
                 broker.uplink_status = _with_key(reporter.status, where)
                 log.info("reporting to %s as %s", config.url, config.computer_id)

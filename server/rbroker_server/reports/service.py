@@ -2,7 +2,8 @@
 then one short write transaction whose conditional UPDATE decides).
 
 Order of checks: envelope structure → computer known → signature over the exact payload
-bytes → computer not revoked → payload schema → (run, seq) order → write. Nothing of the
+bytes → computer not revoked → payload schema → (run, seq) order and run counter order →
+write. Nothing of the
 payload is parsed before its signature holds.
 """
 
@@ -67,9 +68,10 @@ class ReportTooLarge(Exception):
 
 
 class _NotApplied(Exception):
-    def __init__(self, code: AckCode, reason: str) -> None:
+    def __init__(self, code: AckCode, reason: str, current_run_counter: int | None = None) -> None:
         self.code = code
         self.reason = reason
+        self.current_run_counter = current_run_counter
 
 
 def _from_unix(seconds: float) -> datetime | None:
@@ -126,6 +128,7 @@ def ingest(
             computer_id=env.computer_id,
             run_id=env.run_id,
             seq=env.seq,
+            current_run_counter=exc.current_run_counter,
         )
 
 
@@ -156,6 +159,22 @@ def _apply(engine: Engine, settings: Settings, env: Envelope, now: datetime) -> 
     same_run = row.run_id == env.run_id
     if same_run and env.seq <= row.seq:
         raise _NotApplied("not_newer", f"not applied: seq {env.seq} is not newer than {row.seq}")
+    if (
+        not same_run
+        and report.run_counter is not None
+        and row.run_counter is not None
+        and report.run_counter < row.run_counter
+    ):
+        # a run older than the current one (e.g. its report was delivered late) never
+        # replaces it; the conditional UPDATE below re-checks that the current run is the
+        # one read here, and a run's counter never changes
+        raise _NotApplied(
+            "run_outdated",
+            f"not applied: run counter {report.run_counter} is older than the current run's "
+            f"{row.run_counter}; a live broker continues with a run counter above "
+            f"{row.run_counter}",
+            current_run_counter=row.run_counter,
+        )
 
     state, flags = redacted_state(report)
     name, name_flag = checked_name(report.computer_name)
@@ -188,6 +207,7 @@ def _apply(engine: Engine, settings: Settings, env: Envelope, now: datetime) -> 
         params.update(w_run=env.run_id, w_seq=env.seq)
     else:
         params["v_run_id"] = env.run_id
+        params["v_run_counter"] = report.run_counter
         if row.run_id is not None:
             params["w_old_run"] = row.run_id
     update = st.update_computer(

@@ -34,6 +34,7 @@ SELECT_COMPUTER = sa.select(
     COMPUTERS.c.public_key,
     COMPUTERS.c.revoked_at,
     COMPUTERS.c.run_id,
+    COMPUTERS.c.run_counter,
     COMPUTERS.c.seq,
     COMPUTERS.c.history_at,
 ).where(COMPUTERS.c.id == sa.bindparam("w_id"))
@@ -49,8 +50,9 @@ def update_computer(*, same_run: bool, old_run_null: bool, flagged: bool, new_bu
     """The conditional UPDATE that applies a report, for one combination of cases.
 
     Binds: `w_id`; same run: `w_run`, `w_seq` (applies only if `seq < w_seq`); new run:
-    `w_old_run` unless `old_run_null`, and `v_run_id`; `v_<column>` for `STATE_COLUMNS`;
-    `v_flagged_at`, `v_flags` when flagged; `v_history_at` for a new history bucket.
+    `w_old_run` unless `old_run_null`, `v_run_id` and `v_run_counter`; `v_<column>` for
+    `STATE_COLUMNS`; `v_flagged_at`, `v_flags` when flagged; `v_history_at` for a new
+    history bucket.
     """
     where = COMPUTERS.c.id == sa.bindparam("w_id")
     values: dict[str, Any] = {c: _bind(c) for c in STATE_COLUMNS}
@@ -69,6 +71,7 @@ def update_computer(*, same_run: bool, old_run_null: bool, flagged: bool, new_bu
         )
         where = sa.and_(where, old)
         values["run_id"] = _bind("run_id")
+        values["run_counter"] = _bind("run_counter")
     if flagged:
         values.update(flagged=sa.true(), flagged_at=_bind("flagged_at"), flags=_bind("flags"))
     if new_bucket:

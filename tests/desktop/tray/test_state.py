@@ -116,3 +116,16 @@ def test_run_snippet_asks_for_what_fits() -> None:
 )
 def test_age_text(seconds: float | None, text: str) -> None:
     assert age_text(seconds) == text
+
+
+@pytest.mark.parametrize("telemetry", ["stale", "unavailable", "lost"])
+def test_gpus_without_telemetry_offer_nothing(telemetry: str) -> None:
+    snap = Snapshot(gpus=[gpu(available=3000), gpu(available=23347, telemetry=telemetry, index=1)])
+    assert summary(snap) == (
+        "rbroker: no leases · 3 000 MiB available on 1 GPU (1 GPU without telemetry) · "
+        f"telemetry {telemetry} on GPU 1"
+    )
+    assert suggested_mib(snap) == 2048
+    only_bad = Snapshot(gpus=[gpu(available=23347, telemetry=telemetry)])
+    assert "0 MiB available on 0 GPUs (1 GPU without telemetry)" in summary(only_bad)
+    assert suggested_mib(only_bad) == 1024  # nothing can be granted now: the smallest ask

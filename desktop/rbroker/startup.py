@@ -1,0 +1,56 @@
+"""Startup checks shared by `rbroker broker` and `rbroker tray`: one line with the fix for
+each `OSError` a starting broker can meet (exit codes: `rbroker_protocol.startup`)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from rbroker_protocol.startup import (
+    EXIT_NO_SPACE,
+    EXIT_PATH_TOO_LONG,
+    check_socket_path,
+    os_error_code,
+    os_error_text,
+)
+
+
+def os_error_line(exc: OSError, socket_path: str, data_dir: Path) -> tuple[int, str]:
+    """`(exit code, one line with the fix)` for an `OSError` met while a broker starts
+    (creating or binding the socket, locking or opening the data dir); used by
+    `rbroker broker` and `rbroker tray`. Codes: `rbroker_protocol.startup`."""
+    code = os_error_code(exc)
+    if code == EXIT_PATH_TOO_LONG:
+        what = os_error_text(exc) if exc.filename else f"{exc}: {socket_path}"
+        return code, (
+            f"cannot start: {what}; choose a shorter socket path with --socket "
+            "(or RBROKER_SOCKET), e.g. under $XDG_RUNTIME_DIR"
+        )
+    fix = (
+        "free some space there, or choose"
+        if code == EXIT_NO_SPACE
+        else "fix its permissions or file system, or choose"
+    )
+    return code, (
+        f"cannot start: {os_error_text(exc)}; {fix} a socket path and a data directory this "
+        f"user can write with --socket and --data-dir (now {socket_path} and {data_dir})"
+    )
+
+
+def check_broker_paths(socket_path: str, data_dir: Path) -> None:
+    """Fail before anything starts when a broker could not listen at `socket_path` or keep
+    its state in `data_dir`: the path's length, then both directories created (as the broker
+    would: the socket's 0700) and a file written and removed in each.
+
+    Raises:
+        OSError: `SocketPathTooLong`, PermissionError, a read-only or full file system, ...
+            with the directory as `filename`.
+    """
+    check_socket_path(socket_path)
+    for directory, mode in ((Path(socket_path).parent, 0o700), (data_dir, 0o777)):
+        directory.mkdir(parents=True, exist_ok=True, mode=mode)
+        try:
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+        except OSError as exc:  # named after the directory, not the temporary file
+            raise OSError(exc.errno, exc.strerror, str(directory)) from None

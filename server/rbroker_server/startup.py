@@ -1,0 +1,150 @@
+"""`rbroker-server serve` startup: every failure to start is one line with the fix and its own
+exit code (`rbroker_protocol.startup`), never a traceback.
+
+Before uvicorn runs, the database is opened and migrated, the TLS files are loaded and the
+address is bound here, so each of these can fail with a clear answer; uvicorn then serves on
+the bound socket (its own bind would log the error and exit 1, and a failed migration at
+application startup would print a traceback).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rbroker_protocol.startup import (
+    EXIT_ADDRESS_IN_USE,
+    EXIT_DATABASE,
+    EXIT_PERMISSION,
+    EXIT_TLS,
+    one_line,
+    os_error_code,
+    os_error_text,
+)
+from rbroker_server.settings import CONFIG_NAME, Settings
+
+
+class StartupFailure(Exception):
+    """The coordinator cannot start; `line` says why and how to fix it, `code` is the exit
+    code."""
+
+    def __init__(self, code: int, line: str) -> None:
+        super().__init__(one_line(line))
+        self.code = code
+        self.line = one_line(line)
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
+def check_database(settings: Settings) -> str:
+    """Open the configured database and bring its schema to the newest revision; returns
+    the revision.
+
+    Raises:
+        StartupFailure: a SQLite file's directory cannot be written, or the database cannot
+            be reached, opened or migrated.
+    """
+    import sqlalchemy as sa
+
+    from rbroker_server import db
+
+    url = settings.db_url
+    where = f"database_url in {settings.data_dir / CONFIG_NAME}"
+    try:
+        if url.startswith("sqlite"):
+            path = sa.engine.make_url(url).database
+            if path and path != ":memory:":
+                directory = Path(path).parent
+                directory.mkdir(parents=True, exist_ok=True)
+                try:  # SQLite's journal and WAL files need the directory writable
+                    with tempfile.TemporaryFile(dir=directory):
+                        pass
+                except OSError as exc:
+                    raise OSError(exc.errno, exc.strerror, str(directory)) from None
+        engine = db.make_engine(url)
+    except OSError as exc:
+        raise StartupFailure(
+            os_error_code(exc),
+            f"cannot start: the database directory: {os_error_text(exc)}; let this user write "
+            f"there or point {where} elsewhere",
+        ) from None
+    try:
+        return db.upgrade(engine)
+    except sa.exc.SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise StartupFailure(
+            EXIT_DATABASE,
+            f"cannot start: the database {_redact(url)} cannot be opened or migrated: {reason}; "
+            f"check {where} and that the database server runs and accepts this user",
+        ) from None
+    finally:
+        engine.dispose()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on `host:port` (what uvicorn's own bind does).
+
+    Raises:
+        StartupFailure: the address is in use, needs privileges, or is not on this machine.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        code = os_error_code(exc)
+        if code == EXIT_ADDRESS_IN_USE:
+            fix = "another process (another coordinator?) listens there: stop it or choose --port"
+        elif code == EXIT_PERMISSION:
+            fix = (
+                "ports below 1024 need root or CAP_NET_BIND_SERVICE: choose --port 1024 or "
+                "above (8787 by default), or put a reverse proxy in front"
+            )
+        else:
+            fix = "choose an address of this machine with --host (0.0.0.0: all of them)"
+        raise StartupFailure(
+            code, f"cannot listen on {host}:{port}: {os_error_text(exc)}; {fix}"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def prepare(app: Any, host: str, port: int, **uvicorn_kw: Any) -> tuple[Any, socket.socket]:
+    """Load the TLS files and bind `host:port`; returns uvicorn's config and the socket for
+    `run`. Nothing is logged here, so a failure is the one line of the `StartupFailure`.
+
+    Raises:
+        StartupFailure: the TLS certificate or key cannot be loaded, or the bind failed.
+    """
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, **uvicorn_kw)
+    try:
+        config.load()  # builds the TLS context from the certificate and key files
+    except OSError as exc:  # ssl.SSLError, a missing or unreadable file
+        files = f"{uvicorn_kw.get('ssl_certfile')}, {uvicorn_kw.get('ssl_keyfile')}"
+        code = EXIT_PERMISSION if isinstance(exc, PermissionError) else EXIT_TLS
+        raise StartupFailure(
+            code,
+            f"cannot load the TLS certificate and key ({files}): {os_error_text(exc)}; fix "
+            "tls_cert and tls_key in the config, or run `rbroker-server setup --force "
+            "--self-signed` for a new pair",
+        ) from None
+    return config, bind(host, port)
+
+
+def run(config: Any, sock: socket.socket) -> None:
+    """Serve with uvicorn on the socket from `prepare` until stopped."""
+    import uvicorn
+
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()

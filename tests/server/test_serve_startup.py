@@ -1,0 +1,136 @@
+"""`rbroker-server serve` that cannot start: one line on stderr with the fix and a distinct
+exit code (README "Exit codes"), never a traceback. Real `serve` processes, real sockets, a
+real PostgreSQL server for the unreachable-database case (a port nothing listens on).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rbroker_protocol.startup import (
+    EXIT_ADDRESS_IN_USE,
+    EXIT_DATABASE,
+    EXIT_PERMISSION,
+    EXIT_TLS,
+)
+from rbroker_server.settings import Settings
+
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+NO_PRIVILEGES = [
+    "setpriv",
+    "--inh-caps=-dac_override,-dac_read_search,-net_bind_service",
+    "--bounding-set=-dac_override,-dac_read_search,-net_bind_service",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Iterator[Path]:
+    d = tmp_path / "srv"
+    Settings(data_dir=d, bind_host="127.0.0.1", bind_port=_free_port()).save()
+    yield d
+    for p in (d, *d.rglob("*")):
+        if p.is_dir():
+            p.chmod(0o755)
+
+
+def _serve(data: Path, *extra: str, prefix: list[str] | None = None) -> tuple[int, str]:
+    command = [sys.executable, "-m", "rbroker_server", "serve", "--data-dir", str(data)]
+    done = subprocess.run(
+        [*(prefix or []), *command, *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return done.returncode, lines[0]
+
+
+def _unprivileged() -> list[str]:
+    if not IS_ROOT:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is needed to drop root's privileges")
+    return NO_PRIVILEGES
+
+
+def test_address_in_use(data: Path) -> None:
+    port = Settings.load(data).bind_port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        # before: uvicorn's startup log lines, "[Errno 98] error while attempting to bind on
+        # address ...", exit code 1
+        code, line = _serve(data)
+    assert code == EXIT_ADDRESS_IN_USE == 12
+    assert line == (
+        f"rbroker-server: cannot listen on 127.0.0.1:{port}: Address already in use; another "
+        "process (another coordinator?) listens there: stop it or choose --port"
+    )
+
+
+def test_privileged_port(data: Path) -> None:
+    if Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text().strip() == "0":
+        pytest.skip("every port is unprivileged here")
+    code, line = _serve(data, "--port", "443", prefix=_unprivileged())
+    assert code == EXIT_PERMISSION == 11
+    assert line.startswith("rbroker-server: cannot listen on 127.0.0.1:443: Permission denied; ")
+    assert "choose --port 1024 or above" in line
+
+
+def test_data_dir_without_write_permission(data: Path) -> None:
+    data.chmod(0o555)  # config.toml readable, but SQLite cannot create its files there
+    code, line = _serve(data, prefix=_unprivileged())
+    assert code == EXIT_PERMISSION == 11
+    assert line.startswith(
+        f"rbroker-server: cannot start: the database directory: Permission denied: '{data}'"
+    ), line
+
+
+def test_unreadable_config(data: Path) -> None:
+    (data / "config.toml").chmod(0o000)
+    code, line = _serve(data, prefix=_unprivileged())
+    assert code == EXIT_PERMISSION == 11
+    assert line.startswith(f"rbroker-server: Permission denied: '{data / 'config.toml'}'; ")
+
+
+def test_database_unreachable(data: Path) -> None:
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql+psycopg://postgres:secret@127.0.0.1:{port}/rbroker"
+    Settings.load(data).replace(database_url=url).save()
+    code, line = _serve(data)
+    assert code == EXIT_DATABASE == 15
+    assert line.startswith(
+        f"rbroker-server: cannot start: the database postgresql+psycopg://postgres:***@127.0.0.1:"
+        f"{port}/rbroker cannot be opened or migrated: "
+    )
+    assert "secret" not in line and "check database_url in" in line
+
+
+def test_missing_tls_key(data: Path) -> None:
+    cert, key = data / "tls" / "server.pem", data / "tls" / "server.key"
+    Settings.load(data).replace(tls_cert=str(cert), tls_key=str(key)).save()
+    code, line = _serve(data)
+    assert code == EXIT_TLS == 16
+    assert line == (
+        f"rbroker-server: cannot load the TLS certificate and key ({cert}, {key}): No such file "
+        "or directory; fix tls_cert and tls_key in the config, or run `rbroker-server setup "
+        "--force --self-signed` for a new pair"
+    )
