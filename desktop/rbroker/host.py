@@ -89,13 +89,15 @@ class BrokerHost:
             raise
 
     async def stop(self) -> None:
-        """Stop listening, stop the reporter and the broker, unlock the data dir."""
+        """Stop listening, stop the reporter and the broker, unlock the data dir. Live leases
+        stay in the store for the next start unless `release_all_on_exit` is set."""
         if self._uplink is not None:
             self._uplink.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._uplink
+        kept = self.broker.begin_stop() if self.broker is not None else None
         if self.api is not None:
-            await self.api.close()
+            await self.api.close(leases_kept=kept)
         if self.broker is not None:
             await self.broker.stop()
         self._lock.release()

@@ -108,6 +108,7 @@ class SimSetParams(_Params):
         Literal["", "gpu_lost", "unknown", "version_mismatch", "no_permission", "not_supported"]
         | None
     ) = None
+    process_list_error: Literal["", "no_permission", "not_supported"] | None = None
     delay_s: Annotated[float, Field(ge=0.0, le=3600.0)] | None = None
 
 

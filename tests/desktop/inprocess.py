@@ -79,7 +79,7 @@ class InProcessBroker:
     one on the same store file and the same simulated GPUs.
     """
 
-    def __init__(self, scenario: Path, data_dir: Path, persist: bool = True) -> None:
+    def __init__(self, scenario: Path, data_dir: Path, persist: bool = True, **config: Any) -> None:
         self.loop = asyncio.new_event_loop()
         self.clock = ManualClock()
         self.fake = FakeNvml(scenario)
@@ -87,7 +87,9 @@ class InProcessBroker:
         self.persist = persist
         # a generous NVML deadline: a loaded test machine must not turn samples stale
         self.config = BrokerConfig(
-            socket_path=data_dir / "unused.sock", data_dir=data_dir, nvml_deadline_s=30.0
+            socket_path=data_dir / "unused.sock",
+            data_dir=data_dir,
+            **{"nvml_deadline_s": 30.0, **config},
         )
         self.broker = self._new_broker()
         self.run(self.broker.start(background=False))

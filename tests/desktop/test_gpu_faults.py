@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import textwrap
 import threading
 import time
@@ -479,8 +480,13 @@ def test_graphics_list_missing_is_not_an_error(tmp_path: Path, code: int) -> Non
 
 @pytest.mark.parametrize(
     ("source", "nested", "expected"),
-    [("nvml", False, 2048), ("nvml", True, None), ("simulated", True, 2048)],
-    ids=["host-pids", "container-pid-namespace", "simulation"],
+    [
+        ("nvml", False, 2048),
+        ("nvml", True, None),
+        ("simulated", False, 2048),
+        ("simulated", True, None),
+    ],
+    ids=["host-pids", "container-pid-namespace", "simulation", "simulation-in-a-container"],
 )
 def test_per_process_figures_from_another_pid_namespace_are_unknown(
     tmp_path: Path,
@@ -489,9 +495,9 @@ def test_per_process_figures_from_another_pid_namespace_are_unknown(
     nested: bool,
     expected: int | None,
 ) -> None:
-    """Real NVML read from a container's own pid namespace lists the host's pids: they name
+    """NVML read from a container's own pid namespace lists the host's pids: they name
     other processes here (or none), so every per-process figure is unknown; device_used
-    still counts the memory. The simulated library lists pids of the broker's namespace."""
+    still counts the memory. The simulated library plays the host's driver: same rule."""
     monkeypatch.setattr(nvml_module, "in_child_pid_namespace", lambda: nested)
     scenario = tmp_path / "scenario.toml"
     scenario.write_text(_scenario() + _process(4000, 2048))
@@ -500,10 +506,16 @@ def test_per_process_figures_from_another_pid_namespace_are_unknown(
     assert sample.device_used_mib == 2048
 
 
-def test_pid_namespace_probe_matches_proc() -> None:
-    status = Path("/proc/self/status")
-    if not status.exists():
+def test_pid_namespace_probe_compares_with_the_initial_namespace(tmp_path: Path) -> None:
+    """Not `NSpid` (a container that mounted its own /proc shows one entry there): the
+    inode of /proc/self/ns/pid against the kernel's initial pid namespace; doubt counts as
+    another namespace."""
+    if not sys.platform.startswith("linux"):
         assert nvml_module.in_child_pid_namespace() is False
         return
-    line = next((x for x in status.read_text().splitlines() if x.startswith("NSpid:")), "")
-    assert nvml_module.in_child_pid_namespace() is (len(line.split()) > 2)
+    own = os.stat("/proc/self/ns/pid").st_ino
+    assert nvml_module.in_child_pid_namespace() is (own != 0xEFFFFFFC)
+    assert nvml_module.in_child_pid_namespace(str(tmp_path / "missing")) is True
+    other = tmp_path / "ns"
+    other.write_text("")
+    assert nvml_module.in_child_pid_namespace(str(other)) is True

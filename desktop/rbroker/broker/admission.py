@@ -10,6 +10,7 @@ checked, so one pass may make several grants from the same sample.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rbroker.broker.capacity import Capacity, explain, fmt_mib, short_uuid
 from rbroker.broker.clock import Clock
@@ -18,9 +19,21 @@ from rbroker.broker.leases import Waiter
 from rbroker.broker.sampling import GpuSlot
 from rbroker.broker.table import Choice, LeaseTable
 from rbroker.broker.waiting import WaitQueue
+from rbroker.gpu.nvml import describe
 from rbroker.gpu.types import TelemetryState
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import AcquireParams
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlProblem:
+    """NVML could not be initialised: `reason` (e.g. `version_mismatch`), the same in
+    `words`, and whether the OS shows an NVIDIA GPU at all (`device_present`)."""
+
+    reason: str
+    words: str
+    device_present: bool
+
 
 Grant = Callable[[Waiter, list[Choice], float], None]
 Emit = Callable[[str, dict[str, object]], None]
@@ -36,6 +49,7 @@ class Admission:
         self.table = table
         self.clock = clock
         self.config = config
+        self.problem: NvmlProblem | None = None
 
     # -- at request time -----------------------------------------------------------------------
     def candidates(self, params: AcquireParams) -> tuple[str, ...]:
@@ -62,11 +76,15 @@ class Admission:
                     field="gpus",
                 )
             return (params.gpu_uuid,)
+        return self.unpinned_candidates(params.gpus)
+
+    def unpinned_candidates(self, gpus: int) -> tuple[str, ...]:
+        """Every GPU whose capacity is known, by index (all of them when fewer than `gpus`)."""
         ordered = sorted(self.slots, key=lambda u: self.slots[u].info.index)
         usable = [
             u for u in ordered if self.slots[u].telemetry is not TelemetryState.UNKNOWN_CAPACITY
         ]
-        return tuple(usable if len(usable) >= params.gpus else ordered)
+        return tuple(usable if len(usable) >= gpus else ordered)
 
     def never_fits(self, mib: int, gpus: int, candidates: tuple[str, ...]) -> RpcError | None:
         """`infeasible` when fewer than `gpus` candidates could ever hold `mib` (more than
@@ -106,6 +124,9 @@ class Admission:
                 `telemetry_unavailable` (the pinned GPU is lost, or the capacity of too
                 many candidates is unknown).
         """
+        if not candidates and self.problem is not None:
+            self._check_nvml_problem(params)
+            return  # a GPU exists but NVML fails: the request waits, fail-closed
         if params.gpus > len(candidates):
             raise RpcError(
                 ErrorCode.INFEASIBLE,
@@ -131,14 +152,48 @@ class Admission:
         ]
         if len(known) < params.gpus:
             unknown = [u for u in candidates if u not in known]
+            names = ", ".join(short_uuid(u) for u in unknown)
+            if self.slots[unknown[0]].telemetry_reason == "used_unknown":
+                raise RpcError(
+                    ErrorCode.TELEMETRY_UNAVAILABLE,
+                    f"refused: the memory in use on {names} is unknown: {describe('used_unknown')}",
+                    gpu_uuid=unknown[0],
+                    reason="used_unknown",
+                    telemetry=TelemetryState.UNKNOWN_CAPACITY.value,
+                )
             raise RpcError(
                 ErrorCode.TELEMETRY_UNAVAILABLE,
-                f"refused: the memory capacity of {', '.join(short_uuid(u) for u in unknown)} "
+                f"refused: the memory capacity of {names} "
                 "is unknown (NVML does not support the memory query on it); set a capacity "
                 "override for its UUID to lease it",
                 gpu_uuid=unknown[0],
                 reason="capacity_unknown",
                 telemetry=TelemetryState.UNKNOWN_CAPACITY.value,
+            )
+
+    def _check_nvml_problem(self, params: AcquireParams) -> None:
+        """Refuse at once while NVML does not initialise: `infeasible` where no NVIDIA GPU
+        exists, `telemetry_unavailable` where one exists but may not be waited for.
+
+        Raises:
+            RpcError: as above; nothing when the request may wait for NVML.
+        """
+        problem = self.problem
+        assert problem is not None
+        if not problem.device_present:
+            raise RpcError(
+                ErrorCode.INFEASIBLE,
+                f"infeasible: this computer has no NVIDIA GPU ({problem.words}); to try "
+                "rbroker without one, run the broker with --simulate",
+                reason=problem.reason,
+                gpu_count=0,
+            )
+        if params.wait_s <= 0:
+            raise RpcError(
+                ErrorCode.TELEMETRY_UNAVAILABLE,
+                f"refused: telemetry unavailable: {problem.words}",
+                reason=problem.reason,
+                telemetry=TelemetryState.UNAVAILABLE.value,
             )
 
     # -- the pass ------------------------------------------------------------------------------
@@ -250,6 +305,16 @@ class Admission:
             waiter.reason_data = {"ahead": ahead}
             return
         waiter.evaluated = True
+        if not waiter.candidates:  # no GPU enumerated: NVML does not initialise
+            words = self.problem.words if self.problem is not None else "no GPU enumerated yet"
+            waiter.reason = f"waiting: telemetry unavailable: {words}" + ahead_txt
+            waiter.reason_kind = "telemetry"
+            waiter.reason_data = {
+                "telemetry": TelemetryState.UNAVAILABLE.value,
+                "reason": self.problem.reason if self.problem is not None else "not_enumerated",
+                "ahead": ahead,
+            }
+            return
         known = [u for u in waiter.candidates if u in caps]
         if known:
             best = max(known, key=lambda u: caps[u].available_mib)

@@ -31,6 +31,11 @@ class BrokerConfig:
     ended_history: int = 500
     default_ttl_s: float = 30.0
     reattach_grace_s: float = 30.0
+    lease_reattach_grace_s: float = 10.0
+    release_all_on_exit: bool = False
+    absence_confirm_samples: int = 3
+    absence_confirm_s: float = 5.0
+    nvml_retry_max_s: float = 30.0
     enumerate_interval_s: float = 10.0
     capacity_overrides_mib: dict[str, int] = field(default_factory=dict)
     admin_group: str | None = None

@@ -7,9 +7,31 @@ identity (pids are reused), so every check compares the process start time too.
 
 from __future__ import annotations
 
+import errno
+import os
 from dataclasses import dataclass
 
 import psutil
+
+
+def signal_says_alive(pid: int) -> bool | None:
+    """`kill(pid, 0)`: True when a process with `pid` exists (also another user's, EPERM),
+    False when none does (ESRCH), None where the OS cannot tell (Windows).
+
+    Used where /proc hides other users' processes (`hidepid=2` on multi-user hosts): the
+    broker cannot read them, but may still ask the kernel whether they exist.
+    """
+    if os.name == "nt":
+        return None
+    try:
+        os.kill(pid, 0)
+    except OSError as exc:
+        if exc.errno == errno.EPERM:
+            return True
+        if exc.errno == errno.ESRCH:
+            return False
+        return None
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +43,7 @@ class Holder:
 
     @classmethod
     def of(cls, pid: int) -> Holder:
-        """The identity of running process `pid`.
+        """The identity of running process `pid`; start time 0 when /proc hides it.
 
         Raises:
             ProcessLookupError: no such process.
@@ -29,6 +51,8 @@ class Holder:
         try:
             return cls(pid, psutil.Process(pid).create_time())
         except psutil.NoSuchProcess:
+            if signal_says_alive(pid):  # hidden by hidepid, yet alive
+                return cls(pid, 0.0)
             raise ProcessLookupError(pid) from None
         except psutil.AccessDenied:
             return cls(pid, 0.0)
@@ -41,7 +65,8 @@ class Holder:
                 return False
             return bool(proc.status() != psutil.STATUS_ZOMBIE)
         except psutil.NoSuchProcess:
-            return False
+            # /proc may hide another user's process (hidepid): ask the kernel instead
+            return not self.start_time and bool(signal_says_alive(self.pid))
         except psutil.AccessDenied:
             return True
 

@@ -63,6 +63,7 @@ class Lease:
     baseline_mib: dict[str, int] = field(default_factory=dict)
     restored: bool = False
     job_id: str | None = None
+    reattach_by: float | None = None  # restored: its holder must re-attach by then (monotonic)
 
     @property
     def gpu_uuid(self) -> str:

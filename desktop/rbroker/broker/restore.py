@@ -3,7 +3,10 @@ holder processes are still alive (same pid and start time), and end the others w
 reason (docs/architecture.md §3).
 
 A restored waiter has no connection yet: its client must come back (re-send its request key)
-within `reattach_grace_s`, or the wait ends.
+within `reattach_grace_s`, or the wait ends. A restored lease's holder must re-attach with its
+token within `lease_reattach_grace_s` (seconds, not the TTL), or the lease ends even if the
+holder process lives on: a holder that left its lease while the broker was down must not
+keep memory booked for a whole TTL.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ def restore(
             table.ended.append(lease)
             log.info("lease %s not restored: %s", lease.lease_id, lease.ended_reason)
             continue
+        lease.reattach_by = now + config.lease_reattach_grace_s
         table.leases[lease.lease_id] = lease
         table.token_sha256[lease.lease_id] = stored.token_sha256
         if lease.job_id is not None:

@@ -26,6 +26,42 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
+class Listing:
+    """What the broker remembers of one pid the driver lists on a GPU.
+
+    `since_wall` is the Unix time of the sample that began the pid's current, unbroken
+    listing and `first_mib` what it showed then; `absent_samples` and `absent_since`
+    (monotonic) count a pid missing from the latest samples while it is carried forward.
+    """
+
+    process: ProcessSample
+    chain: frozenset[Holder]
+    since_wall: float
+    first_mib: int | None
+    absent_samples: int = 0
+    absent_since: float = 0.0
+
+    def identity(self) -> Holder | None:
+        """The listed process itself (pid + start time), or None when it cannot be read."""
+        pid = self.process.pid
+        return next((h for h in self.chain if h.pid == pid), None)
+
+    def attributable(self) -> ProcessSample:
+        """The reading with memory that predates the process removed: what a pid's listing
+        showed before its current process started was a dead process's (the driver can keep
+        listing a dead pid, and pids are reused), never this process's."""
+        me = self.identity()
+        p = self.process
+        if me is None or not me.start_time or not self.since_wall:
+            return p  # no start time or no sample time to compare: nothing to remove
+        if self.since_wall >= me.start_time:
+            return p
+        if p.used_mib is None or self.first_mib is None:
+            return ProcessSample(p.pid, None, p.kind)
+        return ProcessSample(p.pid, max(0, p.used_mib - self.first_mib), p.kind)
+
+
+@dataclass(slots=True)
 class GpuSlot:
     """What the broker knows about one capacity unit (GPU or MIG slice)."""
 
@@ -38,6 +74,7 @@ class GpuSlot:
     failures: int = 0
     kick: asyncio.Event = field(default_factory=asyncio.Event)
     chains: list[tuple[ProcessSample, frozenset[Holder]]] = field(default_factory=list)
+    listings: dict[int, Listing] = field(default_factory=dict)
 
     @property
     def uuid(self) -> str:
@@ -106,14 +143,17 @@ class Sampling:
         self.slots[info.uuid] = slot
         return slot
 
-    async def enumerate(self) -> None:
-        """Enumerate the GPUs (off the loop) and add a slot for each.
+    async def enumerate(self) -> list[GpuSlot]:
+        """Enumerate the GPUs (off the loop) and add a slot for each one not known yet.
+
+        Returns:
+            The slots added.
 
         Raises:
             TelemetryError: NVML cannot enumerate any GPU.
         """
-        for info in await asyncio.to_thread(self.gateway.enumerate):
-            self.add_slot(info)
+        infos = await asyncio.to_thread(self.gateway.enumerate)
+        return [self.add_slot(info) for info in infos if info.uuid not in self.slots]
 
     async def sample_all(self) -> None:
         """Take one sample of every GPU, concurrently."""
@@ -137,8 +177,57 @@ class Sampling:
         slot.sample = sample
         slot.telemetry = TelemetryState.OK
         slot.telemetry_reason = ""
-        slot.chains = [(p, self._ancestry.chain(p.pid)) for p in sample.processes]
+        self._track(slot, sample)
         self._on_sample(slot, True)
+
+    def _track(self, slot: GpuSlot, sample: GpuSample) -> None:
+        """Update `slot.listings` and `slot.chains` from a new sample.
+
+        Evidence that lasts: a pid missing from one sample keeps its last reading (NVML's
+        process list is known to omit a running process for a sample or two); it is dropped
+        only once its process is gone, the device's own used figure no longer holds its
+        memory, or it has been missing for `absence_confirm_samples` samples spanning
+        `absence_confirm_s`. Pid reuse: see `Listing.attributable`.
+        """
+        if not sample.processes_known:
+            slot.listings.clear()  # per-process memory unknown: attribute nothing
+            slot.chains = []
+            return
+        listed = {p.pid: p for p in sample.processes}
+        for pid, process in listed.items():
+            chain = self._ancestry.chain(pid)
+            entry = slot.listings.get(pid)
+            identity = next((h for h in chain if h.pid == pid), None)
+            if entry is None or (entry.identity() not in (None, identity)):
+                # a new listing, or the pid now names another process than before
+                since = sample.started_wall if entry is None else entry.since_wall
+                first = process.used_mib if entry is None else entry.process.used_mib
+                entry = Listing(process, chain, since, first)
+                slot.listings[pid] = entry
+            else:
+                entry.process, entry.chain = process, chain
+                entry.absent_samples = 0
+        # What the device holds beyond the listed processes: a missing pid is carried
+        # forward only while the device still holds its memory (a process that really
+        # freed everything leaves the device's own figure lower: that is evidence too).
+        room = max(0, sample.device_used_mib - sum(p.used_mib or 0 for p in listed.values()))
+        for pid, entry in list(slot.listings.items()):
+            if pid in listed:
+                continue
+            if entry.absent_samples == 0:
+                entry.absent_since = sample.started_at
+            entry.absent_samples += 1
+            me = entry.identity()
+            lasting = (
+                entry.absent_samples >= self.config.absence_confirm_samples
+                and sample.started_at - entry.absent_since >= self.config.absence_confirm_s
+            )
+            held = entry.process.used_mib or 0
+            if me is None or lasting or held > room or not me.alive():
+                del slot.listings[pid]
+            else:
+                room -= held
+        slot.chains = [(entry.attributable(), entry.chain) for entry in slot.listings.values()]
 
     async def sample_loop(self, slot: GpuSlot) -> None:
         """Sample `slot` every `sample_interval_s` or at once when kicked; back off (0.2 s

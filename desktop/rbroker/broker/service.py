@@ -11,13 +11,12 @@ check (docs/architecture.md §2). Nothing outside `rbroker.broker` imports those
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from rbroker.broker import views
-from rbroker.broker.admission import Admission
+from rbroker.broker.admission import Admission, NvmlProblem
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock, SystemClock
 from rbroker.broker.config import BrokerConfig
@@ -31,7 +30,8 @@ from rbroker.broker.store import LeaseStore
 from rbroker.broker.table import Choice, LeaseTable, liveness_memo, tick_loop
 from rbroker.broker.waiting import WaitQueue
 from rbroker.gpu.fake_nvml import FakeNvml
-from rbroker.gpu.nvml import NvmlGateway
+from rbroker.gpu.nvml import NvmlGateway, TelemetryError, describe
+from rbroker.gpu.presence import nvidia_device_present
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import AcquireParams
 
@@ -86,6 +86,8 @@ class Broker:
         self.paused = False
         self.uplink_status: Callable[[], dict[str, Any]] | None = None
         self.driver_version = "unknown"
+        self.nvml_problem: NvmlProblem | None = None
+        self.stopping = False
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, background: bool = True) -> None:
@@ -98,33 +100,106 @@ class Broker:
         Raises:
             TelemetryError: NVML cannot enumerate any GPU.
         """
-        await self.sampling.enumerate()
-        # read once, off the loop: an NVML call on the loop would block the local API
-        # whenever the driver hangs
-        self.driver_version = await asyncio.to_thread(self.gateway.driver_version)
-        await self.sampling.sample_all()
+        try:
+            await self.sampling.enumerate()
+        except TelemetryError as exc:
+            # Fail closed, never open: no GPU is invented; nothing is admitted until NVML
+            # answers; restored leases stay; NVML is retried with backoff.
+            self._nvml_failed(exc)
+        else:
+            # read once, off the loop: an NVML call on the loop would block the local API
+            # whenever the driver hangs
+            self.driver_version = await asyncio.to_thread(self.gateway.driver_version)
+            await self.sampling.sample_all()
         if self.store is not None:
             restore(self.store, self.table, self.waiting, self.jobs, self.clock, self.config)
         if not background:
             return
+        if self.nvml_problem is not None:
+            self._spawn(self._retry_nvml())
         for slot in self.slots.values():
             self._spawn(self.sampling.sample_loop(slot))
         self._spawn(
             tick_loop(self.clock, self.config, self._grace, self._check_holders, self._expire)
         )
-        self._spawn(self.sampling.enumerate_loop(self._spawn))
+        if self.nvml_problem is None:
+            self._spawn(self.sampling.enumerate_loop(self._spawn))
         log.info("broker started: %d GPUs, telemetry %s", len(self.slots), self.gateway.source)
+
+    def _nvml_failed(self, exc: TelemetryError) -> None:
+        present = self.fake is not None or nvidia_device_present()
+        self.nvml_problem = NvmlProblem(exc.reason, describe(exc.reason), present)
+        self.admission.problem = self.nvml_problem
+        if present:
+            log.error(
+                "NVML failed at start: %s; nothing is admitted until it answers (retrying)",
+                self.nvml_problem.words,
+            )
+        else:
+            log.warning(
+                "no NVIDIA GPU on this computer (%s); to try rbroker without one, run "
+                "`rbroker broker --simulate`",
+                self.nvml_problem.words,
+            )
+
+    async def _retry_nvml(self) -> None:
+        """Retry `nvmlInit` and enumeration with backoff (0.5 s doubling to
+        `nvml_retry_max_s`) until they work; then sample, serve and admit normally."""
+        delay_s = 0.5
+        while self.nvml_problem is not None:
+            await asyncio.sleep(delay_s)
+            delay_s = min(self.config.nvml_retry_max_s, delay_s * 2)
+            try:
+                await asyncio.wait_for(self.sampling.enumerate(), self.config.nvml_deadline_s * 4)
+            except TimeoutError:
+                continue
+            except TelemetryError as exc:
+                if exc.reason != self.nvml_problem.reason:
+                    self._nvml_failed(exc)
+                continue
+            log.warning("NVML answers again: %d GPUs; admitting", len(self.slots))
+            self.nvml_problem = None
+            self.admission.problem = None
+            self.driver_version = await asyncio.to_thread(self.gateway.driver_version)
+            await self.sampling.sample_all()
+            for slot in self.slots.values():
+                self.table.update_observed(slot)
+                self._spawn(self.sampling.sample_loop(slot))
+            self._spawn(self.sampling.enumerate_loop(self._spawn))
+            self.waiting.widen(self.admission.unpinned_candidates)
+            self.emit("capacity", {})
+            self._admit()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coro))
 
+    def begin_stop(self) -> bool:
+        """The broker is about to stop. With `release_all_on_exit`, end every lease now;
+        otherwise keep every lease and persisted waiter in the store, so that connections
+        closing from here on end nothing and the restarted broker restores them exactly as
+        after a crash. Returns True when leases are kept."""
+        if self.config.release_all_on_exit:
+            for lease in list(self.leases.values()):
+                self._end(lease, LeaseState.RELEASED, "the broker stopped (release all on exit)")
+            return False
+        self.stopping = True
+        log.info("stopping: %d leases kept for the restarted broker", len(self.leases))
+        return True
+
     async def stop(self) -> None:
-        """Cancel background tasks and fail every waiter; leases end with the process."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Cancel background tasks and fail every waiter (persisted waiters stay in the
+        store); leases stay in the store unless `begin_stop` ended them."""
+        pending = set(self._tasks)
+        while pending:
+            # cancel again until done: Python 3.11's asyncio.wait_for can swallow a
+            # cancellation that arrives as its inner future completes (a GPU's sampler
+            # kicked by a lease ending just as the broker stops), and the task runs on
+            for task in pending:
+                task.cancel()
+            done, pending = await asyncio.wait(pending, timeout=0.5)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.warning("background task ended with %r", task.exception())
         self._tasks.clear()
         self.waiting.fail_all(RpcError(ErrorCode.CANCELLED, "broker stopping"))
         self.sampling.close()
@@ -255,7 +330,10 @@ class Broker:
             self.emit("lease", {"lease_id": lease.lease_id, "state": state.value})
 
     def connection_closed(self, conn_id: int) -> None:
-        """Release every lease bound to `conn_id` and drop its waiters (docs/architecture.md §3)."""
+        """Release every lease bound to `conn_id` and drop its waiters (docs/architecture.md §3);
+        nothing while the broker is stopping (`begin_stop`): the holders come back."""
+        if self.stopping:
+            return
         self.jobs.connection_closed(conn_id)
         for lease in [lease for lease in self.leases.values() if lease.conn_id == conn_id]:
             self._end(lease, LeaseState.RELEASED, "holder connection closed")
@@ -279,6 +357,13 @@ class Broker:
     def _expire(self, now: float) -> None:
         for lease in self.table.overdue(now):
             self._end(lease, LeaseState.EXPIRED, f"no heartbeat for {lease.ttl_s:g} s")
+        for lease in self.table.not_reattached(now):
+            self._end(
+                lease,
+                LeaseState.EXPIRED,
+                f"its holder did not re-attach within {self.config.lease_reattach_grace_s:g} s "
+                "after the broker restarted",
+            )
         self.waiting.expire(now, self.admission.wait_error)
         if self.queue:
             self._admit()

@@ -209,6 +209,7 @@ class LeaseTable:
     def rebind(self, lease: Lease, conn_id: int | None) -> Lease:
         """Bind a lease to the holder's new connection, renew it, give it a fresh token."""
         lease.conn_id = conn_id
+        lease.reattach_by = None
         lease.deadline = self.clock.monotonic() + lease.ttl_s
         lease.token = secrets.token_urlsafe(24)
         self.token_sha256[lease.lease_id] = token_hash(lease.token)
@@ -262,6 +263,14 @@ class LeaseTable:
         """Active leases whose heartbeat deadline has passed."""
         return [lease for lease in self.leases.values() if lease.deadline < now]
 
+    def not_reattached(self, now: float) -> list[Lease]:
+        """Restored leases whose holder did not re-attach within the grace."""
+        return [
+            lease
+            for lease in self.leases.values()
+            if lease.reattach_by is not None and lease.reattach_by < now
+        ]
+
     def held_by_dead(self, is_alive: Callable[[Holder], bool]) -> list[Lease]:
         """Active leases whose holder process is gone."""
         return [lease for lease in self.leases.values() if not is_alive(lease.holder)]
@@ -272,6 +281,8 @@ class LeaseTable:
         log.warning("broker loop stalled %.1f s: every lease gets one TTL of grace", gap)
         for lease in self.leases.values():
             lease.deadline = max(lease.deadline, now + lease.ttl_s)
+            if lease.reattach_by is not None:
+                lease.reattach_by = max(lease.reattach_by, now + self.config.lease_reattach_grace_s)
 
 
 def liveness_memo() -> Callable[[Holder], bool]:

@@ -87,6 +87,13 @@ def status(broker: Broker) -> dict[str, Any]:
         "telemetry_source": broker.gateway.source,
         "simulated": broker.fake is not None,
         "driver_version": broker.driver_version,
+        "nvml_problem": None
+        if broker.nvml_problem is None
+        else {
+            "reason": broker.nvml_problem.reason,
+            "words": broker.nvml_problem.words,
+            "device_present": broker.nvml_problem.device_present,
+        },
         "gpus": {u: s.telemetry.value for u, s in broker.slots.items()},
         "active_leases": len(broker.leases),
         "queued_requests": len(broker.queue),

@@ -33,6 +33,12 @@ class WaitQueue:
         self._seq += 1
         return self._seq
 
+    def widen(self, candidates_for: Callable[[int], tuple[str, ...]]) -> None:
+        """Give unpinned waiters every GPU known now (after GPUs were enumerated late)."""
+        for waiter in self.waiters:
+            if not waiter.pinned:
+                waiter.candidates = candidates_for(waiter.gpus)
+
     def new_waiter(
         self,
         params: AcquireParams,

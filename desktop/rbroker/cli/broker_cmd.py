@@ -84,7 +84,10 @@ def run_broker(args: argparse.Namespace) -> int:
             headroom_mib=args.headroom_mib,
         )
         config = dataclasses.replace(
-            config, capacity_overrides_mib=overrides, admin_group=args.admin_group
+            config,
+            capacity_overrides_mib=overrides,
+            admin_group=args.admin_group,
+            release_all_on_exit=args.release_all_on_exit,
         )
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))

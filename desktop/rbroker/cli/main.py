@@ -45,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="GROUP",
         help="OS group whose members may also pause admissions (default: the broker's user only)",
     )
+    b.add_argument(
+        "--release-all-on-exit",
+        action="store_true",
+        help="end every lease when the broker stops (default: keep them for the restart)",
+    )
     b.add_argument("-v", "--verbose", action="store_true", help="log every lease")
 
     s = sub.add_parser("status", help="GPU capacity and leases of the local broker")

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pynvml
 
-from rbroker.gpu.scenario import ScenarioError, SimGpu, load_scenario
+from rbroker.gpu.scenario import ScenarioError, SimGpu, init_error, load_scenario
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,8 @@ _ERROR_CODES = {
     "version_mismatch": pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
     "no_permission": pynvml.NVML_ERROR_NO_PERMISSION,
     "not_supported": pynvml.NVML_ERROR_NOT_SUPPORTED,
+    "library_not_found": pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+    "driver_not_loaded": pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
 }
 
 
@@ -79,8 +81,10 @@ class FakeNvml:
         self._lock = threading.RLock()
         self._mtime_ns: int | None = None
         self._file_gpus: list[SimGpu] = load_scenario(scenario_path)
+        self._init_error = ""
         if scenario_path is not None:
             self._mtime_ns = scenario_path.stat().st_mtime_ns
+            self._init_error = init_error(scenario_path.read_text(encoding="utf-8"))
         self._overrides: dict[str, dict[str, Any]] = {}
         # (uuid, pid) -> [mib, process create time]
         self._allocations: dict[tuple[str, int], list[float]] = {}
@@ -99,6 +103,7 @@ class FakeNvml:
         self._mtime_ns = mtime
         try:
             self._file_gpus = load_scenario(self.scenario_path)
+            self._init_error = init_error(self.scenario_path.read_text(encoding="utf-8"))
             log.info("scenario %s re-read: %d GPUs", self.scenario_path, len(self._file_gpus))
         except ScenarioError as exc:
             log.error("scenario rewrite ignored, keeping the previous one: %s", exc)
@@ -206,6 +211,10 @@ class FakeNvml:
 
     # -- the pynvml surface ----------------------------------------------------------------
     def nvmlInit(self) -> None:
+        with self._lock:
+            self._reload_if_changed()
+            if self._init_error:
+                raise NVMLError(_ERROR_CODES[self._init_error])
         self._initialised = True
 
     def nvmlShutdown(self) -> None:
@@ -267,6 +276,8 @@ class FakeNvml:
 
     def _process_list(self, handle: Any, kind: str) -> list[_Process]:
         gpu = self._enter(handle)
+        if gpu.process_list_error:
+            raise NVMLError(_ERROR_CODES[gpu.process_list_error])
         procs: dict[int, int | None] = {
             p.pid: (p.used_mib * MIB if p.used_mib is not None else None)
             for p in gpu.processes

@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -68,6 +70,28 @@ _REASONS: dict[int, str] = {
 }
 
 
+_REASON_WORDS: dict[str, str] = {
+    "version_mismatch": "the NVIDIA driver and its NVML library have different versions "
+    "(NVML error 18; usual after a driver upgrade until the computer restarts)",
+    "library_not_found": "the NVML library (libnvidia-ml) is not installed or cannot be "
+    "loaded (NVML error 12)",
+    "driver_not_loaded": "the NVIDIA kernel driver is not loaded (NVML error 9)",
+    "no_permission": "this account may not use NVML (NVML error 4)",
+    "unknown_error": "NVML failed with an unknown error (999)",
+    "gpu_lost": "the GPU fell off the bus or is lost (NVML error 15)",
+    "timeout": "the NVML call did not answer in time",
+    "not_supported": "the query is not supported on this GPU (NVML error 3)",
+    "used_unknown": "neither the GPU nor its processes report the memory in use (the memory "
+    "query is not supported and per-process memory is unknown); a capacity override cannot "
+    "help: lease this GPU only where its driver reports per-process memory",
+}
+
+
+def describe(reason: str) -> str:
+    """A telemetry failure reason (`version_mismatch`, `library_not_found`, ...) in words."""
+    return _REASON_WORDS.get(reason, f"NVML failed ({reason.replace('_', ' ')})")
+
+
 class TelemetryError(Exception):
     """A GPU could not be read. `state` is the resulting telemetry state, `reason` a name
     such as `gpu_lost`, `version_mismatch`, `not_supported`, `timeout`."""
@@ -83,18 +107,25 @@ def _nvml_code(exc: BaseException) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def in_child_pid_namespace() -> bool:
-    """True when this process runs in a nested pid namespace (a container without the
-    host's pids, Linux): NVML lists pids of the host's namespace, which here name other
-    processes or none, so its per-process figures cannot be attributed."""
+INITIAL_PID_NAMESPACE_INODE = 0xEFFFFFFC
+"""Inode number of the Linux kernel's initial pid namespace (`PROC_PID_INIT_INO` in
+include/linux/proc_ns.h): `/proc/self/ns/pid` has it only outside every container."""
+
+
+def in_child_pid_namespace(ns_path: str = "/proc/self/ns/pid") -> bool:
+    """True unless this process provably runs in the initial pid namespace (Linux).
+
+    NVML lists the pids of the initial namespace; in any other (a container, even one that
+    mounted its own /proc so that `NSpid` shows a single entry) they name other processes
+    or none, so per-process figures cannot be attributed. Where the namespace cannot be
+    read, that doubt counts as "another namespace". False on other systems.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
     try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("NSpid:"):
-                    return len(line.split()) > 2
+        return os.stat(ns_path).st_ino != INITIAL_PID_NAMESPACE_INODE
     except OSError:
-        pass
-    return False
+        return True
 
 
 def _text(value: Any) -> str:
@@ -122,8 +153,9 @@ class NvmlGateway:
         self._initialised = False
         self._handles: dict[str, Any] = {}
         self._v2_missing: set[str] = set()
-        # real NVML seen from a container's own pid namespace: per-process pids are foreign
-        self.foreign_pids = source == "nvml" and in_child_pid_namespace()
+        # NVML seen from another pid namespace than the initial one: its pids are foreign
+        # (the simulated driver plays the host's driver, so the rule holds for it too)
+        self.foreign_pids = in_child_pid_namespace()
 
     def _error(self, exc: BaseException, what: str) -> TelemetryError:
         code = _nvml_code(exc)
@@ -209,9 +241,13 @@ class NvmlGateway:
             self._handles[uuid] = handle
         return handle
 
-    def _processes(self, handle: Any) -> dict[int, ProcessSample]:
+    def _processes(self, handle: Any) -> tuple[dict[int, ProcessSample], bool]:
+        """The processes listed on `handle` and whether the list is known at all: a compute
+        list that is not supported or not permitted (MIG slices, some containers) leaves
+        per-process memory unknown, while the GPU itself stays usable."""
         lib = self.lib
         out: dict[int, ProcessSample] = {}
+        known = True
         for kind, fn in (
             ("compute", lib.nvmlDeviceGetComputeRunningProcesses),
             ("graphics", lib.nvmlDeviceGetGraphicsRunningProcesses),
@@ -219,8 +255,11 @@ class NvmlGateway:
             try:
                 records = fn(handle)
             except lib.NVMLError as exc:
-                if _nvml_code(exc) in (_ERR_NOT_SUPPORTED, _ERR_FUNCTION_NOT_FOUND):
-                    continue  # some GPUs list no graphics processes
+                code = _nvml_code(exc)
+                if code in (_ERR_NOT_SUPPORTED, _ERR_FUNCTION_NOT_FOUND, _ERR_NO_PERMISSION):
+                    if kind == "compute":
+                        known = False  # graphics lists are often absent: that is no doubt
+                    continue
                 raise
             for rec in records:
                 pid = getattr(rec, "pid", 0)
@@ -232,7 +271,7 @@ class NvmlGateway:
                 if prev is not None:  # listed as compute and graphics: same context
                     mib = max(prev.used_mib or 0, mib or 0) if (prev.used_mib or mib) else None
                 out[pid] = ProcessSample(pid=pid, used_mib=mib, kind=kind)
-        return out
+        return out, known
 
     def _memory(self, uuid: str, handle: Any) -> tuple[int, int, str]:
         lib = self.lib
@@ -268,18 +307,30 @@ class NvmlGateway:
         self._ensure_init()
         lib = self.lib
         started = self.clock()
+        started_wall = time.time()
         try:
             handle = self._handle(uuid)
-            before = self._processes(handle)
+            before, known_before = self._processes(handle)
             try:
                 total_b, free_b, api = self._memory(uuid, handle)
             except lib.NVMLError as exc:
                 override = self.capacity_overrides_mib.get(uuid)
                 if _nvml_code(exc) == _ERR_NOT_SUPPORTED and override:
-                    known = sum(p.used_mib or 0 for p in self._processes(handle).values())
+                    listed, listed_known = self._processes(handle)
+                    if not listed_known or any(p.used_mib is None for p in listed.values()):
+                        # Neither the device nor its processes say what is used: unknown is
+                        # never 0 (that would grant past what is free).
+                        raise TelemetryError(
+                            TelemetryState.UNKNOWN_CAPACITY,
+                            "used_unknown",
+                            "the memory query is not supported and the memory of its "
+                            "processes is unknown, so the memory in use cannot be known; "
+                            "lease this GPU only where its driver reports per-process memory",
+                        ) from None
+                    used = sum(p.used_mib or 0 for p in listed.values())
                     total_b, free_b, api = (
                         override * MIB,
-                        max(0, override - known) * MIB,
+                        max(0, override - used) * MIB,
                         "override",
                     )
                 elif _nvml_code(exc) == _ERR_NOT_SUPPORTED:
@@ -290,7 +341,7 @@ class NvmlGateway:
                     ) from None
                 else:
                     raise
-            after = self._processes(handle)
+            after, known_after = self._processes(handle)
         except lib.NVMLError as exc:
             self._handles.pop(uuid, None)
             raise self._error(exc, f"read {uuid}") from None
@@ -319,6 +370,8 @@ class NvmlGateway:
             memory_api=api,
             started_at=started,
             finished_at=self.clock(),
+            started_wall=started_wall,
+            processes_known=known_before and known_after and not self.foreign_pids,
         )
 
     def driver_version(self) -> str:

@@ -12,9 +12,12 @@ from typing import Any
 
 MEMORY_APIS = ("v2", "v1", "not_supported")
 ERRORS = ("", "gpu_lost", "unknown", "version_mismatch", "no_permission", "not_supported")
+PROCESS_LIST_ERRORS = ("", "no_permission", "not_supported")
+INIT_ERRORS = ("", "version_mismatch", "library_not_found", "driver_not_loaded", "unknown")
+"""Values of `[nvml] init_error`: what `nvmlInit` raises (a GPU exists, its NVML fails)."""
 
 DEFAULT_SCENARIO = """\
-# Two simulated 24 GiB GPUs, empty: what `rbroker broker` runs when no NVIDIA driver answers.
+# Two simulated 24 GiB GPUs, empty: what `rbroker broker --simulate` runs without a file.
 [[gpu]]
 name = "Simulated RTX 4090"
 total_mib = 24576
@@ -51,6 +54,7 @@ class SimGpu:
     memory_api: str = "v2"
     per_process_memory: bool = True
     error: str = ""
+    process_list_error: str = ""
     delay_s: float = 0.0
     processes: tuple[SimProcess, ...] = field(default_factory=tuple)
 
@@ -80,6 +84,8 @@ def _validate(gpu: SimGpu, position: int) -> SimGpu:
         raise ScenarioError(f"{where}: memory_api must be one of {MEMORY_APIS}")
     if gpu.error not in ERRORS:
         raise ScenarioError(f"{where}: error must be one of {ERRORS}")
+    if gpu.process_list_error not in PROCESS_LIST_ERRORS:
+        raise ScenarioError(f"{where}: process_list_error must be one of {PROCESS_LIST_ERRORS}")
     if not isinstance(gpu.delay_s, int | float) or gpu.delay_s < 0:
         raise ScenarioError(f"{where}: delay_s must be a non-negative number")
     if not gpu.uuid.startswith(("GPU-", "MIG-")):
@@ -97,6 +103,14 @@ def parse_scenario(text: str) -> list[SimGpu]:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"scenario is not valid TOML: {exc}") from None
+    extra_tables = set(doc) - {"gpu", "nvml"}
+    if extra_tables:
+        raise ScenarioError(f"unknown top-level keys {sorted(extra_tables)}")
+    nvml_raw = doc.get("nvml", {})
+    if not isinstance(nvml_raw, dict) or set(nvml_raw) - {"init_error"}:
+        raise ScenarioError("[nvml] takes only init_error")
+    if nvml_raw.get("init_error", "") not in INIT_ERRORS:
+        raise ScenarioError(f"[nvml] init_error must be one of {INIT_ERRORS}")
     gpus_raw = doc.get("gpu", [])
     if not isinstance(gpus_raw, list) or not gpus_raw:
         raise ScenarioError("scenario needs at least one [[gpu]] table")
@@ -131,6 +145,12 @@ def parse_scenario(text: str) -> list[SimGpu]:
     if len(set(uuids)) != len(uuids):
         raise ScenarioError("two GPUs share a uuid")
     return gpus
+
+
+def init_error(text: str) -> str:
+    """The scenario's `[nvml] init_error` ("" when absent); the text must already parse."""
+    table = tomllib.loads(text).get("nvml", {})
+    return str(table.get("init_error", "")) if isinstance(table, dict) else ""
 
 
 def load_scenario(path: Path | None) -> list[SimGpu]:

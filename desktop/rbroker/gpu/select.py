@@ -1,4 +1,10 @@
-"""Choose the telemetry source: real NVML when a driver answers, otherwise simulation."""
+"""Choose the telemetry source: real NVML, or simulation only when asked for.
+
+rbroker never simulates on its own: a broker that invented GPUs where NVML failed would grant
+leases against memory that does not exist, on a computer whose real GPU is in use. Without
+`--simulate` the broker reads real NVML; when `nvmlInit` fails it starts fail-closed (see
+`rbroker.broker.service.Broker.start`) and retries.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +34,8 @@ def real_nvml_available() -> bool:
 def open_gateway(
     simulate: bool, scenario: Path | None = None
 ) -> tuple[NvmlGateway, FakeNvml | None]:
-    """Build the gateway: simulated when `simulate` or when no NVML driver answers.
+    """Build the gateway: simulated only when `simulate`, else real NVML (even when it does
+    not initialise now: the broker then fails closed and retries).
 
     Returns:
         `(gateway, fake)`; `fake` is the simulated library (for `sim.*` methods) or None.
@@ -36,7 +43,7 @@ def open_gateway(
     Raises:
         rbroker.gpu.scenario.ScenarioError: the scenario file is invalid.
     """
-    if not simulate and real_nvml_available():
+    if not simulate:
         return NvmlGateway(pynvml, source="nvml"), None
     fake = FakeNvml(scenario)
     return NvmlGateway(fake, source="simulated"), fake

@@ -176,10 +176,21 @@ class LocalApi:
         raise_open_file_limit()
         self._server = await serve(self.address, self._handle, limit=2 * jsonrpc.MAX_LINE_BYTES)
 
-    async def close(self) -> None:
-        """Stop listening and close every connection."""
+    async def close(self, leases_kept: bool | None = None) -> None:
+        """Stop listening and close every connection. With `leases_kept` set, first tell
+        every connection that the broker is going away: a `broker.stopping` notification
+        `{leases_kept}` (True: leases stay for the restarted broker, re-attach then)."""
         if self._server is not None:
             await self._server.close()
+        if leases_kept is not None:
+            notice = {
+                "jsonrpc": "2.0",
+                "method": "broker.stopping",
+                "params": {"leases_kept": leases_kept},
+            }
+            sends = [conn.send(notice) for conn in list(self._connections)]
+            if sends:
+                await asyncio.wait([asyncio.ensure_future(s) for s in sends], timeout=1.0)
         for conn in list(self._connections):
             conn.writer.close()
 
@@ -350,6 +361,14 @@ class LocalApi:
                 "purpose": p.purpose.strip(),
             }
         )
+        if conn.peer.pid == 0:
+            # SO_PEERCRED gives pid 0 for a peer in a pid namespace the broker cannot see
+            raise RpcError(
+                ErrorCode.NOT_ALLOWED,
+                "cannot identify the calling process (another pid namespace): run the client "
+                "in the broker's pid namespace, or the broker in the client's",
+                reason="peer_pid_unknown",
+            )
         try:
             holder = conn.holder()
         except ProcessLookupError:

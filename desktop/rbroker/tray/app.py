@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import signal
 import sys
@@ -123,7 +124,10 @@ class TrayApp(QObject):
         self.pause_action.triggered.connect(self.set_paused)
         self.snippet_action = QAction("Copy a `rbroker run` snippet", self.menu)
         self.snippet_action.triggered.connect(self.copy_snippet)
-        self.quit_action = QAction("Quit", self.menu)
+        self.quit_action = QAction(
+            "Quit (stops the broker and ends its leases)" if embedded is not None else "Quit",
+            self.menu,
+        )
         self.quit_action.triggered.connect(self.quit)
         for a in (self.status_action, None, self.open_action, self.pause_action):
             self.menu.addAction(a) if a else self.menu.addSeparator()
@@ -385,8 +389,10 @@ def run(args: argparse.Namespace) -> int:
             scenario=Path(args.simulate) if args.simulate else None,
             headroom_mib=headroom,
         )
+        # Quitting the tray ends the leases of the broker it hosts (its menu says so)
+        config = dataclasses.replace(config, release_all_on_exit=True)
         embedded = EmbeddedBroker(config)
-        origin = "started by this app; quitting it stops the broker"
+        origin = "started by this app; quitting it stops the broker and ends its leases"
 
     controller = TrayApp(
         args.socket,

@@ -1,0 +1,189 @@
+"""Stateful property test of attribution against ground truth: random sequences of grants,
+allocations inside leases, memory held outside leases, releases, samples in which NVML omits
+a holder, listings of dead pids and time passing, on an in-process `Broker` whose simulated
+driver reports exactly what the test says is true.
+
+Checked at every grant (by wrapping `Broker._grant`), against the truth the sample used:
+    headroom + memory outside any lease + Σ over active leases of max(granted, used) ≤ total
+(the new grant included): the broker never admits past what the GPU really holds, whatever
+the process list got wrong. Before attribution needed evidence, one sample that omitted a
+holder moved its outside memory into its lease and the next grant over-admitted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+
+from rbroker.broker.capacity import Capacity
+from rbroker.broker.leases import Lease, Waiter
+from rbroker.gpu.scenario import SimProcess
+from rbroker_protocol.errors import RpcError
+from tests.conftest import GPU0
+from tests.desktop.inprocess import InProcessBroker, SleeperPool
+
+TOTAL, HEADROOM = 24576, 1024
+HOLDERS = 3
+SCENARIO = f'[[gpu]]\nuuid = "{GPU0}"\ntotal_mib = {TOTAL}\n'
+
+
+@dataclass
+class Truth:
+    """What really holds memory on the GPU (MiB)."""
+
+    others_mib: int = 0  # processes that hold no lease and are not listed
+    dead_listings: dict[int, int] = field(default_factory=dict)  # dead pid -> MiB still held
+    outside_mib: list[int] = field(default_factory=lambda: [0] * HOLDERS)  # per holder
+    lease_used: dict[str, int] = field(default_factory=dict)  # lease id -> MiB it uses
+
+    def outside_any_lease(self) -> int:
+        return self.others_mib + sum(self.dead_listings.values()) + sum(self.outside_mib)
+
+
+class EvidenceMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="rbev-"))
+        (self.tmp / "scenario.toml").write_text(textwrap.dedent(SCENARIO))
+        self.pool = SleeperPool()
+        self.holders = [self.pool.spawn() for _ in range(HOLDERS)]
+        self.h = InProcessBroker(
+            self.tmp / "scenario.toml", self.tmp, persist=False, headroom_mib=HEADROOM
+        )
+        self.truth = Truth()
+        self.truth_at_sample = Truth()
+        self.hidden: set[int] = set()  # holders the next sample's process list omits
+        self.lease_holder: dict[str, int] = {}
+        self.grants = 0
+        self._wrap()
+        self._push_and_sample()
+
+    # -- the simulated driver reports the truth ------------------------------------------
+    def _push_and_sample(self) -> None:
+        procs = [SimProcess(pid, mib) for pid, mib in self.truth.dead_listings.items()]
+        for i, (proc, _) in enumerate(self.holders):
+            if i in self.hidden:
+                continue
+            held = self.truth.outside_mib[i] + sum(
+                used for lid, used in self.truth.lease_used.items() if self.lease_holder[lid] == i
+            )
+            if held:
+                procs.append(SimProcess(proc.pid, held))
+        device_used = self.truth.outside_any_lease() + sum(self.truth.lease_used.values())
+        self.h.fake.set_gpu(GPU0, device_used_mib=device_used, processes=tuple(procs))
+        self.truth_at_sample = Truth(
+            self.truth.others_mib,
+            dict(self.truth.dead_listings),
+            list(self.truth.outside_mib),
+            dict(self.truth.lease_used),
+        )
+        self.hidden.clear()
+        self.h.sample()
+
+    def _wrap(self) -> None:
+        broker = self.h.broker
+        grant = broker._grant
+
+        def checked_grant(
+            waiter: Waiter, chosen: list[tuple[str, Capacity, int]], now: float
+        ) -> None:
+            truth = self.truth_at_sample
+            leases = [lease for lease in broker.leases.values() if GPU0 in lease.gpu_uuids]
+            booked = sum(
+                max(lease.granted_mib, truth.lease_used.get(lease.lease_id, 0)) for lease in leases
+            )
+            assert HEADROOM + truth.outside_any_lease() + booked + waiter.mib <= TOTAL, (
+                truth,
+                booked,
+                waiter.mib,
+                chosen,
+            )
+            before = set(broker.leases)
+            grant(waiter, chosen, now)
+            (new_id,) = set(broker.leases) - before
+            self.lease_holder[new_id] = self.holders.index(
+                next(h for h in self.holders if h[1] == waiter.holder)
+            )
+            self.truth.lease_used[new_id] = 0
+            self.grants += 1
+
+        broker._grant = checked_grant  # type: ignore[method-assign]
+
+    def _active(self) -> list[Lease]:
+        return list(self.h.broker.leases.values())
+
+    # -- rules -----------------------------------------------------------------------------
+    @rule(
+        holder=st.integers(0, HOLDERS - 1),
+        mib=st.sampled_from([1024, 2048, 4096, 6144, 12288, 16384]),
+    )
+    def acquire(self, holder: int, mib: int) -> None:
+        task = self.h.acquire(self.holders[holder][1], conn_id=holder + 1, mib=mib)
+        self.h.spin()
+        if task.done() and task.exception() is not None:
+            assert isinstance(task.exception(), RpcError)
+
+    @precondition(lambda self: bool(self.h.broker.leases))
+    @rule(data=st.data(), fraction=st.sampled_from([0.25, 0.5, 1.0]))
+    def use_lease(self, data: st.DataObject, fraction: float) -> None:
+        lease = data.draw(st.sampled_from(self._active()))
+        self.truth.lease_used[lease.lease_id] = int(lease.granted_mib * fraction)
+
+    @rule(holder=st.integers(0, HOLDERS - 1), mib=st.sampled_from([0, 1000, 3000, 5000]))
+    def hold_outside_leases(self, holder: int, mib: int) -> None:
+        # Only a holder without a lease: once it holds one, whatever its processes allocate
+        # beyond what they held at the grant is the lease's use (that is the contract), so
+        # "outside" growth would be indistinguishable from lease use to any observer.
+        if any(self.lease_holder[lease.lease_id] == holder for lease in self._active()):
+            return
+        self.truth.outside_mib[holder] = mib
+
+    @precondition(lambda self: bool(self.h.broker.leases))
+    @rule(data=st.data(), keep=st.booleans())
+    def release(self, data: st.DataObject, keep: bool) -> None:
+        lease = data.draw(st.sampled_from(self._active()))
+        self.h.broker.release(lease.lease_id, lease.owner)
+        used = self.truth.lease_used.pop(lease.lease_id, 0)
+        if keep:  # the process keeps what it allocated: now outside any lease
+            self.truth.outside_mib[self.lease_holder[lease.lease_id]] += used
+        self.h.spin()
+
+    @rule(holder=st.integers(0, HOLDERS - 1))
+    def nvml_omits_a_holder(self, holder: int) -> None:
+        self.hidden.add(holder)
+
+    @rule(mib=st.sampled_from([0, 2048, 6144]))
+    def a_dead_pid_stays_listed(self, mib: int) -> None:
+        self.truth.dead_listings = {4_000_000: mib} if mib else {}
+
+    @rule(mib=st.sampled_from([0, 1000, 4000]))
+    def others_use_memory(self, mib: int) -> None:
+        self.truth.others_mib = mib
+
+    @rule(seconds=st.sampled_from([0.5, 1.0, 2.0]))
+    def sample(self, seconds: float) -> None:
+        self.h.clock.advance(seconds)  # no tick runs: nothing expires here
+        self._push_and_sample()
+
+    def teardown(self) -> None:
+        try:
+            self.h.close()
+        finally:
+            self.pool.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+EvidenceMachine.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_capacity_evidence_machine = EvidenceMachine.TestCase
