@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from rbroker.broker import views
+from rbroker.broker import lifecycle, views
 from rbroker.broker.admission import Admission, NvmlProblem
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock, SystemClock
@@ -24,15 +24,12 @@ from rbroker.broker.events import Events, Listener
 from rbroker.broker.holders import Holder
 from rbroker.broker.jobs import JobTable
 from rbroker.broker.leases import Lease, LeaseState, Waiter
-from rbroker.broker.restore import restore
 from rbroker.broker.sampling import GpuSlot, Sampling
 from rbroker.broker.store import LeaseStore
-from rbroker.broker.table import Choice, LeaseTable, liveness_memo, tick_loop
+from rbroker.broker.table import Choice, LeaseTable, liveness_memo
 from rbroker.broker.waiting import WaitQueue
 from rbroker.gpu.fake_nvml import FakeNvml
-from rbroker.gpu.nvml import NvmlGateway, TelemetryError, describe
-from rbroker.gpu.presence import nvidia_device_present
-from rbroker_protocol.errors import ErrorCode, RpcError
+from rbroker.gpu.nvml import NvmlGateway
 from rbroker_protocol.localapi import AcquireParams
 
 __all__ = ["Broker", "GpuSlot", "Listener"]
@@ -89,122 +86,24 @@ class Broker:
         self.nvml_problem: NvmlProblem | None = None
         self.stopping = False
 
-    # -- lifecycle -------------------------------------------------------------------------
+    # -- lifecycle (see `lifecycle`) --------------------------------------------------------
     async def start(self, background: bool = True) -> None:
         """Enumerate GPUs, take a first sample of each, restore the store, start the
-        sampler and tick tasks.
-
-        `background=False` (tests that drive the broker step by step) starts no tasks:
-        the caller then calls `_sample_once`, `_admit`, `_expire` and the rest itself.
-
-        Raises:
-            TelemetryError: NVML cannot enumerate any GPU.
-        """
-        try:
-            await self.sampling.enumerate()
-        except TelemetryError as exc:
-            # Fail closed, never open: no GPU is invented; nothing is admitted until NVML
-            # answers; restored leases stay; NVML is retried with backoff.
-            self._nvml_failed(exc)
-        else:
-            # read once, off the loop: an NVML call on the loop would block the local API
-            # whenever the driver hangs
-            self.driver_version = await asyncio.to_thread(self.gateway.driver_version)
-            await self.sampling.sample_all()
-        if self.store is not None:
-            restore(self.store, self.table, self.waiting, self.jobs, self.clock, self.config)
-        if not background:
-            return
-        if self.nvml_problem is not None:
-            self._spawn(self._retry_nvml())
-        for slot in self.slots.values():
-            self._spawn(self.sampling.sample_loop(slot))
-        self._spawn(
-            tick_loop(self.clock, self.config, self._grace, self._check_holders, self._expire)
-        )
-        if self.nvml_problem is None:
-            self._spawn(self.sampling.enumerate_loop(self._spawn))
-        log.info("broker started: %d GPUs, telemetry %s", len(self.slots), self.gateway.source)
-
-    def _nvml_failed(self, exc: TelemetryError) -> None:
-        present = self.fake is not None or nvidia_device_present()
-        self.nvml_problem = NvmlProblem(exc.reason, describe(exc.reason), present)
-        self.admission.problem = self.nvml_problem
-        if present:
-            log.error(
-                "NVML failed at start: %s; nothing is admitted until it answers (retrying)",
-                self.nvml_problem.words,
-            )
-        else:
-            log.warning(
-                "no NVIDIA GPU on this computer (%s); to try rbroker without one, run "
-                "`rbroker broker --simulate`",
-                self.nvml_problem.words,
-            )
-
-    async def _retry_nvml(self) -> None:
-        """Retry `nvmlInit` and enumeration with backoff (0.5 s doubling to
-        `nvml_retry_max_s`) until they work; then sample, serve and admit normally."""
-        delay_s = 0.5
-        while self.nvml_problem is not None:
-            await asyncio.sleep(delay_s)
-            delay_s = min(self.config.nvml_retry_max_s, delay_s * 2)
-            try:
-                await asyncio.wait_for(self.sampling.enumerate(), self.config.nvml_deadline_s * 4)
-            except TimeoutError:
-                continue
-            except TelemetryError as exc:
-                if exc.reason != self.nvml_problem.reason:
-                    self._nvml_failed(exc)
-                continue
-            log.warning("NVML answers again: %d GPUs; admitting", len(self.slots))
-            self.nvml_problem = None
-            self.admission.problem = None
-            self.driver_version = await asyncio.to_thread(self.gateway.driver_version)
-            await self.sampling.sample_all()
-            for slot in self.slots.values():
-                self.table.update_observed(slot)
-                self._spawn(self.sampling.sample_loop(slot))
-            self._spawn(self.sampling.enumerate_loop(self._spawn))
-            self.waiting.widen(self.admission.unpinned_candidates)
-            self.emit("capacity", {})
-            self._admit()
+        sampler and tick tasks; fail closed (no GPUs, retried) where NVML does not
+        initialise. `background=False` (tests that drive the broker step by step) starts no
+        tasks: the caller then calls `_sample_once`, `_admit`, `_expire` and the rest."""
+        await lifecycle.start(self, background)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coro))
 
     def begin_stop(self) -> bool:
-        """The broker is about to stop. With `release_all_on_exit`, end every lease now;
-        otherwise keep every lease and persisted waiter in the store, so that connections
-        closing from here on end nothing and the restarted broker restores them exactly as
-        after a crash. Returns True when leases are kept."""
-        if self.config.release_all_on_exit:
-            for lease in list(self.leases.values()):
-                self._end(lease, LeaseState.RELEASED, "the broker stopped (release all on exit)")
-            return False
-        self.stopping = True
-        log.info("stopping: %d leases kept for the restarted broker", len(self.leases))
-        return True
+        """About to stop: True when leases are kept for the restart (see `lifecycle`)."""
+        return lifecycle.begin_stop(self)
 
     async def stop(self) -> None:
-        """Cancel background tasks and fail every waiter (persisted waiters stay in the
-        store); leases stay in the store unless `begin_stop` ended them."""
-        pending = set(self._tasks)
-        while pending:
-            # cancel again until done: Python 3.11's asyncio.wait_for can swallow a
-            # cancellation that arrives as its inner future completes (a GPU's sampler
-            # kicked by a lease ending just as the broker stops), and the task runs on
-            for task in pending:
-                task.cancel()
-            done, pending = await asyncio.wait(pending, timeout=0.5)
-            for task in done:
-                if not task.cancelled() and task.exception() is not None:
-                    log.warning("background task ended with %r", task.exception())
-        self._tasks.clear()
-        self.waiting.fail_all(RpcError(ErrorCode.CANCELLED, "broker stopping"))
-        self.sampling.close()
-        if self.store is not None:
-            self.store.close()
+        """Cancel background tasks, fail waiters; leases stay unless `begin_stop` ended them."""
+        await lifecycle.stop(self)
 
     # -- sampling hooks ------------------------------------------------------------------------
     async def _sample_once(self, slot: GpuSlot) -> None:

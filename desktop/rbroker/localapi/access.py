@@ -14,6 +14,7 @@ import sys
 from functools import lru_cache
 
 from rbroker.localapi.transport import Peer
+from rbroker_protocol.errors import ErrorCode, RpcError
 
 
 @lru_cache(maxsize=1)
@@ -56,3 +57,19 @@ def admin_description(admin_group: str | None) -> str:
     if admin_group:
         who += f" and members of the group {admin_group!r}"
     return who
+
+
+def check_admin(peer: Peer, method: str, admin_group: str | None) -> None:
+    """Refuse `method` unless `peer` is the broker's user or in its admin group.
+
+    Raises:
+        RpcError: `not_allowed`, naming who may use it.
+    """
+    if is_admin(peer, admin_group):
+        return
+    raise RpcError(
+        ErrorCode.NOT_ALLOWED,
+        f"{method} changes the broker for everyone: only {admin_description(admin_group)} "
+        f"may use it, not {peer.user}",
+        method=method,
+    )

@@ -95,10 +95,21 @@ class Connection:
         process on the other end of a socket never changes.
 
         Raises:
-            ProcessLookupError: the peer has exited.
+            RpcError: `not_allowed` when the OS gives pid 0 (the peer is in a pid namespace
+                the broker cannot see); `cancelled` when the peer has exited.
         """
         if self._holder is None:
-            self._holder = Holder.of(self.peer.pid)
+            if self.peer.pid == 0:
+                raise RpcError(
+                    ErrorCode.NOT_ALLOWED,
+                    "cannot identify the calling process (another pid namespace): run the "
+                    "client in the broker's pid namespace, or the broker in the client's",
+                    reason="peer_pid_unknown",
+                )
+            try:
+                self._holder = Holder.of(self.peer.pid)
+            except ProcessLookupError:
+                raise RpcError(ErrorCode.CANCELLED, "the requesting process has exited") from None
         return self._holder
 
     async def send(self, message: dict[str, Any] | Callable[[], Awaitable[dict[str, Any]]]) -> None:

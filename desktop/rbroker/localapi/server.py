@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from rbroker._version import __version__
 from rbroker.broker.service import Broker
 from rbroker.gpu.scenario import ScenarioError
-from rbroker.localapi.access import admin_description, is_admin
+from rbroker.localapi.access import check_admin
 from rbroker.localapi.connection import (
     LINE_TIMEOUT_S,
     MAX_CONNECTIONS_PER_USER,
@@ -288,7 +288,7 @@ class LocalApi:
             model, fn = entry
             params = _parse(model, msg.get("params"))
             if method in self.admin_methods:
-                self._check_admin(conn, method)
+                check_admin(conn.peer, method, self.broker.config.admin_group)
             if method in _VIEWS and "id" in msg:
                 rid = request_id
 
@@ -314,22 +314,6 @@ class LocalApi:
                     request_id, RpcError(ErrorCode.INTERNAL_ERROR, "internal error").to_wire()
                 )
             )
-
-    def _check_admin(self, conn: Connection, method: str) -> None:
-        """Refuse `method` unless the caller is the broker's user or in its admin group.
-
-        Raises:
-            RpcError: `not_allowed`, naming who may use it.
-        """
-        group = self.broker.config.admin_group
-        if is_admin(conn.peer, group):
-            return
-        raise RpcError(
-            ErrorCode.NOT_ALLOWED,
-            f"{method} changes the broker for everyone: only {admin_description(group)} "
-            f"may use it, not {conn.peer.user}",
-            method=method,
-        )
 
     # -- methods ---------------------------------------------------------------------------
     async def _hello(self, conn: Connection, p: HelloParams) -> dict[str, Any]:
@@ -361,18 +345,7 @@ class LocalApi:
                 "purpose": p.purpose.strip(),
             }
         )
-        if conn.peer.pid == 0:
-            # SO_PEERCRED gives pid 0 for a peer in a pid namespace the broker cannot see
-            raise RpcError(
-                ErrorCode.NOT_ALLOWED,
-                "cannot identify the calling process (another pid namespace): run the client "
-                "in the broker's pid namespace, or the broker in the client's",
-                reason="peer_pid_unknown",
-            )
-        try:
-            holder = conn.holder()
-        except ProcessLookupError:
-            raise RpcError(ErrorCode.CANCELLED, "the requesting process has exited") from None
+        holder = conn.holder()
         if p.job_id is not None:
             self.broker.jobs.get_open(p.job_id, conn.peer.user)  # no workers for a finished job
         lease = await self.broker.acquire(p, conn.peer.user, holder, conn.id)
