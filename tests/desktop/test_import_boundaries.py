@@ -30,7 +30,16 @@ PACKAGES = {
 }
 WEB_STACK = ("litestar", "sqlmodel", "sqlalchemy", "alembic", "uvicorn", "jinja2")
 #: The parts behind the `Broker` façade (issue 11); only `rbroker.broker.*` imports them.
-BROKER_PARTS = ("admission", "events", "restore", "sampling", "table", "views", "waiting")
+BROKER_PARTS = (
+    "admission",
+    "events",
+    "lifecycle",
+    "restore",
+    "sampling",
+    "table",
+    "views",
+    "waiting",
+)
 #: Other trees whose imports of the broker's parts are checked too.
 CALLERS = {"tests": ROOT / "tests", "bench": ROOT / "bench"}
 
@@ -134,10 +143,11 @@ def test_the_broker_parts_exist_and_the_facade_imports_them() -> None:
     broker = PACKAGES["rbroker"] / "broker"
     for part in BROKER_PARTS:
         assert (broker / f"{part}.py").is_file(), part
-    imported = {
+    imported = {  # the façade and its lifecycle (start, fail-closed retry, stop)
         name
+        for module in ("service", "lifecycle")
         for _, name in imported_modules(
-            (broker / "service.py").read_text(encoding="utf-8"), "rbroker.broker.service", False
+            (broker / f"{module}.py").read_text(encoding="utf-8"), f"rbroker.broker.{module}", False
         )
     }
     assert {f"rbroker.broker.{part}" for part in BROKER_PARTS} <= imported
