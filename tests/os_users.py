@@ -14,9 +14,11 @@ import secrets
 import shutil
 import subprocess
 import sys
+import sysconfig
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -100,6 +102,37 @@ def open_to_everyone(*paths: str | os.PathLike[str]) -> None:
     for path in paths:
         mode = 0o666 if os.path.exists(path) and not os.path.isdir(path) else 0o755
         os.chmod(path, mode)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def python_as(user: str) -> list[str] | None:
+    """A command line that runs `python -m rbroker` as `user`: this interpreter when `user`
+    can reach it, else the system's interpreter of the same version with this environment's
+    packages added; None when neither works (the interpreter lives in a private home)."""
+    site = sysconfig.get_paths()["purelib"]
+    boot = (
+        f"import runpy, site, sys; site.addsitedir({site!r}); sys.argv[0] = 'rbroker'; "
+        "runpy.run_module('rbroker', run_name='__main__', alter_sys=True)"
+    )
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    candidates = [[sys.executable, "-m", "rbroker"]]
+    system = shutil.which(version, path="/usr/local/bin:/usr/bin")
+    if system:
+        candidates.append([system, "-c", boot])
+    for cmd in candidates:
+        probe = subprocess.run(
+            ["runuser", "-u", user, "--", "env", f"PYTHONPATH={REPO}", *cmd, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+            check=False,
+        )
+        if probe.returncode == 0:
+            return cmd
+    return None
 
 
 @pytest.fixture

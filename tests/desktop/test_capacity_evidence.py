@@ -9,6 +9,7 @@ the right value and, in its docstring, what the broker gave before.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from tests.conftest import GPU0, WORKER, BrokerProcess, short_tmp, start_broker,
 from tests.desktop.conftest import WorkerProcess
 
 TOTAL, HEADROOM = 24576, 1024
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PARAMS: dict[str, Any] = {"project": "tests", "session": "evidence", "purpose": "capacity rules"}
 ROOT_ONLY = pytest.mark.skipif(
     sys.platform != "linux" or os.geteuid() != 0, reason="needs root on Linux"
@@ -382,3 +384,87 @@ def test_an_override_with_unknown_used_memory_refuses_instead_of_assuming_zero(
         with pytest.raises(rbroker.TelemetryUnavailable) as err:
             c.call("lease.acquire", mib=20000, **PARAMS)
     assert "memory in use" in err.value.message and "unknown" in err.value.message
+
+
+def _lease_and_hold(path: str) -> list[dict[str, Any]]:
+    """As the other user: take a lease, keep it past several holder checks, list, release."""
+    from tests.desktop.conftest import RawConnection
+
+    conn = RawConnection(path)
+    try:
+        got = conn.request("lease.acquire", {"mib": 1024, **PARAMS})
+        time.sleep(2.0)  # the broker checks holders every 0.25 s
+        listed = conn.request("leases.list", {})
+        return [got, listed]
+    finally:
+        conn.close()
+
+
+@ROOT_ONLY
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or shutil.which("runuser") is None,
+    reason="needs unshare and runuser",
+)
+def test_a_broker_that_cannot_see_other_users_processes_still_serves_them(
+    short_dir: Path, other_user: Any
+) -> None:
+    """/proc mounted with hidepid=2 (multi-user HPC hosts): the broker, running as its own
+    account, cannot see other users' processes. Liveness comes from kill(pid, 0) (EPERM:
+    alive), identity from the socket. Before: every other user was refused with "the
+    requesting process has exited"."""
+    from tests.os_users import create_user, open_to_everyone, python_as, remove_user, run_as
+
+    if tuple(int(x) for x in os.uname().release.split(".")[:2]) < (5, 8):
+        pytest.skip("a private hidepid /proc needs per-mount proc options (Linux 5.8)")
+    broker_user = create_user("rbt-brk")
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        python = python_as(broker_user.name)
+        if python is None:
+            pytest.skip(f"no Python with rbroker is reachable by OS account {broker_user.name}")
+        short_dir.chmod(0o755)
+        (short_dir / "run").mkdir()
+        (short_dir / "data").mkdir()
+        for path in (short_dir / "run", short_dir / "data"):
+            shutil.chown(path, broker_user.name)
+        (short_dir / "scenario.toml").write_text(_gpu_scenario())
+        sock = str(short_dir / "run" / "b.sock")
+        broker_cmd = [
+            "runuser",
+            "-u",
+            broker_user.name,
+            "--",
+            "env",
+            f"PYTHONPATH={REPO_ROOT}",
+            *python,
+            "broker",
+            "--simulate",
+            str(short_dir / "scenario.toml"),
+            "--socket",
+            sock,
+            "--data-dir",
+            str(short_dir / "data"),
+            "-v",
+        ]
+        inner = "mount -t proc -o hidepid=2 proc /proc && exec " + shlex.join(broker_cmd)
+        log = open(short_dir / "broker.log", "wb")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd="/",
+        )
+        log.close()
+        wait_until(lambda: Path(sock).exists() or proc.poll() is not None, timeout_s=60)
+        assert proc.poll() is None, (short_dir / "broker.log").read_text()
+        open_to_everyone(short_dir / "run", sock)
+        got, listed = run_as(other_user, _lease_and_hold, sock)
+        assert "result" in got, got
+        assert got["result"]["lease"]["owner"] == other_user.name
+        (lease,) = listed["result"]["leases"]
+        assert lease["lease_id"] == got["result"]["lease"]["lease_id"]  # not holder_exited
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait(10)
+        remove_user(broker_user)

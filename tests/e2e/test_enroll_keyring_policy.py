@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import textwrap
 import time
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ import rbroker
 from rbroker.uplink.keys import KeyringKeyStore
 from tests.conftest import SINGLE_24G, short_tmp, start_broker, wait_until
 from tests.e2e.conftest import REPO, CoordinatorProcess, enroll_cli, py_env, rbroker_cli
+from tests.os_users import python_as
 
 PLAINTEXT = "keyrings.alt.file.PlaintextKeyring"
 ENCRYPTED = "tests.e2e.keyring_backends.EncryptedFileKeyring"
@@ -237,34 +237,6 @@ def test_a_key_left_in_a_plaintext_keyring_is_never_used(coordinator: Coordinato
 # -- a broker under another OS account ------------------------------------------------------
 
 
-def _python_as(user: str) -> list[str] | None:
-    """A command line that runs `python -m rbroker` as `user`: this interpreter when `user`
-    can reach it, else the system's interpreter of the same version with this environment's
-    packages added; None when neither works (the interpreter lives in a private home)."""
-    site = sysconfig.get_paths()["purelib"]
-    boot = (
-        f"import runpy, site, sys; site.addsitedir({site!r}); sys.argv[0] = 'rbroker'; "
-        "runpy.run_module('rbroker', run_name='__main__', alter_sys=True)"
-    )
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    candidates = [[sys.executable, "-m", "rbroker"]]
-    system = shutil.which(version, path="/usr/local/bin:/usr/bin")
-    if system:
-        candidates.append([system, "-c", boot])
-    for cmd in candidates:
-        probe = subprocess.run(
-            ["runuser", "-u", user, "--", "env", f"PYTHONPATH={REPO}", *cmd, "--help"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd="/",
-            check=False,
-        )
-        if probe.returncode == 0:
-            return cmd
-    return None
-
-
 @pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("runuser") is None,
     reason="needs root and runuser to run a broker as another OS account",
@@ -281,7 +253,7 @@ def test_a_broker_under_another_account_names_it(coordinator: CoordinatorProcess
     )
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        python = _python_as(user)
+        python = python_as(user)
         if python is None:
             pytest.skip(f"no Python interpreter with rbroker is reachable by OS account {user}")
         print(f"the broker runs as {user} with {python[0]}")
