@@ -19,7 +19,7 @@ from keyring.backends.chainer import ChainerBackend
 from keyring.compat.properties import classproperty
 from keyrings.alt.file import EncryptedKeyring, PlaintextKeyring
 
-from rbroker.uplink.keys import backend_name, judge
+from rbroker.uplink.keyrings import backend_name, judge
 
 _ACTIVE = False
 """The doubles below are viable only inside a test: keyring registers every backend class

@@ -49,7 +49,7 @@ def enroll(
 
     Never replaces an identity silently: when this data dir is already enrolled, it
     refuses unless `new_identity` (and then the coordinator shows a second computer).
-    The key goes into an accepted OS keyring (see `rbroker.uplink.keys.judge`) or, with
+    The key goes into an accepted OS keyring (see `rbroker.uplink.keyrings.judge`) or, with
     `key_file`, a 0600 file; after success an unencrypted copy of this data dir's old key
     left in a plaintext keyring backend is deleted, and `notes` (when given) says so.
 
