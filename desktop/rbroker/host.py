@@ -91,6 +91,8 @@ class BrokerHost:
     async def stop(self) -> None:
         """Stop listening, stop the reporter and the broker, unlock the data dir. Live leases
         stay in the store for the next start unless `release_all_on_exit` is set."""
+        if self.broker is not None:
+            self.broker.shutting_down = True  # the reporter sends its last report
         if self._uplink is not None:
             self._uplink.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -117,6 +117,10 @@ class ReportPayload(_Model):
     before report version 2: such runs are ordered by arrival, as before."""
     generated_at: float
     """The computer's wall clock, Unix seconds. The coordinator never uses it for freshness."""
+    stopping: bool = False
+    """The broker is stopping (its last report): the coordinator shows the computer offline
+    ("stopped") at once instead of stale for minutes, with these last known values, until
+    a report of a new run arrives."""
     gpus: Annotated[list[GpuReport], Field(max_length=256)] = Field(default_factory=list)
     leases: Annotated[list[LeaseReport], Field(max_length=4096)] = Field(default_factory=list)
     queue: Annotated[list[QueueEntry], Field(max_length=4096)] = Field(default_factory=list)

@@ -85,6 +85,7 @@ class Broker:
         self.driver_version = "unknown"
         self.nvml_problem: NvmlProblem | None = None
         self.stopping = False
+        self.shutting_down = False  # set by the host before it stops the reporter
 
     # -- lifecycle (see `lifecycle`) --------------------------------------------------------
     async def start(self, background: bool = True) -> None:

@@ -54,6 +54,7 @@ def build_payload(
     limit_bytes: int = MAX_REPORT_BYTES,
     *,
     run_counter: int | None = None,
+    stopping: bool = False,
 ) -> tuple[bytes, dict[str, int]]:
     """The payload bytes to sign, and per list (`leases`, `queue`, `jobs`) how many of its
     oldest entries were left out: first to the schema's item limits, then to fit the size
@@ -65,6 +66,7 @@ def build_payload(
     smallest payload is returned and the coordinator will refuse it.
 
     `run_counter`: this run's place in the computer's run order (`rbroker.uplink.runs`).
+    `stopping`: the broker's last report (the coordinator shows the computer offline).
     """
     gpus = broker.gpus_view()
     view = broker.leases_view()
@@ -92,6 +94,7 @@ def build_payload(
             run_id=run_id,
             run_counter=run_counter,
             generated_at=generated_at,
+            stopping=stopping,
             gpus=gpus,  # type: ignore[arg-type]  # validated from dicts by pydantic
             **kept,  # type: ignore[arg-type]
         ).to_bytes()

@@ -119,9 +119,13 @@ class Reporter:
             "left_out": dict(self.left_out),
         }
 
-    def _envelope(self) -> bytes:
+    def _envelope(self, stopping: bool = False) -> bytes:
         payload, left_out = build_payload(
-            self.broker, self.config.name, self.run_id, run_counter=self.run_counter
+            self.broker,
+            self.config.name,
+            self.run_id,
+            run_counter=self.run_counter,
+            stopping=stopping,
         )
         self._sent_state = _state_key(payload)
         self.seq += 1
@@ -251,9 +255,24 @@ class Reporter:
                 verify=http_verify(self.config.ca_file),
                 timeout=httpx.Timeout(self.deadline_s, connect=min(3.0, self.deadline_s)),
             ) as client:
-                await self._loop(client)
+                try:
+                    await self._loop(client)
+                except asyncio.CancelledError:
+                    if self.broker.shutting_down:
+                        await self._last_report(client)
+                    raise
         finally:
             self._unsubscribe()
+
+    async def _last_report(self, client: httpx.AsyncClient) -> None:
+        """The broker is stopping: one report that says so (the coordinator shows the
+        computer offline at once), one attempt within `LAST_REPORT_S`, never an error."""
+        try:
+            body = self._envelope(stopping=True)
+            response = await asyncio.wait_for(self._post(client, body), LAST_REPORT_S)
+            log.info("last report (stopping) sent: HTTP %d", response.status_code)
+        except Exception as exc:  # the broker stops either way; the fleet then goes stale
+            log.info("last report (stopping) not delivered: %s", exc)
 
     async def _loop(self, client: httpx.AsyncClient) -> None:
         body: bytes | None = None
@@ -291,6 +310,10 @@ class Reporter:
                 if outcome != "throttled":
                     cap = min(cap, max(BACKOFF_MIN_S, RETRY_SHARE * self.config.report_interval_s))
                 backoff = min(cap, backoff * 2)
+
+
+LAST_REPORT_S = 2.0
+"""Time a stopping broker gives its last report."""
 
 
 def _state_key(payload: bytes) -> str:

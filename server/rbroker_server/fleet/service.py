@@ -43,11 +43,17 @@ def age_text(seconds: float) -> str:
     return f"{int(seconds // 86400)} d"
 
 
-def freshness(last_seen_at: datetime | None, now: datetime, settings: Settings) -> Freshness:
-    """Freshness of a computer from the server receive time of its last applied report."""
+def freshness(
+    last_seen_at: datetime | None, now: datetime, settings: Settings, stopped: bool = False
+) -> Freshness:
+    """Freshness of a computer from the server receive time of its last applied report;
+    `offline` at once when that report said its broker was stopping (`stopped`)."""
     if last_seen_at is None:
         return Freshness(state="offline", last_seen_at=None, age_s=None, text="never reported")
     age = max(0.0, (now - last_seen_at).total_seconds())
+    if stopped:
+        text = f"offline (broker stopped); last known, {age_text(age)} ago"
+        return Freshness(state="offline", last_seen_at=last_seen_at, age_s=age, text=text)
     if age <= settings.stale_after_s:
         return Freshness(state="online", last_seen_at=last_seen_at, age_s=age, text="online")
     if age <= settings.offline_after_s:
@@ -95,7 +101,7 @@ def _computer_view(row: Any, now: datetime, settings: Settings) -> ComputerView:
         id=row.id,
         name=row.name,
         reported_name=row.reported_name,
-        freshness=freshness(row.last_seen_at, now, settings),
+        freshness=freshness(row.last_seen_at, now, settings, bool(state.get("stopping"))),
         clock_skew_s=skew,
         clock_warning=warning,
         broker_version=row.broker_version,

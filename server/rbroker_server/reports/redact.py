@@ -14,6 +14,8 @@ def redacted_state(report: ReportPayload) -> tuple[dict[str, Any], list[dict[str
     """The report's state as JSON with rejected descriptions replaced by `REDACTED`, and
     the flags `{field, rule}` for each (paths like `leases[0].purpose`)."""
     state: dict[str, Any] = report.model_dump(mode="json", include={"gpus", *DESCRIPTION_FIELDS})
+    if report.stopping:
+        state["stopping"] = True
     flags: list[dict[str, str]] = []
     for list_name, fields in DESCRIPTION_FIELDS.items():
         for i, item in enumerate(state[list_name]):
