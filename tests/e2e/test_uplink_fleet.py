@@ -7,15 +7,21 @@ carry (command line, environment, pid, process name) reaches the coordinator (DE
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pwd
+import re
 import sqlite3
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
+from rbroker.broker.capacity import fmt_mib
+from rbroker.cli.views import fleet_view
 from tests.conftest import wait_until
 from tests.e2e.conftest import (
     CoordinatorProcess,
@@ -251,6 +257,29 @@ def _check_fleet_cli(
 
     done = rbroker_cli("fleet", "--data-dir", str(a.broker.data_dir), env=wide)
     assert done.returncode == 0, done.stderr
+    # stdout is a pipe: plain rows, whole, with the grant as a bare number
+    row = next(line for line in done.stdout.splitlines() if "fine-tune ViT-B" in line)
+    owner = pwd.getpwuid(os.getuid()).pw_name
+    assert re.split(r"\s{2,}", row)[:6] == [
+        "lab-a",
+        owner,
+        "vision",
+        "run-42",
+        "fine-tune ViT-B",
+        "4096",
+    ], row
+    assert "│" not in done.stdout and "…" not in done.stdout
+    for width in (80, 120):  # in a terminal: every number whole, every line within the width
+        out = io.StringIO()
+        Console(file=out, width=width, force_terminal=True, color_system=None).print(
+            fleet_view(signed)
+        )
+        text = out.getvalue()
+        assert all(len(line) <= width for line in text.splitlines()), text
+        for c in signed["computers"]:
+            for g in c["gpus"]:
+                assert fmt_mib(g["total_mib"]) in text and fmt_mib(g["available_mib"]) in text
+        assert "4 096" in text and "GPU 0" in text and "freshness" in text, text
     for text in (
         f"Fleet of group {coordinator.group}",
         "lab-a",

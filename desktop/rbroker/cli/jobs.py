@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.live import Live
 
 import rbroker
-from rbroker.cli.views import jobs_table
+from rbroker.cli.views import jobs_table, print_view
 
 
 def run_jobs(args: argparse.Namespace) -> int:
@@ -26,8 +26,15 @@ def run_jobs(args: argparse.Namespace) -> int:
                 print(json.dumps(fetch(), indent=2))
                 return 0
             if not args.watch:
-                console.print(jobs_table(fetch()))
+                print_view(console, jobs_table(fetch()))
                 return 0
+            if not console.is_terminal:  # a pipe or file: plain tables, one every 2 s
+                try:
+                    while True:
+                        print_view(console, jobs_table(fetch()))
+                        time.sleep(2.0)
+                except KeyboardInterrupt:
+                    return 0
             with Live(jobs_table(fetch()), console=console, refresh_per_second=4) as live:
                 try:
                     while True:

@@ -81,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
+    rl = sub.add_parser(
+        "release",
+        help="end one of your leases (for a holder that cannot)",
+        description="End one of your own leases now. LEASE is its id or a unique prefix of "
+        "it, as `rbroker status` shows it (e.g. 3f2a1b or lease-3f2a1b).",
+    )
+    _add_socket(rl)
+    rl.add_argument("lease", metavar="LEASE", help="lease id or a unique prefix of it")
+
     j = sub.add_parser("jobs", help="parallel jobs: progress, items per second, ETA")
     _add_socket(j)
     j.add_argument("--json", action="store_true", help="print the raw JSON")
@@ -142,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         from rbroker.cli.run import run_command
 
         return run_command(args)
+    if args.command == "release":
+        from rbroker.cli.release import run_release
+
+        return run_release(args)
     if args.command == "jobs":
         from rbroker.cli.jobs import run_jobs
 

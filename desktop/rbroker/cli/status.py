@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 import rbroker
-from rbroker.cli.views import broker_view
+from rbroker.cli.views import broker_view, print_view
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -38,7 +38,7 @@ def run_status(args: argparse.Namespace) -> int:
     link = status["coordinator"]
     if link.get("key"):
         header += f"\nprivate key: {link['key']}"
-    console.print(broker_view(gpus, leases, header))
+    print_view(console, broker_view(gpus, leases, header))
     if link.get("warning"):
-        console.print(Text(f"warning: {link['warning']}", style="bold yellow"))
+        console.print(Text(f"warning: {link['warning']}", style="bold yellow"), soft_wrap=True)
     return 0

@@ -6,13 +6,10 @@ import argparse
 import json
 import socket
 from pathlib import Path
-from typing import Any
 
-from rich.console import Console, Group
-from rich.table import Table
-from rich.text import Text
+from rich.console import Console
 
-from rbroker.broker.capacity import fmt_mib, short_uuid
+from rbroker.cli.views import fleet_view, print_view
 from rbroker.localapi.paths import default_data_dir
 
 
@@ -55,56 +52,6 @@ def run_enroll(args: argparse.Namespace) -> int:
     return 0
 
 
-_FRESH_STYLE = {"online": "green", "stale": "yellow", "offline": "red"}
-
-
-def fleet_view(fleet: dict[str, Any]) -> Group:
-    """The fleet as rich tables: computers with freshness, then their GPUs and leases."""
-    computers = Table(title=f"Fleet of group {fleet.get('group', '?')}", title_justify="left")
-    for col in ("computer", "freshness", "GPUs", "leases", "queue", "jobs", "telemetry"):
-        computers.add_column(col)
-    gpus = Table(title="GPUs", title_justify="left")
-    for col in ("computer", "GPU", "state", "total", "available", "leases"):
-        gpus.add_column(col, justify="right" if col in ("total", "available", "leases") else "left")
-    leases = Table(title="Leases", title_justify="left")
-    for col in ("computer", "owner", "project", "session", "purpose", "MiB", "GPU"):
-        leases.add_column(col, justify="right" if col == "MiB" else "left")
-    for c in fleet.get("computers", []):
-        fresh = c.get("freshness", {})
-        computers.add_row(
-            c.get("name", "?"),
-            Text(
-                fresh.get("text") or fresh.get("state", "?"),
-                style=_FRESH_STYLE.get(fresh.get("state", ""), ""),
-            ),
-            str(len(c.get("gpus", []))),
-            str(len(c.get("leases", []))),
-            str(len(c.get("queue", []))),
-            str(len(c.get("jobs", []))),
-            c.get("telemetry_source") or "?",
-        )
-        for g in c.get("gpus", []):
-            gpus.add_row(
-                c.get("name", "?"),
-                f"{g.get('index', '?')} {short_uuid(g['uuid'])}",
-                str(g.get("state", "?")),
-                fmt_mib(g.get("total_mib") or 0),
-                fmt_mib(g.get("available_mib") or 0),
-                str(g.get("leases", 0)),
-            )
-        for lease in c.get("leases", []):
-            leases.add_row(
-                c.get("name", "?"),
-                lease.get("owner", ""),
-                lease.get("project", ""),
-                lease.get("session", ""),
-                lease.get("purpose", ""),
-                fmt_mib(lease.get("granted_mib", 0)),
-                ",".join(short_uuid(u) for u in lease.get("gpu_uuids", [])),
-            )
-    return Group(computers, gpus, leases)
-
-
 def run_fleet(args: argparse.Namespace) -> int:
     """Print the fleet; exit 0, or 1 with the reason."""
     from rbroker.uplink.fleet import FleetError, fetch_fleet
@@ -118,5 +65,5 @@ def run_fleet(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(fleet, indent=2))
     else:
-        Console().print(fleet_view(fleet))
+        print_view(Console(), fleet_view(fleet))
     return 0

@@ -1,20 +1,76 @@
-"""Rich renderables for the broker's state: capacity bars, leases, queue.
+"""The broker's state as tables: capacity bars, leases, queue, jobs, and a group's fleet.
 
-Shared by `rbroker status` (printed once) and `rbroker demo` (a live view).
+Shared by `rbroker status` (printed once), `rbroker jobs`, `rbroker fleet` and the demo's live
+view. Every table is a `Sheet` (see `rbroker.cli.sheet`): it fits an 80-column terminal
+without cutting a number or a header, uses the full width when there is more, and prints
+plain, untruncated rows when the output is not a terminal (`View.plain()`).
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
-from rich.console import Group
-from rich.table import Table
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
 from rbroker.broker.capacity import fmt_mib, short_uuid
+from rbroker.cli.sheet import Cell, Column, Sheet, bar_column, unique_prefixes
 
 BAR_WIDTH = 30
+LEASE_PREFIX = "lease-"
+
+
+class View:
+    """Several tables and lines as one renderable; `plain()` gives the pipe form."""
+
+    def __init__(self, *parts: Sheet | Text) -> None:
+        self.parts = list(parts)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield from self.parts
+
+    def plain(self) -> str:
+        """Every table as plain rows (see `Sheet.plain`), separated by blank lines."""
+        out = []
+        for part in self.parts:
+            if isinstance(part, Sheet):
+                out.append(part.plain())
+            elif not isinstance(part, Legend):
+                out.append(part.plain + "\n")
+        return "\n".join(out)
+
+
+def print_view(console: Console, view: View | Sheet) -> None:
+    """`view` laid out for a terminal, or as plain rows when `console` is not one."""
+    if console.is_terminal:
+        console.print(view)
+    else:
+        console.file.write(view.plain())
+        console.file.flush()
+
+
+def _num(value: int | float | None, style: str = "") -> Cell:
+    """A MiB figure or count: grouped (`24 576`) in a terminal, bare (`24576`) in plain."""
+    n = int(value or 0)
+    return Cell(Text(fmt_mib(n), style=style), plain=str(n))
+
+
+def gpu_labels(gpus: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """`{uuid: "GPU 0"}`; where an index is shared (MIG slices of one GPU) or unknown the
+    label ends with the UUID's last characters: `GPU 0 …0002`."""
+    counts = Counter(g.get("index") for g in gpus)
+    labels = {}
+    for g in gpus:
+        index = g.get("index")
+        label = f"GPU {index}" if index is not None else "GPU"
+        if index is None or counts[index] > 1:
+            label += f" …{g['uuid'][-4:]}"
+        labels[g["uuid"]] = label
+    return labels
 
 
 def capacity_bar(gpu: dict[str, Any], width: int = BAR_WIDTH) -> Text:
@@ -22,7 +78,7 @@ def capacity_bar(gpu: dict[str, Any], width: int = BAR_WIDTH) -> Text:
     others ▓ (magenta), headroom ░ (yellow), available · (dim)."""
     total = gpu.get("total_mib") or 0
     if not total:
-        return Text("capacity unknown", style="red")
+        return Text("unknown", style="red")
     parts = [
         (gpu.get("leased_in_use_mib", 0), "█", "green"),
         (gpu.get("outstanding_mib", 0), "▒", "cyan"),
@@ -40,43 +96,54 @@ def capacity_bar(gpu: dict[str, Any], width: int = BAR_WIDTH) -> Text:
     return bar
 
 
-def gpu_table(gpus: list[dict[str, Any]]) -> Table:
-    """Per GPU: the capacity split of DESIGN §2 in MiB, with a bar."""
-    table = Table(title="GPUs", title_justify="left", expand=False)
-    for col in (
-        "GPU",
-        "telemetry",
-        "capacity",
-        "total",
-        "headroom",
-        "leases use",
-        "granted, not allocated",
-        "others use",
-        "available",
-        "waiting",
-    ):
-        table.add_column(
-            col, justify="right" if col not in ("GPU", "telemetry", "capacity") else "left"
-        )
+def gpu_table(gpus: list[dict[str, Any]]) -> Sheet:
+    """Per GPU: the capacity split of DESIGN §2 in MiB, with a bar. At 80 columns: label,
+    bar, total, available, leases' use, granted, others' use; headroom, waiting, telemetry
+    and UUID join when the width allows (a GPU whose telemetry is not ok
+    gets a note line under the table in any case)."""
+    sheet = Sheet(
+        "GPUs (MiB)",
+        [
+            Column("GPU"),
+            bar_column("memory", bar_min=10, bar_max=BAR_WIDTH),
+            Column("total", "right"),
+            Column("available", "right"),
+            Column("leases use", "right"),
+            Column("granted", "right"),
+            Column("others use", "right"),
+            Column("headroom", "right", optional=True),
+            Column("waiting", "right", optional=True),
+            Column("telemetry", optional=True),
+            Column("UUID", optional=True),
+        ],
+        empty="no GPUs",
+    )
+    labels = gpu_labels(gpus)
     for g in gpus:
-        tele = g.get("telemetry", "?")
-        style = "green" if tele == "ok" else "red"
-        table.add_row(
-            f"{g.get('index', '?')} {short_uuid(g['uuid'])}",
-            Text(
-                tele + (f" ({g['telemetry_reason']})" if g.get("telemetry_reason") else ""),
-                style=style,
-            ),
-            capacity_bar(g),
-            fmt_mib(g.get("total_mib", 0)),
-            fmt_mib(g.get("headroom_mib", 0)),
-            fmt_mib(g.get("leased_in_use_mib", 0)),
-            fmt_mib(g.get("outstanding_mib", 0)),
-            fmt_mib(g.get("other_in_use_mib", 0)),
-            Text(fmt_mib(g.get("available_mib", 0)), style="bold"),
-            str(g.get("waiting", 0)),
+        tele = str(g.get("telemetry", "?"))
+        reason = g.get("telemetry_reason")
+        ok = tele == "ok"
+        sheet.add(
+            labels[g["uuid"]],
+            Cell(bar=partial(capacity_bar, g)),
+            _num(g.get("total_mib")),
+            _num(g.get("available_mib"), "bold"),
+            _num(g.get("leased_in_use_mib")),
+            _num(g.get("outstanding_mib")),
+            _num(g.get("other_in_use_mib")),
+            _num(g.get("headroom_mib")),
+            _num(g.get("waiting")),
+            Cell(Text(tele, style="green" if ok else "red")),
+            Cell(short_uuid(g["uuid"]), plain=g["uuid"]),
         )
-    return table
+        if not ok:
+            sheet.notes.append(
+                Text(
+                    f"{labels[g['uuid']]}: telemetry {tele}" + (f" ({reason})" if reason else ""),
+                    style="red",
+                )
+            )
+    return sheet
 
 
 def _age(since_wall: float) -> str:
@@ -84,72 +151,95 @@ def _age(since_wall: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-def lease_table(leases: list[dict[str, Any]]) -> Table:
-    """Active leases: owner, project, session, purpose, MiB, GPU, state, age, expires in."""
-    table = Table(title=f"Leases ({len(leases)})", title_justify="left")
-    for col in (
-        "lease",
-        "owner",
-        "project",
-        "session",
-        "purpose",
-        "MiB",
-        "in use",
-        "GPU",
-        "state",
-        "age",
-        "expires in",
-    ):
-        table.add_column(col, justify="right" if col in ("MiB", "in use") else "left")
+def lease_table(leases: list[dict[str, Any]], gpus: Sequence[dict[str, Any]] = ()) -> Sheet:
+    """Active leases: id (a short unique prefix when the width is tight, accepted by
+    `rbroker release`), owner, project, session, purpose, MiB, in use, GPU, state, age,
+    expires (seconds to the TTL's end)."""
+    sheet = Sheet(
+        f"Leases ({len(leases)})",
+        [
+            Column("lease"),
+            Column("owner", free_text=True, min_free=5),
+            Column("project", free_text=True, min_free=7),
+            Column("session", free_text=True, min_free=7),
+            Column("purpose", free_text=True, min_free=7),
+            Column("MiB", "right"),
+            Column("in use", "right"),
+            Column("GPU"),
+            Column("state", optional=True),
+            Column("age", "right", optional=True),
+            Column("expires", "right"),
+        ],
+        empty="no leases",
+    )
+    labels = gpu_labels(gpus)
+    short = unique_prefixes([x["lease_id"] for x in leases], strip=LEASE_PREFIX)
     for lease in leases:
         observed = sum(lease.get("observed_mib", {}).values())
-        table.add_row(
-            lease["lease_id"],
+        uuids = lease["gpu_uuids"]
+        sheet.add(
+            Cell(lease["lease_id"], short=short[lease["lease_id"]]),
             lease["owner"],
             lease["project"],
             lease["session"],
             lease["purpose"],
-            fmt_mib(lease["granted_mib"]),
-            Text(fmt_mib(observed), style="red" if lease.get("over_grant") else ""),
-            ",".join(short_uuid(u) for u in lease["gpu_uuids"]),
+            _num(lease["granted_mib"]),
+            _num(observed, "red" if lease.get("over_grant") else ""),
+            Cell(
+                ",".join(labels.get(u, short_uuid(u)) for u in uuids),
+                plain=",".join(uuids),
+            ),
             lease["state"],
             _age(lease["granted_at"]),
             f"{lease['expires_in_s']:.0f} s",
         )
-    return table
+    return sheet
 
 
-def queue_table(queue: list[dict[str, Any]]) -> Table:
-    """Waiting requests, FIFO order, with the reason and its numbers."""
-    table = Table(title=f"Queue ({len(queue)})", title_justify="left")
-    for col in ("owner", "project", "purpose", "MiB", "waiting", "reason"):
-        table.add_column(
-            col, justify="right" if col in ("MiB", "waiting") else "left", overflow="fold"
-        )
+def queue_table(queue: list[dict[str, Any]]) -> Sheet:
+    """Waiting requests, FIFO order, with the reason and its numbers (the reason is cut
+    in a narrow terminal and whole in plain output)."""
+    sheet = Sheet(
+        f"Queue ({len(queue)})",
+        [
+            Column("owner", free_text=True, min_free=5),
+            Column("project", free_text=True, min_free=7),
+            Column("purpose", free_text=True, min_free=7),
+            Column("MiB", "right"),
+            Column("waiting", "right"),
+            Column("reason", free_text=True, min_free=12),
+        ],
+        empty="no requests waiting",
+    )
     for w in queue:
-        table.add_row(
+        sheet.add(
             w["owner"],
             w["project"],
             w["purpose"],
-            fmt_mib(w["mib"]),
+            _num(w["mib"]),
             f"{w['waiting_s']:.1f} s",
             w["reason"],
         )
-    return table
+    return sheet
+
+
+class Legend(Text):
+    """A line that explains bars: shown in a terminal, left out of plain output."""
 
 
 def legend() -> Text:
-    """What the bar characters mean."""
-    t = Text("bar: ")
+    """What the bar characters mean, in the GPU table's column names."""
+    t = Legend()
     for ch, style, name in (
         ("█", "green", "leases use"),
-        ("▒", "cyan", "granted, not allocated"),
+        ("▒", "cyan", "granted"),
         ("▓", "magenta", "others use"),
         ("░", "yellow", "headroom"),
         ("·", "dim", "available"),
     ):
         t.append(ch, style=style)
         t.append(f" {name}  ")
+    t.rstrip()
     return t
 
 
@@ -158,16 +248,18 @@ def broker_view(
     leases: dict[str, Any],
     header: str = "",
     jobs: list[dict[str, Any]] | None = None,
-) -> Group:
-    """Everything in one renderable."""
-    items: list[Any] = []
+) -> View:
+    """Everything in one renderable (`View.plain()` for pipes)."""
+    parts: list[Sheet | Text] = []
     if header:
-        items.append(Text(header, style="bold"))
-    items += [gpu_table(gpus), legend(), lease_table(leases["leases"])]
-    items.append(queue_table(leases["queue"]))
+        parts.append(Text(header, style="bold"))
+    parts.append(gpu_table(gpus))
+    if gpus:
+        parts.append(legend())
+    parts += [lease_table(leases["leases"], gpus), queue_table(leases["queue"])]
     if jobs:
-        items.append(jobs_table(jobs))
-    return Group(*items)
+        parts.append(jobs_table(jobs))
+    return View(*parts)
 
 
 def _duration(seconds: float | None) -> str:
@@ -181,58 +273,160 @@ def _duration(seconds: float | None) -> str:
 
 
 def progress_bar(job: dict[str, Any], width: int = 24) -> Text:
-    """Completed █ (green) and failed █ (red) items out of total_items (or counts only)."""
+    """Completed █ (green) and failed █ (red) items out of total_items, then the percentage
+    (`width` cells in all); counts only when there is no total."""
     total = job.get("total_items")
     done, failed = job["completed_items"], job["failed_items"]
     if not total:
         return Text(f"{fmt_mib(done)} done, {fmt_mib(failed)} failed")
-    ok_cells = round(width * done / total)
-    bad_cells = min(width - ok_cells, round(width * failed / total))
+    pct = f" {100 * (done + failed) / total:5.1f} %"
+    cells = max(1, width - len(pct))
+    ok_cells = min(cells, round(cells * done / total))
+    bad_cells = min(cells - ok_cells, round(cells * failed / total))
     bar = Text()
     bar.append("█" * ok_cells, style="green")
     bar.append("█" * bad_cells, style="red")
-    bar.append("·" * (width - ok_cells - bad_cells), style="dim")
-    bar.append(f" {100 * (done + failed) / total:5.1f} %")
+    bar.append("·" * (cells - ok_cells - bad_cells), style="dim")
+    bar.append(pct)
     return bar
 
 
-def jobs_table(jobs: list[dict[str, Any]]) -> Table:
-    """Jobs: project, purpose, handler, state, workers, progress, items/s, ETA."""
-    table = Table(title=f"Jobs ({len(jobs)})", title_justify="left")
-    for col in (
-        "job",
-        "project",
-        "purpose",
-        "handler",
-        "state",
-        "workers",
-        "progress",
-        "completed",
-        "failed",
-        "items/s",
-        "ETA",
-    ):
-        table.add_column(
-            col,
-            justify="right"
-            if col in ("workers", "completed", "failed", "items/s", "ETA")
-            else "left",
-        )
+def _no_total(width: int) -> Text:
+    return Text("no total", style="dim")
+
+
+def _progress_plain(job: dict[str, Any]) -> str:
+    total = job.get("total_items")
+    if not total:
+        return "no total"
+    return f"{100 * (job['completed_items'] + job['failed_items']) / total:.1f} %"
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> Sheet:
+    """Jobs: id, purpose, state, progress (a bar with the percentage that takes the room
+    left; "no total" for jobs that count without one), done and failed items, items/s,
+    ETA; project, workers (leases held/allocated) and handler join when the width allows."""
+    sheet = Sheet(
+        f"Jobs ({len(jobs)})",
+        [
+            Column("job"),
+            Column("purpose", free_text=True, min_free=8),
+            Column("state", free_text=True, min_free=7),
+            bar_column("progress", bar_min=14, bar_max=32),
+            Column("done", "right"),
+            Column("failed", "right"),
+            Column("items/s", "right"),
+            Column("ETA", "right"),
+            Column("project", free_text=True, optional=True),
+            Column("workers", "right", optional=True),
+            Column("handler", free_text=True, optional=True),
+        ],
+        empty="no jobs",
+    )
     styles = {"running": "green", "stalled": "yellow", "failed": "red", "succeeded": "cyan"}
+    short = unique_prefixes([j["job_id"] for j in jobs], strip="job-")
     for j in jobs:
         state = j["state"] + (f" ({j['reason']})" if j.get("reason") else "")
         rate = j.get("items_per_s")
-        table.add_row(
-            j["job_id"],
-            j["project"],
+        sheet.add(
+            Cell(j["job_id"], short=short[j["job_id"]]),
             j["purpose"],
-            j["handler"],
-            Text(state, style=styles.get(j["state"], "")),
-            f"{len(j.get('lease_ids', []))}/{j['workers']}",
-            progress_bar(j),
-            fmt_mib(j["completed_items"]),
-            fmt_mib(j["failed_items"]),
+            Cell(Text(state, style=styles.get(j["state"], "")), plain=state),
+            Cell(
+                bar=partial(progress_bar, j) if j.get("total_items") else _no_total,
+                plain=_progress_plain(j),
+            ),
+            _num(j["completed_items"]),
+            _num(j["failed_items"], "red" if j["failed_items"] else ""),
             f"{rate:.1f}" if rate else "—",
             _duration(j.get("eta_s")),
+            j["project"],
+            f"{len(j.get('lease_ids', []))}/{j['workers']}",
+            j["handler"],
         )
-    return table
+    return sheet
+
+
+_FRESH_STYLE = {"online": "green", "stale": "yellow", "offline": "red"}
+
+
+def fleet_view(fleet: dict[str, Any]) -> View:
+    """The fleet: computers with freshness, then their GPUs and leases."""
+    computers = Sheet(
+        f"Fleet of group {fleet.get('group', '?')}",
+        [
+            Column("computer", free_text=True),
+            Column("freshness", free_text=True, min_free=9),
+            Column("GPUs", "right"),
+            Column("leases", "right"),
+            Column("queue", "right"),
+            Column("jobs", "right"),
+            Column("telemetry", optional=True),
+        ],
+        empty=f"no computers in group {fleet.get('group', '?')} yet",
+    )
+    gpus = Sheet(
+        "GPUs (MiB)",
+        [
+            Column("computer", free_text=True),
+            Column("GPU"),
+            Column("state"),
+            Column("total", "right"),
+            Column("available", "right"),
+            Column("leases", "right"),
+            Column("UUID", optional=True),
+        ],
+        empty="no GPUs reported",
+    )
+    leases = Sheet(
+        "Leases",
+        [
+            Column("computer", free_text=True),
+            Column("owner", free_text=True, min_free=5),
+            Column("project", free_text=True, min_free=7),
+            Column("session", free_text=True, min_free=7),
+            Column("purpose", free_text=True, min_free=7),
+            Column("MiB", "right"),
+            Column("GPU"),
+        ],
+        empty="no leases",
+    )
+    for c in fleet.get("computers", []):
+        fresh = c.get("freshness", {})
+        name = c.get("name", "?")
+        text = fresh.get("text") or fresh.get("state", "?")
+        computers.add(
+            name,
+            Cell(Text(text, style=_FRESH_STYLE.get(fresh.get("state", ""), "")), plain=text),
+            _num(len(c.get("gpus", []))),
+            _num(len(c.get("leases", []))),
+            _num(len(c.get("queue", []))),
+            _num(len(c.get("jobs", []))),
+            c.get("telemetry_source") or "?",
+        )
+        labels = gpu_labels(c.get("gpus", []))
+        for g in c.get("gpus", []):
+            gpus.add(
+                name,
+                labels[g["uuid"]],
+                str(g.get("state", "?")),
+                _num(g.get("total_mib")),
+                _num(g.get("available_mib")),
+                _num(g.get("leases")),
+                Cell(short_uuid(g["uuid"]), plain=g["uuid"]),
+            )
+        for lease in c.get("leases", []):
+            uuids = lease.get("gpu_uuids", [])
+            leases.add(
+                name,
+                lease.get("owner", ""),
+                lease.get("project", ""),
+                lease.get("session", ""),
+                lease.get("purpose", ""),
+                _num(lease.get("granted_mib")),
+                Cell(",".join(labels.get(u, short_uuid(u)) for u in uuids), plain=",".join(uuids)),
+            )
+    parts: list[Sheet | Text] = [computers]
+    if computers.rows:
+        parts += [gpus, leases]
+    return View(*parts)

@@ -1,0 +1,253 @@
+"""Tables that fit the terminal they are printed in, and plain rows when they are not.
+
+A `Sheet` holds a table's content independent of width. Rendered in a terminal it picks a
+layout for the width it is given: numbers and headers are never wrapped or cut (each such
+column is exactly as wide as its widest cell), long identifiers switch to their short form,
+optional columns drop out from the right, and only free text (owner, project, purpose…) is
+cut with `…` to what is left. `plain()` is for pipes and files: every row whole and
+untruncated, columns aligned and separated by at least two spaces, no colour, no bars.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rich import box
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.table import Table
+from rich.text import Text
+
+GAP = 2
+"""Spaces between two columns (the table's padding of one on each side)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell: `text` in a terminal, `short` (optional) where the width is tight, `plain`
+    (default: `text`'s characters) in plain output. `bar(width) -> Text` makes the cell a bar
+    that takes the room left over (between the column's `bar_min` and `bar_max` cells)."""
+
+    text: str | Text = ""
+    short: str | Text | None = None
+    plain: str | None = None
+    bar: Callable[[int], Text] | None = None
+
+    def shown(self, short: bool) -> str | Text:
+        """What a terminal shows: `short` where asked for and given, else `text`."""
+        return self.short if short and self.short is not None else self.text
+
+    def plain_text(self) -> str:
+        """The untruncated plain form."""
+        if self.plain is not None:
+            return self.plain
+        return self.text.plain if isinstance(self.text, Text) else self.text
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column. `free_text` columns may be cut with `…` (down to `min_free` characters);
+    `optional` columns are dropped, from the right, when the width is too small; an `is_bar`
+    column draws `Cell.bar` between `bar_min` and `bar_max` cells wide; `plain=False` leaves
+    the column out of plain output."""
+
+    header: str
+    justify: Literal["left", "right"] = "left"
+    free_text: bool = False
+    optional: bool = False
+    min_free: int = 8
+    bar_min: int = 8
+    bar_max: int = 30
+    plain: bool = True
+    is_bar: bool = False
+
+
+def bar_column(header: str, bar_min: int = 8, bar_max: int = 30) -> Column:
+    """A column of capacity or progress bars (cells with `Cell.bar`); not in plain output
+    unless its cells carry a `plain` form."""
+    return Column(header, bar_min=bar_min, bar_max=bar_max, is_bar=True)
+
+
+def _len(value: str | Text) -> int:
+    return value.cell_len if isinstance(value, Text) else Text(value).cell_len
+
+
+@dataclass
+class Sheet:
+    """A titled table of `rows` (lists of `Cell`, one per column) that says `empty` instead
+    of drawing an empty box. Render it with rich (`console.print(sheet)`), or `plain()`."""
+
+    title: str
+    columns: list[Column]
+    rows: list[list[Cell]] = field(default_factory=list)
+    empty: str = "nothing to show"
+    notes: list[Text] = field(default_factory=list)
+
+    def add(self, *cells: Cell | str) -> None:
+        """Add a row; plain strings become `Cell(text)`."""
+        self.rows.append([c if isinstance(c, Cell) else Cell(c) for c in cells])
+
+    # -- layout ------------------------------------------------------------------------
+    def _natural(self, i: int, short: bool) -> int:
+        col = self.columns[i]
+        header = _len(col.header)
+        if col.is_bar:
+            return max(header, col.bar_min)
+        cells = [_len(row[i].shown(short)) for row in self.rows]
+        return max([header, *cells])
+
+    def layout(self, width: int) -> tuple[list[int], list[int], bool]:
+        """(visible column indexes, their widths, short ids used) for `width` cells.
+
+        Order of concessions: short forms of identifiers, then optional columns from the
+        right, then free text cut down to `min_free`; numbers and headers are never cut."""
+        short = False
+        visible = list(range(len(self.columns)))
+
+        def fixed_need(idx: list[int], use_short: bool) -> int:
+            need = 0
+            for i in idx:
+                col = self.columns[i]
+                natural = self._natural(i, use_short)
+                if col.free_text:
+                    natural = min(natural, max(col.min_free, _len(col.header)))
+                need += natural
+            return need + GAP * (len(idx) - 1)
+
+        if fixed_need(visible, short) > width:
+            short = any(c.short is not None for row in self.rows for c in row)
+        while fixed_need(visible, short) > width:
+            droppable = [i for i in visible if self.columns[i].optional]
+            if not droppable:
+                break
+            visible.remove(droppable[-1])
+        # give free text and bars the room that is left, free text first
+        widths = {}
+        for i in visible:
+            col = self.columns[i]
+            natural = self._natural(i, short)
+            widths[i] = (
+                min(natural, max(col.min_free, _len(col.header))) if col.free_text else natural
+            )
+        room = width - sum(widths.values()) - GAP * (len(visible) - 1)
+        for i in visible:
+            col = self.columns[i]
+            if col.free_text and room > 0:
+                extra = min(room, self._natural(i, short) - widths[i])
+                widths[i] += extra
+                room -= extra
+        for i in visible:
+            col = self.columns[i]
+            if col.is_bar and room > 0:
+                extra = min(room, col.bar_max - widths[i])
+                widths[i] += extra
+                room -= extra
+        return visible, [widths[i] for i in visible], short
+
+    def table(self, width: int) -> Table:
+        """The rich table laid out for `width` cells."""
+        visible, widths, short = self.layout(width)
+        table = Table(
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            pad_edge=False,
+            padding=(0, 1),
+            collapse_padding=True,
+            header_style="bold",
+            expand=False,
+        )
+        for i, w in zip(visible, widths, strict=True):
+            col = self.columns[i]
+            table.add_column(
+                col.header,
+                justify=col.justify,
+                width=w,
+                no_wrap=True,
+                overflow="ellipsis",
+            )
+        for row in self.rows:
+            cells: list[str | Text] = []
+            for i, w in zip(visible, widths, strict=True):
+                cell = row[i]
+                if self.columns[i].is_bar and cell.bar is not None:
+                    cells.append(cell.bar(w))
+                else:
+                    cells.append(cell.shown(short))
+            table.add_row(*cells)
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if not self.rows:
+            yield Text(self.empty, style="dim")
+            return
+        yield Text(self.title, style="bold")
+        yield self.table(options.max_width)
+        yield from self.notes
+
+    # -- plain -------------------------------------------------------------------------
+    def plain(self) -> str:
+        """Every row whole: aligned columns, two spaces apart, no colour or bars; ends
+        with a newline. `empty` alone when there are no rows."""
+        if not self.rows:
+            return self.empty + "\n"
+        idx = [
+            i
+            for i, col in enumerate(self.columns)
+            if col.plain and (not col.is_bar or any(r[i].plain is not None for r in self.rows))
+        ]
+        grid = [[self.columns[i].header for i in idx]]
+        grid += [[row[i].plain_text() for i in idx] for row in self.rows]
+        lines = [self.title]
+        lines += _align(grid, [self.columns[i].justify for i in idx])
+        lines += [n.plain for n in self.notes]
+        return "\n".join(lines) + "\n"
+
+
+def _align(grid: list[list[str]], justify: Sequence[str]) -> list[str]:
+    widths = [max(len(r[c]) for r in grid) for c in range(len(justify))]
+    out = []
+    for r in grid:
+        cells = [
+            r[c].rjust(widths[c]) if justify[c] == "right" else r[c].ljust(widths[c])
+            for c in range(len(justify))
+        ]
+        out.append((" " * GAP).join(cells).rstrip())
+    return out
+
+
+def unique_prefixes(ids: Sequence[str], strip: str = "", min_len: int = 6) -> dict[str, str]:
+    """The shortest unique prefix (at least `min_len` characters after `strip`) of each of
+    `ids`, like git's short hashes: `{"lease-3f2a1b4c5d6e": "3f2a1b"}`. Any of them
+    is accepted back by `resolve_prefix` against the same ids."""
+    bare = {i: i[len(strip) :] if strip and i.startswith(strip) else i for i in ids}
+    out = {}
+    for full, tail in bare.items():
+        n = min(min_len, len(tail))
+        while n < len(tail) and any(
+            other != full and o.startswith(tail[:n]) for other, o in bare.items()
+        ):
+            n += 1
+        out[full] = tail[:n]
+    return out
+
+
+def resolve_prefix(given: str, ids: Iterable[str], strip: str, what: str) -> str:
+    """The one id of `ids` that `given` names: the whole id, or a prefix of it with or without
+    `strip` (`"3f2a"` and `"lease-3f2a"` both name `"lease-3f2a1b4c5d6e"`).
+
+    Raises `LookupError` with a message in words: no such id, or an ambiguous prefix (with the
+    candidates)."""
+    given = given.strip()
+    ids = list(ids)
+    if given in ids:
+        return given
+    tail = given[len(strip) :] if strip and given.startswith(strip) else given
+    matches = sorted(i for i in ids if tail and i[len(strip) :].startswith(tail))
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise LookupError(f"no {what} starts with {given!r}")
+    raise LookupError(
+        f"{given!r} names {len(matches)} {what}s ({', '.join(matches)}); give more characters"
+    )

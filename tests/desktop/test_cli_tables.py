@@ -1,0 +1,222 @@
+"""`rbroker status`, `jobs` and the demo's view at 80 and 120 columns, and as plain rows.
+
+A real simulated broker holds leases with long descriptions, a queued request and jobs; the
+views are rendered by rich at 80 and 120 columns and must keep every number whole (grouped
+as `24 576`, never broken across lines or cut), every header whole, every line within the
+width, and lease ids whole or as a unique prefix that `rbroker release` accepts. Through a
+real CLI subprocess (stdout is a pipe, not a terminal) the rows are plain and untruncated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+import rbroker
+from rbroker.broker.capacity import fmt_mib
+from rbroker.cli.sheet import resolve_prefix, unique_prefixes
+from rbroker.cli.views import broker_view, gpu_labels, jobs_table
+from tests.conftest import GPU0, GPU1, BrokerProcess, start_broker, wait_until
+from tests.desktop.jobhelp import declare
+
+TWO_GPUS = f"""
+[[gpu]]
+uuid = "{GPU0}"
+name = "Simulated RTX 4090"
+total_mib = 24576
+
+[[gpu]]
+uuid = "{GPU1}"
+name = "Simulated RTX 4090"
+total_mib = 24576
+"""
+
+LONG = {
+    "project": "computer-vision-experiments",
+    "session": "sweep-learning-rate-2026-11-30",
+    "purpose": "fine-tune a vision transformer on the archive photographs",
+}
+
+
+@pytest.fixture(scope="module")
+def state() -> Iterator[dict[str, Any]]:
+    """Two leases (one with long descriptions), one request queued behind them, two jobs."""
+    bp = start_broker(TWO_GPUS)
+    holder = bp.client()
+    waiter = bp.client(timeout_s=60)
+    try:
+        holder.call("lease.acquire", mib=20480, gpu_uuid=GPU0, **LONG)
+        holder.call(
+            "lease.acquire", mib=12345, gpu_uuid=GPU1, project="p", session="s", purpose="x"
+        )
+        queued = threading.Thread(
+            target=lambda: _ignore(
+                waiter.call,
+                "lease.acquire",
+                mib=20000,
+                gpu_uuid=GPU1,
+                wait_s=60,
+                project="waiting-project",
+                session="queued",
+                purpose="wait for the second GPU to free up",
+            ),
+            daemon=True,
+        )
+        queued.start()
+        wait_until(lambda: holder.leases()["queue"], timeout_s=10)
+        job = declare(holder, purpose="embed the photograph archive", total_items=100000)
+        holder.call("job.report", job_id=job["job_id"], chunk_id="a", completed=23456, failed=789)
+        declare(holder, purpose="count without a total")
+        yield {
+            "broker": bp,
+            "gpus": holder.gpus(),
+            "leases": holder.leases(),
+            "jobs": holder.call("jobs.list", include_finished=True)["jobs"],
+        }
+    finally:
+        holder.close()
+        waiter.close()
+        bp.stop(signal.SIGKILL)
+
+
+def _ignore(fn: Any, *args: Any, **kw: Any) -> None:
+    with contextlib.suppress(rbroker.RBrokerError):
+        fn(*args, **kw)
+
+
+def _render(renderable: Any, width: int) -> str:
+    out = io.StringIO()
+    Console(file=out, width=width, force_terminal=True, color_system=None).print(renderable)
+    return out.getvalue()
+
+
+def _numbers(st: dict[str, Any]) -> set[int]:
+    gpus, leases = st["gpus"], st["leases"]
+    nums = {g[k] for g in gpus for k in ("total_mib", "available_mib", "outstanding_mib")}
+    nums |= {x["granted_mib"] for x in leases["leases"]}
+    nums |= {w["mib"] for w in leases["queue"]}
+    return nums
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_broker_view_keeps_every_number_and_header_whole(state: dict[str, Any], width: int) -> None:
+    text = _render(broker_view(state["gpus"], state["leases"], "header"), width)
+    lines = text.splitlines()
+    assert all(len(line) <= width for line in lines), text
+    for n in _numbers(state):
+        assert fmt_mib(n) in text, (n, text)  # whole, on one line
+    assert "20 480" in text and "12 345" in text and "20 000" in text
+    for header in ("total", "available", "leases use", "granted", "others use", "MiB", "GPU"):
+        assert re.search(rf"(^|\s){re.escape(header)}(\s|$)", text, re.M), (header, text)
+    assert "…" not in "".join(line for line in lines if "total" in line)  # headers uncut
+    assert "GPU 0" in text and "GPU 1" in text
+    assert "tele…" not in text and "telemetry" in text if width >= 120 else True
+    # lease ids: whole at 120, a unique prefix at 80 that resolves to the lease
+    ids = [x["lease_id"] for x in state["leases"]["leases"]]
+    for lease_id in ids:
+        if lease_id in text:
+            continue
+        short = unique_prefixes(ids, strip="lease-")[lease_id]
+        assert re.search(rf"^{short}\s", text, re.M), (short, text)
+        assert resolve_prefix(short, ids, "lease-", "lease") == lease_id
+    if width >= 120:
+        assert all(lease_id in text for lease_id in ids)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_jobs_view_keeps_numbers_and_a_progress_bar(state: dict[str, Any], width: int) -> None:
+    text = _render(jobs_table(state["jobs"]), width)
+    assert all(len(line) <= width for line in text.splitlines()), text
+    assert "23 456" in text and "789" in text
+    assert "24.2 %" in text and "█" in text  # 24 245 of 100 000 items
+    assert "no total" in text
+
+
+def test_empty_tables_say_so_instead_of_an_empty_box(state: dict[str, Any]) -> None:
+    text = _render(broker_view(state["gpus"], {"leases": [], "queue": []}), 80)
+    assert "no leases" in text and "no requests waiting" in text
+    assert "Leases (0)" not in text and "Queue (0)" not in text
+    assert _render(jobs_table([]), 80).strip() == "no jobs"
+
+
+def test_gpu_labels_add_the_uuid_tail_only_where_an_index_repeats(
+    state: dict[str, Any],
+) -> None:
+    gpus = state["gpus"]
+    assert gpu_labels(gpus) == {GPU0: "GPU 0", GPU1: "GPU 1"}
+    slices = [{**g, "index": 0} for g in gpus]  # MIG slices share their GPU's index
+    assert gpu_labels(slices) == {GPU0: "GPU 0 …0001", GPU1: "GPU 0 …0002"}
+
+
+def test_prefixes_are_unique_and_ambiguity_is_an_error() -> None:
+    ids = ["lease-3f2a1b4c5d6e", "lease-3f2a1b9c5d6e", "lease-aaaaaa000000"]
+    short = unique_prefixes(ids, strip="lease-")
+    assert short == {ids[0]: "3f2a1b4", ids[1]: "3f2a1b9", ids[2]: "aaaaaa"}
+    assert resolve_prefix("aaa", ids, "lease-", "lease") == ids[2]
+    assert resolve_prefix("lease-3f2a1b4", ids, "lease-", "lease") == ids[0]
+    with pytest.raises(LookupError, match=r"'3f2a' names 2 leases .*give more characters"):
+        resolve_prefix("3f2a", ids, "lease-", "lease")
+    with pytest.raises(LookupError, match="no lease starts with 'zz'"):
+        resolve_prefix("zz", ids, "lease-", "lease")
+
+
+def _cli(bp: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "80"}
+    return subprocess.run(
+        [sys.executable, "-m", "rbroker", *args, "--socket", bp.socket],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def test_status_through_a_pipe_prints_plain_untruncated_rows(state: dict[str, Any]) -> None:
+    done = _cli(state["broker"], "status")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "│" not in out and "━" not in out and "─" not in out and "\x1b[" not in out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("lease-")}
+    assert set(rows) == {x["lease_id"] for x in state["leases"]["leases"]}
+    assert not any("…" in row for row in rows.values())
+    long_row = next(r for r in rows.values() if LONG["purpose"] in r)
+    cells = re.split(r"\s{2,}", long_row)
+    assert cells[1:6] == ["root" if os.geteuid() == 0 else cells[1], *LONG.values(), "20480"]
+    assert GPU0 in long_row  # the full UUID in plain output
+    assert "wait for the second GPU to free up" in out and "20000" in out
+
+
+def test_jobs_through_a_pipe_prints_plain_rows(state: dict[str, Any]) -> None:
+    done = _cli(state["broker"], "jobs")
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if "photograph archive" in line)
+    cells = re.split(r"\s{2,}", row)
+    assert cells[1:6] == ["embed the photograph archive", "running", "24.2 %", "23456", "789"]
+
+
+def test_release_takes_a_unique_prefix_and_refuses_an_ambiguous_one() -> None:
+    bp = start_broker(TWO_GPUS)
+    try:
+        with bp.client() as c:
+            lease_id = c.call("lease.acquire", mib=1000, project="p", session="s", purpose="x")[
+                "lease"
+            ]["lease_id"]
+            wrong = _cli(bp, "release", "zz9")
+            assert wrong.returncode == 2 and "no active lease starts with 'zz9'" in wrong.stderr
+            done = _cli(bp, "release", lease_id[len("lease-") :][:6])
+            assert done.returncode == 0, done.stderr
+            assert f"released {lease_id}" in done.stdout
+            assert c.leases()["leases"] == []
+    finally:
+        bp.stop(signal.SIGKILL)
