@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -305,6 +305,7 @@ def _acquire(
     adopt: bool,
     socket: str | None,
     job_id: str | None = None,
+    on_wait: Callable[[dict[str, Any]], None] | None = None,
 ) -> _Holder:
     client = Client(socket)
     params: dict[str, Any] = {
@@ -321,6 +322,14 @@ def _acquire(
         params["gpu_uuid"] = gpu_uuid
     if job_id is not None:
         params["job_id"] = job_id
+    done = threading.Event()
+    watcher = None
+    if on_wait is not None and wait_s > 0:
+        params["notify_waiting"] = True
+        watcher = threading.Thread(
+            target=_relay_waiting, args=(lambda: client, on_wait, done), daemon=True
+        )
+        watcher.start()
     wait_until = time.monotonic() + wait_s
     try:
         while True:
@@ -337,6 +346,10 @@ def _acquire(
     except BaseException:
         client.close()
         raise
+    finally:
+        done.set()
+        if watcher is not None:
+            watcher.join()
     info = result["lease"]
     gpu_uuids = list(info["gpu_uuids"])
     try:
@@ -359,6 +372,21 @@ def _acquire(
     return _Holder(client, lease, ttl_s, socket)
 
 
+def _relay_waiting(
+    client: Callable[[], Client],
+    on_wait: Callable[[dict[str, Any]], None],
+    done: threading.Event,
+) -> None:
+    """Pass each `waiting` event of the acquiring connection to `on_wait` until `done`."""
+    while not done.is_set():
+        event = client().next_event(0.1)
+        if event and event.get("kind") == "waiting":
+            try:
+                on_wait(dict(event.get("data") or {}))
+            except Exception:  # the caller's display never breaks the wait
+                log.exception("on_wait callback failed")
+
+
 @contextlib.contextmanager
 def lease(
     mib: int,
@@ -372,12 +400,16 @@ def lease(
     ttl_s: float = 30.0,
     adopt: bool = False,
     socket: str | None = None,
+    on_wait: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator[Lease]:
     """Hold `mib` MiB on `gpus` GPU(s) for the `with` block.
 
     Blocks up to `wait_s` seconds for the grant (0: fail at once if there is no room),
     renews every `ttl_s`/3 from a background thread, releases on exit (also on
-    exceptions; a crash or kill frees it through the closed connection).
+    exceptions; a crash or kill frees it through the closed connection). While the request
+    waits in the queue, `on_wait` (optional) is called from a helper thread with the queue
+    entry each time its reason changes: `{"reason": "waiting: GPU-3f2a… has 6 144 MiB
+    available …", "reason_kind", "reason_data", "ahead", "waiting_s", "request_id", ...}`.
 
     The descriptions default as in `rbroker run`: `project="default"`, `session` the
     program's name (`program_name()`), `purpose="run <program name>"`.
@@ -392,7 +424,19 @@ def lease(
         TelemetryUnavailable: the GPU's telemetry is failing. BrokerUnavailable: no broker.
     """
     project, session, purpose = _descriptions(project, session, purpose)
-    holder = _acquire(mib, project, session, purpose, wait_s, gpus, gpu_uuid, ttl_s, adopt, socket)
+    holder = _acquire(
+        mib,
+        project,
+        session,
+        purpose,
+        wait_s,
+        gpus,
+        gpu_uuid,
+        ttl_s,
+        adopt,
+        socket,
+        on_wait=on_wait,
+    )
     try:
         yield holder.lease
     finally:

@@ -51,10 +51,15 @@ class AcquireParams(_Params):
     adopt: bool = False
     placement: Literal["pack", "spread"] = "pack"
     request_key: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9_-]*$")] | None = None
-    job_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-    """Links the lease to a declared parallel job (one of its workers)."""
     """Client-chosen id of this request: re-sending it after a reconnect (e.g. a broker
     restart) re-attaches to the queued request or the lease granted for it."""
+    job_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    """Links the lease to a declared parallel job (one of its workers)."""
+    notify_waiting: bool = False
+    """While the request waits in the queue (needs `wait_s` > 0 and a `request_key`), send
+    `event` notifications of kind `waiting` ({request_id, reason, reason_kind, reason_data,
+    ahead, waiting_s}) on this connection each time its reason changes, so the caller can say
+    what it waits for."""
 
 
 class AttachParams(_Params):

@@ -146,3 +146,85 @@ def test_no_broker(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 69  # EX_UNAVAILABLE
+
+
+def _run_cli(broker: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rbroker", "run", "--socket", broker.socket, *args],
+        env=_env(broker),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--mib", "0"), "--mib must be at least 1"),
+        (("--mib", "99999999"), "--mib must be at most 16 777 216"),
+        (("--mib", "64", "--wait", "-1"), "--wait must be at least 0 seconds (0, the default"),
+        (("--mib", "64", "--ttl", "0.5"), "--ttl must be at least 1 second"),
+        (("--mib", "64", "--gpus", "0"), "--gpus must be at least 1"),
+        (("--mib", "64", "--gpu", "x"), "--gpu must have at least 4 characters"),
+    ],
+)
+def test_bad_flags_are_named_in_the_users_words(
+    broker: BrokerProcess, flags: tuple[str, ...], message: str
+) -> None:
+    done = _run_cli(broker, *flags, "--", sys.executable, "-c", "pass")
+    assert done.returncode == 2
+    assert f"rbroker run: {message}" in done.stderr, done.stderr
+    for model_word in ("Input should", "ttl_s", "wait_s", "gpu_uuid", "mib:"):
+        assert model_word not in done.stderr, done.stderr
+    with broker.client() as c:
+        assert c.leases()["leases"] == []
+
+
+def test_every_flag_has_help_and_the_default_is_not_to_wait() -> None:
+    from rbroker.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    run = sub.choices["run"]  # type: ignore[attr-defined]
+    for action in run._actions:
+        assert action.help, f"{action.option_strings or action.dest} has no help"
+    text = run.format_help()
+    assert "default 0: do not wait" in text and "does not wait" in text
+
+
+def test_a_command_that_cannot_start_is_named(broker: BrokerProcess) -> None:
+    done = _run_cli(broker, "--mib", "64", "--", "no-such-program-4f2a", "--flag")
+    assert done.returncode == 127
+    assert "cannot start the command 'no-such-program-4f2a'" in done.stderr, done.stderr
+    assert "not found" in done.stderr
+
+
+def test_waiting_says_what_it_waits_for_and_updates_the_reason(broker: BrokerProcess) -> None:
+    with broker.client() as c:
+        c.call("lease.acquire", mib=20000, project="tests", session="full", purpose="fill")
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "rbroker", "run", "--socket", broker.socket),
+                *("--mib", "8192", "--wait", "30", "--", sys.executable, "-c", "pass"),
+            ],
+            env=_env(broker),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert first.startswith("rbroker run: waiting up to 30 s for 8 192 MiB: "), first
+        assert "3 347 MiB available" in first and "8 192 requested" in first, first
+        # the holder's process allocates 1 000 MiB of its grant: the reason's figures
+        # change and a new line says so
+        with broker.client() as other:
+            other.sim_allocate(1000, GPU0)
+            second = proc.stderr.readline()
+            assert second != first
+            assert "1 000 in use" in second and "19 000 granted not yet" in second, second
+            other.sim_free(gpu_uuid=GPU0)
+        lease_id = c.leases()["leases"][0]["lease_id"]
+        c.call("lease.release", lease_id=lease_id)
+        _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err

@@ -59,18 +59,42 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser(
         "run",
         help="hold a lease while a command runs",
-        epilog="exit codes: the command's own; 69 no broker; 75 no room within --wait; "
-        "2 refused (infeasible, bad input, description rejected); 126/127 cannot start",
+        description="Lease GPU memory, run COMMAND with CUDA_VISIBLE_DEVICES set to the "
+        "granted GPU(s), release the lease when it exits. By default it does not wait: "
+        "with no room now it exits 75 at once; --wait SECONDS queues for room and says "
+        "what it waits for.",
+        epilog="exit codes: the command's own; 69 no broker; 75 no room now (or within "
+        "--wait); 2 refused (infeasible, bad input, description rejected); 126 the command "
+        "cannot be started, 127 it is not found",
     )
     _add_socket(r)
-    r.add_argument("--mib", type=int, required=True, help="GPU memory to lease, MiB")
-    r.add_argument("--gpus", type=int, default=1)
-    r.add_argument("--gpu", dest="gpu_uuid", help="pin to this GPU UUID")
-    r.add_argument("--project", default="default")
-    r.add_argument("--session", default=None, help="default: the command's name")
-    r.add_argument("--purpose", default=None, help="default: 'run <command name>'")
-    r.add_argument("--wait", type=float, default=0.0, help="seconds to wait for room")
-    r.add_argument("--ttl", type=float, default=30.0)
+    r.add_argument("--mib", type=int, required=True, help="GPU memory to lease on each GPU, MiB")
+    r.add_argument("--gpus", type=int, default=1, help="how many GPUs (default 1)")
+    r.add_argument(
+        "--gpu", dest="gpu_uuid", metavar="UUID", help="pin to this GPU (UUID from rbroker status)"
+    )
+    r.add_argument(
+        "--project", default="default", help="project the lease is for (default: 'default')"
+    )
+    r.add_argument("--session", default=None, help="session name (default: the command's name)")
+    r.add_argument(
+        "--purpose", default=None, help="what the lease is for (default: 'run <command name>')"
+    )
+    r.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="queue up to SECONDS for room (default 0: do not wait, exit 75 at once)",
+    )
+    r.add_argument(
+        "--ttl",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="heartbeat window: the lease ends this long after this process stops renewing "
+        "it (default 30)",
+    )
     r.add_argument(
         "--cuda-devices",
         choices=("auto", "index", "uuid"),

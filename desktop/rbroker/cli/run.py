@@ -5,6 +5,11 @@ MIG slices; `--cuda-devices` chooses, see `rbroker._cuda`) and `RBROKER_LEASE_ID
 environment, forwards SIGINT/SIGTERM/SIGHUP to it, releases the lease when it exits, and
 exits with its code (128 + N when it was killed by signal N). The command line itself never
 leaves this process: the lease's session and purpose default to the program's name only.
+
+By default it does not wait: with no room now it exits 75 at once. With `--wait S` it queues
+up to S seconds and says on stderr what it waits for (the broker's queue reason, updated as
+it changes). Flag values are checked against the local API's limits before anything is
+sent, and errors name the flag (`--mib must be at least 1`).
 """
 
 from __future__ import annotations
@@ -13,53 +18,170 @@ import argparse
 import os
 import signal
 import subprocess
+import threading
 from types import FrameType
+from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
+from rich.status import Status
 
 import rbroker
+from rbroker.broker.capacity import fmt_mib
+from rbroker_protocol.localapi import AcquireParams
 
 EX_USAGE = 2
 EX_UNAVAILABLE = 69  # sysexits.h: no broker
 EX_TEMPFAIL = 75  # sysexits.h: no room now / within --wait
 
+FLAGS = {
+    "mib": "--mib",
+    "gpus": "--gpus",
+    "gpu_uuid": "--gpu",
+    "project": "--project",
+    "session": "--session",
+    "purpose": "--purpose",
+    "wait_s": "--wait",
+    "ttl_s": "--ttl",
+}
+"""Local API parameter → the `rbroker run` flag that sets it."""
+
+
+def flag_error(exc: ValidationError) -> str:
+    """The first problem of `exc` in the flag's words: `--mib must be at least 1`,
+    `--wait must be at least 0 seconds (0, the default, does not wait)`."""
+    err = exc.errors()[0]
+    field = str(err["loc"][0]) if err["loc"] else ""
+    flag = FLAGS.get(field, field)
+    ctx: dict[str, Any] = dict(err.get("ctx") or {})
+    kind = err["type"]
+    bound_value = ctx.get("ge", ctx.get("gt", ctx.get("le", ctx.get("lt"))))
+    unit = ""
+    if field in ("wait_s", "ttl_s"):
+        unit = " second" if bound_value == 1 else " seconds"
+    if kind in ("greater_than_equal", "greater_than"):
+        bound = ctx.get("ge", ctx.get("gt"))
+        word = "at least" if kind == "greater_than_equal" else "more than"
+        text = f"{flag} must be {word} {_n(bound)}{unit}"
+        if field == "wait_s":
+            text += " (0, the default, does not wait)"
+        return text
+    if kind in ("less_than_equal", "less_than"):
+        bound = ctx.get("le", ctx.get("lt"))
+        word = "at most" if kind == "less_than_equal" else "less than"
+        return f"{flag} must be {word} {_n(bound)}{unit}"
+    if kind == "string_too_short":
+        return f"{flag} must have at least {ctx.get('min_length')} characters"
+    if kind == "string_too_long":
+        return f"{flag} must have at most {ctx.get('max_length')} characters"
+    if kind == "string_pattern_mismatch" and field == "gpu_uuid":
+        return f"{flag} must be a GPU UUID as `rbroker status` shows it (GPU-… or MIG-…)"
+    if kind == "finite_number":
+        return f"{flag} must be a finite number{unit}"
+    return f"{flag}: {err['msg'].lower()}"
+
+
+def _n(bound: object) -> str:
+    return fmt_mib(bound) if isinstance(bound, int) else f"{bound:g}"
+
+
+class WaitDisplay:
+    """Says on stderr what `rbroker run` waits for: a spinner line updated in place in a
+    terminal, one line per change of reason otherwise. Thread-safe (`show` is called from
+    the SDK's helper thread)."""
+
+    def __init__(self, console: Console, mib: int, wait_s: float) -> None:
+        self.console = console
+        self.head = f"rbroker run: waiting up to {wait_s:g} s for {fmt_mib(mib)} MiB"
+        self.status: Status | None = None
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def show(self, entry: dict[str, Any]) -> None:
+        """One queue entry (`waiting` event data) → the current line."""
+        reason = str(entry.get("reason", "")).removeprefix("waiting: ")
+        ahead = int(entry.get("ahead") or 0)
+        line = f"{self.head}: {reason}" + (f" ({ahead} ahead)" if ahead else "")
+        with self.lock:
+            if self.closed:
+                return
+            if not self.console.is_terminal:
+                self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            elif self.status is None:
+                self.status = Status(line, console=self.console)
+                self.status.start()
+            else:
+                self.status.update(line)
+
+    def close(self) -> None:
+        """Stop the spinner (the child's own output follows)."""
+        with self.lock:
+            self.closed = True
+            if self.status is not None:
+                self.status.stop()
+
 
 def run_command(args: argparse.Namespace) -> int:
     """Run `args.cmd` under a lease; returns the exit code described in the module doc."""
-    console = Console(stderr=True)
+    console = Console(stderr=True, highlight=False)
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
         console.print(
-            "rbroker run: give the command after --, e.g. rbroker run --mib 8192 -- python train.py"
+            "rbroker run: give the command after --, e.g. rbroker run --mib 8192 -- python train.py",
+            markup=False,
+            soft_wrap=True,
         )
         return EX_USAGE
     program = os.path.basename(cmd[0]) or "command"
+    request = {
+        "mib": args.mib,
+        "project": args.project,
+        "session": args.session or program,
+        "purpose": args.purpose or f"run {program}",
+        "wait_s": args.wait,
+        "gpus": args.gpus,
+        "gpu_uuid": args.gpu_uuid,
+        "ttl_s": args.ttl,
+    }
+    try:
+        AcquireParams.model_validate(request)
+    except ValidationError as exc:
+        console.print(f"rbroker run: {flag_error(exc)}", markup=False, soft_wrap=True)
+        return EX_USAGE
+    display = WaitDisplay(console, args.mib, args.wait)
     try:
         ctx = rbroker.lease(
             args.mib,
-            project=args.project,
-            session=args.session or program,
-            purpose=args.purpose or f"run {program}",
+            project=request["project"],
+            session=request["session"],
+            purpose=request["purpose"],
             wait_s=args.wait,
             gpus=args.gpus,
             gpu_uuid=args.gpu_uuid,
             ttl_s=args.ttl,
             socket=args.socket,
+            on_wait=display.show,
         )
         lease = ctx.__enter__()
     except rbroker.BrokerUnavailable as exc:
-        console.print(f"rbroker run: {exc}")
+        display.close()
+        console.print(f"rbroker run: {exc}", markup=False, soft_wrap=True)
         return EX_UNAVAILABLE
     except rbroker.CapacityUnavailable as exc:
-        console.print(f"rbroker run: {exc}")
+        display.close()
+        hint = "" if args.wait > 0 else " (add --wait SECONDS to queue for room)"
+        console.print(f"rbroker run: {exc}{hint}", markup=False, soft_wrap=True)
         return EX_TEMPFAIL
     except rbroker.RBrokerError as exc:
-        console.print(f"rbroker run: {exc}")
+        display.close()
+        console.print(f"rbroker run: {exc}", markup=False, soft_wrap=True)
         return EX_USAGE
     except KeyboardInterrupt:
+        display.close()
         return 128 + signal.SIGINT
+    display.close()
     child: subprocess.Popen[bytes] | None = None
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {}
@@ -81,7 +203,12 @@ def run_command(args: argparse.Namespace) -> int:
         try:
             child = subprocess.Popen(cmd, env=env)
         except OSError as exc:
-            console.print(f"rbroker run: cannot start {program}: {exc.strerror}")
+            console.print(
+                f"rbroker run: cannot start the command {cmd[0]!r}: {exc.strerror}"
+                + (" (not found on PATH)" if isinstance(exc, FileNotFoundError) else ""),
+                markup=False,
+                soft_wrap=True,
+            )
             return 127 if isinstance(exc, FileNotFoundError) else 126
         code = child.wait()
         return 128 - code if code < 0 else code

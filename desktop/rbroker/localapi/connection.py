@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rbroker.broker.holders import Holder
+from rbroker.broker.service import Broker
 from rbroker.localapi.transport import Peer
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
@@ -52,6 +53,9 @@ MAX_EVENT_BACKLOG = 10_000
 """Events queued for one subscriber that is not reading them. Past this the connection is
 dropped (as Redis drops pub/sub clients over their output buffer limit): without a bound, a
 local client that subscribes and never reads grows the broker's memory without end."""
+
+WAITING_POLL_S = 0.25
+"""How often a waiting `lease.acquire` with `notify_waiting` looks for a changed reason."""
 
 
 def raise_open_file_limit() -> tuple[int, int] | None:
@@ -213,6 +217,7 @@ class PerUserLimit:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._count: dict[int | str, int] = {}
+        self._warned: set[str] = set()
 
     def admit(self, conn: Connection) -> RpcError | None:
         """Count `conn` in; `too_many_connections` (not counted) when its user is at the
@@ -227,7 +232,20 @@ class PerUserLimit:
                 limit=self.limit,
             )
         self._count[key] = count + 1
+        self._warned.discard(conn.peer.user)
         return None
+
+    async def refuse(self, conn: Connection, refused: RpcError) -> None:
+        """Answer `refused` (for at most 1 s) and close `conn`; the refusal is logged once per
+        user until one of that user's connections is admitted again."""
+        with contextlib.suppress(Exception):
+            conn.writer.write(jsonrpc.encode(jsonrpc.error(None, refused.to_wire())))
+            await asyncio.wait_for(conn.writer.drain(), 1.0)
+        if conn.peer.user not in self._warned:
+            log.warning("refusing connections of %s: %s", conn.peer.user, refused.message)
+            self._warned.add(conn.peer.user)
+        with contextlib.suppress(Exception):
+            conn.writer.close()
 
     def forget(self, conn: Connection) -> None:
         """Count a closed connection out."""
@@ -237,3 +255,22 @@ class PerUserLimit:
             self._count[key] = left
         else:
             self._count.pop(key, None)
+
+
+async def tell_waiting(conn: Connection, broker: Broker, request_key: str) -> None:
+    """Send `conn` an `event` notification of kind `waiting` (the queue entry: request_id,
+    reason, reason_kind, reason_data, ahead, waiting_s) each time the reason of its queued
+    request `request_key` changes, checked every `WAITING_POLL_S`; runs until cancelled
+    (when the `lease.acquire` ends) or the connection closes."""
+    last = None
+    while not conn.closed:
+        now = broker.clock.monotonic()
+        for waiter, ahead in broker.waiting.ahead():
+            if waiter.request_key == request_key and waiter.conn_id == conn.id:
+                if waiter.evaluated and waiter.reason != last:
+                    last = waiter.reason
+                    data = waiter.to_wire(now, ahead)
+                    event = {"kind": "waiting", "data": data}
+                    await conn.send({"jsonrpc": "2.0", "method": "event", "params": event})
+                break
+        await asyncio.sleep(WAITING_POLL_S)

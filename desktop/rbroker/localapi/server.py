@@ -10,6 +10,8 @@ Methods (params → result):
                                                   telemetry_source, owner}
     gpus.list {}                              → {gpus: [...capacity split per GPU...]}
     lease.acquire AcquireParams               → {lease: {...}, token, cuda_visible_devices}
+                                                (with notify_waiting: `event` notifications
+                                                of kind `waiting` while it queues)
     lease.renew {lease_id}                    → {lease: {...}}
     lease.attach {lease_id, token}            → {lease: {...}, token}  (new token)
     lease.release {lease_id}                  → {lease: {...}}
@@ -58,6 +60,7 @@ from rbroker.localapi.connection import (
     PerUserLimit,
     raise_open_file_limit,
     read_line,
+    tell_waiting,
     wait_until_written,
 )
 from rbroker.localapi.transport import ListeningServer, Peer, serve
@@ -148,7 +151,6 @@ class LocalApi:
         self._server: ListeningServer | None = None
         self._connections: set[Connection] = set()
         self._per_user = PerUserLimit(MAX_CONNECTIONS_PER_USER)
-        self._warned_cap: dict[str, bool] = {}
         self.admin_methods = frozenset({"broker.pause", "sim.set", "sim.stall"})
         self.methods: dict[str, tuple[type[BaseModel], Method]] = {
             "hello": (HelloParams, self._hello),
@@ -201,16 +203,8 @@ class LocalApi:
         conn = Connection(writer, peer)
         refused = self._per_user.admit(conn)
         if refused is not None:
-            with contextlib.suppress(Exception):
-                writer.write(jsonrpc.encode(jsonrpc.error(None, refused.to_wire())))
-                await asyncio.wait_for(writer.drain(), 1.0)
-            if not self._warned_cap.get(peer.user):
-                log.warning("refusing connections of %s: %s", peer.user, refused.message)
-                self._warned_cap[peer.user] = True
-            with contextlib.suppress(Exception):
-                writer.close()
+            await self._per_user.refuse(conn, refused)
             return
-        self._warned_cap.pop(peer.user, None)
         self._connections.add(conn)
         try:
             while True:
@@ -348,7 +342,14 @@ class LocalApi:
         holder = conn.holder()
         if p.job_id is not None:
             self.broker.jobs.get_open(p.job_id, conn.peer.user)  # no workers for a finished job
-        lease = await self.broker.acquire(p, conn.peer.user, holder, conn.id)
+        watch = None
+        if p.notify_waiting and p.wait_s > 0 and p.request_key:
+            watch = asyncio.create_task(tell_waiting(conn, self.broker, p.request_key))
+        try:
+            lease = await self.broker.acquire(p, conn.peer.user, holder, conn.id)
+        finally:
+            if watch is not None:
+                watch.cancel()
         return {
             "lease": lease.to_wire(),
             "token": lease.token,
