@@ -129,7 +129,8 @@ def run_command(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         console.print(
-            "rbroker run: give the command after --, e.g. rbroker run --mib 8192 -- python train.py",
+            "rbroker run: give the command after --, "
+            "e.g. rbroker run --mib 8192 -- python train.py",
             markup=False,
             soft_wrap=True,
         )

@@ -10,19 +10,22 @@ import httpx
 import nacl.signing
 
 from rbroker.uplink.config import UplinkConfig
+from rbroker.uplink.errors import UplinkError, detail_of, network_error
 from rbroker.uplink.keys import FileKeyStore, KeyringKeyStore, KeyStore, KeyStoreError
 from rbroker_protocol.signing import public_key_b64
 
 
-class EnrollError(RuntimeError):
-    """Enrollment failed; the message says why and what to do."""
+class EnrollError(UplinkError):
+    """Enrollment failed; the message says why, the hints what to do (`str()` for the
+    command line, `for_gui()` for the tray)."""
 
 
-def tls_hint(exc: BaseException) -> str:
-    """A hint for certificate failures: a self-signed coordinator needs its CA file."""
-    if "CERTIFICATE_VERIFY_FAILED" in str(exc):
-        return " (a self-signed coordinator: pass --ca-file with its tls/ca.pem)"
-    return ""
+REFUSED = {
+    400: "the coordinator refused the request",
+    401: "the enrollment code is not valid: it is mistyped, already used, revoked or expired",
+    409: "this public key is already enrolled",
+}
+"""What an enrollment refusal means, by HTTP status (the server's detail follows)."""
 
 
 def http_verify(ca_file: str | None) -> ssl.SSLContext | bool:
@@ -60,7 +63,11 @@ def enroll(
     try:
         verify = http_verify(ca_file)
     except (OSError, ssl.SSLError) as exc:
-        raise EnrollError(f"cannot use the CA file {ca_file}: {exc}") from None
+        raise EnrollError(
+            f"cannot use the CA file {ca_file}: {exc}",
+            "pass the coordinator's tls/ca.pem, a PEM certificate",
+            "choose the coordinator's tls/ca.pem, a PEM certificate",
+        ) from None
     try:
         existing = UplinkConfig.load(data_dir)
     except ValueError as exc:
@@ -78,13 +85,17 @@ def enroll(
         if old is None:
             raise EnrollError(
                 f"this computer is already enrolled as {existing.computer_id} at "
-                f"{existing.url}, but its private key cannot be read ({why}). Restore the "
-                "key, or enroll again with --new-identity (the coordinator will then show "
-                "a second computer; revoke the old one there)"
+                f"{existing.url}, but its private key cannot be read ({why})",
+                "restore the key, or enroll again with --new-identity (the coordinator will "
+                "then show a second computer; revoke the old one there)",
+                'restore the key, or use "Enroll again" (the coordinator will then show a '
+                "second computer; revoke the old one there)",
             )
         raise EnrollError(
             f"this computer is already enrolled as {existing.computer_id} at {existing.url} "
-            "(group " + existing.group + "); use --new-identity to enroll it again"
+            f"(group {existing.group})",
+            "use --new-identity to enroll it again",
+            'use "Enroll again" to enroll it with a new identity',
         )
     previous: nacl.signing.SigningKey | None = None
     if new_identity:  # the old key comes back if this enrollment fails
@@ -111,16 +122,13 @@ def enroll(
         )
     except httpx.HTTPError as exc:
         _undo(store, previous)
-        raise EnrollError(f"cannot reach the coordinator at {url}: {exc}{tls_hint(exc)}") from None
+        raise EnrollError(*network_error(exc, url)) from None
     if response.status_code != 201:
         _undo(store, previous)
-        try:
-            detail = response.json().get("detail", response.text)
-        except ValueError:
-            detail = response.text
-        raise EnrollError(
-            f"the coordinator refused the enrollment ({response.status_code}): {str(detail)[:300]}"
-        )
+        detail = detail_of(response)
+        what = REFUSED.get(response.status_code, "the coordinator refused the enrollment")
+        hint = "ask the coordinator's admin for a new code" if response.status_code == 401 else ""
+        raise EnrollError(f"{what} (HTTP {response.status_code}: {detail})", hint)
     body = response.json()
     config = UplinkConfig(
         url=url,

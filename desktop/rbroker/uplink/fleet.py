@@ -11,13 +11,40 @@ from typing import Any
 import httpx
 
 from rbroker.uplink.config import UplinkConfig
-from rbroker.uplink.enroll import http_verify, store_for, tls_hint
+from rbroker.uplink.enroll import http_verify, store_for
+from rbroker.uplink.errors import UplinkError, detail_of, network_error
 from rbroker.uplink.keys import KeyStoreError
 from rbroker_protocol.signing import sign_request
 
 
-class FleetError(RuntimeError):
-    """The fleet could not be read; the message says why."""
+class FleetError(UplinkError):
+    """The fleet could not be read; the message says why, the hints what to do (`str()`
+    for the command line, `for_gui()` for the tray)."""
+
+
+def refusal(status: int, detail: str, token: bool) -> FleetError:
+    """A 401/403 from the fleet read in words: which credential was refused and why."""
+    low = detail.lower()
+    if token:
+        what = "the coordinator did not accept the viewer token"
+        if "unknown or revoked" in low:
+            what += ": it is mistyped or was revoked"
+        elif "malformed" in low:
+            what += ": it is not in the form of a viewer token (cut short or mistyped?)"
+        return FleetError(
+            f"{what} (HTTP {status}: {detail})",
+            "ask the coordinator's admin for a viewer token",
+        )
+    what = "the coordinator did not accept this computer's signature"
+    cli = gui = ""
+    if "timestamp" in low:
+        what += ": this computer's clock is too far off"
+        cli = gui = "set the clock right (NTP)"
+    elif "unknown computer" in low or "revoked" in low:
+        what += ": the coordinator does not know this computer (removed or revoked)"
+        cli = "enroll again with a new code: rbroker enroll --new-identity URL CODE"
+        gui = 'enroll again with a new code ("Enroll again" in Settings)'
+    return FleetError(f"{what} (HTTP {status}: {detail})", cli, gui)
 
 
 def fetch_fleet(
@@ -39,25 +66,41 @@ def fetch_fleet(
     base = (url or (config.url if config else "")).rstrip("/")
     if not base:
         raise FleetError(
-            f"no enrollment in {data_dir}: pass the broker's --data-dir, or --url and --token"
+            f"no enrollment in {data_dir}",
+            "pass the broker's --data-dir, or --url and --token",
+            "enroll this computer in Settings",
         )
     ca = ca_file or (config.ca_file if config else None)
     try:
         verify = http_verify(ca)
     except (OSError, ssl.SSLError) as exc:
-        raise FleetError(f"cannot use the CA file {ca}: {exc}") from None
+        raise FleetError(
+            f"cannot use the CA file {ca}: {exc}",
+            "pass the coordinator's tls/ca.pem, a PEM certificate",
+            "choose the coordinator's tls/ca.pem, a PEM certificate",
+        ) from None
     path = "/api/v1/fleet"
     if token:
         headers = {"Authorization": f"Bearer {token}"}
     else:
         if config is None:
-            raise FleetError("this computer is not enrolled: pass a viewer --token or enroll")
+            raise FleetError(
+                "this computer is not enrolled",
+                "pass a viewer --token, or enroll",
+                "enroll it in Settings",
+            )
         try:
             key = store_for(config, data_dir).load()
         except KeyStoreError as exc:
-            raise FleetError(f"cannot read this computer's key: {exc}; or pass --token") from None
+            raise FleetError(
+                f"cannot read this computer's key: {exc}", "or pass a viewer --token", ""
+            ) from None
         if key is None:
-            raise FleetError("this computer's private key is missing; pass a viewer --token")
+            raise FleetError(
+                "this computer's private key is missing",
+                "pass a viewer --token, or enroll again with --new-identity",
+                'use "Enroll again" in Settings',
+            )
         # sign the target as it goes on the wire: the base URL's path (a reverse proxy's
         # prefix, e.g. /rbroker) included, percent-encoded as httpx sends it
         target = httpx.URL(base + path).raw_path.decode("ascii")
@@ -65,9 +108,13 @@ def fetch_fleet(
     try:
         response = httpx.get(base + path, headers=headers, verify=verify, timeout=timeout_s)
     except httpx.HTTPError as exc:
-        raise FleetError(f"cannot reach the coordinator at {base}: {exc}{tls_hint(exc)}") from None
+        raise FleetError(*network_error(exc, base)) from None
+    if response.status_code in (401, 403):
+        raise refusal(response.status_code, detail_of(response), bool(token))
     if response.status_code != 200:
-        raise FleetError(f"the coordinator answered {response.status_code}: {response.text[:300]}")
+        raise FleetError(
+            f"the coordinator answered HTTP {response.status_code}: {detail_of(response)}"
+        )
     body = response.json()
     if not isinstance(body, dict):
         raise FleetError("the coordinator's answer is not a JSON object")
