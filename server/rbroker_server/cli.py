@@ -57,7 +57,11 @@ def _fmt_time(value: datetime | None) -> str:
 def _load(args: argparse.Namespace) -> Settings:
     data_dir = Path(args.data_dir)
     if not (data_dir / CONFIG_NAME).exists():
-        raise CliError(f"no {CONFIG_NAME} in {data_dir}: run `rbroker-server setup` first")
+        raise CliError(
+            f"no {CONFIG_NAME} in {data_dir}: pass --data-dir DIR (or set "
+            "RBROKER_SERVER_DATA_DIR) to the directory that `rbroker-server setup` wrote, or "
+            "run `rbroker-server setup` first"
+        )
     return Settings.load(data_dir)
 
 
@@ -71,6 +75,23 @@ def _engine(args: argparse.Namespace) -> Engine:
 
 
 # ---------------------------------------------------------------- setup
+
+
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+def default_public_hostname(bind: str) -> str:
+    """`localhost` only when binding a loopback address (nothing else can reach it then);
+    otherwise this machine's fully qualified name (`socket.getfqdn()`, else its host name),
+    since other computers must reach the coordinator by that name."""
+    if bind in LOOPBACK or bind.startswith("127."):
+        return "localhost"
+    import socket
+
+    for name in (socket.getfqdn(), socket.gethostname()):
+        if name and name != "localhost" and not name.startswith("localhost."):
+            return name
+    return "localhost"
 
 
 def _ask(prompt: str, default: str, interactive: bool) -> str:
@@ -94,8 +115,12 @@ def cmd_setup(args: argparse.Namespace) -> int:
             f"{data_dir / CONFIG_NAME} exists already; pass --force to rewrite it "
             "(the database, groups and tokens are kept)"
         )
-    hostname = _ask("Public hostname", args.public_hostname, interactive)
-    bind = _ask("Bind address", args.bind, interactive)
+    bind = _ask("Bind address (0.0.0.0: all)", args.bind, interactive)
+    hostname = _ask(
+        "Public hostname (the name computers use to reach it)",
+        args.public_hostname or default_public_hostname(bind),
+        interactive,
+    )
     port = int(_ask("Port", str(args.port), interactive))
     database_url = _ask(
         "Database URL (empty: SQLite in the data dir)", args.database_url or "", interactive
@@ -225,6 +250,26 @@ def cmd_enroll_code(args: argparse.Namespace) -> int:
 
     engine = _engine(args)
     try:
+        if args.action == "list":
+            codes = admin.list_enroll_codes(engine, args.group, include_done=args.all)
+            if not codes:
+                print(f"no {'' if args.all else 'unused '}enrollment codes in group {args.group}")
+            for c in codes:
+                done = (
+                    f"used {_fmt_time(c.used_at)} by {c.computer_id}"
+                    if c.state == "used"
+                    else f"expires {_fmt_time(c.expires_at)}"
+                    if c.state == "unused"
+                    else f"expired {_fmt_time(c.expires_at)}"
+                )
+                print(f"{c.id}\t{c.state}\tcreated {_fmt_time(c.created_at)}\t{done}")
+            return 0
+        if args.action == "revoke":
+            if not admin.revoke_enroll_code(engine, args.group, args.code):
+                raise CliError(f"no enrollment code {args.code} in group {args.group}")
+            code_id = args.code.split("_")[1] if "_" in args.code else args.code
+            print(f"enrollment code {code_id} revoked")
+            return 0
         ttl = args.ttl if args.ttl is not None else _load(args).enroll_code_ttl_s
         code = admin.create_enroll_code(engine, args.group, ttl)
     finally:
@@ -317,7 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     setup = add("setup", cmd_setup, "write the config, create the database, a group and tokens")
     setup.add_argument(
-        "--public-hostname", default="localhost", help="the name computers use to reach it"
+        "--public-hostname",
+        help="the name computers use to reach it (default: this machine's name; localhost "
+        "when --bind is a loopback address)",
     )
     setup.add_argument("--bind", default="0.0.0.0", help="bind address (default 0.0.0.0)")
     setup.add_argument("--port", type=int, default=8787, help="port (default 8787)")
@@ -351,11 +398,17 @@ def build_parser() -> argparse.ArgumentParser:
     gsub.add_parser("create", parents=[common]).add_argument("name")
     gsub.add_parser("list", parents=[common])
 
-    code = add("enroll-code", cmd_enroll_code, "make one-time enrollment codes")
+    code = add("enroll-code", cmd_enroll_code, "make, list or revoke one-time enrollment codes")
     csub = code.add_subparsers(dest="action", required=True)
-    ccreate = csub.add_parser("create", parents=[common])
-    ccreate.add_argument("--group", required=True)
+    ccreate = csub.add_parser("create", parents=[common], help="make a one-time code")
+    ccreate.add_argument("--group", required=True, help="the group it enrolls into")
     ccreate.add_argument("--ttl", type=parse_duration, help="lifetime, e.g. 30m, 24h (24h)")
+    clist = csub.add_parser("list", parents=[common], help="the group's unused codes")
+    clist.add_argument("--group", required=True, help="the group")
+    clist.add_argument("--all", action="store_true", help="also used and expired codes")
+    crevoke = csub.add_parser("revoke", parents=[common], help="make an unused code unusable")
+    crevoke.add_argument("--group", required=True, help="the group")
+    crevoke.add_argument("code", help="code id (from list) or the whole code")
 
     token = add("token", cmd_token, "create, list or revoke viewer tokens")
     tsub = token.add_subparsers(dest="action", required=True)

@@ -190,8 +190,87 @@ def test_setup_with_own_tls_files(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_commands_without_setup_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["group", "list", "--data-dir", str(tmp_path / "none")]) == 1
-    assert "rbroker-server setup" in capsys.readouterr().err
+    for command in (["group", "list"], ["enroll-code", "list", "--group", "g"], ["serve"]):
+        assert main([*command, "--data-dir", str(tmp_path / "none")]) == 1
+        err = capsys.readouterr().err
+        assert f"no config.toml in {tmp_path / 'none'}" in err, err
+        for words in ("--data-dir", "RBROKER_SERVER_DATA_DIR", "rbroker-server setup"):
+            assert words in err, err
+
+
+class _Prompts:
+    """Answers `input()` prompts in order and remembers each prompt's offered default."""
+
+    def __init__(self, answers: list[str]) -> None:
+        self.answers = answers
+        self.prompts: list[str] = []
+
+    def __call__(self, prompt: str = "") -> str:
+        self.prompts.append(prompt)
+        return self.answers.pop(0)
+
+
+@pytest.mark.parametrize(("bind", "loopback"), [("0.0.0.0", False), ("127.0.0.1", True)])
+def test_interactive_setup_offers_this_machines_name_when_binding_all_addresses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bind: str, loopback: bool
+) -> None:
+    import socket
+
+    data = tmp_path / "asked"
+    prompts = _Prompts([str(data), bind, "", "9443", "", "n", ""])
+    monkeypatch.setattr("builtins.input", prompts)
+    monkeypatch.setattr(sys, "stdin", _Tty([]))
+    assert main(["setup", "--data-dir", str(data)]) == 0
+    host_prompt = next(p for p in prompts.prompts if p.startswith("Public hostname"))
+    offered = host_prompt.rsplit("[", 1)[1].split("]")[0]
+    from rbroker_server.settings import Settings
+
+    assert Settings.load(data).public_hostname == offered
+    if loopback:
+        assert offered == "localhost"
+    else:
+        assert offered != "localhost"
+        assert offered in (socket.getfqdn(), socket.gethostname())
+
+
+def test_enroll_code_list_and_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "srv"
+    d = ["--data-dir", str(data)]
+    assert main(["setup", "--non-interactive", "--group", "lab", *d]) == 0
+    capsys.readouterr()
+    assert main(["enroll-code", "create", "--group", "lab", "--ttl", "1h", *d]) == 0
+    code = capsys.readouterr().out.strip()
+    code_id = code.split("_")[1]
+    assert main(["enroll-code", "list", "--group", "lab", *d]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 2  # the one from setup and this one, both unused
+    assert any(line.startswith(f"{code_id}\tunused\t") for line in listed), listed
+
+    assert main(["enroll-code", "revoke", "--group", "lab", code, *d]) == 0
+    assert f"enrollment code {code_id} revoked" in capsys.readouterr().out
+    assert main(["enroll-code", "list", "--group", "lab", *d]) == 0
+    assert code_id not in capsys.readouterr().out
+    assert main(["enroll-code", "list", "--group", "lab", "--all", *d]) == 0
+    assert f"{code_id}\texpired\t" in capsys.readouterr().out
+    assert main(["enroll-code", "revoke", "--group", "lab", "nope", *d]) == 1
+    assert "no enrollment code nope in group lab" in capsys.readouterr().err
+
+    # a revoked code no longer enrolls
+    import nacl.signing
+
+    from rbroker_protocol import signing
+    from rbroker_server import db
+    from rbroker_server.enroll.schema import EnrollRequest
+    from rbroker_server.enroll.service import EnrollRefused, enroll
+    from rbroker_server.settings import Settings
+
+    engine = db.make_engine(Settings.load(data).db_url)
+    try:
+        key = signing.public_key_b64(nacl.signing.SigningKey.generate())
+        with pytest.raises(EnrollRefused):
+            enroll(engine, EnrollRequest(code=code, name="pc-1", public_key=key))
+    finally:
+        engine.dispose()
 
 
 def test_data_dir_from_environment(
@@ -227,7 +306,7 @@ def test_interactive_setup(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = tmp_path / "asked"
-    answers = [str(data), "hub.example.org", "127.0.0.1", "9443", "", "s", "research"]
+    answers = [str(data), "127.0.0.1", "hub.example.org", "9443", "", "s", "research"]
     monkeypatch.setattr(sys, "stdin", _Tty(answers))
     assert main(["setup", "--data-dir", str(tmp_path / "unused")]) == 0
     out = capsys.readouterr().out

@@ -186,6 +186,78 @@ def create_enroll_code(engine: Engine, group_name: str, ttl_s: float) -> NewSecr
     return NewSecret(cred.id, group_name, cred.text, expires)
 
 
+@dataclass(frozen=True, slots=True)
+class EnrollCodeInfo:
+    """An enrollment code's record (the secret is not kept). `state`: `unused`, `used`
+    (by `computer_id`) or `expired` (revoked codes expire at the moment of revocation)."""
+
+    id: str
+    group: str
+    created_at: datetime
+    expires_at: datetime
+    used_at: datetime | None
+    computer_id: str | None
+    state: str
+
+
+def list_enroll_codes(
+    engine: Engine, group_name: str, include_done: bool = False
+) -> list[EnrollCodeInfo]:
+    """The group's enrollment codes, oldest first: the unused ones, or with `include_done`
+    also the used and expired ones."""
+    now = utcnow()
+    with Session(engine) as session:
+        group = _group(session, group_name)
+        rows = session.exec(
+            select(EnrollCode)
+            .where(EnrollCode.group_id == group.id)
+            .order_by(col(EnrollCode.created_at))
+        )
+        out = []
+        for c in rows:
+            state = (
+                "used" if c.used_at is not None else "expired" if c.expires_at <= now else "unused"
+            )
+            if state == "unused" or include_done:
+                out.append(
+                    EnrollCodeInfo(
+                        c.id,
+                        group.name,
+                        c.created_at,
+                        c.expires_at,
+                        c.used_at,
+                        c.computer_id,
+                        state,
+                    )
+                )
+        return out
+
+
+def revoke_enroll_code(engine: Engine, group_name: str, code: str) -> bool:
+    """Make an unused enrollment code of the group unusable now (by id or its full text):
+    it expires at once. False: no such code in the group. Raises `AdminError` for a code
+    that was already used (revoke the computer instead)."""
+    code_id = code.split("_")[1] if code.startswith(f"{ENROLL_PREFIX}_") else code
+    with Session(engine) as session:
+        group = _group(session, group_name)
+        row = session.exec(
+            select(EnrollCode).where(EnrollCode.id == code_id, EnrollCode.group_id == group.id)
+        ).first()
+        if row is None:
+            return False
+        if row.used_at is not None:
+            raise AdminError(
+                f"enrollment code {code_id} was already used by computer {row.computer_id}; "
+                "revoke the computer instead (rbroker-server computer revoke ID)"
+            )
+        now = utcnow()
+        if row.expires_at > now:
+            row.expires_at = now
+            session.add(row)
+            session.commit()
+        return True
+
+
 def list_computers(engine: Engine, group_name: str | None = None) -> list[ComputerInfo]:
     """Enrolled computers, of one group or all."""
     with Session(engine) as session:
