@@ -192,11 +192,19 @@ def _redact_url(url: str) -> str:
 # ---------------------------------------------------------------- serve
 
 
+def quiet_migrations(log_level: str) -> None:
+    """Alembic logs its plugin setup and migration context at INFO on every start (eight
+    lines before the first request): keep it to warnings unless `--log-level debug`."""
+    if log_level.lower() != "debug":
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from rbroker_server.app import create_app
     from rbroker_server.startup import check_database, prepare, run
 
     settings = _load(args)
+    quiet_migrations(args.log_level)
     host = args.host or settings.bind_host
     port = args.port or settings.bind_port
     ssl: dict[str, str] = {}

@@ -43,7 +43,7 @@ def test_enroll_explains_network_failures(
     assert f"use https://{c.host}:{c.port}" in err, err
 
     err = _enroll_err(c.url)
-    assert "certificate this computer does not trust" in err and "--ca-file" in err, err
+    assert "certificate is not trusted here" in err and "--ca-file" in err, err
 
     err = _enroll_err("https://no-such-host.invalid:8787", "--ca-file", c.ca_file)
     assert "the host name no-such-host.invalid is unknown" in err, err

@@ -116,6 +116,9 @@ def test_coordinator_outage(
         assert took <= REPORT_INTERVAL_S
         assert lab.link()["link"] == "ok"
         assert by_name(reader.fleet())["lab-out"]["freshness"]["state"] == "online"
+        log = lab.broker.log()
+        assert log.count("coordinator unreachable") == 1, log  # one line when it goes away
+        assert log.count("coordinator reachable again") == 1, log  # and one when it is back
         during.stop()
     finally:
         reader.stop()

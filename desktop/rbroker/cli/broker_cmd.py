@@ -17,6 +17,7 @@ from rbroker.gpu.scenario import ScenarioError
 from rbroker.localapi.paths import default_data_dir, default_socket_path
 from rbroker.localapi.transport import BrokerAlreadyRunning
 from rbroker.startup import os_error_line
+from rbroker.uplink import quiet_http_client_logs
 from rbroker_protocol.startup import (
     EXIT_CANNOT_START,
     EXIT_DATABASE,
@@ -60,6 +61,7 @@ def run_broker(args: argparse.Namespace) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    quiet_http_client_logs()
     socket_path = args.socket or default_socket_path()
     data_dir = Path(args.data_dir or default_data_dir())
     try:

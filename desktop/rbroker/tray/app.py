@@ -31,6 +31,7 @@ from rbroker.tray.fleet_tab import FleetFeed
 from rbroker.tray.icons import app_icon, state_icon
 from rbroker.tray.link import BrokerLink
 from rbroker.tray.settings import TraySettings, settings_path
+from rbroker.tray.settings_tab import EnrollRequest
 from rbroker.tray.single import SingleInstance, instance_name
 from rbroker.tray.state import (
     STATE_TEXT,
@@ -41,6 +42,7 @@ from rbroker.tray.state import (
     summary,
 )
 from rbroker.tray.window import MainWindow
+from rbroker.tray.wording import error_text, gui_text
 from rbroker_protocol.startup import EXIT_TRAY_ALREADY_RUNNING, check_socket_path, one_line
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,7 @@ class TrayApp(QObject):
         st.enroll_requested.connect(self.enroll)
         st.autostart_toggled.connect(self.set_autostart)
         self._show_autostart()
+        self.refresh_enrollment()
 
         self.menu = QMenu()
         self.status_action = QAction("rbroker: starting", self.menu)
@@ -249,19 +252,48 @@ class TrayApp(QObject):
         self.settings = settings
         self.window.settings_tab.message.setText("Saved.")
 
-    def enroll(self, url: str, code: str) -> None:
-        """Enroll this computer (`rbroker enroll URL CODE`) on a worker thread."""
+    def refresh_enrollment(self) -> None:
+        """Show the enrollment kept in the broker's data dir, and offer the key file when no
+        OS keyring is usable (the check is bounded: a hanging keyring gives up in seconds)."""
+        tab = self.window.settings_tab
+        if self.data_dir is None:
+            tab.set_enroll_unknown(
+                "Unknown: this app did not start the broker, so it does not know where the "
+                "broker keeps its enrollment."
+            )
+            return
+        from rbroker.uplink.config import UplinkConfig
+        from rbroker.uplink.keys import KeyStoreError, keyring_usable
+
+        try:
+            config = UplinkConfig.load(self.data_dir)
+        except ValueError as exc:
+            tab.set_enrollment(None)
+            tab.enrollment.setText(gui_text(f"The enrollment cannot be read: {exc}"))
+            return
+        try:
+            usable, why = keyring_usable()
+        except KeyStoreError as exc:
+            usable, why = False, str(exc)
+        tab.set_enrollment(config, usable, gui_text(why))
+
+    def enroll(self, request: EnrollRequest) -> None:
+        """Enroll this computer (what `rbroker enroll` does) on a worker thread."""
         label = self.window.settings_tab.enroll_state
-        if not url or not code:
+        if not request.url or not request.code:
             label.setText("Enter the coordinator URL and the enrollment code first.")
             return
         if self.data_dir is None:
-            label.setText(f"Run in a terminal:  rbroker enroll {url} CODE")
+            label.setText(
+                "This app did not start the broker: enroll in a terminal with "
+                f"rbroker enroll {request.url} CODE"
+            )
             return
         if self._enroll_thread is not None and self._enroll_thread.is_alive():
             return
-        label.setText(f"Enrolling at {url}…")
+        label.setText(f"Enrolling at {request.url}…")
         self.window.settings_tab.enroll_button.setEnabled(False)
+        self.window.settings_tab.reenroll_button.setEnabled(False)
         data_dir = self.data_dir
 
         def run() -> None:
@@ -269,11 +301,19 @@ class TrayApp(QObject):
             from rbroker.uplink.enroll import enroll as uplink_enroll
 
             try:
-                config = uplink_enroll(url, code, gethostname(), data_dir)
+                config = uplink_enroll(
+                    request.url,
+                    request.code,
+                    gethostname(),
+                    data_dir,
+                    ca_file=request.ca_file or None,
+                    key_file=request.key_file,
+                    new_identity=request.new_identity,
+                )
             except EnrollError as exc:
-                self.enroll_finished.emit(False, str(exc))
+                self.enroll_finished.emit(False, error_text(exc))
             except Exception as exc:  # never let a bad answer take the tray down
-                self.enroll_finished.emit(False, f"{type(exc).__name__}: {exc}")
+                self.enroll_finished.emit(False, error_text(exc))
             else:
                 self.enroll_finished.emit(
                     True,
@@ -287,10 +327,12 @@ class TrayApp(QObject):
     def on_enroll_finished(self, ok: bool, message: str) -> None:
         tab = self.window.settings_tab
         tab.enroll_button.setEnabled(True)
+        tab.reenroll_button.setEnabled(True)
         tab.enroll_state.setText(message if ok else f"Not enrolled: {message}")
         if ok:
             tab.code.clear()
             self.fleet_feed.refresh()
+        self.refresh_enrollment()
 
     # -- quit --------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -348,6 +390,10 @@ def run(args: argparse.Namespace) -> int:
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from rbroker.uplink import quiet_http_client_logs
+
+    quiet_http_client_logs()
+
     socket = args.socket or default_socket_path()
     data_dir = args.data_dir or default_data_dir()
     try:  # a broker this app would start must be able to listen and keep its state

@@ -125,5 +125,7 @@ class UplinkFleet:
         try:
             body = fetch_fleet(self.data_dir, timeout_s=self.timeout_s)
         except (FleetError, ValueError) as exc:
-            raise FleetUnavailable(str(exc)) from None
+            from rbroker.tray.wording import error_text
+
+            raise FleetUnavailable(error_text(exc)) from None
         return computers_from_fleet_view(body)

@@ -1,4 +1,5 @@
-"""The main window: This computer (GPUs, leases, queue, jobs), Fleet, Settings.
+"""The main window: This computer (GPUs, leases, queue, jobs), Fleet, Settings (the tabs
+in `fleet_tab` and `settings_tab`).
 
 The window only displays what it is given (`apply_snapshot`, `set_broker_down`,
 `set_fleet`) and reports what the user asks for through signals; it never calls the broker
@@ -7,21 +8,14 @@ or the network itself, so it never blocks on them.
 
 from __future__ import annotations
 
-from typing import Any
-
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (
     QCheckBox,
-    QFormLayout,
-    QGroupBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
-    QLineEdit,
     QMainWindow,
-    QPushButton,
-    QSpinBox,
     QSplitter,
     QTabWidget,
     QVBoxLayout,
@@ -37,6 +31,7 @@ from rbroker.tray.models import (
 )
 from rbroker.tray.panels import GpuList, gpu_labels, make_table, titled
 from rbroker.tray.settings import TraySettings
+from rbroker.tray.settings_tab import SettingsTab
 from rbroker.tray.state import STATE_TEXT, Snapshot, TrayState, age_text, derive_state
 from rbroker.tray.widgets import ProgressDelegate
 
@@ -154,111 +149,6 @@ class LocalTab(QWidget):
     def set_down(self) -> None:
         self.pause_box.setEnabled(False)
         self.broker_line.setText("Broker not running")
-
-
-class SettingsTab(QWidget):
-    """Coordinator and enrollment, headroom, start at login."""
-
-    saved = Signal(object)  # TraySettings
-    enroll_requested = Signal(str, str)  # url, code
-    autostart_toggled = Signal(bool)
-
-    def __init__(self, settings: TraySettings, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.settings = settings
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(10, 10, 10, 10)
-
-        coord = QGroupBox("Coordinator")
-        form = QFormLayout(coord)
-        self.url = QLineEdit(settings.coordinator_url)
-        self.url.setPlaceholderText("https://coordinator.example.org")
-        self.code = QLineEdit()
-        self.code.setPlaceholderText("one-time enrollment code from your admin")
-        self.enroll_button = QPushButton("Enroll this computer")
-        self.enroll_button.clicked.connect(
-            lambda: self.enroll_requested.emit(self.url.text().strip(), self.code.text().strip())
-        )
-        self.enroll_state = QLabel("")
-        self.enroll_state.setWordWrap(True)
-        self.link_state = QLabel("unknown (no broker)")
-        self.link_state.setWordWrap(True)
-        self.link_state.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        form.addRow("Coordinator URL", self.url)
-        form.addRow("Enrollment code", self.code)
-        form.addRow("", self.enroll_button)
-        form.addRow("", self.enroll_state)
-        form.addRow("Link", self.link_state)
-        outer.addWidget(coord)
-
-        broker = QGroupBox("This computer's broker")
-        bform = QFormLayout(broker)
-        self.headroom = QSpinBox()
-        self.headroom.setRange(0, 1024 * 1024)
-        self.headroom.setSingleStep(256)
-        self.headroom.setSuffix(" MiB")
-        self.headroom.setSpecialValueText("default: max(512 MiB, 5 % of the GPU)")
-        self.headroom.setValue(settings.headroom_mib or 0)
-        self.headroom_note = QLabel(
-            "Memory kept free on every GPU. Applies to the broker this app starts, from its "
-            "next start."
-        )
-        self.headroom_note.setWordWrap(True)
-        self.headroom_note.setStyleSheet("color: palette(mid);")
-        bform.addRow("Headroom", self.headroom)
-        bform.addRow("", self.headroom_note)
-        outer.addWidget(broker)
-
-        start = QGroupBox("Start")
-        sl = QVBoxLayout(start)
-        self.autostart = QCheckBox("Start rbroker at login")
-        self.autostart.toggled.connect(self._on_autostart)
-        self.autostart_note = QLabel()
-        self.autostart_note.setWordWrap(True)
-        self.autostart_note.setStyleSheet("color: palette(mid);")
-        sl.addWidget(self.autostart)
-        sl.addWidget(self.autostart_note)
-        outer.addWidget(start)
-
-        row = QHBoxLayout()
-        row.addStretch(1)
-        self.save_button = QPushButton("Save")
-        self.save_button.clicked.connect(self._save)
-        self.message = QLabel()
-        row.addWidget(self.message)
-        row.addWidget(self.save_button)
-        outer.addLayout(row)
-        outer.addStretch(1)
-        self._updating = False
-
-    def set_link(self, coordinator: dict[str, Any]) -> None:
-        """Show the broker's coordinator link state (`broker.status().coordinator`)."""
-        link = str(coordinator.get("link") or "not enrolled")
-        bits = [link]
-        if coordinator.get("computer_id"):
-            bits.append(f"computer {coordinator['computer_id']}")
-        if coordinator.get("url"):
-            bits.append(str(coordinator["url"]))
-        if coordinator.get("detail"):
-            bits.append(str(coordinator["detail"]))
-        self.link_state.setText(" · ".join(bits))
-
-    def set_autostart(self, on: bool, where: str) -> None:
-        self._updating = True
-        self.autostart.setChecked(on)
-        self._updating = False
-        self.autostart_note.setText(where)
-
-    def _on_autostart(self, on: bool) -> None:
-        if not self._updating:
-            self.autostart_toggled.emit(on)
-
-    def _save(self) -> None:
-        value = self.headroom.value()
-        self.settings = TraySettings(
-            coordinator_url=self.url.text().strip(), headroom_mib=value or None
-        )
-        self.saved.emit(self.settings)
 
 
 class MainWindow(QMainWindow):

@@ -3,3 +3,16 @@
 Reporting is never permission: nothing here touches the lease table, and coordinator or
 network outages only change the link state (DESIGN §7).
 """
+
+import logging
+
+HTTP_CLIENT_LOGGERS = ("httpx", "httpcore")
+"""Loggers of the HTTP client: at INFO httpx logs every request (one line per report)."""
+
+
+def quiet_http_client_logs() -> None:
+    """Keep the HTTP client's loggers to warnings (the reporter logs what matters about the
+    link: unreachable, rejected, reachable again). Called by the programs that configure
+    logging (`rbroker broker`, `rbroker tray`), never on import."""
+    for name in HTTP_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -45,7 +45,7 @@ def network_error(exc: httpx.HTTPError, url: str) -> tuple[str, str, str]:
     text = str(exc)
     if "CERTIFICATE_VERIFY_FAILED" in text:
         return (
-            f"the coordinator at {url} has a certificate this computer does not trust: {text}",
+            f"cannot reach the coordinator at {url}: its certificate is not trusted here: {text}",
             "a self-signed coordinator: pass --ca-file with its tls/ca.pem",
             "a self-signed coordinator: choose its CA file (tls/ca.pem) in Settings",
         )

@@ -207,6 +207,9 @@ class Reporter:
                         current,
                         self.run_counter,
                     )
+                if self.link.startswith(("retrying", "rejected")):
+                    url = self.config.url
+                    log.warning("coordinator reachable again: report delivered to %s", url)
                 self.link = "ok"
                 self.last_report_at = time.time()
                 self.reports_sent += 1

@@ -326,37 +326,6 @@ def test_settings_tab_saves_and_toggles_start_at_login(
     assert "rbroker enroll https://coord.example.org" in tab.enroll_state.text()
 
 
-def test_enroll_from_the_settings_tab(
-    qtbot: QtBot, tmp_path: Path, make_tray: Callable[..., TrayApp], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from types import SimpleNamespace
-
-    from rbroker.uplink import enroll as uplink_enroll
-
-    calls: list[tuple[str, str, Path]] = []
-
-    def fake_enroll(url: str, code: str, name: str, data_dir: Path) -> SimpleNamespace:
-        calls.append((url, code, data_dir))
-        if code == "BAD":
-            raise uplink_enroll.EnrollError("the coordinator refused the enrollment (403)")
-        return SimpleNamespace(name=name, computer_id="c-42", group="vision-lab")
-
-    monkeypatch.setattr(uplink_enroll, "enroll", fake_enroll)
-    tray = make_tray(str(tmp_path / "none.sock"), data_dir=tmp_path / "data")
-    tab = tray.window.settings_tab
-    tab.url.setText("https://coord.example.org")
-    tab.code.setText("BAD")
-    tab.enroll_button.click()
-    qtbot.waitUntil(lambda: tab.enroll_button.isEnabled(), timeout=TIMEOUT_MS)
-    assert tab.enroll_state.text() == ("Not enrolled: the coordinator refused the enrollment (403)")
-    tab.code.setText("GOOD-CODE")
-    tab.enroll_button.click()
-    qtbot.waitUntil(lambda: "c-42" in tab.enroll_state.text(), timeout=TIMEOUT_MS)
-    assert "group vision-lab" in tab.enroll_state.text()
-    assert tab.code.text() == ""
-    assert calls[-1] == ("https://coord.example.org", "GOOD-CODE", tmp_path / "data")
-
-
 def test_settings_show_the_coordinator_link(
     qtbot: QtBot, broker: BrokerProcess, make_tray: Callable[..., TrayApp]
 ) -> None:
