@@ -263,7 +263,7 @@ class TrayApp(QObject):
             )
             return
         from rbroker.uplink.config import UplinkConfig
-        from rbroker.uplink.keys import KeyStoreError, keyring_usable
+        from rbroker.uplink.keys import KeyStoreError, choose_keyring
 
         try:
             config = UplinkConfig.load(self.data_dir)
@@ -272,7 +272,8 @@ class TrayApp(QObject):
             tab.enrollment.setText(gui_text(f"The enrollment cannot be read: {exc}"))
             return
         try:
-            usable, why = keyring_usable()
+            choice = choose_keyring()
+            usable, why = choice.refusal is None, choice.refusal or choice.name
         except KeyStoreError as exc:
             usable, why = False, str(exc)
         tab.set_enrollment(config, usable, gui_text(why))

@@ -32,7 +32,7 @@ from tests.e2e.conftest import (  # after the skip: it needs the server extra
     CoordinatorProcess,
     coordinator_factory,  # noqa: F401 - fixture used by name
 )
-from tests.e2e.keyring_backends import FileBackedKeyring
+from tests.e2e.keyring_backends import EncryptedFileKeyring
 
 pytestmark = pytest.mark.slow
 TIMEOUT_MS = 30_000
@@ -153,7 +153,7 @@ def test_the_key_file_is_not_offered_where_a_keyring_works(
     tray: Callable[[], TrayApp],
 ) -> None:
     monkeypatch.setenv("RBROKER_TEST_KEYRING_FILE", str(tmp_path / "keyring.json"))
-    keyring_backend(FileBackedKeyring())
+    keyring_backend(EncryptedFileKeyring())
     tab = tray().window.settings_tab
     assert tab.key_file.isHidden() and tab.key_file_note.isHidden()
 
