@@ -263,7 +263,7 @@ class TrayApp(QObject):
             )
             return
         from rbroker.uplink.config import UplinkConfig
-        from rbroker.uplink.keys import KeyStoreError, choose_keyring
+        from rbroker.uplink.keyrings import KeyStoreError, choose_keyring
 
         try:
             config = UplinkConfig.load(self.data_dir)
