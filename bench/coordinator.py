@@ -548,14 +548,14 @@ def main(argv: list[str] | None = None) -> int:
         report.add(
             f"calibration ({name} run): Ed25519 verify (pynacl), one report",
             f"{f.verify_s * 1e6:,.0f} µs",
-            "DESIGN §10's machine: ≈ 58 µs",
+            "architecture.md §10's machine: ≈ 58 µs",
             ratio(f.verify_s, 58e-6),
         )
         if name == "SQLite":
             report.add(
                 "calibration: in-process floor on SQLite",
                 fmt_rate(f.floor),
-                "DESIGN §10's machine: ≈ 6 300/s",
+                "architecture.md §10's machine: ≈ 6 300/s",
                 ratio(f.floor, 6300.0),
             )
         report.note(

@@ -1,4 +1,4 @@
-"""Crash release (DESIGN §3, §10): how long a SIGKILLed holder's lease outlives its holder.
+"""Crash release (architecture.md §3, §10): how long a SIGKILLed holder's lease outlives its holder.
 
 Each repetition starts a holder process that takes a lease through the SDK (`rbroker.lease`)
 from a real simulated broker, kills it with SIGKILL once the grant is printed, and times from

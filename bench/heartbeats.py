@@ -1,4 +1,4 @@
-"""Heartbeat cost of 1 000 live leases and an idle broker's footprint (DESIGN §10).
+"""Heartbeat cost of 1 000 live leases and an idle broker's footprint (architecture.md §10).
 
 A real simulated broker process; its CPU use is read with psutil (user + system time of the
 broker's pid, all its threads) over a window, as % of one core. In order:

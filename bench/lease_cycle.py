@@ -1,4 +1,5 @@
-"""Lease cycle over the local API (DESIGN §10): acquire + renew + release against a real broker.
+"""Lease cycle over the local API (architecture.md §10): acquire + renew + release against a real
+broker.
 
 Measures, in one run on one machine:
 - the figure: `lease.acquire` + `lease.renew` + `lease.release` through `rbroker.Client` against
@@ -52,7 +53,9 @@ ACQUIRE: dict[str, Any] = {
 REDIS_URL = os.environ.get("RBROKER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 TARGET_P50_S = 300e-6
 TARGET_RATE = 7000.0
-DESIGN_ANCHORS = "DESIGN §10 anchors: etcd lease cycle ≈ 900 µs p50, ≈ 4 400 cycles/s with 50"
+ARCHITECTURE_ANCHORS = (
+    "architecture.md §10 anchors: etcd lease cycle ≈ 900 µs p50, ≈ 4 400 cycles/s with 50"
+)
 
 _ctx = mp.get_context("fork")
 
@@ -375,14 +378,14 @@ def main(argv: list[str] | None = None) -> int:
     report.add(
         "calibration: echo floor, one round trip p50",
         fmt_us(echo_rt),
-        "DESIGN §10's machine: ≈ 75 µs",
+        "architecture.md §10's machine: ≈ 75 µs",
         ratio(echo_rt, 75e-6),
     )
     if "redis" in p50:
         report.add(
             f"calibration: Redis cycle, 1-client p50 · {clients}-client rate",
             f"{fmt_us(r_p50)} · {fmt_rate(r_rate)}",
-            "DESIGN §10's machine: ≈ 300 µs · ≈ 6 700/s (50 clients)",
+            "architecture.md §10's machine: ≈ 300 µs · ≈ 6 700/s (50 clients)",
             f"{ratio(r_p50, 300e-6)} · {ratio(r_rate, 6700.0)}",
         )
     report.note(
@@ -404,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             "Redis anchor: redis-py SET key NX PX 30000, PEXPIRE key 30000, DEL key (one key "
             f"per client) against {REDIS_URL} on this machine."
         )
-    report.note(f"etcd is not available on this machine: not measured ({DESIGN_ANCHORS}).")
+    report.note(f"etcd is not available on this machine: not measured ({ARCHITECTURE_ANCHORS}).")
     report.note(
         f"{os.cpu_count()} cores are shared by the server under test and every client "
         "process; the broker CPU row shows how busy the broker itself was meanwhile."

@@ -1,4 +1,4 @@
-"""Run every benchmark of DESIGN §10 in turn, one process each, and print their tables.
+"""Run every benchmark of architecture.md §10 in turn, one process each, and print their tables.
 
 With `--record`, each benchmark appends its table to bench/RESULTS.md, between a run header
 (machine, date, load average before) and a run footer (load average after, duration).

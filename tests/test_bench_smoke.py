@@ -1,6 +1,6 @@
 """Smoke check of bench/: each benchmark runs with --quick and prints its results table.
 
-Only that they run is checked; their numbers are never asserted (DESIGN §10).
+Only that they run is checked; their numbers are never asserted (architecture.md §10).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
                        purpose="fine-tune ViT-B", wait_s=600) as lease:
         os.environ.update(lease.cuda_env())  # CUDA_VISIBLE_DEVICES (+ CUDA_DEVICE_ORDER)
 
-Importing this package loads no NVML, Qt or server code (DESIGN §1).
+Importing this package loads no NVML, Qt or server code (architecture.md §1).
 """
 
 from rbroker._exceptions import (

@@ -1,4 +1,4 @@
-"""Exceptions raised by the rbroker SDK, one per stable error code of DESIGN §5.
+"""Exceptions raised by the rbroker SDK, one per stable error code of architecture.md §5.
 
 RBrokerError                      base: .code (stable name), .message, .data (numbers)
 ├── BrokerUnavailable             no broker answers on the socket / pipe

@@ -1,4 +1,4 @@
-"""`rbroker.job()`: declare a parallel job and report its chunks (DESIGN §4).
+"""`rbroker.job()`: declare a parallel job and report its chunks (architecture.md §4).
 
     with rbroker.job(project="search", purpose="embed corpus", handler="embed.encode_batch",
                      total_items=100_000, workers=4) as job:

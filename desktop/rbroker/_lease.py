@@ -1,4 +1,4 @@
-"""`rbroker.lease()`: hold GPU memory for a block of code (DESIGN §6a).
+"""`rbroker.lease()`: hold GPU memory for a block of code (architecture.md §6a).
 
 The lease lives on its own connection (a crash or kill of the process closes it, and the
 broker frees the lease within a second). Heartbeats run on a daemon thread every ttl/3,

@@ -1,3 +1,4 @@
-"""rbroker coordinator: gathers signed reports into group-scoped fleet views (DESIGN §7)."""
+"""rbroker coordinator: gathers signed reports into group-scoped fleet views (architecture.md
+§7)."""
 
 __version__ = "0.1.0"

@@ -143,7 +143,10 @@ def create_app(
         openapi_config=OpenAPIConfig(
             title="rbroker coordinator",
             version=__version__,
-            description="Enrollment, signed reports and group-scoped fleet views (DESIGN §7).",
+            description=(
+                "Enrollment, signed reports and group-scoped fleet views "
+                "(docs/architecture.md §7 of the rbroker repository)."
+            ),
             path="/schema",
             components=Components(security_schemes=SECURITY_SCHEMES),
         ),

@@ -1,4 +1,5 @@
-"""Rules for declared description fields (owner, project, session, purpose, handler): DESIGN §8.
+"""Rules for declared description fields (owner, project, session, purpose, handler):
+architecture.md §8.
 
 The same rules run on the broker (at lease and job declaration) and on the coordinator (on
 every report). `check_description` applies them in this order and raises

@@ -1,4 +1,4 @@
-"""Stable error codes of the local API (DESIGN §5) and their JSON-RPC numbers.
+"""Stable error codes of the local API (architecture.md §5) and their JSON-RPC numbers.
 
 Every error the broker returns is a JSON-RPC error object::
 
@@ -24,7 +24,7 @@ class ErrorCode(StrEnum):
     METHOD_NOT_FOUND = "method_not_found"
     INVALID_PARAMS = "invalid_params"
     INTERNAL_ERROR = "internal_error"
-    # rbroker errors (DESIGN §5)
+    # rbroker errors (architecture.md §5)
     REQUEST_TOO_LARGE = "request_too_large"
     CAPACITY_UNAVAILABLE = "capacity_unavailable"
     INFEASIBLE = "infeasible"

@@ -1,4 +1,4 @@
-"""JSON-RPC 2.0 framing of the local API: one UTF-8 JSON object per line (DESIGN §5)."""
+"""JSON-RPC 2.0 framing of the local API: one UTF-8 JSON object per line (architecture.md §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Parameter and result models of the local API methods (DESIGN §5).
+"""Parameter and result models of the local API methods (architecture.md §5).
 
 Parameters are validated with pydantic; a validation failure becomes `invalid_params`
 with the field and the bound in the message. Results are plain JSON objects whose keys
@@ -37,7 +37,7 @@ class AcquireParams(_Params):
     `gpu_uuid` pins the request to one GPU (then `gpus` must be 1). `wait_s=0` refuses at
     once with `capacity_unavailable` instead of queueing. `ttl_s` is the heartbeat window.
     `adopt=true` leases memory the caller's processes already hold: only the extra is checked.
-    Description fields are validated again by the description rules (DESIGN §8).
+    Description fields are validated again by the description rules (architecture.md §8).
     """
 
     mib: Mib
@@ -100,7 +100,7 @@ class EmptyParams(_Params):
 
 
 class SimSetParams(_Params):
-    """`sim.set`: change a simulated GPU's state (scenario fields of DESIGN §6)."""
+    """`sim.set`: change a simulated GPU's state (scenario fields of architecture.md §6)."""
 
     gpu_uuid: GpuUuid
     total_mib: Mib | None = None
@@ -128,7 +128,7 @@ Count = Annotated[int, Field(ge=0, le=10**12, strict=True)]
 
 
 class JobDeclareParams(_Params):
-    """`job.declare`: a parallel job (DESIGN §4). `handler` is the registered name of the
+    """`job.declare`: a parallel job (architecture.md §4). `handler` is the registered name of the
     function that processes chunks (e.g. `embed.encode_batch`); `workers` the allocated
     worker count; `total_items` optional."""
 

@@ -1,4 +1,4 @@
-"""The report payload a broker sends to the coordinator (DESIGN §7, privacy rules of §8).
+"""The report payload a broker sends to the coordinator (architecture.md §7, privacy rules of §8).
 
 A report is a state snapshot of one computer: its GPUs with the capacity split of §2, the
 active leases, the queue and the declared jobs with cumulative counts. Field names follow
@@ -43,7 +43,7 @@ class GpuReport(_Model):
     index: Annotated[int, Field(ge=0, le=1024)]
     name: _NAME = ""
     telemetry: Annotated[str, Field(max_length=32)] = "ok"
-    """`ok`, `stale`, `unavailable`, `lost` or `unknown_capacity` (DESIGN §2)."""
+    """`ok`, `stale`, `unavailable`, `lost` or `unknown_capacity` (architecture.md §2)."""
     total_mib: _MIB | None = None
     headroom_mib: _MIB | None = None
     device_used_mib: _MIB | None = None
@@ -54,7 +54,7 @@ class GpuReport(_Model):
 
 
 class LeaseReport(_Model):
-    """An active lease (DESIGN §3), without token or holder pid."""
+    """An active lease (architecture.md §3), without token or holder pid."""
 
     lease_id: Annotated[str, Field(min_length=1, max_length=64)]
     gpu_uuids: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=64)]
@@ -88,7 +88,7 @@ class QueueEntry(_Model):
 
 
 class JobSnapshot(_Model):
-    """A declared job's cumulative progress (DESIGN §4)."""
+    """A declared job's cumulative progress (architecture.md §4)."""
 
     job_id: Annotated[str, Field(min_length=1, max_length=64)]
     project: _TEXT = ""
@@ -108,7 +108,7 @@ class ReportPayload(_Model):
     computer_name: Annotated[str, Field(min_length=1, max_length=128)]
     broker_version: Annotated[str, Field(max_length=64)] = ""
     telemetry_source: Annotated[str, Field(max_length=32)] = ""
-    """`nvml` or `simulated` (DESIGN §6)."""
+    """`nvml` or `simulated` (architecture.md §6)."""
     run_id: Annotated[str, Field(min_length=1, max_length=64)]
     run_counter: _COUNT | None = None
     """The order of this run among the computer's runs: a counter kept in the broker's data

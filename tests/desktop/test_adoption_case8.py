@@ -1,4 +1,4 @@
-"""Adoption with the numbers of issue 3, case 8 (DESIGN §3 adoption, §2 arithmetic).
+"""Adoption with the numbers of issue 3, case 8 (architecture.md §3 adoption, §2 arithmetic).
 
 A process already using 16 384 MiB on a 24 576 MiB GPU (headroom 1 024, 153 MiB used by a
 graphics process) adopts a 16 384 MiB lease: admitted, and available is then 7 015 MiB.

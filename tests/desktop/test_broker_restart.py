@@ -1,4 +1,4 @@
-"""The broker survives its own crash (issue 3, case 7; DESIGN §3 persistence, §5 socket).
+"""The broker survives its own crash (issue 3, case 7; architecture.md §3 persistence, §5 socket).
 
 A broker process is killed with SIGKILL while leases are active and requests wait, then
 started again on the same data directory and socket path: leases whose holders live are

@@ -1,4 +1,5 @@
-"""Admission against current safe capacity (DESIGN §2), end to end through a broker process.
+"""Admission against current safe capacity (architecture.md §2), end to end through a broker
+process.
 
 available = total − headroom − device_used − outstanding, with device_used = total − free
 (the same for NVML memory v1 and v2) and unknown per-process memory counted as 0.

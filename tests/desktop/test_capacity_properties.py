@@ -1,4 +1,4 @@
-"""Properties of the capacity arithmetic (DESIGN §2), checked with hypothesis."""
+"""Properties of the capacity arithmetic (architecture.md §2), checked with hypothesis."""
 
 from __future__ import annotations
 

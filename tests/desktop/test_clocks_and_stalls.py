@@ -1,4 +1,4 @@
-"""Time as real machines have it (issue 3, cases 4–6; DESIGN §3).
+"""Time as real machines have it (issue 3, cases 4–6; architecture.md §3).
 
 - Case 4: the wall clock jumps ±1 h while expiry runs on the monotonic clock: once on an
   in-process broker with a manual clock (exact numbers), once on a broker process whose
@@ -183,7 +183,7 @@ def test_case4_wall_clock_jumps_under_libfaketime(
         assert isinstance(ended, dict)
         assert ended["state"] == "expired"
         # 30 s after the renewal, not an hour later; one TTL more only if the broker's loop
-        # really stalled meanwhile (a loaded test machine), as DESIGN §3 wants
+        # really stalled meanwhile (a loaded test machine), as architecture.md §3 wants
         assert 29.5 <= expired_after <= 31.5 or broker.log().count("stalled") > stalls, (
             expired_after
         )

@@ -1,4 +1,5 @@
-"""Concurrent requests never over-admit (DESIGN §2: the decision and the booking are one step).
+"""Concurrent requests never over-admit (architecture.md §2: the decision and the booking are one
+step).
 
 Twenty clients ask for 6 144 MiB at the same instant on an empty 24 576 MiB GPU with
 1 024 MiB headroom: 23 552 usable MiB hold exactly 3 such leases, so 3 are granted and 17

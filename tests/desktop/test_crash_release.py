@@ -1,4 +1,5 @@
-"""A killed holder's lease is freed within 1 s and the next waiter admitted (DESIGN §3, §10).
+"""A killed holder's lease is freed within 1 s and the next waiter admitted (architecture.md §3,
+§10).
 
 Holders and waiters are real processes (tests/workers/hold_lease.py) using the SDK.
 """

@@ -1,4 +1,5 @@
-"""What real drivers do to the broker (issue 3, cases 1–3, and GPU inputs of DESIGN §2, §6).
+"""What real drivers do to the broker (issue 3, cases 1–3, and GPU inputs of architecture.md §2,
+§6).
 
 Each test runs a real broker process on a simulated GPU scenario; faults are injected by
 rewriting the scenario file or with `sim.set`, which feed the production NVML gateway:

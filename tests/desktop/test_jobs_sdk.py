@@ -1,4 +1,4 @@
-"""The job SDK (issue 6, DESIGN §6a): `rbroker.job()` ends the job `succeeded` on a normal
+"""The job SDK (issue 6, architecture.md §6a): `rbroker.job()` ends the job `succeeded` on a normal
 exit, `failed` with only the exception's type on an exception, `cancelled` on Ctrl-C;
 `Job.report/update/refresh/task`; and a job handle that keeps reporting across a broker
 restart without counting anything twice."""

@@ -1,4 +1,5 @@
-"""How leases end (DESIGN §3): TTL expiry, heartbeats, explicit release, connection close."""
+"""How leases end (architecture.md §3): TTL expiry, heartbeats, explicit release, connection
+close."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Who may use the broker and whose lease is whose (DESIGN §3, §5).
+"""Who may use the broker and whose lease is whose (architecture.md §3, §5).
 
 The owner of a lease is the OS user of the connecting process, read from the socket
 (SO_PEERCRED), never from the request. These tests need root to act as a second user.

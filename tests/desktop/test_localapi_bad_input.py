@@ -1,4 +1,4 @@
-"""Bad input on the local API (DESIGN §5), spoken over a raw socket without the SDK.
+"""Bad input on the local API (architecture.md §5), spoken over a raw socket without the SDK.
 
 Every case gets a JSON-RPC error whose `data.name` is a stable code of
 `rbroker_protocol.errors`, with the numbers in the message; the same connection keeps

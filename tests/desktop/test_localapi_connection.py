@@ -1,4 +1,4 @@
-"""The local API's connection behaviour (DESIGN §5): concurrent requests on one connection,
+"""The local API's connection behaviour (architecture.md §5): concurrent requests on one connection,
 ids, notifications, events, who the caller is, and the socket file itself."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MIG slices are separate capacity units with their own UUIDs (DESIGN §2, issue 3).
+"""MIG slices are separate capacity units with their own UUIDs (architecture.md §2, issue 3).
 
 The simulated NVML has no MIG mode, so this test wraps it in a library that answers the MIG
 calls the way NVML does on a MIG-enabled GPU (`tests.desktop.mig`). The production gateway

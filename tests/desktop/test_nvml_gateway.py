@@ -1,4 +1,5 @@
-"""The NVML gateway contract (DESIGN §6), run over the fake NVML and, on a GPU machine, real NVML.
+"""The NVML gateway contract (architecture.md §6), run over the fake NVML and, on a GPU machine,
+real NVML.
 
 `GatewayContract` holds what every pynvml-shaped library behind `NvmlGateway` must satisfy;
 `TestFakeNvml` and `TestRealNvml` (marked `gpu`, skipped without a driver) run it.

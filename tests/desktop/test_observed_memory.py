@@ -1,4 +1,4 @@
-"""Memory NVML attributes to a lease's holder and its descendants (DESIGN §2, §3).
+"""Memory NVML attributes to a lease's holder and its descendants (architecture.md §2, §3).
 
 outstanding = Σ max(0, granted − observed): what a lease holds but has not allocated yet.
 Workers are real processes that "allocate" simulated memory with `sim.allocate`, which

@@ -1,4 +1,5 @@
-"""Placement, multi-GPU requests and the per-GPU FIFO queue (DESIGN §3), on two simulated GPUs.
+"""Placement, multi-GPU requests and the per-GPU FIFO queue (architecture.md §3), on two simulated
+GPUs.
 
 Two empty 24 576 MiB GPUs with 1 024 MiB headroom: 23 552 MiB usable on each.
 """

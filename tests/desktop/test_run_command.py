@@ -1,4 +1,4 @@
-"""`rbroker run --mib N -- CMD...` around a real child process (DESIGN §3).
+"""`rbroker run --mib N -- CMD...` around a real child process (architecture.md §3).
 
 The lease is held while CMD runs, CMD sees CUDA_VISIBLE_DEVICES set to the granted GPU's
 UUID, the exit code passes through, and the lease is gone afterwards.

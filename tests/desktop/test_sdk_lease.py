@@ -1,4 +1,4 @@
-"""The SDK surface (DESIGN §6a): `rbroker.lease()` / `alease()` and the exception types."""
+"""The SDK surface (architecture.md §6a): `rbroker.lease()` / `alease()` and the exception types."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The broker fails closed when GPU telemetry fails (DESIGN §2), seen through a broker process.
+"""The broker fails closed when GPU telemetry fails (architecture.md §2), seen through a broker
+process.
 
 A hung NVML call, a lost GPU or NVML errors never make a GPU look free: requests wait or are
 refused with a reason, existing leases keep renewing, the local API keeps answering, and the

@@ -2,7 +2,7 @@
 
 The group's fleet shows the three computers with their GPUs and leases; `rbroker fleet`
 prints it with a viewer token and signed by a computer's own key; nothing the workers
-carry (command line, environment, pid, process name) reaches the coordinator (DESIGN §8).
+carry (command line, environment, pid, process name) reaches the coordinator (architecture.md §8).
 """
 
 from __future__ import annotations

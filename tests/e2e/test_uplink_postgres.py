@@ -1,5 +1,5 @@
 """Two coordinator processes on one PostgreSQL database (several instances behind a load
-balancer, DESIGN §7): brokers reporting to either instance appear in both fleets; when one
+balancer, architecture.md §7): brokers reporting to either instance appear in both fleets; when one
 instance stops, the computers reporting to it go stale while the others stay online.
 
 Runs where `RBROKER_TEST_PG_URL` names a PostgreSQL server and database (see `tests.pg`: a

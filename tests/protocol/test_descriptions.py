@@ -1,4 +1,5 @@
-"""Description rules (DESIGN §8): text rules, each secret rule, near misses, no echo, linearity."""
+"""Description rules (architecture.md §8): text rules, each secret rule, near misses, no echo,
+linearity."""
 
 from __future__ import annotations
 

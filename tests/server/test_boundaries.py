@@ -1,4 +1,4 @@
-"""Import boundaries: the coordinator never imports the desktop package (DESIGN §1)."""
+"""Import boundaries: the coordinator never imports the desktop package (architecture.md §1)."""
 
 from __future__ import annotations
 

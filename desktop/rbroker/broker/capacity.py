@@ -1,4 +1,4 @@
-"""The capacity model of DESIGN §2, as pure arithmetic on MiB figures.
+"""The capacity model of architecture.md §2, as pure arithmetic on MiB figures.
 
 device_used = total - free
 outstanding = Σ over active leases on the GPU of max(0, granted_mib - observed_mib)
@@ -17,7 +17,8 @@ HEADROOM_FRACTION = 0.05
 
 
 def default_headroom_mib(total_mib: int) -> int:
-    """DESIGN §2 default headroom: max(512 MiB, 5 % of total), rounded up to a whole MiB."""
+    """architecture.md §2 default headroom: max(512 MiB, 5 % of total), rounded up to a whole
+    MiB."""
     return max(HEADROOM_MIN_MIB, math.ceil(total_mib * HEADROOM_FRACTION))
 
 
@@ -63,7 +64,7 @@ class Capacity:
 
 
 def fmt_mib(value: int) -> str:
-    """`24576` → `"24 576"` (thousands grouped by a space, as in DESIGN §2's examples)."""
+    """`24576` → `"24 576"` (thousands grouped by a space, as in architecture.md §2's examples)."""
     return f"{value:,}".replace(",", " ")
 
 

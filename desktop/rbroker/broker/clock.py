@@ -3,7 +3,7 @@
 Expiry always uses the monotonic clock, so wall-clock jumps (NTP, a user changing the time)
 never expire or extend a lease. On Linux the monotonic clock stops while the machine
 sleeps; `CLOCK_BOOTTIME` does not, so a difference between the two reveals a sleep/resume
-gap (DESIGN §3: one TTL of grace instead of mass expiry).
+gap (architecture.md §3: one TTL of grace instead of mass expiry).
 """
 
 from __future__ import annotations

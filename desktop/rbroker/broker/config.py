@@ -1,4 +1,4 @@
-"""Broker settings, with the defaults of DESIGN §2–§3."""
+"""Broker settings, with the defaults of architecture.md §2–§3."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 class BrokerConfig:
     """Settings of one broker. Times in seconds, memory in MiB.
 
-    `headroom_mib=None` uses the per-GPU default max(512, 5 % of total) (DESIGN §2);
+    `headroom_mib=None` uses the per-GPU default max(512, 5 % of total) (architecture.md §2);
     `headroom_overrides` sets it per GPU UUID. `capacity_overrides_mib` gives the total of a
     GPU whose NVML memory query is not supported; its use is then the sum of the memory NVML
     lists per process (unknown counts 0), so set it only where that list is complete.

@@ -1,4 +1,4 @@
-"""Parallel jobs (DESIGN §4): declared purpose, handler, workers and chunk-driven progress.
+"""Parallel jobs (architecture.md §4): declared purpose, handler, workers and chunk-driven progress.
 
 rbroker never runs a job's code and never sees its inputs or results: a job is a record
 that moves only when its chunks report counts.

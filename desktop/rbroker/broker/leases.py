@@ -1,4 +1,4 @@
-"""Lease and waiter records of the broker's lease table (DESIGN §3)."""
+"""Lease and waiter records of the broker's lease table (architecture.md §3)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ class Lease:
         return self.gpu_uuids[0]
 
     def to_wire(self, now: float | None = None) -> dict[str, Any]:
-        """The JSON view of DESIGN §3 (no token, no pid: those never leave the broker
+        """The JSON view of architecture.md §3 (no token, no pid: those never leave the broker
         except the token, which goes only to the holder in the acquire result)."""
         now = time.monotonic() if now is None else now
         return {

@@ -1,4 +1,4 @@
-"""`rbroker run --mib N -- CMD...`: hold a lease while CMD runs (DESIGN §3).
+"""`rbroker run --mib N -- CMD...`: hold a lease while CMD runs (architecture.md §3).
 
 Sets `CUDA_VISIBLE_DEVICES` (an index with `CUDA_DEVICE_ORDER=PCI_BUS_ID`, or the UUID for
 MIG slices; `--cuda-devices` chooses, see `rbroker._cuda`) and `RBROKER_LEASE_ID` in CMD's

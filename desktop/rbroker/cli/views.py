@@ -97,7 +97,7 @@ def capacity_bar(gpu: dict[str, Any], width: int = BAR_WIDTH) -> Text:
 
 
 def gpu_table(gpus: list[dict[str, Any]]) -> Sheet:
-    """Per GPU: the capacity split of DESIGN §2 in MiB, with a bar. At 80 columns: label,
+    """Per GPU: the capacity split of architecture.md §2 in MiB, with a bar. At 80 columns: label,
     bar, total, available, leases' use, granted, others' use; headroom, waiting, telemetry
     and UUID join when the width allows (a GPU whose telemetry is not ok
     gets a note line under the table in any case)."""

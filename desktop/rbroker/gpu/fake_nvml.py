@@ -1,4 +1,5 @@
-"""A simulated NVML library with the shape of `pynvml`, driven by a scenario file (DESIGN §6).
+"""A simulated NVML library with the shape of `pynvml`, driven by a scenario file (architecture.md
+§6).
 
 Simulation replaces the *library*, not the adapter: `NvmlGateway(FakeNvml(...))` runs the
 same code as with real NVML. Errors are raised as real `pynvml.NVMLError` instances with the
@@ -65,7 +66,7 @@ class FakeNvml:
     """The pynvml functions rbroker uses, answered from a scenario.
 
     Args:
-        scenario_path: TOML file (DESIGN §6), re-read when its mtime changes; None for the
+        scenario_path: TOML file (architecture.md §6), re-read when its mtime changes; None for the
             built-in default (two empty 24 GiB GPUs).
 
     Raises:

@@ -1,4 +1,4 @@
-"""The single NVML gateway: the only module that calls pynvml (DESIGN §6).
+"""The single NVML gateway: the only module that calls pynvml (architecture.md §6).
 
 It takes a pynvml-shaped library object — the real `pynvml` module from nvidia-ml-py, or the
 simulated one from `rbroker.gpu.fake_nvml` — so simulation runs this same code path.

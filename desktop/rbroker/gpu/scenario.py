@@ -1,4 +1,4 @@
-"""The simulation scenario file (DESIGN §6): a TOML list of GPUs and their processes.
+"""The simulation scenario file (architecture.md §6): a TOML list of GPUs and their processes.
 
 The format is a contract that tests and outside checks write; see `DEFAULT_SCENARIO`.
 """

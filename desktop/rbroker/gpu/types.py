@@ -7,7 +7,7 @@ from enum import StrEnum
 
 
 class TelemetryState(StrEnum):
-    """Health of a GPU's telemetry (DESIGN §2). Only `ok` allows admission."""
+    """Health of a GPU's telemetry (architecture.md §2). Only `ok` allows admission."""
 
     OK = "ok"
     STALE = "stale"  # the last good sample is older than max_sample_age (slow or hung call)

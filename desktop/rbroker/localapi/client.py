@@ -322,7 +322,7 @@ class Client:
         return dict(self.call("broker.status"))
 
     def jobs(self) -> list[dict[str, Any]]:
-        """`jobs.list` (parallel jobs; DESIGN §4)."""
+        """`jobs.list` (parallel jobs; architecture.md §4)."""
         return list(self.call("jobs.list")["jobs"])
 
     def subscribe(self) -> None:

@@ -1,4 +1,4 @@
-"""Where the broker listens by default (DESIGN §5, §6a)."""
+"""Where the broker listens by default (architecture.md §5, §6a)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""JSON-RPC 2.0 dispatch of the local API onto a `Broker` (DESIGN §5).
+"""JSON-RPC 2.0 dispatch of the local API onto a `Broker` (architecture.md §5).
 
 One UTF-8 JSON object per line. Requests on one connection run concurrently (a waiting
 `lease.acquire` does not hold up a `lease.renew` behind it); answers carry the request id.

@@ -1,4 +1,4 @@
-"""One interface over the OS transports of the local API (DESIGN §5).
+"""One interface over the OS transports of the local API (architecture.md §5).
 
 A transport accepts connections and hands each to a handler as a pair of asyncio streams
 plus the `Peer` read from the OS (never from the request). `unix.py` and

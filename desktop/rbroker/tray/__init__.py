@@ -1,8 +1,8 @@
-"""The desktop face of rbroker: a PySide6 tray app and its main window (DESIGN §9).
+"""The desktop face of rbroker: a PySide6 tray app and its main window (architecture.md §9).
 
 This module imports no Qt: `rbroker tray` and the `rbroker-tray` gui-script come here
 first, and a missing PySide6 ends with a message naming the extra to install. Everything
-that imports PySide6 lives in the submodules of this package (and only there, DESIGN §1).
+that imports PySide6 lives in the submodules of this package (and only there, architecture.md §1).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where the Fleet tab gets the group's computers: a small `FleetSource` interface.
 
 No Qt here. `UplinkFleet` reads the coordinator with this computer's
-signature (DESIGN §7); until the computer is enrolled the tab shows a "not enrolled" state.
+signature (architecture.md §7); until the computer is enrolled the tab shows a "not enrolled" state.
 
 A computer is a plain dict::
 

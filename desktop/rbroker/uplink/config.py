@@ -16,7 +16,7 @@ class UplinkConfig:
     """Where this computer reports and who it is there.
 
     `key_backend` is `keyring` or `file`; `ca_file` pins the coordinator's CA (PEM) for
-    self-signed deployments; `report_interval_s` is the snapshot period (DESIGN §7: 5 s).
+    self-signed deployments; `report_interval_s` is the snapshot period (architecture.md §7: 5 s).
     `extra` holds the keys of `uplink.json` this version does not know (written by a newer
     one sharing the data dir): they are kept and written back unchanged by `save`.
     """

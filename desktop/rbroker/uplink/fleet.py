@@ -1,5 +1,5 @@
 """Read the group's fleet from the coordinator: with a viewer token, or signed by this
-computer's own key (DESIGN §7: every fleet read is scoped to one group)."""
+computer's own key (architecture.md §7: every fleet read is scoped to one group)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Build the report payload (rbroker_protocol.reports) from the broker's own views.
 
 Only declared descriptions, owners, resources, states and progress leave the computer
-(DESIGN §8): the views hold no pids, command lines, environment or process names, and the
+(architecture.md §8): the views hold no pids, command lines, environment or process names, and the
 payload model drops any field it does not define. Lists are trimmed, newest kept, so the
 signed envelope fits the coordinator's size limit (a binary search for the largest list
 length that fits); what was left out is returned per list so the link state can say so.

@@ -1,4 +1,4 @@
-"""The reporter inside the broker: signed state snapshots to the coordinator (DESIGN §7).
+"""The reporter inside the broker: signed state snapshots to the coordinator (architecture.md §7).
 
 - A snapshot every `report_interval_s` (5 s) and on change (debounced, at most one a
   second); each is signed as an envelope with this run's id and the next sequence number.

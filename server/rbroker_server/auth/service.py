@@ -1,6 +1,6 @@
 """Resolve the caller of a fleet read to exactly one group.
 
-Two ways in (DESIGN §7): a viewer token (`Authorization: Bearer rbv_…`, hashed at rest,
+Two ways in (architecture.md §7): a viewer token (`Authorization: Bearer rbv_…`, hashed at rest,
 compared in constant time) or a request signed by an enrolled computer (method, path with
 query, timestamp within `request_window_s` of the server clock, and a nonce accepted once).
 """

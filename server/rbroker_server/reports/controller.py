@@ -35,7 +35,7 @@ class ReportsController(Controller):
         engine: NamedDependency[Engine],
         settings: NamedDependency[Settings],
     ) -> ReportAck:
-        """Verify and apply a signed report envelope (DESIGN §7).
+        """Verify and apply a signed report envelope (architecture.md §7).
 
         200 with `applied` true, or false for a replay or an older seq. 401: malformed,
         unknown computer or bad signature. 403: revoked computer. 413: over 1 MiB.

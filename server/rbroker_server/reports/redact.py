@@ -1,4 +1,4 @@
-"""Server-side description rules (DESIGN §8): a rejected field is redacted, not stored."""
+"""Server-side description rules (architecture.md §8): a rejected field is redacted, not stored."""
 
 from __future__ import annotations
 

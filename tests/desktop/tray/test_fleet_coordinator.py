@@ -1,5 +1,5 @@
 """The Fleet tab against a real coordinator process: an enrolled broker reports, and the
-tray reads the group's fleet signed with that computer's key (DESIGN §7)."""
+tray reads the group's fleet signed with that computer's key (architecture.md §7)."""
 
 from __future__ import annotations
 
