@@ -228,3 +228,41 @@ def test_waiting_says_what_it_waits_for_and_updates_the_reason(broker: BrokerPro
         c.call("lease.release", lease_id=lease_id)
         _out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
+def test_the_command_does_not_outlive_a_killed_run(broker: BrokerProcess, tmp_path: Path) -> None:
+    """kill -9 of `rbroker run` frees its lease (the connection closes): the command must not
+    go on using the GPU without one. Before: it ran on, unleased."""
+    out = tmp_path / "report.json"
+    proc = subprocess.Popen(
+        _run_args(broker, 2048, sys.executable, "-u", REPORT_ENV, str(out), "sleep"),
+        env=_env(broker),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"ready"
+        child_pid = json.loads(out.read_text())["pid"]
+        proc.kill()
+        proc.wait(10)
+
+        def gone() -> bool:
+            try:
+                os.kill(child_pid, 0)
+            except ProcessLookupError:
+                return True
+            with open(f"/proc/{child_pid}/stat") as stat:  # a zombie is gone too
+                return stat.read().split(") ", 1)[1].startswith("Z")
+
+        wait_until(gone, timeout_s=5)
+        with broker.client() as c:
+            wait_until(lambda: c.leases()["leases"] == [])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()

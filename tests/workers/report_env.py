@@ -2,8 +2,8 @@
 
 Usage: report_env.py OUT_FILE HOW
 Writes a JSON object to OUT_FILE: CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and
-RBROKER_LEASE_ID (null when unset) and, when RBROKER_SOCKET is set, the broker's active leases
-at that moment.
+RBROKER_LEASE_ID (null when unset), its own pid and, when RBROKER_SOCKET is set, the
+broker's active leases at that moment.
 HOW: an integer exit code; `kill9` (die by SIGKILL); `sleep` (print `ready`, then sleep
 until a signal ends the process).
 """
@@ -26,6 +26,7 @@ def main() -> int:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER"),
         "lease_id": os.environ.get("RBROKER_LEASE_ID"),
+        "pid": os.getpid(),
     }
     socket_path = os.environ.get("RBROKER_SOCKET")
     if socket_path:

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.status import Status
 
 import rbroker
+from rbroker._children import die_with_parent
 from rbroker.broker.capacity import fmt_mib
 from rbroker_protocol.localapi import AcquireParams
 
@@ -202,7 +203,9 @@ def run_command(args: argparse.Namespace) -> int:
         for sig in forwarded:
             previous[sig] = signal.signal(sig, forward)
         try:
-            child = subprocess.Popen(cmd, env=env)
+            # the command must not run on without its lease: if `rbroker run` is killed
+            # (kill -9 releases the lease with its connection), the command gets SIGTERM
+            child = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
         except OSError as exc:
             console.print(
                 f"rbroker run: cannot start the command {cmd[0]!r}: {exc.strerror}"

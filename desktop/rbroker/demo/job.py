@@ -18,7 +18,7 @@ import sys
 import time
 
 import rbroker
-from rbroker.demo.processes import die_with_parent
+from rbroker._children import die_with_parent
 
 CHUNKS = 24
 ITEMS_PER_CHUNK = 50

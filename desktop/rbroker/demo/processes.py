@@ -9,7 +9,6 @@ stops them all (the group first, so a job's pool workers go too).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -22,12 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-
-def die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Linux: this process gets SIGTERM when its parent dies without cleaning up."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+from rbroker._children import die_with_parent
 
 
 def child_setup() -> None:  # pragma: no cover - runs in the child
