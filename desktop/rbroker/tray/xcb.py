@@ -168,10 +168,20 @@ def xcb_is_used(environ: dict[str, str] | None = None) -> bool:
     return first == "xcb"
 
 
-def check() -> str | None:
-    """The message to print when the xcb plugin will be used and cannot load, else None."""
-    if not xcb_is_used():
+NO_DISPLAY = (
+    "rbroker tray: no display to show the tray on (DISPLAY and WAYLAND_DISPLAY are unset): "
+    "start it inside a desktop session; on a server run `rbroker broker` instead"
+)
+
+
+def check(environ: dict[str, str] | None = None) -> str | None:
+    """The message to print when the xcb plugin will be used and cannot work — no X display
+    to connect to (Qt would abort), or libraries missing — else None."""
+    env = os.environ if environ is None else environ
+    if not xcb_is_used(env):
         return None
+    if not env.get("DISPLAY") and not env.get("WAYLAND_DISPLAY"):
+        return NO_DISPLAY
     plugin = plugin_path()
     if plugin is None:
         return None
@@ -186,6 +196,7 @@ __all__ = [
     "DEBIAN_PACKAGES",
     "DESKTOP_PACKAGES",
     "GLIBC",
+    "NO_DISPLAY",
     "check",
     "explain",
     "missing_libraries",

@@ -126,3 +126,21 @@ def test_rbroker_tray_prints_the_missing_libraries_instead_of_aborting(
     assert "xcb platform plugin cannot load" in proc.stderr
     assert "libQt6XcbQpa.so.6" in proc.stderr
     assert "Aborted" not in proc.stderr and "core dumped" not in proc.stderr
+
+
+@linux_only
+def test_rbroker_tray_without_a_display_says_so_in_one_line(tmp_path: Path) -> None:
+    """Before: Qt aborted (SIGABRT, exit 134) with a message that blamed libxcb-cursor0."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM", "XDG_SESSION_TYPE")
+    }
+    env["RBROKER_SOCKET"] = str(tmp_path / "none.sock")
+    rbroker = str(Path(sys.executable).parent / "rbroker")
+    proc = subprocess.run(
+        [rbroker, "tray", "--attach-only"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip() == xcb.NO_DISPLAY
+    assert xcb.check({"QT_QPA_PLATFORM": "offscreen"}) is None
