@@ -165,3 +165,26 @@ def test_no_broker_exits_69() -> None:
     out = _cli("--socket", str(short_tmp() / "none.sock"))
     assert out.returncode == 69
     assert "no rbroker broker" in out.stderr
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.5, 1.0, 1.9])
+def test_ctrl_c_at_any_moment_never_prints_a_traceback(
+    broker: BrokerProcess, jobs: dict[str, str], after_s: float
+) -> None:
+    """Ctrl-C can land anywhere in the watch loop (a fetch, printing, the pause, closing):
+    exit 0 or 130, never a KeyboardInterrupt traceback. (During the interpreter's own start,
+    before rbroker's code runs, Python itself prints one: out of reach.)"""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rbroker", "jobs", "--socket", broker.socket, "--watch"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    assert proc.stdout is not None
+    proc.stdout.readline()  # the first table is out: rbroker's code runs
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=20)
+    assert proc.returncode in (0, 130), err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -161,8 +162,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `rbroker` console script; returns the exit code."""
+    """Entry point of the `rbroker` console script; returns the exit code (130 after a
+    Ctrl-C that the command did not handle itself: never a KeyboardInterrupt traceback)."""
     args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "broker":
         from rbroker.cli.broker_cmd import run_broker
 
