@@ -6,11 +6,13 @@ UUID, the exit code passes through, and the lease is gone afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +97,9 @@ def test_child_killed_by_a_signal(broker: BrokerProcess, tmp_path: Path) -> None
     _no_leases_left(broker)
 
 
-def test_signal_is_passed_to_the_child(broker: BrokerProcess, tmp_path: Path) -> None:
-    out = tmp_path / "report.json"
+@contextlib.contextmanager
+def _sleeping_run(broker: BrokerProcess, out: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`rbroker run -- report_env.py OUT sleep`, once its command is ready; killed after."""
     proc = subprocess.Popen(
         _run_args(broker, 2048, sys.executable, "-u", REPORT_ENV, str(out), "sleep"),
         env=_env(broker),
@@ -106,8 +109,7 @@ def test_signal_is_passed_to_the_child(broker: BrokerProcess, tmp_path: Path) ->
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == b"ready"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 128 + signal.SIGTERM
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -115,6 +117,13 @@ def test_signal_is_passed_to_the_child(broker: BrokerProcess, tmp_path: Path) ->
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_signal_is_passed_to_the_child(broker: BrokerProcess, tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    with _sleeping_run(broker, out) as proc:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 128 + signal.SIGTERM
     assert json.loads(out.read_text())["cuda_visible_devices"] == "0"
     with broker.client() as c:
         wait_until(lambda: c.leases()["leases"] == [])
@@ -235,15 +244,7 @@ def test_the_command_does_not_outlive_a_killed_run(broker: BrokerProcess, tmp_pa
     """kill -9 of `rbroker run` frees its lease (the connection closes): the command must not
     go on using the GPU without one. Before: it ran on, unleased."""
     out = tmp_path / "report.json"
-    proc = subprocess.Popen(
-        _run_args(broker, 2048, sys.executable, "-u", REPORT_ENV, str(out), "sleep"),
-        env=_env(broker),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == b"ready"
+    with _sleeping_run(broker, out) as proc:
         child_pid = json.loads(out.read_text())["pid"]
         proc.kill()
         proc.wait(10)
@@ -259,10 +260,3 @@ def test_the_command_does_not_outlive_a_killed_run(broker: BrokerProcess, tmp_pa
         wait_until(gone, timeout_s=5)
         with broker.client() as c:
             wait_until(lambda: c.leases()["leases"] == [])
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
