@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WORKER
+from tests.conftest import WORKER, short_tmp
 
 
 class RawConnection:
@@ -78,6 +79,14 @@ class RawConnection:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short temporary directory (Unix socket paths are short), removed afterwards."""
+    root = short_tmp()
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

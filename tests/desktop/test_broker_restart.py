@@ -12,32 +12,23 @@ from __future__ import annotations
 
 import gc
 import os
-import shutil
 import signal
 import socket as socketlib
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import rbroker
-from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, short_tmp, wait_until
+from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, wait_until
 from tests.desktop.conftest import RawConnection, WorkerProcess
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
 
 HEADROOM = 1024
 CAPACITY_KEYS = ("total_mib", "headroom_mib", "device_used_mib", "outstanding_mib", "available_mib")
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A short temporary directory (Unix socket paths are short), removed afterwards."""
-    root = short_tmp()
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def _gpu(c: rbroker.Client) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import pytest
 
 import rbroker
 from rbroker.gpu.select import real_nvml_available
-from tests.conftest import GPU0, WORKER, BrokerProcess, short_tmp, start_broker, wait_until
+from tests.conftest import GPU0, WORKER, BrokerProcess, start_broker, wait_until
 from tests.desktop.conftest import WorkerProcess
 
 TOTAL, HEADROOM = 24576, 1024
@@ -68,13 +68,6 @@ def _samples_pass(c: rbroker.Client, count: int) -> None:
     fresh."""
     time.sleep(count + 0.3)
     assert (_gpu(c)["sample_age_s"] or 0) < 1.5
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    root = short_tmp()
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 # -- fail closed at start --------------------------------------------------------------------

@@ -19,7 +19,6 @@ import concurrent.futures
 import contextlib
 import glob
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -33,20 +32,12 @@ import pytest
 import rbroker
 from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease
-from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, wait_until
+from tests.conftest import SINGLE_24G, BrokerProcess, wait_until
 from tests.desktop.conftest import RawConnection, WorkerProcess
 from tests.desktop.inprocess import InProcessBroker
 from tests.desktop.test_gpu_faults import case3_hung_memory_query_for_60_s
 
 PARAMS = {"project": "tests", "session": "clocks", "purpose": "time jumps"}
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A short temporary directory (Unix socket paths are short), removed afterwards."""
-    root = short_tmp()
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def _ended(c: rbroker.Client, lease_id: str) -> dict[str, Any] | None:

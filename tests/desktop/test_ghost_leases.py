@@ -8,24 +8,13 @@ active and kept its memory booked for the whole TTL (8 GiB for 10 minutes with a
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import SINGLE_24G, WORKER, short_tmp, start_broker, wait_until
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    root = short_tmp()
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+from tests.conftest import SINGLE_24G, WORKER, start_broker, wait_until
 
 
 def test_a_release_made_while_the_broker_is_down_is_delivered_when_it_returns(

@@ -8,24 +8,14 @@ Before: SIGTERM ended every lease ("holder connection closed") while kill -9 kep
 
 from __future__ import annotations
 
-import shutil
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, start_broker, wait_until
+from tests.conftest import SINGLE_24G, BrokerProcess, start_broker, wait_until
 from tests.desktop.conftest import RawConnection, WorkerProcess
 
 HEADROOM = 1024
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    root = short_tmp()
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_sigterm_keeps_leases_for_the_restarted_broker(
