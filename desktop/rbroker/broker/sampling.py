@@ -25,6 +25,11 @@ from rbroker.gpu.types import GpuInfo, GpuSample, ProcessSample, TelemetryState
 log = logging.getLogger(__name__)
 
 
+def own_identity(chain: frozenset[Holder], pid: int) -> Holder | None:
+    """Process `pid` itself in its chain of ancestors, or None (empty: it cannot be read)."""
+    return next((h for h in chain if h.pid == pid), None)
+
+
 @dataclass(slots=True)
 class Listing:
     """What the broker remembers of one pid the driver lists on a GPU.
@@ -43,8 +48,7 @@ class Listing:
 
     def identity(self) -> Holder | None:
         """The listed process itself (pid + start time), or None when it cannot be read."""
-        pid = self.process.pid
-        return next((h for h in self.chain if h.pid == pid), None)
+        return own_identity(self.chain, self.process.pid)
 
     def attributable(self) -> ProcessSample:
         """The reading with memory that predates the process removed: what a pid's listing
@@ -197,7 +201,7 @@ class Sampling:
         for pid, process in listed.items():
             chain = self._ancestry.chain(pid)
             entry = slot.listings.get(pid)
-            identity = next((h for h in chain if h.pid == pid), None)
+            identity = own_identity(chain, pid)
             if entry is None or (entry.identity() not in (None, identity)):
                 # a new listing, or the pid now names another process than before
                 since = sample.started_wall if entry is None else entry.since_wall
