@@ -7,6 +7,17 @@ import ctypes
 import signal
 import sys
 
+if sys.platform == "win32":
+    HARD_KILL: int = signal.SIGTERM
+    STOP_SIGNALS: tuple[int, ...] = (signal.SIGTERM,)
+else:
+    HARD_KILL = signal.SIGKILL
+    STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# HARD_KILL: the signal for `Popen.send_signal` that ends a child at once: SIGKILL on POSIX;
+# on Windows SIGTERM, which `Popen.send_signal` turns into TerminateProcess (no SIGKILL there).
+# STOP_SIGNALS: signals besides SIGINT that ask an rbroker command to stop (SIGHUP: the
+# terminal closed; Windows has no SIGHUP).
+
 PR_SET_PDEATHSIG = 1
 """prctl(2) option: the signal this process gets when the thread that forked it exits."""
 

@@ -8,6 +8,7 @@ gap (architecture.md §3: one TTL of grace instead of mass expiry).
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Protocol
 
@@ -35,5 +36,8 @@ class SystemClock:
         return time.time()
 
     def boottime(self) -> float:
-        clock = getattr(time, "CLOCK_BOOTTIME", None)
-        return time.clock_gettime(clock) if clock is not None else time.monotonic()
+        if sys.platform != "win32":  # Windows has no clock_gettime
+            clock = getattr(time, "CLOCK_BOOTTIME", None)
+            if clock is not None:
+                return time.clock_gettime(clock)
+        return time.monotonic()

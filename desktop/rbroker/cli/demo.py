@@ -26,6 +26,7 @@ from rich.live import Live
 from rich.text import Text
 
 import rbroker
+from rbroker._children import HARD_KILL, STOP_SIGNALS
 from rbroker.broker.capacity import fmt_mib, short_uuid
 from rbroker.cli.views import broker_view
 from rbroker.demo.coordinator import CoordinatorError, LocalCoordinator, server_available
@@ -94,7 +95,7 @@ def run_demo(args: argparse.Namespace) -> int:
     # Ctrl-C, `kill` and a closed terminal all end the demo through the same cleanup path,
     # also where the shell started it with SIGINT ignored (a background job).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, _interrupt)
     root = Path(tempfile.mkdtemp(prefix="rbroker-demo-"))
     sock = str(root / "broker.sock")
@@ -229,7 +230,7 @@ def _run_workers(
                 and victim.session in granted_at
                 and time.time() - granted_at[victim.session] >= KILL_AFTER_GRANT_S
             ):
-                vw.send_signal(signal.SIGKILL)
+                vw.send_signal(HARD_KILL)
                 state.kill_wall = time.time()
                 state.victim_lease = next(
                     (lease for lease in view["leases"] if lease["session"] == victim.session),

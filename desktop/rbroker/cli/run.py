@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.status import Status
 
 import rbroker
-from rbroker._children import die_with_parent
+from rbroker._children import STOP_SIGNALS, die_with_parent
 from rbroker.broker.capacity import fmt_mib
 from rbroker_protocol.localapi import AcquireParams
 
@@ -185,7 +185,7 @@ def run_command(args: argparse.Namespace) -> int:
         return 128 + signal.SIGINT
     display.close()
     child: subprocess.Popen[bytes] | None = None
-    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    forwarded = (signal.SIGINT, *STOP_SIGNALS)
     previous = {}
 
     def forward(signum: int, _frame: FrameType | None) -> None:

@@ -21,12 +21,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from rbroker._children import die_with_parent
+from rbroker._children import HARD_KILL, die_with_parent
 
 
 def child_setup() -> None:  # pragma: no cover - runs in the child
     """`preexec_fn` of every demo child: its own process group, gone with its parent."""
-    os.setpgid(0, 0)
+    if sys.platform != "win32":  # preexec_fn exists only on POSIX
+        os.setpgid(0, 0)
     die_with_parent()
 
 
@@ -100,7 +101,7 @@ class SimulatedBroker:
                     return
             except BrokerUnavailable:
                 time.sleep(0.05)
-        self.terminate(signal.SIGKILL)
+        self.terminate(HARD_KILL)
         raise RuntimeError(f"broker did not answer within {timeout_s:g} s:\n{self.log()}")
 
     @property
@@ -167,6 +168,15 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
         proc.wait(5)
 
 
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Send `sig` to `proc`'s process group (POSIX); to `proc` alone on Windows."""
+    if sys.platform == "win32":
+        if proc.poll() is None:
+            proc.send_signal(sig)
+    else:
+        os.killpg(proc.pid, sig)
+
+
 class ProcessGroup:
     """The children of one demo: `spawn()` them, and on exit (also on Ctrl-C) SIGTERM each
     child's process group, wait up to `grace_s` in all, then SIGKILL what is left."""
@@ -202,7 +212,7 @@ class ProcessGroup:
         """Stop every child (see the class docstring)."""
         for p in self.procs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGTERM)
+                _signal_group(p, signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
         for p in self.procs:
             try:
@@ -211,7 +221,7 @@ class ProcessGroup:
                 p.kill()
                 p.wait()
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)
+                _signal_group(p, HARD_KILL)
 
     def __enter__(self) -> ProcessGroup:
         return self

@@ -106,7 +106,7 @@ def write_app_icons(base: Path) -> list[Path]:
     image = (
         render_svg(svg, 256).toImage().scaled(QSize(256, 256), Qt.AspectRatioMode.KeepAspectRatio)
     )
-    image.save(str(ico), "ICO")
+    image.save(str(ico), b"ICO")
     return [png, ico]
 
 

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 DEBIAN_PACKAGES: dict[str, str] = {
@@ -154,7 +155,7 @@ def explain(missing: list[str]) -> str:
     return "\n".join(lines)
 
 
-def xcb_is_used(environ: dict[str, str] | None = None) -> bool:
+def xcb_is_used(environ: Mapping[str, str] | None = None) -> bool:
     """True when Qt will use the xcb plugin: on Linux, with `QT_QPA_PLATFORM` unset or
     naming xcb (`xcb`, `xcb:…`, or xcb in a `;` list before anything else), and unless the
     desktop session is Wayland with no platform chosen (Qt then tries wayland first)."""
@@ -174,7 +175,7 @@ NO_DISPLAY = (
 )
 
 
-def check(environ: dict[str, str] | None = None) -> str | None:
+def check(environ: Mapping[str, str] | None = None) -> str | None:
     """The message to print when the xcb plugin will be used and cannot work — no X display
     to connect to (Qt would abort), or libraries missing — else None."""
     env = os.environ if environ is None else environ

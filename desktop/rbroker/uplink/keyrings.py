@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -79,15 +80,20 @@ def bounded(fn: Callable[[], T], what: str) -> T:
 
 def os_account() -> str:
     """The OS account this process runs as (effective uid on POSIX): whose keyring it asks."""
-    try:
-        import pwd
+    if sys.platform == "win32":
+        try:
+            return getpass.getuser()
+        except (OSError, KeyError):
+            return "unknown"
+    import pwd
 
+    try:
         return pwd.getpwuid(os.geteuid()).pw_name
-    except (ImportError, KeyError):
+    except KeyError:
         try:
             return getpass.getuser()
         except (OSError, KeyError):  # no name for this uid (a container's arbitrary uid)
-            return f"uid {os.geteuid()}" if hasattr(os, "geteuid") else "unknown"
+            return f"uid {os.geteuid()}"
 
 
 MIN_PRIORITY = 1.0

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -214,11 +215,13 @@ class KeyringKeyStore:
 
 def _owner_hint(path: Path) -> str:
     """`; it belongs to OWNER: ...` for a key file the broker's account may not read."""
-    try:
-        import pwd
+    if sys.platform == "win32":  # no numeric owners to name; the path says enough
+        return ""
+    import pwd
 
+    try:
         owner = pwd.getpwuid(path.stat().st_uid).pw_name
-    except (ImportError, KeyError, OSError):
+    except (KeyError, OSError):
         return ""
     return (
         f"; it belongs to {owner}: run the broker as {owner}, or chown the file (and the data "
