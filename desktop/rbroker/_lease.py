@@ -22,13 +22,14 @@ from typing import Any
 
 from rbroker._cuda import cuda_env, cuda_indices
 from rbroker._exceptions import BrokerUnavailable, RBrokerError
+from rbroker._frameworks import FrameworkLimits
 from rbroker.localapi.client import Client
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class Lease:
+class Lease(FrameworkLimits):
     """A granted lease, as the holder sees it.
 
     Attributes:
@@ -42,6 +43,9 @@ class Lease:
         gpu_indices: the granted GPUs' NVML indices when they name the same GPUs to CUDA under
             `CUDA_DEVICE_ORDER=PCI_BUS_ID`; None for MIG slices or when unknown (see
             `rbroker._cuda`).
+        gpu_total_mib: each granted GPU's total MiB (NVML's), in order; None when unknown.
+            `memory_fraction`, `limit_torch()` and `limit_tensorflow()` keep a framework
+            inside the grant (see `rbroker._frameworks`).
         info: the broker's full lease record.
         lost: set when a heartbeat found the lease gone; `error` says why.
     """
@@ -56,6 +60,7 @@ class Lease:
     lost: bool = False
     error: RBrokerError | None = None
     gpu_indices: list[int] | None = None
+    gpu_total_mib: list[int] | None = None
 
     def cuda_env(self, form: str = "auto") -> dict[str, str]:
         """Environment variables that make this lease's GPUs a process's CUDA devices.
@@ -353,9 +358,9 @@ def _acquire(
     info = result["lease"]
     gpu_uuids = list(info["gpu_uuids"])
     try:
-        indices = cuda_indices(gpu_uuids, client.call("gpus.list")["gpus"])
+        listed = client.call("gpus.list")["gpus"]
     except RBrokerError:  # the lease is granted: without the list, the UUID form still works
-        indices = None
+        listed = []
     except BaseException:
         client.close()  # the connection closing frees the grant
         raise
@@ -367,9 +372,19 @@ def _acquire(
         cuda_visible_devices=result["cuda_visible_devices"],
         info=info,
         token=result.get("token", ""),
-        gpu_indices=indices,
+        gpu_indices=cuda_indices(gpu_uuids, listed) if listed else None,
+        gpu_total_mib=_totals(gpu_uuids, listed),
     )
     return _Holder(client, lease, ttl_s, socket)
+
+
+def _totals(gpu_uuids: list[str], listed: list[dict[str, Any]]) -> list[int] | None:
+    """Each granted GPU's `total_mib` from `gpus.list`, in order; None if any is unknown."""
+    by_uuid = {g.get("uuid"): g.get("total_mib") for g in listed}
+    totals = [by_uuid.get(u) for u in gpu_uuids]
+    if not all(isinstance(t, int) and t > 0 for t in totals):
+        return None
+    return [int(t) for t in totals if t is not None]
 
 
 def _relay_waiting(

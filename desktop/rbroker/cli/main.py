@@ -104,7 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
         "CUDA_DEVICE_ORDER=PCI_BUS_ID, what tools that parse integers need), 'uuid' (GPU-… or "
         "MIG-…), or 'auto' (default: the index, the UUID for MIG slices)",
     )
-    r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    r.add_argument(
+        "cmd",
+        nargs=argparse.REMAINDER,
+        help="-- COMMAND [ARGS...]; {mib}, {fraction} and {gpu} in ARGS become the grant "
+        "in MiB, its fraction of the GPU and the CUDA_VISIBLE_DEVICES value",
+    )
 
     rl = sub.add_parser(
         "release",

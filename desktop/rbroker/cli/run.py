@@ -1,10 +1,14 @@
 """`rbroker run --mib N -- CMD...`: hold a lease while CMD runs (architecture.md §3).
 
 Sets `CUDA_VISIBLE_DEVICES` (an index with `CUDA_DEVICE_ORDER=PCI_BUS_ID`, or the UUID for
-MIG slices; `--cuda-devices` chooses, see `rbroker._cuda`) and `RBROKER_LEASE_ID` in CMD's
-environment, forwards SIGINT/SIGTERM/SIGHUP to it, releases the lease when it exits, and
-exits with its code (128 + N when it was killed by signal N). The command line itself never
-leaves this process: the lease's session and purpose default to the program's name only.
+MIG slices; `--cuda-devices` chooses, see `rbroker._cuda`), `RBROKER_LEASE_ID` and what keeps
+frameworks inside the grant (`rbroker._frameworks.framework_env`: `RBROKER_GRANTED_MIB`,
+`RBROKER_GPU_TOTAL_MIB`, `XLA_PYTHON_CLIENT_MEM_FRACTION`, `TF_FORCE_GPU_ALLOW_GROWTH`) in
+CMD's environment, replaces `{mib}`, `{fraction}` and `{gpu}` in CMD's arguments (no
+other `{` is touched), forwards SIGINT/SIGTERM/SIGHUP to it, releases the lease when it
+exits, and exits with its code (128 + N when it was killed by signal N). The command line
+itself never leaves this process: the lease's session and purpose default to the program's
+name only.
 
 By default it does not wait: with no room now it exits 75 at once. With `--wait S` it queues
 up to S seconds and says on stderr what it waits for (the broker's queue reason, updated as
@@ -28,6 +32,13 @@ from rich.status import Status
 
 import rbroker
 from rbroker._children import STOP_SIGNALS, die_with_parent
+from rbroker._frameworks import (
+    PLACEHOLDER,
+    fraction_text,
+    framework_env,
+    memory_fraction,
+    substitute,
+)
 from rbroker.broker.capacity import fmt_mib
 from rbroker_protocol.localapi import AcquireParams
 
@@ -122,6 +133,41 @@ class WaitDisplay:
                 self.status.stop()
 
 
+def _placeholders(
+    lease: rbroker.Lease, args: list[str], env: dict[str, str], console: Console
+) -> list[str]:
+    """Add the framework variables to `env` and replace the placeholders in `args`;
+    says on stderr which fraction `{fraction}` is when the lease's GPUs differ in size.
+
+    Raises:
+        ValueError: `{fraction}` is used but the GPUs' totals are unknown.
+    """
+    totals = lease.gpu_total_mib
+    if totals:
+        env.update(framework_env(lease.granted_mib, totals))
+    used = {m.group(1) for a in args for m in PLACEHOLDER.finditer(a)}
+    if not used:
+        return list(args)
+    values = {"mib": str(lease.granted_mib), "gpu": env["CUDA_VISIBLE_DEVICES"]}
+    if "fraction" in used:
+        if not totals:
+            raise ValueError("{fraction}: the totals of the lease's GPUs are unknown")
+        values["fraction"] = env["RBROKER_MEMORY_FRACTION"]
+        if len(set(totals)) > 1:
+            each = ", ".join(
+                f"{fraction_text(memory_fraction(lease.granted_mib, t))} of {fmt_mib(t)} MiB"
+                for t in totals
+            )
+            console.print(
+                f"rbroker run: {{fraction}} is {values['fraction']}, the smallest of the "
+                f"lease's GPUs ({each}), so every GPU stays inside "
+                f"{fmt_mib(lease.granted_mib)} MiB",
+                markup=False,
+                soft_wrap=True,
+            )
+    return substitute(args, values)
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run `args.cmd` under a lease; returns the exit code described in the module doc."""
     console = Console(stderr=True, highlight=False)
@@ -200,6 +246,11 @@ def run_command(args: argparse.Namespace) -> int:
             console.print(f"rbroker run: {exc}", soft_wrap=True, markup=False)
             return EX_USAGE
         env["RBROKER_LEASE_ID"] = lease.lease_id
+        try:
+            cmd = cmd[:1] + _placeholders(lease, cmd[1:], env, console)
+        except ValueError as exc:
+            console.print(f"rbroker run: {exc}", soft_wrap=True, markup=False)
+            return EX_USAGE
         for sig in forwarded:
             previous[sig] = signal.signal(sig, forward)
         try:
