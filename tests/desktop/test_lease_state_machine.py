@@ -3,14 +3,15 @@ release, cancel, connection close, holder crash, NVML change, NVML fault, clock 
 sleep gap and broker crash-restart, on an in-process `Broker` with a manual clock.
 
 Checked at every grant (by wrapping `Broker._grant`): the GPU's sample was fresh when the
-admission pass began (taken after the latest grant or release on it, at most
+admission pass began (taken after the latest grant or simulated change on it, at most
 `max_sample_age_s` old, telemetry ok); device_used + outstanding + extra needed + headroom
-≤ total, with outstanding recomputed from the lease table (an adoption that needs no extra
-books nothing, so it may be admitted even on a full GPU); and the new lease books no more
-outstanding memory than was checked. Checked at every step: the store's active leases are
-the broker's, no two active leases answer one request key, every answer is a lease or a
-stable RPC error. Checked at the end: every lease ever granted ended in exactly one
-terminal state.
+≤ total, with outstanding recomputed from the lease table plus, by the release rule, what
+every lease that ended after the sample began had been granted but not shown using at its
+end (an adoption that needs no extra books nothing, so it may be admitted even on a full
+GPU); and the new lease books no more outstanding memory than was checked. Checked at
+every step: the store's active leases are the broker's, no two active leases answer one
+request key, every answer is a lease or a stable RPC error. Checked at the end: every
+lease ever granted ended in exactly one terminal state.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.latest: dict[str, Lease] = {}
         self.ends: dict[str, list[LeaseState]] = {}
         self.grants = 0
+        self.ended_unconfirmed: list[tuple[str, float, int]] = []
         self.next_key = 0
         self.next_conn = CONNS + 1
         self._wrap(self.h.broker)
@@ -71,6 +73,8 @@ class LeaseMachine(RuleBasedStateMachine):
         end: Callable[[Lease, LeaseState, str], None] = broker._end
         admit: Callable[[], None] = broker._admit
         fresh_at_pass_start: set[str] = set()
+        # (GPU, monotonic end time, MiB granted but not observed) of every lease that ended
+        ended_unconfirmed = self.ended_unconfirmed = []
 
         def recorded_admit() -> None:
             # One pass may grant several requests from one sample, each booked before the
@@ -96,6 +100,13 @@ class LeaseMachine(RuleBasedStateMachine):
                     for lease in broker.leases.values()
                     if u in lease.gpu_uuids
                 )
+                # the release rule: an ended lease's unconfirmed MiB stay booked until a
+                # sample that started after its end
+                outstanding += sum(
+                    mib
+                    for g, at, mib in ended_unconfirmed
+                    if g == u and at >= slot.sample.started_at
+                )
                 total, used = slot.sample.total_mib, slot.sample.device_used_mib
                 assert cap == Capacity(total, slot.headroom_mib, used, outstanding), cap
                 if need > 0:  # need 0: a pure adoption of memory in use, it books nothing new
@@ -120,6 +131,10 @@ class LeaseMachine(RuleBasedStateMachine):
             if lease.lease_id in broker.leases:
                 assert state in TERMINAL_STATES
                 self.ends.setdefault(lease.lease_id, []).append(state)
+                now = broker.clock.monotonic()
+                for u in lease.gpu_uuids:
+                    owed = max(0, lease.granted_mib - lease.observed_mib.get(u, 0))
+                    ended_unconfirmed.append((u, now, owed))
             end(lease, state, reason)
 
         broker._admit = recorded_admit  # type: ignore[method-assign]

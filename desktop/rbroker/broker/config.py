@@ -14,6 +14,8 @@ class BrokerConfig:
     `headroom_overrides` sets it per GPU UUID. `capacity_overrides_mib` gives the total of a
     GPU whose NVML memory query is not supported; its use is then the sum of the memory NVML
     lists per process (unknown counts 0), so set it only where that list is complete.
+    `release_sample_gap_s`: samples asked for by releases come at most this often per GPU
+    (architecture.md §2's release rule; a grant's sample is never delayed).
     """
 
     socket_path: Path
@@ -25,6 +27,7 @@ class BrokerConfig:
     max_sample_age_s: float = 2.0
     nvml_deadline_s: float = 1.5
     sample_interval_s: float = 1.0
+    release_sample_gap_s: float = 0.02
     tick_s: float = 0.1
     holder_check_s: float = 0.25
     stall_threshold_s: float = 2.0

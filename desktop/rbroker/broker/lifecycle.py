@@ -129,6 +129,8 @@ async def stop(b: Broker) -> None:
             if not task.cancelled() and task.exception() is not None:
                 log.warning("background task ended with %r", task.exception())
     b._tasks.clear()
+    for slot in b.slots.values():
+        slot.began_sample()  # drop a coalesced kick still scheduled
     b.waiting.fail_all(RpcError(ErrorCode.CANCELLED, "broker stopping"))
     b.sampling.close()
     if b.store is not None:

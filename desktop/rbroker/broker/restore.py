@@ -56,7 +56,7 @@ def restore(
             log.info("lease %s not restored: %s", lease.lease_id, lease.ended_reason)
             continue
         lease.reattach_by = now + config.lease_reattach_grace_s
-        table.leases[lease.lease_id] = lease
+        table.add(lease)
         table.token_sha256[lease.lease_id] = stored.token_sha256
         if lease.job_id is not None:
             jobs.restore_link(lease.job_id, lease.lease_id)

@@ -2,9 +2,12 @@
 
 NVML is read off the event loop by `AsyncSampler`; the loop only ever uses finished samples.
 Freshness rule (docs/architecture.md §2): a GPU takes part in an admission pass only when its
-latest sample started after the latest grant or release on that GPU, and is at most
-`max_sample_age_s` old (`GpuSlot.fresh`). A grant, a release or a simulated memory change sets
-`last_change_at` and kicks the GPU's loop, so the next sample comes at once.
+latest sample started after the latest grant or simulated memory change on that GPU, and is at
+most `max_sample_age_s` old (`GpuSlot.fresh`). A grant or a simulated memory change sets
+`last_change_at` and kicks the GPU's loop, so the next sample comes at once. A release does not
+make the sample unfresh (its unconfirmed MiB stay booked in the lease table instead): it asks
+for a sample with `GpuSlot.sample_soon`, which coalesces such requests to at most one per
+`release_sample_gap_s` per GPU.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +83,8 @@ class GpuSlot:
     kick: asyncio.Event = field(default_factory=asyncio.Event)
     chains: list[tuple[ProcessSample, frozenset[Holder]]] = field(default_factory=list)
     listings: dict[int, Listing] = field(default_factory=dict)
+    last_sample_loop_time: float = -math.inf  # event-loop time the latest attempt began
+    soon: asyncio.TimerHandle | None = None  # a coalesced kick, scheduled
 
     @property
     def uuid(self) -> str:
@@ -103,6 +109,35 @@ class GpuSlot:
             and s.started_at > self.last_change_at
             and now - s.started_at <= max_age_s
         )
+
+    def sample_soon(self, gap_s: float) -> None:
+        """Ask for a sample no sooner than `gap_s` after the latest one began (at once when
+        that is past); requests meanwhile share the one scheduled kick. Without a running
+        event loop (a broker driven step by step) the kick is set at once."""
+        if self.soon is not None or self.kick.is_set():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.kick.set()
+            return
+        delay = self.last_sample_loop_time + gap_s - loop.time()
+        if delay <= 0:
+            self.kick.set()
+        else:
+            self.soon = loop.call_later(delay, self._kick_now)
+
+    def _kick_now(self) -> None:
+        self.soon = None
+        self.kick.set()
+
+    def began_sample(self) -> None:
+        """A sample of this GPU begins: it answers every kick asked for so far."""
+        with contextlib.suppress(RuntimeError):
+            self.last_sample_loop_time = asyncio.get_running_loop().time()
+        if self.soon is not None:
+            self.soon.cancel()
+            self.soon = None
 
     def holder_mib(self, holder: Holder) -> int:
         """MiB the latest sample attributes to `holder`'s process tree (unknown = 0)."""
@@ -165,6 +200,7 @@ class Sampling:
 
     async def sample_once(self, slot: GpuSlot) -> None:
         """Take one sample of `slot` (bounded by the NVML deadline) and record the outcome."""
+        slot.began_sample()
         try:
             sample = await self.sampler.sample(slot.uuid)
         except TelemetryError as exc:

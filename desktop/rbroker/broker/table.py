@@ -4,6 +4,13 @@ holds outside its leases (baselines), token hashes, and the tick loop that ends 
 Memory attribution (docs/architecture.md §2): the latest sample's memory of a holder's
 process tree, less its baseline, is shared among its leases on that GPU in grant order;
 what a lease was granted but does not use yet is *outstanding* and counts against capacity.
+An ended lease's outstanding MiB stays booked (*unconfirmed*) until a sample that started
+after the end shows what its holder still uses (the release rule of §2).
+
+Costs are flat in the number of leases: per-GPU and per-(holder, GPU) indexes and a running
+outstanding sum per GPU mean a grant, a release or a sample touches only the leases of the
+holders concerned, never every lease; expiry walks the leases only once the earliest
+deadline may have passed.
 
 Expiry (docs/architecture.md §3): a lease ends when its deadline (monotonic) passes without a
 heartbeat, when its holder process exits, or when its connection closes; after a loop stall
@@ -16,8 +23,9 @@ import asyncio
 import collections
 import hmac
 import logging
+import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock
@@ -54,33 +62,113 @@ class LeaseTable:
         self.baselines: dict[tuple[Holder, str], int] = {}
         self.token_sha256: dict[str, str] = {}
         self._ends_since_prune = 0
+        # indexes over `leases` (kept by `add` and `_unindex`, the only writers)
+        self._on_gpu: dict[str, dict[str, Lease]] = {}
+        self._held: dict[tuple[Holder, str], dict[str, Lease]] = {}
+        self._by_holder: dict[Holder, dict[str, Lease]] = {}
+        self._outstanding: dict[str, int] = {}
+        # holders whose leases on a GPU show use or who hold memory outside them there:
+        # a sample that lists none of their processes must still update them
+        self._touched: dict[str, set[Holder]] = {}
+        # per GPU: (monotonic end time, MiB) of ended leases no sample has confirmed yet
+        self._unconfirmed: dict[str, collections.deque[tuple[float, int]]] = {}
+        self._unconfirmed_mib: dict[str, int] = {}
+        self._deadline_floor = math.inf  # no active lease's deadline is earlier
+        self._reattach_floor = math.inf  # no restored lease must re-attach earlier
+
+    # -- the indexes ---------------------------------------------------------------------------
+    def add(self, lease: Lease) -> None:
+        """Enter an active lease into the table and its indexes (grant and restore)."""
+        self.leases[lease.lease_id] = lease
+        self._by_holder.setdefault(lease.holder, {})[lease.lease_id] = lease
+        for u in lease.gpu_uuids:
+            self._on_gpu.setdefault(u, {})[lease.lease_id] = lease
+            self._held.setdefault((lease.holder, u), {})[lease.lease_id] = lease
+            self._outstanding[u] = self._outstanding.get(u, 0) + _owed(lease, u)
+            self._touched.setdefault(u, set()).add(lease.holder)
+        self._deadline_floor = min(self._deadline_floor, lease.deadline)
+        if lease.reattach_by is not None:
+            self._reattach_floor = min(self._reattach_floor, lease.reattach_by)
+
+    def _unindex(self, lease: Lease) -> None:
+        del self.leases[lease.lease_id]
+        mine = self._by_holder.get(lease.holder)
+        if mine is not None:
+            mine.pop(lease.lease_id, None)
+            if not mine:
+                del self._by_holder[lease.holder]
+        for u in lease.gpu_uuids:
+            self._on_gpu.get(u, {}).pop(lease.lease_id, None)
+            held = self._held.get((lease.holder, u))
+            if held is not None:
+                held.pop(lease.lease_id, None)
+                if not held:
+                    del self._held[(lease.holder, u)]
+            self._outstanding[u] = self._outstanding.get(u, 0) - _owed(lease, u)
+
+    def _set_observed(self, lease: Lease, uuid: str, mib: int) -> None:
+        before = _owed(lease, uuid)
+        lease.observed_mib[uuid] = mib
+        self._outstanding[uuid] = self._outstanding.get(uuid, 0) + _owed(lease, uuid) - before
 
     # -- attribution and capacity --------------------------------------------------------------
     def on(self, uuid: str) -> list[Lease]:
-        """The active leases on GPU `uuid`."""
-        return [lease for lease in self.leases.values() if uuid in lease.gpu_uuids]
+        """The active leases on GPU `uuid`, in the order they entered the table."""
+        return list(self._on_gpu.get(uuid, {}).values())
+
+    def unconfirmed_mib(self, uuid: str) -> int:
+        """MiB of ended leases on `uuid` that stay booked until a sample that started after
+        their end shows what their holders still use (docs/architecture.md §2)."""
+        return self._unconfirmed_mib.get(uuid, 0)
 
     def update_observed(self, slot: GpuSlot) -> None:
-        """Attribute the latest sample's memory to the leases of each holder on `slot`."""
-        by_holder: dict[Holder, list[Lease]] = {}
-        for lease in self.on(slot.uuid):
-            by_holder.setdefault(lease.holder, []).append(lease)
-        for holder, leases in by_holder.items():
-            held = slot.holder_mib(holder)
-            baseline = self.baselines.get((holder, slot.uuid), 0)
-            if held < baseline and slot.holder_mib_known(holder):
-                # the holder freed memory it held outside its leases: that much is gone
-                baseline = held
-                self.set_baseline(holder, slot.uuid, baseline, leases)
-            pool = max(0, held - baseline)
-            leases.sort(key=lambda lease: lease.granted_at_wall)
-            for i, lease in enumerate(leases):
-                share = pool if i == len(leases) - 1 else min(pool, lease.granted_mib)
-                pool -= share
-                lease.observed_mib[slot.uuid] = share
-                lease.over_grant = any(v > lease.granted_mib for v in lease.observed_mib.values())
+        """Attribute the latest sample's memory to the leases of each holder on `slot`
+        whose processes it lists or who showed use there before, and drop the unconfirmed
+        MiB of leases that ended before the sample started."""
+        uuid = slot.uuid
+        if slot.sample is not None:
+            self._confirm(uuid, slot.sample.started_at)
+        holders = set(self._touched.get(uuid, ()))
+        for _, chain in slot.chains:
+            holders.update(h for h in chain if (h, uuid) in self._held)
+        for holder in holders:
+            self._observe(slot, holder)
 
-    def set_baseline(self, holder: Holder, uuid: str, mib: int, leases: list[Lease]) -> None:
+    def _confirm(self, uuid: str, started_at: float) -> None:
+        pending = self._unconfirmed.get(uuid)
+        while pending and pending[0][0] < started_at:
+            _, mib = pending.popleft()
+            self._unconfirmed_mib[uuid] -= mib
+
+    def _observe(self, slot: GpuSlot, holder: Holder) -> None:
+        """Share `holder`'s memory on `slot` (less its baseline) among its leases there."""
+        uuid = slot.uuid
+        held_leases = self._held.get((holder, uuid))
+        if not held_leases:
+            self._touched.get(uuid, set()).discard(holder)
+            return
+        leases = sorted(held_leases.values(), key=lambda lease: lease.granted_at_wall)
+        held = slot.holder_mib(holder)
+        baseline = self.baselines.get((holder, uuid), 0)
+        if held < baseline and slot.holder_mib_known(holder):
+            # the holder freed memory it held outside its leases: that much is gone
+            baseline = held
+            self.set_baseline(holder, uuid, baseline, leases)
+        pool = max(0, held - baseline)
+        in_use = baseline > 0
+        for i, lease in enumerate(leases):
+            share = pool if i == len(leases) - 1 else min(pool, lease.granted_mib)
+            pool -= share
+            in_use = in_use or share > 0
+            self._set_observed(lease, uuid, share)
+            lease.over_grant = any(v > lease.granted_mib for v in lease.observed_mib.values())
+        touched = self._touched.setdefault(uuid, set())
+        if in_use:
+            touched.add(holder)
+        else:
+            touched.discard(holder)
+
+    def set_baseline(self, holder: Holder, uuid: str, mib: int, leases: Iterable[Lease]) -> None:
         """`holder`'s memory on `uuid` outside its leases (`leases`: its leases there)."""
         self.baselines[(holder, uuid)] = mib
         for lease in leases:
@@ -98,9 +186,7 @@ class LeaseTable:
         slot = self.slots[uuid]
         if slot.sample is None:
             return None
-        outstanding = sum(
-            max(0, lease.granted_mib - lease.observed_mib.get(uuid, 0)) for lease in self.on(uuid)
-        )
+        outstanding = self._outstanding.get(uuid, 0) + self._unconfirmed_mib.get(uuid, 0)
         return Capacity(
             total_mib=slot.sample.total_mib,
             headroom_mib=slot.headroom_mib,
@@ -146,12 +232,12 @@ class LeaseTable:
             lease.claimed_mib[u] = claim
             lease.admission[u] = {**cap.as_dict(), "requested_mib": waiter.mib, "extra_mib": need}
             slot.last_change_at = now
-        self.leases[lease.lease_id] = lease
+        self.add(lease)
         self.token_sha256[lease.lease_id] = token_hash(lease.token)
         if self.store is not None:
             self.store.put_lease(lease.lease_id, lease.token, lease.to_record())
         for u, _, _ in chosen:
-            self.update_observed(self.slots[u])
+            self._observe(self.slots[u], lease.holder)
         log.info(
             "lease %s granted: %d MiB on %s to %s/%s (waited %.2f s)",
             lease.lease_id,
@@ -220,25 +306,27 @@ class LeaseTable:
 
     # -- ending ------------------------------------------------------------------------------
     def end(self, lease: Lease, state: LeaseState, reason: str) -> bool:
-        """End an active lease (False when it already ended): free its GPUs for a new
-        sample, keep what its processes still hold as the holder's baseline, record it."""
+        """End an active lease (False when it already ended): what it was granted but no
+        sample showed in use stays booked as unconfirmed until a sample that started after
+        now (docs/architecture.md §2), so admission need not wait for that sample; the
+        GPU's sampler is asked for one (coalesced); what the lease's processes still hold
+        becomes the holder's baseline; the end is recorded."""
         if lease.lease_id not in self.leases:
             return False
-        del self.leases[lease.lease_id]
+        self._unindex(lease)
         lease.state = state
         lease.ended_reason = reason
         lease.ended_at_wall = self.clock.wall()
         now = self.clock.monotonic()
         for u in lease.gpu_uuids:
+            owed = _owed(lease, u)
+            if owed > 0:
+                self._unconfirmed.setdefault(u, collections.deque()).append((now, owed))
+                self._unconfirmed_mib[u] = self._unconfirmed_mib.get(u, 0) + owed
             slot = self.slots.get(u)
             if slot is not None:
-                slot.last_change_at = now
-                slot.kick.set()
-            others = [
-                other
-                for other in self.leases.values()
-                if other.holder == lease.holder and u in other.gpu_uuids
-            ]
+                slot.sample_soon(self.config.release_sample_gap_s)
+            others = list(self._held.get((lease.holder, u), {}).values())
             if not others:
                 self.baselines.pop((lease.holder, u), None)
             elif lease.observed_mib.get(u, 0) > 0:
@@ -260,20 +348,28 @@ class LeaseTable:
         return True
 
     def overdue(self, now: float) -> list[Lease]:
-        """Active leases whose heartbeat deadline has passed."""
+        """Active leases whose heartbeat deadline has passed. Deadlines only move later
+        (renew, re-attach, grace), so nothing is walked until the earliest one recorded
+        may have passed."""
+        if now <= self._deadline_floor:
+            return []
+        self._deadline_floor = min((x.deadline for x in self.leases.values()), default=math.inf)
         return [lease for lease in self.leases.values() if lease.deadline < now]
 
     def not_reattached(self, now: float) -> list[Lease]:
         """Restored leases whose holder did not re-attach within the grace."""
+        if now <= self._reattach_floor:
+            return []
+        waiting = [x for x in self.leases.values() if x.reattach_by is not None]
+        self._reattach_floor = min((x.reattach_by or 0.0 for x in waiting), default=math.inf)
         return [
-            lease
-            for lease in self.leases.values()
-            if lease.reattach_by is not None and lease.reattach_by < now
+            lease for lease in waiting if lease.reattach_by is not None and lease.reattach_by < now
         ]
 
     def held_by_dead(self, is_alive: Callable[[Holder], bool]) -> list[Lease]:
-        """Active leases whose holder process is gone."""
-        return [lease for lease in self.leases.values() if not is_alive(lease.holder)]
+        """Active leases whose holder process is gone (one check per distinct holder)."""
+        dead = [h for h in self._by_holder if not is_alive(h)]
+        return [lease for h in dead for lease in self._by_holder.get(h, {}).values()]
 
     def grace(self, now: float, gap: float) -> None:
         """After a loop stall or sleep/resume gap, give every lease one TTL
@@ -283,6 +379,11 @@ class LeaseTable:
             lease.deadline = max(lease.deadline, now + lease.ttl_s)
             if lease.reattach_by is not None:
                 lease.reattach_by = max(lease.reattach_by, now + self.config.lease_reattach_grace_s)
+
+
+def _owed(lease: Lease, uuid: str) -> int:
+    """What `lease` books on `uuid` beyond its observed use: max(0, granted − observed)."""
+    return max(0, lease.granted_mib - lease.observed_mib.get(uuid, 0))
 
 
 def liveness_memo() -> Callable[[Holder], bool]:
