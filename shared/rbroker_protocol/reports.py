@@ -11,6 +11,13 @@ History:
     1 (2026-11-30): computer name, broker version, telemetry source, run id, generated_at,
                     gpus, leases, queue, jobs.
     2 (2026-11-30): run_counter (the order of a computer's runs).
+
+Identifiers (GPU UUIDs, lease and job ids, run id) must match `GPU_UUID_PATTERN` or
+`ID_PATTERN`, and state fields are enumerations (`TelemetryStateName`, `LeaseStateName`,
+`JobStateName`): a report breaking either does not fit the schema. What remains free text
+(`TEXT_FIELDS`: the declared descriptions, the GPU name, broker version and telemetry
+source) and every identifier pass the description rules (§8) on the coordinator, which
+stores a value that breaks one redacted and flags it.
 """
 
 from __future__ import annotations
@@ -25,6 +32,26 @@ REPORT_VERSION: Final = 2
 MAX_REPORT_BYTES: Final = 1024 * 1024
 """Largest report body the coordinator accepts (the whole envelope), 1 MiB."""
 
+ID_PATTERN: Final = r"^[A-Za-z0-9_.:-]{1,64}$"
+"""A lease, job or run id: the broker's `lease-<hex>` / `job-<hex>` / hex run ids, or a job
+id its declarer chose (`job.declare` checks the same pattern): 1-64 characters of
+`[A-Za-z0-9_.:-]`, as the envelope's ids (`rbroker_protocol.signing`)."""
+
+GPU_UUID_PATTERN: Final = r"^(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9_./:-]{0,123}$"
+"""An NVML UUID: `GPU-<uuid>`, `MIG-<uuid>` or `MIG-GPU-<uuid>/<gi>/<ci>` (simulated GPUs
+follow the same prefixes)."""
+
+TelemetryStateName = Literal["ok", "stale", "unavailable", "lost", "unknown_capacity"]
+"""A GPU's telemetry state (architecture.md §2)."""
+
+LeaseStateName = Literal["queued", "active", "released", "expired", "holder_exited", "revoked"]
+"""A lease's state (architecture.md §3)."""
+
+JobStateName = Literal["queued", "running", "succeeded", "failed", "cancelled", "stalled"]
+"""A job's state (architecture.md §4)."""
+
+_ID = Annotated[str, Field(pattern=ID_PATTERN)]
+_GPU_UUID = Annotated[str, Field(pattern=GPU_UUID_PATTERN)]
 _MIB = Annotated[int, Field(ge=0, le=2**40)]
 _TEXT = Annotated[str, Field(max_length=4096)]
 """Declared text: loose bounds here; the description rules (§8) run on both sides."""
@@ -39,11 +66,10 @@ class _Model(BaseModel):
 class GpuReport(_Model):
     """One GPU (or MIG slice), keyed by UUID; MiB figures are None when unknown."""
 
-    uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    uuid: _GPU_UUID
     index: Annotated[int, Field(ge=0, le=1024)]
     name: _NAME = ""
-    telemetry: Annotated[str, Field(max_length=32)] = "ok"
-    """`ok`, `stale`, `unavailable`, `lost` or `unknown_capacity` (architecture.md §2)."""
+    telemetry: TelemetryStateName = "ok"
     total_mib: _MIB | None = None
     headroom_mib: _MIB | None = None
     device_used_mib: _MIB | None = None
@@ -56,20 +82,18 @@ class GpuReport(_Model):
 class LeaseReport(_Model):
     """An active lease (architecture.md §3), without token or holder pid."""
 
-    lease_id: Annotated[str, Field(min_length=1, max_length=64)]
-    gpu_uuids: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=64)]
+    lease_id: _ID
+    gpu_uuids: Annotated[list[_GPU_UUID], Field(max_length=64)]
     granted_mib: _MIB
     owner: _TEXT = ""
     project: _TEXT = ""
     session: _TEXT = ""
     purpose: _TEXT = ""
-    state: Annotated[str, Field(max_length=32)] = "active"
+    state: LeaseStateName = "active"
     granted_at: float | None = None
     """Computer wall clock, Unix seconds (display only)."""
     expires_in_s: float | None = None
-    observed_mib: dict[Annotated[str, Field(max_length=128)], _MIB] = Field(
-        default_factory=dict, max_length=64
-    )
+    observed_mib: dict[_GPU_UUID, _MIB] = Field(default_factory=dict, max_length=64)
     """MiB attributed to the lease's processes, per GPU UUID."""
     over_grant: bool = False
 
@@ -90,11 +114,11 @@ class QueueEntry(_Model):
 class JobSnapshot(_Model):
     """A declared job's cumulative progress (architecture.md §4)."""
 
-    job_id: Annotated[str, Field(min_length=1, max_length=64)]
+    job_id: _ID
     project: _TEXT = ""
     purpose: _TEXT = ""
     handler: _TEXT = ""
-    state: Annotated[str, Field(max_length=32)] = "running"
+    state: JobStateName = "running"
     workers: _COUNT = 0
     total_items: _COUNT | None = None
     completed_items: _COUNT = 0
@@ -109,7 +133,7 @@ class ReportPayload(_Model):
     broker_version: Annotated[str, Field(max_length=64)] = ""
     telemetry_source: Annotated[str, Field(max_length=32)] = ""
     """`nvml` or `simulated` (architecture.md §6)."""
-    run_id: Annotated[str, Field(min_length=1, max_length=64)]
+    run_id: _ID
     run_counter: _COUNT | None = None
     """The order of this run among the computer's runs: a counter kept in the broker's data
     dir, raised for every new run (each broker start). The coordinator never lets a run
@@ -146,6 +170,18 @@ DESCRIPTION_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "jobs": ("project", "purpose", "handler"),
 }
 """Which declared-text fields of each list the description rules (§8) apply to."""
+
+TEXT_FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    "gpus": ("uuid", "name"),
+    "leases": ("lease_id",),
+    "jobs": ("job_id",),
+}
+"""The other text of each list the coordinator runs the description rules on: the GPU name
+and every identifier (a lease's `gpu_uuids` and the keys of its `observed_mib` too), and at
+the top level `broker_version` and `telemetry_source` (`computer_name` has its own rules)."""
+
+TOP_TEXT_FIELDS: Final = ("broker_version", "telemetry_source")
+"""Top-level free text the description rules run on."""
 
 
 AckCode = Literal["applied", "new_run", "not_newer", "run_retired", "run_outdated", "superseded"]

@@ -243,6 +243,8 @@ def parse_envelope(body: bytes | Mapping[str, Any]) -> Envelope:
             obj = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise EnvelopeError("envelope is not JSON") from exc
+        except RecursionError as exc:
+            raise EnvelopeError("envelope nested too deeply") from exc
     else:
         obj = body
     if not isinstance(obj, Mapping):

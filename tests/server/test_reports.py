@@ -117,7 +117,11 @@ def test_body_over_one_mib_is_413(coordinator: Coordinator) -> None:
     r = pc.send(body)
     assert r.status_code == 413
     # Also when the client streams it without a Content-Length.
-    r = coordinator.http.post("/api/v1/reports", content=iter([body[:4096], body[4096:]]))
+    r = coordinator.http.post(
+        "/api/v1/reports",
+        content=iter([body[:4096], body[4096:]]),
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 413
 
 

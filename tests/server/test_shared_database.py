@@ -10,6 +10,8 @@ import httpx
 from rbroker_protocol import signing
 from tests.server.conftest import Coordinator, EnrolledComputer, payload
 
+JSON = {"content-type": "application/json"}
+
 
 def test_two_coordinators_share_one_database(
     coordinator_factory: Callable[..., Coordinator],
@@ -23,11 +25,13 @@ def test_two_coordinators_share_one_database(
     for i in range(1, 7):
         target = one if i % 2 else two
         env = pc.envelope(seq=i)
-        r = target.http.post("/api/v1/reports", content=signing.encode_envelope(env))
+        r = target.http.post("/api/v1/reports", content=signing.encode_envelope(env), headers=JSON)
         assert r.json()["applied"] is True
     replay = pc.envelope(seq=3)
     assert (
-        two.http.post("/api/v1/reports", content=signing.encode_envelope(replay)).json()["applied"]
+        two.http.post(
+            "/api/v1/reports", content=signing.encode_envelope(replay), headers=JSON
+        ).json()["applied"]
         is False
     )
     assert two.computer("vision", pc.id)["seq"] == 6
@@ -48,7 +52,7 @@ def test_concurrent_reports_keep_order_and_never_fail(coordinator: Coordinator) 
             # Two threads per computer race with interleaved seqs.
             for seq in range(1 + offset, per_computer * 2 + 1, 2):
                 env = signing.sign_report(pc.key, pc.id, "run-1", seq, payload().to_bytes())
-                r = http.post("/api/v1/reports", content=signing.encode_envelope(env))
+                r = http.post("/api/v1/reports", content=signing.encode_envelope(env), headers=JSON)
                 if r.status_code != 200:
                     errors.append(f"{r.status_code} {r.text}")
 

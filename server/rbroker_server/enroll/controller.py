@@ -11,6 +11,7 @@ from litestar.exceptions import ClientException, NotAuthorizedException
 from litestar.params import JSONBody
 from sqlalchemy.engine import Engine
 
+from rbroker_server.bodies import json_body_guard
 from rbroker_server.enroll import service
 from rbroker_server.enroll.schema import EnrollRequest, EnrollResponse
 from rbroker_server.net import client_address
@@ -22,7 +23,7 @@ class EnrollController(Controller):
     path = "/api/v1/enroll"
     tags = ("enrollment",)
 
-    @post("/", status_code=201, sync_to_thread=True)
+    @post("/", status_code=201, sync_to_thread=True, before_request=json_body_guard)
     def enroll(
         self,
         request: Request[Any, Any, Any],
@@ -31,7 +32,8 @@ class EnrollController(Controller):
     ) -> EnrollResponse:
         """Enroll a computer with a one-time code and its Ed25519 public key.
 
-        401: the code is unknown, used or expired. 409: the key is already enrolled.
+        400: malformed or nested too deeply. 401: the code is unknown, used or expired.
+        409: the key is already enrolled. 415: not `application/json`.
         """
         try:
             response = service.enroll(engine, data)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport, QueueEntry
 
@@ -28,10 +28,32 @@ class Freshness(BaseModel):
 
 class GpuView(GpuReport):
     """A GPU's last known figures and its state, separate from the computer's freshness:
-    a full GPU is `full`, never `offline`."""
+    a full GPU is `full`, never `offline`.
 
+    Stored values are shown as stored: an identifier or state the report schema checks may
+    be `[redacted]` (it broke a description rule) or predate the check, so they are plain
+    text here (likewise in `LeaseView` and `JobView`)."""
+
+    uuid: str  # type: ignore[assignment]
+    telemetry: str = "ok"  # type: ignore[assignment]
     state: GpuState
     leases: int = 0
+
+
+class LeaseView(LeaseReport):
+    """An active lease as stored (see `GpuView` on identifiers and states)."""
+
+    lease_id: str  # type: ignore[assignment]
+    gpu_uuids: list[str]  # type: ignore[assignment]
+    state: str = "active"  # type: ignore[assignment]
+    observed_mib: dict[str, int] = Field(default_factory=dict)  # type: ignore[assignment]
+
+
+class JobView(JobSnapshot):
+    """A declared job as stored (see `GpuView` on identifiers and states)."""
+
+    job_id: str  # type: ignore[assignment]
+    state: str = "running"  # type: ignore[assignment]
 
 
 class Flag(BaseModel):
@@ -61,9 +83,9 @@ class ComputerView(BaseModel):
     seq: int | None
     reports_applied: int
     gpus: list[GpuView]
-    leases: list[LeaseReport]
+    leases: list[LeaseView]
     queue: list[QueueEntry]
-    jobs: list[JobSnapshot]
+    jobs: list[JobView]
 
 
 class FleetView(BaseModel):

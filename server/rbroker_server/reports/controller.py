@@ -15,6 +15,7 @@ from litestar.exceptions import (
 )
 from sqlalchemy.engine import Engine
 
+from rbroker_server.bodies import NestedTooDeeply, json_body
 from rbroker_server.db import utcnow
 from rbroker_server.net import client_address
 from rbroker_server.reports import service
@@ -37,11 +38,12 @@ class ReportsController(Controller):
     ) -> ReportAck:
         """Verify and apply a signed report envelope (architecture.md §7).
 
-        200 with `applied` true, or false for a replay or an older seq. 401: malformed,
-        unknown computer or bad signature. 403: revoked computer. 413: over 1 MiB.
+        200 with `applied` true, or false for a replay or an older seq. 400: the envelope
+        or its signed payload nested too deeply. 401: malformed, unknown computer or bad
+        signature. 403: revoked computer. 413: over 1 MiB. 415: not `application/json`.
         422: authentic but not a valid payload.
         """
-        body = await request.body()
+        body = await json_body(request)
         received_at = utcnow()  # the freshness clock: when the whole body had arrived
         try:
             return await anyio.to_thread.run_sync(
@@ -54,5 +56,7 @@ class ReportsController(Controller):
             raise NotAuthorizedException(f"report not authenticated: {exc}") from exc
         except service.ComputerRevoked as exc:
             raise PermissionDeniedException("computer revoked") from exc
+        except service.PayloadNestedTooDeeply as exc:
+            raise NestedTooDeeply(str(exc)) from exc
         except service.ReportInvalid as exc:
             raise ClientException(str(exc), status_code=422) from exc

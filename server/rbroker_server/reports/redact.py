@@ -1,34 +1,78 @@
-"""Server-side description rules (architecture.md §8): a rejected field is redacted, not stored."""
+"""Server-side description rules (architecture.md §8) on every text a report carries: a
+value that breaks one is stored redacted (`REDACTED`) and flagged, never verbatim.
+
+The rules run on the declared descriptions (`DESCRIPTION_FIELDS`), the other free text
+and the identifiers (`TEXT_FIELDS`, `TOP_TEXT_FIELDS`, a lease's `gpu_uuids` and the keys
+of its `observed_mib`). Accepted values are cached by `check_description`, so the ids and
+names that come with every report cost a dictionary look-up each.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Final
 
 from rbroker_protocol.descriptions import DescriptionRejected, check_description
-from rbroker_protocol.reports import DESCRIPTION_FIELDS, ReportPayload
+from rbroker_protocol.reports import (
+    DESCRIPTION_FIELDS,
+    TEXT_FIELDS,
+    TOP_TEXT_FIELDS,
+    ReportPayload,
+)
 
 REDACTED: Final = "[redacted]"
 
+_CHECKED: Final[dict[str, tuple[str, ...]]] = {
+    name: DESCRIPTION_FIELDS.get(name, ()) + TEXT_FIELDS.get(name, ())
+    for name in ("gpus", *DESCRIPTION_FIELDS)
+}
+
+
+def _checked(field: str, path: str, value: str, flags: list[dict[str, str]]) -> str:
+    """`value` as the rules accept it, or `REDACTED` with a flag `{field: path, rule}`."""
+    try:
+        return check_description(field, value)
+    except DescriptionRejected as exc:
+        flags.append({"field": path, "rule": exc.rule})
+        return REDACTED
+
 
 def redacted_state(report: ReportPayload) -> tuple[dict[str, Any], list[dict[str, str]]]:
-    """The report's state as JSON with rejected descriptions replaced by `REDACTED`, and
-    the flags `{field, rule}` for each (paths like `leases[0].purpose`)."""
+    """The report's state as JSON with rejected text replaced by `REDACTED`, and the flags
+    `{field, rule}` for each (paths like `leases[0].purpose`, `gpus[1].name`,
+    `leases[0].gpu_uuids[0]`; `leases[0].observed_mib.key[0]` for the first key of a
+    lease's `observed_mib`, whose MiB then count under `REDACTED`). Empty optional text is
+    left as it is."""
     state: dict[str, Any] = report.model_dump(mode="json", include={"gpus", *DESCRIPTION_FIELDS})
     if report.stopping:
         state["stopping"] = True
     flags: list[dict[str, str]] = []
-    for list_name, fields in DESCRIPTION_FIELDS.items():
+    for list_name, fields in _CHECKED.items():
         for i, item in enumerate(state[list_name]):
             for field in fields:
                 value = item.get(field)
-                if not value:
-                    continue
-                try:
-                    item[field] = check_description(field, value)
-                except DescriptionRejected as exc:
-                    item[field] = REDACTED
-                    flags.append({"field": f"{list_name}[{i}].{field}", "rule": exc.rule})
+                if value:
+                    item[field] = _checked(field, f"{list_name}[{i}].{field}", value, flags)
+    for i, lease in enumerate(state["leases"]):
+        uuids = lease["gpu_uuids"]
+        for j, uuid in enumerate(uuids):
+            uuids[j] = _checked("gpu_uuid", f"leases[{i}].gpu_uuids[{j}]", uuid, flags)
+        observed: dict[str, int] = {}
+        for j, (uuid, mib) in enumerate(lease["observed_mib"].items()):
+            key = _checked("gpu_uuid", f"leases[{i}].observed_mib.key[{j}]", uuid, flags)
+            observed[key] = observed.get(key, 0) + mib
+        lease["observed_mib"] = observed
     return state, flags
+
+
+def checked_text(report: ReportPayload) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """The top-level free text (`TOP_TEXT_FIELDS`) as stored, and the flags for each
+    value replaced by `REDACTED`."""
+    flags: list[dict[str, str]] = []
+    values: dict[str, str] = {}
+    for field in TOP_TEXT_FIELDS:
+        value: str = getattr(report, field)
+        values[field] = _checked(field, field, value, flags) if value else value
+    return values, flags
 
 
 def checked_name(name: str) -> tuple[str, dict[str, str] | None]:

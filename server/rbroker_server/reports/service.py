@@ -21,7 +21,7 @@ from rbroker_protocol.reports import ReportPayload
 from rbroker_protocol.signing import Envelope, EnvelopeError, parse_envelope, verify_report
 from rbroker_server.db import utcnow, write_lock
 from rbroker_server.reports import statements as st
-from rbroker_server.reports.redact import checked_name, redacted_state
+from rbroker_server.reports.redact import checked_name, checked_text, redacted_state
 from rbroker_server.reports.schema import AckCode, ReportAck
 from rbroker_server.settings import Settings
 
@@ -61,6 +61,10 @@ class ComputerRevoked(Exception):
 
 class ReportInvalid(ValueError):
     """An authentic report whose payload does not fit the schema (422)."""
+
+
+class PayloadNestedTooDeeply(ReportInvalid):
+    """An authentic report whose payload nests deeper than its parser allows (400)."""
 
 
 class ReportTooLarge(Exception):
@@ -108,7 +112,9 @@ def ingest(
     """Verify and apply one report envelope (`body`, the exact bytes received).
 
     Raises:
-        ReportTooLarge, ReportUnauthenticated, ComputerRevoked, ReportInvalid.
+        ReportTooLarge, ReportUnauthenticated, ComputerRevoked, ReportInvalid
+        (PayloadNestedTooDeeply for a payload nested deeper than pydantic's JSON parser
+        reads, 200 levels).
     """
     if len(body) > settings.max_body_bytes:
         raise ReportTooLarge
@@ -148,7 +154,10 @@ def _apply(engine: Engine, settings: Settings, env: Envelope, now: datetime) -> 
     try:
         report = ReportPayload.from_bytes(payload)
     except ValidationError as exc:
-        first = ".".join(str(p) for p in exc.errors()[0]["loc"])
+        error = exc.errors()[0]
+        if error["type"] == "json_invalid" and "recursion limit" in error["msg"]:
+            raise PayloadNestedTooDeeply("report payload nested too deeply") from exc
+        first = ".".join(str(p) for p in error["loc"])
         raise ReportInvalid(
             f"payload does not fit the report schema ({exc.error_count()} errors, "
             f"first at {first or 'top level'})"
@@ -178,8 +187,8 @@ def _apply(engine: Engine, settings: Settings, env: Envelope, now: datetime) -> 
 
     state, flags = redacted_state(report)
     name, name_flag = checked_name(report.computer_name)
-    if name_flag:
-        flags.insert(0, name_flag)
+    text, text_flags = checked_text(report)
+    flags[:0] = ([name_flag] if name_flag else []) + text_flags
     generated = _from_unix(report.generated_at)
     params: dict[str, Any] = {
         "w_id": env.computer_id,
@@ -188,14 +197,14 @@ def _apply(engine: Engine, settings: Settings, env: Envelope, now: datetime) -> 
         "v_generated_at": generated,
         "v_clock_skew_s": (generated - now).total_seconds() if generated else None,
         "v_reported_name": name,
-        "v_broker_version": report.broker_version,
-        "v_telemetry_source": report.telemetry_source,
+        "v_broker_version": text["broker_version"],
+        "v_telemetry_source": text["telemetry_source"],
         "v_state": state,
     }
     if flags:
         params.update(v_flagged_at=now, v_flags=flags)
         log.warning(
-            "computer %s sent rejected descriptions: %s",
+            "computer %s sent text the description rules reject (stored redacted): %s",
             env.computer_id,
             ", ".join(f"{f['field']} ({f['rule']})" for f in flags),
         )
