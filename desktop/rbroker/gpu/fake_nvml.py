@@ -54,6 +54,11 @@ class _Memory:
     version: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _PciInfo:
+    busId: str  # pynvml's field name
+
+
 @dataclass(slots=True)
 class _Process:
     pid: int
@@ -250,6 +255,10 @@ class FakeNvml:
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
         gpu = self._gpu(handle)
         return [g.uuid for g in self.gpus()].index(gpu.uuid)
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> _PciInfo:
+        """Simulated GPU number i sits at PCI bus i + 1 (`00000000:01:00.0` first)."""
+        return _PciInfo(f"00000000:{self.nvmlDeviceGetIndex(handle) + 1:02X}:00.0")
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> tuple[int, int]:
         raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)

@@ -13,6 +13,8 @@ What it does for the broker:
   own pid namespace (its pids are the host's);
 - every NVML error turned into a `TelemetryError` carrying a `TelemetryState` and a reason
   name, never a raw NVMLError;
+- where NVML says None (WDDM), the memory a per-process source reports (on Windows the
+  "GPU Process Memory" counters: `rbroker.gpu.wddm`); a pid no source knows stays unknown;
 - `AsyncSampler`: at most one call in flight per GPU, run off the event loop, with a
   deadline, so a hung driver never blocks the caller.
 """
@@ -26,7 +28,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rbroker.gpu.types import GpuInfo, GpuSample, ProcessSample, TelemetryState
@@ -149,6 +151,14 @@ class NvmlGateway:
         self.source = source
         self.clock: Callable[[], float] = time.monotonic
         self.capacity_overrides_mib: dict[str, int] = {}
+        # called before nvmlInit (Windows: find nvml.dll); may raise TelemetryError
+        self.before_init: Callable[[], None] | None = None
+        # `{uuid: PCI bus id} -> source` of per-process MiB where NVML says None (WDDM)
+        self.process_memory_factory: (
+            Callable[[Mapping[str, str]], Callable[[str, Iterable[int]], dict[int, int]] | None]
+            | None
+        ) = None
+        self.process_memory: Callable[[str, Iterable[int]], dict[int, int]] | None = None
         self._lock = threading.Lock()
         self._initialised = False
         self._handles: dict[str, Any] = {}
@@ -172,6 +182,8 @@ class NvmlGateway:
         with self._lock:
             if self._initialised:
                 return
+            if self.before_init is not None:
+                self.before_init()
             try:
                 self.lib.nvmlInit()
             except self.lib.NVMLError as exc:
@@ -212,7 +224,19 @@ class NvmlGateway:
                     found.append(GpuInfo(uuid=uuid, index=index, name=name))
         except lib.NVMLError as exc:
             raise self._error(exc, "enumerate") from None
+        if self.process_memory_factory is not None and self.process_memory is None:
+            self.process_memory = self.process_memory_factory(self._bus_ids())
         return found
+
+    def _bus_ids(self) -> dict[str, str]:
+        """`{uuid: PCI bus id}` of the whole GPUs enumerated (what counters map by)."""
+        out: dict[str, str] = {}
+        for uuid, handle in self._handles.items():
+            try:
+                out[uuid] = _text(self.lib.nvmlDeviceGetPciInfo(handle).busId)
+            except (self.lib.NVMLError, AttributeError):
+                continue  # MIG slices and libraries without the query: no mapping
+        return out
 
     def _mig_slices(self, handle: Any, index: int, name: str) -> list[GpuInfo]:
         lib = self.lib
@@ -362,6 +386,15 @@ class NvmlGateway:
             if self.foreign_pids:
                 mib = None  # another pid namespace's pid: unknown (device_used has it)
             procs.append(ProcessSample(pid, mib, late.kind))
+        unknown = [p.pid for p in procs if p.used_mib is None]
+        if unknown and self.process_memory is not None and not self.foreign_pids:
+            counted = self.process_memory(uuid, unknown)
+            procs = [
+                ProcessSample(p.pid, counted[p.pid], p.kind)
+                if p.used_mib is None and 0 <= counted.get(p.pid, -1) <= total_mib
+                else p
+                for p in procs
+            ]
         return GpuSample(
             uuid=uuid,
             total_mib=total_mib,

@@ -1,0 +1,232 @@
+"""Per-process GPU memory on Windows (issue 13, item 4): the "GPU Process Memory" counter
+parser, the adapter-to-NVML mapping, and the counters as observed memory in the capacity
+model, on the recorded sample in tests/data/windows/gpu_process_memory.json.
+
+The Windows readers themselves (PDH, gdi32) run only on Windows; here the production
+gateway runs on the simulated NVML with per-process memory None (what WDDM reports) and
+the recorded counter values as its per-process source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rbroker.broker.holders import Holder
+from rbroker.gpu.fake_nvml import FakeNvml
+from rbroker.gpu.nvml import NvmlGateway
+from rbroker.gpu.process_counters import (
+    CounterFormatError,
+    PciAddress,
+    dedicated_mib_by_adapter,
+    format_luid,
+    map_adapters,
+    observed_mib,
+    parse_bus_id,
+    parse_instance,
+)
+from tests.desktop.inprocess import InProcessBroker
+
+SAMPLE = Path(__file__).parent.parent / "data" / "windows" / "gpu_process_memory.json"
+NV_LUID = 0x0000D1A2
+IGPU_LUID = 0x0000C3F1
+HIGH_LUID = 1 << 32 | 0x00002A10
+GPU1 = "GPU-5a1e0000-0000-0000-0000-000000000001"
+GPU2 = "GPU-5a1e0000-0000-0000-0000-000000000002"
+
+
+@pytest.fixture(scope="module")
+def sample() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(SAMPLE.read_text())
+    return data
+
+
+def _adapters(sample: dict[str, Any]) -> dict[int, PciAddress]:
+    out = {}
+    for text, (bus, device, function) in sample["adapters"].items():
+        high, low = text.split("_")
+        out[int(high, 16) << 32 | int(low, 16)] = PciAddress(None, bus, device, function)
+    return out
+
+
+def test_instance_name_of_the_issue() -> None:
+    inst = parse_instance("pid_1234_luid_0x00000000_0x0000D1A2_phys_0")
+    assert (inst.pid, inst.luid, inst.phys) == (1234, 0xD1A2, 0)
+    assert format_luid(inst.luid) == "0x00000000_0x0000D1A2"
+    high = parse_instance("pid_7_luid_0x00000001_0x00002A10_phys_3")
+    assert (high.luid, high.phys) == (0x1_00002A10, 3)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["_Total", "pid_x_luid_0x0_0x1_phys_0", "pid_1_luid_0x0_phys_0", "pid_1_luid_0x0_0x1", ""],
+)
+def test_malformed_instance_names_are_named(name: str) -> None:
+    with pytest.raises(CounterFormatError) as err:
+        parse_instance(name)
+    assert repr(name) in str(err.value)
+
+
+def test_recorded_sample_per_adapter_and_pid(sample: dict[str, Any]) -> None:
+    bad: list[str] = []
+    per_adapter = dedicated_mib_by_adapter(sample["dedicated_usage_bytes"], bad)
+    assert per_adapter == {
+        # 8 GiB; 1 GiB + 1 byte on phys 0 plus 1 MiB on phys 1 rounds up to 1 026 MiB;
+        # pid 0 (kernel) left out; pid 6016 listed with 0 bytes
+        NV_LUID: {1234: 8192, 5120: 1026, 6016: 0},
+        # 128.5 MiB rounds up to 129: never under-counted
+        IGPU_LUID: {6016: 256, 944: 129},
+        HIGH_LUID: {7300: 3072},
+    }
+    assert len(bad) == 2
+    assert any("'_Total'" in line for line in bad)
+    assert any("pid_8100" in line and "-1" in line for line in bad)
+
+
+@pytest.mark.parametrize("raw", [float("nan"), -5, "12", None, True])
+def test_values_that_are_not_byte_counts_are_skipped(raw: object) -> None:
+    bad: list[str] = []
+    name = "pid_10_luid_0x00000000_0x0000D1A2_phys_0"
+    assert dedicated_mib_by_adapter({name: raw}, bad) == {}  # type: ignore[dict-item]
+    assert bad and name in bad[0]
+
+
+def test_recorded_adapters_map_to_nvml_gpus_by_pci_address(sample: dict[str, Any]) -> None:
+    mapping, notes = map_adapters(_adapters(sample), sample["nvml_bus_ids"])
+    assert mapping == {GPU1: NV_LUID, GPU2: HIGH_LUID}
+    assert notes == []
+
+
+def test_bus_ids_in_both_nvml_spellings() -> None:
+    assert parse_bus_id("00000000:65:00.0") == PciAddress(0, 0x65, 0, 0)
+    assert parse_bus_id("0000:17:00.1\x00") == PciAddress(0, 0x17, 0, 1)
+    with pytest.raises(CounterFormatError, match="'65:00'"):
+        parse_bus_id("65:00")
+
+
+def test_unmatched_and_ambiguous_gpus_map_to_nothing() -> None:
+    adapters = {NV_LUID: PciAddress(None, 0x65, 0, 0)}
+    gpus = {
+        GPU1: "00000000:65:00.0",
+        GPU2: "00000001:65:00.0",  # same bus/device/function, other domain
+        "GPU-c": "00000000:b3:00.0",
+        "GPU-d": "garbage",
+    }
+    mapping, notes = map_adapters(adapters, gpus)
+    assert mapping == {}
+    text = "\n".join(notes)
+    assert f"{GPU1}: PCI 65:00.0 is ambiguous" in text
+    assert f"{GPU2}: PCI 65:00.0 is ambiguous" in text
+    assert "GPU-c: no Windows adapter at PCI b3:00.0" in text
+    assert "GPU-d: not a PCI bus id" in text
+
+
+def test_two_adapters_at_one_address_map_to_nothing() -> None:
+    adapters = {1: PciAddress(None, 1, 0, 0), 2: PciAddress(None, 1, 0, 0)}
+    mapping, notes = map_adapters(adapters, {GPU1: "00000000:01:00.0"})
+    assert mapping == {} and "ambiguous" in notes[0]
+
+
+def test_observed_mib_leaves_pids_without_a_counter_out(sample: dict[str, Any]) -> None:
+    per_adapter = dedicated_mib_by_adapter(sample["dedicated_usage_bytes"])
+    assert observed_mib(per_adapter, NV_LUID, [1234, 999]) == {1234: 8192}
+    assert observed_mib(per_adapter, None, [1234]) == {}
+    assert observed_mib(per_adapter, 0xDEAD, [1234]) == {}
+
+
+# -- the counters as observed memory, through the production gateway ----------------------
+WDDM_SCENARIO = """
+[[gpu]]
+uuid = "GPU-5a1e0000-0000-0000-0000-000000000001"
+name = "Simulated RTX A4000 (WDDM)"
+total_mib = 16384
+per_process_memory = false
+"""
+
+
+class RecordedCounters:
+    """A per-process source built like `rbroker.gpu.wddm.WddmProcessMemory`, on recorded
+    values: the sample's instance names with the sample's pid 1234 standing for `pid`."""
+
+    def __init__(self, sample: dict[str, Any], bus_ids: dict[str, str], pid: int) -> None:
+        values = {
+            name.replace("pid_1234_", f"pid_{pid}_"): v
+            for name, v in sample["dedicated_usage_bytes"].items()
+        }
+        self.per_adapter = dedicated_mib_by_adapter(values)
+        self.luids, _ = map_adapters(_adapters(sample), bus_ids)
+        self.bus_ids = bus_ids
+        self.missing = False
+
+    def __call__(self, uuid: str, pids: Iterable[int]) -> dict[int, int]:
+        if self.missing:  # the counter set went away (a broken counter registry)
+            return {}
+        return observed_mib(self.per_adapter, self.luids.get(uuid), pids)
+
+
+def _bus_ids_at_0x65(_found: dict[str, str]) -> dict[str, str]:
+    # the simulated GPU 0 sits at bus 01; the recorded NVIDIA adapter is at bus 0x65
+    return {GPU1: "00000000:65:00.0"}
+
+
+@pytest.fixture
+def wddm(tmp_path: Path, sample: dict[str, Any]) -> Iterator[tuple[InProcessBroker, Any]]:
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(WDDM_SCENARIO)
+    h = InProcessBroker(scenario, tmp_path, persist=False)
+    made: list[RecordedCounters] = []
+
+    def factory(bus_ids: dict[str, str]) -> RecordedCounters:
+        assert bus_ids == {GPU1: "00000000:01:00.0"}  # what the gateway read from NVML
+        made.append(RecordedCounters(sample, _bus_ids_at_0x65(bus_ids), os.getpid()))
+        return made[0]
+
+    gateway = h.broker.gateway
+    gateway.process_memory_factory = factory
+    gateway.enumerate()  # the broker re-enumerates; here once, by hand
+    yield h, made[0]
+    h.close()
+
+
+def test_gateway_fills_none_from_the_counters(tmp_path: Path, sample: dict[str, Any]) -> None:
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(WDDM_SCENARIO)
+    fake = FakeNvml(scenario)
+    gateway = NvmlGateway(fake, source="simulated")
+    gateway.foreign_pids = False  # the recorded pids are this machine's pids
+    gateway.process_memory_factory = lambda ids: RecordedCounters(
+        sample, _bus_ids_at_0x65(ids), os.getpid()
+    )
+    (info,) = gateway.enumerate()
+    fake.allocate(info.uuid, os.getpid(), 100)  # listed by NVML with memory None
+    (proc,) = gateway.read(info.uuid).processes
+    assert (proc.pid, proc.used_mib) == (os.getpid(), 8192)  # the counter, not NVML's None
+    gateway.process_memory_factory = None
+    gateway.process_memory = None
+    (proc,) = gateway.read(info.uuid).processes
+    assert proc.used_mib is None  # no counter source: unknown, as WDDM says
+
+
+def test_counters_are_the_leases_observed_memory(wddm: tuple[InProcessBroker, Any]) -> None:
+    h, counters = wddm
+    h.broker.gateway.foreign_pids = False
+    h.sample()
+    me = Holder.of(os.getpid())
+    task = h.acquire(me, mib=10240)
+    lease = task.result()
+    h.fake.allocate(GPU1, os.getpid(), 1)  # NVML lists this pid; WDDM: memory None
+    h.sample()
+    assert lease.observed_mib == {GPU1: 8192}  # the recorded 8 GiB from the counter
+    (gpu,) = h.broker.gpus_view()
+    assert gpu["outstanding_mib"] == 10240 - 8192
+    assert gpu["leased_in_use_mib"] == 8192
+    counters.missing = True  # the counter disappears: unknown counts as 0 again
+    h.sample()
+    assert lease.observed_mib.get(GPU1, 0) == 0
+    (gpu,) = h.broker.gpus_view()
+    assert gpu["outstanding_mib"] == 10240
