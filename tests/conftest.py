@@ -20,8 +20,15 @@ import pytest
 
 import rbroker
 from rbroker.demo.processes import SimulatedBroker
+from rbroker.localapi.machine_lock import ENV_LOCK, PER_SOCKET
 
 pytest_plugins = ["tests.os_users"]  # the `other_user` fixture (a real second OS account)
+
+# Every broker the suite starts, in this process or as a child, takes a machine lock named
+# after its socket instead of the computer's one (`rbroker.localapi.machine_lock`): the suite
+# runs many simulated brokers at once, and beside any real broker of this computer. The
+# lock's own tests name a shared lock explicitly.
+os.environ[ENV_LOCK] = PER_SOCKET
 
 GPU0 = "GPU-5a1e0000-0000-0000-0000-000000000001"
 GPU1 = "GPU-5a1e0000-0000-0000-0000-000000000002"

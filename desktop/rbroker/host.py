@@ -13,6 +13,8 @@ from rbroker.broker.config import BrokerConfig
 from rbroker.broker.service import Broker
 from rbroker.broker.store import LeaseStore
 from rbroker.gpu.select import open_gateway
+from rbroker.localapi.access import broker_user
+from rbroker.localapi.machine_lock import MachineLock, acquire_machine_lock, lock_name
 from rbroker.localapi.server import LocalApi
 from rbroker.uplink.runner import run_uplink
 
@@ -67,16 +69,36 @@ class BrokerHost:
         self.broker: Broker | None = None
         self.api: LocalApi | None = None
         self._uplink: asyncio.Task[None] | None = None
+        self._lock: DataDirLock | None = None
+        self._machine_lock: MachineLock | None = None
 
     @property
     def simulated(self) -> bool:
         return self._fake is not None
 
     async def start(self) -> None:
-        """Lock the data dir, open the lease store, start the broker, then listen."""
-        self.config.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = DataDirLock(self.config.data_dir)
-        store = LeaseStore(self.config.data_dir / "broker.sqlite3")
+        """Take the machine-wide broker lock, lock the data dir, open the lease store, start
+        the broker, then listen.
+
+        Raises:
+            MachineLockHeld: another broker runs on this computer (any user).
+        """
+        socket_path = str(self.config.socket_path)
+        name = lock_name(self.config.machine_lock, socket_path)
+        machine_lock = acquire_machine_lock(name, socket_path, broker_user())
+        self._machine_lock = machine_lock
+        try:
+            self.config.data_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = lock = DataDirLock(self.config.data_dir)
+        except BaseException:
+            machine_lock.release()
+            raise
+        try:
+            store = LeaseStore(self.config.data_dir / "broker.sqlite3")
+        except BaseException:
+            lock.release()
+            machine_lock.release()
+            raise
         self.broker = Broker(self.config, self._gateway, self._fake, store=store)
         self.api = LocalApi(self.broker, str(self.config.socket_path))
         try:
@@ -85,7 +107,8 @@ class BrokerHost:
             self._uplink = asyncio.create_task(run_uplink(self.broker, self.config.data_dir))
         except BaseException:
             await self.broker.stop()
-            self._lock.release()
+            lock.release()
+            machine_lock.release()
             raise
 
     async def stop(self) -> None:
@@ -102,7 +125,10 @@ class BrokerHost:
             await self.api.close(leases_kept=kept)
         if self.broker is not None:
             await self.broker.stop()
-        self._lock.release()
+        if self._lock is not None:
+            self._lock.release()
+        if self._machine_lock is not None:
+            self._machine_lock.release()
 
     async def run_forever(self, ready: asyncio.Event | None = None) -> None:
         """Start, then run until SIGINT/SIGTERM (or cancellation), then stop."""

@@ -18,6 +18,9 @@ EXIT_USAGE = 2
 """Bad arguments."""
 EXIT_TRAY_ALREADY_RUNNING = 3
 """Tray only: another tray already runs (it was asked to show its window)."""
+EXIT_BROKER_ALREADY_RUNNING = 3
+"""Broker: another broker, of any user, holds this computer's broker lock (the line names its
+user, pid and socket)."""
 EXIT_PATH_TOO_LONG = 10
 """The Unix socket path is over the OS limit (`SOCKET_PATH_MAX_BYTES`)."""
 EXIT_PERMISSION = 11

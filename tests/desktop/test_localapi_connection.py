@@ -129,6 +129,8 @@ def test_a_second_broker_on_the_same_socket_refuses_and_leaves_the_first(
         [
             *(sys.executable, "-m", "rbroker", "broker", "--simulate", str(root / "scenario.toml")),
             *("--socket", broker.socket, "--data-dir", str(root / "data")),
+            # a lock of its own: past the machine lock to the socket's own check
+            *("--machine-lock", f"rbroker-test-{os.getpid()}-same-socket"),
         ],
         capture_output=True,
         timeout=60,

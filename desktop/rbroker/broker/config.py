@@ -16,6 +16,9 @@ class BrokerConfig:
     lists per process (unknown counts 0), so set it only where that list is complete.
     `release_sample_gap_s`: samples asked for by releases come at most this often per GPU
     (architecture.md §2's release rule; a grant's sample is never delayed).
+    `allowed_group`: only the broker's user and this OS group's members may connect (§5).
+    `machine_lock`: the name of the machine-wide broker lock (None: `$RBROKER_BROKER_LOCK`,
+    else `rbroker-broker`; `rbroker.localapi.machine_lock`).
     """
 
     socket_path: Path
@@ -42,6 +45,8 @@ class BrokerConfig:
     enumerate_interval_s: float = 10.0
     capacity_overrides_mib: dict[str, int] = field(default_factory=dict)
     admin_group: str | None = None
+    allowed_group: str | None = None
+    machine_lock: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse settings that would admit more than a GPU holds.

@@ -14,11 +14,13 @@ from rich.console import Console
 
 from rbroker.gpu.nvml import TelemetryError
 from rbroker.gpu.scenario import ScenarioError
+from rbroker.localapi.machine_lock import MachineLockHeld, lock_name
 from rbroker.localapi.paths import default_data_dir, default_socket_path
 from rbroker.localapi.transport import BrokerAlreadyRunning
 from rbroker.startup import os_error_line
 from rbroker.uplink import quiet_http_client_logs
 from rbroker_protocol.startup import (
+    EXIT_BROKER_ALREADY_RUNNING,
     EXIT_CANNOT_START,
     EXIT_DATABASE,
     EXIT_INTERNAL,
@@ -49,8 +51,9 @@ def _group_exists(name: str) -> bool:
 
 
 def run_broker(args: argparse.Namespace) -> int:
-    """Run until SIGINT/SIGTERM. Exit codes: 0 stopped, 1 cannot start (another broker,
-    bad scenario, GPUs unreadable), 2 bad arguments, and the startup codes of
+    """Run until SIGINT/SIGTERM. Exit codes: 0 stopped, 1 cannot start (a broker already on
+    this socket or data dir, bad scenario, GPUs unreadable), 2 bad arguments, 3 another broker
+    holds this computer's broker lock, and the startup codes of
     `rbroker_protocol.startup` (10 socket path too long, 11 permission denied, 13 read-only
     file system, 14 no space, 15 lease database, 19 other OS error, 70 unexpected); every
     failure is one line on stderr with the fix."""
@@ -75,6 +78,10 @@ def run_broker(args: argparse.Namespace) -> int:
         if not uuid or not mib.isdigit() or int(mib) <= 0:
             return _fail(EXIT_USAGE, f"--capacity-mib wants UUID=MIB, got {item!r}")
         overrides[uuid] = int(mib)
+    try:
+        lock_name(args.machine_lock, socket_path)
+    except ValueError as exc:
+        return _fail(EXIT_USAGE, f"--machine-lock: {exc}")
     if args.admin_group and not _group_exists(args.admin_group):
         return _fail(EXIT_USAGE, f"--admin-group: no OS group named {args.admin_group!r}")
     try:
@@ -90,6 +97,7 @@ def run_broker(args: argparse.Namespace) -> int:
             capacity_overrides_mib=overrides,
             admin_group=args.admin_group,
             release_all_on_exit=args.release_all_on_exit,
+            machine_lock=args.machine_lock,
         )
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))
@@ -128,6 +136,8 @@ def run_broker(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
+    except MachineLockHeld as exc:
+        return _fail(EXIT_BROKER_ALREADY_RUNNING, f"{exc}; not starting a second one")
     except (BrokerAlreadyRunning, DataDirLocked) as exc:
         return _fail(EXIT_CANNOT_START, f"{exc}; not starting a second one")
     except TelemetryError as exc:

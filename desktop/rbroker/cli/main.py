@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="OS group whose members may also pause admissions (default: the broker's user only)",
     )
     b.add_argument(
+        "--machine-lock",
+        metavar="NAME",
+        help="name of the one-broker-per-computer lock (default: RBROKER_BROKER_LOCK or "
+        "rbroker-broker; 'per-socket': one per socket address, for simulated brokers side by side)",
+    )
+    b.add_argument(
         "--release-all-on-exit",
         action="store_true",
         help="end every lease when the broker stops (default: keep them for the restart)",

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from rbroker._children import HARD_KILL, die_with_parent
+from rbroker.localapi.machine_lock import PER_SOCKET
 
 
 def child_setup() -> None:  # pragma: no cover - runs in the child
@@ -33,8 +34,14 @@ def child_setup() -> None:  # pragma: no cover - runs in the child
 
 def broker_command(socket: str, data_dir: Path, scenario: Path | None) -> list[str]:
     """`python -m rbroker broker` on `socket` and `data_dir`; simulated from `scenario`
-    (a TOML file) when given, else on the real GPUs."""
-    simulate = ["--simulate", str(scenario)] if scenario is not None else []
+    (a TOML file) when given, else on the real GPUs.
+
+    A simulated broker admits against no real GPU memory, so it takes a machine lock of its
+    own (`--machine-lock per-socket`): the demo's, the tests' and the benchmarks' brokers run
+    side by side, and beside a real broker. On real GPUs it takes the machine-wide lock."""
+    simulate = (
+        ["--simulate", str(scenario), "--machine-lock", PER_SOCKET] if scenario is not None else []
+    )
     return [
         sys.executable, "-m", "rbroker", "broker", *simulate,
         "--socket", socket, "--data-dir", str(data_dir),

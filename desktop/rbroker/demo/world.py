@@ -14,6 +14,7 @@ children that never outlive the demo, and a fleet in `rbroker.demo.fleet`):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 from rbroker._exceptions import RBrokerError
 from rbroker.demo.processes import ProcessGroup, worker_command
 from rbroker.localapi.client import Client
+from rbroker.localapi.machine_lock import PER_SOCKET
 from rbroker.tray.embedded import EmbeddedBroker
 
 # -- `rbroker demo`: the timeline -------------------------------------------------------------
@@ -183,6 +185,8 @@ class DemoBroker:
         scenario = self.root / "scenario.toml"
         scenario.write_text(SCENARIO)
         config = make_config(self.socket, self.root / "data", True, scenario, None)
+        # simulated: a machine lock of its own, so the demo runs beside any real broker
+        config = dataclasses.replace(config, machine_lock=PER_SOCKET)
         self.broker = EmbeddedBroker(config)
         self.broker.start()
         if not self.broker.wait_ready(timeout_s):
