@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rbroker.broker.holders import Holder
+from rbroker.broker.launchers import interpreter_of, snapshot_around
 from rbroker.broker.service import Broker
 from rbroker.localapi.transport import Peer
 from rbroker_protocol import jsonrpc
@@ -96,7 +97,10 @@ class Connection:
 
     def holder(self) -> Holder:
         """The peer process's identity (pid + start time), read once per connection: the
-        process on the other end of a socket never changes.
+        process on the other end of a socket never changes. On Windows a launcher on the
+        pipe (a venv's `python.exe`, `py.exe`, a console-script shim) stands for the
+        interpreter it started (`rbroker.broker.launchers`): that is the process the
+        driver lists.
 
         Raises:
             RpcError: `not_allowed` when the OS gives pid 0 (the peer is in a pid namespace
@@ -110,8 +114,11 @@ class Connection:
                     "client in the broker's pid namespace, or the broker in the client's",
                     reason="peer_pid_unknown",
                 )
+            pid = self.peer.pid
+            if sys.platform == "win32":
+                pid = interpreter_of(snapshot_around(pid), pid)
             try:
-                self._holder = Holder.of(self.peer.pid)
+                self._holder = Holder.of(pid)
             except ProcessLookupError:
                 raise RpcError(ErrorCode.CANCELLED, "the requesting process has exited") from None
         return self._holder
