@@ -14,7 +14,6 @@ from litestar import Litestar, get
 from litestar.config.compression import CompressionConfig
 from litestar.datastructures import CacheControlHeader, State
 from litestar.di import NamedDependency, Provide
-from litestar.exceptions import ServiceUnavailableException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, Reference, SecurityScheme
 from litestar.plugins.jinja import JinjaTemplateEngine
@@ -23,7 +22,7 @@ from litestar.template import TemplateConfig
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
-from rbroker_server import __version__, db, maintenance
+from rbroker_server import __version__, db, dbfaults, maintenance
 from rbroker_server.enroll.controller import EnrollController
 from rbroker_server.fleet.controller import FleetController
 from rbroker_server.metrics.controller import MetricsController
@@ -60,20 +59,22 @@ SECURITY_SCHEMES: dict[str, SecurityScheme | Reference] = {
 
 
 @get("/healthz", sync_to_thread=True, tags=["health"])
-def healthz(engine: NamedDependency[Engine]) -> dict[str, str]:
-    """Liveness and database probe: `{"status": "ok", "version": …}` (503 when the DB fails)."""
-    try:
-        with engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
-    except sa.exc.SQLAlchemyError as exc:
-        raise ServiceUnavailableException("database unavailable") from exc
+def healthz(engine: NamedDependency[Engine], settings: NamedDependency[Settings]) -> dict[str, str]:
+    """Liveness and a proven write: `{"status": "ok", "version": …}` once an upsert
+    committed (`dbfaults.probe_write`). 503 with Retry-After and the reason when it did not
+    or, for SQLite, when its disk has less than `min_free_mib` free."""
+    dbfaults.probe_write(engine, settings)
     return {"status": "ok", "version": __version__}
 
 
-async def _prune_forever(engine: Engine, settings: Settings) -> None:
+async def _prune_forever(
+    engine: Engine, settings: Settings, faults: dbfaults.DatabaseFaults
+) -> None:
     while True:
         try:
             await anyio.to_thread.run_sync(maintenance.prune, engine, settings)
+        except dbfaults.FAULTS as exc:
+            faults.fault(exc)  # part of the fault episode: logged once with the requests
         except sa.exc.SQLAlchemyError:
             log.exception("pruning failed; retrying at the next interval")
         await asyncio.sleep(settings.prune_interval_s)
@@ -92,18 +93,20 @@ def create_app(
     """
     owned = engine is None
     eng = engine if engine is not None else db.make_engine(settings.db_url)
+    faults = dbfaults.DatabaseFaults(eng, settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Litestar) -> AsyncIterator[None]:
         if migrate:
             await anyio.to_thread.run_sync(db.upgrade, eng)
-        task = asyncio.create_task(_prune_forever(eng, settings))
+        task = asyncio.create_task(_prune_forever(eng, settings, faults))
         try:
             yield
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            faults.close()
             if owned:
                 eng.dispose()
 
@@ -127,6 +130,7 @@ def create_app(
             static,
         ],
         middleware=[security_headers],
+        exception_handlers=dict.fromkeys(dbfaults.FAULTS, faults.answer),
         compression_config=CompressionConfig(
             backend="gzip",
             minimum_size=1024,
@@ -155,6 +159,7 @@ def create_app(
                 STATE_TRUSTED: parse_networks(settings.trusted_proxies),
                 "signin_limiter": RateLimiter(web.SIGNIN_ATTEMPTS, web.SIGNIN_WINDOW_S),
                 web.SETTINGS_STATE: settings,
+                dbfaults.STATE_KEY: faults,
             }
         ),
     )

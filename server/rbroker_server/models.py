@@ -2,7 +2,8 @@
 
 Tables: groups, viewer tokens, enrollment codes (hashed), computers (with their latest
 state), runs seen per computer (so a retired run can never be replayed), downsampled
-history points, used request nonces, and the web view's sign-in sessions.
+history points, used request nonces, the web view's sign-in sessions and the write probe
+of `/healthz`.
 """
 
 from __future__ import annotations
@@ -155,3 +156,13 @@ class WebSession(SQLModel, table=True):
 
 metadata = SQLModel.metadata
 """The metadata Alembic compares migrations against."""
+
+
+class HealthCheck(SQLModel, table=True):
+    """One row per coordinator host name: the last time `/healthz` proved a write (a
+    committed UPDATE or INSERT), so a health check fails when the database cannot write."""
+
+    __tablename__ = "health_checks"
+
+    name: str = Field(primary_key=True, max_length=255)
+    checked_at: datetime = Field(sa_type=UtcDateTime)

@@ -43,6 +43,10 @@ class Settings:
             coordinator, e.g. `https://lab.example.org/rbroker/`; its path is the prefix
             the proxy adds (signed fleet reads are verified against it). Empty: served
             directly at `https://public_hostname:bind_port/`.
+        db_retry_after_s: the `Retry-After` of a 503 for a database fault, and how often
+            the coordinator probes the database during a fault episode.
+        min_free_mib: `/healthz` fails when the file system of a SQLite database has less
+            free space (MiB).
         trusted_proxies: addresses or networks (`127.0.0.1`, `10.0.0.0/8`, `::1`) of reverse
             proxies whose `X-Forwarded-For` gives the client address for rate limits and
             logs; from any other peer the header is ignored.
@@ -68,12 +72,16 @@ class Settings:
     enroll_code_ttl_s: float = 24 * 3600.0
     external_url: str = ""
     trusted_proxies: tuple[str, ...] = ()
+    db_retry_after_s: float = 5.0
+    min_free_mib: int = 64
 
     def __post_init__(self) -> None:
         if not 0 < self.stale_after_s <= self.offline_after_s:
             raise ValueError("need 0 < stale_after_s <= offline_after_s")
         if self.history_step_s <= 0 or self.history_window_s <= 0:
             raise ValueError("history_step_s and history_window_s must be positive")
+        if self.db_retry_after_s <= 0 or self.min_free_mib < 0:
+            raise ValueError("need db_retry_after_s > 0 and min_free_mib >= 0")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")
         if self.external_url:

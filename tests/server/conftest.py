@@ -207,6 +207,15 @@ def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
     return server, thread, url
 
 
+def start_coordinator(settings: Settings, backend: str) -> Coordinator:
+    """A coordinator serving `settings` on a free port (stop it, dispose of its engine)."""
+    engine = db.make_engine(settings.db_url)
+    server, thread, url = _serve(create_app(settings, engine=engine))
+    c = Coordinator(url, settings, engine, httpx.Client(base_url=url, timeout=30), backend)
+    c._server, c._thread = server, thread
+    return c
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def backend(request: pytest.FixtureRequest) -> str:
     """The database the coordinator runs on (PostgreSQL only with RBROKER_TEST_PG_URL)."""
@@ -236,10 +245,7 @@ def coordinator_factory(
 
     def factory(**changes: Any) -> Coordinator:
         settings = Settings(data_dir=tmp_path / "data", database_url=database_url, **changes)
-        engine = db.make_engine(settings.db_url)
-        server, thread, url = _serve(create_app(settings, engine=engine))
-        c = Coordinator(url, settings, engine, httpx.Client(base_url=url, timeout=30), backend)
-        c._server, c._thread = server, thread
+        c = start_coordinator(settings, backend)
         started.append(c)
         return c
 
