@@ -27,7 +27,7 @@ from rbroker_server.enroll.controller import EnrollController
 from rbroker_server.fleet.controller import FleetController
 from rbroker_server.metrics.controller import MetricsController
 from rbroker_server.net import STATE_TRUSTED, PrefixStrip, parse_networks
-from rbroker_server.ratelimit import RateLimiter
+from rbroker_server.ratelimit import Throttles
 from rbroker_server.reports.controller import ReportsController
 from rbroker_server.settings import Settings
 from rbroker_server.web import controller as web
@@ -157,7 +157,7 @@ def create_app(
         state=State(
             {
                 STATE_TRUSTED: parse_networks(settings.trusted_proxies),
-                "signin_limiter": RateLimiter(web.SIGNIN_ATTEMPTS, web.SIGNIN_WINDOW_S),
+                Throttles.STATE_KEY: Throttles(),
                 web.SETTINGS_STATE: settings,
                 dbfaults.STATE_KEY: faults,
             }

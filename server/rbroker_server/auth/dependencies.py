@@ -13,9 +13,13 @@ from sqlalchemy.engine import Engine
 from rbroker_protocol.signing import external_target
 from rbroker_server.auth.service import Forbidden, Scope, Unauthenticated, authenticate
 from rbroker_server.net import client_address
+from rbroker_server.ratelimit import Throttles
 from rbroker_server.settings import Settings
 
 log = logging.getLogger(__name__)
+
+CHALLENGE = (("WWW-Authenticate", 'Bearer realm="rbroker", charset="UTF-8"'),)
+"""The challenge of a 401 on a fleet read: a viewer token (or a computer's signature)."""
 
 
 def request_target(request: Request[Any, Any, Any], root_path: str = "") -> str:
@@ -34,14 +38,21 @@ def provide_caller(
     engine: NamedDependency[Engine],
     settings: NamedDependency[Settings],
 ) -> Scope:
-    """The group this request may read (runs in a worker thread: it touches the database)."""
+    """The group this request may read (runs in a worker thread: it touches the database).
+
+    401 with `WWW-Authenticate` for credentials that do not hold; 429 with Retry-After once
+    an address has failed `ratelimit.CREDENTIAL_FAILURES` times a minute."""
+    address = client_address(request)
+    throttle = Throttles.of(request).credentials
+    throttle.check(address)
     headers = {k.lower(): v for k, v in request.headers.items()}
     try:
         return authenticate(
             engine, settings, headers, request.method, request_target(request, settings.root_path)
         )
     except Unauthenticated as exc:
-        log.info("unauthenticated fleet read from %s: %s", client_address(request), exc)
-        raise NotAuthorizedException(str(exc)) from exc
+        throttle.spend(address)
+        log.info("unauthenticated fleet read from %s: %s", address, exc)
+        raise NotAuthorizedException(str(exc), headers=dict(CHALLENGE)) from exc
     except Forbidden as exc:
         raise PermissionDeniedException(str(exc)) from exc

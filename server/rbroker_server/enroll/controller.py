@@ -11,19 +11,27 @@ from litestar.exceptions import ClientException, NotAuthorizedException
 from litestar.params import JSONBody
 from sqlalchemy.engine import Engine
 
-from rbroker_server.bodies import json_body_guard
+from rbroker_server.bodies import json_body
 from rbroker_server.enroll import service
 from rbroker_server.enroll.schema import EnrollRequest, EnrollResponse
 from rbroker_server.net import client_address
+from rbroker_server.ratelimit import Throttles
 
 log = logging.getLogger(__name__)
+
+
+async def enroll_guard(request: Request[Any, Any, Any]) -> None:
+    """Before the body is decoded: the address's failed-enrollment limit (429), then the
+    JSON body checks (415, 400)."""
+    Throttles.of(request).enroll.check(client_address(request))
+    await json_body(request)
 
 
 class EnrollController(Controller):
     path = "/api/v1/enroll"
     tags = ("enrollment",)
 
-    @post("/", status_code=201, sync_to_thread=True, before_request=json_body_guard)
+    @post("/", status_code=201, sync_to_thread=True, before_request=enroll_guard)
     def enroll(
         self,
         request: Request[Any, Any, Any],
@@ -33,12 +41,15 @@ class EnrollController(Controller):
         """Enroll a computer with a one-time code and its Ed25519 public key.
 
         400: malformed or nested too deeply. 401: the code is unknown, used or expired.
-        409: the key is already enrolled. 415: not `application/json`.
+        409: the key is already enrolled. 415: not `application/json`. 429 with Retry-After:
+        too many failed enrollments from this address (`ratelimit.ENROLL_FAILURES` a minute).
         """
         try:
             response = service.enroll(engine, data)
         except service.EnrollRefused as exc:
-            log.warning("enrollment refused (bad code) from %s", client_address(request))
+            address = client_address(request)
+            Throttles.of(request).enroll.spend(address)
+            log.warning("enrollment refused (bad code) from %s", address)
             raise NotAuthorizedException("enrollment code invalid, used or expired") from exc
         except service.EnrollConflict as exc:
             raise ClientException("this public key is already enrolled", status_code=409) from exc

@@ -55,6 +55,12 @@ def enroll(engine: Engine, req: EnrollRequest) -> EnrollResponse:
         raise EnrollRefused
     now = utcnow()
     computer_id = "c_" + secrets.token_hex(8)
+    # A wrong code is refused by a read, outside the write lock: guessing never queues
+    # honest writers (reports) behind it. The locked transaction below decides.
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(CODES.c.secret_hash).where(CODES.c.id == cred.id)).first()
+    if row is None or not secret_matches(cred, row.secret_hash):
+        raise EnrollRefused
     with write_lock(engine), engine.begin() as conn:
         row = conn.execute(
             sa.select(CODES.c.secret_hash, CODES.c.group_id).where(CODES.c.id == cred.id)

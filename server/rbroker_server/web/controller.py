@@ -23,11 +23,12 @@ from litestar.params import Body, FromPath
 from litestar.response import Redirect, Template
 from sqlalchemy.engine import Engine
 
+from rbroker_server import ratelimit
 from rbroker_server.auth.service import Unauthenticated
 from rbroker_server.db import utcnow
 from rbroker_server.fleet import service as fleet_service
 from rbroker_server.fleet.schema import HistoryView
-from rbroker_server.ratelimit import RateLimiter, client_address
+from rbroker_server.ratelimit import Throttles, client_address
 from rbroker_server.settings import Settings
 from rbroker_server.web import service as pages
 from rbroker_server.web import sessions
@@ -37,8 +38,7 @@ STATIC = Path(__file__).parent / "static"
 
 SESSION_COOKIE = "rbroker_session"
 SIGNIN_CSRF_COOKIE = "rbroker_signin_csrf"
-SIGNIN_ATTEMPTS = 10
-SIGNIN_WINDOW_S = 60.0
+SIGNIN_ATTEMPTS = ratelimit.SIGNIN_ATTEMPTS
 """Sign-in attempts per client address: a burst of 10, then one every 6 s."""
 SETTINGS_STATE = "settings"
 """Key of the coordinator's `Settings` in the app's `state` (read where no handler has them)."""
@@ -86,11 +86,6 @@ def _common(request: Request[Any, Any, Any], **context: Any) -> dict[str, Any]:
         "refresh_ms": REFRESH_MS,
         **context,
     }
-
-
-def _limiter(request: Request[Any, Any, Any]) -> RateLimiter:
-    limiter: RateLimiter = request.app.state.signin_limiter
-    return limiter
 
 
 def _session(request: Request[Any, Any, Any], engine: Engine) -> sessions.SignedIn | None:
@@ -233,15 +228,18 @@ class WebController(Controller):
         401 for a wrong, revoked or malformed token (one message for all), 403 for a missing
         or wrong CSRF token, 429 with Retry-After past `SIGNIN_ATTEMPTS` per minute.
         """
-        wait_s = _limiter(request).hit(client_address(request))
-        if wait_s:
+        throttle = Throttles.of(request).signin
+        address = client_address(request)
+        retry_after = throttle.refusal_s(address)
+        if retry_after:
             page = _signin_page(
                 request,
-                f"Too many sign-in attempts from your address; try again in {int(wait_s) + 1} s.",
+                f"Too many sign-in attempts from your address; try again in {retry_after} s.",
                 429,
             )
-            page.headers["Retry-After"] = str(int(wait_s) + 1)
+            page.headers["Retry-After"] = str(retry_after)
             return page
+        throttle.spend(address)
         if not sessions.csrf_matches(
             request.cookies.get(SIGNIN_CSRF_COOKIE), data.get("csrf_token")
         ):

@@ -1,0 +1,154 @@
+"""Rate limits per client address: failed enrollments and failed fleet-read credentials get
+429 with Retry-After past their limit (sign-in has its own, tests/server/test_web.py), one
+log line per episode, and honest reports are still answered while someone hammers
+enrollment (the latency figure is bench/abuse.py's)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+import httpx
+import nacl.signing
+import pytest
+
+from rbroker_protocol import signing
+from rbroker_server.admin import service as admin
+from rbroker_server.ratelimit import CREDENTIAL_FAILURES, ENROLL_FAILURES, Throttle
+from tests.server.conftest import Coordinator
+
+ATTACKER = {"X-Forwarded-For": "203.0.113.7"}
+NEIGHBOUR = {"X-Forwarded-For": "203.0.113.8"}
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def limits(self, what: str) -> list[str]:
+        return [m for m in self.lines if m.startswith("rate limit:") and what in m]
+
+
+@pytest.fixture
+def limit_log() -> Iterator[_Lines]:
+    logger = logging.getLogger("rbroker_server.ratelimit")
+    lines = _Lines()
+    logger.addHandler(lines)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(old)
+
+
+@pytest.fixture
+def proxied(coordinator_factory: Callable[..., Coordinator]) -> Coordinator:
+    """A coordinator that believes X-Forwarded-For from 127.0.0.1 (the test's proxy)."""
+    return coordinator_factory(trusted_proxies=("127.0.0.1",))
+
+
+def _enroll_body(code: str) -> dict[str, str]:
+    key = nacl.signing.SigningKey.generate()
+    return {"code": code, "name": "pc", "public_key": signing.public_key_b64(key)}
+
+
+def test_failed_enrollments_get_429_per_address_and_one_log_line(
+    proxied: Coordinator, limit_log: _Lines
+) -> None:
+    c = proxied
+    c.group("vision")
+    wrong = "rbe_" + "a" * 12 + "_" + "b" * 32
+    codes = [
+        c.http.post("/api/v1/enroll", json=_enroll_body(wrong), headers=ATTACKER).status_code
+        for _ in range(ENROLL_FAILURES)
+    ]
+    assert codes == [401] * ENROLL_FAILURES
+    for _ in range(50):
+        r = c.http.post("/api/v1/enroll", json=_enroll_body(wrong), headers=ATTACKER)
+        assert r.status_code == 429, r.text
+        assert 1 <= int(r.headers["retry-after"]) <= 60
+        assert "failed enrollments" in r.json()["detail"]
+    # The address is refused before any work, even with a good code ...
+    good = admin.create_enroll_code(c.engine, "vision", 600).text
+    assert c.http.post("/api/v1/enroll", json=_enroll_body(good), headers=ATTACKER).status_code == (
+        429
+    )
+    # ... which another address can still use.
+    r = c.http.post("/api/v1/enroll", json=_enroll_body(good), headers=NEIGHBOUR)
+    assert r.status_code == 201, r.text
+    assert len(limit_log.limits("failed enrollments")) == 1, limit_log.lines
+    assert "203.0.113.7" in limit_log.limits("failed enrollments")[0]
+
+
+def test_honest_reports_are_answered_while_enrollment_is_hammered(proxied: Coordinator) -> None:
+    c = proxied
+    c.group("vision")
+    pc = c.enroll("vision")
+    stop = threading.Event()
+    answers: list[int] = []
+
+    def hammer() -> None:
+        with httpx.Client(base_url=c.url, timeout=30) as http:
+            while not stop.is_set():
+                body = _enroll_body("rbe_" + "c" * 12 + "_" + "d" * 32)
+                answers.append(http.post("/api/v1/enroll", json=body, headers=ATTACKER).status_code)
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(30):
+            r = pc.report()
+            assert r.status_code == 200 and r.json()["applied"], r.text
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert set(answers) <= {401, 429}
+    assert answers.count(401) <= ENROLL_FAILURES + 1  # the bucket refills one per 6 s
+    assert answers.count(429) > 0
+
+
+def test_failed_viewer_tokens_get_401_with_a_challenge_then_429(
+    proxied: Coordinator, limit_log: _Lines
+) -> None:
+    c = proxied
+    c.group("vision")
+    bad = {"authorization": "Bearer rbv_" + "a" * 12 + "_" + "b" * 32}
+    for _ in range(CREDENTIAL_FAILURES):
+        r = c.http.get("/api/v1/fleet", headers=bad | ATTACKER)
+        assert r.status_code == 401
+        assert r.headers["www-authenticate"].startswith("Bearer")
+    r = c.http.get("/api/v1/fleet", headers=bad | ATTACKER)
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+    # blocked with a right token too; the neighbour reads on
+    assert c.http.get("/api/v1/fleet", headers=c.viewer("vision") | ATTACKER).status_code == 429
+    assert c.http.get("/api/v1/fleet", headers=c.viewer("vision") | NEIGHBOUR).status_code == 200
+    assert len(limit_log.limits("failed fleet-read credentials")) == 1
+
+
+def test_a_throttle_logs_once_per_episode(limit_log: _Lines) -> None:
+    now = [0.0]
+    throttle = Throttle("failed things", 2, 60.0, clock=lambda: now[0])
+    throttle.spend("a")
+    throttle.spend("a")
+    for _ in range(100):
+        assert 29 <= throttle.refusal_s("a") <= 31
+        now[0] += 0.01
+    assert len(limit_log.limits("failed things")) == 1
+    assert throttle.refused_count("a") == 100
+    assert throttle.refusal_s("b") == 0  # per address
+    now[0] += 61.0  # quiet for a window: full again, the episode is over
+    assert throttle.refusal_s("a") == 0
+    throttle.spend("a")
+    throttle.spend("a")
+    assert throttle.refusal_s("a") > 0
+    lines = limit_log.limits("failed things")
+    assert len(lines) == 2 and "the last episode refused 100" in lines[1]
