@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, BinaryIO
 
 from rbroker._exceptions import BrokerUnavailable, RBrokerError, from_rpc_error
 from rbroker.localapi.paths import default_socket_path
@@ -100,26 +100,41 @@ if sys.platform != "win32":
 
 
 class _PipeStream:  # pragma: no cover - Windows only
+    """The named pipe, opened and its server checked by `pipe_client_windows.open_pipe`."""
+
     def __init__(self, path: str, timeout_s: float | None) -> None:
-        self.f = open(path, "r+b", buffering=0)  # noqa: SIM115 - closed in close()
+        self._buffer = bytearray()
+        self.f: BinaryIO
+        if sys.platform == "win32":
+            from rbroker.localapi.pipe_client_windows import open_pipe
+
+            self.f = open_pipe(path, timeout_s)
+        else:
+            raise OSError(f"{path}: named pipes are the Windows transport")
 
     def write(self, data: bytes) -> None:
         self.f.write(data)
 
     def readline(self) -> bytes:
-        out = bytearray()
-        while not out.endswith(b"\n"):
-            chunk = self.f.read(1)
+        while b"\n" not in self._buffer:
+            chunk = self.f.read(65536)  # a pipe read returns what has arrived
             if not chunk:
-                break
-            out += chunk
-        return bytes(out)
+                out = bytes(self._buffer)
+                self._buffer.clear()
+                return out
+            self._buffer += chunk
+        end = self._buffer.index(b"\n") + 1
+        line = bytes(self._buffer[:end])
+        del self._buffer[:end]
+        return line
 
     def settimeout(self, timeout_s: float | None) -> None:
         pass
 
     def wait_readable(self, timeout_s: float, wake: socket.socket | None) -> str:
         # a pipe cannot be selected: only the wake socket and the timeout end the wait
+        if self._buffer:
+            return "data"
         if wake is None:
             time.sleep(timeout_s)
             return "timeout"
