@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from rbroker.broker.config import BrokerConfig
+from rbroker.broker.files import private_dir
 from rbroker.broker.service import Broker
 from rbroker.broker.store import LeaseStore
 from rbroker.gpu.select import open_gateway
@@ -88,7 +89,7 @@ class BrokerHost:
         machine_lock = acquire_machine_lock(name, socket_path, broker_user())
         self._machine_lock = machine_lock
         try:
-            self.config.data_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.config.data_dir)
             self._lock = lock = DataDirLock(self.config.data_dir)
         except BaseException:
             machine_lock.release()

@@ -40,15 +40,15 @@ def os_error_line(exc: OSError, socket_path: str, data_dir: Path) -> tuple[int, 
 def check_broker_paths(socket_path: str, data_dir: Path) -> None:
     """Fail before anything starts when a broker could not listen at `socket_path` or keep
     its state in `data_dir`: the path's length, then both directories created (as the broker
-    would: the socket's 0700) and a file written and removed in each.
+    would: 0700) and a file written and removed in each.
 
     Raises:
         OSError: `SocketPathTooLong`, PermissionError, a read-only or full file system, ...
             with the directory as `filename`.
     """
     check_socket_path(socket_path)
-    for directory, mode in ((Path(socket_path).parent, 0o700), (data_dir, 0o777)):
-        directory.mkdir(parents=True, exist_ok=True, mode=mode)
+    for directory in (Path(socket_path).parent, data_dir):
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             with tempfile.TemporaryFile(dir=directory):
                 pass

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from rbroker_protocol.startup import one_line, os_error_code, os_error_text
 from rbroker_server import __version__
+from rbroker_server.files import private_dir
 from rbroker_server.settings import CONFIG_NAME, Settings
 
 if TYPE_CHECKING:
@@ -140,7 +141,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
             raise CliError(f"TLS file not found: {path}")
     group_name = _ask("First group", args.group, interactive)
 
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)
     ca = ""
     if self_signed:
         files = tls.generate_self_signed(data_dir / "tls", hostname, args.san or [])
@@ -204,6 +205,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rbroker_server.startup import check_database, prepare, run
 
     settings = _load(args)
+    private_dir(settings.data_dir)  # 0700 (or 0750 for a service group) whatever the umask
     quiet_migrations(args.log_level)
     host = args.host or settings.bind_host
     port = args.port or settings.bind_port

@@ -14,6 +14,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect, Engine
 
+from rbroker_server import files
+
 log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -68,11 +70,12 @@ def write_lock(engine: Engine) -> Iterator[None]:
 
 def make_engine(url: str, **kw: Any) -> Engine:
     """An engine for `url`. SQLite gets WAL, a busy timeout and foreign keys on every
-    connection; its parent directory is created. PostgreSQL gets pre-ping."""
+    connection; its directory and file are created private (`files.private_sqlite`: 0700,
+    0600). PostgreSQL gets pre-ping."""
     if url.startswith("sqlite"):
         db_path = sa.engine.make_url(url).database
         if db_path and db_path != ":memory:":
-            Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+            files.private_sqlite(Path(db_path))
         engine = sa.create_engine(
             url, connect_args={"check_same_thread": False, "timeout": 30}, **kw
         )

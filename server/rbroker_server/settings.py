@@ -160,8 +160,9 @@ class Settings:
 
     def save(self) -> Path:
         """Write `data_dir/config.toml` (0600 where the OS supports it) and return its path."""
-        path = Path(self.data_dir) / CONFIG_NAME
-        path.parent.mkdir(parents=True, exist_ok=True)
+        from rbroker_server.files import private_dir
+
+        path = private_dir(Path(self.data_dir)) / CONFIG_NAME
         lines = ["# rbroker coordinator settings (written by `rbroker-server setup`)"]
         for f in dataclasses.fields(self):
             if f.name == "data_dir":

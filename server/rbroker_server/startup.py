@@ -24,6 +24,7 @@ from rbroker_protocol.startup import (
     os_error_code,
     os_error_text,
 )
+from rbroker_server.files import private_dir
 from rbroker_server.settings import CONFIG_NAME, Settings
 
 
@@ -59,8 +60,7 @@ def check_database(settings: Settings) -> str:
         if url.startswith("sqlite"):
             path = sa.engine.make_url(url).database
             if path and path != ":memory:":
-                directory = Path(path).parent
-                directory.mkdir(parents=True, exist_ok=True)
+                directory = private_dir(Path(path).parent)
                 try:  # SQLite's journal and WAL files need the directory writable
                     with tempfile.TemporaryFile(dir=directory):
                         pass

@@ -17,6 +17,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from rbroker_server.files import private_dir
+
 CA_DAYS = 3650
 SERVER_DAYS = 825
 
@@ -68,7 +70,7 @@ def generate_self_signed(
     The server certificate names `hostname`, `localhost`, 127.0.0.1, ::1 and `extra_names`
     (DNS names or IP addresses).
     """
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
     now = datetime.now(UTC) - timedelta(minutes=5)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name(f"rbroker coordinator CA ({hostname})")

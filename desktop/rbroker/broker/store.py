@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rbroker.broker.files import private_sqlite
+
 SCHEMA_VERSION = 1
 
 _SCHEMA = """
@@ -73,7 +75,7 @@ class LeaseStore:
     """
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_sqlite(path)  # 0600 in a 0700 dir, whatever the umask
         self.path = path
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._lock = threading.Lock()

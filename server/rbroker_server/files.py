@@ -1,0 +1,61 @@
+"""Private files of the coordinator: the data dir 0700 (an existing one keeps at most
+0750, for a service group) and the SQLite database 0600, whatever the umask.
+
+SQLite creates a database's `-wal`, `-shm` and `-journal` files with the database file's
+own mode, so the database is created 0600 before SQLite first opens it; files that an
+older version created more open are tightened when the coordinator opens them again.
+Nothing changes on systems without POSIX modes (Windows) or for files of other owners.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+from typing import Final
+
+DIR_MODE: Final = 0o700
+"""Mode of a data dir the coordinator creates."""
+FILE_MODE: Final = 0o600
+"""Mode of the database and its WAL, SHM and journal files."""
+_SIDE_FILES: Final = ("-wal", "-shm", "-journal")
+
+
+def _tighten(path: Path, allowed: int) -> None:
+    with contextlib.suppress(OSError):  # not ours, or gone: leave it
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & ~allowed:
+            path.chmod(mode & allowed)
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (with its parents) as `DIR_MODE`; an existing directory loses group
+    write and every right of others (0750 at most). Returns `path`.
+
+    Raises:
+        OSError: it cannot be created.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    if os.name == "posix":
+        _tighten(path, 0o750)
+    return path
+
+
+def private_sqlite(path: Path) -> None:
+    """Make SQLite database `path` private before it is opened: its directory as
+    `private_dir`, the file created `FILE_MODE` when missing, and the file with its WAL,
+    SHM and journal files tightened to `FILE_MODE` when they exist.
+
+    Raises:
+        OSError: the directory or the file cannot be created.
+    """
+    path = Path(path)
+    private_dir(path.parent)
+    if os.name != "posix":
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    os.close(fd)
+    for candidate in (path, *(path.with_name(path.name + s) for s in _SIDE_FILES)):
+        _tighten(candidate, FILE_MODE)

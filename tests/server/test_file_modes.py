@@ -1,0 +1,104 @@
+"""File modes under the default umask 022: the coordinator's data dir 0700 (an existing one
+0750 at most) and its SQLite database, WAL and SHM files 0600, after `setup` and after
+`serve`; the broker's data dir and lease database likewise (tests/desktop/test_file_modes.py
+is the broker's own check through its host)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+
+CMD = [sys.executable, "-m", "rbroker_server"]
+DB = "rbroker-server.db"
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _db_files(data: Path) -> list[Path]:
+    return [p for p in (data / DB, data / f"{DB}-wal", data / f"{DB}-shm") if p.exists()]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _setup(data: Path, port: int) -> None:
+    done = subprocess.run(
+        [*CMD, "setup", "--non-interactive", "--data-dir", str(data), "--port", str(port)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        umask=0o022,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _serve_once(data: Path, port: int, log: Path) -> None:
+    """Run `serve` under umask 022 until `/healthz` answered 200 (a write), then stop it."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*CMD, "serve", "--data-dir", str(data)], stdout=out, stderr=out, umask=0o022
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+                    break
+                except httpx.TransportError:
+                    assert proc.poll() is None, log.read_text()
+                    assert time.monotonic() < deadline, "serve did not answer"
+                    time.sleep(0.1)
+            assert r.status_code == 200, r.text
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def test_setup_and_serve_keep_the_data_private_under_umask_022(tmp_path: Path) -> None:
+    data = tmp_path / "srv"
+    port = _free_port()
+    _setup(data, port)
+    assert _mode(data) == 0o700
+    assert _mode(data / "config.toml") == 0o600
+    assert _db_files(data) and all(_mode(p) == 0o600 for p in _db_files(data))
+
+    _serve_once(data, port, tmp_path / "serve.log")
+    files = _db_files(data)
+    assert {p.name: _mode(p) for p in files} == {p.name: 0o600 for p in files}
+    assert _mode(data) == 0o700
+
+
+def test_serve_tightens_files_an_older_version_left_open(tmp_path: Path) -> None:
+    data = tmp_path / "srv"
+    port = _free_port()
+    _setup(data, port)
+    data.chmod(0o755)
+    for p in _db_files(data):
+        p.chmod(0o644)
+    (data / f"{DB}-shm").touch()
+    (data / f"{DB}-shm").chmod(0o644)
+
+    _serve_once(data, port, tmp_path / "serve.log")
+    assert _mode(data) == 0o750  # an existing dir keeps its group's read access at most
+    files = _db_files(data)
+    assert {p.name: _mode(p) for p in files} == {p.name: 0o600 for p in files}
