@@ -166,7 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--simulate", action="store_true", help="simulated GPUs even where an NVIDIA driver answers"
     )
 
+    from rbroker.cli.service_cmd import add_service_parser
     from rbroker.tray import add_tray_arguments  # imports no Qt
+
+    add_service_parser(sub)
 
     add_tray_arguments(sub.add_parser("tray", help="the desktop tray app (starts the broker)"))
     return parser
@@ -215,6 +218,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rbroker.cli.demo import run_demo
 
         return run_demo(args)
+    if args.command == "service":
+        from rbroker.cli.service_cmd import run_service
+
+        return run_service(args)
     if args.command == "tray":
         from rbroker.tray import run_tray
 

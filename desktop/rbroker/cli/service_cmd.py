@@ -1,0 +1,110 @@
+"""`rbroker service install|remove|start|stop|run`: the broker as a Windows service.
+
+On a shared Windows workstation one service broker (LocalSystem, pipe `\\\\.\\pipe\\rbroker`,
+data in `%ProgramData%\\rbroker`) admits every user's leases; see
+`rbroker.service_windows`. On any other OS the command refuses and names what to use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+from rbroker_protocol.startup import EXIT_CANNOT_START, EXIT_USAGE, one_line
+
+NOT_WINDOWS = (
+    "`rbroker service` installs the Windows service and works on Windows only; on Linux run "
+    "the system broker instead: `rbroker broker --system` under systemd "
+    "(packaging/linux/rbroker-broker.service)"
+)
+
+
+def add_service_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The `service` subcommand and its actions."""
+    s = sub.add_parser(
+        "service",
+        help="the broker as a Windows service (shared workstations)",
+        description="Install, remove, start, stop or run the rbroker Windows service: one "
+        "broker for every user of this computer, as LocalSystem on \\\\.\\pipe\\rbroker. "
+        "install/remove/start/stop need an administrator's console.",
+    )
+    s.add_argument("action", choices=("install", "remove", "start", "stop", "run"))
+    s.add_argument(
+        "--start",
+        dest="start_type",
+        choices=("auto", "delayed", "manual"),
+        default="auto",
+        help="install: when Windows starts it (default auto: at boot)",
+    )
+    s.add_argument("--headroom-mib", type=int, help="headroom per GPU (default max(512, 5%%))")
+    s.add_argument(
+        "--data-dir", type=Path, help="state directory (default %%ProgramData%%\\rbroker)"
+    )
+    s.add_argument(
+        "--simulate",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="SCENARIO.toml",
+        help="run: simulated GPUs (to try the service without a GPU)",
+    )
+
+
+def _fail(code: int, text: str) -> int:
+    print(f"rbroker: {one_line(text)}", file=sys.stderr)
+    return code
+
+
+def _options(args: argparse.Namespace) -> list[str]:
+    out: list[str] = []
+    if args.headroom_mib is not None:
+        out += ["--headroom-mib", str(args.headroom_mib)]
+    if args.data_dir is not None:
+        out += ["--data-dir", str(args.data_dir)]
+    if args.simulate is not None:
+        out += ["--simulate", *([args.simulate] if args.simulate else [])]
+    return out
+
+
+def run_service(args: argparse.Namespace) -> int:
+    """Exit codes: 0 done, 1 Windows refused (not an administrator, not installed, ...),
+    2 not Windows or bad options."""
+    if sys.platform != "win32":
+        return _fail(EXIT_USAGE, NOT_WINDOWS)
+    import pywintypes
+
+    from rbroker import service_windows as svc
+
+    try:
+        if args.action == "install":
+            svc.install(_options(args), args.start_type)
+            print(f"installed the {svc.SERVICE_NAME!r} service; start it: rbroker service start")
+        elif args.action == "remove":
+            svc.remove()
+            print(f"removed the {svc.SERVICE_NAME!r} service")
+        elif args.action == "start":
+            svc.start_service()
+            print(f"started; every user's clients find it at {svc.SERVICE_PIPE}")
+        elif args.action == "stop":
+            svc.stop_service()
+            print("stopped")
+        else:
+            options = svc.parse_service_options(_options(args))
+            config = svc.service_config(os.environ, options)
+            stop = asyncio.Event()
+            print(f"rbroker service broker on {svc.SERVICE_PIPE} (Ctrl-C stops)")
+            with contextlib.suppress(KeyboardInterrupt):
+                asyncio.run(svc.serve_until(config, stop))
+    except ValueError as exc:
+        return _fail(EXIT_USAGE, str(exc))
+    except pywintypes.error as exc:
+        return _fail(
+            EXIT_CANNOT_START,
+            f"Windows refused to {args.action} the service: {exc.strerror} (error "
+            f"{exc.winerror}); install, remove, start and stop need an administrator's console",
+        )
+    return 0

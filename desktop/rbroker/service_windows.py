@@ -1,0 +1,253 @@
+"""The broker as a Windows service: one admission authority for every user of a workstation.
+
+`RbrokerService` (pywin32's `win32serviceutil.ServiceFramework`) hosts the same broker as
+`rbroker broker` — `rbroker.host.BrokerHost`, which also takes the machine-wide lock — as
+LocalSystem, listening on the fixed pipe `\\\\.\\pipe\\rbroker` (whose access list lets
+Authenticated Users connect: `rbroker.localapi.pipe_security`), with its data in
+`%ProgramData%\\rbroker`.
+
+The Service Control Manager must start the process that calls StartServiceCtrlDispatcher.
+A virtual environment's `python.exe` is a launcher that starts the base interpreter as a
+child, so the service is registered with the *base* interpreter (`sys._base_executable`)
+and a bootstrap that adds this installation's site-packages (with their `.pth` files, which
+is how pywin32 finds its DLLs) before importing rbroker: `service_command()`.
+
+What is pure here (tested on any OS): the names, `service_data_dir`, `service_config`,
+`service_command`, and `serve_until` (start the host, wait for the stop event, stop it).
+The service class and its install/remove helpers exist on Windows only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import site
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rbroker._version import __version__
+from rbroker.broker.config import BrokerConfig
+from rbroker.localapi.pipe_security import SERVICE_PIPE
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "rbroker"
+DISPLAY_NAME = "rbroker GPU lease broker"
+DESCRIPTION = (
+    "Admits GPU memory leases for every user of this computer against the GPUs' current "
+    "safe capacity (pipe \\\\.\\pipe\\rbroker)."
+)
+
+
+def service_data_dir(environ: Mapping[str, str]) -> Path:
+    """`%ProgramData%\\rbroker` (default `C:\\ProgramData\\rbroker`): the service's data."""
+    return Path(environ.get("ProgramData") or "C:\\ProgramData") / "rbroker"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceOptions:
+    """The options a service is registered with (`--headroom-mib`, `--data-dir`,
+    `--simulate [FILE]`); `simulate` is for trying the service without a GPU."""
+
+    headroom_mib: int | None = None
+    data_dir: Path | None = None
+    simulate: bool = False
+    scenario: Path | None = None
+
+
+def service_config(environ: Mapping[str, str], options: ServiceOptions) -> BrokerConfig:
+    """The service broker's configuration: the fixed service pipe, the service data dir
+    (or the configured one), the configured headroom."""
+    return BrokerConfig(
+        socket_path=Path(SERVICE_PIPE),
+        data_dir=options.data_dir or service_data_dir(environ),
+        simulate=options.simulate,
+        scenario=options.scenario,
+        headroom_mib=options.headroom_mib,
+    )
+
+
+BOOTSTRAP = (
+    "import site, sys; [site.addsitedir(d) for d in {dirs!r}]; "
+    "from rbroker.service_windows import dispatch; sys.exit(dispatch(sys.argv[1:]))"
+)
+
+
+def service_command(
+    base_executable: str, site_dirs: Sequence[str], options: Sequence[str] = ()
+) -> tuple[str, str]:
+    """`(exeName, exeArgs)` to register: the base interpreter (never a venv launcher: the
+    process the SCM starts must be the one that talks to it), and `-c BOOTSTRAP` with the
+    site dirs, then the broker `options` (e.g. `--headroom-mib 1024`), quoted for a Windows
+    command line."""
+    code = BOOTSTRAP.format(dirs=list(site_dirs))
+    return base_executable, subprocess.list2cmdline(["-c", code, *options])
+
+
+def this_installation() -> tuple[str, list[str]]:
+    """The base interpreter and the site-packages dirs of the running rbroker."""
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    return base, dirs
+
+
+async def serve_until(
+    config: BrokerConfig, stop: asyncio.Event, on_ready: Callable[[], None] | None = None
+) -> None:
+    """Run the broker of `config` (as `rbroker broker` does) until `stop` is set.
+
+    Raises:
+        Whatever `BrokerHost.start` raises (MachineLockHeld, TelemetryError, ...): the
+        service reports it and stops.
+    """
+    from rbroker.host import BrokerHost
+
+    host = BrokerHost(config)
+    await host.start()
+    try:
+        if on_ready is not None:
+            on_ready()
+        await stop.wait()
+    finally:
+        with contextlib.suppress(Exception):
+            await host.stop()
+
+
+def parse_service_options(argv: Sequence[str]) -> ServiceOptions:
+    """Parse `--headroom-mib N`, `--data-dir DIR`, `--simulate [FILE]`.
+
+    Raises:
+        ValueError: an unknown option or a missing or bad value, named.
+    """
+    found: dict[str, Any] = {}
+    args = list(argv)
+    while args:
+        opt = args.pop(0)
+        if opt == "--headroom-mib" and args and args[0].isdigit():
+            found["headroom_mib"] = int(args.pop(0))
+        elif opt == "--data-dir" and args:
+            found["data_dir"] = Path(args.pop(0))
+        elif opt == "--simulate":
+            found["simulate"] = True
+            if args and not args[0].startswith("--"):
+                found["scenario"] = Path(args.pop(0))
+        else:
+            raise ValueError(
+                f"service option {opt!r} is not --headroom-mib N, --data-dir DIR or "
+                "--simulate [FILE] (or its value is missing)"
+            )
+    return ServiceOptions(**found)
+
+
+def dispatch(argv: Sequence[str]) -> int:
+    """What the registered command runs (`BOOTSTRAP`): hand this process to the SCM.
+
+    Returns 0 when the service ends; 2 with a message for bad options, or on another OS.
+    """
+    try:
+        options = parse_service_options(argv)
+    except ValueError as exc:
+        print(f"rbroker service: {exc}", file=sys.stderr)
+        return 2
+    if sys.platform == "win32":
+        _host_service(options)
+        return 0
+    print(
+        f"rbroker service: the Windows service dispatcher runs on Windows only "
+        f"(rbroker {__version__} from {Path(__file__).parent}, options {options})",
+        file=sys.stderr,
+    )
+    return 2
+
+
+if sys.platform == "win32":
+    import servicemanager
+    import win32service
+    import win32serviceutil
+
+    class RbrokerService(win32serviceutil.ServiceFramework):
+        """The `rbroker` Windows service (see the module docstring)."""
+
+        _svc_name_ = SERVICE_NAME
+        _svc_display_name_ = DISPLAY_NAME
+        _svc_description_ = DESCRIPTION
+        options: ClassVar[ServiceOptions] = ServiceOptions()
+
+        def __init__(self, args: list[str]) -> None:
+            super().__init__(args)
+            self._loop: asyncio.AbstractEventLoop | None = None
+            self._stop: asyncio.Event | None = None
+
+        def SvcStop(self) -> None:
+            self.ReportServiceStatus(win32service.SERVICE_STOP_PENDING)
+            if self._loop is not None and self._stop is not None:
+                self._loop.call_soon_threadsafe(self._stop.set)
+
+        def SvcDoRun(self) -> None:
+            config = service_config(os.environ, self.options)
+
+            async def main() -> None:
+                self._loop = asyncio.get_running_loop()
+                self._stop = asyncio.Event()
+                await serve_until(
+                    config,
+                    self._stop,
+                    lambda: servicemanager.LogInfoMsg(
+                        f"rbroker broker listening on {SERVICE_PIPE}, data in {config.data_dir}"
+                    ),
+                )
+
+            try:
+                asyncio.run(main())
+            except Exception as exc:
+                servicemanager.LogErrorMsg(f"rbroker broker stopped: {type(exc).__name__}: {exc}")
+                raise
+
+    def _host_service(options: ServiceOptions) -> None:
+        RbrokerService.options = options
+        servicemanager.Initialize()
+        servicemanager.PrepareToHostSingle(RbrokerService)
+        servicemanager.StartServiceCtrlDispatcher()
+
+    def install(options: Sequence[str], start: str) -> None:
+        """Register the service (`start`: `auto`, `delayed` or `manual`), as LocalSystem.
+
+        Raises:
+            pywintypes.error: e.g. not run as an administrator, or already installed.
+        """
+        parse_service_options(options)  # refuse bad options before registering them
+        exe, args = service_command(*this_installation(), options)
+        win32serviceutil.InstallService(
+            f"{__name__}.RbrokerService",
+            SERVICE_NAME,
+            DISPLAY_NAME,
+            startType=(
+                win32service.SERVICE_DEMAND_START
+                if start == "manual"
+                else win32service.SERVICE_AUTO_START
+            ),
+            exeName=exe,
+            exeArgs=args,
+            description=DESCRIPTION,
+            delayedstart=start == "delayed",
+        )
+
+    def remove() -> None:
+        """Stop the service if it runs, then unregister it."""
+        with contextlib.suppress(Exception):
+            win32serviceutil.StopService(SERVICE_NAME)
+        win32serviceutil.RemoveService(SERVICE_NAME)
+
+    def start_service() -> None:
+        """Ask the SCM to start the installed service."""
+        win32serviceutil.StartService(SERVICE_NAME)
+
+    def stop_service() -> None:
+        """Ask the SCM to stop the service."""
+        win32serviceutil.StopService(SERVICE_NAME)
