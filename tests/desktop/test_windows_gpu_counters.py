@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +169,7 @@ class RecordedCounters:
         return observed_mib(self.per_adapter, self.luids.get(uuid), pids)
 
 
-def _bus_ids_at_0x65(_found: dict[str, str]) -> dict[str, str]:
+def _bus_ids_at_0x65(_found: Mapping[str, str]) -> dict[str, str]:
     # the simulated GPU 0 sits at bus 01; the recorded NVIDIA adapter is at bus 0x65
     return {GPU1: "00000000:65:00.0"}
 
@@ -181,7 +181,7 @@ def wddm(tmp_path: Path, sample: dict[str, Any]) -> Iterator[tuple[InProcessBrok
     h = InProcessBroker(scenario, tmp_path, persist=False)
     made: list[RecordedCounters] = []
 
-    def factory(bus_ids: dict[str, str]) -> RecordedCounters:
+    def factory(bus_ids: Mapping[str, str]) -> RecordedCounters:
         assert bus_ids == {GPU1: "00000000:01:00.0"}  # what the gateway read from NVML
         made.append(RecordedCounters(sample, _bus_ids_at_0x65(bus_ids), os.getpid()))
         return made[0]

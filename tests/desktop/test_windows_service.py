@@ -69,6 +69,7 @@ def test_registered_command_line() -> None:
     assert "\\\\Lib\\\\site-packages" in args  # repr() doubles the backslashes for Python
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="on Windows dispatch hosts the service")
 def test_base_interpreter_finds_this_installation_through_the_bootstrap() -> None:
     """What the SCM would run, run here: the *base* interpreter (outside any venv) with the
     bootstrap reaches `rbroker.service_windows.dispatch` of this installation — which, off
@@ -90,6 +91,7 @@ def test_base_interpreter_finds_this_installation_through_the_bootstrap() -> Non
     assert "headroom_mib=64" in done.stderr
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="a Unix socket; test_windows_pipe_live")
 def test_serve_until_hosts_the_broker_and_stops(tmp_path: Path) -> None:
     config = service_config({}, ServiceOptions(data_dir=tmp_path / "data", simulate=True))
     sock = tmp_path / "broker.sock"
