@@ -1,9 +1,9 @@
 """Real OS users for multi-user tests: create one, run code as it, remove it.
 
 Needs root (CI runs as root); `other_user` skips cleanly without it. Code runs as the other
-user in a forked child that drops to its uid and gid, so the kernel reports that user to the
-broker (SO_PEERCRED) exactly as for a process that user started; the child needs no access
-to this interpreter's files on disk.
+user in a forked child that drops to its uid, gid and supplementary groups, so the kernel
+reports that user to the broker (SO_PEERCRED) exactly as for a process that user started; the
+child needs no access to this interpreter's files on disk.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def run_as(user: OsUser, fn: Callable[..., Any], *args: Any, timeout_s: float = 
         os.close(read_fd)
         status = 0
         try:
-            os.setgroups([])
+            os.setgroups(os.getgrouplist(user.name, user.gid))  # as a login would
             os.setgid(user.gid)
             os.setuid(user.uid)
             payload = pickle.dumps(("ok", fn(*args)))

@@ -47,10 +47,24 @@ def check_broker_paths(socket_path: str, data_dir: Path) -> None:
             with the directory as `filename`.
     """
     check_socket_path(socket_path)
-    for directory in (Path(socket_path).parent, data_dir):
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            with tempfile.TemporaryFile(dir=directory):
-                pass
-        except OSError as exc:  # named after the directory, not the temporary file
-            raise OSError(exc.errno, exc.strerror, str(directory)) from None
+    _check_writable(Path(socket_path).parent, 0o700)
+    check_data_dir(data_dir)
+
+
+def check_data_dir(data_dir: Path) -> None:
+    """Create `data_dir` if needed and write and remove a file in it.
+
+    Raises:
+        OSError: PermissionError, a read-only or full file system, ... with the directory
+            as `filename`.
+    """
+    _check_writable(data_dir, 0o700)
+
+
+def _check_writable(directory: Path, mode: int) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=mode)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:  # named after the directory, not the temporary file
+        raise OSError(exc.errno, exc.strerror, str(directory)) from None

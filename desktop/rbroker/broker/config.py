@@ -17,6 +17,7 @@ class BrokerConfig:
     `release_sample_gap_s`: samples asked for by releases come at most this often per GPU
     (architecture.md §2's release rule; a grant's sample is never delayed).
     `allowed_group`: only the broker's user and this OS group's members may connect (§5).
+    `shared_socket`: the socket is for every local user (a system broker; §5).
     `machine_lock`: the name of the machine-wide broker lock (None: `$RBROKER_BROKER_LOCK`,
     else `rbroker-broker`; `rbroker.localapi.machine_lock`).
     """
@@ -46,6 +47,7 @@ class BrokerConfig:
     capacity_overrides_mib: dict[str, int] = field(default_factory=dict)
     admin_group: str | None = None
     allowed_group: str | None = None
+    shared_socket: bool = False
     machine_lock: str | None = None
 
     def __post_init__(self) -> None:

@@ -15,9 +15,14 @@ from rich.console import Console
 from rbroker.gpu.nvml import TelemetryError
 from rbroker.gpu.scenario import ScenarioError
 from rbroker.localapi.machine_lock import MachineLockHeld, lock_name
-from rbroker.localapi.paths import default_data_dir, default_socket_path
+from rbroker.localapi.paths import (
+    SYSTEM_DATA_DIR_LINUX,
+    default_data_dir,
+    default_socket_path,
+    system_socket_path,
+)
 from rbroker.localapi.transport import BrokerAlreadyRunning
-from rbroker.startup import os_error_line
+from rbroker.startup import check_data_dir, os_error_line
 from rbroker.uplink import quiet_http_client_logs
 from rbroker_protocol.startup import (
     EXIT_BROKER_ALREADY_RUNNING,
@@ -65,10 +70,20 @@ def run_broker(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     quiet_http_client_logs()
-    socket_path = args.socket or default_socket_path()
-    data_dir = Path(args.data_dir or default_data_dir())
+    if args.system and not sys.platform.startswith("linux"):
+        return _fail(
+            EXIT_USAGE, "--system is for Linux (on Windows the system broker is the service)"
+        )
+    if args.system:
+        socket_path = args.socket or system_socket_path()
+        data_dir = Path(args.data_dir or SYSTEM_DATA_DIR_LINUX)
+    else:
+        socket_path = args.socket or default_socket_path()
+        data_dir = Path(args.data_dir or default_data_dir())
     try:
         check_socket_path(socket_path)
+        if args.system:  # refuse at once, naming the path, rather than half-start
+            check_data_dir(data_dir)
     except OSError as exc:
         return _fail(*os_error_line(exc, socket_path, data_dir))
     scenario = Path(args.simulate) if args.simulate else None
@@ -82,8 +97,10 @@ def run_broker(args: argparse.Namespace) -> int:
         lock_name(args.machine_lock, socket_path)
     except ValueError as exc:
         return _fail(EXIT_USAGE, f"--machine-lock: {exc}")
-    if args.admin_group and not _group_exists(args.admin_group):
-        return _fail(EXIT_USAGE, f"--admin-group: no OS group named {args.admin_group!r}")
+    groups = (("--admin-group", args.admin_group), ("--allowed-group", args.allowed_group))
+    for option, group in groups:
+        if group and not _group_exists(group):
+            return _fail(EXIT_USAGE, f"{option}: no OS group named {group!r}")
     try:
         config = make_config(
             socket_path,
@@ -98,6 +115,8 @@ def run_broker(args: argparse.Namespace) -> int:
             admin_group=args.admin_group,
             release_all_on_exit=args.release_all_on_exit,
             machine_lock=args.machine_lock,
+            allowed_group=args.allowed_group,
+            shared_socket=args.system,
         )
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))

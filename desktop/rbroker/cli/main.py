@@ -47,6 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="OS group whose members may also pause admissions (default: the broker's user only)",
     )
     b.add_argument(
+        "--system",
+        action="store_true",
+        help="the computer's broker for every local user (Linux): socket "
+        "/run/rbroker/broker.sock, data /var/lib/rbroker (packaging/linux/rbroker-broker.service)",
+    )
+    b.add_argument(
+        "--allowed-group",
+        metavar="GROUP",
+        help="only the broker's user and members of this OS group may connect (e.g. rbroker)",
+    )
+    b.add_argument(
         "--machine-lock",
         metavar="NAME",
         help="name of the one-broker-per-computer lock (default: RBROKER_BROKER_LOCK or "

@@ -1,5 +1,6 @@
-"""`rbroker status`: the broker's GPUs (capacity split), leases and queue, the coordinator
-link, where the private key is, and a warning when the enrollment needs fixing."""
+"""`rbroker status`: which broker answered and how it was found, its GPUs (capacity split),
+leases and queue, the coordinator link, where the private key is, and a warning when the
+enrollment needs fixing."""
 
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ def run_status(args: argparse.Namespace) -> int:
             status = client.status()
             gpus = client.gpus()
             leases = client.leases()
+            found = {"address": client.address, "found_by": client.found_by}
     except rbroker.BrokerUnavailable as exc:
         Console(stderr=True).print(f"rbroker status: {exc}")
         return 69
     if args.json:
-        print(json.dumps({"status": status, "gpus": gpus, **leases}, indent=2))
+        print(json.dumps({"broker": found, "status": status, "gpus": gpus, **leases}, indent=2))
         return 0
     source = status["telemetry_source"]
     header = (
@@ -35,6 +37,7 @@ def run_status(args: argparse.Namespace) -> int:
     )
     if source == "simulated":
         header += "  [no real GPU is read]"
+    header += f"\nbroker: {found['address']} ({found['found_by']})"
     link = status["coordinator"]
     if link.get("key"):
         header += f"\nprivate key: {link['key']}"

@@ -1,5 +1,8 @@
-"""Who may use the local API's administrative methods (`broker.pause`, `sim.set`, `sim.stall`).
+"""Who may connect to a broker, and who may use its administrative methods (`broker.pause`,
+`sim.set`, `sim.stall`).
 
+With an allowed group (`rbroker broker --allowed-group`), only the broker's own user, root and
+that group's members may connect; the others are answered `not_allowed` and disconnected.
 Everyone who can connect may lease, list and report; changing what the broker does for
 everyone is kept to the broker's own OS user and, when configured, the members of an admin
 group (e.g. the operators of a system broker). The caller is the `Peer` the OS reported for
@@ -72,4 +75,25 @@ def check_admin(peer: Peer, method: str, admin_group: str | None) -> None:
         f"{method} changes the broker for everyone: only {admin_description(admin_group)} "
         f"may use it, not {peer.user}",
         method=method,
+    )
+
+
+def connect_refusal(peer: Peer, allowed_group: str | None, address: str) -> RpcError | None:
+    """The `not_allowed` answer for a peer outside `allowed_group`, else None.
+
+    The group is checked in the OS's group database (primary and supplementary groups), so
+    removing a user from the group takes effect at their next connection.
+    """
+    if allowed_group is None or sys.platform == "win32":
+        return None
+    if peer.uid is not None and peer.uid in (0, os.getuid()):
+        return None
+    if in_group(peer.user, allowed_group):
+        return None
+    return RpcError(
+        ErrorCode.NOT_ALLOWED,
+        f"not allowed to use the broker at {address}: only its own user ({broker_user()}) "
+        f"and the members of the group {allowed_group!r} may, not {peer.user}; ask its "
+        f"administrator to add you to {allowed_group!r}",
+        allowed_group=allowed_group,
     )

@@ -20,12 +20,13 @@ import time
 from typing import Any, BinaryIO
 
 from rbroker._exceptions import BrokerUnavailable, RBrokerError, from_rpc_error
-from rbroker.localapi.paths import default_socket_path
+from rbroker.localapi.paths import Candidate, discovery_order
 from rbroker_protocol import jsonrpc
-from rbroker_protocol.errors import RpcError
+from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.versions import PROTOCOL_VERSION
 
 if sys.platform != "win32":
+    import grp  # here, not when needed: a client dropped to another user may not reach it
 
     class _UnixStream:
         """A connected Unix socket read line by line through its own buffer, so a read
@@ -145,18 +146,88 @@ class _PipeStream:  # pragma: no cover - Windows only
         self.f.close()
 
 
+def _open(address: str, timeout_s: float | None) -> Any:
+    if sys.platform == "win32":
+        return _PipeStream(address, timeout_s)
+    else:
+        return _UnixStream(address, timeout_s)
+
+
+def _group_of(address: str) -> str | None:
+    """The OS group of the socket (or of its directory), when it can be read."""
+    if sys.platform == "win32":
+        return None
+    else:
+        for path in (address, os.path.dirname(address)):
+            try:
+                return grp.getgrgid(os.stat(path).st_gid).gr_name
+            except (OSError, KeyError):
+                continue
+        return None
+
+
+def not_allowed_text(address: str, detail: str) -> str:
+    """`not allowed to use the broker at ADDRESS (DETAIL)`, with the socket's group."""
+    group = _group_of(address)
+    hint = (
+        f"; it is open to the members of the group {group!r}: ask its administrator to add you"
+        if group and group != "root"
+        else "; ask its administrator for access"
+    )
+    return f"not allowed to use the broker at {address} ({detail}){hint}"
+
+
+def _connect(candidates: list[Candidate], timeout_s: float | None) -> tuple[Candidate, Any]:
+    """Open the first candidate that accepts a connection.
+
+    Raises:
+        BrokerUnavailable: none answers (code `broker_unavailable`), or one refuses this user
+            (code `not_allowed`: permission denied on its socket; nothing after it is tried).
+    """
+    failures: list[str] = []
+    for candidate in candidates:
+        try:
+            return candidate, _open(candidate.address, timeout_s)
+        except PermissionError as exc:
+            text = not_allowed_text(candidate.address, exc.strerror or str(exc))
+            raise BrokerUnavailable(text, "not_allowed", address=candidate.address) from None
+        except OSError as exc:
+            failures.append(f"{candidate.address} ({exc.strerror or exc})")
+    raise BrokerUnavailable(
+        f"no rbroker broker at {' or at '.join(failures)}; start one with `rbroker broker` "
+        "or set RBROKER_SOCKET",
+        "broker_unavailable",
+        address=candidates[-1].address,
+    )
+
+
+def _raise_refusal(error: dict[str, Any], address: str) -> None:
+    """The broker answered a connection-level error (id null) and closes the connection."""
+    try:
+        err = RpcError.from_wire(error)
+    except Exception:
+        raise BrokerUnavailable(
+            f"the broker at {address} refused the connection", "broker_unavailable"
+        ) from None
+    if err.name is ErrorCode.NOT_ALLOWED:
+        raise BrokerUnavailable(err.message, "not_allowed", address=address)
+    raise from_rpc_error(err)
+
+
 class Client:
     """A connection to the local broker.
 
     Args:
-        socket: socket path (or pipe name on Windows); default `RBROKER_SOCKET`, else
-            the per-user default (`rbroker.localapi.paths.default_socket_path`).
+        socket: socket path (or pipe name on Windows); default: the first that answers of
+            `RBROKER_SOCKET`, the system broker's address, the per-user address
+            (`rbroker.localapi.paths.discovery_order`).
         timeout_s: per-call timeout for answers (None: wait forever); `call()` may
             override it for long waits.
         hello: send `hello` on connect (checks the protocol version).
 
     Raises:
-        BrokerUnavailable: nothing answers at the address.
+        BrokerUnavailable: nothing answers at the address; code `not_allowed` when the
+            broker refuses this user (the socket's permissions or its allowed group).
         ProtocolVersionError: the broker does not speak this version.
     """
 
@@ -167,24 +238,18 @@ class Client:
         timeout_s: float | None = 30.0,
         hello: bool = True,
     ) -> None:
-        self.address = os.fspath(socket) if socket is not None else default_socket_path()
         self.timeout_s = timeout_s
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._events: queue.Queue[dict[str, Any]] = queue.Queue()
         self._closed = False
-        try:
-            if sys.platform == "win32":
-                self._stream: Any = _PipeStream(self.address, timeout_s)
-            else:
-                self._stream = _UnixStream(self.address, timeout_s)
-        except OSError as exc:
-            raise BrokerUnavailable(
-                f"no rbroker broker at {self.address} ({exc.strerror or exc}); start one with "
-                "`rbroker broker` or set RBROKER_SOCKET",
-                "broker_unavailable",
-                address=self.address,
-            ) from None
+        candidate, self._stream = _connect(
+            discovery_order(os.fspath(socket) if socket is not None else None), timeout_s
+        )
+        self.address = candidate.address
+        self.found_by = candidate.found_by
+        """How the address was found: `--socket`, `RBROKER_SOCKET`, the system broker's
+        address or the per-user address (`rbroker.localapi.paths.FOUND_*`)."""
         self.server_info: dict[str, Any] = {}
         if hello:
             try:
@@ -239,6 +304,8 @@ class Client:
                     if "id" not in msg and msg.get("method") == "event":
                         self._events.put(msg.get("params") or {})
                         continue
+                    if msg.get("id") is None and isinstance(msg.get("error"), dict):
+                        _raise_refusal(msg["error"], self.address)  # refused at connect
                     if msg.get("id") != request_id:
                         continue  # an answer to an abandoned request
                     break

@@ -1,4 +1,10 @@
-"""Where the broker listens by default (architecture.md §5, §6a)."""
+"""Where brokers listen and where clients look for one (architecture.md §5, §6a).
+
+A client (SDK, CLI, tray) looks in this order: `--socket`, `$RBROKER_SOCKET`, the system
+broker's address, the per-user address (`discovery_order`). The system broker's address is
+`/run/rbroker/broker.sock` on Linux and `\\\\.\\pipe\\rbroker` on Windows
+(`$RBROKER_SYSTEM_SOCKET` moves it, for a site or a test that runs it elsewhere).
+"""
 
 from __future__ import annotations
 
@@ -6,25 +12,50 @@ import getpass
 import os
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
 
 ENV_SOCKET = "RBROKER_SOCKET"
+ENV_SYSTEM_SOCKET = "RBROKER_SYSTEM_SOCKET"
+
+SYSTEM_SOCKET_LINUX = "/run/rbroker/broker.sock"
+"""The Linux system broker's socket (its directory made by systemd's `RuntimeDirectory=`)."""
+SYSTEM_PIPE_WINDOWS = r"\\.\pipe\rbroker"
+"""The Windows service broker's pipe."""
+SYSTEM_DATA_DIR_LINUX = Path("/var/lib/rbroker")
+"""The Linux system broker's data dir (systemd's `StateDirectory=`)."""
+
+FOUND_OPTION = "--socket"
+FOUND_ENV = ENV_SOCKET
+FOUND_SYSTEM = "the system broker's address"
+FOUND_PER_USER = "the per-user address"
 
 
-def default_socket_path() -> str:
-    """The address jobs and the broker use when none is given.
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One address to try and how it was found (`FOUND_*`: shown by `rbroker status`)."""
 
-    `RBROKER_SOCKET` wins; else on Windows `\\\\.\\pipe\\rbroker-<user>`; else
+    address: str
+    found_by: str
+
+
+def system_socket_path() -> str:
+    """The system broker's address on this OS (`$RBROKER_SYSTEM_SOCKET` wins)."""
+    env = os.environ.get(ENV_SYSTEM_SOCKET)
+    if env:
+        return env
+    return SYSTEM_PIPE_WINDOWS if sys.platform == "win32" else SYSTEM_SOCKET_LINUX
+
+
+def per_user_socket_path() -> str:
+    """The per-user broker's address: on Windows `\\\\.\\pipe\\rbroker-<user>`; else
     `<user runtime dir>/rbroker/broker.sock`: `$XDG_RUNTIME_DIR` when it is the user's own
     0700 directory, else `/run/user/<uid>`, else a checked `runtime-<uid>` directory in the
     temporary directory (platformdirs' rules, which refuse directories another user could
     have planted). A runtime dir that cannot be had at all falls back to the data dir.
     """
-    env = os.environ.get(ENV_SOCKET)
-    if env:
-        return env
     if sys.platform == "win32":
         return rf"\\.\pipe\rbroker-{getpass.getuser()}"
     with warnings.catch_warnings():
@@ -35,6 +66,30 @@ def default_socket_path() -> str:
         except PermissionError:
             return str(default_data_dir() / "broker.sock")
     return str(runtime / "broker.sock")
+
+
+def default_socket_path() -> str:
+    """Where a per-user broker (`rbroker broker`, the tray's) listens when no `--socket` is
+    given: `$RBROKER_SOCKET`, else `per_user_socket_path()`."""
+    return os.environ.get(ENV_SOCKET) or per_user_socket_path()
+
+
+def discovery_order(explicit: str | None = None) -> list[Candidate]:
+    """The addresses a client tries, in order, with how each was found.
+
+    `explicit` (a `--socket` or the SDK's `socket=`) or `$RBROKER_SOCKET` is the only
+    candidate when given: nothing else is tried. Otherwise the system broker's address, then
+    the per-user one.
+    """
+    if explicit:
+        return [Candidate(explicit, FOUND_OPTION)]
+    env = os.environ.get(ENV_SOCKET)
+    if env:
+        return [Candidate(env, FOUND_ENV)]
+    return [
+        Candidate(system_socket_path(), FOUND_SYSTEM),
+        Candidate(per_user_socket_path(), FOUND_PER_USER),
+    ]
 
 
 def default_data_dir() -> Path:

@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from rbroker._version import __version__
 from rbroker.broker.service import Broker
 from rbroker.gpu.scenario import ScenarioError
-from rbroker.localapi.access import check_admin
+from rbroker.localapi.access import check_admin, connect_refusal
 from rbroker.localapi.connection import (
     LINE_TIMEOUT_S,
     MAX_CONNECTIONS_PER_USER,
@@ -176,7 +176,9 @@ class LocalApi:
     async def start(self) -> None:
         """Listen. Raises `BrokerAlreadyRunning` or `OSError` (see `transport.serve`)."""
         raise_open_file_limit()
-        self._server = await serve(self.address, self._handle, limit=2 * jsonrpc.MAX_LINE_BYTES)
+        cfg, limit = self.broker.config, 2 * jsonrpc.MAX_LINE_BYTES
+        shared, group = cfg.shared_socket, cfg.allowed_group
+        self._server = await serve(self.address, self._handle, limit, shared=shared, group=group)
 
     async def close(self, leases_kept: bool | None = None) -> None:
         """Stop listening and close every connection. With `leases_kept` set, first tell
@@ -201,7 +203,8 @@ class LocalApi:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Peer
     ) -> None:
         conn = Connection(writer, peer)
-        refused = self._per_user.admit(conn)
+        allowed = self.broker.config.allowed_group
+        refused = connect_refusal(peer, allowed, self.address) or self._per_user.admit(conn)
         if refused is not None:
             await self._per_user.refuse(conn, refused)
             return

@@ -39,8 +39,14 @@ class ListeningServer(Protocol):
         """Stop accepting, close the listening endpoint, remove its file if any."""
 
 
-async def serve(address: str, handler: Handler, limit: int) -> ListeningServer:
+async def serve(
+    address: str, handler: Handler, limit: int, *, shared: bool = False, group: str | None = None
+) -> ListeningServer:
     """Listen at `address` (socket path or pipe name) with this OS's transport.
+
+    `shared` and `group` (Unix sockets): a socket for other local users too — every user
+    (`shared`, mode 0666) or the members of `group` (mode 0660, owned by that group); else
+    the broker's own user's (0660 in a 0700 directory).
 
     Raises:
         BrokerAlreadyRunning: a live broker already listens there.
@@ -53,4 +59,4 @@ async def serve(address: str, handler: Handler, limit: int) -> ListeningServer:
     else:
         from rbroker.localapi.unix import serve_unix
 
-        return await serve_unix(address, handler, limit)
+        return await serve_unix(address, handler, limit, shared=shared, group=group)

@@ -1,6 +1,7 @@
 """Unix-domain-socket transport (Linux, macOS): peer credentials from the kernel.
 
-The socket file gets mode 0660 (owner and, when configured, the `rbroker` group). A socket
+The socket file gets mode 0660 (owner and, when configured, the allowed group), 0666 for a
+system broker open to every local user. A socket
 file left by a crashed broker is removed at start; when a live broker answers, start fails
 with `BrokerAlreadyRunning` and the live one is left alone.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import os
 import pwd
 import socket
@@ -78,10 +80,22 @@ class UnixServer:
                 os.unlink(self.address)
 
 
-async def serve_unix(address: str, handler: Handler, limit: int) -> UnixServer:
-    """Bind `address`, replacing a stale socket file; see the module docstring."""
+async def serve_unix(
+    address: str, handler: Handler, limit: int, *, shared: bool = False, group: str | None = None
+) -> UnixServer:
+    """Bind `address`, replacing a stale socket file; see the module docstring and
+    `transport.serve` for `shared` and `group`.
+
+    Raises:
+        KeyError: `group` is no OS group.
+    """
     path = Path(address)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    gid = grp.getgrnam(group).gr_gid if group else -1
+    open_to_others = shared or group is not None
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if open_to_others:  # others must reach the socket inside it
+            os.chmod(path.parent, 0o755)
     if path.exists() or path.is_symlink():
         if _live_broker_at(address):
             raise BrokerAlreadyRunning(f"a broker is already listening at {address}")
@@ -105,5 +119,7 @@ async def serve_unix(address: str, handler: Handler, limit: int) -> UnixServer:
         )
     finally:
         os.umask(old_umask)
-    os.chmod(address, 0o660)
+    if gid != -1:
+        os.chown(address, -1, gid)
+    os.chmod(address, 0o660 if group is not None or not shared else 0o666)
     return UnixServer(address, server, os.stat(address).st_ino)

@@ -371,6 +371,15 @@ def _probe(socket: str) -> bool:
         return False
 
 
+def _answering() -> str | None:
+    """The address of the broker a client finds now (`discovery_order`), None if none."""
+    try:
+        with Client(None, timeout_s=2) as client:
+            return client.address
+    except RBrokerError:
+        return None
+
+
 def _quit_on_signals(controller: TrayApp) -> None:
     """SIGINT/SIGTERM quit cleanly (the in-process broker stops, its socket is removed).
 
@@ -395,7 +404,9 @@ def run(args: argparse.Namespace) -> int:
 
     quiet_http_client_logs()
 
-    socket = args.socket or default_socket_path()
+    # the first broker that answers (the system broker's before the per-user one), else
+    # the per-user address, where this app starts its own
+    socket = args.socket or _answering() or default_socket_path()
     data_dir = args.data_dir or default_data_dir()
     try:  # a broker this app would start must be able to listen and keep its state
         check_socket_path(socket)

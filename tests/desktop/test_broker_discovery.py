@@ -1,0 +1,117 @@
+"""Where clients look for the broker: `--socket`, `RBROKER_SOCKET`, the system broker's
+address, the per-user address; `rbroker status` says which answered (architecture.md §5)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import rbroker
+from rbroker.localapi import paths
+from rbroker.localapi.paths import (
+    ENV_SOCKET,
+    ENV_SYSTEM_SOCKET,
+    FOUND_ENV,
+    FOUND_OPTION,
+    FOUND_PER_USER,
+    FOUND_SYSTEM,
+    Candidate,
+    discovery_order,
+)
+from tests.conftest import BrokerProcess, short_tmp
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """No RBROKER_SOCKET; the system address and the user runtime dir in a fresh directory
+    (nothing listens there yet)."""
+    root = short_tmp()
+    runtime = root / "xdg"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.delenv(ENV_SOCKET, raising=False)
+    monkeypatch.setenv(ENV_SYSTEM_SOCKET, str(root / "system.sock"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    yield root
+
+
+def test_the_system_addresses_are_the_documented_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_SYSTEM_SOCKET, raising=False)
+    assert paths.SYSTEM_SOCKET_LINUX == "/run/rbroker/broker.sock"
+    assert paths.SYSTEM_PIPE_WINDOWS == r"\\.\pipe\rbroker"
+    assert Path("/var/lib/rbroker") == paths.SYSTEM_DATA_DIR_LINUX
+    expected = paths.SYSTEM_PIPE_WINDOWS if sys.platform == "win32" else "/run/rbroker/broker.sock"
+    assert paths.system_socket_path() == expected
+
+
+def test_the_order_is_option_variable_system_per_user(clean_env: Path) -> None:
+    system = str(clean_env / "system.sock")
+    per_user = str(clean_env / "xdg" / "rbroker" / "broker.sock")
+    assert paths.per_user_socket_path() == per_user
+    assert discovery_order() == [
+        Candidate(system, FOUND_SYSTEM),
+        Candidate(per_user, FOUND_PER_USER),
+    ]
+    os.environ[ENV_SOCKET] = "/from/env.sock"
+    assert discovery_order() == [Candidate("/from/env.sock", FOUND_ENV)]
+    assert discovery_order("/given.sock") == [Candidate("/given.sock", FOUND_OPTION)]
+
+
+def test_a_client_finds_the_system_broker_before_the_per_user_one(
+    clean_env: Path, broker_factory: object
+) -> None:
+    per_user_root = clean_env / "xdg" / "rbroker"
+    per_user_root.mkdir(mode=0o700)
+    mine: BrokerProcess = broker_factory(root=per_user_root)  # type: ignore[operator]
+    assert mine.socket == paths.per_user_socket_path()
+    with rbroker.Client() as c:  # no system broker yet: the per-user one
+        assert (c.address, c.found_by) == (mine.socket, FOUND_PER_USER)
+    system_root = short_tmp()
+    system: BrokerProcess = broker_factory(root=system_root)  # type: ignore[operator]
+    os.environ[ENV_SYSTEM_SOCKET] = system.socket
+    with rbroker.Client() as c:
+        assert (c.address, c.found_by) == (system.socket, FOUND_SYSTEM)
+    os.environ[ENV_SOCKET] = mine.socket  # the variable wins over both
+    with rbroker.Client() as c:
+        assert (c.address, c.found_by) == (mine.socket, FOUND_ENV)
+
+
+def _status(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rbroker", "status", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_status_says_which_broker_answered_and_how_it_was_found(
+    clean_env: Path, broker: BrokerProcess
+) -> None:
+    os.environ[ENV_SYSTEM_SOCKET] = broker.socket
+    done = _status()
+    assert done.returncode == 0, done.stderr
+    assert f"broker: {broker.socket} (the system broker's address)" in done.stdout
+    found = json.loads(_status("--json").stdout)["broker"]
+    assert found == {"address": broker.socket, "found_by": FOUND_SYSTEM}
+    done = _status("--socket", broker.socket)
+    assert f"broker: {broker.socket} (--socket)" in done.stdout
+    os.environ[ENV_SOCKET] = broker.socket
+    assert f"broker: {broker.socket} (RBROKER_SOCKET)" in _status().stdout
+
+
+def test_with_no_broker_the_error_names_every_address_tried(clean_env: Path) -> None:
+    with pytest.raises(rbroker.BrokerUnavailable) as err:
+        rbroker.Client()
+    text = str(err.value)
+    assert str(clean_env / "system.sock") in text
+    assert paths.per_user_socket_path() in text
+    assert err.value.code == "broker_unavailable"
+    done = _status()
+    assert done.returncode == 69
+    assert str(clean_env / "system.sock") in done.stderr.replace("\n", "")
