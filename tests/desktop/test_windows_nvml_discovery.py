@@ -7,13 +7,23 @@ Loading the library (`preload_windows_nvml`) needs Windows.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from rbroker.broker.config import BrokerConfig
+from rbroker.broker.holders import Holder
+from rbroker.broker.service import Broker
+from rbroker.gpu.fake_nvml import FakeNvml
+from rbroker.gpu.nvml import NvmlGateway, TelemetryError
 from rbroker.gpu.nvml_discovery import not_found_message, preload_windows_nvml, windows_candidates
+from rbroker.gpu.types import TelemetryState
+from rbroker_protocol.errors import RpcError
+from rbroker_protocol.localapi import AcquireParams
+from tests.conftest import SINGLE_24G
 
 
 def _windows(tmp_path: Path) -> tuple[Path, Path]:
@@ -70,3 +80,39 @@ def test_one_message_lists_every_place_and_why(tmp_path: Path) -> None:
 def test_preload_is_for_windows_only() -> None:
     with pytest.raises(RuntimeError, match="for Windows"):
         preload_windows_nvml(object())
+
+
+def test_where_it_looked_reaches_status_and_refusals(tmp_path: Path) -> None:
+    """The gateway's pre-init step (on Windows: the nvml.dll search) fails with the message;
+    the broker starts fail-closed and says that message, not a generic one, in
+    `broker.status` and in every refusal."""
+    windir, program_files = _windows(tmp_path)
+    places = windows_candidates({"WINDIR": str(windir), "ProgramFiles": str(program_files)})
+    message = not_found_message([(p, "missing") for p in places])
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(SINGLE_24G)
+    fake = FakeNvml(scenario)  # a GPU exists; its library cannot be found
+    gateway = NvmlGateway(fake, source="nvml")
+
+    def not_found() -> None:
+        raise TelemetryError(
+            TelemetryState.UNAVAILABLE, "library_not_found", message, words=message
+        )
+
+    gateway.before_init = not_found
+    config = BrokerConfig(socket_path=tmp_path / "unused.sock", data_dir=tmp_path)
+    broker = Broker(config, gateway, fake)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(broker.start(background=False))
+        problem = broker.status()["nvml_problem"]
+        assert problem["reason"] == "library_not_found"
+        assert problem["words"] == message
+        params = AcquireParams(mib=1024, project="t", session="t", purpose="t")
+        with pytest.raises(RpcError) as err:
+            loop.run_until_complete(broker.acquire(params, "tester", Holder.of(os.getpid()), 1))
+        assert f"telemetry unavailable: {message}" in str(err.value)
+        assert str(places[1]) in str(err.value)
+    finally:
+        loop.run_until_complete(broker.stop())
+        loop.close()

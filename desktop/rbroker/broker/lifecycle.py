@@ -56,7 +56,7 @@ async def start(b: Broker, background: bool) -> None:
 def nvml_failed(b: Broker, exc: TelemetryError) -> None:
     """Record why NVML does not initialise and whether a GPU exists at all."""
     present = b.fake is not None or nvidia_device_present()
-    b.nvml_problem = NvmlProblem(exc.reason, describe(exc.reason), present)
+    b.nvml_problem = NvmlProblem(exc.reason, exc.words or describe(exc.reason), present)
     b.admission.problem = b.nvml_problem
     if present:
         log.error(

@@ -96,12 +96,16 @@ def describe(reason: str) -> str:
 
 class TelemetryError(Exception):
     """A GPU could not be read. `state` is the resulting telemetry state, `reason` a name
-    such as `gpu_lost`, `version_mismatch`, `not_supported`, `timeout`."""
+    such as `gpu_lost`, `version_mismatch`, `not_supported`, `timeout`; `words`, when given,
+    says it for people better than `describe(reason)` (e.g. where nvml.dll was looked for)."""
 
-    def __init__(self, state: TelemetryState, reason: str, detail: str = "") -> None:
+    def __init__(
+        self, state: TelemetryState, reason: str, detail: str = "", words: str = ""
+    ) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.state = state
         self.reason = reason
+        self.words = words
 
 
 def _nvml_code(exc: BaseException) -> int | None:

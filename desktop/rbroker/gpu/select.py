@@ -45,7 +45,7 @@ def _find_windows_nvml() -> None:
     try:
         where = preload_windows_nvml(pynvml)
     except NvmlNotFound as exc:
-        raise TelemetryError(exc.state, exc.reason, str(exc)) from None
+        raise TelemetryError(exc.state, exc.reason, str(exc), words=str(exc)) from None
     log.info("NVML library: %s", where)
 
 
