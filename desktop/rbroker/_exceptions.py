@@ -13,10 +13,14 @@ RBrokerError                      base: .code (stable name), .message, .data (nu
 ├── LeaseNotFound                 lease_not_found
 ├── LeaseExpired                  lease_expired
 ├── NotLeaseOwner                 not_lease_owner
+├── ResizePending                 resize_pending (another resize of the lease still waits)
 ├── NotSimulated                  not_simulated (sim.* on a real-GPU broker)
 ├── NotAllowed                    not_allowed (pause/simulation by another user),
 │                                 too_many_connections (per-user connection cap)
 └── Cancelled                     cancelled
+
+OverGrantWarning (a Warning, not an error): the broker saw a lease of this process use more
+than its grant for longer than the grace (its `over_grant` event).
 """
 
 from __future__ import annotations
@@ -80,6 +84,10 @@ class NotLeaseOwner(RBrokerError):
     """The lease belongs to another OS user."""
 
 
+class ResizePending(RBrokerError):
+    """Another `resize` of the same lease is still waiting (`data`: its `pending_mib`)."""
+
+
 class NotSimulated(RBrokerError):
     """A `sim.*` method was called on a broker that reads real NVML."""
 
@@ -100,6 +108,23 @@ class JobFinished(RBrokerError):
 
 class Cancelled(RBrokerError):
     """The request was cancelled (connection closed, broker stopping)."""
+
+
+class OverGrantWarning(UserWarning):
+    """A lease of this process used more memory than it was granted for longer than the
+    broker's grace (10 s by default). rbroker never stops the work; cap the framework
+    (`lease.limit_torch()`, ...) or `lease.resize()` the grant. Its own category, so
+    `warnings.simplefilter("error", rbroker.OverGrantWarning)` makes it an error: then
+    `lease.check()` and the end of the `with` block raise it.
+
+    Attributes:
+        data: the event's numbers: `lease_id`, `gpu_uuid`, `granted_mib`, `observed_mib`,
+            `over_mib`, `over_s`, `project`, `session`.
+    """
+
+    def __init__(self, message: str, data: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.data = data
 
 
 _BY_CODE: dict[ErrorCode, type[RBrokerError]] = {
@@ -124,6 +149,7 @@ _BY_CODE: dict[ErrorCode, type[RBrokerError]] = {
     ErrorCode.JOB_FINISHED: JobFinished,
     ErrorCode.NOT_ALLOWED: NotAllowed,
     ErrorCode.TOO_MANY_CONNECTIONS: NotAllowed,
+    ErrorCode.RESIZE_PENDING: ResizePending,
 }
 
 

@@ -17,67 +17,14 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-from rbroker._cuda import cuda_env, cuda_indices
+from rbroker._cuda import cuda_indices
 from rbroker._exceptions import BrokerUnavailable, RBrokerError
-from rbroker._frameworks import FrameworkLimits
+from rbroker._lease_record import Lease, note_over_grant
 from rbroker.localapi.client import Client
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Lease(FrameworkLimits):
-    """A granted lease, as the holder sees it.
-
-    Attributes:
-        lease_id: the broker's id.
-        gpu_uuid: the granted GPU (the first one for multi-GPU leases).
-        gpu_uuids: every granted GPU.
-        granted_mib: MiB granted on each GPU.
-        cuda_visible_devices: the granted GPUs' UUIDs, comma separated: a value for
-            `CUDA_VISIBLE_DEVICES` that never depends on device order (unchanged meaning; many
-            tools parse that variable as integers: prefer `cuda_env()`).
-        gpu_indices: the granted GPUs' NVML indices when they name the same GPUs to CUDA under
-            `CUDA_DEVICE_ORDER=PCI_BUS_ID`; None for MIG slices or when unknown (see
-            `rbroker._cuda`).
-        gpu_total_mib: each granted GPU's total MiB (NVML's), in order; None when unknown.
-            `memory_fraction`, `limit_torch()` and `limit_tensorflow()` keep a framework
-            inside the grant (see `rbroker._frameworks`).
-        info: the broker's full lease record.
-        lost: set when a heartbeat found the lease gone; `error` says why.
-    """
-
-    lease_id: str
-    gpu_uuid: str
-    gpu_uuids: list[str]
-    granted_mib: int
-    cuda_visible_devices: str
-    info: dict[str, Any]
-    token: str = field(repr=False, default="")
-    lost: bool = False
-    error: RBrokerError | None = None
-    gpu_indices: list[int] | None = None
-    gpu_total_mib: list[int] | None = None
-
-    def cuda_env(self, form: str = "auto") -> dict[str, str]:
-        """Environment variables that make this lease's GPUs a process's CUDA devices.
-
-        `form`: `auto` (an index with `CUDA_DEVICE_ORDER=PCI_BUS_ID` where that is
-        unambiguous, the UUID for MIG slices), `index` or `uuid`; e.g.
-        `{"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}`.
-
-        Raises:
-            ValueError: an unknown form, or `index` where no index names the GPU (MIG).
-        """
-        return cuda_env(self.gpu_uuids, self.gpu_indices, form)
-
-    def check(self) -> None:
-        """Raise the heartbeat's error if the lease was lost (expired, broker gone)."""
-        if self.lost and self.error is not None:
-            raise self.error
 
 
 DEFAULT_PROJECT = "default"
@@ -154,12 +101,18 @@ class _Holder:
         self.socket = socket
         self.interval_s = max(0.2, ttl_s / 3)
         self._stop = threading.Event()
+        client.on_event = self._on_event
         # written to on release: wakes the heartbeat thread out of its wait at once
         self._wake_r, self._wake_w = _socket.socketpair()
         self._thread = threading.Thread(
             target=self._beat, name=f"rbroker-heartbeat-{lease.lease_id}", daemon=True
         )
         self._thread.start()
+
+    def _on_event(self, params: dict[str, Any]) -> None:
+        data = params.get("data") or {}
+        if params.get("kind") == "over_grant" and data.get("lease_id") == self.lease.lease_id:
+            note_over_grant(self.lease, data)
 
     def _lose(self, exc: RBrokerError) -> None:
         log.error("lease %s lost: %s", self.lease.lease_id, exc)
@@ -218,6 +171,7 @@ class _Holder:
                 self._lose(exc)
                 return False
             self.lease.token = result["token"]
+            client.on_event = self._on_event
             self.client = client
             log.info("lease %s re-attached after a reconnect", self.lease.lease_id)
             return True
@@ -374,6 +328,7 @@ def _acquire(
         token=result.get("token", ""),
         gpu_indices=cuda_indices(gpu_uuids, listed) if listed else None,
         gpu_total_mib=_totals(gpu_uuids, listed),
+        socket=socket,
     )
     return _Holder(client, lease, ttl_s, socket)
 
@@ -456,6 +411,7 @@ def lease(
         yield holder.lease
     finally:
         holder.release()
+    _raise_over_grant(holder.lease)
 
 
 @contextlib.asynccontextmanager
@@ -485,6 +441,15 @@ async def alease(
         yield holder.lease
     finally:
         await asyncio.to_thread(holder.release)
+    _raise_over_grant(holder.lease)
+
+
+def _raise_over_grant(lease: Lease) -> None:
+    """At the end of a `with` block that raised nothing: the over-grant warning a filter
+    made an error, if `lease.check()` did not raise it already."""
+    error, lease.over_grant_error = lease.over_grant_error, None
+    if error is not None:
+        raise error
 
 
 __all__ = ["BrokerUnavailable", "Lease", "alease", "lease"]

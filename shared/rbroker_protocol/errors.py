@@ -41,6 +41,7 @@ class ErrorCode(StrEnum):
     JOB_FINISHED = "job_finished"
     NOT_ALLOWED = "not_allowed"
     TOO_MANY_CONNECTIONS = "too_many_connections"
+    RESIZE_PENDING = "resize_pending"
 
 
 ERROR_CODES: dict[ErrorCode, int] = {
@@ -65,6 +66,7 @@ ERROR_CODES: dict[ErrorCode, int] = {
     ErrorCode.JOB_FINISHED: -32071,
     ErrorCode.NOT_ALLOWED: -32080,
     ErrorCode.TOO_MANY_CONNECTIONS: -32081,
+    ErrorCode.RESIZE_PENDING: -32023,
 }
 """JSON-RPC numeric code for each name. Standard codes from the JSON-RPC 2.0 spec."""
 

@@ -75,6 +75,16 @@ class LeaseRef(_Params):
     lease_id: Annotated[str, Field(min_length=1, max_length=64)]
 
 
+class ResizeParams(_Params):
+    """`lease.resize`: change a lease's grant to `mib` MiB on each of its GPUs; a growth waits
+    up to `wait_s` (0: only if there is room now). `mib` is range-checked by the broker, so
+    that 0, a negative or an absurd size is refused with the numbers (`invalid_params`)."""
+
+    lease_id: Annotated[str, Field(min_length=1, max_length=64)]
+    mib: Annotated[int, Field(strict=True)]
+    wait_s: Annotated[float, Field(ge=0.0, le=7 * 24 * 3600.0)] = 0.0
+
+
 class LeasesListParams(_Params):
     """`leases.list`: `include_ended` adds the most recent ended leases (with end reason)."""
 

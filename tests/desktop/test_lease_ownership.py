@@ -58,7 +58,8 @@ def test_another_user_cannot_touch_my_lease(broker: BrokerProcess) -> None:
         assert out["owner"] == "nobody"
         assert out["lease.renew"] == "not_lease_owner"
         assert out["lease.release"] == "not_lease_owner"
+        assert out["lease.resize"] == "not_lease_owner"
         assert out["acquired_owner"] == "nobody"
         mine = [x for x in c.leases()["leases"] if x["lease_id"] == lease_id]
         assert mine and mine[0]["owner"] == getpass.getuser()
-        assert mine[0]["state"] == "active"
+        assert mine[0]["state"] == "active" and mine[0]["granted_mib"] == 2048

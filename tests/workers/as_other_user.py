@@ -2,8 +2,9 @@
 
 Usage: as_other_user.py UID SOCKET LEASE_ID
 Drops to UID (its group too), then prints one JSON object: `unavailable` (the message) when
-it cannot connect; else `owner` (from hello), `release` and `renew` (the error codes when it
-touches LEASE_ID) and `acquired_owner` (the owner of a lease it takes itself).
+it cannot connect; else `owner` (from hello), `lease.release`, `lease.renew` and
+`lease.resize` (the error codes when it touches LEASE_ID) and `acquired_owner` (the owner of
+a lease it takes itself).
 """
 
 from __future__ import annotations
@@ -24,9 +25,13 @@ def main() -> int:
     try:
         with rbroker.Client(socket_path) as c:
             out["owner"] = c.hello()["owner"]
-            for method in ("lease.renew", "lease.release"):
+            for method, params in (
+                ("lease.renew", {}),
+                ("lease.release", {}),
+                ("lease.resize", {"mib": 1024}),
+            ):
                 try:
-                    c.call(method, lease_id=lease_id)
+                    c.call(method, lease_id=lease_id, **params)
                     out[method] = "ok"
                 except rbroker.RBrokerError as exc:
                     out[method] = exc.code

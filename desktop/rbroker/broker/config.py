@@ -20,6 +20,8 @@ class BrokerConfig:
     `shared_socket`: the socket is for every local user (a system broker; §5).
     `machine_lock`: the name of the machine-wide broker lock (None: `$RBROKER_BROKER_LOCK`,
     else `rbroker-broker`; `rbroker.localapi.machine_lock`).
+    `over_grant_grace_s`: how long a lease's observed memory may stay above its grant before
+    the broker reports it (the `over_grant` event, docs/architecture.md §2).
     """
 
     socket_path: Path
@@ -49,13 +51,19 @@ class BrokerConfig:
     allowed_group: str | None = None
     shared_socket: bool = False
     machine_lock: str | None = None
+    over_grant_grace_s: float = 10.0
 
     def __post_init__(self) -> None:
         """Refuse settings that would admit more than a GPU holds.
 
         Raises:
-            ValueError: a negative headroom, or a capacity override that is not positive.
+            ValueError: a negative headroom, a capacity override that is not positive, or
+                an over-grant grace that is negative or not finite.
         """
+        if not 0 <= self.over_grant_grace_s < float("inf"):
+            raise ValueError(
+                f"the over-grant grace must be 0 seconds or more, got {self.over_grant_grace_s}"
+            )
         headrooms = [("headroom_mib", self.headroom_mib)] + [
             (f"headroom for {uuid}", mib) for uuid, mib in self.headroom_overrides.items()
         ]

@@ -1,8 +1,11 @@
 """Change events: who wants to hear of lease, queue, job and capacity changes, and telling them.
 
 Kinds and data: `("lease", {"lease_id", "state"})`, `("queue", {"request_id"})`,
-`("job", {"job_id", "state"})`, `("capacity", {"gpu_uuid"})`. The local API pushes them to
-subscribed connections; the uplink uses them to report sooner.
+`("job", {"job_id", "state"})`, `("capacity", {"gpu_uuid"})`, `("over_grant", {"lease_id",
+"owner", "project", "session", "purpose", "gpu_uuid", "granted_mib", "observed_mib",
+"over_mib", "over_s"})` (once per episode, see `overgrant`). The local API pushes them to
+subscribed connections (and `over_grant` to the lease's own connection); the uplink uses
+them to report sooner.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ class Lease:
 
     Times: `deadline` is monotonic (expiry); `*_wall` fields are Unix seconds for display.
     `observed_mib` maps GPU UUID → MiB NVML attributes to the holder's process tree for this
-    lease (unknown counts 0); `over_grant` is set when that exceeds `granted_mib`.
+    lease (unknown counts 0); `over_grant` is set when that exceeds `granted_mib`, and the
+    `over_*` fields follow the episode (`rbroker.broker.overgrant`).
     """
 
     lease_id: str
@@ -64,6 +65,9 @@ class Lease:
     restored: bool = False
     job_id: str | None = None
     reattach_by: float | None = None  # restored: its holder must re-attach by then (monotonic)
+    over_since: float | None = None  # monotonic start of the current over-grant episode
+    over_mib: int = 0  # MiB over the grant now (the worst GPU), 0 when inside it
+    over_noticed: bool = False  # this episode outlasted the grace and was reported
 
     @property
     def gpu_uuid(self) -> str:
@@ -93,6 +97,8 @@ class Lease:
             "waited_s": round(self.waited_s, 3),
             "observed_mib": dict(self.observed_mib),
             "over_grant": self.over_grant,
+            "over_grant_mib": self.over_mib,
+            "over_grant_noticed": self.over_noticed,
             "adopt": self.adopt,
             "admission": self.admission,
             "ended_reason": self.ended_reason,
@@ -186,6 +192,7 @@ class Waiter:
     job_id: str | None = None
     wait_until_wall: float = 0.0
     reattach_by: float | None = None  # restored after a restart: its client must come back
+    resize_of: str | None = None  # the lease whose growth this is (`broker.resize`)
 
     def to_record(self) -> dict[str, Any]:
         """What is persisted of a waiting request (see `store.LeaseStore`)."""
@@ -225,4 +232,5 @@ class Waiter:
             "reason": self.reason,
             "reason_kind": self.reason_kind,
             "reason_data": self.reason_data,
+            "resize_of": self.resize_of,
         }

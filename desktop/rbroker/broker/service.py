@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from rbroker.broker import lifecycle, views
+from rbroker.broker import lifecycle, overgrant, views
 from rbroker.broker.admission import Admission, NvmlProblem
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock, SystemClock
@@ -24,6 +24,7 @@ from rbroker.broker.events import Events, Listener
 from rbroker.broker.holders import Holder
 from rbroker.broker.jobs import JobTable
 from rbroker.broker.leases import Lease, LeaseState, Waiter
+from rbroker.broker.resize import Resizes
 from rbroker.broker.sampling import GpuSlot, Sampling
 from rbroker.broker.store import LeaseStore
 from rbroker.broker.table import Choice, LeaseTable, liveness_memo
@@ -76,6 +77,9 @@ class Broker:
         self.queue: list[Waiter] = self.waiting.waiters
         self.admission = Admission(self.slots, self.table, self.clock, config)
         self.jobs = JobTable(self.clock, store)
+        self.resizes = Resizes(
+            self.table, self.waiting, self.admission, self.clock, self.emit, lambda: self._admit()
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self.started_mono = self.clock.monotonic()
         self.started_wall = self.clock.wall()
@@ -113,6 +117,8 @@ class Broker:
     def _sampled(self, slot: GpuSlot, ok: bool) -> None:
         if ok:
             self.table.update_observed(slot)
+            grace = self.config.over_grant_grace_s
+            overgrant.watch(self.table.on(slot.uuid), self.clock.monotonic(), grace, self.emit)
         self.emit("capacity", {"gpu_uuid": slot.uuid})
 
     def _turn(self) -> None:
@@ -182,6 +188,9 @@ class Broker:
         self._grant(waiter, chosen, now)  # looked up at call time (tests wrap `_grant`)
 
     def _grant(self, waiter: Waiter, chosen: list[Choice], now: float) -> None:
+        if waiter.resize_of is not None:  # a lease's growth, not a new lease
+            self.resizes.grant(waiter, chosen, now)
+            return
         lease = self.table.new_lease(waiter, chosen, now)
         if waiter.job_id is not None and waiter.job_id in self.jobs.jobs:
             self.jobs.link_lease(waiter.job_id, waiter.owner, lease.lease_id)
@@ -219,6 +228,12 @@ class Broker:
         lease.renewed_at_wall = self.clock.wall()
         return lease
 
+    async def resize(
+        self, lease_id: str, owner: str, mib: int, wait_s: float, conn_id: int | None
+    ) -> Lease:
+        """Change a lease's grant to `mib` MiB. Raises as `resize.Resizes.resize`."""
+        return await self.resizes.resize(lease_id, owner, mib, wait_s, conn_id)
+
     def release(self, lease_id: str, owner: str, reason: str = "released by holder") -> Lease:
         """End a lease now. Raises like `renew`."""
         lease = self.table.find(lease_id, owner)
@@ -227,6 +242,7 @@ class Broker:
 
     def _end(self, lease: Lease, state: LeaseState, reason: str) -> None:
         if self.table.end(lease, state, reason):
+            self.resizes.lease_ended(lease.lease_id)
             self.emit("lease", {"lease_id": lease.lease_id, "state": state.value})
 
     def connection_closed(self, conn_id: int) -> None:

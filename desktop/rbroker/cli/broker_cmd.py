@@ -117,6 +117,7 @@ def run_broker(args: argparse.Namespace) -> int:
             machine_lock=args.machine_lock,
             allowed_group=args.allowed_group,
             shared_socket=args.system,
+            over_grant_grace_s=args.over_grant_grace,
         )
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))

@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="end every lease when the broker stops (default: keep them for the restart)",
     )
+    b.add_argument(
+        "--over-grant-grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long a lease may use more than its grant before it is reported (default 10)",
+    )
     b.add_argument("-v", "--verbose", action="store_true", help="log every lease")
 
     s = sub.add_parser("status", help="GPU capacity and leases of the local broker")

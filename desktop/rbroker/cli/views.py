@@ -59,6 +59,18 @@ def _num(value: int | float | None, style: str = "") -> Cell:
     return Cell(Text(fmt_mib(n), style=style), plain=str(n))
 
 
+def _in_use(observed: int, lease: dict[str, Any]) -> Cell:
+    """A lease's observed MiB; over its grant it is red and says by how much:
+    `6 000 (+1 904 over)` (plain: `6000 (+1904 over)`)."""
+    over = int(lease.get("over_grant_mib") or 0)
+    if not lease.get("over_grant") or over <= 0:
+        return _num(observed)
+    return Cell(
+        Text(f"{fmt_mib(observed)} (+{fmt_mib(over)} over)", style="red"),
+        plain=f"{observed} (+{over} over)",
+    )
+
+
 def gpu_labels(gpus: Sequence[dict[str, Any]]) -> dict[str, str]:
     """`{uuid: "GPU 0"}`; where an index is shared (MIG slices of one GPU) or unknown the
     label ends with the UUID's last characters: `GPU 0 …0002`."""
@@ -184,7 +196,7 @@ def lease_table(leases: list[dict[str, Any]], gpus: Sequence[dict[str, Any]] = (
             lease["session"],
             lease["purpose"],
             _num(lease["granted_mib"]),
-            _num(observed, "red" if lease.get("over_grant") else ""),
+            _in_use(observed, lease),
             Cell(
                 ",".join(labels.get(u, short_uuid(u)) for u in uuids),
                 plain=",".join(uuids),

@@ -1,8 +1,8 @@
 """The one typed, blocking client of the local API, used by the SDK, the CLI and the tray.
 
 Thread-safe: one request at a time per connection (a lock), so a heartbeat thread and the
-caller's thread can share it. Event notifications (`events.subscribe`) are queued for
-`next_event()`.
+caller's thread can share it. Event notifications (`events.subscribe`, and `over_grant` on a
+lease's own connection) are queued for `next_event()` and passed to `on_event` if set.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import queue
 import select
@@ -17,6 +18,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from rbroker._exceptions import BrokerUnavailable, RBrokerError, from_rpc_error
@@ -24,6 +26,8 @@ from rbroker.localapi.paths import Candidate, discovery_order
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.versions import PROTOCOL_VERSION
+
+log = logging.getLogger(__name__)
 
 if sys.platform != "win32":
     import grp  # here, not when needed: a client dropped to another user may not reach it
@@ -250,6 +254,8 @@ class Client:
         self.found_by = candidate.found_by
         """How the address was found: `--socket`, `RBROKER_SOCKET`, the system broker's
         address or the per-user address (`rbroker.localapi.paths.FOUND_*`)."""
+        self.on_event: Callable[[dict[str, Any]], None] | None = None
+        """Called with each event notification as it is read (on the reading thread)."""
         self.server_info: dict[str, Any] = {}
         if hello:
             try:
@@ -259,6 +265,14 @@ class Client:
             except BaseException:  # not a broker, or one we cannot talk to: no socket leaks
                 self.close()
                 raise
+
+    def _queue_event(self, params: dict[str, Any]) -> None:
+        self._events.put(params)
+        if self.on_event is not None:
+            try:
+                self.on_event(params)
+            except Exception:  # the hook never breaks the connection
+                log.exception("event hook failed")
 
     def __enter__(self) -> Client:
         return self
@@ -302,7 +316,7 @@ class Client:
                     if not isinstance(msg, dict):
                         raise ValueError("the answer is not a JSON-RPC object")
                     if "id" not in msg and msg.get("method") == "event":
-                        self._events.put(msg.get("params") or {})
+                        self._queue_event(msg.get("params") or {})
                         continue
                     if msg.get("id") is None and isinstance(msg.get("error"), dict):
                         _raise_refusal(msg["error"], self.address)  # refused at connect
@@ -352,7 +366,7 @@ class Client:
             with contextlib.suppress(ValueError):
                 msg = json.loads(line)
                 if isinstance(msg, dict) and msg.get("method") == "event":
-                    self._events.put(msg.get("params") or {})
+                    self._queue_event(msg.get("params") or {})
 
     def next_event(self, timeout_s: float | None = None) -> dict[str, Any] | None:
         """The next queued event notification (after `subscribe()`), or None on timeout.

@@ -15,6 +15,7 @@ Methods (params → result):
     lease.renew {lease_id}                    → {lease: {...}}
     lease.attach {lease_id, token}            → {lease: {...}, token}  (new token)
     lease.release {lease_id}                  → {lease: {...}}
+    lease.resize {lease_id, mib, wait_s}      → {lease: {...}}  (architecture.md §3)
     leases.list {include_ended}               → {leases: [...], queue: [...], ended?: [...]}
     broker.status {}                          → {version, uptime_s, telemetry_source, ...}
     job.declare {project, purpose, handler, total_items?, workers}  → {job: {...}}
@@ -47,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from rbroker._version import __version__
 from rbroker.broker.service import Broker
 from rbroker.gpu.scenario import ScenarioError
+from rbroker.localapi import holder_events, lease_resize
 from rbroker.localapi.access import check_admin, connect_refusal
 from rbroker.localapi.connection import (
     LINE_TIMEOUT_S,
@@ -159,6 +161,7 @@ class LocalApi:
             "lease.renew": (LeaseRef, self._renew),
             "lease.release": (LeaseRef, self._release),
             "lease.attach": (AttachParams, self._attach),
+            "lease.resize": lease_resize.entry(lambda: self.broker),
             "leases.list": (LeasesListParams, self._leases_list),
             "broker.status": (EmptyParams, self._status),
             "job.declare": (JobDeclareParams, self._job_declare),
@@ -176,6 +179,7 @@ class LocalApi:
     async def start(self) -> None:
         """Listen. Raises `BrokerAlreadyRunning` or `OSError` (see `transport.serve`)."""
         raise_open_file_limit()
+        self._unroute = holder_events.route(self.broker, self._connections)
         cfg, limit = self.broker.config, 2 * jsonrpc.MAX_LINE_BYTES
         shared, group = cfg.shared_socket, cfg.allowed_group
         self._server = await serve(self.address, self._handle, limit, shared=shared, group=group)

@@ -1,0 +1,198 @@
+"""Resizing a grant (`lease.resize`, docs/architecture.md §3): the lease keeps its id,
+owner, descriptions and token; only `granted_mib` changes, on each of its GPUs.
+
+- Shrinking takes effect at once: less is outstanding, and the same admission pass may
+  grant waiting requests in the room freed (no new sample is needed: the lease's real use
+  is in `device_used` either way).
+- Growing is admitted like a new request for the extra MiB, pinned to the lease's GPUs and
+  queued last: FIFO, so it waits behind requests already waiting there. It is refused at
+  once (`infeasible`) when a GPU can never hold the new size (more than total − headroom),
+  and ends with `capacity_unavailable` / `wait_timeout` (the reason and its numbers) when it
+  is not granted within `wait_s`. When granted, the GPUs need a fresh sample before the next
+  admission, as after any grant.
+- Bad input — a size below 1 MiB or above `MAX_MIB`, another user's lease, an ended lease, a
+  resize while another of the same lease waits — is an `RpcError` with a stable name and the
+  numbers; the lease is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from rbroker.broker.admission import Admission
+from rbroker.broker.capacity import fmt_mib
+from rbroker.broker.clock import Clock
+from rbroker.broker.leases import Lease, Waiter
+from rbroker.broker.table import Choice, LeaseTable
+from rbroker.broker.waiting import WaitQueue, new_future
+from rbroker_protocol.errors import ErrorCode, RpcError
+from rbroker_protocol.localapi import MAX_MIB
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[str, dict[str, Any]], None]
+
+
+class Resizes:
+    """The resizes of one broker; `pending` maps a lease id to its waiting growth."""
+
+    def __init__(
+        self,
+        table: LeaseTable,
+        waiting: WaitQueue,
+        admission: Admission,
+        clock: Clock,
+        emit: Emit,
+        admit: Callable[[], None],
+    ) -> None:
+        self.table = table
+        self.waiting = waiting
+        self.admission = admission
+        self.clock = clock
+        self.emit = emit
+        self.admit = admit
+        self.pending: dict[str, Waiter] = {}
+
+    async def resize(
+        self, lease_id: str, owner: str, mib: int, wait_s: float, conn_id: int | None
+    ) -> Lease:
+        """Change lease `lease_id`'s grant to `mib` MiB (see the module docstring).
+
+        Raises:
+            RpcError: `invalid_params` (size out of range), `lease_not_found`,
+                `lease_expired`, `not_lease_owner`, `resize_pending`, `infeasible`,
+                `capacity_unavailable`, `wait_timeout`, `cancelled` (connection closed).
+        """
+        if not 1 <= mib <= MAX_MIB:
+            raise RpcError(
+                ErrorCode.INVALID_PARAMS,
+                f"invalid params: mib: a lease is resized to 1 to {fmt_mib(MAX_MIB)} MiB, "
+                f"not {mib}",
+                field="mib",
+                requested_mib=mib,
+                min_mib=1,
+                max_mib=MAX_MIB,
+            )
+        lease = self.table.find(lease_id, owner)
+        pending = self.pending.get(lease_id)
+        if pending is not None:
+            target = lease.granted_mib + pending.mib
+            raise RpcError(
+                ErrorCode.RESIZE_PENDING,
+                f"lease {lease_id} already waits to grow to {fmt_mib(target)} MiB; "
+                f"resize it to {fmt_mib(mib)} MiB after that one ends",
+                lease_id=lease_id,
+                granted_mib=lease.granted_mib,
+                pending_mib=target,
+                requested_mib=mib,
+            )
+        old = lease.granted_mib
+        if mib == old:
+            return lease
+        if mib < old:
+            self._apply(lease, mib, {})
+            self.admit()
+            return lease
+        self._check_can_ever_fit(lease, mib)
+        now = self.clock.monotonic()
+        waiter = Waiter(
+            request_id=self.waiting.next_id(),
+            mib=mib - old,
+            gpus=len(lease.gpu_uuids),
+            candidates=lease.gpu_uuids,
+            pinned=True,
+            owner=lease.owner,
+            project=lease.project,
+            session=lease.session,
+            purpose=lease.purpose,
+            ttl_s=lease.ttl_s,
+            adopt=False,
+            placement="pack",
+            holder=lease.holder,
+            conn_id=conn_id,
+            enqueued_at=now,
+            deadline=now + wait_s,
+            wait_s=wait_s,
+            future=new_future(),
+            wait_until_wall=self.clock.wall() + wait_s,
+            resize_of=lease_id,
+        )
+        self.pending[lease_id] = waiter
+        self.waiting.add(waiter)
+        try:
+            self.admit()
+            if not waiter.future.done():
+                self.emit("queue", {"request_id": waiter.request_id})
+            return await waiter.future
+        except RpcError as err:
+            raise _growth_error(err, lease_id, old, mib) from None
+        finally:
+            self.pending.pop(lease_id, None)
+            if waiter in self.waiting.waiters:  # cancelled (connection gone)
+                self.waiting.remove(waiter)
+                self.admit()
+
+    def _check_can_ever_fit(self, lease: Lease, mib: int) -> None:
+        for uuid in lease.gpu_uuids:
+            never = self.admission.never_fits(mib, 1, (uuid,))
+            if never is not None:
+                raise RpcError(
+                    ErrorCode.INFEASIBLE,
+                    f"resize of {lease.lease_id} refused: {never.message}",
+                    **{**never.data, "lease_id": lease.lease_id, "granted_mib": lease.granted_mib},
+                )
+
+    def grant(self, waiter: Waiter, chosen: list[Choice], now: float) -> None:
+        """The admission pass granted a growth (`waiter.resize_of`): apply it."""
+        self.waiting.remove(waiter)
+        lease = self.table.leases.get(waiter.resize_of or "")
+        if lease is None:  # ended while its growth waited (normally cancelled first)
+            waiter.future.set_exception(
+                RpcError(ErrorCode.LEASE_EXPIRED, f"lease {waiter.resize_of} ended")
+            )
+            return
+        records = {}
+        for uuid, cap, need in chosen:
+            records[uuid] = {**cap.as_dict(), "requested_mib": waiter.mib, "extra_mib": need}
+            self.table.slots[uuid].last_change_at = now  # like a grant: a fresh sample next
+        self._apply(lease, lease.granted_mib + waiter.mib, records)
+        waiter.future.set_result(lease)
+
+    def _apply(self, lease: Lease, mib: int, records: dict[str, dict[str, Any]]) -> None:
+        old, lease.granted_mib = lease.granted_mib, mib
+        for uuid, record in records.items():
+            lease.admission[uuid] = {**record, "resized_from_mib": old}
+        for uuid in lease.gpu_uuids:
+            slot = self.table.slots.get(uuid)
+            if slot is not None:
+                self.table.update_observed(slot)
+        if self.table.store is not None:
+            self.table.store.put_lease(lease.lease_id, lease.token, lease.to_record())
+        log.info("lease %s resized: %d → %d MiB", lease.lease_id, old, mib)
+        self.emit(
+            "lease", {"lease_id": lease.lease_id, "state": lease.state.value, "resized_mib": mib}
+        )
+
+    def lease_ended(self, lease_id: str) -> None:
+        """Cancel the waiting growth of a lease that ended."""
+        waiter = self.pending.get(lease_id)
+        if waiter is not None:
+            self.waiting.remove(
+                waiter, RpcError(ErrorCode.LEASE_EXPIRED, f"lease {lease_id} ended")
+            )
+
+
+def _growth_error(err: RpcError, lease_id: str, old: int, mib: int) -> RpcError:
+    """A growth's wait error, said as a resize: the new size and the extra it needed."""
+    if err.name not in (ErrorCode.CAPACITY_UNAVAILABLE, ErrorCode.WAIT_TIMEOUT):
+        return err
+    data = {**err.data, "lease_id": lease_id, "granted_mib": old, "requested_mib": mib}
+    data["extra_mib"] = mib - old
+    return RpcError(
+        err.name,
+        f"resize of {lease_id} from {fmt_mib(old)} to {fmt_mib(mib)} MiB "
+        f"({fmt_mib(mib - old)} more): {err.message}",
+        **data,
+    )
