@@ -83,13 +83,38 @@ def test_shrink_takes_effect_at_once_and_admits_a_waiter(
     waiting = h.acquire(pool.spawn()[1], mib=10000, wait_s=60.0)
     h.sample()
     assert not waiting.done() and len(h.broker.queue) == 1
+    slot = h.broker.slots[GPU0]
+    slot.kick.clear()
     shrink = _resize(h, a, 10000)
-    # no new sample, no tick: the same step frees the room and grants the waiter
     assert shrink.done() and shrink.result() is a and a.granted_mib == 10000
+    # the freed 10 000 MiB stay booked until a sample that began after the shrink shows
+    # what the holder really uses (the release rule); the shrink asked for that sample
+    assert slot.kick.is_set() or slot.soon is not None
+    assert h.broker.table.unconfirmed_mib(GPU0) == 10000 and not waiting.done()
+    h.sample()  # the sample the shrink asked for: the waiter is granted in that pass
     assert waiting.done() and waiting.result().granted_mib == 10000
-    assert h.broker.queue == []
+    assert h.broker.queue == [] and h.broker.table.unconfirmed_mib(GPU0) == 0
     cap = h.broker.capacity(GPU0)
     assert cap is not None and cap.outstanding_mib == 20000 and cap.available_mib == 3347
+
+
+def test_shrink_below_what_the_holder_allocated_frees_only_what_it_does_not_use(
+    h: InProcessBroker, pool: SleeperPool
+) -> None:
+    proc, holder = pool.spawn()
+    a = _grant(h, holder, 20000)
+    h.fake.allocate(GPU0, proc.pid, 15000)  # since the last sample: the broker saw none of it
+    h.broker.memory_changed(GPU0)
+    _resize(h, a, 10000)
+    waiting = h.acquire(pool.spawn()[1], mib=10000, wait_s=60.0)
+    cap = h.broker.capacity(GPU0)
+    assert cap is not None and cap.available_mib == 3347  # nothing offered on an old sample
+    h.sample()
+    # the sample shows 15 000 MiB in use (5 000 over the new grant): 8 347 MiB are free
+    assert a.observed_mib[GPU0] == 15000 and a.over_grant
+    cap = h.broker.capacity(GPU0)
+    assert cap is not None and cap.available_mib == 8347
+    assert not waiting.done()
 
 
 def test_growth_waits_behind_an_earlier_waiter(h: InProcessBroker, pool: SleeperPool) -> None:

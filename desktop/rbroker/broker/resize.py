@@ -1,9 +1,11 @@
 """Resizing a grant (`lease.resize`, docs/architecture.md §3): the lease keeps its id,
 owner, descriptions and token; only `granted_mib` changes, on each of its GPUs.
 
-- Shrinking takes effect at once: less is outstanding, and the same admission pass may
-  grant waiting requests in the room freed (no new sample is needed: the lease's real use
-  is in `device_used` either way).
+- Shrinking takes effect at once: the lease's grant is smaller now. The room it frees is
+  offered to waiting requests as soon as a sample that began after the shrink confirms what
+  the holder really uses (the release rule of §2: the shrink asks for that sample, so within
+  about one sample's time); until then it stays booked, so a holder that allocated since the
+  last sample can never make the broker over-admit.
 - Growing is admitted like a new request for the extra MiB, pinned to the lease's GPUs and
   queued last: FIFO, so it waits behind requests already waiting there. It is refused at
   once (`infeasible`) when a GPU can never hold the new size (more than total − headroom),
@@ -161,7 +163,8 @@ class Resizes:
         waiter.future.set_result(lease)
 
     def _apply(self, lease: Lease, mib: int, records: dict[str, dict[str, Any]]) -> None:
-        old, lease.granted_mib = lease.granted_mib, mib
+        old = lease.granted_mib
+        self.table.set_granted(lease, mib)
         for uuid, record in records.items():
             lease.admission[uuid] = {**record, "resized_from_mib": old}
         for uuid in lease.gpu_uuids:

@@ -304,6 +304,23 @@ class LeaseTable:
         log.info("lease %s re-attached by its holder", lease.lease_id)
         return lease
 
+    def set_granted(self, lease: Lease, mib: int) -> None:
+        """Change an active lease's grant to `mib` (`lease.resize`), keeping the running
+        outstanding sums: what a shrink frees of its outstanding MiB stays booked as
+        unconfirmed until a sample that started after now, as a release's does (§2), and
+        each of its GPUs' samplers is asked for one."""
+        now = self.clock.monotonic()
+        for u in lease.gpu_uuids:
+            before, after = _owed(lease, u), max(0, mib - lease.observed_mib.get(u, 0))
+            self._outstanding[u] = self._outstanding.get(u, 0) + after - before
+            if after < before:
+                self._unconfirmed.setdefault(u, collections.deque()).append((now, before - after))
+                self._unconfirmed_mib[u] = self._unconfirmed_mib.get(u, 0) + before - after
+                slot = self.slots.get(u)
+                if slot is not None:
+                    slot.sample_soon(self.config.release_sample_gap_s)
+        lease.granted_mib = mib
+
     # -- ending ------------------------------------------------------------------------------
     def end(self, lease: Lease, state: LeaseState, reason: str) -> bool:
         """End an active lease (False when it already ended): what it was granted but no
