@@ -65,6 +65,13 @@ def test_a_client_is_served_and_owns_its_lease(pipe_broker: str) -> None:
     assert lease["owner"].lower().endswith("\\" + getpass.getuser().lower())
 
 
+def test_the_brokers_own_account_may_pause_it(pipe_broker: str) -> None:
+    # the caller's SID from its token equals the broker's: the administrative methods work
+    with rbroker.Client(pipe_broker, timeout_s=30) as c:
+        c.call("broker.pause", paused=True)
+        c.call("broker.pause", paused=False)
+
+
 def test_200_simultaneous_clients_are_all_answered(pipe_broker: str) -> None:
     start = threading.Barrier(CLIENTS)
 

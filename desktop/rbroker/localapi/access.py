@@ -45,7 +45,14 @@ def in_group(user: str, group: str) -> bool:
 
 
 def is_admin(peer: Peer, admin_group: str | None) -> bool:
-    """True when `peer` may pause admissions or change a simulation on this broker."""
+    """True when `peer` may pause admissions or change a simulation on this broker: its own
+    user (on Windows: the same account SID), an elevated administrator on Windows (the
+    service's account is LocalSystem, which no person signs in as), or a member of
+    `admin_group` (Unix)."""
+    if sys.platform == "win32" and peer.sid is not None:
+        from rbroker.localapi.win_accounts import own_sid
+
+        return peer.elevated_admin or peer.sid == own_sid()
     if sys.platform != "win32" and peer.uid is not None:
         if peer.uid == os.getuid():
             return True
@@ -57,6 +64,8 @@ def is_admin(peer: Peer, admin_group: str | None) -> bool:
 def admin_description(admin_group: str | None) -> str:
     """Who may use the administrative methods, in words (for refusals)."""
     who = f"the broker's own user ({broker_user()})"
+    if sys.platform == "win32":
+        return who + " and elevated administrators"
     if admin_group:
         who += f" and members of the group {admin_group!r}"
     return who

@@ -43,7 +43,7 @@ if sys.platform == "win32":
 
     import pywintypes
 
-    from rbroker.localapi.win_accounts import own_sid, process_account
+    from rbroker.localapi.win_accounts import is_elevated_admin, own_sid, process_account
 
     _kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
     _advapi32 = ctypes.WinDLL("advapi32", use_last_error=True)
@@ -187,12 +187,13 @@ if sys.platform == "win32":
                 pipe = writer.get_extra_info("pipe")
                 try:
                     pid = _client_pid(int(pipe.handle))
-                    _sid, user = process_account(pid)
+                    sid, user = process_account(pid)
                 except (OSError, pywintypes.error) as exc:
                     log.info("closing a pipe client whose account cannot be read: %s", exc)
                     writer.close()
                     return
-                await self._handler(reader, writer, Peer(pid=pid, user=user))
+                peer = Peer(pid=pid, user=user, sid=sid, elevated_admin=is_elevated_admin(pid))
+                await self._handler(reader, writer, peer)
             finally:
                 self.connected -= 1
 

@@ -16,11 +16,15 @@ from typing import Protocol
 
 @dataclass(frozen=True, slots=True)
 class Peer:
-    """Who is on the other end: `pid` of the connecting process and its OS user name."""
+    """Who is on the other end: `pid` of the connecting process and its OS user name;
+    `uid` on Unix; on Windows the account's `sid` and `elevated_admin` (the token's
+    Administrators group is enabled: an elevated administrator)."""
 
     pid: int
     user: str
     uid: int | None = None
+    sid: str | None = None
+    elevated_admin: bool = False
 
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, Peer], Awaitable[None]]

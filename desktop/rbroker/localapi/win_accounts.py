@@ -3,6 +3,7 @@
 - `process_account(pid)`: the user SID and `DOMAIN\\name` of a process, from its token
   (OpenProcess + OpenProcessToken + GetTokenInformation(TokenUser)): how the broker knows
   who is on the other end of a pipe, never from the request;
+- `is_elevated_admin(pid)`: whether its token has the Administrators group enabled;
 - `own_sid()`: this process's account;
 - `owner_sid(handle)`: the owner of a kernel object (a pipe instance), which a process can
   only set to its own account (or with SeRestorePrivilege).
@@ -36,6 +37,30 @@ if sys.platform == "win32":
             win32api.CloseHandle(process)
         name, domain, _kind = win32security.LookupAccountSid(None, sid)
         return win32security.ConvertSidToStringSid(sid), f"{domain}\\{name}" if domain else name
+
+    ADMINISTRATORS_SID = "S-1-5-32-544"
+    SE_GROUP_ENABLED = 0x00000004
+
+    def is_elevated_admin(pid: int) -> bool:
+        """True when process `pid`'s token has BUILTIN\\Administrators enabled (UAC gives
+        it to elevated processes only); False when the token cannot be read."""
+        try:
+            process = win32api.OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, False, pid)
+            try:
+                token = win32security.OpenProcessToken(process, win32con.TOKEN_QUERY)
+                try:
+                    groups = win32security.GetTokenInformation(token, win32security.TokenGroups)
+                finally:
+                    win32api.CloseHandle(token)
+            finally:
+                win32api.CloseHandle(process)
+        except Exception:  # pywintypes.error: not readable, not an administrator here
+            return False
+        return any(
+            win32security.ConvertSidToStringSid(sid) == ADMINISTRATORS_SID
+            and attrs & SE_GROUP_ENABLED
+            for sid, attrs in groups
+        )
 
     def own_sid() -> str:
         """The SID string of this process's user."""
