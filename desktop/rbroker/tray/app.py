@@ -7,6 +7,7 @@ and its menu, and the main window, wired together.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -30,6 +31,7 @@ from rbroker.tray.fleet import FleetSource, NotEnrolled, UplinkFleet
 from rbroker.tray.fleet_tab import FleetFeed
 from rbroker.tray.icons import app_icon, state_icon
 from rbroker.tray.link import BrokerLink
+from rbroker.tray.notices import Notifier
 from rbroker.tray.settings import TraySettings, settings_path
 from rbroker.tray.settings_tab import EnrollRequest
 from rbroker.tray.single import SingleInstance, instance_name
@@ -97,6 +99,11 @@ class TrayApp(QObject):
         self.link.snapshot.connect(self.on_snapshot)
         self.link.disconnected.connect(self.on_disconnected)
         self.link.command_failed.connect(self.on_command_failed)
+        self.notices: collections.deque[tuple[str, str]] = collections.deque(maxlen=20)
+        self.notifier = Notifier(parent=self)
+        self.link.snapshot.connect(self.notifier.on_snapshot)
+        self.link.disconnected.connect(self.notifier.on_disconnected)
+        self.notifier.notice.connect(self.notify)
         self.window.local.pause_toggled.connect(self.set_paused)
         self.broker_failed.connect(self.on_broker_failed)
         self.enroll_finished.connect(self.on_enroll_finished)
@@ -221,6 +228,14 @@ class TrayApp(QObject):
 
     def set_paused(self, paused: bool) -> None:
         self.link.set_paused(bool(paused))
+
+    def notify(self, title: str, text: str) -> None:
+        """A notice (`rbroker.tray.notices`) as a desktop notification from the tray icon;
+        without a tray it is only logged. The last 20 are kept in `notices`."""
+        self.notices.append((title, text))
+        log.info("%s: %s", title, text)
+        if self.tray is not None and QSystemTrayIcon.supportsMessages():
+            self.tray.showMessage(title, text, state_icon(self.state), 8000)
 
     def copy_snippet(self) -> None:
         text = run_snippet(self.snapshot, self.snippet_socket)
