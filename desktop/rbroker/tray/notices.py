@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import sys
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
@@ -29,7 +30,7 @@ GRANT_NOTICE_MIN_WAIT_S = 1.0
 
 def my_user() -> str:
     """This process's OS user name, as the broker names lease owners (`pwd` on POSIX)."""
-    if os.name == "posix":
+    if sys.platform != "win32":
         import pwd
 
         return pwd.getpwuid(os.getuid()).pw_name
@@ -41,7 +42,7 @@ def _mine(owner: object, me: str) -> bool:
     return name == me or name.rsplit("\\", 1)[-1].lower() == me.lower()
 
 
-def _mib(value: object) -> str:
+def _mib(value: Any) -> str:
     return f"{int(value or 0):,}".replace(",", " ")
 
 
