@@ -25,11 +25,12 @@ TABLE_HEADER = "| figure | value | floor / anchor | ratio | target | verdict |"
         ("crash_release.py", ["--repeat", "3"]),
         ("coordinator.py", ["--no-pg"]),
         ("web_refresh.py", ["--computers", "10", "--requests", "3"]),
+        ("abuse.py", ["--busy", "40"]),
     ],
 )
 def test_benchmark_runs_quick(script: str, extra: list[str]) -> None:
     if (
-        script in ("coordinator.py", "web_refresh.py")
+        script in ("coordinator.py", "web_refresh.py", "abuse.py")
         and importlib.util.find_spec("litestar") is None
     ):
         pytest.skip("the coordinator benchmark needs rbroker[server]")
