@@ -23,6 +23,7 @@ from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
 from rbroker_server import __version__, db, dbfaults, maintenance
+from rbroker_server.apidocs import DocsRenderPlugin, errors
 from rbroker_server.enroll.controller import EnrollController
 from rbroker_server.fleet.controller import FleetController
 from rbroker_server.metrics.controller import MetricsController
@@ -31,7 +32,7 @@ from rbroker_server.ratelimit import Throttles
 from rbroker_server.reports.controller import ReportsController
 from rbroker_server.settings import Settings
 from rbroker_server.web import controller as web
-from rbroker_server.web.headers import security_headers
+from rbroker_server.web.headers import security_headers_for
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ SECURITY_SCHEMES: dict[str, SecurityScheme | Reference] = {
 }
 
 
-@get("/healthz", sync_to_thread=True, tags=["health"])
+@get("/healthz", sync_to_thread=True, tags=["health"], responses=errors(503))
 def healthz(engine: NamedDependency[Engine], settings: NamedDependency[Settings]) -> dict[str, str]:
     """Liveness and a proven write: `{"status": "ok", "version": …}` once an upsert
     committed (`dbfaults.probe_write`). 503 with Retry-After and the reason when it did not
@@ -129,7 +130,6 @@ def create_app(
             web.WebController,
             static,
         ],
-        middleware=[security_headers],
         exception_handlers=dict.fromkeys(dbfaults.FAULTS, faults.answer),
         compression_config=CompressionConfig(
             backend="gzip",
@@ -152,6 +152,7 @@ def create_app(
                 "(docs/architecture.md §7 of the rbroker repository)."
             ),
             path="/schema",
+            render_plugins=[DocsRenderPlugin()],
             components=Components(security_schemes=SECURITY_SCHEMES),
         ),
         state=State(
@@ -165,4 +166,7 @@ def create_app(
     )
     if settings.root_path:  # behind a proxy under a prefix: route with or without it
         app.asgi_handler = PrefixStrip(app.asgi_handler, settings.root_path)
+    # outermost, so that every answer gets them: a route's, an error's, the router's 404
+    headers = security_headers_for(settings.external_url.startswith("https://"))
+    app.asgi_handler = headers(app.asgi_handler)
     return app

@@ -88,6 +88,7 @@ def test_setup_self_signed_then_serve_https(
                     assert time.monotonic() < deadline, "serve did not answer"
                     time.sleep(0.1)
             assert r.status_code == 200 and r.json()["status"] == "ok"
+            assert r.headers["strict-transport-security"] == "max-age=31536000"  # HTTPS: HSTS
             # The generated CA is what makes it trusted.
             with (
                 httpx.Client(base_url=url, timeout=5) as untrusted,

@@ -112,7 +112,9 @@ def test_honest_reports_are_answered_while_enrollment_is_hammered(proxied: Coord
         for t in threads:
             t.join(30)
     assert set(answers) <= {401, 429}
-    assert answers.count(401) <= ENROLL_FAILURES + 1  # the bucket refills one per 6 s
+    # attempts in flight when the limit is reached still finish (one per thread), and the
+    # bucket refills one every 6 s
+    assert answers.count(401) <= ENROLL_FAILURES + len(threads) + 1
     assert answers.count(429) > 0
 
 

@@ -11,6 +11,7 @@ from litestar.exceptions import ClientException, NotAuthorizedException
 from litestar.params import JSONBody
 from sqlalchemy.engine import Engine
 
+from rbroker_server.apidocs import errors
 from rbroker_server.bodies import json_body
 from rbroker_server.enroll import service
 from rbroker_server.enroll.schema import EnrollRequest, EnrollResponse
@@ -31,7 +32,13 @@ class EnrollController(Controller):
     path = "/api/v1/enroll"
     tags = ("enrollment",)
 
-    @post("/", status_code=201, sync_to_thread=True, before_request=enroll_guard)
+    @post(
+        "/",
+        status_code=201,
+        sync_to_thread=True,
+        before_request=enroll_guard,
+        responses=errors(400, 401, 409, 413, 415, 429, 503),
+    )
     def enroll(
         self,
         request: Request[Any, Any, Any],
@@ -50,7 +57,10 @@ class EnrollController(Controller):
             address = client_address(request)
             Throttles.of(request).enroll.spend(address)
             log.warning("enrollment refused (bad code) from %s", address)
-            raise NotAuthorizedException("enrollment code invalid, used or expired") from exc
+            raise NotAuthorizedException(
+                "enrollment code invalid, used or expired",
+                headers={"WWW-Authenticate": 'Rbroker-Enrollment-Code realm="rbroker"'},
+            ) from exc
         except service.EnrollConflict as exc:
             raise ClientException("this public key is already enrolled", status_code=409) from exc
         except service.EnrollInvalid as exc:

@@ -8,11 +8,14 @@ from litestar.exceptions import NotFoundException
 from litestar.params import FromPath
 from sqlalchemy.engine import Engine
 
+from rbroker_server.apidocs import errors
 from rbroker_server.auth.dependencies import provide_caller
 from rbroker_server.auth.service import Scope
 from rbroker_server.fleet import service
 from rbroker_server.fleet.schema import ComputerView, FleetView, HistoryView
 from rbroker_server.settings import Settings
+
+_ONE = errors(400, 401, 403, 404, 429, 503)
 
 
 class FleetController(Controller):
@@ -23,7 +26,7 @@ class FleetController(Controller):
     security = ({"viewerToken": []}, {"signedRequest": []})
     dependencies = {"caller": Provide(provide_caller, sync_to_thread=True)}  # noqa: RUF012
 
-    @get("/fleet", sync_to_thread=True)
+    @get("/fleet", sync_to_thread=True, responses=errors(401, 403, 429, 503))
     def fleet(
         self,
         engine: NamedDependency[Engine],
@@ -33,7 +36,7 @@ class FleetController(Controller):
         """The group's computers with freshness, GPU states, leases, queue and jobs."""
         return service.fleet(engine, settings, caller)
 
-    @get("/computers/{computer_id:str}", sync_to_thread=True)
+    @get("/computers/{computer_id:str}", sync_to_thread=True, responses=_ONE)
     def computer(
         self,
         computer_id: FromPath[str],
@@ -47,7 +50,7 @@ class FleetController(Controller):
         except service.ComputerNotFound as exc:
             raise NotFoundException("no such computer") from exc
 
-    @get("/computers/{computer_id:str}/history", sync_to_thread=True)
+    @get("/computers/{computer_id:str}/history", sync_to_thread=True, responses=_ONE)
     def history(
         self,
         computer_id: FromPath[str],

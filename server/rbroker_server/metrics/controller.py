@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from litestar import Controller, Response, get
 from litestar.di import NamedDependency, Provide
-from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.engine import Engine
 
+from rbroker_server.apidocs import errors
 from rbroker_server.auth.dependencies import provide_caller
 from rbroker_server.auth.service import Scope
 from rbroker_server.fleet import service as fleet_service
 from rbroker_server.metrics import service
 from rbroker_server.settings import Settings
+
+MEDIA_TYPE = "text/plain; version=1.0.0"
+"""Prometheus' text format (`prometheus_client.CONTENT_TYPE_LATEST` without its charset,
+which the framework adds: `text/plain; version=1.0.0; charset=utf-8`)."""
 
 
 class MetricsController(Controller):
@@ -22,7 +26,7 @@ class MetricsController(Controller):
     security = ({"viewerToken": []}, {"signedRequest": []})
     dependencies = {"caller": Provide(provide_caller, sync_to_thread=True)}  # noqa: RUF012
 
-    @get("/", sync_to_thread=True)
+    @get("/", sync_to_thread=True, media_type=MEDIA_TYPE, responses=errors(401, 403, 429, 503))
     def metrics(
         self,
         engine: NamedDependency[Engine],
@@ -34,6 +38,6 @@ class MetricsController(Controller):
         view = fleet_service.fleet(engine, settings, caller)
         return Response(
             service.exposition(view),
-            media_type=CONTENT_TYPE_LATEST,
+            media_type=MEDIA_TYPE,
             headers={"Cache-Control": "no-store"},
         )

@@ -15,6 +15,7 @@ from litestar.exceptions import (
 )
 from sqlalchemy.engine import Engine
 
+from rbroker_server.apidocs import EnvelopeBodyOperation, errors
 from rbroker_server.bodies import NestedTooDeeply, json_body
 from rbroker_server.db import utcnow
 from rbroker_server.net import client_address
@@ -24,12 +25,20 @@ from rbroker_server.settings import Settings
 
 log = logging.getLogger(__name__)
 
+REPORT_CHALLENGE = (("WWW-Authenticate", 'Rbroker-Signature realm="rbroker"'),)
+"""The challenge of a 401 on a report: the envelope's Ed25519 signature (§7)."""
+
 
 class ReportsController(Controller):
     path = "/api/v1/reports"
     tags = ("reports",)
 
-    @post("/", status_code=200)
+    @post(
+        "/",
+        status_code=200,
+        operation_class=EnvelopeBodyOperation,
+        responses=errors(400, 401, 403, 413, 415, 422, 503),
+    )
     async def report(
         self,
         request: Request[Any, Any, Any],
@@ -53,7 +62,9 @@ class ReportsController(Controller):
             raise ClientException("report body too large", status_code=413) from exc
         except service.ReportUnauthenticated as exc:
             log.warning("unauthenticated report from %s: %s", client_address(request), exc)
-            raise NotAuthorizedException(f"report not authenticated: {exc}") from exc
+            raise NotAuthorizedException(
+                f"report not authenticated: {exc}", headers=dict(REPORT_CHALLENGE)
+            ) from exc
         except service.ComputerRevoked as exc:
             raise PermissionDeniedException("computer revoked") from exc
         except service.PayloadNestedTooDeeply as exc:
