@@ -59,7 +59,9 @@ def pipe_broker(tmp_path: Path) -> Iterator[str]:
 def test_a_client_is_served_and_owns_its_lease(pipe_broker: str) -> None:
     with rbroker.Client(pipe_broker, timeout_s=30) as c:
         assert len(c.gpus()) == 2
-        with rbroker.lease(1024, socket=pipe_broker, project="ci", session="pipe", purpose="t"):
+        with rbroker.lease(
+            1024, socket=pipe_broker, project="ci", session="pipe-owner", purpose="pipe test"
+        ):
             (lease,) = c.leases()["leases"]
     # the owner comes from the client's token (DOMAIN\name), never from the request
     assert lease["owner"].lower().endswith("\\" + getpass.getuser().lower())

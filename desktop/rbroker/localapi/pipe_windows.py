@@ -137,6 +137,7 @@ if sys.platform == "win32":
             try:
                 first = self._create(first=True)
             except OSError as exc:
+                self._security.close()
                 if getattr(exc, "winerror", None) in (ERROR_ACCESS_DENIED, ERROR_PIPE_BUSY):
                     raise BrokerAlreadyRunning(
                         f"the pipe {self.address} exists already (another broker, or another "
@@ -176,8 +177,8 @@ if sys.platform == "win32":
                 return
             self.connected += 1
             self._refill()  # before serving: the next client finds an instance waiting
-            reader = asyncio.StreamReader(limit=self._limit, loop=self._loop)
-            protocol = asyncio.StreamReaderProtocol(reader, self._serve, loop=self._loop)
+            reader = asyncio.StreamReader(limit=self._limit)
+            protocol = asyncio.StreamReaderProtocol(reader, self._serve)
             self._loop._make_duplex_pipe_transport(  # type: ignore[attr-defined]
                 pipe, protocol, extra={"addr": self.address}
             )
