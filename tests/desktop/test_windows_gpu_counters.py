@@ -230,3 +230,22 @@ def test_counters_are_the_leases_observed_memory(wddm: tuple[InProcessBroker, An
     assert lease.observed_mib.get(GPU1, 0) == 0
     (gpu,) = h.broker.gpus_view()
     assert gpu["outstanding_mib"] == 10240
+
+
+def test_the_mapping_is_made_again_only_when_the_gpus_change(tmp_path: Path) -> None:
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(WDDM_SCENARIO)
+    gateway = NvmlGateway(FakeNvml(scenario), source="simulated")
+    seen: list[dict[str, str]] = []
+
+    def factory(bus_ids: Mapping[str, str]) -> None:
+        seen.append(dict(bus_ids))
+
+    gateway.process_memory_factory = factory
+    gateway.enumerate()
+    gateway.enumerate()  # the broker re-enumerates every 10 s: same GPUs, same mapping
+    assert seen == [{GPU1: "00000000:01:00.0"}]
+    scenario.write_text(WDDM_SCENARIO + WDDM_SCENARIO.replace("0001", "0002"))
+    gateway.enumerate()  # a GPU came: the mapping is made again for both
+    assert seen[-1] == {GPU1: "00000000:01:00.0", GPU2: "00000000:02:00.0"}
+    assert len(seen) == 2

@@ -163,6 +163,7 @@ class NvmlGateway:
             | None
         ) = None
         self.process_memory: Callable[[str, Iterable[int]], dict[int, int]] | None = None
+        self._mapped_bus_ids: dict[str, str] | None = None
         self._lock = threading.Lock()
         self._initialised = False
         self._handles: dict[str, Any] = {}
@@ -228,8 +229,11 @@ class NvmlGateway:
                     found.append(GpuInfo(uuid=uuid, index=index, name=name))
         except lib.NVMLError as exc:
             raise self._error(exc, "enumerate") from None
-        if self.process_memory_factory is not None and self.process_memory is None:
-            self.process_memory = self.process_memory_factory(self._bus_ids())
+        if self.process_memory_factory is not None:
+            bus_ids = self._bus_ids()
+            if bus_ids != self._mapped_bus_ids:  # first time, or GPUs came or went
+                self.process_memory = self.process_memory_factory(bus_ids)
+                self._mapped_bus_ids = bus_ids
         return found
 
     def _bus_ids(self) -> dict[str, str]:
