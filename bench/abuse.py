@@ -263,16 +263,25 @@ def report_latency(
         ]
         for p in procs:
             p.start()
+        served = psutil.Process(server.proc.pid) if server.proc else None
         start = gate.open(hammers)
+        cpu0 = sum(served.cpu_times()[:2]) if served else 0.0
         hammered = []
         while time.monotonic() < start + seconds:
             hammered.append(one())
+        cpu = (sum(served.cpu_times()[:2]) - cpu0) / seconds * 100 if served else float("nan")
         codes: Counter[int] = Counter()
         for _ in procs:
             codes.update(q.get(timeout=60))
         for p in procs:
             p.join(10)
-    return {"quiet": quiet, "hammered": hammered, "codes": codes, "seconds": seconds}
+    return {
+        "quiet": quiet,
+        "hammered": hammered,
+        "codes": codes,
+        "seconds": seconds,
+        "cpu": cpu,
+    }
 
 
 # ---------------------------------------------------------------- main
@@ -375,6 +384,11 @@ def main(argv: list[str] | None = None) -> int:
         "—",
         "429 past the limit",
     )
+    report.add(
+        "coordinator CPU while hammered (per refused attempt)",
+        f"{coord['cpu']:.0f} % of one core "
+        f"({fmt_us(coord['cpu'] / 100 * coord['seconds'] / max(guesses + len(ch), 1))} a request)",
+    )
     report.note(
         f"Broker: one simulated 24 GiB GPU; {answer_bytes:,} B per `leases.list` answer with "
         f"ended leases; the abuser sends {requests:,} of them without reading; lease cycles of "
@@ -393,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         "from the same address as fast as answered)."
     )
     report.note(
-        f"{os.cpu_count()} cores shared by the broker or coordinator and every client process."
+        f"{os.cpu_count()} cores shared by the broker or coordinator and every client process: "
+        "where the hammering processes outnumber the cores, their own CPU delays the honest "
+        "client and the server alike; the coordinator CPU row says what the refusals cost it."
     )
     report.finish(args.record)
     return 0

@@ -28,7 +28,7 @@ from rbroker_server.enroll.controller import EnrollController
 from rbroker_server.fleet.controller import FleetController
 from rbroker_server.metrics.controller import MetricsController
 from rbroker_server.net import STATE_TRUSTED, PrefixStrip, parse_networks
-from rbroker_server.ratelimit import Throttles
+from rbroker_server.ratelimit import ThrottleGate, Throttles
 from rbroker_server.reports.controller import ReportsController
 from rbroker_server.settings import Settings
 from rbroker_server.web import controller as web
@@ -95,6 +95,8 @@ def create_app(
     owned = engine is None
     eng = engine if engine is not None else db.make_engine(settings.db_url)
     faults = dbfaults.DatabaseFaults(eng, settings)
+    throttles = Throttles()
+    trusted = parse_networks(settings.trusted_proxies)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Litestar) -> AsyncIterator[None]:
@@ -157,13 +159,14 @@ def create_app(
         ),
         state=State(
             {
-                STATE_TRUSTED: parse_networks(settings.trusted_proxies),
-                Throttles.STATE_KEY: Throttles(),
+                STATE_TRUSTED: trusted,
+                Throttles.STATE_KEY: throttles,
                 web.SETTINGS_STATE: settings,
                 dbfaults.STATE_KEY: faults,
             }
         ),
     )
+    app.asgi_handler = ThrottleGate(app.asgi_handler, throttles, trusted)  # before routing
     if settings.root_path:  # behind a proxy under a prefix: route with or without it
         app.asgi_handler = PrefixStrip(app.asgi_handler, settings.root_path)
     # outermost, so that every answer gets them: a route's, an error's, the router's 404

@@ -11,18 +11,20 @@ most `processes x limit`.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from litestar import Request
 from litestar.exceptions import TooManyRequestsException
+from litestar.types import ASGIApp, Receive, Scope, Send
 
-from rbroker_server.net import client_address
+from rbroker_server.net import Network, client_address, forwarded_client
 
-__all__ = ["RateLimiter", "Throttle", "Throttles", "client_address"]
+__all__ = ["RateLimiter", "Throttle", "ThrottleGate", "Throttles", "client_address"]
 
 log = logging.getLogger(__name__)
 
@@ -205,3 +207,61 @@ class Throttles:
         """The throttles of `request`'s app."""
         throttles: Throttles = request.app.state[cls.STATE_KEY]
         return throttles
+
+
+class ThrottleGate:
+    """ASGI wrapper that refuses an address over its limit before the framework sees the
+    request: `POST /api/v1/enroll` under `Throttles.enroll`, the fleet reads and `/metrics`
+    under `Throttles.credentials`. The same 429 the routes give (they check again), at a
+    fraction of the cost, so that a guesser hammering the coordinator leaves its CPU to
+    honest reports. Wraps the app inside `PrefixStrip` (paths are the app's own).
+    """
+
+    def __init__(self, app: ASGIApp, throttles: Throttles, trusted: Sequence[Network]) -> None:
+        self.app = app
+        self.throttles = throttles
+        self.trusted = tuple(trusted)
+
+    def _throttle(self, method: str, path: str) -> Throttle | None:
+        if method == "POST" and path.rstrip("/") == "/api/v1/enroll":
+            return self.throttles.enroll
+        if method == "GET" and (
+            path.startswith(("/api/v1/fleet", "/api/v1/computers/")) or path == "/metrics"
+        ):
+            return self.throttles.credentials
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        throttle = (
+            self._throttle(scope["method"], scope["path"]) if scope["type"] == "http" else None
+        )
+        if throttle is not None:
+            client = scope.get("client")
+            peer = str(client[0]) if client else ""
+            forwarded = [
+                v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"x-forwarded-for"
+            ]
+            address = forwarded_client(peer, forwarded, self.trusted) if peer else peer
+            retry_after = throttle.refusal_s(address)
+            if retry_after:
+                body = json.dumps(
+                    {
+                        "status_code": 429,
+                        "detail": f"too many {throttle.what} from your address; "
+                        f"try again in {retry_after} s",
+                    }
+                ).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 429,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"retry-after", str(retry_after).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
