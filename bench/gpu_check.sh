@@ -6,7 +6,10 @@
 # On a machine with an NVIDIA driver it runs the NVML gateway contract on real NVML
 # (tests/desktop/test_nvml_gateway.py::TestRealNvml), a broker on real NVML, and, where
 # PyTorch with CUDA is installed, memory allocated inside a lease attributed to that lease
-# (tests/desktop/test_real_gpu.py). Without a driver every test is skipped, with the reason.
+# and `lease.limit_torch()` stopping an allocation past the grant with an out-of-memory error
+# while the lease stays intact (where JAX is installed, the same with
+# XLA_PYTHON_CLIENT_MEM_FRACTION from the lease) (tests/desktop/test_real_gpu.py). Without a
+# driver every test is skipped, with the reason.
 # Python: $PYTHON, else .venv/bin/python, else `uv run python`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +37,12 @@ except ImportError:
     print("PyTorch: not installed (the allocation check skips)")
 else:
     print(f"PyTorch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
+try:
+    import jax
+except ImportError:
+    print("JAX: not installed (the JAX cap check skips)")
+else:
+    print(f"JAX {jax.__version__}, devices: {jax.devices()}")
 PY
 
 echo "== tests marked gpu"

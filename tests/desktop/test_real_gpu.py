@@ -7,12 +7,16 @@
   capacity split;
 - where PyTorch with CUDA is installed: memory allocated inside a lease is attributed to
   that lease (observed within 5 % of the allocation plus the CUDA context), and is no
-  longer outstanding.
+  longer outstanding; and after `lease.limit_torch()` an allocation past the grant raises
+  `torch.cuda.OutOfMemoryError` while the lease stays active;
+- where JAX with CUDA is installed: with `XLA_PYTHON_CLIENT_MEM_FRACTION` from the lease, an
+  allocation past the grant fails while the lease stays active.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -165,3 +169,34 @@ def test_cuda_allocation_is_attributed_to_its_lease(real_broker: str) -> None:
             worker.wait(10)
         worker.stdin.close()
         worker.stdout.close()
+
+
+def _capped(real_broker: str, framework: str, lease_mib: int = 2048) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-u", str(WORKER / "capped_alloc.py"), real_broker, str(lease_mib),
+         framework],
+        capture_output=True, text=True, timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    print(f"\n{framework}: {out}")
+    return dict(out)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch not installed")
+def test_limit_torch_stops_an_allocation_past_the_grant(real_broker: str) -> None:
+    out = _capped(real_broker, "torch")
+    (fraction,) = out["fractions"]
+    assert 0 < fraction <= out["memory_fraction"] + 0.01
+    assert out["first_ok"] is True  # half the grant fits under the cap
+    assert out["second_error"] == "OutOfMemoryError", out  # the grant again on top: refused
+    assert out["lease_active"] is True  # the lease is intact: rbroker never stops work
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX not installed")
+def test_jax_memory_fraction_stops_an_allocation_past_the_grant(real_broker: str) -> None:
+    out = _capped(real_broker, "jax")
+    assert out["first_ok"] is True
+    assert out["second_error"] is not None, out  # RESOURCE_EXHAUSTED from XLA's allocator
+    assert out["lease_active"] is True
