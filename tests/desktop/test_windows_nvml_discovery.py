@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,13 +18,14 @@ import pytest
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Holder
 from rbroker.broker.service import Broker
+from rbroker.cli.main import main
 from rbroker.gpu.fake_nvml import FakeNvml
 from rbroker.gpu.nvml import NvmlGateway, TelemetryError
 from rbroker.gpu.nvml_discovery import not_found_message, preload_windows_nvml, windows_candidates
 from rbroker.gpu.types import TelemetryState
 from rbroker_protocol.errors import RpcError
 from rbroker_protocol.localapi import AcquireParams
-from tests.conftest import SINGLE_24G
+from tests.conftest import SINGLE_24G, BrokerProcess
 
 
 def _windows(tmp_path: Path) -> tuple[Path, Path]:
@@ -116,3 +118,14 @@ def test_where_it_looked_reaches_status_and_refusals(tmp_path: Path) -> None:
     finally:
         loop.run_until_complete(broker.stop())
         loop.close()
+
+
+def test_rbroker_status_says_why_nvml_does_not_answer(
+    broker_factory: Callable[..., BrokerProcess], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rbroker status` prints the NVML problem's words (the nvml.dll search message on
+    Windows; here the simulated driver's `library_not_found`)."""
+    broker = broker_factory('[nvml]\ninit_error = "library_not_found"\n\n' + SINGLE_24G)
+    assert main(["status", "--socket", str(broker.socket)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "GPU telemetry: the NVML library (libnvidia-ml) is not installed" in out

@@ -38,6 +38,9 @@ def run_status(args: argparse.Namespace) -> int:
     if source == "simulated":
         header += "  [no real GPU is read]"
     header += f"\nbroker: {found['address']} ({found['found_by']})"
+    problem = status.get("nvml_problem")
+    if problem:  # NVML does not initialise: why, in words (on Windows: where it looked)
+        header += f"\nGPU telemetry: {problem['words']}"
     link = status["coordinator"]
     if link.get("key"):
         header += f"\nprivate key: {link['key']}"
