@@ -216,6 +216,18 @@ def test_resize_to_the_same_size_changes_nothing(h: InProcessBroker, pool: Sleep
     assert task.done() and task.result().granted_mib == 4096
 
 
+def test_a_resized_grant_survives_a_broker_restart(h: InProcessBroker, pool: SleeperPool) -> None:
+    a = _grant(h, pool.spawn()[1], 4096)
+    grow = _resize(h, a, 9000)
+    h.sample()
+    assert grow.done() and grow.result().granted_mib == 9000
+    h.restart()
+    restored = h.broker.leases[a.lease_id]
+    assert restored.restored and restored.granted_mib == 9000
+    cap = h.broker.capacity(GPU0)
+    assert cap is not None and cap.outstanding_mib == 9000
+
+
 # -- stateful: resizes mixed with acquires, releases, allocations and time -----------------
 class ResizeMachine(RuleBasedStateMachine):
     """Each lease has its own holder process (so what a holder allocates is its lease's)."""

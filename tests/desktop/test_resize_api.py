@@ -60,7 +60,8 @@ def test_sdk_shrink_admits_another_processes_waiting_request(
         lease.resize(10000)
         line = waiting.read_line()
         assert line.startswith("granted "), line
-        assert time.monotonic() - started < 2.0  # at once: no TTL, no wait for a timeout
+        # at once (within a sample's time): without the shrink it would wait its whole 60 s
+        assert time.monotonic() - started < 10.0
 
 
 @pytest.mark.parametrize(
