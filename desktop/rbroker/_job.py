@@ -247,7 +247,8 @@ def job(
         }
         if total_items is not None:
             params["total_items"] = total_items
-        handle = Job(client, client.call("job.declare", **params)["job"], socket)
+        # the job lives on the broker found: its workers report there, to no other
+        handle = Job(client, client.call("job.declare", **params)["job"], client.address)
         try:
             yield handle
         except KeyboardInterrupt:

@@ -267,6 +267,7 @@ def _acquire(
     on_wait: Callable[[dict[str, Any]], None] | None = None,
 ) -> _Holder:
     client = Client(socket)
+    socket = client.address  # the broker found holds the lease: reconnect to it, no other
     params: dict[str, Any] = {
         "mib": mib,
         "gpus": gpus,

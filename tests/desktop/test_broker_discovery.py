@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,3 +117,48 @@ def test_with_no_broker_the_error_names_every_address_tried(clean_env: Path) -> 
     done = _status()
     assert done.returncode == 69
     assert str(clean_env / "system.sock") in done.stderr.replace("\n", "")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uses SIGTERM")
+def test_the_tray_attaches_to_the_system_broker_instead_of_starting_its_own(
+    clean_env: Path, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    pytest.importorskip("PySide6")
+    os.environ[ENV_SYSTEM_SOCKET] = broker.socket
+    env = {
+        **os.environ,
+        "QT_QPA_PLATFORM": "offscreen",
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+    }
+    # --simulate: were it to start its own broker, it could (nothing else stops it here)
+    tray = subprocess.Popen(
+        [sys.executable, "-m", "rbroker", "tray", "--simulate", "-v"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    watchdog = threading.Timer(60, tray.kill)  # a tray that says neither fails, not hangs
+    watchdog.start()
+    try:
+        assert tray.stdout is not None
+        seen: list[str] = []
+        for line in tray.stdout:
+            seen.append(line)
+            if "attached to the broker at" in line or "in-process broker listening" in line:
+                break
+        assert f"attached to the broker at {broker.socket}" in "".join(seen), seen
+        assert not Path(paths.per_user_socket_path()).exists()  # no broker of its own
+    finally:
+        watchdog.cancel()
+        tray.send_signal(signal.SIGTERM)
+        try:
+            tray.wait(20)
+        except subprocess.TimeoutExpired:
+            tray.kill()
+            tray.wait(5)
+        if tray.stdout:
+            tray.stdout.close()
+    with broker.client() as c:  # the system broker is left running
+        assert c.gpus()

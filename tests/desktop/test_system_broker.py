@@ -371,3 +371,27 @@ def test_200_simultaneous_clients_are_all_answered(system_broker: SystemBroker) 
     for s in clients:
         s.close()
     assert answered == 200
+
+
+def test_a_tray_hosted_broker_refuses_while_the_system_broker_runs(
+    system_broker: SystemBroker,
+) -> None:
+    import dataclasses
+
+    from rbroker.host import make_config
+    from rbroker.localapi.machine_lock import MachineLockHeld
+    from rbroker.tray.embedded import EmbeddedBroker
+
+    root = short_tmp()
+    try:
+        config = make_config(str(root / "t.sock"), root / "data", True, None, None)
+        embedded = EmbeddedBroker(dataclasses.replace(config, machine_lock=system_broker.lock))
+        embedded.start()
+        assert not embedded.wait_ready(30)
+        assert isinstance(embedded.error, MachineLockHeld)
+        assert f"user {system_broker.service.name}" in str(embedded.error)
+        assert f"socket {system_broker.socket}" in str(embedded.error)
+        embedded.stop()
+        assert not (root / "t.sock").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -324,6 +324,8 @@ class Client:
                         continue  # an answer to an abandoned request
                     break
             except (OSError, ValueError) as exc:
+                if isinstance(exc, OSError):  # refused at connect, closed before we wrote
+                    self._raise_pending_refusal()
                 raise BrokerUnavailable(
                     f"lost the broker at {self.address}: {exc}", "broker_unavailable"
                 ) from None
@@ -335,6 +337,16 @@ class Client:
                 "broker_unavailable",
             )
         return msg["result"]
+
+    def _raise_pending_refusal(self) -> None:
+        """Raise the connection-level error the broker sent before closing, if it did."""
+        try:
+            self._stream.settimeout(0.5)
+            msg = json.loads(self._stream.readline() or b"null")
+        except (OSError, ValueError):
+            return
+        if isinstance(msg, dict) and msg.get("id") is None and isinstance(msg.get("error"), dict):
+            _raise_refusal(msg["error"], self.address)
 
     def wait_until_closed(self, timeout_s: float, wake: socket.socket | None = None) -> bool:
         """Block up to `timeout_s` s; True as soon as the broker closes this connection.

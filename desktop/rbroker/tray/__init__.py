@@ -24,7 +24,11 @@ MISSING_QT = (
 
 def add_tray_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `rbroker tray` (shared by the CLI subcommand and `rbroker-tray`)."""
-    p.add_argument("--socket", help="broker socket path (default: RBROKER_SOCKET or per-user)")
+    p.add_argument(
+        "--socket",
+        help="broker socket path (default: RBROKER_SOCKET, else the system broker when it "
+        "answers, else per-user)",
+    )
     p.add_argument("--data-dir", type=Path, help="state directory of an in-process broker")
     p.add_argument(
         "--simulate",

@@ -451,6 +451,7 @@ def run(args: argparse.Namespace) -> int:
     embedded: EmbeddedBroker | None = None
     if _probe(socket) or args.attach_only:
         origin = "attached"
+        log.info("attached to the broker at %s", socket)
     else:
         from rbroker.host import make_config
 
