@@ -34,6 +34,8 @@ BROKER_PARTS = (
     "admission",
     "events",
     "lifecycle",
+    "overgrant",
+    "resize",
     "restore",
     "sampling",
     "table",
