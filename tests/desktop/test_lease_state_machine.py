@@ -395,3 +395,33 @@ LeaseMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_lease_state_machine = LeaseMachine.TestCase
+
+
+def test_adoption_beside_an_older_lease_books_only_what_was_checked() -> None:
+    """The sequence the machine once found, replayed: holder 1 uses 256 MiB, takes a 512 MiB
+    lease (not adopting), then adopts 512 MiB on the same GPU. The 256 MiB it already used
+    belong to the adopting lease (its claim), so that lease books 256 MiB, as checked;
+    before, the older lease absorbed them and the new one booked 512."""
+    m = LeaseMachine()
+    try:
+        m.holder_allocates(holder=1, gpu=GPU0, mib=256)
+        m.holder_allocates(holder=0, gpu=GPU0, mib=256)
+        m.sample(gpu=None)
+        m.acquire(
+            adopt=False, conn=1, gpu=None, gpus=1, holder=1, keyed=False, kicked=False,
+            mib=512, placement="spread", wait_s=0.0,
+        )  # fmt: skip
+        m.sample(gpu=None)
+        m.holder_allocates(holder=0, gpu=GPU0, mib=256)
+        m.acquire(
+            adopt=True, conn=1, gpu=GPU0, gpus=1, holder=1, keyed=False, kicked=False,
+            mib=512, placement="pack", wait_s=0.0,
+        )  # fmt: skip
+        m.sample(gpu=None)
+        adopted = [lease for lease in m.broker.table.leases.values() if lease.adopt]
+        assert len(adopted) == 1
+        assert adopted[0].observed_mib[GPU0] == 256
+        m.store_matches_the_lease_table()
+        m.active_leases_never_ended()
+    finally:
+        m.teardown()

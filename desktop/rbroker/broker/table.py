@@ -156,9 +156,18 @@ class LeaseTable:
             self.set_baseline(holder, uuid, baseline, leases)
         pool = max(0, held - baseline)
         in_use = baseline > 0
+        # memory a lease adopted (its claim) is its own before anything is shared out by
+        # age: otherwise an older lease of the same holder would absorb it and the adopting
+        # lease would book more than its admission checked
+        claimed = []
+        for lease in leases:
+            take = min(pool, lease.claimed_mib.get(uuid, 0), lease.granted_mib)
+            claimed.append(take)
+            pool -= take
         for i, lease in enumerate(leases):
-            share = pool if i == len(leases) - 1 else min(pool, lease.granted_mib)
-            pool -= share
+            extra = pool if i == len(leases) - 1 else min(pool, lease.granted_mib - claimed[i])
+            pool -= extra
+            share = claimed[i] + extra
             in_use = in_use or share > 0
             self._set_observed(lease, uuid, share)
             lease.over_grant = any(v > lease.granted_mib for v in lease.observed_mib.values())
