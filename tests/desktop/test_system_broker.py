@@ -253,6 +253,22 @@ def test_a_user_outside_the_allowed_group_is_refused_clearly_and_at_once(
     assert users["carol"].name in out["message"] and system_broker.group in out["message"]
     assert out["took_s"] < 5
     assert run_as(users["alice"], _try_connect, system_broker.socket) == {"connected": True}
+    # and the command line says it in one line, exit 69 (no broker this user may use)
+    os.chmod(system_broker.socket, 0o660)
+    python = python_as(users["carol"].name)
+    assert python is not None
+    done = subprocess.run(
+        [
+            *("runuser", "-u", users["carol"].name, "--", "env", f"PYTHONPATH={REPO}"),
+            *(f"{ENV_SYSTEM_SOCKET}={system_broker.socket}", "COLUMNS=1000", *python, "status"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert done.returncode == 69, done.stderr
+    assert f"not allowed to use the broker at {system_broker.socket}" in done.stderr
 
 
 def test_a_second_broker_refuses_while_the_system_broker_runs_and_starts_after_sigkill(
@@ -393,5 +409,25 @@ def test_a_tray_hosted_broker_refuses_while_the_system_broker_runs(
         assert f"socket {system_broker.socket}" in str(embedded.error)
         embedded.stop()
         assert not (root / "t.sock").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_an_allowed_group_that_does_not_exist_is_refused_at_start() -> None:
+    root = short_tmp()
+    try:
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "rbroker", "broker", "--system", "--simulate"),
+                *("--allowed-group", "no-such-group-rbt", "--data-dir", str(root / "data")),
+                *("--socket", str(root / "b.sock"), "--machine-lock", f"rbt-{root.name}"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "--allowed-group: no OS group named 'no-such-group-rbt'" in done.stderr
+        assert not (root / "b.sock").exists()
     finally:
         shutil.rmtree(root, ignore_errors=True)
