@@ -18,6 +18,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 from rbroker.localapi.machine_lock import LockHolder, MachineLockHeld
 
@@ -55,7 +56,7 @@ class AbstractSocketLock:
                 holder = _read_holder(name)
                 if holder is not None:
                     raise MachineLockHeld(name, holder) from None
-                threading.Event().wait(0.05)  # bound, not yet listening: look again
+                time.sleep(0.05)  # bound, not yet listening: look again
                 continue
             sock.listen(64)
             return cls(name, sock, identity)
