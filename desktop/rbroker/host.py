@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 from rbroker.broker.config import BrokerConfig
-from rbroker.broker.files import private_dir
 from rbroker.broker.service import Broker
 from rbroker.broker.store import LeaseStore
 from rbroker.gpu.select import open_gateway
@@ -18,6 +17,7 @@ from rbroker.localapi.access import broker_user
 from rbroker.localapi.machine_lock import MachineLock, acquire_machine_lock, lock_name
 from rbroker.localapi.server import LocalApi
 from rbroker.uplink.runner import run_uplink
+from rbroker_protocol.files import private_dir
 
 log = logging.getLogger(__name__)
 

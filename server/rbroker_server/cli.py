@@ -16,9 +16,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rbroker_protocol.files import private_dir
 from rbroker_protocol.startup import one_line, os_error_code, os_error_text
 from rbroker_server import __version__
-from rbroker_server.files import private_dir
 from rbroker_server.settings import CONFIG_NAME, Settings
 
 if TYPE_CHECKING:

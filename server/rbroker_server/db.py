@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect, Engine
 
-from rbroker_server import files
+from rbroker_protocol import files
 
 log = logging.getLogger(__name__)
 

@@ -160,7 +160,7 @@ class Settings:
 
     def save(self) -> Path:
         """Write `data_dir/config.toml` (0600 where the OS supports it) and return its path."""
-        from rbroker_server.files import private_dir
+        from rbroker_protocol.files import private_dir
 
         path = private_dir(Path(self.data_dir)) / CONFIG_NAME
         lines = ["# rbroker coordinator settings (written by `rbroker-server setup`)"]

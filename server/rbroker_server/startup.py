@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rbroker_protocol.files import private_dir
 from rbroker_protocol.startup import (
     EXIT_ADDRESS_IN_USE,
     EXIT_DATABASE,
@@ -24,7 +25,6 @@ from rbroker_protocol.startup import (
     os_error_code,
     os_error_text,
 )
-from rbroker_server.files import private_dir
 from rbroker_server.settings import CONFIG_NAME, Settings
 
 

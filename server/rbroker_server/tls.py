@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from rbroker_server.files import private_dir
+from rbroker_protocol.files import private_dir
 
 CA_DAYS = 3650
 SERVER_DAYS = 825

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rbroker.broker.files import private_sqlite
+from rbroker_protocol.files import private_sqlite
 
 SCHEMA_VERSION = 1
 

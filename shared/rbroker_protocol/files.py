@@ -1,9 +1,9 @@
-"""Private files of the coordinator: the data dir 0700 (an existing one keeps at most
-0750, for a service group) and the SQLite database 0600, whatever the umask.
+"""Private files of the broker and the coordinator alike: a data dir 0700 (an existing one
+keeps at most 0750, for a service group) and a SQLite database 0600, whatever the umask.
 
 SQLite creates a database's `-wal`, `-shm` and `-journal` files with the database file's
 own mode, so the database is created 0600 before SQLite first opens it; files that an
-older version created more open are tightened when the coordinator opens them again.
+older version created more open are tightened when they are opened again.
 Nothing changes on systems without POSIX modes (Windows) or for files of other owners.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Final
 
 DIR_MODE: Final = 0o700
-"""Mode of a data dir the coordinator creates."""
+"""Mode of a data dir the broker or the coordinator creates."""
 FILE_MODE: Final = 0o600
 """Mode of the database and its WAL, SHM and journal files."""
 _SIDE_FILES: Final = ("-wal", "-shm", "-journal")
