@@ -14,9 +14,10 @@ import math
 import os
 import platform
 import signal
+import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,6 +93,27 @@ def percentile(values: Sequence[float], p: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(p / 100 * len(ordered)))
     return ordered[min(rank, len(ordered)) - 1]
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of `values` (NaN when empty or when any is NaN)."""
+    if not values or any(math.isnan(v) for v in values):
+        return math.nan
+    return statistics.median(values)
+
+
+def spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
+    """`median (min–max over n)` of repeated measurements, each formatted with `fmt`."""
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return fmt(values[0])
+    return f"{fmt(median(values))} ({fmt(min(values))}–{fmt(max(values))}, n={len(values)})"
+
+
+def fmt_x(value: float) -> str:
+    """A ratio as `1.23×`."""
+    return "n/a" if math.isnan(value) else f"{value:.2f}×"
 
 
 def fmt_us(seconds: float) -> str:

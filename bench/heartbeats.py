@@ -1,4 +1,4 @@
-"""Heartbeat cost of 1 000 live leases and an idle broker's footprint (architecture.md §10).
+"""Heartbeat cost of 1 000 and 10 000 live leases, an idle broker's footprint (architecture.md §10).
 
 A real simulated broker process; its CPU use is read with psutil (user + system time of the
 broker's pid, all its threads) over a window, as % of one core. In order:
@@ -9,7 +9,9 @@ broker's pid, all its threads) over a window, as % of one core. In order:
 3. the same leases heartbeating as the SDK does, every ttl/3 = 10 s each (100 renewals/s);
 4. 1 000 leases at ttl 3 s, renewed every 1 s (1 000 renewals/s), to make the per-renewal
    cost visible; beside it the floor: the same renewal traffic against a bare JSON-line echo
-   server process (the echo of bench/lease_cycle.py), its CPU %.
+   server process (the echo of bench/lease_cycle.py), its CPU %;
+5. 10 000 leases (10 processes × 1 000), held without heartbeats, then heartbeating as the SDK
+   does at ttl 30 s (1 000 renewals/s).
 
     python bench/heartbeats.py [--quick] [--record]
 """
@@ -31,6 +33,7 @@ import rbroker
 
 _ctx = mp.get_context("fork")
 TARGET_BEAT_PCT = 5.0
+TARGET_BIG_BEAT_PCT = 20.0  # heartbeats of 10 000 leases (architecture.md §10)
 TARGET_IDLE_PCT = 1.0
 TARGET_RSS_MIB = 80.0
 
@@ -196,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     settle = 0.5 if q else 5.0
     processes, per = (4, 25) if q else (10, 100)
     total = processes * per
+    big_per = 100 if q else 1000
+    big_total = processes * big_per
 
-    report = Report(f"Heartbeats of {total:,} live leases, idle broker", q)
+    report = Report(f"Heartbeats of {total:,} and {big_total:,} live leases, idle broker", q)
     broker = start_broker()
     bproc = psutil.Process(broker.pid)
     try:
@@ -231,6 +236,23 @@ def main(argv: list[str] | None = None) -> int:
             holders.stop()
         except RuntimeError as exc:
             report.note(f"the ttl-3 s figure failed: {exc}")
+        big_held = big_beat = big_rate = nan
+        big_live = 0
+        big_grant_s = nan
+        try:
+            holders = Holders("broker", broker.socket, processes, big_per, 30.0, beat=False)
+            big_grant_s = holders.grant_s
+            time.sleep(settle)
+            big_held, _ = measure(bproc, holders, short)
+            holders.beat.set()
+            time.sleep(1.0)
+            big_beat, big_rate = measure(bproc, holders, short)
+            with rbroker.Client(broker.socket) as c:
+                big_live = len(c.leases()["leases"])
+            stopped_holders(report, f"{big_total:,} leases", holders)
+            holders.stop()
+        except RuntimeError as exc:
+            report.note(f"the {big_total:,}-lease figure failed: {exc}")
     finally:
         stopped = broker.stop()
         if stopped:
@@ -293,6 +315,25 @@ def main(argv: list[str] | None = None) -> int:
         f"{total / grant_s:,.0f} grants/s",
     )
     report.add("broker RSS with the leases", f"{rss_held:.1f} MiB", f"idle {rss_idle:.1f} MiB")
+    report.add(
+        f"{big_total:,} leases held, no heartbeats in the window",
+        f"{big_held:.1f} % of one core",
+        f"idle {idle:.2f} %",
+    )
+    report.add(
+        f"{big_total:,} leases heartbeating, ttl 30 s (renew every 10 s, {fmt_rate(big_rate)})",
+        f"{big_beat:.1f} % of one core",
+        f"idle {idle:.2f} % · held {big_held:.1f} %",
+        "—",
+        "< 20 %",
+        verdict(big_beat < TARGET_BIG_BEAT_PCT),
+    )
+    report.add(
+        f"time to grant {big_total:,} leases to {processes} processes asking at once",
+        f"{big_grant_s:.2f} s",
+        "—",
+        f"{big_total / big_grant_s:,.0f} grants/s",
+    )
     report.note(
         f"Windows: idle and ttl-30 s {window:g} s, others {short:g} s; CPU = user + system time "
         "of the broker's pid (all threads) over the wall time of the window, from psutil."
@@ -300,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     report.note(
         f"{processes} holder processes × {per} leases, one connection each, renewing round "
         f"robin; leases live at the end of the ttl-30 s window: {live30:,}, of the ttl-3 s "
-        f"window: {live3:,}."
+        f"window: {live3:,}; {processes} × {big_per:,} for the {big_total:,}-lease figures "
+        f"({short:g} s windows), live at the end: {big_live:,}."
     )
     report.note(
         "The holder processes share the machine's cores with the broker; only the broker's "

@@ -21,6 +21,7 @@ TABLE_HEADER = "| figure | value | floor / anchor | ratio | target | verdict |"
     ("script", "extra"),
     [
         ("lease_cycle.py", ["--clients", "4", "--cycles", "100", "--seconds", "0.5"]),
+        ("scaling.py", ["--cycles", "30"]),
         ("heartbeats.py", ["--seconds", "1"]),
         ("crash_release.py", ["--repeat", "3"]),
         ("coordinator.py", ["--no-pg"]),

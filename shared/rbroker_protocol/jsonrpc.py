@@ -1,9 +1,22 @@
-"""JSON-RPC 2.0 framing of the local API: one UTF-8 JSON object per line (architecture.md §5)."""
+"""JSON-RPC 2.0 framing of the local API: one UTF-8 JSON object per line (architecture.md §5).
+
+Messages are read and written with orjson; anything orjson refuses (NaN and infinities, a
+lone surrogate, nesting deeper than 1 024, invalid UTF-8) goes through the standard
+library's `json` instead, and so does a line with a run of 19 digits or more (orjson reads
+an integer past 64 bits as a float), so what is accepted, the values read and every error
+a bad line gets are exactly those of `json`. Writing, orjson turns a non-finite float into
+`null` (`json` wrote `NaN`, which is not JSON); no answer of the broker holds one.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Final
+
+import orjson
+
+_LONG_DIGITS = re.compile(rb"\d{19}")
 
 MAX_LINE_BYTES: Final = 64 * 1024
 """Longest accepted request line, newline excluded. Longer lines get `request_too_large`."""
@@ -16,11 +29,32 @@ def encode(message: dict[str, Any]) -> bytes:
     `\\u` escapes can produce) is written as a JSON `\\u` escape instead, so every
     message can be sent: a request id or method name echoed back never makes an answer fail.
     """
+    try:
+        return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
+    except (TypeError, orjson.JSONEncodeError):
+        pass  # a lone surrogate, a non-str key, an int past 64 bits: the slow path
     text = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
     try:
         return text.encode() + b"\n"
     except UnicodeEncodeError:
         return json.dumps(message, separators=(",", ":"), ensure_ascii=True).encode() + b"\n"
+
+
+def decode(line: bytes | str) -> Any:
+    """Parse one JSON text as `json.loads` does (same values, same errors).
+
+    Raises:
+        ValueError: not valid JSON (`json.JSONDecodeError`).
+        UnicodeDecodeError: not UTF-8.
+        RecursionError: nested deeper than the interpreter's recursion limit.
+    """
+    data = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else line
+    if _LONG_DIGITS.search(data) is None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass  # what orjson refuses: json's verdict, and its error
+    return json.loads(line)
 
 
 def request(request_id: int | str | None, method: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,9 @@ import pytest
 
 from tests.conftest import WORKER, short_tmp
 
+#: The event loops a broker may run on (`rbroker.eventloop`): uvloop only where it exists.
+LOOPS = ["asyncio"] if sys.platform == "win32" else ["uvloop", "asyncio"]
+
 
 class RawConnection:
     """A Unix-socket connection speaking JSON-RPC lines by hand.

@@ -5,7 +5,8 @@ Figures measured before the bounds existed (issue "hostile clients"): one client
 `leases.list` with ended leases and never reading grew the broker from 59 MiB to about 1 GiB
 while other clients' lease cycles took 7–9 s; 1 030 connections that each sent half a line
 made the broker refuse everyone at a 1 024-file limit; any local user could pause
-admissions; a lone surrogate in a request id left the request unanswered.
+admissions; a lone surrogate in a request id left the request unanswered. The tests on
+the `broker` fixture run on both event loops the broker may use (`rbroker.eventloop`).
 """
 
 from __future__ import annotations
@@ -32,10 +33,21 @@ from rbroker.localapi.server import (
     UNSENT_DROP_AFTER_S,
 )
 from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, wait_until
-from tests.desktop.conftest import RawConnection
+from tests.desktop.conftest import LOOPS, RawConnection
 from tests.os_users import OsUser, open_to_everyone, run_as
 
 PARAMS: dict[str, Any] = {"project": "tests", "session": "abuse", "purpose": "hostile clients"}
+
+
+@pytest.fixture(params=LOOPS)
+def broker(
+    request: pytest.FixtureRequest, broker_factory: Callable[..., BrokerProcess]
+) -> BrokerProcess:
+    """A broker on each event loop it may use (see the module docstring)."""
+    bp = broker_factory(SINGLE_24G, env={"RBROKER_EVENT_LOOP": request.param})
+    with bp.client() as c:
+        assert c.status()["event_loop"] == request.param
+    return bp
 
 
 def _cycle_ms(c: Any) -> float:

@@ -2,7 +2,8 @@
 
 Every case gets a JSON-RPC error whose `data.name` is a stable code of
 `rbroker_protocol.errors`, with the numbers in the message; the same connection keeps
-answering and the broker process stays alive.
+answering and the broker process stays alive. Every case runs on both event loops the broker
+may use (uvloop where installed, the standard asyncio loop: `rbroker.eventloop`).
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ from rbroker_protocol.errors import ERROR_CODES, ErrorCode
 from rbroker_protocol.jsonrpc import MAX_LINE_BYTES
 from rbroker_protocol.localapi import MAX_MIB
 from tests.conftest import SINGLE_24G, BrokerProcess, start_broker
-from tests.desktop.conftest import RawConnection
+from tests.desktop.conftest import LOOPS, RawConnection
 
 GOOD = {"mib": 1024, "project": "tests", "session": "bad-input", "purpose": "check errors"}
 
 
-@pytest.fixture(scope="module")
-def broker() -> Iterator[BrokerProcess]:
-    """One broker for the whole module: every test checks that it is still alive."""
-    bp = start_broker(SINGLE_24G)
+@pytest.fixture(scope="module", params=LOOPS)
+def broker(request: pytest.FixtureRequest) -> Iterator[BrokerProcess]:
+    """One broker per event loop for the whole module: every test checks that it is still
+    alive."""
+    bp = start_broker(SINGLE_24G, env={"RBROKER_EVENT_LOOP": request.param})
+    with bp.client() as c:
+        assert c.status()["event_loop"] == request.param
     yield bp
     bp.stop(signal.SIGKILL)
 

@@ -123,6 +123,28 @@ def test_memory_allocated_after_the_last_sample_is_never_freed_by_the_release(
     _grant(h, b, 3347)
 
 
+def test_memory_an_ended_lease_kept_never_counts_as_use_of_the_holders_other_lease(
+    h: InProcessBroker, pool: SleeperPool
+) -> None:
+    """The holder's process keeps what it allocated under a released lease, which no
+    sample had shown: when the sample after the release lists it, it is memory outside any
+    lease, not use of the holder's other lease (whose outstanding MiB would then shrink)."""
+    proc_a, a = pool.spawn()
+    first = _grant(h, a, 1024)
+    h.sample()  # a grant makes the sample stale
+    second = _grant(h, a, 12288)
+    h.sample()
+    h.fake.allocate(GPU0, proc_a.pid, 3072)  # inside `second`; no sample shows it
+    h.broker.release(second.lease_id, "tester")
+    h.sample()
+    cap = h.broker.capacity(GPU0)
+    assert cap is not None
+    assert cap.device_used_mib == 3072
+    assert first.observed_mib[GPU0] == 0
+    assert cap.outstanding_mib == 1024  # the other lease is still owed in full
+    assert cap.available_mib == USABLE - 3072 - 1024
+
+
 def test_a_sample_that_began_before_the_release_confirms_nothing(
     h: InProcessBroker, pool: SleeperPool
 ) -> None:

@@ -3,11 +3,11 @@
 NVML is read off the event loop by `AsyncSampler`; the loop only ever uses finished samples.
 Freshness rule (docs/architecture.md §2): a GPU takes part in an admission pass only when its
 latest sample started after the latest grant or simulated memory change on that GPU, and is at
-most `max_sample_age_s` old (`GpuSlot.fresh`). A grant or a simulated memory change sets
-`last_change_at` and kicks the GPU's loop, so the next sample comes at once. A release does not
-make the sample unfresh (its unconfirmed MiB stay booked in the lease table instead): it asks
-for a sample with `GpuSlot.sample_soon`, which coalesces such requests to at most one per
-`release_sample_gap_s` per GPU.
+most `max_sample_age_s` old (`GpuSlot.fresh`). A grant or a simulated change sets
+`last_change_at`, and a request waiting for the fresh sample kicks the GPU's loop, so it comes
+at once. A release does not make the sample unfresh (its unconfirmed MiB stay booked in the
+lease table instead): it asks for a sample with `GpuSlot.sample_soon`, which coalesces such
+requests to at most one per `release_sample_gap_s` per GPU.
 """
 
 from __future__ import annotations

@@ -150,13 +150,21 @@ class Broker:
                 pinned GPU is lost or every candidate's telemetry failed and wait_s=0;
                 `cancelled` when the connection closes first.
         """
+        started = self.begin_acquire(params, owner, holder, conn_id)
+        return started if isinstance(started, Lease) else await self.await_waiter(started)
+
+    def begin_acquire(
+        self, params: AcquireParams, owner: str, holder: Holder, conn_id: int | None
+    ) -> Lease | Waiter:
+        """`acquire` without waiting: the lease when granted (or re-bound) at once, else its
+        queue entry for `await_waiter`. Raises `RpcError` as `acquire` for what is refused."""
         if params.request_key:
             found = self.waiting.find(params.request_key, owner, holder, self.leases)
             if isinstance(found, Lease):
                 return self.table.rebind(found, conn_id)
             if found is not None:
                 found.conn_id, found.reattach_by = conn_id, None
-                return await self._await_waiter(found)
+                return found
         if params.job_id is not None:
             self.jobs.get(params.job_id, owner)  # job_not_found / not_lease_owner
         candidates = self.admission.candidates(params)
@@ -166,13 +174,17 @@ class Broker:
         )
         self.waiting.add(waiter)
         self._admit()
-        if not waiter.future.done():
+        future = waiter.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            return future.result()
+        if not future.done():
             if params.wait_s > 0:
                 self.waiting.persist(waiter)
             self.emit("queue", {"request_id": waiter.request_id})
-        return await self._await_waiter(waiter)
+        return waiter
 
-    async def _await_waiter(self, waiter: Waiter) -> Lease:
+    async def await_waiter(self, waiter: Waiter) -> Lease:
+        """The lease a queued request from `begin_acquire` ends with (raises as `acquire`)."""
         try:
             return await waiter.future
         finally:

@@ -1,14 +1,19 @@
 """Persistence of the lease table and the queue in SQLite (WAL) in the data dir.
 
-What is written, and when (each a committed transaction before the answer goes out):
-- a lease at its grant (with a hash of its re-attach token, never the token) and at its end;
+What is written, and when (each a committed transaction before the answer goes out, but
+for a lease's end):
+- a lease at its grant (with a hash of its re-attach token, never the token);
+- a lease's end within `END_FLUSH_S` of it, in the same transaction as the next grant when
+  one comes sooner (so a lease cycle commits once). A broker killed in that window restores
+  the ended lease at its restart; its holder does not re-attach it, so it expires after the
+  re-attach grace: its memory stays booked a few seconds longer, nothing is granted twice.
+  Every read of the store sees the ends not yet written, and `close()` writes them;
 - a waiting request when it first has to wait, and its removal;
 - a job at its declaration and every change, and each chunk report together with the
   job's new cumulative counts (one transaction, so counts and chunks never disagree).
 Renewals are not written: after a restart every restored lease gets one TTL from the
 restart, and its holder re-attaches within it. This keeps the heartbeat path free of disk
-writes while a broker crash (even `kill -9`) loses no grant.
-"""
+writes while a broker crash (even `kill -9`) loses no grant."""
 
 from __future__ import annotations
 
@@ -23,6 +28,11 @@ from typing import Any
 from rbroker_protocol.files import private_sqlite
 
 SCHEMA_VERSION = 1
+
+END_FLUSH_S = 0.05
+"""Longest time a lease's end waits unwritten (the broker flushes it; see the docstring)."""
+
+_END_SQL = "UPDATE leases SET state = ?, ended_at = ?, record = ? WHERE lease_id = ?"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -79,6 +89,7 @@ class LeaseStore:
         self.path = path
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._lock = threading.Lock()
+        self._ends: list[tuple[str, float, str, str]] = []  # queued by `end_lease_soon`
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
@@ -89,30 +100,74 @@ class LeaseStore:
         )
 
     def close(self) -> None:
-        """Close the database."""
+        """Write the queued lease ends, close the database."""
         with self._lock:
-            self._db.close()
+            try:
+                self._flush_locked()
+            finally:
+                self._db.close()
 
     def put_lease(self, lease_id: str, token: str, record: dict[str, Any]) -> None:
-        """Write a granted lease (committed on return)."""
+        """Write a granted lease, with the queued lease ends (one commit, done on return)."""
+        row = (lease_id, token_hash(token), json.dumps(record))
+        sql = (
+            "INSERT OR REPLACE INTO leases(lease_id, token_sha256, record, state, ended_at)"
+            " VALUES (?, ?, ?, 'active', NULL)"
+        )
         with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO leases(lease_id, token_sha256, record, state, ended_at)"
-                " VALUES (?, ?, ?, 'active', NULL)",
-                (lease_id, token_hash(token), json.dumps(record)),
-            )
+            if not self._ends:
+                self._db.execute(sql, row)
+                return
+            ends, self._ends = self._ends, []
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(_END_SQL, ends)
+                self._db.execute(sql, row)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                self._ends = ends + self._ends
+                raise
+            self._db.execute("COMMIT")
 
     def end_lease(self, lease_id: str, state: str, ended_at: float, record: dict[str, Any]) -> None:
         """Mark a lease ended (committed on return)."""
         with self._lock:
-            self._db.execute(
-                "UPDATE leases SET state = ?, ended_at = ?, record = ? WHERE lease_id = ?",
-                (state, ended_at, json.dumps(record), lease_id),
-            )
+            self._db.execute(_END_SQL, (state, ended_at, json.dumps(record), lease_id))
+
+    def end_lease_soon(
+        self, lease_id: str, state: str, ended_at: float, record: dict[str, Any]
+    ) -> None:
+        """Queue a lease's end: written by `flush()`, the next `put_lease`, or before any
+        read (the caller flushes within `END_FLUSH_S`; see the module docstring)."""
+        with self._lock:
+            self._ends.append((state, ended_at, json.dumps(record), lease_id))
+
+    def flush(self) -> None:
+        """Write the queued lease ends (one commit; nothing when none are queued).
+
+        Raises:
+            sqlite3.Error: the write failed (the ends stay queued).
+        """
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if not self._ends:
+            return
+        ends, self._ends = self._ends, []
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.executemany(_END_SQL, ends)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            self._ends = ends + self._ends
+            raise
+        self._db.execute("COMMIT")
 
     def active_leases(self) -> list[StoredLease]:
         """Leases not yet ended, in grant order."""
         with self._lock:
+            self._flush_locked()
             rows = self._db.execute(
                 "SELECT lease_id, token_sha256, record FROM leases WHERE state = 'active' "
                 "ORDER BY rowid"
@@ -143,6 +198,7 @@ class LeaseStore:
     def prune_ended(self, keep: int) -> None:
         """Keep only the `keep` most recently ended leases."""
         with self._lock:
+            self._flush_locked()
             self._db.execute(
                 "DELETE FROM leases WHERE state != 'active' AND lease_id NOT IN ("
                 "SELECT lease_id FROM leases WHERE state != 'active' "

@@ -25,6 +25,7 @@ import hmac
 import logging
 import math
 import secrets
+import sqlite3
 from collections.abc import Callable, Iterable
 
 from rbroker.broker.capacity import Capacity
@@ -33,7 +34,7 @@ from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker.broker.sampling import GpuSlot
-from rbroker.broker.store import LeaseStore, token_hash
+from rbroker.broker.store import END_FLUSH_S, LeaseStore, token_hash
 from rbroker_protocol.errors import ErrorCode, RpcError
 
 log = logging.getLogger(__name__)
@@ -71,10 +72,11 @@ class LeaseTable:
         # a sample that lists none of their processes must still update them
         self._touched: dict[str, set[Holder]] = {}
         # per GPU: (monotonic end time, MiB) of ended leases no sample has confirmed yet
-        self._unconfirmed: dict[str, collections.deque[tuple[float, int]]] = {}
+        self._unconfirmed: dict[str, collections.deque[tuple[float, int, Holder]]] = {}
         self._unconfirmed_mib: dict[str, int] = {}
         self._deadline_floor = math.inf  # no active lease's deadline is earlier
         self._reattach_floor = math.inf  # no restored lease must re-attach earlier
+        self._flush_handle: asyncio.TimerHandle | None = None
 
     # -- the indexes ---------------------------------------------------------------------------
     def add(self, lease: Lease) -> None:
@@ -124,21 +126,45 @@ class LeaseTable:
     def update_observed(self, slot: GpuSlot) -> None:
         """Attribute the latest sample's memory to the leases of each holder on `slot`
         whose processes it lists or who showed use there before, and drop the unconfirmed
-        MiB of leases that ended before the sample started."""
+        MiB of leases that ended before the sample started (see `_keep_outside`)."""
         uuid = slot.uuid
         if slot.sample is not None:
-            self._confirm(uuid, slot.sample.started_at)
+            for holder, mib in self._confirm(uuid, slot.sample.started_at):
+                self._keep_outside(slot, holder, mib)
         holders = set(self._touched.get(uuid, ()))
         for _, chain in slot.chains:
             holders.update(h for h in chain if (h, uuid) in self._held)
         for holder in holders:
             self._observe(slot, holder)
 
-    def _confirm(self, uuid: str, started_at: float) -> None:
+    def _confirm(self, uuid: str, started_at: float) -> list[tuple[Holder, int]]:
+        """Drop the unconfirmed MiB of leases that ended before `started_at`; returns
+        their `(holder, MiB)`."""
         pending = self._unconfirmed.get(uuid)
+        done = []
         while pending and pending[0][0] < started_at:
-            _, mib = pending.popleft()
+            _, mib, holder = pending.popleft()
             self._unconfirmed_mib[uuid] -= mib
+            done.append((holder, mib))
+        return done
+
+    def _keep_outside(self, slot: GpuSlot, holder: Holder, mib: int) -> None:
+        """An ended lease of `holder` had `mib` MiB no sample had shown; the first sample
+        after its end is in. Whatever the holder's use grew by since its leases' last
+        figures, up to `mib`, may be memory the ended lease's processes kept: it counts as
+        outside any lease (the baseline), never as use of the holder's other or newer
+        leases, which would shrink their outstanding and over-admit. When the growth was
+        in fact theirs, it is counted twice until the holder's use drops: cautious."""
+        uuid = slot.uuid
+        leases = self._held.get((holder, uuid))
+        if not leases:
+            return  # no lease of the holder there: its memory is in device_used, nothing else
+        baseline = self.baselines.get((holder, uuid), 0)
+        seen = baseline + sum(lease.observed_mib.get(uuid, 0) for lease in leases.values())
+        growth = slot.holder_mib(holder) - seen
+        if growth > 0:
+            self.set_baseline(holder, uuid, baseline + min(growth, mib), leases.values())
+            self._touched.setdefault(uuid, set()).add(holder)
 
     def _observe(self, slot: GpuSlot, holder: Holder) -> None:
         """Share `holder`'s memory on `slot` (less its baseline) among its leases there."""
@@ -323,7 +349,8 @@ class LeaseTable:
             before, after = _owed(lease, u), max(0, mib - lease.observed_mib.get(u, 0))
             self._outstanding[u] = self._outstanding.get(u, 0) + after - before
             if after < before:
-                self._unconfirmed.setdefault(u, collections.deque()).append((now, before - after))
+                pending = self._unconfirmed.setdefault(u, collections.deque())
+                pending.append((now, before - after, lease.holder))
                 self._unconfirmed_mib[u] = self._unconfirmed_mib.get(u, 0) + before - after
                 slot = self.slots.get(u)
                 if slot is not None:
@@ -347,7 +374,9 @@ class LeaseTable:
         for u in lease.gpu_uuids:
             owed = _owed(lease, u)
             if owed > 0:
-                self._unconfirmed.setdefault(u, collections.deque()).append((now, owed))
+                self._unconfirmed.setdefault(u, collections.deque()).append(
+                    (now, owed, lease.holder)
+                )
                 self._unconfirmed_mib[u] = self._unconfirmed_mib.get(u, 0) + owed
             slot = self.slots.get(u)
             if slot is not None:
@@ -363,15 +392,36 @@ class LeaseTable:
         self.ended.append(lease)
         self.token_sha256.pop(lease.lease_id, None)
         if self.store is not None:
-            self.store.end_lease(
+            self.store.end_lease_soon(
                 lease.lease_id, state.value, lease.ended_at_wall, lease.to_record()
             )
+            self._flush_soon()
             self._ends_since_prune += 1
             if self._ends_since_prune >= 200:
                 self._ends_since_prune = 0
                 self.store.prune_ended(self.config.ended_history)
         log.info("lease %s %s: %s", lease.lease_id, state.value, reason)
         return True
+
+    def _flush_soon(self) -> None:
+        """Have the store write queued lease ends within `END_FLUSH_S` (at once when no
+        event loop runs: a broker driven step by step)."""
+        if self._flush_handle is not None or self.store is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.store.flush()
+            return
+        self._flush_handle = loop.call_later(END_FLUSH_S, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        if self.store is not None:
+            try:
+                self.store.flush()
+            except sqlite3.Error:
+                log.exception("writing lease ends failed (they are written with the next write)")
 
     def overdue(self, now: float) -> list[Lease]:
         """Active leases whose heartbeat deadline has passed. Deadlines only move later

@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from rbroker._version import __version__
+from rbroker.eventloop import loop_name
 from rbroker.gpu.types import TelemetryState
 
 if TYPE_CHECKING:
@@ -79,7 +81,8 @@ def leases_view(broker: Broker, include_ended: bool = False) -> dict[str, Any]:
 
 
 def status(broker: Broker) -> dict[str, Any]:
-    """Version, uptime, telemetry source and states, counts, coordinator link, socket."""
+    """Version, uptime, telemetry source and states, counts, coordinator link, socket, and
+    the kind of event loop the broker runs on."""
     return {
         "version": __version__,
         "uptime_s": round(broker.clock.monotonic() - broker.started_mono, 3),
@@ -103,4 +106,13 @@ def status(broker: Broker) -> dict[str, Any]:
         if broker.uplink_status is not None
         else {"link": "not enrolled", "last_report_at": None},
         "socket": str(broker.config.socket_path),
+        "event_loop": _event_loop(),
     }
+
+
+def _event_loop() -> str | None:
+    """`uvloop` or `asyncio` (see `rbroker.eventloop`); None outside a running loop."""
+    try:
+        return loop_name(asyncio.get_running_loop())
+    except RuntimeError:
+        return None

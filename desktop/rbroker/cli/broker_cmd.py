@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from rbroker import eventloop
 from rbroker.gpu.nvml import TelemetryError
 from rbroker.gpu.scenario import ScenarioError
 from rbroker.localapi.machine_lock import MachineLockHeld, lock_name
@@ -122,6 +123,10 @@ def run_broker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))
     try:
+        eventloop.loop_factory()
+    except ValueError as exc:
+        return _fail(EXIT_USAGE, str(exc))
+    try:
         host = BrokerHost(config)
     except ScenarioError as exc:
         return _fail(EXIT_CANNOT_START, f"bad scenario: {exc}")
@@ -155,7 +160,7 @@ def run_broker(args: argparse.Namespace) -> int:
         await task
 
     try:
-        asyncio.run(main())
+        eventloop.run(main())
     except MachineLockHeld as exc:
         return _fail(EXIT_BROKER_ALREADY_RUNNING, f"{exc}; not starting a second one")
     except (BrokerAlreadyRunning, DataDirLocked) as exc:

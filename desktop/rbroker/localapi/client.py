@@ -312,7 +312,7 @@ class Client:
                             f"broker at {self.address} closed the connection",
                             "broker_unavailable",
                         )
-                    msg = json.loads(line)
+                    msg = jsonrpc.decode(line)
                     if not isinstance(msg, dict):
                         raise ValueError("the answer is not a JSON-RPC object")
                     if "id" not in msg and msg.get("method") == "event":
@@ -376,7 +376,7 @@ class Client:
             if not line:
                 return True
             with contextlib.suppress(ValueError):
-                msg = json.loads(line)
+                msg = jsonrpc.decode(line)
                 if isinstance(msg, dict) and msg.get("method") == "event":
                     self._queue_event(msg.get("params") or {})
 
@@ -405,7 +405,7 @@ class Client:
         if not line:
             raise BrokerUnavailable("broker closed the connection", "broker_unavailable")
         try:
-            msg = json.loads(line)
+            msg = jsonrpc.decode(line)
         except ValueError as exc:
             raise BrokerUnavailable(f"lost the broker: {exc}", "broker_unavailable") from None
         if isinstance(msg, dict) and msg.get("method") == "event":

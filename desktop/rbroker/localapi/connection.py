@@ -140,6 +140,18 @@ class Connection:
             except (ConnectionError, RuntimeError):
                 self.closed = True
 
+    def can_write_now(self) -> bool:
+        """True when an answer may be written at once, bypassing `send`: no send holds the
+        lock (so answers keep their order) and fewer than `MAX_UNSENT_BYTES` wait unsent."""
+        return not self.closed and not self.lock.locked() and self.unsent_bytes() < MAX_UNSENT_BYTES
+
+    def write_now(self, message: dict[str, Any]) -> None:
+        """Write one message at once (only when `can_write_now()`)."""
+        try:
+            self.writer.write(jsonrpc.encode(message))
+        except (ConnectionError, RuntimeError):
+            self.closed = True
+
     def unsent_bytes(self) -> int:
         """Bytes written to this connection that the peer has not taken yet."""
         return self.writer.transport.get_write_buffer_size()

@@ -2,6 +2,9 @@
 
 One UTF-8 JSON object per line. Requests on one connection run concurrently (a waiting
 `lease.acquire` does not hold up a `lease.renew` behind it); answers carry the request id.
+Requests that cannot wait (renew, release, attach, hello, the lists, an acquire granted at
+once, every refusal) are answered inline as the line is read, without a task of their own;
+only a request that has to wait (a queued acquire, a job write) gets one.
 Lines over 64 KiB, bad JSON, unknown methods and bad params get JSON-RPC errors with the
 stable names of `rbroker_protocol.errors`, and the connection stays usable.
 
@@ -36,20 +39,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import inspect
 import logging
-import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel
 
 from rbroker._version import __version__
+from rbroker.broker.leases import Lease, Waiter
 from rbroker.broker.service import Broker
 from rbroker.gpu.scenario import ScenarioError
 from rbroker.localapi import holder_events, lease_resize
-from rbroker.localapi.access import check_admin, connect_refusal
+from rbroker.localapi.access import connect_refusal
 from rbroker.localapi.connection import (
     LINE_TIMEOUT_S,
     MAX_CONNECTIONS_PER_USER,
@@ -65,9 +68,15 @@ from rbroker.localapi.connection import (
     tell_waiting,
     wait_until_written,
 )
+from rbroker.localapi.requests import (
+    PauseParams,
+    Refused,
+    check_descriptions,
+    decode,
+    granted,
+)
 from rbroker.localapi.transport import ListeningServer, Peer, serve
 from rbroker_protocol import jsonrpc
-from rbroker_protocol.descriptions import DescriptionRejected, check_description
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import (
     AcquireParams,
@@ -102,46 +111,12 @@ log = logging.getLogger(__name__)
 _VIEWS = frozenset({"hello", "gpus.list", "leases.list", "broker.status", "jobs.list"})
 """Methods whose answer is a view of the broker's state: built only when it can be written."""
 
-
-def _validation_message(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_input=False, include_url=False):
-        loc = ".".join(str(p) for p in err["loc"]) or "params"
-        parts.append(f"{loc}: {err['msg']}")
-    return "invalid params: " + "; ".join(parts)
+_INLINE = frozenset({"lease.renew", "lease.release", "lease.attach", "broker.pause"} | _VIEWS)
+"""Methods answered synchronously, as their line is read (their handlers never wait)."""
 
 
-def _parse(model: type[BaseModel], params: Any) -> Any:
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        raise RpcError(ErrorCode.INVALID_PARAMS, "params must be a JSON object")
-    try:
-        return model.model_validate(params)
-    except ValidationError as exc:
-        fields = sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]})
-        raise RpcError(ErrorCode.INVALID_PARAMS, _validation_message(exc), fields=fields) from None
-
-
-def _check_descriptions(values: dict[str, str]) -> None:
-    for field, value in values.items():
-        try:
-            check_description(field, value)
-        except DescriptionRejected as exc:
-            raise RpcError(
-                ErrorCode.DESCRIPTION_REJECTED, str(exc), field=exc.field, rule=exc.rule
-            ) from None
-
-
-class PauseParams(BaseModel):
-    """`broker.pause`: pause (true) or resume (false) new admissions."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    paused: bool
-
-
-Method = Callable[[Connection, Any], Awaitable[Any]]
+Method = Callable[[Connection, Any], Any]
+"""A handler: returns the result, or (methods outside `_INLINE`) an awaitable of it."""
 
 
 class LocalApi:
@@ -157,7 +132,7 @@ class LocalApi:
         self.methods: dict[str, tuple[type[BaseModel], Method]] = {
             "hello": (HelloParams, self._hello),
             "gpus.list": (EmptyParams, self._gpus_list),
-            "lease.acquire": (AcquireParams, self._acquire),
+            "lease.acquire": (AcquireParams, self._begin_acquire),
             "lease.renew": (LeaseRef, self._renew),
             "lease.release": (LeaseRef, self._release),
             "lease.attach": (AttachParams, self._attach),
@@ -235,7 +210,10 @@ class LocalApi:
                 assert isinstance(line, bytes)
                 if not line.strip():
                     continue
-                task = asyncio.create_task(self._serve_line(conn, line))
+                coro = self._serve_inline(conn, line)
+                if coro is None:
+                    continue
+                task = asyncio.create_task(coro)
                 conn.tasks.add(task)
                 conn.requests.add(task)
                 task.add_done_callback(conn.tasks.discard)
@@ -256,53 +234,67 @@ class LocalApi:
             with contextlib.suppress(Exception):
                 writer.close()
 
-    async def _serve_line(self, conn: Connection, line: bytes) -> None:
+    def _serve_inline(self, conn: Connection, line: bytes) -> Coroutine[Any, Any, None] | None:
+        """Answer `line` now when nothing has to wait (see the module docstring); else the
+        coroutine that serves it (the caller runs it as a task)."""
         request_id: Any = None
+        answer: dict[str, Any]
         try:
+            request_id, msg, method, params = decode(
+                line, self.methods, self.admin_methods, conn.peer, self.broker.config.admin_group
+            )
+            if method == "lease.acquire":
+                started = self._begin_acquire(conn, params)
+                if not isinstance(started, dict):
+                    return self._finish(conn, request_id, "id" in msg, started)
+                value = started
+            elif method in _INLINE and conn.can_write_now():
+                value = self.methods[method][1](conn, params)
+            elif method in _VIEWS and "id" in msg:
+                return self._send_view(conn, request_id, method, params)
+            else:
+                return self._finish(conn, request_id, "id" in msg, self._call(method, conn, params))
+            if "id" not in msg:
+                return None
+            answer = jsonrpc.result(request_id, value)
+        except Refused as refused:
+            answer = jsonrpc.error(refused.request_id, refused.error.to_wire())
+        except RpcError as err:
+            answer = jsonrpc.error(request_id, err.to_wire())
+        except Exception:
+            log.exception("internal error serving a request")
+            answer = jsonrpc.error(
+                request_id, RpcError(ErrorCode.INTERNAL_ERROR, "internal error").to_wire()
+            )
+        if conn.can_write_now():
+            conn.write_now(answer)
+            return None
+        return conn.send(answer)
+
+    async def _send_view(self, conn: Connection, request_id: Any, method: str, params: Any) -> None:
+        """Answer a view once it can be written, building it only then."""
+
+        async def build() -> dict[str, Any]:
             try:
-                msg = json.loads(line)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise RpcError(ErrorCode.PARSE_ERROR, f"not valid JSON: {exc}") from None
-            except RecursionError:
-                raise RpcError(
-                    ErrorCode.PARSE_ERROR,
-                    f"JSON nested too deeply ({sys.getrecursionlimit()} levels at most)",
-                ) from None
-            if not isinstance(msg, dict):
-                raise RpcError(ErrorCode.INVALID_REQUEST, "a request must be a JSON object")
-            request_id = msg.get("id")
-            if not isinstance(request_id, int | str | None) or isinstance(request_id, bool):
-                request_id = None
-                raise RpcError(ErrorCode.INVALID_REQUEST, "id must be a string or an integer")
-            method = msg.get("method")
-            if msg.get("jsonrpc") != "2.0" or not isinstance(method, str):
-                raise RpcError(
-                    ErrorCode.INVALID_REQUEST, 'need "jsonrpc": "2.0" and a string "method"'
-                )
-            entry = self.methods.get(method)
-            if entry is None:
-                raise RpcError(
-                    ErrorCode.METHOD_NOT_FOUND,
-                    f"unknown method {method[:64]!r}",
-                    method=method[:64],
-                )
-            model, fn = entry
-            params = _parse(model, msg.get("params"))
-            if method in self.admin_methods:
-                check_admin(conn.peer, method, self.broker.config.admin_group)
-            if method in _VIEWS and "id" in msg:
-                rid = request_id
+                return jsonrpc.result(request_id, self.methods[method][1](conn, params))
+            except RpcError as err:
+                return jsonrpc.error(request_id, err.to_wire())
 
-                async def build() -> dict[str, Any]:
-                    try:
-                        return jsonrpc.result(rid, await fn(conn, params))
-                    except RpcError as err:
-                        return jsonrpc.error(rid, err.to_wire())
+        await conn.send(build)
 
-                await conn.send(build)
-                return
-            value = await fn(conn, params)
-            if "id" in msg:
+    async def _call(self, method: str, conn: Connection, params: Any) -> Any:
+        value = self.methods[method][1](conn, params)
+        if inspect.isawaitable(value):
+            value = await value
+        return value
+
+    async def _finish(
+        self, conn: Connection, request_id: Any, answered: bool, pending: Awaitable[Any]
+    ) -> None:
+        """Await what a request waits for and send its answer (when it has an id)."""
+        try:
+            value = await pending
+            if answered:
                 await conn.send(jsonrpc.result(request_id, value))
         except RpcError as err:
             await conn.send(jsonrpc.error(request_id, err.to_wire()))
@@ -317,7 +309,7 @@ class LocalApi:
             )
 
     # -- methods ---------------------------------------------------------------------------
-    async def _hello(self, conn: Connection, p: HelloParams) -> dict[str, Any]:
+    def _hello(self, conn: Connection, p: HelloParams) -> dict[str, Any]:
         if p.protocol_version < PROTOCOL_VERSION_MIN:
             raise RpcError(
                 ErrorCode.PROTOCOL_VERSION,
@@ -334,11 +326,14 @@ class LocalApi:
             "owner": conn.peer.user,
         }
 
-    async def _gpus_list(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
+    def _gpus_list(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
         return {"gpus": self.broker.gpus_view()}
 
-    async def _acquire(self, conn: Connection, p: AcquireParams) -> dict[str, Any]:
-        _check_descriptions({"project": p.project, "session": p.session, "purpose": p.purpose})
+    def _begin_acquire(
+        self, conn: Connection, p: AcquireParams
+    ) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+        """The answer of an acquire granted at once, else an awaitable of it."""
+        check_descriptions({"project": p.project, "session": p.session, "purpose": p.purpose})
         p = p.model_copy(
             update={
                 "project": p.project.strip(),
@@ -349,34 +344,37 @@ class LocalApi:
         holder = conn.holder()
         if p.job_id is not None:
             self.broker.jobs.get_open(p.job_id, conn.peer.user)  # no workers for a finished job
+        started = self.broker.begin_acquire(p, conn.peer.user, holder, conn.id)
+        if isinstance(started, Lease):
+            return granted(started)
+        return self._wait_for_grant(conn, p, started)
+
+    async def _wait_for_grant(
+        self, conn: Connection, p: AcquireParams, waiter: Waiter
+    ) -> dict[str, Any]:
         watch = None
         if p.notify_waiting and p.wait_s > 0 and p.request_key:
             watch = asyncio.create_task(tell_waiting(conn, self.broker, p.request_key))
         try:
-            lease = await self.broker.acquire(p, conn.peer.user, holder, conn.id)
+            return granted(await self.broker.await_waiter(waiter))
         finally:
             if watch is not None:
                 watch.cancel()
-        return {
-            "lease": lease.to_wire(),
-            "token": lease.token,
-            "cuda_visible_devices": ",".join(lease.gpu_uuids),
-        }
 
-    async def _renew(self, conn: Connection, p: LeaseRef) -> dict[str, Any]:
+    def _renew(self, conn: Connection, p: LeaseRef) -> dict[str, Any]:
         return {"lease": self.broker.renew(p.lease_id, conn.peer.user).to_wire()}
 
-    async def _attach(self, conn: Connection, p: AttachParams) -> dict[str, Any]:
+    def _attach(self, conn: Connection, p: AttachParams) -> dict[str, Any]:
         lease = self.broker.attach(p.lease_id, p.token, conn.peer.user, conn.id)
         return {"lease": lease.to_wire(), "token": lease.token}
 
-    async def _release(self, conn: Connection, p: LeaseRef) -> dict[str, Any]:
+    def _release(self, conn: Connection, p: LeaseRef) -> dict[str, Any]:
         return {"lease": self.broker.release(p.lease_id, conn.peer.user).to_wire()}
 
-    async def _leases_list(self, conn: Connection, p: LeasesListParams) -> dict[str, Any]:
+    def _leases_list(self, conn: Connection, p: LeasesListParams) -> dict[str, Any]:
         return self.broker.leases_view(p.include_ended)
 
-    async def _status(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
+    def _status(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
         return self.broker.status()
 
     def _job_wire(self, job: Any) -> dict[str, Any]:
@@ -384,7 +382,7 @@ class LocalApi:
         return dict(job.to_wire([lid for lid in job.lease_ids if lid in live]))
 
     async def _job_declare(self, conn: Connection, p: JobDeclareParams) -> dict[str, Any]:
-        _check_descriptions({"project": p.project, "purpose": p.purpose, "handler": p.handler})
+        check_descriptions({"project": p.project, "purpose": p.purpose, "handler": p.handler})
         job = self.broker.jobs.declare(
             conn.peer.user,
             p.project.strip(),
@@ -399,7 +397,7 @@ class LocalApi:
 
     async def _job_update(self, conn: Connection, p: JobUpdateParams) -> dict[str, Any]:
         if p.reason is not None:
-            _check_descriptions({"reason": p.reason})
+            check_descriptions({"reason": p.reason})
         job = self.broker.jobs.update(
             p.job_id, conn.peer.user, p.state, p.reason and p.reason.strip(), p.workers, conn.id
         )
@@ -414,10 +412,10 @@ class LocalApi:
             self.broker.emit("job", {"job_id": job.job_id, "state": job.state})
         return {"job": self._job_wire(job), "duplicate": duplicate}
 
-    async def _jobs_list(self, conn: Connection, p: JobsListParams) -> dict[str, Any]:
+    def _jobs_list(self, conn: Connection, p: JobsListParams) -> dict[str, Any]:
         return {"jobs": self.broker.jobs.view(p.include_finished, set(self.broker.leases))}
 
-    async def _pause(self, conn: Connection, p: PauseParams) -> dict[str, Any]:
+    def _pause(self, conn: Connection, p: PauseParams) -> dict[str, Any]:
         self.broker.set_paused(p.paused)
         log.info("new admissions %s by %s", "paused" if p.paused else "resumed", conn.peer.user)
         return {"paused": self.broker.paused}
