@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from rbroker.broker import lifecycle, overgrant, views
+from rbroker.broker import acquiring, lifecycle, overgrant, views
 from rbroker.broker.admission import Admission, NvmlProblem
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock, SystemClock
@@ -158,30 +158,7 @@ class Broker:
     ) -> Lease | Waiter:
         """`acquire` without waiting: the lease when granted (or re-bound) at once, else its
         queue entry for `await_waiter`. Raises `RpcError` as `acquire` for what is refused."""
-        if params.request_key:
-            found = self.waiting.find(params.request_key, owner, holder, self.leases)
-            if isinstance(found, Lease):
-                return self.table.rebind(found, conn_id)
-            if found is not None:
-                found.conn_id, found.reattach_by = conn_id, None
-                return found
-        if params.job_id is not None:
-            self.jobs.get(params.job_id, owner)  # job_not_found / not_lease_owner
-        candidates = self.admission.candidates(params)
-        self.admission.check_feasible(params, candidates)
-        waiter = self.waiting.new_waiter(
-            params, candidates, owner, holder, conn_id, self.clock.monotonic(), self.clock.wall()
-        )
-        self.waiting.add(waiter)
-        self._admit()
-        future = waiter.future
-        if future.done() and not future.cancelled() and future.exception() is None:
-            return future.result()
-        if not future.done():
-            if params.wait_s > 0:
-                self.waiting.persist(waiter)
-            self.emit("queue", {"request_id": waiter.request_id})
-        return waiter
+        return acquiring.begin(self, params, owner, holder, conn_id)
 
     async def await_waiter(self, waiter: Waiter) -> Lease:
         """The lease a queued request from `begin_acquire` ends with (raises as `acquire`)."""

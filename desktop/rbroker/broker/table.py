@@ -72,7 +72,7 @@ class LeaseTable:
         # a sample that lists none of their processes must still update them
         self._touched: dict[str, set[Holder]] = {}
         # per GPU: (monotonic end time, MiB) of ended leases no sample has confirmed yet
-        self._unconfirmed: dict[str, collections.deque[tuple[float, int, Holder]]] = {}
+        self._unconfirmed: dict[str, collections.deque[tuple[float, int, Holder | None]]] = {}
         self._unconfirmed_mib: dict[str, int] = {}
         self._deadline_floor = math.inf  # no active lease's deadline is earlier
         self._reattach_floor = math.inf  # no restored lease must re-attach earlier
@@ -138,14 +138,15 @@ class LeaseTable:
             self._observe(slot, holder)
 
     def _confirm(self, uuid: str, started_at: float) -> list[tuple[Holder, int]]:
-        """Drop the unconfirmed MiB of leases that ended before `started_at`; returns
-        their `(holder, MiB)`."""
+        """Drop the unconfirmed MiB of leases that ended (or shrank) before `started_at`;
+        returns the ended leases' `(holder, MiB)`."""
         pending = self._unconfirmed.get(uuid)
         done = []
         while pending and pending[0][0] < started_at:
             _, mib, holder = pending.popleft()
             self._unconfirmed_mib[uuid] -= mib
-            done.append((holder, mib))
+            if holder is not None:
+                done.append((holder, mib))
         return done
 
     def _keep_outside(self, slot: GpuSlot, holder: Holder, mib: int) -> None:
@@ -350,7 +351,7 @@ class LeaseTable:
             self._outstanding[u] = self._outstanding.get(u, 0) + after - before
             if after < before:
                 pending = self._unconfirmed.setdefault(u, collections.deque())
-                pending.append((now, before - after, lease.holder))
+                pending.append((now, before - after, None))  # the lease's own: not kept
                 self._unconfirmed_mib[u] = self._unconfirmed_mib.get(u, 0) + before - after
                 slot = self.slots.get(u)
                 if slot is not None:

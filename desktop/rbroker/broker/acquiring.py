@@ -1,0 +1,51 @@
+"""The synchronous part of `Broker.acquire`: a request keyed like one already granted or
+waiting gets that lease or queue entry back; a new one is checked (infeasible, telemetry),
+queued and given one admission pass at once, so that a request that fits is granted
+without waiting (and the local API answers it without a task of its own).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rbroker.broker.holders import Holder
+from rbroker.broker.leases import Lease, Waiter
+from rbroker_protocol.localapi import AcquireParams
+
+if TYPE_CHECKING:
+    from rbroker.broker.service import Broker
+
+
+def begin(
+    b: Broker, params: AcquireParams, owner: str, holder: Holder, conn_id: int | None
+) -> Lease | Waiter:
+    """The lease when granted (or re-bound by its request key) at once, else the queue
+    entry to await (`Broker.await_waiter`).
+
+    Raises:
+        RpcError: as `Broker.acquire`, for what is refused at once.
+    """
+    if params.request_key:
+        found = b.waiting.find(params.request_key, owner, holder, b.leases)
+        if isinstance(found, Lease):
+            return b.table.rebind(found, conn_id)
+        if found is not None:
+            found.conn_id, found.reattach_by = conn_id, None
+            return found
+    if params.job_id is not None:
+        b.jobs.get(params.job_id, owner)  # job_not_found / not_lease_owner
+    candidates = b.admission.candidates(params)
+    b.admission.check_feasible(params, candidates)
+    waiter = b.waiting.new_waiter(
+        params, candidates, owner, holder, conn_id, b.clock.monotonic(), b.clock.wall()
+    )
+    b.waiting.add(waiter)
+    b._admit()
+    future = waiter.future
+    if future.done() and not future.cancelled() and future.exception() is None:
+        return future.result()
+    if not future.done():
+        if params.wait_s > 0:
+            b.waiting.persist(waiter)
+        b.emit("queue", {"request_id": waiter.request_id})
+    return waiter
