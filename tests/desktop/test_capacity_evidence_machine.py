@@ -12,9 +12,11 @@ holder moved its outside memory into its lease and the next grant over-admitted.
 
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +47,9 @@ class Truth:
 
     def outside_any_lease(self) -> int:
         return self.others_mib + sum(self.dead_listings.values()) + sum(self.outside_mib)
+
+    def device_used(self) -> int:
+        return self.outside_any_lease() + sum(self.lease_used.values())
 
 
 class EvidenceMachine(RuleBasedStateMachine):
@@ -116,6 +121,15 @@ class EvidenceMachine(RuleBasedStateMachine):
 
         broker._grant = checked_grant  # type: ignore[method-assign]
 
+    def _allocate(self, change: Callable[[Truth], None]) -> None:
+        """Apply `change` to the truth unless the GPU cannot hold it: memory taken outside
+        leases after the broker's latest sample can leave less than a lease was granted,
+        and then an allocation fails (CUDA out of memory) rather than the GPU overfilling."""
+        trial = copy.deepcopy(self.truth)
+        change(trial)
+        if trial.device_used() <= TOTAL:
+            self.truth = trial
+
     def _active(self) -> list[Lease]:
         return list(self.h.broker.leases.values())
 
@@ -134,7 +148,8 @@ class EvidenceMachine(RuleBasedStateMachine):
     @rule(data=st.data(), fraction=st.sampled_from([0.25, 0.5, 1.0]))
     def use_lease(self, data: st.DataObject, fraction: float) -> None:
         lease = data.draw(st.sampled_from(self._active()))
-        self.truth.lease_used[lease.lease_id] = int(lease.granted_mib * fraction)
+        used = int(lease.granted_mib * fraction)
+        self._allocate(lambda t: t.lease_used.__setitem__(lease.lease_id, used))
 
     @rule(holder=st.integers(0, HOLDERS - 1), mib=st.sampled_from([0, 1000, 3000, 5000]))
     def hold_outside_leases(self, holder: int, mib: int) -> None:
@@ -143,7 +158,7 @@ class EvidenceMachine(RuleBasedStateMachine):
         # "outside" growth would be indistinguishable from lease use to any observer.
         if any(self.lease_holder[lease.lease_id] == holder for lease in self._active()):
             return
-        self.truth.outside_mib[holder] = mib
+        self._allocate(lambda t: t.outside_mib.__setitem__(holder, mib))
 
     @precondition(lambda self: bool(self.h.broker.leases))
     @rule(data=st.data(), keep=st.booleans())
@@ -161,11 +176,11 @@ class EvidenceMachine(RuleBasedStateMachine):
 
     @rule(mib=st.sampled_from([0, 2048, 6144]))
     def a_dead_pid_stays_listed(self, mib: int) -> None:
-        self.truth.dead_listings = {4_000_000: mib} if mib else {}
+        self._allocate(lambda t: setattr(t, "dead_listings", {4_000_000: mib} if mib else {}))
 
     @rule(mib=st.sampled_from([0, 1000, 4000]))
     def others_use_memory(self, mib: int) -> None:
-        self.truth.others_mib = mib
+        self._allocate(lambda t: setattr(t, "others_mib", mib))
 
     @rule(seconds=st.sampled_from([0.5, 1.0, 2.0]))
     def sample(self, seconds: float) -> None:

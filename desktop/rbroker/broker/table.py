@@ -7,10 +7,8 @@ what a lease was granted but does not use yet is *outstanding* and counts agains
 An ended lease's outstanding MiB stays booked (*unconfirmed*) until a sample that started
 after the end shows what its holder still uses (the release rule of §2).
 
-Costs are flat in the number of leases: per-GPU and per-(holder, GPU) indexes and a running
-outstanding sum per GPU mean a grant, a release or a sample touches only the leases of the
-holders concerned, never every lease; expiry walks the leases only once the earliest
-deadline may have passed.
+Costs are flat in the number of leases: per-GPU and per-(holder, GPU) indexes and running
+outstanding sums; expiry walks the leases only once the earliest deadline may have passed.
 
 Expiry (docs/architecture.md §3): a lease ends when its deadline (monotonic) passes without a
 heartbeat, when its holder process exits, or when its connection closes; after a loop stall
@@ -150,16 +148,15 @@ class LeaseTable:
         return done
 
     def _keep_outside(self, slot: GpuSlot, holder: Holder, mib: int) -> None:
-        """An ended lease of `holder` had `mib` MiB no sample had shown; the first sample
-        after its end is in. Whatever the holder's use grew by since its leases' last
-        figures, up to `mib`, may be memory the ended lease's processes kept: it counts as
-        outside any lease (the baseline), never as use of the holder's other or newer
-        leases, which would shrink their outstanding and over-admit. When the growth was
-        in fact theirs, it is counted twice until the holder's use drops: cautious."""
+        """The first sample after an end of a lease of `holder` with `mib` unconfirmed MiB:
+        the holder's growth since its leases' last figures, up to `mib`, may be kept memory
+        of the ended lease: it goes to the baseline (outside any lease), never to the use of
+        the holder's other leases (that would over-admit); if it was theirs, it is counted
+        twice until the holder's use drops (cautious)."""
         uuid = slot.uuid
         leases = self._held.get((holder, uuid))
         if not leases:
-            return  # no lease of the holder there: its memory is in device_used, nothing else
+            return  # its memory is in device_used, nothing else
         baseline = self.baselines.get((holder, uuid), 0)
         seen = baseline + sum(lease.observed_mib.get(uuid, 0) for lease in leases.values())
         growth = slot.holder_mib(holder) - seen
@@ -418,11 +415,10 @@ class LeaseTable:
 
     def _flush(self) -> None:
         self._flush_handle = None
-        if self.store is not None:
-            try:
-                self.store.flush()
-            except sqlite3.Error:
-                log.exception("writing lease ends failed (they are written with the next write)")
+        try:
+            self.store.flush() if self.store is not None else None
+        except sqlite3.Error:
+            log.exception("writing lease ends failed (they are written with the next write)")
 
     def overdue(self, now: float) -> list[Lease]:
         """Active leases whose heartbeat deadline has passed. Deadlines only move later
