@@ -14,7 +14,14 @@ from rbroker.broker.service import Broker
 from rbroker.broker.store import LeaseStore
 from rbroker.gpu.select import open_gateway
 from rbroker.localapi.access import broker_user
-from rbroker.localapi.machine_lock import MachineLock, acquire_machine_lock, lock_name
+from rbroker.localapi.machine_lock import (
+    DEFAULT_LOCK_NAME,
+    ENV_LOCK,
+    MachineLock,
+    acquire_machine_lock,
+    ignored_lock_variable,
+    lock_name,
+)
 from rbroker.localapi.server import LocalApi
 from rbroker.uplink.runner import run_uplink
 from rbroker_protocol.files import private_dir
@@ -85,7 +92,17 @@ class BrokerHost:
             MachineLockHeld: another broker runs on this computer (any user).
         """
         socket_path = str(self.config.socket_path)
-        name = lock_name(self.config.machine_lock, socket_path)
+        simulated = self.config.simulate
+        ignored = ignored_lock_variable(simulated)
+        if ignored is not None:
+            log.warning(
+                "ignoring %s=%s: a broker on real GPUs always takes the computer's lock %s "
+                "(other names are for --simulate only)",
+                ENV_LOCK,
+                ignored,
+                DEFAULT_LOCK_NAME,
+            )
+        name = lock_name(self.config.machine_lock, socket_path, simulated=simulated)
         machine_lock = acquire_machine_lock(name, socket_path, broker_user())
         self._machine_lock = machine_lock
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -30,6 +31,7 @@ from rbroker.localapi.machine_lock import (
     PER_SOCKET,
     MachineLockHeld,
     acquire_machine_lock,
+    ignored_lock_variable,
     lock_name,
 )
 from rbroker.tray.embedded import EmbeddedBroker
@@ -87,29 +89,101 @@ def _rbroker_as(user: OsUser) -> list[str]:
 
 def test_the_default_name_is_the_computers_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_LOCK, raising=False)
-    assert lock_name(None, "/run/rbroker/broker.sock") == DEFAULT_LOCK_NAME == "rbroker-broker"
+    sock = "/run/rbroker/broker.sock"
+    assert lock_name(None, sock, simulated=True) == DEFAULT_LOCK_NAME == "rbroker-broker"
+    assert lock_name(None, sock, simulated=False) == DEFAULT_LOCK_NAME
     monkeypatch.setenv(ENV_LOCK, "site-lock")
-    assert lock_name(None, "/x.sock") == "site-lock"
-    assert lock_name("given", "/x.sock") == "given"  # the option wins over the variable
+    assert lock_name(None, "/x.sock", simulated=True) == "site-lock"
+    assert lock_name("given", "/x.sock", simulated=True) == "given"  # the option wins
+
+
+def test_a_broker_on_real_gpus_always_takes_the_computers_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: any name (option or variable) let a second broker run on real GPUs."""
+    monkeypatch.setenv(ENV_LOCK, PER_SOCKET)
+    assert lock_name(None, "/x.sock", simulated=False) == DEFAULT_LOCK_NAME  # ignored
+    assert ignored_lock_variable(simulated=False) == PER_SOCKET
+    assert ignored_lock_variable(simulated=True) is None
+    assert lock_name(DEFAULT_LOCK_NAME, "/x.sock", simulated=False) == DEFAULT_LOCK_NAME
+    for other in ("x", PER_SOCKET):
+        with pytest.raises(ValueError, match="real GPUs always takes the computer's lock"):
+            lock_name(other, "/x.sock", simulated=False)
+    monkeypatch.setenv(ENV_LOCK, DEFAULT_LOCK_NAME)
+    assert ignored_lock_variable(simulated=False) is None  # nothing to say
 
 
 def test_per_socket_names_differ_by_socket_and_are_stable() -> None:
-    a = lock_name(PER_SOCKET, "/tmp/a/broker.sock")
-    assert a == lock_name(PER_SOCKET, "/tmp/a/broker.sock")
-    assert a != lock_name(PER_SOCKET, "/tmp/b/broker.sock")
+    a = lock_name(PER_SOCKET, "/tmp/a/broker.sock", simulated=True)
+    assert a == lock_name(PER_SOCKET, "/tmp/a/broker.sock", simulated=True)
+    assert a != lock_name(PER_SOCKET, "/tmp/b/broker.sock", simulated=True)
     assert a.startswith("rbroker-broker-") and a != DEFAULT_LOCK_NAME
 
 
 @pytest.mark.parametrize("bad", ["a b", "x" * 81, "../etc", "a\0b"])
 def test_a_bad_name_is_refused_with_the_rule(bad: str) -> None:
     with pytest.raises(ValueError, match="1 to 80 letters"):
-        lock_name(bad, "/x.sock")
+        lock_name(bad, "/x.sock", simulated=True)
 
 
 def test_the_cli_refuses_a_bad_name_with_exit_2(roots: list[Path]) -> None:
     done = _second("no spaces allowed", roots, sys.executable, "-m", "rbroker")
     assert done.returncode == 2, done.stderr
     assert "--machine-lock" in done.stderr and "1 to 80 letters" in done.stderr
+
+
+def test_the_cli_refuses_another_name_without_simulate_with_exit_2(roots: list[Path]) -> None:
+    root = short_tmp()
+    roots.append(root)
+    cmd = [sys.executable, "-m", "rbroker", "broker", "--machine-lock", "x"]
+    cmd += ["--socket", str(root / "b.sock"), "--data-dir", str(root / "data")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd="/")
+    assert done.returncode == 2, done.stderr
+    assert "--machine-lock" in done.stderr and "real GPUs" in done.stderr
+    assert "--simulate" in done.stderr
+    assert not (root / "data").exists()  # refused before anything was made
+
+
+_HOLD_THEN_START = """
+import json, subprocess, sys
+from rbroker.localapi.machine_lock import acquire_machine_lock
+held = acquire_machine_lock("rbroker-broker", "/holder.sock", "holder")
+done = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=60, cwd="/")
+print(json.dumps({"rc": done.returncode, "stderr": done.stderr}))
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or os.geteuid() != 0,
+    reason="needs unshare and root for a network namespace of its own",
+)
+def test_a_broker_on_real_gpus_ignores_the_variable_and_says_so(
+    roots: list[Path], other_user: OsUser
+) -> None:
+    """`RBROKER_BROKER_LOCK=x rbroker broker` (no --simulate) of another user, while the
+    computer's lock is held: exit 3 naming the holder, the variable ignored in the log. In a
+    network namespace of its own, so the computer's real lock is never touched."""
+    prefix = _rbroker_as(other_user)
+    root = short_tmp()
+    roots.append(root)
+    os.chown(root, other_user.uid, other_user.gid)
+    broker = [*prefix, "broker", "--socket", str(root / "b.sock")]
+    broker += ["--data-dir", str(root / "data")]
+    broker[broker.index("env") + 1 : broker.index("env") + 1] = [f"{ENV_LOCK}=x"]
+    done = subprocess.run(
+        ["unshare", "--net", sys.executable, "-c", _HOLD_THEN_START, *broker],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["rc"] == EXIT_BROKER_ALREADY_RUNNING == 3, result["stderr"]
+    assert f"ignoring {ENV_LOCK}=x" in result["stderr"]
+    assert "socket /holder.sock" in result["stderr"]
+    assert not (root / "data").exists()  # the lock is taken before the data dir
 
 
 # --- in one process -------------------------------------------------------------------

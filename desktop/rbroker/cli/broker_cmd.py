@@ -95,7 +95,7 @@ def run_broker(args: argparse.Namespace) -> int:
             return _fail(EXIT_USAGE, f"--capacity-mib wants UUID=MIB, got {item!r}")
         overrides[uuid] = int(mib)
     try:
-        lock_name(args.machine_lock, socket_path)
+        lock_name(args.machine_lock, socket_path, simulated=args.simulate is not None)
     except ValueError as exc:
         return _fail(EXIT_USAGE, f"--machine-lock: {exc}")
     groups = (("--admin-group", args.admin_group), ("--allowed-group", args.allowed_group))

@@ -60,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--machine-lock",
         metavar="NAME",
-        help="name of the one-broker-per-computer lock (default: RBROKER_BROKER_LOCK or "
-        "rbroker-broker; 'per-socket': one per socket address, for simulated brokers side by side)",
+        help="name of the one-broker-per-computer lock, with --simulate only (default: "
+        "RBROKER_BROKER_LOCK or rbroker-broker; 'per-socket': one per socket address, for "
+        "simulated brokers side by side); a broker on real GPUs always takes rbroker-broker",
     )
     b.add_argument(
         "--release-all-on-exit",

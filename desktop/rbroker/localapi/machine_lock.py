@@ -7,10 +7,12 @@ this lock before it opens its data dir or listens; a second one, of any OS user,
 Linux: the abstract Unix socket `\\0<name>` (`machine_lock_linux`). Windows: the
 `Global\\<name>` mutex (`machine_lock_windows`). Elsewhere (macOS): no lock.
 
-The name: `configured` (the `--machine-lock` option), else `$RBROKER_BROKER_LOCK`, else
-`rbroker-broker`. The value `per-socket` derives a name from the broker's socket address, so
-several simulated brokers can run on one computer (the test suite, the demo); the lock code
-is the same for every name.
+The name: a broker on real GPUs always takes `rbroker-broker` (another name would let a
+second broker admit against the same real memory): it refuses any other `--machine-lock` and
+ignores `$RBROKER_BROKER_LOCK`. A simulated broker takes `configured` (the `--machine-lock`
+option), else `$RBROKER_BROKER_LOCK`, else `rbroker-broker`; the value `per-socket` derives a
+name from the broker's socket address, so several simulated brokers can run on one computer
+(the test suite, the demo). The lock code is the same for every name.
 """
 
 from __future__ import annotations
@@ -66,12 +68,22 @@ class MachineLock(Protocol):
         """Give the lock back (idempotent); process exit gives it back too."""
 
 
-def lock_name(configured: str | None, socket_path: str) -> str:
-    """The lock's name (see the module docstring).
+def lock_name(configured: str | None, socket_path: str, *, simulated: bool) -> str:
+    """The lock's name (see the module docstring): always `DEFAULT_LOCK_NAME` unless
+    `simulated`.
 
     Raises:
-        ValueError: the name is not 1–80 letters, digits, `.`, `_` or `-`.
+        ValueError: the name is not 1–80 letters, digits, `.`, `_` or `-`; or a broker on
+            real GPUs (`simulated` false) was given another name than `DEFAULT_LOCK_NAME`.
     """
+    if not simulated:
+        if configured and configured != DEFAULT_LOCK_NAME:
+            raise ValueError(
+                f"a broker on real GPUs always takes the computer's lock {DEFAULT_LOCK_NAME!r} "
+                f"(another name, here {configured!r}, would let a second broker admit against "
+                "the same GPU memory); other names are for --simulate only"
+            )
+        return DEFAULT_LOCK_NAME
     name = configured or os.environ.get(ENV_LOCK) or DEFAULT_LOCK_NAME
     if name == PER_SOCKET:
         digest = hashlib.sha256(os.path.abspath(socket_path).encode()).hexdigest()[:24]
@@ -81,6 +93,15 @@ def lock_name(configured: str | None, socket_path: str) -> str:
             f"machine lock name {name!r}: use 1 to 80 letters, digits, '.', '_' or '-'"
         )
     return name
+
+
+def ignored_lock_variable(simulated: bool) -> str | None:
+    """The value of `$RBROKER_BROKER_LOCK` a broker on real GPUs ignores (None: nothing is
+    ignored: the broker is simulated, or the variable is unset or names the default)."""
+    value = os.environ.get(ENV_LOCK)
+    if simulated or not value or value == DEFAULT_LOCK_NAME:
+        return None
+    return value
 
 
 def acquire_machine_lock(name: str, socket_path: str, user: str) -> MachineLock:
