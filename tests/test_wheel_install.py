@@ -72,15 +72,12 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return wheel
 
 
-@pytest.fixture(scope="module")
-def venv(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with `<wheel>[server]` installed, as the deploy sections do it."""
-    home = tmp_path_factory.mktemp("venv")
+def _install(requirement: str, home: Path) -> Path:
+    """A fresh venv under `home` with `requirement` installed; its scripts directory."""
     env_dir = home / "venv"
     _run([sys.executable, "-m", "venv", str(env_dir)], cwd=home)
     bindir = env_dir / ("Scripts" if sys.platform == "win32" else "bin")
     python = bindir / "python"
-    requirement = f"{built_wheel}[server]"
     if _index_reachable():
         _run([str(python), "-m", "pip", "install", "--quiet", requirement], cwd=home)
     else:
@@ -100,6 +97,18 @@ def venv(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
                 + proc.stderr.strip().splitlines()[-1]
             )
     return bindir
+
+
+@pytest.fixture(scope="module")
+def venv(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with `<wheel>[server]` installed, as the deploy sections do it."""
+    return _install(f"{built_wheel}[server]", tmp_path_factory.mktemp("venv"))
+
+
+@pytest.fixture(scope="module")
+def base_venv(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the base wheel only (no extra), as a GPU computer installs it."""
+    return _install(str(built_wheel), tmp_path_factory.mktemp("base-venv"))
 
 
 def test_wheel_carries_icons_migrations_and_package_data(built_wheel: Path) -> None:
@@ -160,6 +169,47 @@ def test_installed_package_finds_its_icons_and_runs_its_migrations(
         [str(venv / "rbroker-server"), "db", "upgrade", "--data-dir", str(data_dir)], cwd=tmp_path
     )
     assert upgrade.strip(), "db upgrade printed nothing"
+
+
+def test_server_without_its_extra_says_so_in_one_line(base_venv: Path, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    probe = [str(base_venv / "python"), "-c", "import sqlalchemy"]
+    assert subprocess.run(probe, env=env, capture_output=True, check=False).returncode != 0
+    # the base wheel still answers --version; every subcommand names the extra to install
+    out = _run([str(base_venv / "rbroker-server"), "--version"], cwd=tmp_path).strip()
+    assert out == f"rbroker-server {VERSION}"
+    data = ["--data-dir", str(tmp_path / "data")]
+    for argv in (
+        ["setup", "--non-interactive", *data],
+        ["serve", *data],
+        ["db", "upgrade", *data],
+        ["group", "list", *data],
+        ["token", "list", "--group", "g", *data],
+        ["computer", "list", *data],
+        ["enroll-code", "create", "--group", "g", *data],
+    ):
+        for cmd in (
+            [str(base_venv / "rbroker-server")],
+            [str(base_venv / "python"), "-m", "rbroker_server"],
+        ):
+            proc = subprocess.run(
+                [*cmd, *argv],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert proc.returncode == 1, (argv, proc.returncode, proc.stderr)
+            assert proc.stdout == ""
+            lines = proc.stderr.splitlines()
+            assert len(lines) == 1, (argv, proc.stderr)
+            assert "Traceback" not in proc.stderr
+            assert lines[0].startswith("rbroker-server: the coordinator needs rbroker[server]")
+            assert "no module sqlalchemy" in lines[0], lines[0]
+            assert f"pip install 'dist/{WHEEL_NAME}[server]'" in lines[0], lines[0]
+    assert not (tmp_path / "data").exists(), "a command ran without the extra"
 
 
 def test_readme_names_the_wheel_this_version_builds() -> None:

@@ -7,6 +7,7 @@ data directory), which holds `config.toml` written by `setup`.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import re
@@ -26,10 +27,51 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
+EXIT_MISSING_EXTRA = 1
+"""The `[server]` extra is not installed (README: exit codes when a command cannot start)."""
+
+SERVER_MODULES = (
+    "sqlalchemy",
+    "sqlmodel",
+    "alembic",
+    "litestar",
+    "uvicorn",
+    "jinja2",
+    "cryptography",
+    "prometheus_client",
+)
+"""Modules of the `[server]` extra that every subcommand may import (pyproject.toml),
+checked before any command runs. psycopg, imported only for a PostgreSQL `database_url`,
+gets the same one line when its import fails."""
 
 
 class CliError(Exception):
     """A failure to report as one line on stderr."""
+
+
+def missing_server_modules() -> list[str]:
+    """The `SERVER_MODULES` that cannot be imported here (found without importing them)."""
+    missing = []
+    for name in SERVER_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def missing_extra_line(missing: list[str]) -> str:
+    """One line saying that the `[server]` extra is missing (`missing`: module names) and
+    how to install it: from the wheel a clone builds (`uv build`), or in the clone itself
+    (rbroker is on no package index)."""
+    return (
+        f"the coordinator needs rbroker[server], whose extra is not installed (no module "
+        f"{', '.join(missing)}): pip install 'dist/rbroker-{__version__}-py3-none-any.whl"
+        "[server]' (the wheel `uv build` makes in a clone), or pip install '.[server]' in "
+        "the clone"
+    )
 
 
 def default_data_dir() -> Path:
@@ -444,6 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `rbroker-server`."""
     args = build_parser().parse_args(argv)
+    missing = missing_server_modules()
+    if missing:  # the base wheel: one line naming the extra, never a traceback
+        print(f"rbroker-server: {missing_extra_line(missing)}", file=sys.stderr)
+        return EXIT_MISSING_EXTRA
     if not hasattr(args, "data_dir"):
         args.data_dir = default_data_dir()
     from rbroker_server.admin.service import AdminError
@@ -464,6 +510,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return os_error_code(exc)
+    except ModuleNotFoundError as exc:  # a module of the extra removed since the check
+        if (exc.name or "").partition(".")[0] not in (*SERVER_MODULES, "psycopg"):
+            raise
+        print(f"rbroker-server: {missing_extra_line([exc.name or ''])}", file=sys.stderr)
+        return EXIT_MISSING_EXTRA
     except KeyboardInterrupt:
         return 130
 
