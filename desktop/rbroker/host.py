@@ -23,6 +23,7 @@ from rbroker.localapi.machine_lock import (
     lock_name,
 )
 from rbroker.localapi.server import LocalApi
+from rbroker.startup import check_data_dir
 from rbroker.uplink.runner import run_uplink
 from rbroker_protocol.files import private_dir
 
@@ -89,7 +90,9 @@ class BrokerHost:
         the broker, then listen.
 
         Raises:
-            MachineLockHeld: another broker runs on this computer (any user).
+            MachineLockHeld: another broker runs on this computer (any user); raised before
+                the data dir is looked at.
+            OSError: the data dir cannot be made or written (named as `filename`).
         """
         socket_path = str(self.config.socket_path)
         simulated = self.config.simulate
@@ -105,7 +108,8 @@ class BrokerHost:
         name = lock_name(self.config.machine_lock, socket_path, simulated=simulated)
         machine_lock = acquire_machine_lock(name, socket_path, broker_user())
         self._machine_lock = machine_lock
-        try:
+        try:  # every data-dir check after the lock: a second broker is told of the first
+            check_data_dir(self.config.data_dir)
             private_dir(self.config.data_dir)
             self._lock = lock = DataDirLock(self.config.data_dir)
         except BaseException:

@@ -271,6 +271,34 @@ def test_a_user_outside_the_allowed_group_is_refused_clearly_and_at_once(
     assert f"not allowed to use the broker at {system_broker.socket}" in done.stderr
 
 
+def test_another_users_second_system_broker_names_the_running_one_not_the_data_dir(
+    system_broker: SystemBroker, users: dict[str, OsUser]
+) -> None:
+    """Before: `rbroker broker --system --simulate` as alice exited 11 "Permission denied"
+    on the data dir alice cannot write. Right: exit 3 naming the running broker (the lock is
+    taken before any data-dir check)."""
+    alice = users["alice"]
+    python = python_as(alice.name)
+    assert python is not None
+    done = subprocess.run(
+        [
+            *("runuser", "-u", alice.name, "--", "env", f"PYTHONPATH={REPO}"),
+            f"{ENV_SYSTEM_SOCKET}={system_broker.socket}",
+            *python,
+            *("broker", "--system", "--simulate", "--data-dir", str(system_broker.data_dir)),
+            *("--machine-lock", system_broker.lock),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert done.returncode == 3, done.stderr
+    assert "Permission denied" not in done.stderr
+    assert f"user {system_broker.service.name}, pid " in done.stderr
+    assert f"socket {system_broker.socket}" in done.stderr
+
+
 def test_a_second_broker_refuses_while_the_system_broker_runs_and_starts_after_sigkill(
     system_broker: SystemBroker, users: dict[str, OsUser]
 ) -> None:

@@ -23,7 +23,7 @@ from rbroker.localapi.paths import (
     system_socket_path,
 )
 from rbroker.localapi.transport import BrokerAlreadyRunning
-from rbroker.startup import check_data_dir, os_error_line
+from rbroker.startup import os_error_line
 from rbroker.uplink import quiet_http_client_logs
 from rbroker_protocol.startup import (
     EXIT_BROKER_ALREADY_RUNNING,
@@ -81,10 +81,8 @@ def run_broker(args: argparse.Namespace) -> int:
     else:
         socket_path = args.socket or default_socket_path()
         data_dir = Path(args.data_dir or default_data_dir())
-    try:
+    try:  # the data dir is checked after the machine lock is taken (`BrokerHost.start`)
         check_socket_path(socket_path)
-        if args.system:  # refuse at once, naming the path, rather than half-start
-            check_data_dir(data_dir)
     except OSError as exc:
         return _fail(*os_error_line(exc, socket_path, data_dir))
     scenario = Path(args.simulate) if args.simulate else None
