@@ -7,6 +7,7 @@ UUID, the exit code passes through, and the lease is gone afterwards.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import os
 import signal
@@ -260,3 +261,40 @@ def test_the_command_does_not_outlive_a_killed_run(broker: BrokerProcess, tmp_pa
         wait_until(gone, timeout_s=5)
         with broker.client() as c:
             wait_until(lambda: c.leases()["leases"] == [])
+
+
+def test_a_lease_released_from_another_shell_says_so_and_the_command_runs_on(
+    broker: BrokerProcess,
+) -> None:
+    """Before: "lease ... lost: ... released (released by holder)" after `rbroker release`
+    from another shell. Right: the reason names another process, and `rbroker run` says the
+    command now runs without a lease; the command is not stopped and its code comes back."""
+    args = _run_args(broker, 100, "sh", "-c", "sleep 5; echo done; exit 7")
+    args[args.index("--") : args.index("--")] = ["--ttl", "3"]
+    proc = subprocess.Popen(
+        args, env=_env(broker), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        with broker.client() as c:
+            leases = wait_until(lambda: c.leases()["leases"], timeout_s=20)
+            (lease_id,) = [x["lease_id"] for x in leases]  # type: ignore[attr-defined]
+            released = subprocess.run(
+                [sys.executable, "-m", "rbroker", "release", "--socket", broker.socket, lease_id],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert released.returncode == 0, released.stderr
+            out, err = proc.communicate(timeout=30)
+            ended = [x for x in c.leases(include_ended=True)["ended"] if x["lease_id"] == lease_id]
+        assert proc.returncode == 7, err
+        assert out.strip() == "done"
+        reason = f"released by another process of {getpass.getuser()} (pid "
+        assert ended[0]["ended_reason"].startswith(reason), ended
+        assert "released by holder" not in err
+        assert reason in err
+        assert f"lease {lease_id} lost" in err and "runs on WITHOUT a lease" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)

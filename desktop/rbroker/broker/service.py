@@ -223,9 +223,18 @@ class Broker:
         """Change a lease's grant to `mib` MiB. Raises as `resize.Resizes.resize`."""
         return await self.resizes.resize(lease_id, owner, mib, wait_s, conn_id)
 
-    def release(self, lease_id: str, owner: str, reason: str = "released by holder") -> Lease:
-        """End a lease now. Raises like `renew`."""
+    def release(
+        self, lease_id: str, owner: str, conn_id: int | None = None, pid: int | None = None
+    ) -> Lease:
+        """End a lease now, asked on connection `conn_id` by process `pid` (None: by the
+        holder). The reason says who: "released by holder" when the lease's own connection or
+        its holder process asked, else "released by another process of <owner> (pid N)"
+        (`rbroker release`). Raises like `renew`."""
         lease = self.table.find(lease_id, owner)
+        own = conn_id is None or conn_id == lease.conn_id or pid == lease.holder.pid
+        reason = "released by holder" if own else f"released by another process of {owner}"
+        if not own and pid is not None:
+            reason += f" (pid {pid})"
         self._end(lease, LeaseState.RELEASED, reason)
         return lease
 

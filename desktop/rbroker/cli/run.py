@@ -168,6 +168,26 @@ def _placeholders(
     return substitute(args, values)
 
 
+def _wait_noting_loss(child: subprocess.Popen[bytes], lease: Any, console: Console) -> int:
+    """Wait for `child`; when its lease is lost meanwhile (released by another process,
+    expired), say once that the command runs on without one. rbroker never stops the command
+    (architecture.md §3): `rbroker run` still exits with its code. Returns `child`'s code."""
+    while True:
+        try:
+            return child.wait(timeout=0.25)
+        except subprocess.TimeoutExpired:
+            pass
+        if lease.lost:
+            console.print(
+                f"rbroker run: lease {lease.lease_id} lost ({lease.error}); the command runs "
+                "on WITHOUT a lease: its GPU memory is no longer reserved and others may be "
+                "granted it (rbroker does not stop the command)",
+                markup=False,
+                soft_wrap=True,
+            )
+            return child.wait()
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run `args.cmd` under a lease; returns the exit code described in the module doc."""
     console = Console(stderr=True, highlight=False)
@@ -265,7 +285,7 @@ def run_command(args: argparse.Namespace) -> int:
                 soft_wrap=True,
             )
             return 127 if isinstance(exc, FileNotFoundError) else 126
-        code = child.wait()
+        code = _wait_noting_loss(child, lease, console)
         return 128 - code if code < 0 else code
     finally:
         for sig, handler in previous.items():

@@ -369,7 +369,8 @@ class LocalApi:
         return {"lease": lease.to_wire(), "token": lease.token}
 
     def _release(self, conn: Connection, p: LeaseRef) -> dict[str, Any]:
-        return {"lease": self.broker.release(p.lease_id, conn.peer.user).to_wire()}
+        lease = self.broker.release(p.lease_id, conn.peer.user, conn.id, conn.peer.pid)
+        return {"lease": lease.to_wire()}
 
     def _leases_list(self, conn: Connection, p: LeasesListParams) -> dict[str, Any]:
         return self.broker.leases_view(p.include_ended)
