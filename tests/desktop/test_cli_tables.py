@@ -165,10 +165,20 @@ def test_prefixes_are_unique_and_ambiguity_is_an_error() -> None:
     assert short == {ids[0]: "3f2a1b4", ids[1]: "3f2a1b9", ids[2]: "aaaaaa"}
     assert resolve_prefix("aaa", ids, "lease-", "lease") == ids[2]
     assert resolve_prefix("lease-3f2a1b4", ids, "lease-", "lease") == ids[0]
-    with pytest.raises(LookupError, match=r"'3f2a' names 2 leases .*give more characters"):
+    with pytest.raises(LookupError) as ambiguous:
         resolve_prefix("3f2a", ids, "lease-", "lease")
+    assert str(ambiguous.value) == (
+        "'3f2a' is ambiguous: it names 2 leases (3f2a1b4, 3f2a1b9); give more characters"
+    )
+    with pytest.raises(LookupError) as every:  # `lease-` alone is a prefix of every id
+        resolve_prefix("lease-", ids, "lease-", "lease")
+    assert "'lease-' is ambiguous: it names 3 leases (3f2a1b4, 3f2a1b9, aaaaaa)" in str(every.value)
+    assert resolve_prefix("lease-", ids[:1], "lease-", "lease") == ids[0]
     with pytest.raises(LookupError, match="no lease starts with 'zz'"):
         resolve_prefix("zz", ids, "lease-", "lease")
+    for empty in ("", "  "):
+        with pytest.raises(ValueError, match="empty lease id"):
+            resolve_prefix(empty, ids, "lease-", "lease")
 
 
 def _cli(bp: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
@@ -214,6 +224,18 @@ def test_release_takes_a_unique_prefix_and_refuses_an_ambiguous_one() -> None:
             ]["lease_id"]
             wrong = _cli(bp, "release", "zz9")
             assert wrong.returncode == 2 and "no active lease starts with 'zz9'" in wrong.stderr
+            other = c.call("lease.acquire", mib=1000, project="p", session="s", purpose="y")[
+                "lease"
+            ]["lease_id"]
+            short = unique_prefixes([lease_id, other], strip="lease-")
+            both = _cli(bp, "release", "lease-")
+            assert both.returncode == 2, both.stderr
+            assert "'lease-' is ambiguous: it names 2 active leases" in both.stderr
+            assert short[lease_id] in both.stderr and short[other] in both.stderr
+            empty = _cli(bp, "release", "")
+            assert empty.returncode == 2 and "empty active lease id" in empty.stderr
+            assert len(c.leases()["leases"]) == 2  # nothing released
+            c.call("lease.release", lease_id=other)
             done = _cli(bp, "release", lease_id[len("lease-") :][:6])
             assert done.returncode == 0, done.stderr
             assert f"released {lease_id}" in done.stdout

@@ -22,7 +22,8 @@ EX_UNAVAILABLE = 69
 
 def resolve_lease_id(client: rbroker.Client, given: str) -> str:
     """The active lease id that `given` names (whole id or unique prefix). Raises
-    `LookupError` with a message in words when none or several match."""
+    `LookupError` with a message in words when none or several match, `ValueError` when
+    `given` is empty."""
     ids = [x["lease_id"] for x in client.leases()["leases"]]
     return resolve_prefix(given, ids, LEASE_PREFIX, "active lease")
 
@@ -34,7 +35,7 @@ def run_release(args: argparse.Namespace) -> int:
         with rbroker.Client(args.socket, timeout_s=5) as client:
             try:
                 lease_id = resolve_lease_id(client, args.lease)
-            except LookupError as exc:
+            except (LookupError, ValueError) as exc:
                 err.print(f"rbroker release: {exc}", markup=False)
                 return EX_USAGE
             lease = client.call("lease.release", lease_id=lease_id)["lease"]

@@ -234,20 +234,28 @@ def unique_prefixes(ids: Sequence[str], strip: str = "", min_len: int = 6) -> di
 
 def resolve_prefix(given: str, ids: Iterable[str], strip: str, what: str) -> str:
     """The one id of `ids` that `given` names: the whole id, or a prefix of it with or without
-    `strip` (`"3f2a"` and `"lease-3f2a"` both name `"lease-3f2a1b4c5d6e"`).
+    `strip` (`"3f2a"` and `"lease-3f2a"` both name `"lease-3f2a1b4c5d6e"`; `strip` alone is a
+    prefix of every id).
 
-    Raises `LookupError` with a message in words: no such id, or an ambiguous prefix (with the
-    candidates)."""
+    Raises:
+        ValueError: `given` is empty (or only spaces): a usage error.
+        LookupError: with a message in words: no such id, or an ambiguous prefix (with the
+            candidates' short ids, as `unique_prefixes` gives them).
+    """
     given = given.strip()
+    if not given:
+        raise ValueError(f"empty {what} id: give an id or a prefix of one")
     ids = list(ids)
     if given in ids:
         return given
     tail = given[len(strip) :] if strip and given.startswith(strip) else given
-    matches = sorted(i for i in ids if tail and i[len(strip) :].startswith(tail))
+    matches = sorted(i for i in ids if i[len(strip) :].startswith(tail))
     if len(matches) == 1:
         return matches[0]
     if not matches:
         raise LookupError(f"no {what} starts with {given!r}")
+    short = unique_prefixes(ids, strip=strip)
     raise LookupError(
-        f"{given!r} names {len(matches)} {what}s ({', '.join(matches)}); give more characters"
+        f"{given!r} is ambiguous: it names {len(matches)} {what}s "
+        f"({', '.join(short[m] for m in matches)}); give more characters"
     )
