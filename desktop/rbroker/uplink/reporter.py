@@ -17,9 +17,15 @@
 - Each run carries a run counter (`rbroker.uplink.runs`); a report refused because the
   coordinator's current run has a higher counter (`run_outdated`: e.g. a data dir restored
   from a backup) starts a new run with a counter above it, once, which is accepted.
-- 4xx answers other than 429 are not retried: the link says `rejected: <reason>` and the
-  next attempt is a fresh snapshot as soon as the reported state changes (debounced, at
-  least `MIN_GAP_S` later), or after `REJECTED_PAUSE_S` when it does not.
+- 4xx answers other than 429 are not retried: the link says `rejected: <reason>` with when
+  it began and when the next try is due, and the next attempt is a fresh snapshot. After a
+  refusal of the computer itself (401: unknown computer or bad signature, 403: revoked),
+  which no snapshot can change, that is after `REJECTED_PAUSE_S`; after a refusal of the
+  report (400, 413, ...), as soon as the reported state changes (debounced, at least
+  `MIN_GAP_S` later), or after `REJECTED_PAUSE_S` when it does not. Every repeat of the
+  same refusal doubles both pauses, up to `REJECTED_PAUSE_MAX_S` (and `REJECTED_PAUSE_S`
+  for the gap), and is logged once: one line when the refusal begins or changes, one when
+  a report is delivered again.
 - A report too large for the coordinator's 1 MiB limit leaves out the oldest list entries
   (the largest length that fits, see `payload.build_payload`); the link state says how
   many of which (`left_out`, and `detail`).
@@ -54,6 +60,11 @@ BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 30.0
 REJECTED_PAUSE_S = 60.0
 """After a 4xx (not 429): the next try when the state changes, else after this long."""
+REJECTED_PAUSE_MAX_S = 900.0
+"""Longest pause between tries while the same refusal repeats (the pause doubles each time)."""
+CREDENTIAL_REFUSALS = frozenset({401, 403})
+"""Refusals of the computer, not of the report: a changed snapshot cannot help, so only
+the timer brings the next try."""
 RETRY_AFTER_MAX_S = 600.0
 """Longest `Retry-After` obeyed; a larger one is cut to this (a misconfigured proxy must
 not silence a computer for hours)."""
@@ -102,6 +113,12 @@ class Reporter:
         self.left_out: dict[str, int] = {}
         """List entries left out of the last report to fit the size limit, per list."""
         self._retry_after_s: float | None = None
+        self._refusal: tuple[int, str] | None = None
+        """Status and reason of the refusal now repeating (None: the last report got through)."""
+        self._refusals = 0
+        self._refused_since = 0.0
+        self.rejected_pause_s = (0.0, 0.0)
+        """After a refusal: (the least wait, the longest wait) before the next try."""
         self._sent_state = ""
         self._changed = asyncio.Event()
         self._unsubscribe = broker.subscribe(lambda kind, data: self._changed.set())
@@ -211,6 +228,7 @@ class Reporter:
                     url = self.config.url
                     log.warning("coordinator reachable again: report delivered to %s", url)
                 self.link = "ok"
+                self._refusal, self._refusals = None, 0
                 self.last_report_at = time.time()
                 self.reports_sent += 1
                 if not self.detail.startswith("report trimmed"):
@@ -226,10 +244,7 @@ class Reporter:
                 return "throttled"
             if response.status_code >= 500:
                 return self._retrying(f"{response.status_code} {reason}")
-            self.link = f"rejected: {response.status_code} {reason}"
-            self.detail = reason
-            log.error("coordinator rejected the report: %s %s", response.status_code, reason)
-            return "rejected"
+            return self._rejected(response.status_code, reason)
         return "retry"  # pragma: no cover - the loop always returns
 
     def _new_run(self, above: int | None = None) -> None:
@@ -238,6 +253,39 @@ class Reporter:
         if self.runs is not None:
             self.run_counter = self.runs.next(above)
         self._changed.set()
+
+    def _rejected(self, status: int, reason: str) -> str:
+        """A 4xx (not 429): the link says so with the next try, which backs off while the
+        same refusal repeats; logged when a refusal begins or changes, never per repeat."""
+        now = time.time()
+        if self._refusal != (status, reason):
+            self._refusal, self._refusals, self._refused_since = (status, reason), 0, now
+        self._refusals += 1
+        factor = 2 ** min(self._refusals - 1, 16)
+        longest = min(REJECTED_PAUSE_MAX_S, REJECTED_PAUSE_S * factor)
+        least = (
+            longest if status in CREDENTIAL_REFUSALS else min(REJECTED_PAUSE_S, MIN_GAP_S * factor)
+        )
+        self.rejected_pause_s = (least, longest)
+        on_change = least < longest  # a refusal of the report: a changed one may pass
+        when = "next try on a change, at the latest" if on_change else "next try"
+        self.link = (
+            f"rejected: {status} {reason} (since {_iso(self._refused_since)}, "
+            f"{when} {_iso(now + longest)})"
+        )
+        self.detail = reason
+        if self._refusals == 1:
+            log.error(
+                "coordinator rejected the report: %s %s; next try %sin %g s, then less and "
+                "less often while it is refused",
+                status,
+                reason,
+                "when the report changes or " if on_change else "",
+                longest,
+            )
+        else:
+            log.debug("refused again (%d times): %s %s", self._refusals, status, reason)
+        return "rejected"
 
     def _retrying(self, detail: str) -> str:
         if not self.link.startswith("retrying"):
@@ -303,8 +351,10 @@ class Reporter:
                     pause = 0.0
             elif outcome == "rejected":
                 # the next snapshot when what it says changes (the rejected one may have
-                # carried what the coordinator refused), else after REJECTED_PAUSE_S
-                body, pause, due = None, MIN_GAP_S, REJECTED_PAUSE_S
+                # carried what the coordinator refused), at the latest after the longer
+                # pause; a refusal of the computer itself waits that long (see _rejected)
+                body = None
+                pause, due = self.rejected_pause_s
             elif self._retry_after_s is not None:
                 await asyncio.sleep(self._retry_after_s)  # the server said when
             else:
