@@ -179,15 +179,17 @@ def test_server_without_its_extra_says_so_in_one_line(base_venv: Path, tmp_path:
     out = _run([str(base_venv / "rbroker-server"), "--version"], cwd=tmp_path).strip()
     assert out == f"rbroker-server {VERSION}"
     data = ["--data-dir", str(tmp_path / "data")]
-    for argv in (
-        ["setup", "--non-interactive", *data],
-        ["serve", *data],
-        ["db", "upgrade", *data],
-        ["group", "list", *data],
-        ["token", "list", "--group", "g", *data],
-        ["computer", "list", *data],
-        ["enroll-code", "create", "--group", "g", *data],
+    # every subcommand, as a user types it (none may start: the extra is missing)
+    for line in (
+        "setup --non-interactive",
+        "serve --port 8787",
+        "db upgrade",
+        "group list",
+        "token list --group g",
+        "computer list",
+        "enroll-code create --group g",
     ):
+        argv = [*line.split(), *data]
         for cmd in (
             [str(base_venv / "rbroker-server")],
             [str(base_venv / "python"), "-m", "rbroker_server"],
