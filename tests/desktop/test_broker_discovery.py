@@ -162,3 +162,35 @@ def test_the_tray_attaches_to_the_system_broker_instead_of_starting_its_own(
             tray.stdout.close()
     with broker.client() as c:  # the system broker is left running
         assert c.gpus()
+
+
+@pytest.mark.parametrize("command", ["status", "run", "release", "jobs"])
+def test_the_socket_help_of_every_client_command_says_the_discovery_order(command: str) -> None:
+    """Before: "default: RBROKER_SOCKET or per-user", though clients try the system broker
+    first. Right: the help names the order `discovery_order` follows."""
+    done = subprocess.run(
+        [sys.executable, "-m", "rbroker", command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "400"},  # one line per option
+    )
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x.strip().startswith("--socket")]
+    assert "or per-user" not in line
+    order = ["$RBROKER_SOCKET", "system broker's address", "/run/rbroker/broker.sock", "per-user"]
+    at = [line.find(word) for word in order]
+    assert -1 not in at and at == sorted(at), line
+    assert "first that answers" in line
+
+
+def test_the_brokers_socket_help_says_where_it_listens() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "rbroker", "broker", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    (line,) = [x for x in done.stdout.splitlines() if x.strip().startswith("--socket")]
+    assert "where this broker listens" in line and "$RBROKER_SOCKET, else the per-user" in line

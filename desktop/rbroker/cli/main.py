@@ -9,9 +9,21 @@ from pathlib import Path
 
 from rbroker._version import __version__
 
+CLIENT_SOCKET_HELP = (
+    "the broker's address (default: $RBROKER_SOCKET when set, and only it; else the first "
+    "that answers of the system broker's address, /run/rbroker/broker.sock "
+    "(\\\\.\\pipe\\rbroker on Windows; $RBROKER_SYSTEM_SOCKET moves it), and the per-user address)"
+)
+"""The `--socket` help of the commands that talk to a broker: the discovery order of
+`rbroker.localapi.paths.discovery_order`."""
+BROKER_SOCKET_HELP = (
+    "where this broker listens (default: $RBROKER_SOCKET, else the per-user address; "
+    "with --system the system broker's address)"
+)
 
-def _add_socket(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--socket", help="broker socket path (default: RBROKER_SOCKET or per-user)")
+
+def _add_socket(p: argparse.ArgumentParser, help_text: str = CLIENT_SOCKET_HELP) -> None:
+    p.add_argument("--socket", help=help_text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("broker", help="run the local broker in the foreground")
-    _add_socket(b)
+    _add_socket(b, BROKER_SOCKET_HELP)
     b.add_argument("--data-dir", type=Path, help="state directory (default: per-user data dir)")
     b.add_argument(
         "--simulate",
