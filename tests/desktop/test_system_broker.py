@@ -251,6 +251,13 @@ def test_a_user_outside_the_allowed_group_is_refused_clearly_and_at_once(
     assert out["code"] == "not_allowed", out
     assert f"not allowed to use the broker at {system_broker.socket}" in out["message"]
     assert users["carol"].name in out["message"] and system_broker.group in out["message"]
+    rule = (  # the words match the rule: root may connect too
+        f"only its own user ({system_broker.service.name}), root and the members of the group "
+        f"{system_broker.group!r} may, not {users['carol'].name}"
+    )
+    assert rule in out["message"], out["message"]
+    with rbroker.Client(system_broker.socket) as as_root:  # root, outside the group
+        assert as_root.hello()
     assert out["took_s"] < 5
     assert run_as(users["alice"], _try_connect, system_broker.socket) == {"connected": True}
     # and the command line says it in one line, exit 69 (no broker this user may use)

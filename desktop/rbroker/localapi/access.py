@@ -88,7 +88,8 @@ def check_admin(peer: Peer, method: str, admin_group: str | None) -> None:
 
 
 def connect_refusal(peer: Peer, allowed_group: str | None, address: str) -> RpcError | None:
-    """The `not_allowed` answer for a peer outside `allowed_group`, else None.
+    """The `not_allowed` answer for a peer outside `allowed_group`, else None: the broker's
+    own user and root (uid 0) always connect; the answer names that rule.
 
     The group is checked in the OS's group database (primary and supplementary groups), so
     removing a user from the group takes effect at their next connection.
@@ -99,10 +100,12 @@ def connect_refusal(peer: Peer, allowed_group: str | None, address: str) -> RpcE
         return None
     if in_group(peer.user, allowed_group):
         return None
+    own = broker_user()
+    who = "root" if own == "root" else f"its own user ({own}), root"
     return RpcError(
         ErrorCode.NOT_ALLOWED,
-        f"not allowed to use the broker at {address}: only its own user ({broker_user()}) "
-        f"and the members of the group {allowed_group!r} may, not {peer.user}; ask its "
+        f"not allowed to use the broker at {address}: only {who} and the members of the "
+        f"group {allowed_group!r} may, not {peer.user}; ask its "
         f"administrator to add you to {allowed_group!r}",
         allowed_group=allowed_group,
     )
