@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from rbroker.broker.admission import NvmlProblem
 from rbroker.broker.leases import LeaseState
 from rbroker.broker.restore import restore
-from rbroker.broker.table import tick_loop
+from rbroker.broker.ticks import tick_loop
 from rbroker.gpu.nvml import TelemetryError, describe
 from rbroker.gpu.presence import nvidia_device_present
 from rbroker_protocol.errors import ErrorCode, RpcError

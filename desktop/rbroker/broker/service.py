@@ -27,7 +27,8 @@ from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker.broker.resize import Resizes
 from rbroker.broker.sampling import GpuSlot, Sampling
 from rbroker.broker.store import LeaseStore
-from rbroker.broker.table import Choice, LeaseTable, liveness_memo
+from rbroker.broker.table import Choice, LeaseTable
+from rbroker.broker.ticks import liveness_memo
 from rbroker.broker.waiting import WaitQueue
 from rbroker.gpu.fake_nvml import FakeNvml
 from rbroker.gpu.nvml import NvmlGateway

@@ -1,5 +1,6 @@
 """The lease table and expiry: active and recently ended leases, what each lease's holder
-holds outside its leases (baselines), token hashes, and the tick loop that ends leases.
+holds outside its leases (baselines), token hashes, and which leases are due to end (the
+tick loop is `rbroker.broker.ticks`).
 
 Memory attribution (docs/architecture.md §2): the latest sample's memory of a holder's
 process tree, less its baseline, is shared among its leases on that GPU in grant order;
@@ -265,12 +266,25 @@ class LeaseTable:
             lease.claimed_mib[u] = claim
             lease.admission[u] = {**cap.as_dict(), "requested_mib": waiter.mib, "extra_mib": need}
             slot.last_change_at = now
+        # a holder that shows no memory on a GPU and holds none outside its leases there has
+        # nothing to share: its other leases keep 0, however many (no walk over them)
+        quiet = {
+            u
+            for u, _, _ in chosen
+            if lease.holder not in self._touched.get(u, ())
+            and self.baselines.get((lease.holder, u), 0) == 0
+            and self.slots[u].holder_mib(lease.holder) == 0
+        }
         self.add(lease)
         self.token_sha256[lease.lease_id] = token_hash(lease.token)
         if self.store is not None:
             self.store.put_lease(lease.lease_id, lease.token, lease.to_record())
         for u, _, _ in chosen:
-            self._observe(self.slots[u], lease.holder)
+            if u in quiet:
+                lease.observed_mib[u] = 0
+                self._touched[u].discard(lease.holder)
+            else:
+                self._observe(self.slots[u], lease.holder)
         log.info(
             "lease %s granted: %d MiB on %s to %s/%s (waited %.2f s)",
             lease.lease_id,
@@ -379,14 +393,14 @@ class LeaseTable:
             slot = self.slots.get(u)
             if slot is not None:
                 slot.sample_soon(self.config.release_sample_gap_s)
-            others = list(self._held.get((lease.holder, u), {}).values())
+            others = self._held.get((lease.holder, u), {})  # no copy: flat in their number
             if not others:
                 self.baselines.pop((lease.holder, u), None)
             elif lease.observed_mib.get(u, 0) > 0:
                 # What the ended lease's processes still hold is outside any lease now, not
                 # the use of the holder's other leases (counting it there would over-admit).
                 kept = self.baselines.get((lease.holder, u), 0) + lease.observed_mib[u]
-                self.set_baseline(lease.holder, u, kept, others)
+                self.set_baseline(lease.holder, u, kept, others.values())
         self.ended.append(lease)
         self.token_sha256.pop(lease.lease_id, None)
         if self.store is not None:
@@ -457,44 +471,3 @@ class LeaseTable:
 def _owed(lease: Lease, uuid: str) -> int:
     """What `lease` books on `uuid` beyond its observed use: max(0, granted − observed)."""
     return max(0, lease.granted_mib - lease.observed_mib.get(uuid, 0))
-
-
-def liveness_memo() -> Callable[[Holder], bool]:
-    """`holder.alive()`, checked once per distinct holder (a process often holds many leases)."""
-    alive: dict[Holder, bool] = {}
-
-    def is_alive(holder: Holder) -> bool:
-        if holder not in alive:
-            alive[holder] = holder.alive()
-        return alive[holder]
-
-    return is_alive
-
-
-async def tick_loop(
-    clock: Clock,
-    config: BrokerConfig,
-    on_stall: Callable[[float, float], None],
-    on_holder_check: Callable[[], None],
-    on_tick: Callable[[float], None],
-) -> None:
-    """Every `tick_s`: after a gap over `stall_threshold_s` (monotonic or boot time, which
-    also counts a suspend) call `on_stall(now, gap)`; every `holder_check_s` call
-    `on_holder_check()`; then `on_tick(now)` (expiry). A failing turn is logged, never fatal."""
-    last = clock.monotonic()
-    last_boot = clock.boottime()
-    last_holder_check = 0.0
-    while True:
-        await asyncio.sleep(config.tick_s)
-        now, boot = clock.monotonic(), clock.boottime()
-        gap = max(now - last, boot - last_boot)  # boot time also counts a suspend
-        last, last_boot = now, boot
-        try:
-            if gap > config.stall_threshold_s:
-                on_stall(now, gap)
-            if now - last_holder_check >= config.holder_check_s:
-                last_holder_check = now
-                on_holder_check()
-            on_tick(now)
-        except Exception:
-            log.exception("tick failed")
