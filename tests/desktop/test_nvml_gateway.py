@@ -301,8 +301,9 @@ class TestFakeScenarios:
         gw, _, path = self._gateway(tmp_path, _gpu(total_mib=24576, used_mib=1000))
         assert gw.read(GPU0).device_used_mib == 1000
         _rewrite(path, bad)
-        with pytest.raises(ScenarioError):
+        with pytest.raises(ScenarioError) as refused:
             FakeNvml(path)  # the same text refused at start
+        assert str(refused.value).startswith(f"{path}: ")  # naming the file
         sample = gw.read(GPU0)
         assert (sample.total_mib, sample.device_used_mib) == (24576, 1000)
         _rewrite(path, _gpu(total_mib=24576, used_mib=3000))  # a later good rewrite applies

@@ -139,3 +139,25 @@ def test_bad_arguments_keep_code_2_in_one_line(root: Path) -> None:
     line = _one_line(done)
     assert done.returncode == EXIT_USAGE == 2
     assert line.startswith("rbroker: --capacity-mib wants UUID=MIB, got 'GPU-xxx")
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [("[[gpu]\n", "not valid TOML"), ("[[gpu]]\ntotal_mib = -1\n", "total_mib")],
+    ids=["not-toml", "bad-value"],
+)
+def test_a_bad_scenario_file_is_named(root: Path, text: str, words: str) -> None:
+    """Before: "bad scenario: scenario is not valid TOML: ..." without the file's path."""
+    scenario = root / "my-scenario.toml"
+    scenario.write_text(text)
+    args = ["--simulate", str(scenario), "--socket", str(root / "b.sock")]
+    done = _rbroker("broker", *args, "--data-dir", str(root / "data"))
+    line = _one_line(done)
+    assert done.returncode == 1, done.stderr
+    assert line.startswith(f"rbroker: bad scenario: {scenario}: "), line
+    assert words in line
+    missing = root / "missing.toml"
+    args = ["--simulate", str(missing), "--socket", str(root / "b.sock")]
+    done = _rbroker("broker", *args, "--data-dir", str(root / "data"))
+    assert done.returncode == 1
+    assert _one_line(done).startswith(f"rbroker: bad scenario: {missing}: cannot read it")

@@ -102,7 +102,7 @@ def parse_scenario(text: str) -> list[SimGpu]:
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"scenario is not valid TOML: {exc}") from None
+        raise ScenarioError(f"not valid TOML: {exc}") from None
     extra_tables = set(doc) - {"gpu", "nvml"}
     if extra_tables:
         raise ScenarioError(f"unknown top-level keys {sorted(extra_tables)}")
@@ -154,11 +154,19 @@ def init_error(text: str) -> str:
 
 
 def load_scenario(path: Path | None) -> list[SimGpu]:
-    """Read and parse a scenario file; `None` gives `DEFAULT_SCENARIO`."""
+    """Read and parse a scenario file; `None` gives `DEFAULT_SCENARIO`.
+
+    Raises:
+        ScenarioError: the file cannot be read or is invalid; the message starts with its
+            path (`/x/s.toml: not valid TOML: ...`).
+    """
     if path is None:
         return parse_scenario(DEFAULT_SCENARIO)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ScenarioError(f"cannot read scenario {path}: {exc.strerror}") from None
-    return parse_scenario(text)
+        raise ScenarioError(f"{path}: cannot read it: {exc.strerror}") from None
+    try:
+        return parse_scenario(text)
+    except ScenarioError as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
