@@ -229,13 +229,12 @@ class Broker:
     ) -> Lease:
         """End a lease now, asked on connection `conn_id` by process `pid` (None: by the
         holder). The reason says who: "released by holder" when the lease's own connection or
-        its holder process asked, else "released by another process of <owner> (pid N)"
-        (`rbroker release`). Raises like `renew`."""
+        its holder process asked, else "released by another process of <owner>"
+        (`rbroker release`); never the pid, which views do not carry (architecture.md §8).
+        Raises like `renew`."""
         lease = self.table.find(lease_id, owner)
         own = conn_id is None or conn_id == lease.conn_id or pid == lease.holder.pid
         reason = "released by holder" if own else f"released by another process of {owner}"
-        if not own and pid is not None:
-            reason += f" (pid {pid})"
         self._end(lease, LeaseState.RELEASED, reason)
         return lease
 
@@ -266,7 +265,7 @@ class Broker:
     def _reap_dead_holders(self) -> None:
         is_alive = liveness_memo()
         for lease in self.table.held_by_dead(is_alive):
-            self._end(lease, LeaseState.HOLDER_EXITED, f"holder process {lease.holder.pid} exited")
+            self._end(lease, LeaseState.HOLDER_EXITED, "the holder process exited")
         self.waiting.reap(is_alive)
 
     def _expire(self, now: float) -> None:
