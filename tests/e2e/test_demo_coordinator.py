@@ -41,6 +41,12 @@ def test_demo_reports_what_the_coordinator_saw() -> None:
     job = re.search(r"  job (\S+): succeeded, (\d+) completed \+ (\d+) failed of (\d+)", out)
     assert job and int(job.group(2)) + int(job.group(3)) == int(job.group(4)), out
     assert f"Authorization: Bearer {token}" in out
+    # the crash's times, measured from the kill: never negative
+    freed = re.search(r"lease of \S+ freed (-?\d+) ms after the kill", out)
+    assert freed and int(freed.group(1)) >= 0, out
+    later = re.search(r"its lease was freed (-?\d+) ms later", out)
+    assert later and int(later.group(1)) >= 0, out
+    assert not re.search(r"-\d+ ms", out), out
     # the embedded coordinator ended with the demo
     with pytest.raises(httpx.HTTPError):
         httpx.get(url + "/healthz", timeout=2)

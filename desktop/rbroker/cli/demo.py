@@ -67,6 +67,12 @@ class DemoState:
         self.events.append(f"+{time.time() - self.t0:5.1f} s  {text}")
 
 
+def ms_text(seconds: float) -> str:
+    """A duration in seconds as whole milliseconds, `"12 ms"`; never negative (a wall clock
+    stepped back between two readings shows `"0 ms"`)."""
+    return f"{max(0, round(seconds * 1000))} ms"
+
+
 def _check_snapshot(state: DemoState, gpus: list[dict[str, Any]]) -> None:
     """granted + others' use + headroom must never exceed total on any GPU."""
     state.snapshots += 1
@@ -230,8 +236,8 @@ def _run_workers(
                 and victim.session in granted_at
                 and time.time() - granted_at[victim.session] >= KILL_AFTER_GRANT_S
             ):
+                state.kill_wall = time.time()  # before the signal: the lease may end at once
                 vw.send_signal(HARD_KILL)
-                state.kill_wall = time.time()
                 state.victim_lease = next(
                     (lease for lease in view["leases"] if lease["session"] == victim.session),
                     None,
@@ -240,9 +246,9 @@ def _run_workers(
             if state.kill_wall is not None and state.freed_after_s is None:
                 for ended in view.get("ended", []):
                     if ended["session"] == victim.session:
-                        state.freed_after_s = ended["ended_at"] - state.kill_wall
+                        state.freed_after_s = max(0.0, ended["ended_at"] - state.kill_wall)
                         state.log(
-                            f"lease of {victim.session} freed {state.freed_after_s * 1000:.0f} ms"
+                            f"lease of {victim.session} freed {ms_text(state.freed_after_s)}"
                             f" after the kill ({ended['ended_reason']})"
                         )
             if live is not None:
@@ -342,7 +348,7 @@ def _summary(
         lines.append(
             f"crash: worker {victim.session} killed with SIGKILL while holding "
             f"{fmt_mib(v.get('granted_mib', victim.mib))} MiB; its lease was freed "
-            f"{state.freed_after_s * 1000:.0f} ms later ({v.get('ended_reason', '?')})"
+            f"{ms_text(state.freed_after_s)} later ({v.get('ended_reason', '?')})"
         )
         after = [
             lease["granted_at"] - state.kill_wall
@@ -351,7 +357,7 @@ def _summary(
         ]
         if after:
             lines.append(
-                f"       the next waiter was admitted {min(after) * 1000:.0f} ms after the kill"
+                f"       the next waiter was admitted {ms_text(min(after))} after the kill"
             )
     else:
         lines.append(f"crash: worker {victim.session} was not killed or its lease not freed")
