@@ -119,7 +119,9 @@ class Broker:
         if ok:
             self.table.update_observed(slot)
             grace = self.config.over_grant_grace_s
-            overgrant.watch(self.table.on(slot.uuid), self.clock.monotonic(), grace, self.emit)
+            overgrant.watch(
+                self.table.observed_on(slot.uuid), self.clock.monotonic(), grace, self.emit
+            )
         self.emit("capacity", {"gpu_uuid": slot.uuid})
 
     def _turn(self) -> None:

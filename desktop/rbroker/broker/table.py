@@ -76,6 +76,7 @@ class LeaseTable:
         self._deadline_floor = math.inf  # no active lease's deadline is earlier
         self._reattach_floor = math.inf  # no restored lease must re-attach earlier
         self._flush_handle: asyncio.TimerHandle | None = None
+        self._observed_now: dict[str, set[Holder]] = {}  # by `update_observed`, per GPU
 
     # -- the indexes ---------------------------------------------------------------------------
     def add(self, lease: Lease) -> None:
@@ -135,6 +136,15 @@ class LeaseTable:
             holders.update(h for h in chain if (h, uuid) in self._held)
         for holder in holders:
             self._observe(slot, holder)
+        self._observed_now[uuid] = holders
+
+    def observed_on(self, uuid: str) -> list[Lease]:
+        """The leases on `uuid` whose figures the latest `update_observed` may have changed
+        (their holders showed memory there before or now); every other lease there shows 0."""
+        held = self._held
+        return [
+            x for h in self._observed_now.get(uuid, ()) for x in held.get((h, uuid), {}).values()
+        ]
 
     def _confirm(self, uuid: str, started_at: float) -> list[tuple[Holder, int]]:
         """Drop the unconfirmed MiB of leases that ended (or shrank) before `started_at`;
