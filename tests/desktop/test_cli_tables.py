@@ -231,6 +231,7 @@ def test_release_takes_a_unique_prefix_and_refuses_an_ambiguous_one() -> None:
             both = _cli(bp, "release", "lease-")
             assert both.returncode == 2, both.stderr
             assert "'lease-' is ambiguous: it names 2 active leases" in both.stderr
+            assert len(both.stderr.strip().splitlines()) == 1, both.stderr  # one line, unwrapped
             assert short[lease_id] in both.stderr and short[other] in both.stderr
             empty = _cli(bp, "release", "")
             assert empty.returncode == 2 and "empty active lease id" in empty.stderr

@@ -36,14 +36,14 @@ def run_release(args: argparse.Namespace) -> int:
             try:
                 lease_id = resolve_lease_id(client, args.lease)
             except (LookupError, ValueError) as exc:
-                err.print(f"rbroker release: {exc}", markup=False)
+                err.print(f"rbroker release: {exc}", markup=False, soft_wrap=True)
                 return EX_USAGE
             lease = client.call("lease.release", lease_id=lease_id)["lease"]
     except rbroker.BrokerUnavailable as exc:
-        err.print(f"rbroker release: {exc}", markup=False)
+        err.print(f"rbroker release: {exc}", markup=False, soft_wrap=True)
         return EX_UNAVAILABLE
     except rbroker.RBrokerError as exc:
-        err.print(f"rbroker release: {exc}", markup=False)
+        err.print(f"rbroker release: {exc}", markup=False, soft_wrap=True)
         return EX_USAGE
     Console(highlight=False).print(
         f"released {lease['lease_id']} ({lease['granted_mib']} MiB, {lease['project']}/"
