@@ -304,6 +304,26 @@ def test_another_users_second_system_broker_names_the_running_one_not_the_data_d
     assert "Permission denied" not in done.stderr
     assert f"user {system_broker.service.name}, pid " in done.stderr
     assert f"socket {system_broker.socket}" in done.stderr
+    # and a broker of hers on real GPUs cannot step aside with a lock of its own
+    mine = short_tmp()
+    try:
+        os.chown(mine, alice.uid, alice.gid)
+        own_lock = subprocess.run(
+            [
+                *("runuser", "-u", alice.name, "--", "env", f"PYTHONPATH={REPO}", *python),
+                *("broker", "--machine-lock", "x", "--socket", str(mine / "x.sock")),
+                *("--data-dir", str(mine / "dx")),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
+        assert own_lock.returncode == 2, own_lock.stderr
+        assert "--machine-lock" in own_lock.stderr and "real GPUs" in own_lock.stderr
+        assert not (mine / "dx").exists() and not (mine / "x.sock").exists()
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
 
 
 def test_a_second_broker_refuses_while_the_system_broker_runs_and_starts_after_sigkill(
