@@ -137,7 +137,7 @@ class Holders:
         t0 = time.monotonic()
         for p in self.procs:
             p.start()
-        oks = [self.ready.get(timeout=180) for _ in self.procs]
+        oks = [self.ready.get(timeout=600) for _ in self.procs]
         self.grant_s = time.monotonic() - t0
         """Seconds from starting the processes until all held their leases."""
         if -1 in oks:
