@@ -137,10 +137,16 @@ class Settings:
 
         Raises:
             FileNotFoundError: no config there (run `rbroker-server setup`).
-            ValueError: unknown keys or bad values.
+            ValueError: not UTF-8 TOML, unknown keys or bad values; the message starts with
+                the file's path and names the key (one line but for TOML's own text).
         """
         path = Path(data_dir) / CONFIG_NAME
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: not valid TOML: {exc}") from None
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - set(known))
         if unknown:
@@ -149,14 +155,11 @@ class Settings:
         for key, value in raw.items():
             if key == "data_dir":
                 continue
-            default = getattr(cls(), key)
-            if isinstance(default, tuple):
-                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                    raise ValueError(f"{path}: {key} must be a list of strings")
-                values[key] = tuple(value)
-                continue
-            values[key] = type(default)(value)
-        return cls(data_dir=Path(data_dir), **values)
+            values[key] = _checked(path, key, value, getattr(cls(), key))
+        try:
+            return cls(data_dir=Path(data_dir), **values)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
 
     def save(self) -> Path:
         """Write `data_dir/config.toml` (0600 where the OS supports it) and return its path."""
@@ -173,6 +176,29 @@ class Settings:
         tmp.chmod(0o600)
         tmp.replace(path)
         return path
+
+
+def _checked(path: Path, key: str, value: object, default: object) -> object:
+    """`value` of setting `key` read from `path`, as the type of its `default`.
+
+    Raises:
+        ValueError: the wrong type, naming the file, the key, what it must be and what it is.
+    """
+    if isinstance(default, tuple):
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ValueError(f"{path}: {key} must be a list of strings, not {value!r}")
+    if isinstance(default, float):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError(f"{path}: {key} must be a number, not {value!r}")
+    if isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"{path}: {key} must be a whole number, not {value!r}")
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"{path}: {key} must be a string, not {value!r}")
 
 
 def _toml_value(value: object) -> str:

@@ -109,6 +109,49 @@ def test_unreadable_config(data: Path) -> None:
     assert line.startswith(f"rbroker-server: Permission denied: '{data / 'config.toml'}'; ")
 
 
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        # before: "rbroker-server: Illegal character '\n' (at line 23, column 12)"
+        ('public_hostname = "lab\n', "not valid TOML: Illegal character '\\n' (at line "),
+        ("bind_port = 'x'", "bind_port must be a whole number, not 'x'"),
+        ("bind_port = 80.5", "bind_port must be a whole number, not 80.5"),
+        # before: float([1]) raised TypeError, a traceback
+        ("stale_after_s = [1]", "stale_after_s must be a number, not [1]"),
+        ("stale_after_s = true", "stale_after_s must be a number, not True"),
+        ("public_hostname = 7", "public_hostname must be a string, not 7"),
+        (
+            'trusted_proxies = "10.0.0.1"',
+            "trusted_proxies must be a list of strings, not '10.0.0.1'",
+        ),
+        ("trusted_proxies = ['nope']", "trusted_proxies: 'nope' is not an IP address or network"),
+        ("stale_after_s = 900.0", "need 0 < stale_after_s <= offline_after_s"),
+        ("colour = 'blue'", "unknown settings colour"),
+    ],
+)
+def test_a_broken_config_names_its_file(data: Path, line: str, says: str) -> None:
+    config = data / "config.toml"
+    lines = config.read_text().splitlines()
+    lines.insert(4, line)
+    for key in ("public_hostname", "bind_port", "stale_after_s", "trusted_proxies"):
+        if line.startswith(key):  # TOML refuses a key given twice: replace the saved one
+            lines = [x for i, x in enumerate(lines) if i == 4 or not x.startswith(f"{key} =")]
+    config.write_text("\n".join(lines) + "\n")
+    # every command loads the config the same way: all of them for the TOML case
+    commands = [["serve"], ["db", "upgrade"], ["group", "list"]] if "TOML" in says else [["serve"]]
+    for command in commands:
+        done = subprocess.run(
+            [sys.executable, "-m", "rbroker_server", *command, "--data-dir", str(data)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.returncode == 1, (command, done.returncode, done.stderr)
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(f"rbroker-server: {config}: {says}"), done.stderr
+
+
 def test_database_unreachable(data: Path) -> None:
     with socket.socket() as s:  # a port with nothing listening
         s.bind(("127.0.0.1", 0))

@@ -166,6 +166,8 @@ def load_scenario(path: Path | None) -> list[SimGpu]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read it: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
         return parse_scenario(text)
     except ScenarioError as exc:
