@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,8 +173,12 @@ class Settings:
                 continue
             lines.append(f"{f.name} = {_toml_value(getattr(self, f.name))}")
         tmp = path.with_suffix(".tmp")
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        tmp.chmod(0o600)
+        # created 0600 (never readable by others, whatever the umask, not even briefly)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            if hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), 0o600)
+            f.write("\n".join(lines) + "\n")
         tmp.replace(path)
         return path
 

@@ -55,17 +55,28 @@ def _san(hostname: str, extra: list[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(entries)
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def _write(path: Path, data: bytes, mode: int) -> None:
+    """Write `data` to `path` with exactly `mode`, whatever the umask (and the mode an
+    existing file had): created with it, then set again, since the umask narrows only."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0)
-    fd = os.open(path, flags, 0o600)
+    fd = os.open(path, flags, mode)
     with os.fdopen(fd, "wb") as f:
+        if hasattr(os, "fchmod"):
+            os.fchmod(f.fileno(), mode)
         f.write(data)
+
+
+CERT_MODE = 0o644
+"""Mode of the written certificates (public: readable, writable by the owner only)."""
+KEY_MODE = 0o600
+"""Mode of the written private key."""
 
 
 def generate_self_signed(
     directory: Path, hostname: str, extra_names: list[str] | None = None
 ) -> TlsFiles:
-    """Write `ca.pem`, `server.pem` and `server.key` (0600) into `directory`.
+    """Write `ca.pem` and `server.pem` (0644) and `server.key` (0600) into `directory`
+    (0700), whatever the umask.
 
     The server certificate names `hostname`, `localhost`, 127.0.0.1, ::1 and `extra_names`
     (DNS names or IP addresses).
@@ -132,14 +143,15 @@ def generate_self_signed(
         .sign(ca_key, hashes.SHA256())
     )
     files = TlsFiles(directory / "ca.pem", directory / "server.pem", directory / "server.key")
-    files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(
+    _write(files.ca_cert, ca_cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)
+    _write(files.cert, cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)
+    _write(
         files.key,
         key.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         ),
+        KEY_MODE,
     )
     return files

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import stat
 import subprocess
 import sys
@@ -37,28 +38,35 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _setup(data: Path, port: int) -> None:
+def _setup(data: Path, port: int, *extra: str, umask: int = 0o022) -> None:
     done = subprocess.run(
-        [*CMD, "setup", "--non-interactive", "--data-dir", str(data), "--port", str(port)],
+        [*CMD, "setup", "--non-interactive", "--data-dir", str(data), "--port", str(port), *extra],
         capture_output=True,
         text=True,
         timeout=90,
-        umask=0o022,
+        umask=umask,
     )
     assert done.returncode == 0, done.stderr
 
 
-def _serve_once(data: Path, port: int, log: Path) -> None:
-    """Run `serve` under umask 022 until `/healthz` answered 200 (a write), then stop it."""
+def _serve_once(data: Path, port: int, log: Path, umask: int = 0o022) -> None:
+    """Run `serve` under `umask` until `/healthz` answered 200 (a write), then stop it."""
+    https = (data / "tls" / "server.pem").exists()
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [*CMD, "serve", "--data-dir", str(data)], stdout=out, stderr=out, umask=0o022
+            [*CMD, "serve", "--data-dir", str(data)], stdout=out, stderr=out, umask=umask
         )
         try:
             deadline = time.monotonic() + 60
             while True:
                 try:
-                    r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+                    r = httpx.get(
+                        f"{'https' if https else 'http'}://127.0.0.1:{port}/healthz",
+                        timeout=5,
+                        verify=ssl.create_default_context(cafile=data / "tls" / "ca.pem")
+                        if https
+                        else True,
+                    )
                     break
                 except httpx.TransportError:
                     assert proc.poll() is None, log.read_text()
@@ -102,3 +110,24 @@ def test_serve_tightens_files_an_older_version_left_open(tmp_path: Path) -> None
     assert _mode(data) == 0o750  # an existing dir keeps its group's read access at most
     files = _db_files(data)
     assert {p.name: _mode(p) for p in files} == {p.name: 0o600 for p in files}
+
+
+def test_self_signed_setup_under_umask_000_writes_nothing_others_may_change(
+    tmp_path: Path,
+) -> None:
+    """Before: tls/ca.pem and tls/server.pem were 0666 under umask 000."""
+    data = tmp_path / "srv"
+    port = _free_port()
+    _setup(data, port, "--self-signed", "--bind", "127.0.0.1", umask=0o000)
+    _serve_once(data, port, tmp_path / "serve.log", umask=0o000)
+    modes = {p.relative_to(data).as_posix(): _mode(p) for p in (data, *data.rglob("*"))}
+    want = {
+        ".": 0o700,
+        "config.toml": 0o600,
+        "tls": 0o700,
+        "tls/ca.pem": 0o644,
+        "tls/server.pem": 0o644,
+        "tls/server.key": 0o600,
+        **{p.name: 0o600 for p in _db_files(data)},
+    }
+    assert modes == want
