@@ -14,6 +14,7 @@ from litestar import Litestar, get
 from litestar.config.compression import CompressionConfig
 from litestar.datastructures import CacheControlHeader, State
 from litestar.di import NamedDependency, Provide
+from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, Reference, SecurityScheme
 from litestar.plugins.jinja import JinjaTemplateEngine
@@ -23,6 +24,7 @@ from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
 from rbroker_server import __version__, db, dbfaults, maintenance
+from rbroker_server.answers import json_error
 from rbroker_server.apidocs import DocsRenderPlugin, errors
 from rbroker_server.enroll.controller import EnrollController
 from rbroker_server.fleet.controller import FleetController
@@ -132,7 +134,10 @@ def create_app(
             web.WebController,
             static,
         ],
-        exception_handlers=dict.fromkeys(dbfaults.FAULTS, faults.answer),
+        exception_handlers={
+            HTTPException: json_error,
+            **dict.fromkeys(dbfaults.FAULTS, faults.answer),
+        },
         compression_config=CompressionConfig(
             backend="gzip",
             minimum_size=1024,

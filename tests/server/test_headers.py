@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import httpx
 
+from rbroker_server.admin import service as admin
 from rbroker_server.web.headers import CSP
 from tests.server.conftest import Coordinator
 
@@ -123,3 +124,40 @@ def test_the_openapi_schema_declares_the_envelope_and_every_error(
         for code in codes:
             ref = responses[code]["content"]["application/json"]["schema"]["$ref"]
             assert ref.endswith("/ErrorAnswer"), (path, code)
+
+
+def test_error_answers_are_json_and_say_so_on_every_route(coordinator: Coordinator) -> None:
+    """Before: a refused `/metrics` scrape answered a JSON body labelled `text/plain`."""
+    coordinator.group("vision")
+    pc = coordinator.enroll("vision")
+    revoked = coordinator.enroll("vision", name="lab-2")
+    assert admin.revoke_computer(coordinator.engine, revoked.id)
+    h = coordinator.http
+    json_ct = {"content-type": "application/json"}
+    answers = {
+        "metrics, no token": (h.get("/metrics"), 401),
+        "metrics, bad token": (h.get("/metrics", headers={"authorization": "Bearer x"}), 401),
+        "metrics, revoked computer": (revoked.get("/metrics"), 403),
+        "metrics, POST": (h.post("/metrics"), 405),
+        "fleet, no token": (h.get("/api/v1/fleet"), 401),
+        "no such route": (h.get("/nope"), 404),
+        "enroll, not JSON": (h.post("/api/v1/enroll", content=b"x"), 415),
+        "enroll, bad code": (
+            h.post(
+                "/api/v1/enroll",
+                json={"code": "rbe_x", "name": "n", "public_key": "A" * 43 + "="},
+            ),
+            401,
+        ),
+        "report, unsigned": (h.post("/api/v1/reports", content=b"{}", headers=json_ct), 401),
+    }
+    for what, (r, status) in answers.items():
+        assert r.status_code == status, (what, r.status_code, r.text)
+        assert r.headers["content-type"] == "application/json", (what, r.headers)
+        body = r.json()
+        assert body["status_code"] == status and body["detail"], (what, body)
+    # the success answer keeps Prometheus' text format
+    ok = h.get("/metrics", headers=coordinator.viewer("vision"))
+    assert ok.status_code == 200
+    assert ok.headers["content-type"] == "text/plain; version=1.0.0; charset=utf-8"
+    assert pc.get("/metrics").headers["content-type"].startswith("text/plain; version=1.0.0")
