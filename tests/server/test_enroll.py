@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import nacl.signing
+import pytest
 import sqlalchemy as sa
 
 from rbroker_protocol import signing
@@ -97,3 +98,40 @@ def test_bad_key_or_name_is_400(coordinator: Coordinator) -> None:
     )
     assert r.status_code == 400
     assert _enroll(coordinator, code).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        # before: 400 with `"message":"'data'"`, the name of an internal key
+        (b"", "the request body is empty: send a JSON object with code, name and public_key"),
+        (b" \n", "the request body is empty: send a JSON object with code, name and public_key"),
+        # before: "Input should be a valid dictionary or instance of EnrollRequest"
+        (b"null", "the request body is null: send a JSON object with code, name and public_key"),
+        (b"[]", "the request body is an array: send a JSON object with code, name and public_key"),
+        (b'"x"', "the request body is a string: send a JSON object with code, name and public_key"),
+        (b"7", "the request body is a number: send a JSON object with code, name and public_key"),
+        (
+            b"true",
+            "the request body is a boolean: send a JSON object with code, name and public_key",
+        ),
+    ],
+)
+def test_a_body_that_is_no_object_is_refused_in_words(
+    coordinator: Coordinator, body: bytes, detail: str
+) -> None:
+    r = coordinator.http.post(
+        "/api/v1/enroll", content=body, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400, r.text
+    assert r.json() == {"status_code": 400, "detail": detail}
+
+
+def test_missing_fields_are_named(coordinator: Coordinator) -> None:
+    r = coordinator.http.post(
+        "/api/v1/enroll", content=b"{}", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400, r.text
+    missing = {(e["key"], e["message"]) for e in r.json()["extra"]}
+    assert missing == {(k, "Field required") for k in ("code", "name", "public_key")}
+    assert "EnrollRequest" not in r.text and "'data'" not in r.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -21,11 +22,26 @@ from rbroker_server.ratelimit import Throttles
 log = logging.getLogger(__name__)
 
 
+WANT = "send a JSON object with code, name and public_key"
+
+
 async def enroll_guard(request: Request[Any, Any, Any]) -> None:
     """Before the body is decoded: the address's failed-enrollment limit (429), then the
-    JSON body checks (415, 400)."""
+    JSON body checks (415, 400), then that the body is a JSON object (400 in words: an
+    empty body or another JSON value would be answered with the names of internal keys
+    and classes)."""
     Throttles.of(request).enroll.check(client_address(request))
-    await json_body(request)
+    body = await json_body(request)
+    if not body.strip():
+        raise ClientException(f"the request body is empty: {WANT}")
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return  # Litestar's decoder says where the JSON is malformed
+    if not isinstance(value, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+        got = kind.get(type(value), "a number")
+        raise ClientException(f"the request body is {got}: {WANT}")
 
 
 class EnrollController(Controller):
