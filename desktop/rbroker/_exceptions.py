@@ -4,7 +4,8 @@ RBrokerError                      base: .code (stable name), .message, .data (nu
 ├── BrokerUnavailable             no broker answers on the socket / pipe
 ├── ProtocolVersionError          protocol_version
 ├── InvalidParams                 invalid_params, parse_error, invalid_request,
-│                                 method_not_found, request_too_large
+│   │                             request_too_large
+│   └── MethodNotFound            method_not_found (a method this broker does not have)
 ├── DescriptionRejected           description_rejected (.data["rule"], never the value)
 ├── CapacityUnavailable           capacity_unavailable (wait_s=0 and no room now)
 │   └── WaitTimeout               wait_timeout (not granted within wait_s)
@@ -50,6 +51,11 @@ class ProtocolVersionError(RBrokerError):
 
 class InvalidParams(RBrokerError):
     """The request was malformed or its parameters out of range."""
+
+
+class MethodNotFound(InvalidParams):
+    """The broker has no such method (JSON-RPC -32601, e.g. an older broker); `.code` is
+    `method_not_found`. A kind of `InvalidParams`, so handlers of that still catch it."""
 
 
 class DescriptionRejected(RBrokerError):
@@ -130,7 +136,7 @@ class OverGrantWarning(UserWarning):
 _BY_CODE: dict[ErrorCode, type[RBrokerError]] = {
     ErrorCode.PARSE_ERROR: InvalidParams,
     ErrorCode.INVALID_REQUEST: InvalidParams,
-    ErrorCode.METHOD_NOT_FOUND: InvalidParams,
+    ErrorCode.METHOD_NOT_FOUND: MethodNotFound,
     ErrorCode.INVALID_PARAMS: InvalidParams,
     ErrorCode.REQUEST_TOO_LARGE: InvalidParams,
     ErrorCode.INTERNAL_ERROR: RBrokerError,

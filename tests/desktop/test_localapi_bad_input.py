@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import rbroker
 from rbroker_protocol.errors import ERROR_CODES, ErrorCode
 from rbroker_protocol.jsonrpc import MAX_LINE_BYTES
 from rbroker_protocol.localapi import MAX_MIB
@@ -99,6 +100,20 @@ def test_line_of_exactly_64_kib_is_parsed(conn: RawConnection) -> None:
 def test_unknown_method(conn: RawConnection) -> None:
     err = _error(conn.request("lease.steal", {}), ErrorCode.METHOD_NOT_FOUND)
     assert "lease.steal" in err["message"]
+
+
+def test_unknown_method_through_the_sdk_is_method_not_found(broker: BrokerProcess) -> None:
+    """The wire says method_not_found (-32601); the SDK raises `MethodNotFound`, a kind
+    of `InvalidParams` (before: a plain `InvalidParams`, named as if the params were bad)."""
+    with broker.client() as c:
+        with pytest.raises(rbroker.MethodNotFound) as err:
+            c.call("lease.steal")
+        assert type(err.value) is rbroker.MethodNotFound
+        assert isinstance(err.value, rbroker.InvalidParams)
+        assert err.value.code == "method_not_found" and "lease.steal" in err.value.message
+        with pytest.raises(rbroker.InvalidParams) as bad:  # bad params stay what they were
+            c.call("lease.acquire", mib="1024", project="p", session="s", purpose="x")
+        assert type(bad.value) is rbroker.InvalidParams and bad.value.code == "invalid_params"
 
 
 def test_missing_params(conn: RawConnection) -> None:
