@@ -123,6 +123,8 @@ def test_signed_read_is_bound_to_the_external_path(
     assert refused.status_code == 401 and "signature" in refused.text
     # the coordinator logs the address nginx saw (127.0.0.1: nginx appended it to the
     # client's forged X-Forwarded-For, and it comes from the trusted proxy 127.0.0.2)
+    # the refusal's line may reach the log file just after its answer reached us
+    wait_until(lambda: "unauthenticated fleet read from" in coordinator.log_path.read_text(), 10)
     log = coordinator.log_path.read_text()
     assert f"computer {computer_id} enrolled from 127.0.0.1" in log, log
     assert "6.6.6.6" not in log
