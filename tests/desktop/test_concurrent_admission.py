@@ -90,6 +90,9 @@ def _one_round(broker: BrokerProcess, observer: rbroker.Client, round_no: int) -
     assert len(ended) == CLIENTS - EXPECTED_GRANTS
     assert all(isinstance(exc, rbroker.BrokerUnavailable) for exc in ended)
     wait_until(lambda: observer.leases() == {"leases": [], "queue": []}, timeout_s=10)
+    # by the release rule the released MiB stay booked until a sample that began after the
+    # releases: the next round starts on the whole GPU again, not on what is still unconfirmed
+    wait_until(lambda: observer.gpus()[0]["available_mib"] == 24576 - 1024, timeout_s=10)
 
 
 def test_twenty_simultaneous_requests_admit_exactly_three(
