@@ -170,10 +170,10 @@ def test_prefixes_are_unique_and_ambiguity_is_an_error() -> None:
     assert str(ambiguous.value) == (
         "'3f2a' is ambiguous: it names 2 leases (3f2a1b4, 3f2a1b9); give more characters"
     )
-    with pytest.raises(LookupError) as every:  # `lease-` alone is a prefix of every id
-        resolve_prefix("lease-", ids, "lease-", "lease")
-    assert "'lease-' is ambiguous: it names 3 leases (3f2a1b4, 3f2a1b9, aaaaaa)" in str(every.value)
-    assert resolve_prefix("lease-", ids[:1], "lease-", "lease") == ids[0]
+    for only_prefix in (ids, ids[:1]):  # `lease-` alone names no lease, even the only one
+        with pytest.raises(ValueError, match="'lease-' is only the prefix every lease id has"):
+            resolve_prefix("lease-", only_prefix, "lease-", "lease")
+    assert resolve_prefix("lease-a", ids, "lease-", "lease") == ids[2]
     with pytest.raises(LookupError, match="no lease starts with 'zz'"):
         resolve_prefix("zz", ids, "lease-", "lease")
     for empty in ("", "  "):
@@ -228,15 +228,22 @@ def test_release_takes_a_unique_prefix_and_refuses_an_ambiguous_one() -> None:
                 "lease"
             ]["lease_id"]
             short = unique_prefixes([lease_id, other], strip="lease-")
-            both = _cli(bp, "release", "lease-")
+            common = os.path.commonprefix([lease_id, other])  # noqa: RUF071 (strings, not paths)
+            both = _cli(bp, "release", common)
             assert both.returncode == 2, both.stderr
-            assert "'lease-' is ambiguous: it names 2 active leases" in both.stderr
+            if common == "lease-":
+                assert "'lease-' is only the prefix every active lease id has" in both.stderr
+            else:
+                assert f"{common!r} is ambiguous: it names 2 active leases" in both.stderr
+                assert short[lease_id] in both.stderr and short[other] in both.stderr
             assert len(both.stderr.strip().splitlines()) == 1, both.stderr  # one line, unwrapped
-            assert short[lease_id] in both.stderr and short[other] in both.stderr
             empty = _cli(bp, "release", "")
             assert empty.returncode == 2 and "empty active lease id" in empty.stderr
             assert len(c.leases()["leases"]) == 2  # nothing released
             c.call("lease.release", lease_id=other)
+            alone = _cli(bp, "release", "lease-")  # the only lease is not named by `lease-`
+            assert alone.returncode == 2 and "only the prefix" in alone.stderr, alone.stderr
+            assert len(c.leases()["leases"]) == 1
             done = _cli(bp, "release", lease_id[len("lease-") :][:6])
             assert done.returncode == 0, done.stderr
             assert f"released {lease_id}" in done.stdout

@@ -234,11 +234,12 @@ def unique_prefixes(ids: Sequence[str], strip: str = "", min_len: int = 6) -> di
 
 def resolve_prefix(given: str, ids: Iterable[str], strip: str, what: str) -> str:
     """The one id of `ids` that `given` names: the whole id, or a prefix of it with or without
-    `strip` (`"3f2a"` and `"lease-3f2a"` both name `"lease-3f2a1b4c5d6e"`; `strip` alone is a
-    prefix of every id).
+    `strip` (`"3f2a"` and `"lease-3f2a"` both name `"lease-3f2a1b4c5d6e"`). `strip` alone
+    names no id, even when only one exists: ending someone's lease needs at least one
+    character of its own id.
 
     Raises:
-        ValueError: `given` is empty (or only spaces): a usage error.
+        ValueError: `given` is empty (or only spaces), or only `strip`: a usage error.
         LookupError: with a message in words: no such id, or an ambiguous prefix (with the
             candidates' short ids, as `unique_prefixes` gives them).
     """
@@ -249,6 +250,11 @@ def resolve_prefix(given: str, ids: Iterable[str], strip: str, what: str) -> str
     if given in ids:
         return given
     tail = given[len(strip) :] if strip and given.startswith(strip) else given
+    if not tail:
+        raise ValueError(
+            f"{given!r} is only the prefix every {what} id has: give at least one character "
+            f"of the id after it"
+        )
     matches = sorted(i for i in ids if i[len(strip) :].startswith(tail))
     if len(matches) == 1:
         return matches[0]
