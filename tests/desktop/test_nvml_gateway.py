@@ -436,3 +436,48 @@ class TestFakeScenarios:
 
 def _raise_version_mismatch() -> int:
     raise pynvml.NVMLError(pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("[[gpu]]\nname = 3\n", "name must be a string, got 3"),
+        ("[[gpu]]\nuuid = 3\n", "uuid must be a string, got 3"),
+        ('[[gpu]]\nname = "  "\n', "name must not be empty"),
+        ("[[gpu]]\nmemory_api = 2\n", "memory_api must be a string, got 2"),
+        ("[[gpu]]\nerror = false\n", "error must be a string, got False"),
+        ('[[gpu]]\nper_process_memory = "yes"\n', "per_process_memory must be true or false"),
+        ("[[gpu]]\ntotal_mib = true\n", "total_mib must be a non-negative integer, got True"),
+        ("[[gpu]]\nused_mib = 1.5\n", "used_mib must be a non-negative integer, got 1.5"),
+        ("[[gpu]]\ndevice_used_mib = true\n", "device_used_mib must be within 0..24576"),
+        ("[[gpu]]\ndelay_s = true\n", "delay_s must be a finite non-negative number, got True"),
+        ("[[gpu]]\ndelay_s = nan\n", "delay_s must be a finite non-negative number, got nan"),
+        ("[[gpu]]\ndelay_s = inf\n", "delay_s must be a finite non-negative number, got inf"),
+        ("gpu = [1, 2]\n", "gpu #1: must be a [[gpu]] table, got 1"),
+        ("[[gpu]]\nprocess = 3\n", "process must be [[gpu.process]] tables"),
+        ("[[gpu]]\nprocess = [1]\n", "process must be [[gpu.process]] tables"),
+        ("[[gpu]]\n[[gpu.process]]\npid = true\n", "process pid must be an integer"),
+        (
+            "[[gpu]]\n[[gpu.process]]\npid = 5\nused_mib = false\n",
+            "process used_mib must be an integer >= 0, got False",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_naming_the_field(
+    tmp_path: Path, text: str, named: str
+) -> None:
+    """Every scenario field is checked for its type, not only its range: a wrong type is a
+    `ScenarioError` naming the GPU and the field (never a crash, never accepted)."""
+    path = _scenario(tmp_path, text)
+    with pytest.raises(ScenarioError) as refused:
+        FakeNvml(path)
+    assert named in str(refused.value)
+    assert str(refused.value).startswith(f"{path}: gpu #1")
+
+
+def test_a_sim_set_of_the_wrong_type_is_refused(tmp_path: Path) -> None:
+    """`sim.set` goes through the same checks as the file (`SimGpu.with_changes`)."""
+    fake = FakeNvml(_scenario(tmp_path, _gpu(total_mib=24576)))
+    for changes, named in (({"name": 3}, "name must be a string"), ({"delay_s": True}, "delay_s")):
+        with pytest.raises(ScenarioError, match=named):
+            fake.set_gpu(GPU0, **changes)

@@ -5,6 +5,7 @@ The format is a contract that tests and outside checks write; see `DEFAULT_SCENA
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -68,16 +69,33 @@ def default_uuid(position: int) -> str:
     return f"GPU-5a1e0000-0000-0000-0000-{position + 1:012d}"
 
 
+_TEXT_FIELDS = ("uuid", "name", "memory_api", "error", "process_list_error")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _validate(gpu: SimGpu, position: int) -> SimGpu:
+    for name in _TEXT_FIELDS:
+        value = getattr(gpu, name)
+        if not isinstance(value, str):
+            raise ScenarioError(f"gpu #{position + 1}: {name} must be a string, got {value!r}")
     where = f"gpu #{position + 1} ({gpu.uuid})"
+    if not gpu.name.strip():
+        raise ScenarioError(f"{where}: name must not be empty")
+    if not isinstance(gpu.per_process_memory, bool):
+        raise ScenarioError(
+            f"{where}: per_process_memory must be true or false, got {gpu.per_process_memory!r}"
+        )
     for name in ("total_mib", "reserved_mib", "used_mib"):
         value = getattr(gpu, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not _is_int(value) or value < 0:
             raise ScenarioError(f"{where}: {name} must be a non-negative integer, got {value!r}")
     if gpu.total_mib <= 0:
         raise ScenarioError(f"{where}: total_mib must be positive")
     if gpu.device_used_mib is not None and (
-        not isinstance(gpu.device_used_mib, int) or not 0 <= gpu.device_used_mib <= gpu.total_mib
+        not _is_int(gpu.device_used_mib) or not 0 <= gpu.device_used_mib <= gpu.total_mib
     ):
         raise ScenarioError(f"{where}: device_used_mib must be within 0..{gpu.total_mib}")
     if gpu.memory_api not in MEMORY_APIS:
@@ -86,8 +104,14 @@ def _validate(gpu: SimGpu, position: int) -> SimGpu:
         raise ScenarioError(f"{where}: error must be one of {ERRORS}")
     if gpu.process_list_error not in PROCESS_LIST_ERRORS:
         raise ScenarioError(f"{where}: process_list_error must be one of {PROCESS_LIST_ERRORS}")
-    if not isinstance(gpu.delay_s, int | float) or gpu.delay_s < 0:
-        raise ScenarioError(f"{where}: delay_s must be a non-negative number")
+    delay = gpu.delay_s
+    if (
+        not isinstance(delay, int | float)
+        or isinstance(delay, bool)
+        or not math.isfinite(delay)
+        or delay < 0
+    ):
+        raise ScenarioError(f"{where}: delay_s must be a finite non-negative number, got {delay!r}")
     if not gpu.uuid.startswith(("GPU-", "MIG-")):
         raise ScenarioError(f"{where}: uuid must start with GPU- or MIG-")
     return gpu
@@ -117,22 +141,29 @@ def parse_scenario(text: str) -> list[SimGpu]:
     known = set(SimGpu.__dataclass_fields__) - {"processes"} | {"process"}
     gpus: list[SimGpu] = []
     for position, raw in enumerate(gpus_raw):
+        if not isinstance(raw, dict):
+            raise ScenarioError(f"gpu #{position + 1}: must be a [[gpu]] table, got {raw!r}")
         unknown = set(raw) - known
         if unknown:
             raise ScenarioError(f"gpu #{position + 1}: unknown keys {sorted(unknown)}")
         procs = []
-        for p in raw.get("process", []):
+        procs_raw = raw.get("process", [])
+        if not isinstance(procs_raw, list) or not all(isinstance(p, dict) for p in procs_raw):
+            raise ScenarioError(f"gpu #{position + 1}: process must be [[gpu.process]] tables")
+        for p in procs_raw:
             extra = set(p) - {"pid", "used_mib", "kind"}
             if extra:
                 raise ScenarioError(f"gpu #{position + 1}: unknown process keys {sorted(extra)}")
-            if not isinstance(p.get("pid"), int) or p["pid"] < 0:
+            if not _is_int(p.get("pid")) or p["pid"] < 0:
                 raise ScenarioError(f"gpu #{position + 1}: process pid must be an integer")
             kind = p.get("kind", "compute")
             if kind not in ("compute", "graphics"):
                 raise ScenarioError(f"gpu #{position + 1}: process kind must be compute|graphics")
             used = p.get("used_mib")
-            if used is not None and (not isinstance(used, int) or used < 0):
-                raise ScenarioError(f"gpu #{position + 1}: process used_mib must be >= 0")
+            if used is not None and (not _is_int(used) or used < 0):
+                raise ScenarioError(
+                    f"gpu #{position + 1}: process used_mib must be an integer >= 0, got {used!r}"
+                )
             procs.append(SimProcess(pid=p["pid"], used_mib=used, kind=kind))
         fields = {k: v for k, v in raw.items() if k != "process"}
         fields.setdefault("uuid", default_uuid(position))
