@@ -5,8 +5,10 @@ coordinator saw; everything it started is gone afterwards."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -41,6 +43,7 @@ def test_demo_reports_what_the_coordinator_saw() -> None:
     job = re.search(r"  job (\S+): succeeded, (\d+) completed \+ (\d+) failed of (\d+)", out)
     assert job and int(job.group(2)) + int(job.group(3)) == int(job.group(4)), out
     assert f"Authorization: Bearer {token}" in out
+    assert "(the coordinator stops with the demo; --keep keeps it up)" in out
     # the crash's times, measured from the kill: never negative
     freed = re.search(r"lease of \S+ freed (-?\d+) ms after the kill", out)
     assert freed and int(freed.group(1)) >= 0, out
@@ -50,3 +53,41 @@ def test_demo_reports_what_the_coordinator_saw() -> None:
     # the embedded coordinator ended with the demo
     with pytest.raises(httpx.HTTPError):
         httpx.get(url + "/healthz", timeout=2)
+
+
+@pytest.mark.slow
+def test_demo_keep_leaves_the_coordinator_up_until_ctrl_c() -> None:
+    """`--keep`: after the summary the printed fleet command works until Ctrl-C, which then
+    stops the broker and the coordinator and exits with the checks' code (0), not 130."""
+    cmd = [sys.executable, "-m", "rbroker", "demo", "--no-live", "--simulate", "--seconds", "5"]
+    proc = subprocess.Popen(
+        [*cmd, "--keep"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=py_env(COLUMNS="200"),
+    )
+    try:
+        assert proc.stdout is not None
+        out = ""
+        deadline = time.monotonic() + 240
+        while "kept running:" not in out:
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, out
+            out += line
+        fleet = re.search(r"fleet: curl -H 'Authorization: Bearer (rbv_\S+)' (\S+)", out)
+        assert fleet, out
+        assert "the coordinator stops with the demo" not in out
+        token, fleet_url = fleet.groups()
+        answer = httpx.get(fleet_url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert answer.status_code == 200, answer.text
+        assert [c["name"] for c in answer.json()["computers"]] == ["demo-computer"]
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out + rest
+        assert "broker and coordinator stopped" in rest
+    finally:
+        proc.kill()
+        proc.wait(10)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(fleet_url, timeout=2)

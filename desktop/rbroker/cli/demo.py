@@ -62,6 +62,7 @@ class DemoState:
     fleet_polls: int = 0
     fleet_error: str = ""
     coordinator_ok: bool = True
+    keep: bool = False  # --keep: broker and coordinator stay up after the summary
 
     def log(self, text: str) -> None:
         self.events.append(f"+{time.time() - self.t0:5.1f} s  {text}")
@@ -109,8 +110,9 @@ def run_demo(args: argparse.Namespace) -> int:
     scenario.write_text(DEMO_SCENARIO)
     state = DemoState()
     state.simulated = args.simulate or not real_nvml_available()
+    state.keep = args.keep
     budget_s = max(30.0, float(args.seconds) + 15.0)
-    interrupted = False
+    interrupted = kept = False
     try:
         with ProcessGroup() as procs:
             broker_log = open(root / "broker.log", "wb")  # noqa: SIM115 - closed below
@@ -142,16 +144,24 @@ def run_demo(args: argparse.Namespace) -> int:
                         console, client, sock, procs, state, live_ok, budget_s, coordinator
                     )
                     summary = _summary(client, state, coordinator)
+                    if args.keep:
+                        console.print(summary, soft_wrap=True)
+                        kept = True
+                        _keep_running(console, sock, coordinator)
             finally:
                 broker_log.close()
     except KeyboardInterrupt:
-        interrupted = True
-        console.print("\n[yellow]demo interrupted: broker and workers stopped[/]")
+        if not kept:
+            interrupted = True
+            console.print("\n[yellow]demo interrupted: broker and workers stopped[/]")
+        else:
+            console.print("\nbroker and coordinator stopped")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if interrupted:
         return 130
-    console.print(summary, soft_wrap=True)  # commands and tokens stay copyable
+    if not kept:
+        console.print(summary, soft_wrap=True)  # commands and tokens stay copyable
     ok = (
         not state.violations
         and state.freed_after_s is not None
@@ -160,6 +170,15 @@ def run_demo(args: argparse.Namespace) -> int:
         and state.coordinator_ok
     )
     return 0 if ok else 1
+
+
+def _keep_running(console: Console, sock: str, coordinator: LocalCoordinator | None) -> None:
+    """`--keep`: the broker (and the coordinator) stay up after the summary until Ctrl-C,
+    `kill` or a closed terminal (a `KeyboardInterrupt`, which ends the demo as usual)."""
+    where = f"broker on {sock}" + (f", coordinator at {coordinator.url}" if coordinator else "")
+    console.print(f"kept running: {where} — Ctrl-C stops them", soft_wrap=True)
+    while True:
+        time.sleep(3600)
 
 
 def _connect(sock: str, broker: subprocess.Popen[bytes], root: Path) -> rbroker.Client:
@@ -422,5 +441,6 @@ def _coordinator_summary(coordinator: LocalCoordinator, state: DemoState) -> lis
     lines.append(
         f"  fleet: curl -H 'Authorization: Bearer {coordinator.token}' "
         f"{coordinator.url}/api/v1/fleet"
+        + ("" if state.keep else "  (the coordinator stops with the demo; --keep keeps it up)")
     )
     return lines

@@ -194,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seconds", type=float, default=45.0, help="approximate demo length")
     d.add_argument("--no-live", action="store_true", help="plain log lines instead of a live view")
     d.add_argument(
+        "--keep",
+        action="store_true",
+        help="after the summary, keep the broker and the coordinator running until Ctrl-C",
+    )
+    d.add_argument(
         "--simulate", action="store_true", help="simulated GPUs even where an NVIDIA driver answers"
     )
 
