@@ -25,6 +25,9 @@ from rbroker._lease_record import Lease, note_over_grant
 from rbroker.localapi.client import Client
 
 log = logging.getLogger(__name__)
+LEASE_LOST = "rbroker_lease_lost"
+"""Attribute set (True) on the log record that says a lease was lost: a caller that tells
+its user itself (`rbroker run`) filters that record out instead of saying it twice."""
 
 
 DEFAULT_PROJECT = "default"
@@ -115,7 +118,7 @@ class _Holder:
             note_over_grant(self.lease, data)
 
     def _lose(self, exc: RBrokerError) -> None:
-        log.error("lease %s lost: %s", self.lease.lease_id, exc)
+        log.error("lease %s lost: %s", self.lease.lease_id, exc, extra={LEASE_LOST: True})
         self.lease.lost, self.lease.error = True, exc
 
     def _beat(self) -> None:

@@ -294,6 +294,7 @@ def test_a_lease_released_from_another_shell_says_so_and_the_command_runs_on(
         assert "released by holder" not in err
         assert reason in err
         assert f"lease {lease_id} lost" in err and "runs on WITHOUT a lease" in err
+        assert err.count(f"lease {lease_id} lost") == 1, err  # said once, not by the SDK too
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -19,6 +19,7 @@ sent, and errors name the flag (`--mib must be at least 1`).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import subprocess
@@ -39,6 +40,7 @@ from rbroker._frameworks import (
     memory_fraction,
     substitute,
 )
+from rbroker._lease import LEASE_LOST
 from rbroker.broker.capacity import fmt_mib
 from rbroker_protocol.localapi import AcquireParams
 
@@ -168,6 +170,10 @@ def _placeholders(
     return substitute(args, values)
 
 
+def _not_lease_lost(record: logging.LogRecord) -> bool:
+    return not getattr(record, LEASE_LOST, False)
+
+
 def _wait_noting_loss(child: subprocess.Popen[bytes], lease: Any, console: Console) -> int:
     """Wait for `child`; when its lease is lost meanwhile (released by another process,
     expired), say once that the command runs on without one. rbroker never stops the command
@@ -191,6 +197,8 @@ def _wait_noting_loss(child: subprocess.Popen[bytes], lease: Any, console: Conso
 def run_command(args: argparse.Namespace) -> int:
     """Run `args.cmd` under a lease; returns the exit code described in the module doc."""
     console = Console(stderr=True, highlight=False)
+    # the loss of the lease is said once, by `_wait_noting_loss`, not also by the SDK's log
+    logging.getLogger("rbroker._lease").addFilter(_not_lease_lost)
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
