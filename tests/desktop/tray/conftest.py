@@ -1,7 +1,47 @@
-"""Tray tests run on Qt's offscreen platform (no display needed); set before Qt loads."""
+"""Tray tests run on Qt's offscreen platform (no display needed); set before Qt loads.
+
+`make_tray(socket, **kw)` is the one way the tests start a tray app: a `TrayApp` with
+default settings, its config dir private to the test, started, and shut down at teardown.
+"""
 
 from __future__ import annotations
 
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytestqt.qtbot import QtBot
+
+    from rbroker.tray.app import TrayApp
+
+
+@pytest.fixture
+def make_tray(
+    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., TrayApp]]:
+    """`make_tray(socket, **kw)` → a started `TrayApp(socket, TraySettings(), **kw)` whose
+    settings live under the test's own `XDG_CONFIG_HOME`; every app made is shut down at
+    teardown."""
+    from rbroker.tray.app import TrayApp
+    from rbroker.tray.settings import TraySettings
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    apps: list[TrayApp] = []
+
+    def make(socket: str, **kw: object) -> TrayApp:
+        app = TrayApp(socket, TraySettings(), **kw)  # type: ignore[arg-type]
+        qtbot.addWidget(app.window)
+        app.start()
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.shutdown()

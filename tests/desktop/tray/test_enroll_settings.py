@@ -22,7 +22,6 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from rbroker.tray.app import TrayApp
-from rbroker.tray.settings import TraySettings
 from rbroker.tray.wording import gui_text
 
 if importlib.util.find_spec("litestar") is None:  # pragma: no cover - server extra missing
@@ -48,22 +47,8 @@ def keyring_backend() -> Iterator[Callable[[keyring.backend.KeyringBackend], Non
 
 
 @pytest.fixture
-def tray(
-    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[[], TrayApp]]:
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    apps: list[TrayApp] = []
-
-    def make() -> TrayApp:
-        app = TrayApp(str(tmp_path / "none.sock"), TraySettings(), data_dir=tmp_path / "data")
-        qtbot.addWidget(app.window)
-        app.start()
-        apps.append(app)
-        return app
-
-    yield make
-    for app in apps:
-        app.shutdown()
+def tray(make_tray: Callable[..., TrayApp], tmp_path: Path) -> Callable[[], TrayApp]:
+    return lambda: make_tray(str(tmp_path / "none.sock"), data_dir=tmp_path / "data")
 
 
 def _enroll(qtbot: QtBot, app: TrayApp, button: object) -> str:

@@ -4,8 +4,7 @@ tray reads the group's fleet signed with that computer's key (architecture.md §
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from pytestqt.qtbot import QtBot
@@ -13,7 +12,6 @@ from pytestqt.qtbot import QtBot
 import rbroker
 from rbroker.tray.app import TrayApp
 from rbroker.tray.fleet import UplinkFleet
-from rbroker.tray.settings import TraySettings
 from tests.conftest import GPU0, wait_until
 
 if importlib.util.find_spec("litestar") is None:  # pragma: no cover - server extra missing
@@ -31,25 +29,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def tray_for(
-    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[[UplinkBroker], TrayApp]]:
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    apps: list[TrayApp] = []
-
+def tray_for(make_tray: Callable[..., TrayApp]) -> Callable[[UplinkBroker], TrayApp]:
     def make(ub: UplinkBroker) -> TrayApp:
         data_dir = ub.broker.data_dir
-        app = TrayApp(
-            ub.broker.socket, TraySettings(), fleet=UplinkFleet(data_dir), data_dir=data_dir
-        )
-        qtbot.addWidget(app.window)
-        app.start()
-        apps.append(app)
-        return app
+        return make_tray(ub.broker.socket, fleet=UplinkFleet(data_dir), data_dir=data_dir)
 
-    yield make
-    for app in apps:
-        app.shutdown()
+    return make
 
 
 def test_fleet_tab_reads_the_coordinator_signed_by_this_computer(

@@ -5,39 +5,18 @@ its grant (once per episode), the broker gone (once per outage)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from pytestqt.qtbot import QtBot
 
 from rbroker.tray.app import TrayApp
 from rbroker.tray.notices import Notifier, my_user
-from rbroker.tray.settings import TraySettings
 from rbroker.tray.state import Snapshot
 from tests.conftest import BrokerProcess
 from tests.desktop.conftest import WorkerProcess
 
 TIMEOUT_MS = 20_000
-
-
-@pytest.fixture
-def make_tray(
-    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[[str], TrayApp]]:
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    apps: list[TrayApp] = []
-
-    def make(socket: str) -> TrayApp:
-        app = TrayApp(socket, TraySettings())
-        qtbot.addWidget(app.window)
-        app.start()
-        apps.append(app)
-        return app
-
-    yield make
-    for app in apps:
-        app.shutdown()
 
 
 def _titles(tray: TrayApp) -> list[str]:

@@ -7,8 +7,7 @@ a real simulated broker process with two GPUs and a real Qt event loop (offscree
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from PySide6.QtGui import QGuiApplication
@@ -17,7 +16,6 @@ from pytestqt.qtbot import QtBot
 
 import rbroker
 from rbroker.tray.app import TrayApp
-from rbroker.tray.settings import TraySettings
 from rbroker.tray.state import TrayState
 from tests.conftest import GPU0, GPU1, BrokerProcess
 
@@ -38,23 +36,11 @@ total_mib = 24576
 
 @pytest.fixture
 def tray_for(
-    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[[str], TrayApp]]:
+    make_tray: Callable[..., TrayApp], monkeypatch: pytest.MonkeyPatch
+) -> Callable[[str], TrayApp]:
     """`tray_for(socket)` → a started TrayApp with a system tray (shut down at teardown)."""
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setattr(QSystemTrayIcon, "isSystemTrayAvailable", staticmethod(lambda: True))
-    apps: list[TrayApp] = []
-
-    def make(socket: str) -> TrayApp:
-        app = TrayApp(socket, TraySettings(), snippet_socket=socket)
-        qtbot.addWidget(app.window)
-        app.start()
-        apps.append(app)
-        return app
-
-    yield make
-    for app in apps:
-        app.shutdown()
+    return lambda socket: make_tray(socket, snippet_socket=socket)
 
 
 def test_lost_gpu_is_left_out_of_the_tooltip_and_the_snippet(

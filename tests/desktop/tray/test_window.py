@@ -8,7 +8,7 @@ window to show what they did.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,26 +25,6 @@ from rbroker.tray.state import TrayState
 from tests.conftest import GPU0, BrokerProcess
 
 TIMEOUT_MS = 10_000
-
-
-@pytest.fixture
-def make_tray(
-    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[..., TrayApp]]:
-    """`make_tray(socket, **kw)` → a started TrayApp (shut down at teardown)."""
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    apps: list[TrayApp] = []
-
-    def make(socket: str, **kw: object) -> TrayApp:
-        app = TrayApp(socket, TraySettings(), **kw)  # type: ignore[arg-type]
-        qtbot.addWidget(app.window)
-        app.start()
-        apps.append(app)
-        return app
-
-    yield make
-    for app in apps:
-        app.shutdown()
 
 
 def test_window_shows_a_lease_held_by_a_real_client(
