@@ -218,6 +218,30 @@ def test_restored_waiter_whose_holder_dies_leaves_nothing_behind(
     assert "never retrieved" not in caplog.text
 
 
+def test_restored_waiter_keeps_the_time_it_has_waited(tmp_path: Path) -> None:
+    """Before: a request restored after a restart showed `waiting_s` from the restart (0 s)
+    and its lease `waited_s` counted only the time since. Right: the wait goes on from
+    when it began (the deadline already did)."""
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(SINGLE_24G)
+    pool = SleeperPool()
+    h = InProcessBroker(scenario, tmp_path)
+    try:
+        _, holder = pool.spawn()
+        big = h.acquire(holder, mib=20000, request_key="big")
+        h.acquire(holder, mib=8192, wait_s=60, request_key="waits")
+        h.clock.advance(12.0)
+        h.restart()
+        (waiter,) = h.broker.queue
+        now = h.clock.monotonic()
+        assert waiter.to_wire(now, 0)["waiting_s"] == pytest.approx(12.0, abs=0.1)
+        assert waiter.deadline - now == pytest.approx(48.0, abs=0.1)
+    finally:
+        h.close()
+        pool.close()
+    del big
+
+
 def test_waiter_that_disconnects_leaves_nothing_to_restore(
     broker_factory: Callable[..., BrokerProcess],
     raw_connect: Callable[[str], RawConnection],

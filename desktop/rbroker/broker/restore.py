@@ -91,7 +91,9 @@ def restore(
                 placement=rec["placement"],
                 holder=holder,
                 conn_id=None,
-                enqueued_at=now,
+                # the wait began wait_s before wait_until_wall: its waited time goes on
+                enqueued_at=now
+                - min(max(0.0, float(rec["wait_s"]) - remaining), float(rec["wait_s"])),
                 deadline=now + remaining,
                 wait_s=float(rec["wait_s"]),
                 future=new_future(),
