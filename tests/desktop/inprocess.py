@@ -151,6 +151,9 @@ class InProcessBroker:
         self.run(self.broker.start(background=False))
 
     def close(self) -> None:
+        """Stop the broker and close its loop (again: nothing)."""
+        if self.loop.is_closed():
+            return
         self.run(self.broker.stop())
         for task in asyncio.all_tasks(self.loop):
             task.cancel()
