@@ -17,13 +17,16 @@ import signal
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rbroker.demo.processes import SimulatedBroker
+
+if TYPE_CHECKING:
+    import rbroker
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -231,6 +234,29 @@ def parser(description: str) -> argparse.ArgumentParser:
         "--record", action="store_true", help="append the results table to bench/RESULTS.md"
     )
     return p
+
+
+# ---------------------------------------------------------------- a lease cycle
+
+
+def timed_lease_cycle(
+    client: rbroker.Client, acquire: Mapping[str, Any]
+) -> tuple[float, float, float]:
+    """One `lease.acquire` (with `acquire` as its params) + `lease.renew` + `lease.release`
+    of the granted lease through `client`; the seconds (perf_counter) each call took.
+
+    Raises:
+        rbroker.RBrokerError: a call failed (as `Client.call` raises it).
+    """
+    clock = time.perf_counter
+    t0 = clock()
+    lid = client.call("lease.acquire", **acquire)["lease"]["lease_id"]
+    t1 = clock()
+    client.call("lease.renew", lease_id=lid)
+    t2 = clock()
+    client.call("lease.release", lease_id=lid)
+    t3 = clock()
+    return t1 - t0, t2 - t1, t3 - t2
 
 
 # ---------------------------------------------------------------- a real broker process

@@ -42,6 +42,7 @@ from _common import (
     ratio,
     short_tmp,
     start_broker,
+    timed_lease_cycle,
 )
 
 import rbroker
@@ -66,12 +67,9 @@ def cycles_for(c: rbroker.Client, seconds: float, proc: psutil.Process | None = 
     out: list[float] = []
     peak = 0
     end = time.monotonic() + seconds
+    acquire = {"mib": 64, **PARAMS}
     while time.monotonic() < end:
-        t0 = time.perf_counter()
-        lid = c.call("lease.acquire", mib=64, **PARAMS)["lease"]["lease_id"]
-        c.call("lease.renew", lease_id=lid)
-        c.call("lease.release", lease_id=lid)
-        out.append(time.perf_counter() - t0)
+        out.append(sum(timed_lease_cycle(c, acquire)))
         if proc is not None:
             peak = max(peak, proc.memory_info().rss)
     return out, peak

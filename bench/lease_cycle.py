@@ -40,6 +40,7 @@ from _common import (
     short_tmp,
     spread,
     start_broker,
+    timed_lease_cycle,
     verdict,
     wait_until_monotonic,
 )
@@ -203,20 +204,13 @@ def latencies(
 def per_call(address: str, n: int) -> dict[str, list[float]]:
     """Durations (s) of each call of the broker's cycle, one client, `n` cycles."""
     out: dict[str, list[float]] = {"acquire": [], "renew": [], "release": []}
-    clock = time.perf_counter
     with rbroker.Client(address, timeout_s=60) as conn:
         params = {**ACQUIRE, "session": "per-call"}
         for _ in range(n):
-            t0 = clock()
-            lid = conn.call("lease.acquire", **params)["lease"]["lease_id"]
-            t1 = clock()
-            conn.call("lease.renew", lease_id=lid)
-            t2 = clock()
-            conn.call("lease.release", lease_id=lid)
-            t3 = clock()
-            out["acquire"].append(t1 - t0)
-            out["renew"].append(t2 - t1)
-            out["release"].append(t3 - t2)
+            acquire, renew, release = timed_lease_cycle(conn, params)
+            out["acquire"].append(acquire)
+            out["renew"].append(renew)
+            out["release"].append(release)
     return out
 
 

@@ -21,7 +21,18 @@ import time
 from typing import Any
 
 import psutil
-from _common import Report, fmt_us, fmt_x, median, parser, percentile, spread, start_broker, verdict
+from _common import (
+    Report,
+    fmt_us,
+    fmt_x,
+    median,
+    parser,
+    percentile,
+    spread,
+    start_broker,
+    timed_lease_cycle,
+    verdict,
+)
 
 import rbroker
 
@@ -87,19 +98,12 @@ def timed_cycles(
         client.call("lease.renew", lease_id=lid)
         client.call("lease.release", lease_id=lid)
     times: dict[str, list[float]] = {"acquire": [], "renew": [], "release": []}
-    clock = time.perf_counter
     cpu0 = sum(proc.cpu_times()[:2])
     for _ in range(n):
-        t0 = clock()
-        lid = client.call("lease.acquire", **TIMED)["lease"]["lease_id"]
-        t1 = clock()
-        client.call("lease.renew", lease_id=lid)
-        t2 = clock()
-        client.call("lease.release", lease_id=lid)
-        t3 = clock()
-        times["acquire"].append(t1 - t0)
-        times["renew"].append(t2 - t1)
-        times["release"].append(t3 - t2)
+        acquire, renew, release = timed_lease_cycle(client, TIMED)
+        times["acquire"].append(acquire)
+        times["renew"].append(renew)
+        times["release"].append(release)
     cpu = (sum(proc.cpu_times()[:2]) - cpu0) / n
     return {k: percentile(v, 50) for k, v in times.items()}, cpu
 
