@@ -6,6 +6,8 @@ Only that they run is checked; their numbers are never asserted (architecture.md
 from __future__ import annotations
 
 import importlib.util
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +26,8 @@ TABLE_HEADER = "| figure | value | floor / anchor | ratio | target | verdict |"
         ("scaling.py", ["--cycles", "30"]),
         ("heartbeats.py", ["--seconds", "1"]),
         ("crash_release.py", ["--repeat", "3"]),
-        ("coordinator.py", ["--no-pg"]),
+        ("coordinator.py", ["--no-pg", "--generator", "wrk"]),
+        ("coordinator.py", ["--no-pg", "--generator", "httpx"]),
         ("web_refresh.py", ["--computers", "10", "--requests", "3"]),
         ("abuse.py", ["--busy", "40"]),
     ],
@@ -35,6 +38,8 @@ def test_benchmark_runs_quick(script: str, extra: list[str]) -> None:
         and importlib.util.find_spec("litestar") is None
     ):
         pytest.skip("the coordinator benchmark needs rbroker[server]")
+    if "wrk" in extra and shutil.which("wrk") is None:
+        pytest.skip("wrk is not installed (apt-get install wrk; .ci/run installs it)")
     done = subprocess.run(
         [sys.executable, str(BENCH / script), "--quick", *extra],
         capture_output=True,
@@ -48,3 +53,10 @@ def test_benchmark_runs_quick(script: str, extra: list[str]) -> None:
     assert "Machine: " in done.stdout and " cores, " in done.stdout
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     assert len(rows) >= 3, done.stdout  # header + at least two figures
+    if script == "coordinator.py":
+        generator = extra[extra.index("--generator") + 1]
+        assert f"Load generator: {generator} (" in done.stdout, done.stdout
+        # every pre-built report was sent once, in seq order per computer: all applied
+        runs = re.findall(r"SQLite: \d+ HTTP runs .*?: ([\d,]+) applied, ([\d,]+) not applied, "
+                          r"([\d,]+) errors", done.stdout)  # fmt: skip
+        assert runs and runs[0][0] != "0" and runs[0][1:] == ("0", "0"), done.stdout
