@@ -7,7 +7,10 @@ Checked at every grant (by wrapping `Broker._grant`), against the truth the samp
     headroom + memory outside any lease + Σ over active leases of max(granted, used) ≤ total
 (the new grant included): the broker never admits past what the GPU really holds, whatever
 the process list got wrong. Before attribution needed evidence, one sample that omitted a
-holder moved its outside memory into its lease and the next grant over-admitted.
+holder moved its outside memory into its lease and the next grant over-admitted. A lease may
+use more than its grant (`use_lease` at 1.5×): before a grant kept what its holder already
+held out of the new lease, the next sample shared an older lease's use beyond its grant into
+the new lease, and the grant after that over-admitted.
 """
 
 from __future__ import annotations
@@ -145,7 +148,7 @@ class EvidenceMachine(RuleBasedStateMachine):
             assert isinstance(task.exception(), RpcError)
 
     @precondition(lambda self: bool(self.h.broker.leases))
-    @rule(data=st.data(), fraction=st.sampled_from([0.25, 0.5, 1.0]))
+    @rule(data=st.data(), fraction=st.sampled_from([0.25, 0.5, 1.0, 1.5]))
     def use_lease(self, data: st.DataObject, fraction: float) -> None:
         lease = data.draw(st.sampled_from(self._active()))
         used = int(lease.granted_mib * fraction)
@@ -156,9 +159,14 @@ class EvidenceMachine(RuleBasedStateMachine):
         # Only a holder without a lease: once it holds one, whatever its processes allocate
         # beyond what they held at the grant is the lease's use (that is the contract), so
         # "outside" growth would be indistinguishable from lease use to any observer.
+        # And seen before its next grant: memory that no sample showed before a grant is, to
+        # any observer, the lease's use (allocated just before the grant or just after it),
+        # so the holder's memory outside leases is sampled (listing it) before it asks.
         if any(self.lease_holder[lease.lease_id] == holder for lease in self._active()):
             return
         self._allocate(lambda t: t.outside_mib.__setitem__(holder, mib))
+        self.hidden.discard(holder)
+        self._push_and_sample()
 
     @precondition(lambda self: bool(self.h.broker.leases))
     @rule(data=st.data(), keep=st.booleans())
@@ -202,3 +210,24 @@ EvidenceMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_capacity_evidence_machine = EvidenceMachine.TestCase
+
+
+def test_an_older_lease_s_use_beyond_its_grant_never_discounts_a_newer_lease() -> None:
+    """Holder 0 uses 6 144 MiB under a 4 096 MiB lease, then gets a 6 144 MiB lease: the
+    2 048 MiB beyond the first grant were held before the second grant, so they are never the
+    second lease's use; the grant after that must still leave room for all of it."""
+    m = EvidenceMachine()
+    try:
+        m.acquire(holder=0, mib=4096)
+        (first,) = m._active()
+        m.truth.lease_used[first.lease_id] = 6144
+        m.sample(0.5)
+        m.acquire(holder=0, mib=6144)
+        assert len(m._active()) == 2  # granted on the same sample: no wait after a grant
+        m.sample(0.5)
+        m.acquire(holder=1, mib=12288)  # 1 024 more than the GPU holds (checked in the grant)
+        assert len(m._active()) == 2
+        outstanding = m.h.broker.capacity(GPU0)
+        assert outstanding is not None and outstanding.outstanding_mib == 6144
+    finally:
+        m.teardown()

@@ -27,6 +27,19 @@ def outstanding_mib(grants: Iterable[tuple[int, int]]) -> int:
     return sum(max(0, granted - observed) for granted, observed in grants)
 
 
+def unbacked_mib(discount_mib: int, holders_listed_mib: int, listed_mib: int, used_mib: int) -> int:
+    """MiB of `discount_mib` (Σ min(granted, observed) of a GPU's active leases) that the
+    sample's device_used cannot hold: the leases' holders' listed processes (each counted
+    once, `holders_listed_mib`) less what all listed processes (`listed_mib`) show beyond
+    device_used (`used_mib`) back at most that much; the rest stays outstanding.
+
+    `unbacked_mib(4096, 4096, 4096, 1000)` → 3096; 0 whenever the listing fits device_used
+    and the holders' processes hold the discount.
+    """
+    backed = max(0, holders_listed_mib - max(0, listed_mib - used_mib))
+    return max(0, discount_mib - backed)
+
+
 @dataclass(frozen=True, slots=True)
 class Capacity:
     """One GPU's capacity split, all in MiB, from one sample and the lease table."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import secrets
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -31,7 +33,9 @@ TERMINAL_STATES = frozenset(
 class Lease:
     """An active (or ended) lease on one or more GPUs, `granted_mib` on each.
 
-    Times: `deadline` is monotonic (expiry); `*_wall` fields are Unix seconds for display.
+    Times: `deadline` and `granted_at` are monotonic (`granted_at` is -inf for a restored
+    lease: what a sample after the restart shows is its own); `*_wall` fields are Unix
+    seconds for display.
     `observed_mib` maps GPU UUID → MiB NVML attributes to the holder's process tree for this
     lease (unknown counts 0); `over_grant` is set when that exceeds `granted_mib`, and the
     `over_*` fields follow the episode (`rbroker.broker.overgrant`).
@@ -68,6 +72,7 @@ class Lease:
     over_since: float | None = None  # monotonic start of the current over-grant episode
     over_mib: int = 0  # MiB over the grant now (the worst GPU), 0 when inside it
     over_noticed: bool = False  # this episode outlasted the grace and was reported
+    granted_at: float = -math.inf  # monotonic; a sample that began before it shows no use of it
 
     @property
     def gpu_uuid(self) -> str:
@@ -131,6 +136,33 @@ class Lease:
             "state": self.state.value,
             "ended_reason": self.ended_reason,
         }
+
+    @classmethod
+    def granted(cls, waiter: Waiter, gpu_uuids: tuple[str, ...], now: float, wall: float) -> Lease:
+        """A new lease for `waiter` on `gpu_uuids`, granted at `now` (monotonic) and `wall`
+        (Unix seconds), with a fresh id and token."""
+        lease = cls(
+            lease_id="lease-" + secrets.token_hex(6),
+            token=secrets.token_urlsafe(24),
+            gpu_uuids=gpu_uuids,
+            granted_mib=waiter.mib,
+            owner=waiter.owner,
+            project=waiter.project,
+            session=waiter.session,
+            purpose=waiter.purpose,
+            holder=waiter.holder,
+            ttl_s=waiter.ttl_s,
+            deadline=now + waiter.ttl_s,
+            granted_at_wall=wall,
+            renewed_at_wall=wall,
+            conn_id=waiter.conn_id,
+            adopt=waiter.adopt,
+            waited_s=now - waiter.enqueued_at,
+            granted_at=now,
+        )
+        lease.request_key = waiter.request_key
+        lease.job_id = waiter.job_id
+        return lease
 
     @classmethod
     def from_record(cls, rec: dict[str, Any], deadline: float, now_wall: float) -> Lease:

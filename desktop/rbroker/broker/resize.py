@@ -10,8 +10,9 @@ owner, descriptions and token; only `granted_mib` changes, on each of its GPUs.
   queued last: FIFO, so it waits behind requests already waiting there. It is refused at
   once (`infeasible`) when a GPU can never hold the new size (more than total − headroom),
   and ends with `capacity_unavailable` / `wait_timeout` (the reason and its numbers) when it
-  is not granted within `wait_s`. When granted, the GPUs need a fresh sample before the next
-  admission, as after any grant.
+  is not granted within `wait_s`. When granted, the growth is booked at once (the new grant
+  less what the lease already shows using, which device_used holds), so, as after any grant,
+  the next admission may use the same sample.
 - Bad input — a size below 1 MiB or above `MAX_MIB`, another user's lease, an ended lease, a
   resize while another of the same lease waits — is an `RpcError` with a stable name and the
   numbers; the lease is unchanged.
@@ -158,7 +159,6 @@ class Resizes:
         records = {}
         for uuid, cap, need in chosen:
             records[uuid] = {**cap.as_dict(), "requested_mib": waiter.mib, "extra_mib": need}
-            self.table.slots[uuid].last_change_at = now  # like a grant: a fresh sample next
         self._apply(lease, lease.granted_mib + waiter.mib, records)
         waiter.future.set_result(lease)
 

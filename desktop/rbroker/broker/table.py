@@ -27,7 +27,7 @@ import secrets
 import sqlite3
 from collections.abc import Callable, Iterable
 
-from rbroker.broker.capacity import Capacity
+from rbroker.broker.capacity import Capacity, unbacked_mib
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Holder
@@ -67,6 +67,7 @@ class LeaseTable:
         self._held: dict[tuple[Holder, str], dict[str, Lease]] = {}
         self._by_holder: dict[Holder, dict[str, Lease]] = {}
         self._outstanding: dict[str, int] = {}
+        self._granted: dict[str, int] = {}  # per GPU: Σ granted of its active leases
         # holders whose leases on a GPU show use or who hold memory outside them there:
         # a sample that lists none of their processes must still update them
         self._touched: dict[str, set[Holder]] = {}
@@ -87,6 +88,7 @@ class LeaseTable:
             self._on_gpu.setdefault(u, {})[lease.lease_id] = lease
             self._held.setdefault((lease.holder, u), {})[lease.lease_id] = lease
             self._outstanding[u] = self._outstanding.get(u, 0) + _owed(lease, u)
+            self._granted[u] = self._granted.get(u, 0) + lease.granted_mib
             self._touched.setdefault(u, set()).add(lease.holder)
         self._deadline_floor = min(self._deadline_floor, lease.deadline)
         if lease.reattach_by is not None:
@@ -107,6 +109,7 @@ class LeaseTable:
                 if not held:
                     del self._held[(lease.holder, u)]
             self._outstanding[u] = self._outstanding.get(u, 0) - _owed(lease, u)
+            self._granted[u] = self._granted.get(u, 0) - lease.granted_mib
 
     def _set_observed(self, lease: Lease, uuid: str, mib: int) -> None:
         before = _owed(lease, uuid)
@@ -176,7 +179,11 @@ class LeaseTable:
             self._touched.setdefault(uuid, set()).add(holder)
 
     def _observe(self, slot: GpuSlot, holder: Holder) -> None:
-        """Share `holder`'s memory on `slot` (less its baseline) among its leases there."""
+        """Share `holder`'s memory on `slot` (less its baseline) among its leases there.
+
+        A sample that began before the holder's latest grant there gives a lease granted
+        after it began only its claim and every other lease at most its grant: the rest was
+        held before that grant, so it is outside the holder's leases (its baseline)."""
         uuid = slot.uuid
         held_leases = self._held.get((holder, uuid))
         if not held_leases:
@@ -190,6 +197,8 @@ class LeaseTable:
             baseline = held
             self.set_baseline(holder, uuid, baseline, leases)
         pool = max(0, held - baseline)
+        started = slot.sample.started_at if slot.sample is not None else math.inf
+        before_grant = any(lease.granted_at >= started for lease in leases)
         in_use = baseline > 0
         # memory a lease adopted (its claim) is its own before anything is shared out by
         # age: otherwise an older lease of the same holder would absorb it and the adopting
@@ -200,12 +209,20 @@ class LeaseTable:
             claimed.append(take)
             pool -= take
         for i, lease in enumerate(leases):
-            extra = pool if i == len(leases) - 1 else min(pool, lease.granted_mib - claimed[i])
+            if lease.granted_at >= started:
+                extra = 0
+            elif i == len(leases) - 1 and not before_grant:
+                extra = pool
+            else:
+                extra = min(pool, lease.granted_mib - claimed[i])
             pool -= extra
             share = claimed[i] + extra
             in_use = in_use or share > 0
             self._set_observed(lease, uuid, share)
             lease.over_grant = any(v > lease.granted_mib for v in lease.observed_mib.values())
+        if pool > 0:  # only when `before_grant`: held before the latest grant
+            self.set_baseline(holder, uuid, baseline + pool, leases)
+            in_use = True
         touched = self._touched.setdefault(uuid, set())
         if in_use:
             touched.add(holder)
@@ -231,6 +248,7 @@ class LeaseTable:
         if slot.sample is None:
             return None
         outstanding = self._outstanding.get(uuid, 0) + self._unconfirmed_mib.get(uuid, 0)
+        outstanding += self._unbacked_mib(slot)
         return Capacity(
             total_mib=slot.sample.total_mib,
             headroom_mib=slot.headroom_mib,
@@ -238,35 +256,30 @@ class LeaseTable:
             outstanding_mib=outstanding,
         )
 
+    def _unbacked_mib(self, slot: GpuSlot) -> int:
+        """What the leases' observed use discounts from their grants on `slot` beyond what
+        its device_used can hold of their holders' processes (docs/architecture.md §2)."""
+        uuid = slot.uuid
+        discount = self._granted.get(uuid, 0) - self._outstanding.get(uuid, 0)
+        if discount <= 0 or slot.sample is None:
+            return 0
+        listed = of_holders = 0
+        for p, chain in slot.chains:
+            listed += p.used_mib or 0
+            if any((h, uuid) in self._held for h in chain):
+                of_holders += p.used_mib or 0
+        return unbacked_mib(discount, of_holders, listed, slot.sample.device_used_mib)
+
     # -- grant, lookup, rebind ---------------------------------------------------------------
     def new_lease(self, waiter: Waiter, chosen: list[Choice], now: float) -> Lease:
         """A lease for `waiter` on the chosen GPUs, with a fresh id and token (not booked)."""
-        wall = self.clock.wall()
-        lease = Lease(
-            lease_id="lease-" + secrets.token_hex(6),
-            token=secrets.token_urlsafe(24),
-            gpu_uuids=tuple(u for u, _, _ in chosen),
-            granted_mib=waiter.mib,
-            owner=waiter.owner,
-            project=waiter.project,
-            session=waiter.session,
-            purpose=waiter.purpose,
-            holder=waiter.holder,
-            ttl_s=waiter.ttl_s,
-            deadline=now + waiter.ttl_s,
-            granted_at_wall=wall,
-            renewed_at_wall=wall,
-            conn_id=waiter.conn_id,
-            adopt=waiter.adopt,
-            waited_s=now - waiter.enqueued_at,
-        )
-        lease.request_key = waiter.request_key
-        lease.job_id = waiter.job_id
-        return lease
+        return Lease.granted(waiter, tuple(u for u, _, _ in chosen), now, self.clock.wall())
 
     def book(self, lease: Lease, waiter: Waiter, chosen: list[Choice], now: float) -> None:
         """Enter a granted lease: its claims on memory the holder already uses (adoption),
-        the admission record per GPU, the store; each chosen GPU needs a new sample."""
+        the admission record per GPU, the store. The GPUs' samples stay usable: the lease
+        books its grant less its claim, and no sample that began before now shows it using
+        more (`_observe`)."""
         for u, cap, need in chosen:
             slot = self.slots[u]
             claim = waiter.mib - need
@@ -275,7 +288,6 @@ class LeaseTable:
             lease.baseline_mib[u] = baseline - claim
             lease.claimed_mib[u] = claim
             lease.admission[u] = {**cap.as_dict(), "requested_mib": waiter.mib, "extra_mib": need}
-            slot.last_change_at = now
         # a holder that shows no memory on a GPU and holds none outside its leases there has
         # nothing to share: its other leases keep 0, however many (no walk over them)
         quiet = {
@@ -370,6 +382,7 @@ class LeaseTable:
         for u in lease.gpu_uuids:
             before, after = _owed(lease, u), max(0, mib - lease.observed_mib.get(u, 0))
             self._outstanding[u] = self._outstanding.get(u, 0) + after - before
+            self._granted[u] = self._granted.get(u, 0) + mib - lease.granted_mib
             if after < before:
                 pending = self._unconfirmed.setdefault(u, collections.deque())
                 pending.append((now, before - after, None))  # the lease's own: not kept

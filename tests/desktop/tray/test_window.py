@@ -108,7 +108,7 @@ def test_waiting_request_shows_with_its_reason(
             def reason() -> str:
                 return str(queue.data(queue.index(0, QueueModel.REASON)))
 
-            # first "waiting for a fresh GPU sample", then the reason with the numbers
+            # the reason with the numbers (the grant above left the sample usable)
             qtbot.waitUntil(lambda: reason().startswith("GPU 0 has"), timeout=TIMEOUT_MS)
             assert reason().startswith(
                 "GPU 0 has 13 347 MiB available (24 576 total − 1 229 headroom"
