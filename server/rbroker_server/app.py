@@ -31,7 +31,8 @@ from rbroker_server.fleet.controller import FleetController
 from rbroker_server.metrics.controller import MetricsController
 from rbroker_server.net import STATE_TRUSTED, PrefixStrip, parse_networks
 from rbroker_server.ratelimit import ThrottleGate, Throttles
-from rbroker_server.reports.controller import ReportsController
+from rbroker_server.reports.controller import report_route
+from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.settings import Settings
 from rbroker_server.web import controller as web
 from rbroker_server.web.headers import security_headers_for
@@ -99,11 +100,13 @@ def create_app(
     faults = dbfaults.DatabaseFaults(eng, settings)
     throttles = Throttles()
     trusted = parse_networks(settings.trusted_proxies)
+    reports = ReportIngest(eng, settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Litestar) -> AsyncIterator[None]:
         if migrate:
             await anyio.to_thread.run_sync(db.upgrade, eng)
+        reports.start()
         task = asyncio.create_task(_prune_forever(eng, settings, faults))
         try:
             yield
@@ -111,6 +114,8 @@ def create_app(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            # off the loop: the writer settles its last answers through it
+            await anyio.to_thread.run_sync(reports.close)
             faults.close()
             if owned:
                 eng.dispose()
@@ -128,7 +133,7 @@ def create_app(
         route_handlers=[
             healthz,
             EnrollController,
-            ReportsController,
+            report_route(reports),
             FleetController,
             MetricsController,
             web.WebController,

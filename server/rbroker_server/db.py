@@ -68,6 +68,25 @@ def write_lock(engine: Engine) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def write_transaction(engine: Engine) -> Iterator[sa.Connection]:
+    """One write transaction under `write_lock`, committed when the block ends (rolled back
+    when it raises).
+
+    On SQLite it starts with `BEGIN IMMEDIATE`: the driver itself begins a transaction only
+    before the first INSERT/UPDATE/DELETE, so a SAVEPOINT as the first statement would
+    start one of its own and its RELEASE would commit; after `BEGIN IMMEDIATE` savepoints
+    nest inside the transaction and the database's write lock is taken at once.
+
+    Raises:
+        sqlalchemy.exc.SQLAlchemyError: the database refused or could not commit.
+    """
+    with write_lock(engine), engine.begin() as conn:
+        if conn.dialect.name == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        yield conn
+
+
 def make_engine(url: str, **kw: Any) -> Engine:
     """An engine for `url`. SQLite gets WAL, a busy timeout and foreign keys on every
     connection; its directory and file are created private (`files.private_sqlite`: 0700,

@@ -1,26 +1,29 @@
-"""Ingest one signed report: the hot path (prebuilt SQLAlchemy Core statements: one read,
-then one short write transaction whose conditional UPDATE decides).
+"""One signed report, step by step: parse the envelope, verify it against the sender's
+key, decode and redact the payload, decide from a view of the computer's row what to write
+(`plan`), and write it (`write`: prebuilt SQLAlchemy Core statements whose conditional
+UPDATE decides). `rbroker_server.reports.ingest` puts the steps together.
 
 Order of checks: envelope structure → computer known → signature over the exact payload
 bytes → computer not revoked → payload schema → (run, seq) order and run counter order →
-write. Nothing of the
-payload is parsed before its signature holds.
+write. Nothing of the payload is parsed before its signature holds.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final, Literal
 
+import msgspec
 from pydantic import ValidationError
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection
 
 from rbroker_protocol.reports import ReportPayload
 from rbroker_protocol.signing import Envelope, EnvelopeError, parse_envelope, verify_report
-from rbroker_server.db import utcnow, write_lock
 from rbroker_server.reports import statements as st
+from rbroker_server.reports.cache import ComputerView
 from rbroker_server.reports.redact import checked_name, checked_text, redacted_state
 from rbroker_server.reports.schema import AckCode, ReportAck
 from rbroker_server.settings import Settings
@@ -71,13 +74,6 @@ class ReportTooLarge(Exception):
     """The body is over `max_body_bytes` (413)."""
 
 
-class _NotApplied(Exception):
-    def __init__(self, code: AckCode, reason: str, current_run_counter: int | None = None) -> None:
-        self.code = code
-        self.reason = reason
-        self.current_run_counter = current_run_counter
-
-
 def _from_unix(seconds: float) -> datetime | None:
     try:
         return datetime.fromtimestamp(seconds, UTC) if math.isfinite(seconds) else None
@@ -106,51 +102,149 @@ def history_data(state: dict[str, Any], received_at: datetime | None = None) -> 
     return data
 
 
-def ingest(
-    engine: Engine, settings: Settings, body: bytes, received_at: datetime | None = None
-) -> ReportAck:
-    """Verify and apply one report envelope (`body`, the exact bytes received).
+Outcome = Literal["applied", "run_exists", "not_updated"]
+"""What `write` did: applied; nothing (the run was recorded before: retired, or the view
+was stale); nothing (the conditional UPDATE matched no row: a newer report, a revocation,
+a new key, or a stale view)."""
 
-    Raises:
-        ReportTooLarge, ReportUnauthenticated, ComputerRevoked, ReportInvalid
-        (PayloadNestedTooDeeply for a payload nested deeper than pydantic's JSON parser
-        reads, 200 levels).
-    """
-    if len(body) > settings.max_body_bytes:
-        raise ReportTooLarge
-    now = received_at or utcnow()
-    try:
-        env = parse_envelope(body)
-    except EnvelopeError as exc:
-        raise ReportUnauthenticated(str(exc)) from exc
-    try:
-        return _apply(engine, settings, env, now)
-    except _NotApplied as exc:
-        # Nothing was written (the transaction rolled back); the computer treats it as delivered.
+_ENCODE: Final = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The answer to an authentic report (`ReportAck`'s fields, in its order)."""
+
+    applied: bool
+    code: AckCode
+    reason: str
+    computer_id: str
+    run_id: str
+    seq: int
+    current_run_counter: int | None = None
+    flagged_fields: list[str] = field(default_factory=list)
+
+    def ack(self) -> ReportAck:
+        """As the wire model."""
         return ReportAck(
-            applied=False,
-            code=exc.code,
-            reason=exc.reason,
-            computer_id=env.computer_id,
-            run_id=env.run_id,
-            seq=env.seq,
-            current_run_counter=exc.current_run_counter,
+            applied=self.applied,
+            code=self.code,
+            reason=self.reason,
+            computer_id=self.computer_id,
+            run_id=self.run_id,
+            seq=self.seq,
+            current_run_counter=self.current_run_counter,
+            flagged_fields=self.flagged_fields,
+        )
+
+    def encoded(self) -> bytes:
+        """As the JSON bytes of the HTTP answer (the same object `ack()` serialises to)."""
+        return _ENCODE.encode(
+            {
+                "applied": self.applied,
+                "code": self.code,
+                "reason": self.reason,
+                "computer_id": self.computer_id,
+                "run_id": self.run_id,
+                "seq": self.seq,
+                "current_run_counter": self.current_run_counter,
+                "flagged_fields": self.flagged_fields,
+            }
         )
 
 
-def _apply(engine: Engine, settings: Settings, env: Envelope, now: datetime) -> ReportAck:
-    # Read and verify outside any write transaction; the conditional UPDATE below is what
-    # decides, so a report racing this one can never be overwritten by an older seq.
-    with engine.connect() as conn:
-        row = conn.execute(st.SELECT_COMPUTER, {"w_id": env.computer_id}).first()
-    if row is None:
-        raise ReportUnauthenticated("unknown computer")
+def not_applied(
+    env: Envelope, code: AckCode, reason: str, current_run_counter: int | None = None
+) -> Answer:
+    """The answer to an authentic report that is acknowledged but not applied."""
+    return Answer(False, code, reason, env.computer_id, env.run_id, env.seq, current_run_counter)
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """An authentic report whose payload fits the schema: its envelope, payload, redacted
+    state, flags and the values every write of it binds (`v_<column>`)."""
+
+    env: Envelope
+    report: ReportPayload
+    state: dict[str, Any]
+    flags: list[dict[str, str]]
+    values: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """What applying one report writes, decided from `view` (`plan`); call it with a
+    connection inside a write transaction (`write`)."""
+
+    checked: Checked
+    view: ComputerView
+    new_run: bool
+    statement: Any
+    params: dict[str, Any]
+    bucket: datetime | None
+    """A new history bucket to write (None: the current one was written already)."""
+    now: datetime
+
+    def __call__(self, conn: Connection) -> Outcome:
+        return write(conn, self)
+
+    def answer(self) -> Answer:
+        """The answer once applied."""
+        env = self.checked.env
+        return Answer(
+            True,
+            "new_run" if self.new_run else "applied",
+            "applied (new run)" if self.new_run else "applied",
+            env.computer_id,
+            env.run_id,
+            env.seq,
+            flagged_fields=[f["field"] for f in self.checked.flags],
+        )
+
+    def applied_view(self) -> ComputerView:
+        """`view` as the computer's row is once this write has committed."""
+        env = self.checked.env
+        counter = self.checked.report.run_counter if self.new_run else self.view.run_counter
+        return self.view.after(env.run_id, env.seq, counter, self.bucket)
+
+
+def parse(body: bytes, settings: Settings) -> Envelope:
+    """The envelope of `body` (the exact bytes received), its payload still unparsed.
+
+    Raises:
+        ReportTooLarge: over `settings.max_body_bytes`.
+        ReportUnauthenticated: not a well-formed envelope.
+    """
+    if len(body) > settings.max_body_bytes:
+        raise ReportTooLarge
     try:
-        payload = verify_report(env, row.public_key)
+        return parse_envelope(body)
     except EnvelopeError as exc:
         raise ReportUnauthenticated(str(exc)) from exc
-    if row.revoked_at is not None:
-        raise ComputerRevoked
+
+
+def verify(env: Envelope, view: ComputerView) -> bytes:
+    """The payload bytes, if the envelope's signature holds for `view`'s key.
+
+    Raises:
+        ReportUnauthenticated: it does not (or the stored key is malformed).
+    """
+    if view.verify_key is None:
+        raise ReportUnauthenticated("the computer's stored key is malformed")
+    try:
+        return verify_report(env, view.verify_key)
+    except EnvelopeError as exc:
+        raise ReportUnauthenticated(str(exc)) from exc
+
+
+def decode(env: Envelope, payload: bytes, now: datetime) -> Checked:
+    """Decode an authentic payload and apply the description rules (§8) to its text.
+
+    Raises:
+        ReportInvalid: it does not fit the report schema, or its run_id is not the
+            envelope's; PayloadNestedTooDeeply: nested deeper than pydantic's JSON parser
+            reads (200 levels).
+    """
     try:
         report = ReportPayload.from_bytes(payload)
     except ValidationError as exc:
@@ -164,34 +258,12 @@ def _apply(engine: Engine, settings: Settings, env: Envelope, now: datetime) -> 
         ) from exc
     if report.run_id != env.run_id:
         raise ReportInvalid("payload run_id differs from the envelope's")
-
-    same_run = row.run_id == env.run_id
-    if same_run and env.seq <= row.seq:
-        raise _NotApplied("not_newer", f"not applied: seq {env.seq} is not newer than {row.seq}")
-    if (
-        not same_run
-        and report.run_counter is not None
-        and row.run_counter is not None
-        and report.run_counter < row.run_counter
-    ):
-        # a run older than the current one (e.g. its report was delivered late) never
-        # replaces it; the conditional UPDATE below re-checks that the current run is the
-        # one read here, and a run's counter never changes
-        raise _NotApplied(
-            "run_outdated",
-            f"not applied: run counter {report.run_counter} is older than the current run's "
-            f"{row.run_counter}; a live broker continues with a run counter above "
-            f"{row.run_counter}",
-            current_run_counter=row.run_counter,
-        )
-
     state, flags = redacted_state(report)
     name, name_flag = checked_name(report.computer_name)
     text, text_flags = checked_text(report)
     flags[:0] = ([name_flag] if name_flag else []) + text_flags
     generated = _from_unix(report.generated_at)
-    params: dict[str, Any] = {
-        "w_id": env.computer_id,
+    values: dict[str, Any] = {
         "v_seq": env.seq,
         "v_last_seen_at": now,
         "v_generated_at": generated,
@@ -202,49 +274,97 @@ def _apply(engine: Engine, settings: Settings, env: Envelope, now: datetime) -> 
         "v_state": state,
     }
     if flags:
-        params.update(v_flagged_at=now, v_flags=flags)
+        values.update(v_flagged_at=now, v_flags=flags)
         log.warning(
             "computer %s sent text the description rules reject (stored redacted): %s",
             env.computer_id,
             ", ".join(f"{f['field']} ({f['rule']})" for f in flags),
         )
-    bucket = history_bucket(now, settings.history_step_s)
-    new_bucket = row.history_at is None or bucket > row.history_at
-    if new_bucket:
+    return Checked(env, report, state, flags, values)
+
+
+def plan(checked: Checked, view: ComputerView, now: datetime, settings: Settings) -> Write | Answer:
+    """What to write for `checked`, judged by `view` (the computer's row, or a cached
+    copy): a `Write`, or the answer of a report not to apply (`not_newer`,
+    `run_outdated`). The write's conditional UPDATE checks again whatever it relied on."""
+    env, report = checked.env, checked.report
+    same_run = view.run_id == env.run_id
+    if same_run and view.seq is not None and env.seq <= view.seq:
+        reason = f"not applied: seq {env.seq} is not newer than {view.seq}"
+        return not_applied(env, "not_newer", reason)
+    if (
+        not same_run
+        and report.run_counter is not None
+        and view.run_counter is not None
+        and report.run_counter < view.run_counter
+    ):
+        # a run older than the current one (e.g. its report was delivered late) never
+        # replaces it; the conditional UPDATE re-checks that the current run is the one
+        # judged here, and a run's counter never changes
+        return not_applied(
+            env,
+            "run_outdated",
+            f"not applied: run counter {report.run_counter} is older than the current run's "
+            f"{view.run_counter}; a live broker continues with a run counter above "
+            f"{view.run_counter}",
+            current_run_counter=view.run_counter,
+        )
+    params: dict[str, Any] = {"w_id": env.computer_id, "w_key": view.public_key, **checked.values}
+    bucket: datetime | None = history_bucket(now, settings.history_step_s)
+    if view.history_at is not None and bucket is not None and bucket <= view.history_at:
+        bucket = None
+    else:
         params["v_history_at"] = bucket
     if same_run:
         params.update(w_run=env.run_id, w_seq=env.seq)
     else:
         params["v_run_id"] = env.run_id
         params["v_run_counter"] = report.run_counter
-        if row.run_id is not None:
-            params["w_old_run"] = row.run_id
-    update = st.update_computer(
+        if view.run_id is not None:
+            params["w_old_run"] = view.run_id
+    statement = st.update_computer(
         same_run=same_run,
-        old_run_null=row.run_id is None,
-        flagged=bool(flags),
-        new_bucket=new_bucket,
+        old_run_null=view.run_id is None,
+        flagged=bool(checked.flags),
+        new_bucket=bucket is not None,
     )
+    return Write(checked, view, not same_run, statement, params, bucket, now)
 
-    with write_lock(engine), engine.begin() as conn:
-        dialect = conn.dialect.name
-        if not same_run:
-            run = {"computer_id": env.computer_id, "run_id": env.run_id, "first_seen_at": now}
+
+def write(conn: Connection, w: Write) -> Outcome:
+    """Apply `w` inside the caller's write transaction (a new run in a savepoint of its
+    own: its run row is kept only with its UPDATE). Writes nothing unless it returns
+    "applied".
+
+    Raises:
+        sqlalchemy.exc.SQLAlchemyError: the database refused a statement.
+    """
+    env = w.checked.env
+    dialect = conn.dialect.name
+    if w.new_run:
+        run = {"computer_id": env.computer_id, "run_id": env.run_id, "first_seen_at": w.now}
+        with conn.begin_nested() as savepoint:
             if conn.execute(st.insert_run(dialect), run).first() is None:
-                raise _NotApplied(
-                    "run_retired", f"not applied: run {env.run_id} was replaced by another run"
-                )
-        if conn.execute(update, params).rowcount != 1:
-            raise _NotApplied("superseded", "not applied: a newer report was applied meanwhile")
-        if new_bucket:
-            point = {"computer_id": env.computer_id, "at": bucket, "data": history_data(state, now)}
-            conn.execute(st.insert_history(dialect), point)
-    return ReportAck(
-        applied=True,
-        code="applied" if same_run else "new_run",
-        reason="applied" if same_run else "applied (new run)",
-        computer_id=env.computer_id,
-        run_id=env.run_id,
-        seq=env.seq,
-        flagged_fields=[f["field"] for f in flags],
-    )
+                return "run_exists"
+            if conn.execute(w.statement, w.params).rowcount != 1:
+                savepoint.rollback()
+                return "not_updated"
+    elif conn.execute(w.statement, w.params).rowcount != 1:
+        return "not_updated"
+    if w.bucket is not None:
+        point = {
+            "computer_id": env.computer_id,
+            "at": w.bucket,
+            "data": history_data(w.checked.state, w.now),
+        }
+        conn.execute(st.insert_history(dialect), point)
+    return "applied"
+
+
+def ingest(
+    engine: Any, settings: Settings, body: bytes, received_at: datetime | None = None
+) -> ReportAck:
+    """Verify and apply one report in process: `rbroker_server.reports.ingest.ingest`."""
+    from rbroker_server.reports.ingest import ingest as ingest_one
+
+    return ingest_one(engine, settings, body, received_at)

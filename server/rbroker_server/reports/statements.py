@@ -49,12 +49,20 @@ def _bind(column: str) -> sa.BindParameter[Any]:
 def update_computer(*, same_run: bool, old_run_null: bool, flagged: bool, new_bucket: bool) -> Any:
     """The conditional UPDATE that applies a report, for one combination of cases.
 
-    Binds: `w_id`; same run: `w_run`, `w_seq` (applies only if `seq < w_seq`); new run:
+    Applies only while the computer is not revoked and its key is still `w_key` (the key
+    the report's signature held for), so a revocation or a new key written by another
+    coordinator process takes effect even where this one still has the row cached.
+
+    Binds: `w_id`, `w_key`; same run: `w_run`, `w_seq` (applies only if `seq < w_seq`); new run:
     `w_old_run` unless `old_run_null`, `v_run_id` and `v_run_counter`; `v_<column>` for
     `STATE_COLUMNS`; `v_flagged_at`, `v_flags` when flagged; `v_history_at` for a new
     history bucket.
     """
-    where = COMPUTERS.c.id == sa.bindparam("w_id")
+    where = sa.and_(
+        COMPUTERS.c.id == sa.bindparam("w_id"),
+        COMPUTERS.c.revoked_at.is_(None),
+        COMPUTERS.c.public_key == sa.bindparam("w_key"),
+    )
     values: dict[str, Any] = {c: _bind(c) for c in STATE_COLUMNS}
     values["reports_applied"] = COMPUTERS.c.reports_applied + 1
     if same_run:

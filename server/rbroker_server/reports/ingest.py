@@ -1,0 +1,179 @@
+"""The report path put together (architecture.md §7, §10).
+
+`steps` is the one decision procedure, written as a generator so that two drivers share
+it: it yields `LOAD` when it needs the computer's row (the driver sends back a fresh
+`ComputerView`, or None) and a `service.Write` when it has something to write (the driver
+sends back the `service.Outcome`), and returns the `service.Answer`.
+
+- `ReportIngest.handle` (the HTTP route): the view comes from a `ComputerCache`, the row
+  is read only on a miss or when a write did not apply, and writes go through the app's
+  `GroupCommitWriter`; parsing, the signature check and decoding run on the event loop.
+- `ingest` (in-process, e.g. benchmarks): reads the row, writes in a transaction of its
+  own.
+
+Whatever a cached view decides is checked again by the write's conditional UPDATE; an
+outcome other than "applied", or a refusal on a cached view, is decided again on a fresh
+row, so the answers are those a fresh read would give.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from datetime import datetime
+from typing import Any, Final
+
+import anyio.to_thread
+from sqlalchemy.engine import Engine
+
+from rbroker_protocol.signing import Envelope
+from rbroker_server.db import utcnow, write_transaction
+from rbroker_server.reports import service
+from rbroker_server.reports.cache import ComputerCache, ComputerView, load_view
+from rbroker_server.reports.schema import ReportAck
+from rbroker_server.reports.service import (
+    Answer,
+    Checked,
+    ComputerRevoked,
+    Outcome,
+    ReportInvalid,
+    ReportUnauthenticated,
+    Write,
+)
+from rbroker_server.reports.writer import GroupCommitWriter
+from rbroker_server.settings import Settings
+
+LOAD: Final = "load"
+"""What `steps` yields for the computer's row."""
+
+_ATTEMPTS: Final = 4
+"""Decisions at most per report (a cached view, then fresh rows); past it `superseded`."""
+
+Steps = Generator[str | Write, Any, Answer]
+
+
+def steps(settings: Settings, env: Envelope, cached: ComputerView | None, now: datetime) -> Steps:
+    """Decide one report (see the module's docstring); `cached`: a view to start from.
+
+    Raises (out of the generator):
+        ReportUnauthenticated, ComputerRevoked, ReportInvalid, PayloadNestedTooDeeply.
+    """
+    view = cached
+    fresh = reload = view is None
+    verified_key: str | None = None
+    payload = b""
+    checked: Checked | None = None
+    for _ in range(_ATTEMPTS):
+        if reload:
+            view = yield LOAD
+            fresh, reload = True, False
+        if view is None:
+            raise ReportUnauthenticated("unknown computer")
+        if verified_key != view.public_key:
+            try:
+                payload = service.verify(env, view)
+            except ReportUnauthenticated:
+                if fresh:
+                    raise
+                reload = True  # the key may have changed since the view was cached
+                continue
+            verified_key = view.public_key
+        if view.revoked:
+            raise ComputerRevoked
+        if checked is None:
+            try:
+                checked = service.decode(env, payload, now)
+            except ReportInvalid:
+                if fresh:
+                    raise
+                reload = True  # a computer revoked meanwhile gets its 403 first
+                continue
+        decision = service.plan(checked, view, now, settings)
+        if isinstance(decision, Answer):
+            if fresh:
+                return decision
+        else:
+            outcome: Outcome = yield decision
+            if outcome == "applied":
+                return decision.answer()
+            if outcome == "run_exists" and fresh:
+                return service.not_applied(
+                    env, "run_retired", f"not applied: run {env.run_id} was replaced by another run"
+                )
+        reload = True
+    reason = "not applied: a newer report was applied meanwhile"
+    return service.not_applied(env, "superseded", reason)
+
+
+def ingest(
+    engine: Engine, settings: Settings, body: bytes, received_at: datetime | None = None
+) -> ReportAck:
+    """Verify and apply one report envelope (`body`, the exact bytes received), reading
+    the row and writing in a transaction of its own.
+
+    Raises:
+        ReportTooLarge, ReportUnauthenticated, ComputerRevoked, ReportInvalid
+        (PayloadNestedTooDeeply for a payload nested deeper than pydantic's JSON parser
+        reads, 200 levels), sqlalchemy.exc.SQLAlchemyError.
+    """
+    now = received_at or utcnow()
+    env = service.parse(body, settings)
+    run = steps(settings, env, None, now)
+    reply: Any = None
+    try:
+        while True:
+            step = run.send(reply)
+            if isinstance(step, Write):
+                with write_transaction(engine) as conn:
+                    reply = step(conn)
+            else:
+                reply = load_view(engine, env.computer_id)
+    except StopIteration as done:
+        answer: Answer = done.value
+        return answer.ack()
+
+
+class ReportIngest:
+    """The report path of one app: its settings, engine, sender cache and writer.
+
+    `start` and `close` follow the app's lifespan.
+    """
+
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.cache = ComputerCache()
+        self.writer = GroupCommitWriter(engine)
+
+    def start(self) -> None:
+        """Start the writer thread."""
+        self.writer.start()
+
+    def close(self) -> None:
+        """Apply and answer what is queued, then stop the writer thread (blocks)."""
+        self.writer.close()
+
+    async def handle(self, body: bytes, received_at: datetime) -> bytes:
+        """Verify and apply one report envelope; the JSON bytes of its `ReportAck`.
+
+        Raises:
+            ReportTooLarge, ReportUnauthenticated, ComputerRevoked, ReportInvalid,
+            PayloadNestedTooDeeply; writer.WriterClosed; sqlalchemy.exc.SQLAlchemyError
+            (a database fault).
+        """
+        env = service.parse(body, self.settings)
+        cid = env.computer_id
+        run = steps(self.settings, env, self.cache.get(cid), received_at)
+        reply: Any = None
+        try:
+            while True:
+                step = run.send(reply)
+                if isinstance(step, Write):
+                    reply = await self.writer.submit(step, cid)
+                    if reply == "applied":
+                        self.cache.put(cid, step.applied_view())
+                else:
+                    reply = await anyio.to_thread.run_sync(load_view, self.engine, cid)
+                    self.cache.put(cid, reply)
+        except StopIteration as done:
+            answer: Answer = done.value
+            return answer.encoded()

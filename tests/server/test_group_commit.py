@@ -1,0 +1,216 @@
+"""The report writer on a real database (SQLite file, or PostgreSQL with
+RBROKER_TEST_PG_URL): queued writes commit together, a failing one fails alone, two reports
+of one computer in one batch keep their order, and closing answers what is queued."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import nacl.signing
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from rbroker_protocol import signing
+from rbroker_server import db
+from rbroker_server.admin import service as admin
+from rbroker_server.enroll import service as enroll_service
+from rbroker_server.enroll.schema import EnrollRequest
+from rbroker_server.models import Computer, HealthCheck
+from rbroker_server.reports.ingest import ReportIngest
+from rbroker_server.reports.writer import GroupCommitWriter, WriterClosed
+from rbroker_server.settings import Settings
+from tests.server.conftest import payload
+
+HEALTH = HealthCheck.__table__  # type: ignore[attr-defined]
+COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    e = db.make_engine(database_url)
+    db.upgrade(e)
+    yield e
+    e.dispose()
+
+
+def _count_commits(engine: Engine) -> list[int]:
+    commits = [0]
+
+    def on_commit(_conn: Any) -> None:
+        commits[0] += 1
+
+    sa.event.listen(engine, "commit", on_commit)
+    return commits
+
+
+def _insert(name: str) -> Callable[[Connection], str]:
+    def work(conn: Connection) -> str:
+        conn.execute(sa.insert(HEALTH).values(name=name, checked_at=db.utcnow()))
+        return name
+
+    return work
+
+
+class _Gate:
+    """A job that holds the writer inside its transaction until `open()`."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self._open = threading.Event()
+
+    def __call__(self, conn: Connection) -> str:
+        self.started.set()
+        assert self._open.wait(20)
+        return _insert("gate")(conn)
+
+    def open(self) -> None:
+        self._open.set()
+
+
+async def _held(writer: GroupCommitWriter, gate: _Gate) -> asyncio.Future[Any]:
+    """Submit `gate` and wait until the writer runs it (later jobs then queue)."""
+    held = asyncio.ensure_future(writer.submit(gate))
+    assert await asyncio.to_thread(gate.started.wait, 10)
+    return held
+
+
+async def _queued(*aws: Any) -> list[asyncio.Future[Any]]:
+    futures = [asyncio.ensure_future(a) for a in aws]
+    for _ in range(3):  # each task runs up to its wait for the writer
+        await asyncio.sleep(0)
+    return futures
+
+
+def _names(engine: Engine) -> set[str]:
+    with engine.connect() as conn:
+        return set(conn.execute(sa.select(HEALTH.c.name)).scalars())
+
+
+def test_queued_writes_commit_in_one_transaction(engine: Engine) -> None:
+    writer = GroupCommitWriter(engine)
+    writer.start()
+    commits = _count_commits(engine)
+    gate = _Gate()
+
+    async def main() -> list[Any]:
+        held = await _held(writer, gate)
+        rest = await _queued(*(writer.submit(_insert(f"job-{i}")) for i in range(20)))
+        gate.open()
+        return await asyncio.gather(held, *rest)
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        writer.close()
+    assert results == ["gate", *(f"job-{i}" for i in range(20))]
+    assert commits[0] == 2  # the gate's batch, then all 20 queued meanwhile
+    assert _names(engine) == set(results)
+
+
+def test_a_failing_write_fails_alone(engine: Engine) -> None:
+    writer = GroupCommitWriter(engine)
+    writer.start()
+    gate = _Gate()
+
+    def fault(conn: Connection) -> None:
+        _insert("fault")(conn)
+        raise sa.exc.OperationalError("UPDATE computers", {}, OSError("disk I/O error"))
+
+    async def main() -> list[Any]:
+        held = await _held(writer, gate)
+        rest = await _queued(
+            writer.submit(_insert("good-1")),
+            writer.submit(_insert("gate")),  # violates the unique name: IntegrityError
+            writer.submit(_insert("good-2")),
+            writer.submit(fault),
+            writer.submit(_insert("good-3")),
+        )
+        gate.open()
+        return await asyncio.gather(held, *rest, return_exceptions=True)
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        writer.close()
+    assert results[:2] == ["gate", "good-1"]
+    assert isinstance(results[2], sa.exc.IntegrityError)
+    assert results[3] == "good-2"
+    assert isinstance(results[4], sa.exc.OperationalError)
+    assert results[5] == "good-3"
+    assert _names(engine) == {"gate", "good-1", "good-2", "good-3"}  # nothing of the failures
+
+
+def test_close_answers_what_is_queued_and_stops_the_thread(engine: Engine) -> None:
+    writer = GroupCommitWriter(engine, name="report-writer-close-test")
+    writer.start()
+    gate = _Gate()
+
+    async def main() -> tuple[list[Any], BaseException | None]:
+        held = await _held(writer, gate)
+        rest = await _queued(*(writer.submit(_insert(f"job-{i}")) for i in range(5)))
+        closing = asyncio.ensure_future(asyncio.to_thread(writer.close))
+        await asyncio.sleep(0.05)
+        refused: BaseException | None = None
+        try:
+            await writer.submit(_insert("late"))
+        except WriterClosed as exc:
+            refused = exc
+        gate.open()
+        answers = await asyncio.gather(held, *rest)
+        await closing
+        return answers, refused
+
+    answers, refused = asyncio.run(main())
+    assert answers == ["gate", *(f"job-{i}" for i in range(5))]
+    assert isinstance(refused, WriterClosed)
+    assert "late" not in _names(engine)
+    assert not [t for t in threading.enumerate() if t.name == "report-writer-close-test"]
+
+
+def _enrolled(engine: Engine) -> tuple[str, nacl.signing.SigningKey]:
+    admin.create_group(engine, "vision")
+    key = nacl.signing.SigningKey.generate()
+    code = admin.create_enroll_code(engine, "vision", 600).text
+    req = EnrollRequest(code=code, name="lab-1", public_key=signing.public_key_b64(key))
+    return enroll_service.enroll(engine, req).computer_id, key
+
+
+def test_two_reports_of_one_computer_in_one_batch_keep_seq_order(
+    engine: Engine, database_url: str, tmp_path: Any
+) -> None:
+    computer_id, key = _enrolled(engine)
+    settings = Settings(data_dir=tmp_path / "data", database_url=database_url)
+    ingest = ReportIngest(engine, settings)
+    ingest.start()
+    commits = _count_commits(engine)
+
+    def body(seq: int) -> bytes:
+        env = signing.sign_report(key, computer_id, "run-1", seq, payload().to_bytes())
+        return signing.encode_envelope(env)
+
+    async def main() -> list[Any]:
+        first = await ingest.handle(body(1), db.utcnow())  # the sender is cached from here on
+        gate = _Gate()
+        held = await _held(ingest.writer, gate)
+        before = commits[0]
+        batch = await _queued(*(ingest.handle(body(s), db.utcnow()) for s in (3, 2, 4)))
+        gate.open()
+        answers = await asyncio.gather(*batch)
+        await held
+        assert commits[0] - before == 2  # the gate's batch and the three reports' batch
+        return [first, *answers]
+
+    try:
+        answers = [json.loads(a) for a in asyncio.run(main())]
+    finally:
+        ingest.close()
+    assert [a["code"] for a in answers] == ["new_run", "applied", "not_newer", "applied"]
+    assert answers[2]["reason"] == "not applied: seq 2 is not newer than 4"
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(COMPUTERS).where(COMPUTERS.c.id == computer_id)).one()
+    assert (row.seq, row.reports_applied) == (4, 3)
