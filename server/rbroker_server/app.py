@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import anyio.to_thread
 import sqlalchemy as sa
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
-from litestar import Litestar, get
+from litestar import Litestar, Request, Response, get
 from litestar.config.compression import CompressionConfig
 from litestar.datastructures import CacheControlHeader, State
 from litestar.di import NamedDependency, Provide
@@ -35,6 +36,7 @@ from rbroker_server.reports.controller import report_route
 from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.settings import Settings
 from rbroker_server.web import controller as web
+from rbroker_server.web import fault_page
 from rbroker_server.web.headers import security_headers_for
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,19 @@ async def _prune_forever(
         except sa.exc.SQLAlchemyError:
             log.exception("pruning failed; retrying at the next interval")
         await asyncio.sleep(settings.prune_interval_s)
+
+
+def _fault_answer(
+    faults: dbfaults.DatabaseFaults,
+) -> Callable[[Request[Any, Any, Any], Exception], Response[Any]]:
+    """The handler of database faults: an HTML page for the web view, JSON elsewhere."""
+
+    def answer(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+        if fault_page.is_page(request):
+            return fault_page.fault_page(request, faults.fault(exc), faults.retry_after_s)
+        return faults.answer(request, exc)
+
+    return answer
 
 
 def create_app(
@@ -141,7 +156,7 @@ def create_app(
         ],
         exception_handlers={
             HTTPException: json_error,
-            **dict.fromkeys(dbfaults.FAULTS, faults.answer),
+            **dict.fromkeys(dbfaults.FAULTS, _fault_answer(faults)),
         },
         compression_config=CompressionConfig(
             backend="gzip",

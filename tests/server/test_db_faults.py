@@ -112,6 +112,13 @@ def test_postgresql_stopped_gives_503_one_line_and_recovers(
             _assert_503(c.http.get("/api/v1/fleet", headers=c.viewer("vision")), unreachable)
             _assert_503(c.http.get("/healthz"), unreachable)
             _assert_503(pc.get("/api/v1/fleet"), unreachable)
+            # a browser on the web view gets a page, not the API's JSON body
+            page = c.http.get("/fleet", headers={"Cookie": "rbroker_session=" + "s" * 40})
+            assert page.status_code == 503, page.text
+            assert page.headers["content-type"].startswith("text/html")
+            assert int(page.headers["retry-after"]) >= 1
+            assert "<h1>The coordinator cannot reach its database</h1>" in page.text
+            assert unreachable in page.text and "psycopg" not in page.text.lower()
             time.sleep(1.2)  # two probe intervals: the probe fails quietly
             _assert_503(pc.report(), unreachable)
             assert len(fault_log.faults()) == 1, fault_log.lines

@@ -37,6 +37,8 @@ TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
 
 SESSION_COOKIE = "rbroker_session"
+PAGE_OPT = "rbroker_web_page"
+"""The route option that marks the web view's handlers (`fault_page.is_page`)."""
 SIGNIN_CSRF_COOKIE = "rbroker_signin_csrf"
 SIGNIN_ATTEMPTS = ratelimit.SIGNIN_ATTEMPTS
 """Sign-in attempts per client address: a burst of 10, then one every 6 s."""
@@ -73,7 +75,9 @@ def _cookie_path(request: Request[Any, Any, Any]) -> str:
     return base_path(request) or "/"
 
 
-def _common(request: Request[Any, Any, Any], **context: Any) -> dict[str, Any]:
+def page_context(request: Request[Any, Any, Any], **context: Any) -> dict[str, Any]:
+    """What every page's template gets (base path, colours, helpers), plus `context`; a
+    `csrf_token` in it is masked for the form."""
     if context.get("csrf_token"):
         context["csrf_token"] = sessions.mask_token(context["csrf_token"])
     return {
@@ -116,7 +120,7 @@ def _signin_page(
     token = secrets.token_urlsafe(32)
     return Template(
         template_name="signin.html",
-        context=_common(request, error=error, signin_csrf=sessions.mask_token(token)),
+        context=page_context(request, error=error, signin_csrf=sessions.mask_token(token)),
         status_code=status_code,
         cookies=[
             Cookie(
@@ -141,7 +145,7 @@ def _fleet(
             raise NotAuthorizedException("signed out")
         return _to_signin(request)
     view = fleet_service.fleet(engine, settings, signed.scope)
-    context = _common(
+    context = page_context(
         request,
         group=view.group,
         csrf_token=signed.csrf_token,
@@ -172,7 +176,7 @@ def _computer(
     except fleet_service.ComputerNotFound:
         return Template(
             template_name="message.html",
-            context=_common(
+            context=page_context(
                 request,
                 csrf_token=signed.csrf_token,
                 heading="No such computer",
@@ -180,7 +184,7 @@ def _computer(
             ),
             status_code=404,
         )
-    context = _common(
+    context = page_context(
         request,
         csrf_token=signed.csrf_token,
         generated_at=now,
@@ -199,6 +203,7 @@ class WebController(Controller):
     path = "/"
     include_in_schema = False
     cache_control = CacheControlHeader(no_store=True)
+    opt = {PAGE_OPT: True}  # noqa: RUF012 - Litestar's layered option, read per request
 
     @get("/", sync_to_thread=True)
     def index(self, request: Request[Any, Any, Any], engine: NamedDependency[Engine]) -> Redirect:
