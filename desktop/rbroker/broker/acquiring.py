@@ -26,9 +26,10 @@ def begin(
         RpcError: as `Broker.acquire`, for what is refused at once.
     """
     if params.request_key:
-        found = b.waiting.find(params.request_key, owner, holder, b.leases)
-        if isinstance(found, Lease):
-            return b.table.rebind(found, conn_id)
+        lease = b.table.by_request_key(params.request_key, owner, holder)
+        if lease is not None:
+            return b.table.rebind(lease, conn_id)
+        found = b.waiting.find(params.request_key, owner, holder)
         if found is not None:
             found.conn_id, found.reattach_by = conn_id, None
             return found

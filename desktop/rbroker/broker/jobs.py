@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +118,8 @@ class JobTable:
         self.clock = clock
         self.store = store
         self.jobs: dict[str, Job] = {}
+        # jobs that may have lost their last connection or lease since `check_stalled`
+        self._recheck: set[str] = set()
         if store is not None:
             for rec, chunks in store.jobs():
                 job = Job(
@@ -193,6 +196,7 @@ class JobTable:
         )
         self.jobs[job.job_id] = job
         self._save(job)
+        self._recheck.add(job.job_id)
         return job
 
     def update(
@@ -233,6 +237,7 @@ class JobTable:
             raise
         if conn_id is not None:
             job.conn_ids.add(conn_id)  # e.g. the declarer came back (SDK reconnect)
+        self._recheck.add(job.job_id)
         return job
 
     def report(
@@ -305,6 +310,7 @@ class JobTable:
                 raise
         if conn_id is not None:
             job.conn_ids.add(conn_id)
+        self._recheck.add(job.job_id)
         return job, False
 
     def link_lease(self, job_id: str, owner: str, lease_id: str) -> None:
@@ -314,6 +320,7 @@ class JobTable:
         if job.state in ("queued", "stalled"):
             job.state = "running"
             self._save(job)
+        self._recheck.add(job_id)
 
     def restore_link(self, job_id: str, lease_id: str) -> None:
         """A lease restored after a broker restart still belongs to its job. The state does
@@ -322,24 +329,39 @@ class JobTable:
         if job is not None and job.state not in FINISHED:
             job.lease_ids.add(lease_id)
 
-    def check_stalled(self, live_lease_ids: set[str]) -> list[Job]:
+    def lease_ended(self, lease_id: str, job_id: str | None) -> None:
+        """Lease `lease_id` of job `job_id` (None: of no job) ended: it no longer keeps the
+        job running."""
+        job = self.jobs.get(job_id) if job_id is not None else None
+        if job is not None and lease_id in job.lease_ids:
+            job.lease_ids.discard(lease_id)
+            self._recheck.add(job.job_id)
+
+    def check_stalled(self) -> list[Job]:
         """Queued or running jobs with no attached connection and no live linked lease
-        become `stalled`; returns the jobs that changed."""
+        become `stalled`; returns the jobs that changed. Only the jobs that lost a
+        connection or a lease, or changed, since the last check are looked at, so the cost
+        is flat in the number of leases and jobs."""
         changed = []
-        for job in self.jobs.values():
-            job.lease_ids &= live_lease_ids
+        for job_id in self._recheck:
+            job = self.jobs.get(job_id)
+            if job is None:
+                continue
             if job.state in ("queued", "running") and not job.conn_ids and not job.lease_ids:
                 job.state = "stalled"
                 self._save(job)
                 changed.append(job)
+        self._recheck.clear()
         return changed
 
     def connection_closed(self, conn_id: int) -> None:
         """A connection is gone (finished or crashed): it no longer keeps jobs attached."""
         for job in self.jobs.values():
-            job.conn_ids.discard(conn_id)
+            if conn_id in job.conn_ids:
+                job.conn_ids.discard(conn_id)
+                self._recheck.add(job.job_id)
 
-    def view(self, include_finished: bool, live_lease_ids: set[str]) -> list[dict[str, Any]]:
+    def view(self, include_finished: bool, live_lease_ids: Container[str]) -> list[dict[str, Any]]:
         """Jobs for `jobs.list`, newest last."""
         now = self.clock.wall()
         return [

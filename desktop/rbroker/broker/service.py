@@ -243,6 +243,7 @@ class Broker:
     def _end(self, lease: Lease, state: LeaseState, reason: str) -> None:
         if self.table.end(lease, state, reason):
             self.resizes.lease_ended(lease.lease_id)
+            self.jobs.lease_ended(lease.lease_id, lease.job_id)
             self.emit("lease", {"lease_id": lease.lease_id, "state": state.value})
 
     def connection_closed(self, conn_id: int) -> None:
@@ -261,7 +262,7 @@ class Broker:
 
     def _check_holders(self) -> None:
         self._reap_dead_holders()
-        for job in self.jobs.check_stalled(set(self.leases)):
+        for job in self.jobs.check_stalled():
             self.emit("job", {"job_id": job.job_id, "state": job.state})
 
     def _reap_dead_holders(self) -> None:

@@ -2,14 +2,12 @@
 holds outside its leases (baselines), token hashes, and which leases are due to end (the
 tick loop is `rbroker.broker.ticks`).
 
-Memory attribution (docs/architecture.md §2): the latest sample's memory of a holder's
-process tree, less its baseline, is shared among its leases on that GPU in grant order;
-what a lease was granted but does not use yet is *outstanding* and counts against capacity.
-An ended lease's outstanding MiB stays booked (*unconfirmed*) until a sample that started
-after the end shows what its holder still uses (the release rule of §2).
-
-Costs are flat in the number of leases: per-GPU and per-(holder, GPU) indexes and running
-outstanding sums; expiry walks the leases only once the earliest deadline may have passed.
+Memory attribution (docs/architecture.md §2): a sample's memory of a holder's process tree,
+less its baseline, is shared among its leases on that GPU in grant order (a lease granted
+after the sample began gets only its claim); what a lease was granted but does not use is
+*outstanding*; an ended lease's stays booked (*unconfirmed*) until a sample that started
+after the end (the release rule). Costs are flat in the number of leases: indexes and
+running sums; expiry walks the leases only once the earliest deadline may have passed.
 
 Expiry (docs/architecture.md §3): a lease ends when its deadline (monotonic) passes without a
 heartbeat, when its holder process exits, or when its connection closes; after a loop stall
@@ -66,10 +64,10 @@ class LeaseTable:
         self._on_gpu: dict[str, dict[str, Lease]] = {}
         self._held: dict[tuple[Holder, str], dict[str, Lease]] = {}
         self._by_holder: dict[Holder, dict[str, Lease]] = {}
+        self._by_key: dict[tuple[str, str, Holder], Lease] = {}  # (request key, owner, holder)
         self._outstanding: dict[str, int] = {}
         self._granted: dict[str, int] = {}  # per GPU: Σ granted of its active leases
-        # holders whose leases on a GPU show use or who hold memory outside them there:
-        # a sample that lists none of their processes must still update them
+        # holders whose leases on a GPU show use or who hold memory outside them there
         self._touched: dict[str, set[Holder]] = {}
         # per GPU: (monotonic end time, MiB) of ended leases no sample has confirmed yet
         self._unconfirmed: dict[str, collections.deque[tuple[float, int, Holder | None]]] = {}
@@ -84,6 +82,8 @@ class LeaseTable:
         """Enter an active lease into the table and its indexes (grant and restore)."""
         self.leases[lease.lease_id] = lease
         self._by_holder.setdefault(lease.holder, {})[lease.lease_id] = lease
+        if lease.request_key:
+            self._by_key[(lease.request_key, lease.owner, lease.holder)] = lease
         for u in lease.gpu_uuids:
             self._on_gpu.setdefault(u, {})[lease.lease_id] = lease
             self._held.setdefault((lease.holder, u), {})[lease.lease_id] = lease
@@ -96,6 +96,9 @@ class LeaseTable:
 
     def _unindex(self, lease: Lease) -> None:
         del self.leases[lease.lease_id]
+        key = (lease.request_key, lease.owner, lease.holder)
+        if lease.request_key and self._by_key.get(key) is lease:
+            del self._by_key[key]
         mine = self._by_holder.get(lease.holder)
         if mine is not None:
             mine.pop(lease.lease_id, None)
@@ -162,11 +165,9 @@ class LeaseTable:
         return done
 
     def _keep_outside(self, slot: GpuSlot, holder: Holder, mib: int) -> None:
-        """The first sample after an end of a lease of `holder` with `mib` unconfirmed MiB:
-        the holder's growth since its leases' last figures, up to `mib`, may be kept memory
-        of the ended lease: it goes to the baseline (outside any lease), never to the use of
-        the holder's other leases (that would over-admit); if it was theirs, it is counted
-        twice until the holder's use drops (cautious)."""
+        """The first sample after the end of a lease of `holder` with `mib` unconfirmed MiB:
+        the holder's growth since its leases' last figures, up to `mib`, goes to its baseline,
+        never to its other leases' use (over-admitting); counted twice if theirs (cautious)."""
         uuid = slot.uuid
         leases = self._held.get((holder, uuid))
         if not leases:
@@ -179,9 +180,8 @@ class LeaseTable:
             self._touched.setdefault(uuid, set()).add(holder)
 
     def _observe(self, slot: GpuSlot, holder: Holder) -> None:
-        """Share `holder`'s memory on `slot` (less its baseline) among its leases there.
-
-        A sample that began before the holder's latest grant there gives a lease granted
+        """Share `holder`'s memory on `slot` (less its baseline) among its leases there. A
+        sample that began before the holder's latest grant there gives a lease granted
         after it began only its claim and every other lease at most its grant: the rest was
         held before that grant, so it is outside the holder's leases (its baseline)."""
         uuid = slot.uuid
@@ -288,8 +288,7 @@ class LeaseTable:
             lease.baseline_mib[u] = baseline - claim
             lease.claimed_mib[u] = claim
             lease.admission[u] = {**cap.as_dict(), "requested_mib": waiter.mib, "extra_mib": need}
-        # a holder that shows no memory on a GPU and holds none outside its leases there has
-        # nothing to share: its other leases keep 0, however many (no walk over them)
+        # a holder showing no memory and holding none outside its leases on a GPU: no walk
         quiet = {
             u
             for u, _, _ in chosen
@@ -316,6 +315,10 @@ class LeaseTable:
             lease.project,
             lease.waited_s,
         )
+
+    def by_request_key(self, key: str, owner: str, holder: Holder) -> Lease | None:
+        """The active lease of `owner`'s `holder` granted under request key `key`, or None."""
+        return self._by_key.get((key, owner, holder))
 
     def find(self, lease_id: str, owner: str) -> Lease:
         """The active lease `lease_id` of `owner`.

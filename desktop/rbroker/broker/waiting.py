@@ -94,14 +94,9 @@ class WaitQueue:
             if waiter.reattach_by is not None:  # restored, its client not back: nobody awaits
                 waiter.future.exception()
 
-    def find(
-        self, request_key: str, owner: str, holder: Holder, leases: dict[str, Lease]
-    ) -> Lease | Waiter | None:
-        """A lease granted, or a request still queued, under `request_key` for this holder
+    def find(self, request_key: str, owner: str, holder: Holder) -> Waiter | None:
+        """A request still queued under `request_key` for this holder, whose client is gone
         (after a broker restart the SDK re-sends its request with the same key)."""
-        for lease in leases.values():
-            if lease.request_key == request_key and lease.owner == owner and lease.holder == holder:
-                return lease
         for waiter in self.waiters:
             if (
                 waiter.request_key == request_key

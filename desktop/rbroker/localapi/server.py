@@ -414,7 +414,7 @@ class LocalApi:
         return {"job": self._job_wire(job), "duplicate": duplicate}
 
     def _jobs_list(self, conn: Connection, p: JobsListParams) -> dict[str, Any]:
-        return {"jobs": self.broker.jobs.view(p.include_finished, set(self.broker.leases))}
+        return {"jobs": self.broker.jobs.view(p.include_finished, self.broker.leases)}
 
     def _pause(self, conn: Connection, p: PauseParams) -> dict[str, Any]:
         self.broker.set_paused(p.paused)

@@ -70,7 +70,7 @@ def build_payload(
     """
     gpus = broker.gpus_view()
     view = broker.leases_view()
-    jobs = broker.jobs.view(include_finished=True, live_lease_ids=set(broker.leases))
+    jobs = broker.jobs.view(include_finished=True, live_lease_ids=broker.leases)
     queue = [{**q, "reason": q["reason"][:REASON_LIMIT]} for q in view["queue"]]
     lists: dict[str, list[dict[str, Any]]] = {
         "leases": view["leases"],
