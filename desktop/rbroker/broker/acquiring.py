@@ -1,7 +1,9 @@
 """The synchronous part of `Broker.acquire`: a request keyed like one already granted or
 waiting gets that lease or queue entry back; a new one is checked (infeasible, telemetry),
 queued and given one admission pass at once, so that a request that fits is granted
-without waiting (and the local API answers it without a task of its own).
+without waiting (and the local API answers it without a task of its own); a request queued
+behind others on every GPU it may take only gets its reason (the cost of an acquire stays
+flat in the length of the queue).
 """
 
 from __future__ import annotations
@@ -40,8 +42,15 @@ def begin(
     waiter = b.waiting.new_waiter(
         params, candidates, owner, holder, conn_id, b.clock.monotonic(), b.clock.wall()
     )
+    behind = bool(candidates) and all(b.waiting.waiting_on(u) for u in candidates)
     b.waiting.add(waiter)
-    b._admit()
+    if behind:
+        # queued behind other requests on every GPU it may take: FIFO, it cannot be granted
+        # before them, and every change that could admit them runs a pass of its own (a
+        # sample, a cancel, a closed connection, a resume, the tick): no pass over the queue
+        b.admission.explain_behind(waiter, b.waiting.waiting_on, b.paused)
+    else:
+        b._admit()
     future = waiter.future
     if future.done() and not future.cancelled() and future.exception() is None:
         return future.result()

@@ -254,6 +254,26 @@ class Admission:
             for u in pending:
                 self.slots[u].kick.set()
 
+    def explain_behind(self, waiter: Waiter, ahead_on: Callable[[str], int], paused: bool) -> None:
+        """Give a new waiter queued behind `ahead_on(u)` > 0 others on each of its GPUs the
+        reason an admission pass would give it, without the pass (it cannot be granted
+        before them); a GPU whose fresh sample is pending is kicked."""
+        now = self.clock.monotonic()
+        caps: dict[str, Capacity] = {}
+        for u in waiter.candidates:
+            cap = self.table.capacity(u)
+            if cap is not None and self.slots[u].fresh(now, self.config.max_sample_age_s):
+                caps[u] = cap
+        pending = [
+            u
+            for u in waiter.candidates
+            if u not in caps and self.slots[u].telemetry is TelemetryState.OK
+        ]
+        blocked = {u: ahead_on(u) - 1 for u in waiter.candidates}  # less the waiter itself
+        self._explain_wait(waiter, caps, blocked, pending, paused)
+        for u in pending:
+            self.slots[u].kick.set()
+
     def claim(self, waiter: Waiter, slot: GpuSlot) -> int:
         """MiB of the holder's existing use that an adopting request takes over on `slot`."""
         if not waiter.adopt:

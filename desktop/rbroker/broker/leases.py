@@ -194,9 +194,10 @@ class Lease:
         )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Waiter:
-    """A queued `lease.acquire`. `candidates` are the GPU UUIDs it may take, in order."""
+    """A queued `lease.acquire`. `candidates` are the GPU UUIDs it may take, in order.
+    Waiters compare by identity (the queue finds and removes them)."""
 
     request_id: int
     mib: int

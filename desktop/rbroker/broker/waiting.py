@@ -27,6 +27,15 @@ class WaitQueue:
         self.waiters: list[Waiter] = []
         self._emit = emit
         self._seq = 0
+        self._on_gpu: dict[str, int] = {}  # waiters queued per candidate GPU
+
+    def waiting_on(self, uuid: str) -> int:
+        """How many queued requests may take GPU `uuid`."""
+        return self._on_gpu.get(uuid, 0)
+
+    def _count(self, waiter: Waiter, step: int) -> None:
+        for u in waiter.candidates:
+            self._on_gpu[u] = self._on_gpu.get(u, 0) + step
 
     def next_id(self) -> int:
         """The next request number (1, 2, ...; per broker run)."""
@@ -37,7 +46,9 @@ class WaitQueue:
         """Give unpinned waiters every GPU known now (after GPUs were enumerated late)."""
         for waiter in self.waiters:
             if not waiter.pinned:
+                self._count(waiter, -1)
                 waiter.candidates = candidates_for(waiter.gpus)
+                self._count(waiter, 1)
 
     def new_waiter(
         self,
@@ -77,6 +88,7 @@ class WaitQueue:
     def add(self, waiter: Waiter) -> None:
         """Queue `waiter` last."""
         self.waiters.append(waiter)
+        self._count(waiter, 1)
 
     def persist(self, waiter: Waiter) -> None:
         """Keep a waiting request with a request key across a broker restart."""
@@ -87,6 +99,7 @@ class WaitQueue:
         """Take `waiter` off the queue (and the store); fail its future with `error`."""
         if waiter in self.waiters:
             self.waiters.remove(waiter)
+            self._count(waiter, -1)
         if self.store is not None and waiter.request_key:
             self.store.delete_waiter(waiter.request_key)
         if error is not None and not waiter.future.done():
@@ -140,6 +153,7 @@ class WaitQueue:
                 w.future.set_exception(error)
                 w.future.exception()  # retrieved: nobody may be awaiting a restored waiter
         self.waiters.clear()
+        self._on_gpu.clear()
 
     def ahead(self) -> list[tuple[Waiter, int]]:
         """Each waiter with the number of requests queued before it on any of its GPUs."""

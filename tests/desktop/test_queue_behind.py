@@ -1,0 +1,68 @@
+"""A request queued behind others on every GPU it may take gets its reason without an
+admission pass over the whole queue (the cost of an acquire stays flat in the length of the
+queue), and FIFO holds: it is granted only after the requests ahead of it.
+
+An in-process broker with a manual clock: no sample or tick runs unless the test runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rbroker.broker.leases import Lease
+from rbroker_protocol.errors import RpcError
+from tests.conftest import GPU0, SINGLE_24G
+from tests.desktop.inprocess import InProcessBroker, SleeperPool
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[InProcessBroker]:
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(SINGLE_24G)
+    broker = InProcessBroker(scenario, tmp_path, persist=False)
+    yield broker
+    broker.close()
+
+
+@pytest.fixture
+def pool() -> Iterator[SleeperPool]:
+    p = SleeperPool()
+    yield p
+    p.close()
+
+
+def test_requests_behind_a_waiting_one_get_reasons_without_passes_and_keep_fifo(
+    h: InProcessBroker, pool: SleeperPool
+) -> None:
+    _, holder = pool.spawn()
+    full = h.acquire(holder, mib=20000).result()
+    passes = []
+    run = h.broker.admission.run
+
+    def counted(*args: object, **kwargs: object) -> None:
+        passes.append(1)
+        run(*args, **kwargs)  # type: ignore[arg-type]
+
+    h.broker.admission.run = counted  # type: ignore[method-assign]
+    first = h.acquire(holder, mib=8000, wait_s=60.0)  # does not fit: waits
+    assert len(passes) == 1 and not first.done()
+    behind = [h.acquire(holder, mib=1000, wait_s=60.0) for _ in range(10)]  # would fit
+    refused = h.acquire(holder, mib=1000, wait_s=0.0)
+    assert len(passes) == 1, "a request queued behind others ran a pass over the queue"
+    assert not any(t.done() for t in behind), "granted past the request ahead (FIFO)"
+    queue = h.broker.queue
+    assert [w.reason_kind for w in queue] == ["capacity"] * 12
+    assert queue[10].reason.endswith("1 000 requested; 10 requests ahead")
+    assert queue[1].reason_data["available_mib"] == queue[0].reason_data["available_mib"]
+    h.tick(0.1)  # the tick answers the wait_s=0 request on its reason's numbers
+    err = refused.exception()
+    assert isinstance(err, RpcError) and err.name == "capacity_unavailable", err
+    assert "11 requests ahead" in err.message
+    h.broker.release(full.lease_id, full.owner)
+    h.sample()  # the release confirmed: first the request ahead, then the ones behind it
+    assert first.done() and isinstance(first.result(), Lease)
+    assert all(t.done() and t.result().gpu_uuid == GPU0 for t in behind)
+    assert [lease.granted_mib for lease in h.broker.leases.values()] == [8000] + [1000] * 10
