@@ -33,6 +33,7 @@ from rbroker_server.metrics.controller import MetricsController
 from rbroker_server.net import STATE_TRUSTED, PrefixStrip, parse_networks
 from rbroker_server.ratelimit import ThrottleGate, Throttles
 from rbroker_server.reports.controller import report_route
+from rbroker_server.reports.gate import ReportGate
 from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.settings import Settings
 from rbroker_server.web import controller as web
@@ -192,6 +193,9 @@ def create_app(
         ),
     )
     app.asgi_handler = ThrottleGate(app.asgi_handler, throttles, trusted)  # before routing
+    app.asgi_handler = ReportGate(  # the report hot path, before the framework
+        app.asgi_handler, reports, faults, trusted, settings.max_body_bytes
+    )
     if settings.root_path:  # behind a proxy under a prefix: route with or without it
         app.asgi_handler = PrefixStrip(app.asgi_handler, settings.root_path)
     # outermost, so that every answer gets them: a route's, an error's, the router's 404

@@ -60,7 +60,12 @@ def is_json_media_type(content_type: str | None) -> bool:
 
 def check_content_type(request: Request[Any, Any, Any]) -> None:
     """Raises UnsupportedMediaType unless the request declares a JSON body."""
-    content_type = request.headers.get("content-type")
+    check_media_type(request.headers.get("content-type"))
+
+
+def check_media_type(content_type: str | None) -> None:
+    """Raises UnsupportedMediaType unless `content_type` (a Content-Type header's value,
+    None when there is none) is JSON."""
     if not is_json_media_type(content_type):
         sent = content_type.partition(";")[0].strip() if content_type else "no Content-Type"
         raise UnsupportedMediaType(f"send the body as {JSON_MEDIA_TYPE} (got {sent[:64]})")

@@ -5,9 +5,11 @@ of one computer in one batch keep their order, and closing answers what is queue
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 import nacl.signing
@@ -21,6 +23,8 @@ from rbroker_server.admin import service as admin
 from rbroker_server.enroll import service as enroll_service
 from rbroker_server.enroll.schema import EnrollRequest
 from rbroker_server.models import Computer, HealthCheck
+from rbroker_server.reports import service
+from rbroker_server.reports.cache import load_view
 from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.reports.writer import GroupCommitWriter, WriterClosed
 from rbroker_server.settings import Settings
@@ -214,3 +218,44 @@ def test_two_reports_of_one_computer_in_one_batch_keep_seq_order(
     with engine.connect() as conn:
         row = conn.execute(sa.select(COMPUTERS).where(COMPUTERS.c.id == computer_id)).one()
     assert (row.seq, row.reports_applied) == (4, 3)
+
+
+def test_a_shared_statement_that_misses_a_row_is_written_one_by_one(
+    engine: Engine, database_url: str, tmp_path: Any
+) -> None:
+    settings = Settings(data_dir=tmp_path / "data", database_url=database_url)
+    admin.create_group(engine, "vision")
+    senders = []
+    for name in ("lab-1", "lab-2", "lab-3"):
+        key = nacl.signing.SigningKey.generate()
+        code = admin.create_enroll_code(engine, "vision", 600).text
+        req = EnrollRequest(code=code, name=name, public_key=signing.public_key_b64(key))
+        senders.append((enroll_service.enroll(engine, req).computer_id, key))
+
+    def write_of(
+        cid: str, key: nacl.signing.SigningKey, seq: int, stale_key: bool, now: datetime
+    ) -> Any:
+        env = service.parse(
+            signing.encode_envelope(
+                signing.sign_report(key, cid, "run-1", seq, payload().to_bytes())
+            ),
+            settings,
+        )
+        view = load_view(engine, cid)
+        assert view is not None
+        checked = service.decode(env, service.verify(env, view), now)
+        if stale_key:  # as a cached view from before the key changed
+            view = dataclasses.replace(view, public_key="stale")
+        return service.plan(checked, view, now, settings)
+
+    for cid, key in senders:
+        with db.write_transaction(engine) as conn:
+            assert service.write(conn, write_of(cid, key, 1, False, db.utcnow())) == "applied"
+    now = db.utcnow()  # one time for the three: one variant of the statement
+    writes = [write_of(cid, key, 2, i == 1, now) for i, (cid, key) in enumerate(senders)]
+    assert len({id(w.statement) for w in writes}) == 1  # one executemany for the three
+    with db.write_transaction(engine) as conn:
+        assert service.write_many(conn, writes) == ["applied", "not_updated", "applied"]
+    with engine.connect() as conn:
+        seqs = dict(conn.execute(sa.select(COMPUTERS.c.id, COMPUTERS.c.seq)).all())
+    assert [seqs[cid] for cid, _ in senders] == [2, 1, 2]

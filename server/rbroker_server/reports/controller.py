@@ -1,18 +1,22 @@
 """`POST /api/v1/reports`: the body is the signed envelope, read as exact bytes.
 
 The route is built around the app's `ReportIngest` (`report_route`): no dependency
-injection on the hot path, and the answer is JSON bytes encoded once
-(`service.Answer.encoded`), declared in the schema as a `ReportAck`.
+injection, and the answer is JSON bytes encoded once (`service.Answer.encoded`), declared
+in the schema as a `ReportAck`. In the app, `gate.ReportGate` answers this route before
+the framework routes (the same ingest, the same answers, `refusal` for both); the route is
+what the schema documents and what answers without the gate.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from litestar import MediaType, Request, Response, post
 from litestar.exceptions import (
     ClientException,
+    HTTPException,
     NotAuthorizedException,
     PermissionDeniedException,
     ServiceUnavailableException,
@@ -46,6 +50,29 @@ ANSWER = ResponseSpec(
 )
 
 
+def refusal(exc: Exception, client: Callable[[], str]) -> HTTPException | None:
+    """The HTTP answer to an exception of `ReportIngest.handle` (None for any other, e.g.
+    a database fault); `client` gives the client's address for the log line of a 401."""
+    if isinstance(exc, service.ReportTooLarge):
+        return ClientException("report body too large", status_code=413)
+    if isinstance(exc, service.ReportUnauthenticated):
+        log.warning("unauthenticated report from %s: %s", client(), exc)
+        return NotAuthorizedException(
+            f"report not authenticated: {exc}", headers=dict(REPORT_CHALLENGE)
+        )
+    if isinstance(exc, service.ComputerRevoked):
+        return PermissionDeniedException("computer revoked")
+    if isinstance(exc, service.PayloadNestedTooDeeply):
+        return NestedTooDeeply(str(exc))
+    if isinstance(exc, service.ReportInvalid):
+        return ClientException(str(exc), status_code=422)
+    if isinstance(exc, WriterClosed):
+        return ServiceUnavailableException(
+            f"{exc}; try again later", headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER_S)}
+        )
+    return None
+
+
 def report_route(ingest: ReportIngest) -> HTTPRouteHandler:
     """The route handler of `POST /api/v1/reports` for one app."""
 
@@ -69,24 +96,11 @@ def report_route(ingest: ReportIngest) -> HTTPRouteHandler:
         received_at = utcnow()  # the freshness clock: when the whole body had arrived
         try:
             answer = await ingest.handle(body, received_at)
-        except service.ReportTooLarge as exc:
-            raise ClientException("report body too large", status_code=413) from exc
-        except service.ReportUnauthenticated as exc:
-            log.warning("unauthenticated report from %s: %s", client_address(request), exc)
-            raise NotAuthorizedException(
-                f"report not authenticated: {exc}", headers=dict(REPORT_CHALLENGE)
-            ) from exc
-        except service.ComputerRevoked as exc:
-            raise PermissionDeniedException("computer revoked") from exc
-        except service.PayloadNestedTooDeeply as exc:
-            raise NestedTooDeeply(str(exc)) from exc
-        except service.ReportInvalid as exc:
-            raise ClientException(str(exc), status_code=422) from exc
-        except WriterClosed as exc:
-            raise ServiceUnavailableException(
-                f"{exc}; try again later",
-                headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER_S)},
-            ) from exc
+        except Exception as exc:
+            refused = refusal(exc, lambda: client_address(request))
+            if refused is None:
+                raise  # a database fault (503 from `dbfaults`) or a fault of ours
+            raise refused from exc
         return Response(answer, media_type=MediaType.JSON)
 
     return report

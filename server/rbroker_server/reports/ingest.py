@@ -142,7 +142,7 @@ class ReportIngest:
         self.engine = engine
         self.settings = settings
         self.cache = ComputerCache()
-        self.writer = GroupCommitWriter(engine)
+        self.writer = GroupCommitWriter(engine, apply=service.write_many)
 
     def start(self) -> None:
         """Start the writer thread."""

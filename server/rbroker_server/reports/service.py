@@ -368,3 +368,64 @@ def ingest(
     from rbroker_server.reports.ingest import ingest as ingest_one
 
     return ingest_one(engine, settings, body, received_at)
+
+
+def write_many(conn: Connection, writes: list[Any]) -> list[Any]:
+    """Apply `writes` inside the caller's write transaction, in effect in their order;
+    the outcome of each.
+
+    Same-run writes of computers that appear once in `writes` share one executemany per
+    statement (and one for their history points) in a savepoint: when fewer rows than
+    writes were updated (a stale cached view), the savepoint is rolled back and that group
+    is written one by one. New runs, and computers with several writes (their order
+    matters), are written one by one (`write`); other works (not a `Write`) are called.
+
+    Raises:
+        sqlalchemy.exc.SQLAlchemyError: the database refused a statement.
+    """
+    outcomes: list[Any] = [None] * len(writes)
+    seen: dict[str, int] = {}
+    for w in writes:
+        if isinstance(w, Write):
+            cid = w.checked.env.computer_id
+            seen[cid] = seen.get(cid, 0) + 1
+    groups: dict[int, list[int]] = {}
+    for i, w in enumerate(writes):
+        if not isinstance(w, Write):
+            outcomes[i] = w(conn)
+        elif w.new_run or seen[w.checked.env.computer_id] > 1:
+            outcomes[i] = write(conn, w)
+        else:
+            groups.setdefault(id(w.statement), []).append(i)
+    for members in groups.values():
+        group = [writes[i] for i in members]
+        if len(group) > 1 and _write_group(conn, group):
+            for i in members:
+                outcomes[i] = "applied"
+        else:
+            for i, w in zip(members, group, strict=True):
+                outcomes[i] = write(conn, w)
+    return outcomes
+
+
+def _write_group(conn: Connection, group: list[Write]) -> bool:
+    """One executemany of same-run writes sharing a statement; False (nothing written)
+    unless every one of them applied."""
+    dialect = conn.dialect.name
+    with conn.begin_nested() as savepoint:
+        updated = conn.execute(group[0].statement, [w.params for w in group]).rowcount
+        if updated != len(group):
+            savepoint.rollback()
+            return False
+        points = [
+            {
+                "computer_id": w.checked.env.computer_id,
+                "at": w.bucket,
+                "data": history_data(w.checked.state, w.now),
+            }
+            for w in group
+            if w.bucket is not None
+        ]
+        if points:
+            conn.execute(st.insert_history(dialect), points)
+    return True

@@ -4,10 +4,11 @@ its requests, as many as have queued up in one transaction.
 A request hands its write (a function of a connection) to `GroupCommitWriter.submit` and
 awaits the outcome. The thread takes what the queue holds (at most `max_batch` jobs),
 runs the jobs in one transaction (`db.write_transaction`) and answers each once it has
-committed: an answer never precedes durability. Jobs of a batch run in order of their key
-(a computer id) and, for one key, in the order they came, so two reports of one computer
-in a batch are ordered by the second's conditional UPDATE seeing the first's effect, and
-writers of several processes take row locks in one order (no deadlocks between batches).
+committed: an answer never precedes durability. Under load it first lingers `LINGER_S`,
+so that more jobs share a commit. Jobs of a batch run in order of their key (a computer
+id) and, for one key, in the order they came, so two reports of one computer in a batch
+are ordered by the second's conditional UPDATE seeing the first's effect, and writers of
+several processes take row locks in one order (no deadlocks between batches).
 
 When a batch fails, each of its jobs is tried again alone, so only a job that fails by
 itself fails (with its own exception: a database fault becomes the usual 503). Retries
@@ -35,12 +36,25 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH: Final = 256
 """Jobs in one transaction at most (≈ 25 ms of SQLite writes)."""
+LINGER_S: Final = 0.001
+"""Under load (the last batch held more than one job), how long the thread waits for more
+jobs before it writes (seconds): a few more reports per commit halve the writer's CPU per
+report (measured on 2 cores: 217 → 131 µs), which the event loop, sharing the GIL, gets
+back. An idle coordinator writes a lone report at once."""
 RETRY_BUDGET_S: Final = 2.0
 """How long after a failed batch its jobs are still retried alone (seconds)."""
 
 Work = Callable[[Connection], Any]
 """A job: writes through the connection, returns the outcome; it must not commit and must
 have no effect outside the transaction (it may run twice: in a batch, then alone)."""
+
+ApplyBatch = Callable[[Connection, list[Any]], list[Any]]
+"""Runs the works of one batch in one transaction, in order; their outcomes."""
+
+
+def run_each(conn: Connection, works: list[Work]) -> list[Any]:
+    """The default `ApplyBatch`: each work called in turn."""
+    return [work(conn) for work in works]
 
 
 class WriterClosed(Exception):
@@ -64,6 +78,9 @@ class GroupCommitWriter:
         engine: where the jobs write.
         max_batch: jobs per transaction at most.
         retry_budget_s: see the module's docstring.
+        linger_s: see `LINGER_S` (0: never wait).
+        apply: how a batch's works run (`run_each`; e.g. `service.write_many`, which
+            shares statements between them).
         name: the thread's name.
     """
 
@@ -73,6 +90,8 @@ class GroupCommitWriter:
         *,
         max_batch: int = MAX_BATCH,
         retry_budget_s: float = RETRY_BUDGET_S,
+        linger_s: float = LINGER_S,
+        apply: ApplyBatch = run_each,
         name: str = "report-writer",
     ) -> None:
         if max_batch < 1:
@@ -80,6 +99,8 @@ class GroupCommitWriter:
         self.engine = engine
         self.max_batch = max_batch
         self.retry_budget_s = retry_budget_s
+        self.linger_s = linger_s
+        self._apply_batch = apply
         self._name = name
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -139,10 +160,13 @@ class GroupCommitWriter:
 
     def _run(self) -> None:
         stop = False
+        loaded = False
         while not stop:
             first = self._queue.get()
             if first is None:
                 break
+            if loaded and self.linger_s > 0:
+                time.sleep(self.linger_s)
             batch = [first]
             while len(batch) < self.max_batch:
                 try:
@@ -153,6 +177,7 @@ class GroupCommitWriter:
                     stop = True
                     break
                 batch.append(job)
+            loaded = len(batch) > 1
             batch.sort(key=_key)  # stable: one key's jobs keep their order
             self._apply(batch)
             _answer(batch)
@@ -160,7 +185,7 @@ class GroupCommitWriter:
     def _apply(self, batch: list[_Job]) -> None:
         try:
             with write_transaction(self.engine) as conn:
-                results = [job.work(conn) for job in batch]
+                results = self._apply_batch(conn, [job.work for job in batch])
         except Exception as exc:
             if len(batch) == 1:
                 batch[0].error = exc
@@ -183,7 +208,7 @@ class GroupCommitWriter:
                 continue
             try:
                 with write_transaction(self.engine) as conn:
-                    job.result = job.work(conn)
+                    (job.result,) = self._apply_batch(conn, [job.work])
             except Exception as exc:
                 job.error = failure = exc
 

@@ -1,0 +1,151 @@
+"""`POST /api/v1/reports` answered in front of the framework: the hot path of a
+coordinator (architecture.md §10), without routing, request objects or middleware.
+
+`ReportGate` takes only that method and path (with or without a trailing slash) and gives
+the answers the Litestar route (`controller.report_route`) gives: the content type checked
+before anything is read (415), the body size (413, announced or streamed), the nesting
+(400), then `ReportIngest.handle` with `controller.refusal` for its refusals, a database
+fault through the app's `DatabaseFaults` (503 with `Retry-After`) and a fault of ours as a
+bare 500. Error bodies are `answers.json_error`'s: `{"status_code", "detail"}` as JSON.
+It sits inside `PrefixStrip` and the security headers, so paths are the app's own and
+every answer gets the same headers as the framework's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Final
+
+import msgspec
+from litestar.exceptions import HTTPException
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+from rbroker_server import dbfaults
+from rbroker_server.answers import INTERNAL
+from rbroker_server.bodies import check_depth, check_media_type
+from rbroker_server.db import utcnow
+from rbroker_server.net import Network, forwarded_client
+from rbroker_server.reports.controller import PATH, refusal
+from rbroker_server.reports.ingest import ReportIngest
+
+log = logging.getLogger(__name__)
+
+_PATHS: Final = frozenset({PATH, PATH + "/"})
+_JSON: Final = (b"content-type", b"application/json")
+_ENCODE: Final = msgspec.json.Encoder()
+
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+class _Disconnected(Exception):
+    """The client went away before its body had arrived."""
+
+
+class ReportGate:
+    """ASGI wrapper: `POST /api/v1/reports` by `ingest`, everything else to `app`.
+
+    Args:
+        app: the app behind it.
+        ingest: the app's report path.
+        faults: the app's database fault episodes.
+        trusted: the trusted proxies (for the client address in a 401's log line).
+        max_body_bytes: the largest body (`Settings.max_body_bytes`).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        ingest: ReportIngest,
+        faults: dbfaults.DatabaseFaults,
+        trusted: Sequence[Network],
+        max_body_bytes: int,
+    ) -> None:
+        self.app = app
+        self.ingest = ingest
+        self.faults = faults
+        self.trusted = tuple(trusted)
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        http: dict[str, Any] = scope  # type: ignore[assignment]  # read as plain ASGI
+        if http["type"] != "http" or http["method"] != "POST" or http["path"] not in _PATHS:
+            await self.app(scope, receive, send)
+            return
+        try:
+            status, headers, body = await self._answer(http, receive)
+        except _Disconnected:
+            return
+        headers += [_JSON, (b"content-length", str(len(body)).encode())]
+        start: Any = {"type": "http.response.start", "status": status, "headers": headers}
+        await send(start)
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _answer(self, scope: dict[str, Any], receive: Receive) -> Answer:
+        try:
+            body = await self._body(scope, receive)
+            received_at = utcnow()  # the freshness clock: when the whole body had arrived
+            return 200, [], await self.ingest.handle(body, received_at)
+        except _Disconnected:
+            raise
+        except HTTPException as exc:
+            return _error(exc)
+        except dbfaults.FAULTS as exc:
+            why = self.faults.fault(exc)
+            retry = [(b"retry-after", str(self.faults.retry_after_s).encode())]
+            detail = f"{why}; try again later"
+            return 503, retry, _ENCODE.encode({"status_code": 503, "detail": detail})
+        except Exception as exc:
+            refused = refusal(exc, lambda: self._client(scope))
+            if refused is None:
+                log.exception("a report failed")
+                return 500, [], _ENCODE.encode({"status_code": 500, "detail": INTERNAL})
+            return _error(refused)
+
+    async def _body(self, scope: dict[str, Any], receive: Receive) -> bytes:
+        """The body after the checks of `bodies.json_body`."""
+        content_type: str | None = None
+        length: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                content_type = value.decode("latin-1")
+            elif name == b"content-length":
+                length = value
+        check_media_type(content_type)
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            raise RequestEntityTooLarge
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message: dict[str, Any] = await receive()  # type: ignore[assignment]
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise RequestEntityTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        check_depth(body)
+        return body
+
+    def _client(self, scope: dict[str, Any]) -> str:
+        client = scope.get("client")
+        peer = str(client[0]) if client else ""
+        if not self.trusted or not peer:
+            return peer
+        forwarded = [v.decode("latin-1") for k, v in scope["headers"] if k == b"x-forwarded-for"]
+        return forwarded_client(peer, forwarded, self.trusted)
+
+
+def _error(exc: HTTPException) -> Answer:
+    content: dict[str, Any] = {"status_code": exc.status_code, "detail": exc.detail}
+    if exc.extra:
+        content["extra"] = exc.extra
+    headers = [
+        (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (exc.headers or {}).items()
+    ]
+    return exc.status_code, headers, _ENCODE.encode(content)
