@@ -1,5 +1,7 @@
 """The release rule of docs/architecture.md §2: a release never frees memory no sample has
-confirmed, and admission never waits for a fresh sample after it.
+confirmed, and admission never waits for a fresh sample after it to grant what fits; a
+request that fits only once the released MiB are confirmed waits for that one sample (also
+with wait_s 0) instead of being refused for them.
 
 A released lease's unconfirmed MiB (granted − observed at the last sample) stay booked until
 a sample that started after the release shows what its holder still uses; release-triggered
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import rbroker
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease
@@ -27,7 +30,7 @@ from rbroker.gpu.fake_nvml import FakeNvml
 from rbroker.gpu.nvml import NvmlGateway
 from rbroker_protocol.errors import RpcError
 from rbroker_protocol.localapi import AcquireParams
-from tests.conftest import GPU0, SINGLE_24G
+from tests.conftest import GPU0, SINGLE_24G, BrokerProcess
 from tests.desktop.inprocess import DESCRIPTION, InProcessBroker, SleeperPool
 
 TOTAL, HEADROOM = 24576, 1229  # SINGLE_24G with the default headroom
@@ -66,6 +69,16 @@ def _refused(h: InProcessBroker, holder: Holder, mib: int) -> RpcError:
     return err
 
 
+def _waits_for_release_sample(h: InProcessBroker, holder: Holder, mib: int) -> asyncio.Task[Lease]:
+    task = h.acquire(holder, mib=mib, wait_s=0.0)
+    h.tick(0.1)  # the expiry step would answer a wait_s=0 request it evaluated
+    assert not task.done(), "refused (or granted) before the sample that confirms the release"
+    (waiter,) = h.broker.queue
+    assert waiter.reason.startswith("waiting for a GPU sample to confirm "), waiter.reason
+    assert waiter.reason_kind == "sampling"
+    return task
+
+
 def test_acquire_right_after_a_release_gets_only_what_the_sample_confirmed(
     h: InProcessBroker, pool: SleeperPool
 ) -> None:
@@ -86,22 +99,28 @@ def test_acquire_right_after_a_release_gets_only_what_the_sample_confirmed(
     assert cap is not None
     assert (cap.device_used_mib, cap.outstanding_mib) == (5000, 15000)
     assert cap.available_mib == USABLE - 20000 == 3347
-    err = _refused(h, b, 3348)
+    # more than the confirmed free memory plus all of the release: refused on the numbers
+    err = _refused(h, b, USABLE - 5000 + 1)
     assert err.name.value == "capacity_unavailable"
-    second = _grant(h, b, 3347)  # exactly what was free before the release
+    second = _grant(h, b, 3347)  # exactly what was free before the release, at once
     assert h.broker.slots[GPU0].sample is sample, "a sample was taken: the rule was not tested"
     cap = h.broker.capacity(GPU0)
     assert cap is not None and cap.available_mib == 0
+    # one that fits only once the release is confirmed waits for that sample, also with
+    # wait_s 0 (never granted on the unconfirmed MiB, never refused for them either)
+    waiting = _waits_for_release_sample(h, b, 1)
+    assert h.broker.slots[GPU0].sample is sample
 
     h.broker.release(second.lease_id, "tester")
     assert h.broker.table.unconfirmed_mib(GPU0) == 15000 + 3347
     h.sample()  # started after both releases: A still holds its 5 000 MiB, nothing else
     assert h.broker.table.unconfirmed_mib(GPU0) == 0
+    assert waiting.done() and waiting.result().granted_mib == 1
     cap = h.broker.capacity(GPU0)
     assert cap is not None
-    assert (cap.device_used_mib, cap.outstanding_mib) == (5000, 0)
-    assert _refused(h, b, USABLE - 5000 + 1).name.value == "capacity_unavailable"
-    _grant(h, b, USABLE - 5000)
+    assert (cap.device_used_mib, cap.outstanding_mib) == (5000, 1)
+    assert _refused(h, b, USABLE - 5000).name.value == "capacity_unavailable"
+    _grant(h, b, USABLE - 5000 - 1)
 
 
 def test_memory_allocated_after_the_last_sample_is_never_freed_by_the_release(
@@ -114,11 +133,15 @@ def test_memory_allocated_after_the_last_sample_is_never_freed_by_the_release(
     h.sample()
     h.fake.allocate(GPU0, proc_a.pid, 15000)  # A uses all 20 000 now; no sample shows it yet
     h.broker.release(lease.lease_id, "tester")  # and its process keeps the memory
-    assert _refused(h, b, 3348).name.value == "capacity_unavailable"
+    waiting = _waits_for_release_sample(h, b, 3348)
     h.sample()  # the sample after the release shows what A still uses: 20 000
     cap = h.broker.capacity(GPU0)
     assert cap is not None
     assert (cap.device_used_mib, cap.outstanding_mib) == (20000, 0)
+    h.tick(0.1)  # that sample decided: no room, and it waits no second time
+    assert waiting.done()
+    err = waiting.exception()
+    assert isinstance(err, RpcError) and err.name.value == "capacity_unavailable", err
     assert _refused(h, b, 3348).name.value == "capacity_unavailable"
     _grant(h, b, 3347)
 
@@ -207,3 +230,15 @@ def test_release_triggered_samples_are_coalesced(tmp_path: Path) -> None:
     assert left == 0
     # one per 20 ms of the window, one for the last release, one periodic (1 s interval)
     assert 1 <= samples <= elapsed / GAP_S + 3, (samples, elapsed)
+
+
+def test_leases_one_after_another_with_no_wait_are_all_granted(broker: BrokerProcess) -> None:
+    """Before: the second `with rbroker.lease(20000)` right after the first (the SDK's
+    default wait_s 0) was refused "no room now … 20 000 granted not yet allocated": the
+    released MiB stay booked until a sample confirms them, and the request did not wait
+    for that sample (~20 ms away). Right: every one is granted, each after the sample."""
+    for i in range(8):
+        with rbroker.lease(
+            20000, socket=broker.socket, project="tests", session="loop", purpose=f"step {i}"
+        ) as lease:
+            assert lease.granted_mib == 20000

@@ -10,7 +10,7 @@ checked, so one pass may make several grants from the same sample.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rbroker.broker.capacity import Capacity, explain, fmt_mib, short_uuid
 from rbroker.broker.clock import Clock
@@ -248,11 +248,59 @@ class Admission:
                     if cap is not None:
                         caps[u] = cap
                 continue
-            self._explain_wait(waiter, caps, blocked, pending, paused)
+            confirming = [] if paused else self._awaits_release_sample(waiter, caps, blocked, fits)
+            if confirming:
+                self._explain_release_wait(waiter, confirming, blocked, now)
+            else:
+                self._explain_wait(waiter, caps, blocked, pending, paused)
             for u in waiter.candidates:
                 blocked[u] = blocked.get(u, 0) + 1
             for u in pending:
                 self.slots[u].kick.set()
+
+    def _awaits_release_sample(
+        self, waiter: Waiter, caps: dict[str, Capacity], blocked: dict[str, int], fits: list[Choice]
+    ) -> list[str]:
+        """The GPUs on which `waiter` would fit once a sample confirms the memory released
+        there (the release rule keeps a released lease's unconfirmed MiB booked until a
+        sample that started after the release), when with them enough of its GPUs would fit:
+        it then waits for that sample instead of being refused or told there is no room,
+        also with `wait_s` 0 — once: a sample that started after it began waiting decides.
+        Empty otherwise."""
+        chosen = {u for u, _, _ in fits}
+        since = waiter.release_wait_since
+        confirming = []
+        for u in waiter.candidates:
+            cap = caps.get(u)
+            unconfirmed = self.table.unconfirmed_mib(u)
+            if cap is None or u in blocked or u in chosen or unconfirmed <= 0:
+                continue
+            sample = self.slots[u].sample
+            if since is not None and sample is not None and sample.started_at > since:
+                continue  # the sample it waited for came: it decides
+            need = waiter.mib - self.claim(waiter, self.slots[u])
+            if replace(cap, outstanding_mib=max(0, cap.outstanding_mib - unconfirmed)).fits(need):
+                confirming.append(u)
+        return confirming if len(fits) + len(confirming) >= waiter.gpus else []
+
+    def _explain_release_wait(
+        self, waiter: Waiter, confirming: list[str], blocked: dict[str, int], now: float
+    ) -> None:
+        """Make `waiter` wait for the sample that confirms memory released on `confirming`
+        (asked for at once, coalesced as every release's sample is), with its reason."""
+        if waiter.release_wait_since is None:
+            waiter.release_wait_since = now
+        ahead = max((blocked.get(u, 0) for u in waiter.candidates), default=0)
+        released = sum(self.table.unconfirmed_mib(u) for u in confirming)
+        waiter.reason = (
+            f"waiting for a GPU sample to confirm {fmt_mib(released)} released on "
+            f"{', '.join(short_uuid(u) for u in confirming)}"
+            + (f"; {ahead} request{'s' if ahead != 1 else ''} ahead" if ahead else "")
+        )
+        waiter.reason_kind = "sampling"
+        waiter.reason_data = {"ahead": ahead, "released_unconfirmed_mib": released}
+        for u in confirming:
+            self.slots[u].sample_soon(self.config.release_sample_gap_s)
 
     def explain_behind(self, waiter: Waiter, ahead_on: Callable[[str], int], paused: bool) -> None:
         """Give a new waiter queued behind `ahead_on(u)` > 0 others on each of its GPUs the

@@ -221,6 +221,9 @@ class Waiter:
     reason_kind: str = "sampling"  # "sampling" | "capacity" | "telemetry"
     reason_data: dict[str, Any] = field(default_factory=dict)
     evaluated: bool = False
+    # monotonic time it began waiting for a sample to confirm memory released on its GPUs
+    # (it waits for one such sample at most, also with wait_s 0)
+    release_wait_since: float | None = None
     request_key: str = ""
     job_id: str | None = None
     wait_until_wall: float = 0.0
