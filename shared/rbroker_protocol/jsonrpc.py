@@ -11,6 +11,7 @@ a bad line gets are exactly those of `json`. Writing, orjson turns a non-finite 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, Final
 
@@ -38,6 +39,26 @@ def encode(message: dict[str, Any]) -> bytes:
         return text.encode() + b"\n"
     except UnicodeEncodeError:
         return json.dumps(message, separators=(",", ":"), ensure_ascii=True).encode() + b"\n"
+
+
+def non_finite_path(value: Any, path: str = "") -> str | None:
+    """Where in `value` (dicts and lists, nested) a float is NaN or infinite, as a dotted
+    path (`"delay_s"`, `"gpus.0"`; `""` for `value` itself), or None when there is none.
+    Such a value has no JSON form (`encode` would write `null`, which means something else):
+    a sender refuses it instead."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = non_finite_path(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def decode(line: bytes | str) -> Any:

@@ -21,7 +21,7 @@ GpuUuid = Annotated[
 
 
 class _Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class HelloParams(_Params):

@@ -9,6 +9,7 @@ may use (uvloop where installed, the standard asyncio loop: `rbroker.eventloop`)
 from __future__ import annotations
 
 import json
+import math
 import signal
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,7 +20,7 @@ import rbroker
 from rbroker_protocol.errors import ERROR_CODES, ErrorCode
 from rbroker_protocol.jsonrpc import MAX_LINE_BYTES
 from rbroker_protocol.localapi import MAX_MIB
-from tests.conftest import SINGLE_24G, BrokerProcess, start_broker
+from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, start_broker
 from tests.desktop.conftest import LOOPS, RawConnection
 
 GOOD = {"mib": 1024, "project": "tests", "session": "bad-input", "purpose": "check errors"}
@@ -266,6 +267,29 @@ def test_non_finite_numbers(conn: RawConnection, field: str, value: str) -> None
     )
     err = _error(conn.read_message(), ErrorCode.INVALID_PARAMS)
     assert err["data"]["fields"] == [field]
+    assert "finite number" in err["message"], err  # not "less than or equal to …"
+
+
+def test_non_finite_numbers_through_the_sdk_are_refused_before_sending(
+    broker: BrokerProcess,
+) -> None:
+    """Before: the SDK wrote NaN as `null` ("not given"), so `sim_set(delay_s=nan)` was
+    answered as if accepted and changed nothing. Right: `InvalidParams` naming the field,
+    nothing sent, and the connection stays usable."""
+    with broker.client() as c:
+        for call, field in (
+            (lambda: c.sim_set(GPU0, delay_s=float("nan")), "delay_s"),
+            (lambda: c.call("lease.acquire", **GOOD, wait_s=float("inf")), "wait_s"),
+            (
+                lambda: c.call("sim.set", gpu_uuid=GPU0, processes=[{"used_mib": -math.inf}]),
+                "processes.0.used_mib",
+            ),
+        ):
+            with pytest.raises(rbroker.InvalidParams) as bad:
+                call()
+            assert f"{field} must be a finite number" in bad.value.message, bad.value.message
+        assert c.hello()["protocol_version"] >= 1
+        assert c.leases()["leases"] == []
 
 
 def test_over_long_line_followed_by_a_good_one_in_the_same_write(conn: RawConnection) -> None:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from rbroker._exceptions import BrokerUnavailable, RBrokerError, from_rpc_error
+from rbroker._exceptions import BrokerUnavailable, InvalidParams, RBrokerError, from_rpc_error
 from rbroker.localapi.paths import Candidate, discovery_order
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
@@ -218,6 +218,13 @@ def _raise_refusal(error: dict[str, Any], address: str) -> None:
     raise from_rpc_error(err)
 
 
+def _at(params: dict[str, Any], path: str) -> Any:
+    value: Any = params
+    for key in path.split("."):
+        value = value[int(key)] if isinstance(value, list | tuple) else value[key]
+    return value
+
+
 class Client:
     """A connection to the local broker.
 
@@ -295,8 +302,16 @@ class Client:
 
         Raises:
             RBrokerError: the broker's error, as the exception class of its code.
+            InvalidParams: a parameter is NaN or infinite (JSON has no such number; it
+                is refused here, never sent as `null`, which would mean "not given").
             BrokerUnavailable: the connection broke or timed out.
         """
+        bad = jsonrpc.non_finite_path(params)
+        if bad is not None:
+            raise InvalidParams(
+                f"invalid params: {bad} must be a finite number, not {_at(params, bad)!r}",
+                "invalid_params",
+            )
         request_id = next(self._ids)
         data = jsonrpc.encode(jsonrpc.request(request_id, method, params))
         with self._lock:
