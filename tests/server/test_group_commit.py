@@ -259,3 +259,89 @@ def test_a_shared_statement_that_misses_a_row_is_written_one_by_one(
     with engine.connect() as conn:
         seqs = dict(conn.execute(sa.select(COMPUTERS.c.id, COMPUTERS.c.seq)).all())
     assert [seqs[cid] for cid, _ in senders] == [2, 1, 2]
+
+
+def test_reports_of_one_new_run_in_one_batch_are_decided_as_that_run(
+    engine: Engine, database_url: str, tmp_path: Any
+) -> None:
+    # a fresh computer's first run: every report is planned as "new run" from the same
+    # fresh row; only the first applies as one, the others are of the run it made current
+    computer_id, key = _enrolled(engine)
+    settings = Settings(data_dir=tmp_path / "data", database_url=database_url)
+    ingest = ReportIngest(engine, settings)
+    ingest.start()
+    seqs = (3, 1, 5, 4, 2)
+    submitted = [0]
+    submit = ingest.writer.submit
+
+    async def counted(work: Any, key: str = "") -> Any:
+        submitted[0] += 1
+        return await submit(work, key)
+
+    ingest.writer.submit = counted  # type: ignore[method-assign]
+
+    def body(seq: int) -> bytes:
+        raw = payload(run_id="run-f3").to_bytes()
+        return signing.encode_envelope(signing.sign_report(key, computer_id, "run-f3", seq, raw))
+
+    async def main() -> list[Any]:
+        gate = _Gate()
+        held = await _held(ingest.writer, gate)
+        tasks = [asyncio.ensure_future(ingest.handle(body(s), db.utcnow())) for s in seqs]
+        for _ in range(1000):  # each reads the row (no view is cached) and queues its write
+            if submitted[0] == 1 + len(seqs):
+                break
+            await asyncio.sleep(0.01)
+        assert submitted[0] == 1 + len(seqs)
+        gate.open()
+        answers = await asyncio.gather(*tasks)
+        await held
+        return list(answers)
+
+    try:
+        answers = [json.loads(a) for a in asyncio.run(main())]
+    finally:
+        ingest.close()
+    codes = [a["code"] for a in answers]
+    assert codes.count("new_run") == 1, codes
+    assert set(codes) <= {"new_run", "applied", "not_newer"}, codes
+    assert answers[seqs.index(5)]["applied"] is True
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(COMPUTERS).where(COMPUTERS.c.id == computer_id)).one()
+    assert (row.run_id, row.seq) == ("run-f3", 5)
+    assert row.reports_applied == sum(a["applied"] for a in answers)
+
+
+def test_a_new_run_written_earlier_in_the_transaction_is_current_not_retired(
+    engine: Engine, database_url: str, tmp_path: Any
+) -> None:
+    computer_id, key = _enrolled(engine)
+    settings = Settings(data_dir=tmp_path / "data", database_url=database_url)
+
+    def write_of(run_id: str, seq: int) -> Any:
+        raw = payload(run_id=run_id).to_bytes()
+        env = signing.sign_report(key, computer_id, run_id, seq, raw)
+        env = service.parse(signing.encode_envelope(env), settings)
+        view = load_view(engine, computer_id)
+        assert view is not None
+        now = db.utcnow()
+        checked = service.decode(env, service.verify(env, view), now)
+        return service.plan(checked, view, now, settings)
+
+    writes = [write_of("run-f3", seq) for seq in (1, 2, 3)]
+    assert all(w.new_run for w in writes)  # all planned from the row before the run
+    with db.write_transaction(engine) as conn:
+        assert service.write_many(conn, writes) == ["applied", "run_current", "run_current"]
+    # a run really replaced by another is retired
+    old = write_of("run-f3", 9)  # planned while run-f3 is current: a same-run write
+    assert not old.new_run
+    with db.write_transaction(engine) as conn:
+        assert service.write(conn, write_of("run-g4", 1)) == "applied"
+    late = write_of("run-f3", 10)
+    assert late.new_run
+    with db.write_transaction(engine) as conn:
+        assert service.write(conn, late) == "run_exists"
+        assert service.write(conn, old) == "not_updated"
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(COMPUTERS).where(COMPUTERS.c.id == computer_id)).one()
+    assert (row.run_id, row.seq, row.reports_applied) == ("run-g4", 1, 2)

@@ -1,7 +1,8 @@
 """The report path over real HTTP with its sender cache and writer: what another process
 changes in the database (a revocation, a new key) takes effect on the next report of a
-computer this coordinator has cached; concurrent reports share commits; the writer thread
-ends with the app."""
+computer this coordinator has cached; concurrent reports share commits; concurrent reports
+of a fresh computer's first run are all of that run; the writer thread ends with the
+app."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import httpx
 import nacl.signing
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
@@ -149,6 +151,43 @@ def test_concurrent_reports_share_commits(coordinator: Coordinator) -> None:
     assert commits[0] < len(bodies) // 2, commits  # typically 2: the first report, the rest
     for pc in computers:
         assert coordinator.row(pc.id).seq == 2
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_concurrent_reports_of_a_new_run_are_never_told_it_is_retired(
+    coordinator_factory: Callable[..., Coordinator], processes: int
+) -> None:
+    # a fresh computer sends its first run's reports over 16 connections at once (on two
+    # coordinator processes: alternately to each); all of them are of its only run
+    coordinators = [coordinator_factory() for _ in range(processes)]
+    coordinators[0].group("vision")
+    pc = coordinators[0].enroll("vision")
+    pc.run_id = "run-f3"
+    bodies = [signing.encode_envelope(pc.envelope(seq=seq)) for seq in range(1, 17)]
+    start = threading.Barrier(len(bodies))
+    answers: dict[int, httpx.Response] = {}
+
+    def send(seq: int, body: bytes) -> None:
+        c = coordinators[seq % processes]
+        with httpx.Client(base_url=c.url, timeout=30) as http:
+            http.get("/healthz")  # connected before the barrier
+            start.wait(10)
+            answers[seq] = http.post("/api/v1/reports", content=body, headers=JSON)
+
+    threads = [threading.Thread(target=send, args=(i + 1, b)) for i, b in enumerate(bodies)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(answers) == list(range(1, 17))
+    assert all(r.status_code == 200 for r in answers.values()), [r.text for r in answers.values()]
+    codes = [answers[seq].json()["code"] for seq in sorted(answers)]
+    assert codes.count("new_run") == 1, codes
+    assert set(codes) <= {"new_run", "applied", "not_newer", "superseded"}, codes
+    assert answers[16].json()["applied"] is True
+    row = coordinators[0].row(pc.id)
+    assert (row.run_id, row.seq) == ("run-f3", 16)
+    assert row.reports_applied == sum(r.json()["applied"] for r in answers.values())
 
 
 def test_the_writer_thread_ends_with_the_app(

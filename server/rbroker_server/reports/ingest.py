@@ -13,7 +13,10 @@ sends back the `service.Outcome`), and returns the `service.Answer`.
 
 Whatever a cached view decides is checked again by the write's conditional UPDATE; an
 outcome other than "applied", or a refusal on a cached view, is decided again on a fresh
-row, so the answers are those a fresh read would give.
+row, so the answers are those a fresh read would give. A report is answered `run_retired`
+only when its write found the run recorded and the computer's current run another; a new
+run made current after the view was read (by an earlier report of the same batch, or by
+another process) is decided again as the current run.
 """
 
 from __future__ import annotations
@@ -95,6 +98,10 @@ def steps(settings: Settings, env: Envelope, cached: ComputerView | None, now: d
             outcome: Outcome = yield decision
             if outcome == "applied":
                 return decision.answer()
+            # "run_exists": the run's row exists and the computer's current run is another
+            # (read in the write's transaction); "run_current": the run became current
+            # after the view was read (an earlier report of the batch, another process),
+            # so the report is decided again as one of the current run (seq order)
             if outcome == "run_exists" and fresh:
                 return service.not_applied(
                     env, "run_retired", f"not applied: run {env.run_id} was replaced by another run"

@@ -102,10 +102,13 @@ def history_data(state: dict[str, Any], received_at: datetime | None = None) -> 
     return data
 
 
-Outcome = Literal["applied", "run_exists", "not_updated"]
-"""What `write` did: applied; nothing (the run was recorded before: retired, or the view
-was stale); nothing (the conditional UPDATE matched no row: a newer report, a revocation,
-a new key, or a stale view)."""
+Outcome = Literal["applied", "run_exists", "run_current", "not_updated"]
+"""What `write` did: applied; nothing (the run was recorded before and the computer's
+current run is another: the run is retired); nothing (the run was recorded before and is
+the computer's current run, written earlier in the same transaction or by another process
+after the view was read: decide again as a report of the current run); nothing (the
+conditional UPDATE matched no row: a newer report, a revocation, a new key, or a stale
+view)."""
 
 _ENCODE: Final = msgspec.json.Encoder()
 
@@ -334,7 +337,9 @@ def plan(checked: Checked, view: ComputerView, now: datetime, settings: Settings
 def write(conn: Connection, w: Write) -> Outcome:
     """Apply `w` inside the caller's write transaction (a new run in a savepoint of its
     own: its run row is kept only with its UPDATE). Writes nothing unless it returns
-    "applied".
+    "applied". A new run whose row exists is told apart in the same transaction: the
+    computer's current run is another ("run_exists": retired) or this one ("run_current":
+    `w.view` predates the run's first report).
 
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database refused a statement.
@@ -345,7 +350,8 @@ def write(conn: Connection, w: Write) -> Outcome:
         run = {"computer_id": env.computer_id, "run_id": env.run_id, "first_seen_at": w.now}
         with conn.begin_nested() as savepoint:
             if conn.execute(st.insert_run(dialect), run).first() is None:
-                return "run_exists"
+                current = conn.execute(st.SELECT_RUN, {"w_id": env.computer_id}).scalar()
+                return "run_current" if current == env.run_id else "run_exists"
             if conn.execute(w.statement, w.params).rowcount != 1:
                 savepoint.rollback()
                 return "not_updated"

@@ -40,6 +40,9 @@ SELECT_COMPUTER = sa.select(
 ).where(COMPUTERS.c.id == sa.bindparam("w_id"))
 """What the hot path needs to know about the sender (bind `w_id`)."""
 
+SELECT_RUN = sa.select(COMPUTERS.c.run_id).where(COMPUTERS.c.id == sa.bindparam("w_id"))
+"""The sender's current run (bind `w_id`): read where a new run's row exists already."""
+
 
 def _bind(column: str) -> sa.BindParameter[Any]:
     return sa.bindparam(f"v_{column}", type_=COMPUTERS.c[column].type)
