@@ -71,33 +71,38 @@ class Holder:
             return True
 
 
+#: A process and its ancestors, nearest first: `(itself, parent, grandparent, …)`.
+Chain = tuple[Holder, ...]
+
+
 class Ancestry:
     """Caches each GPU process's chain of ancestors, as `Holder`s, for attribution."""
 
     def __init__(self) -> None:
-        self._chains: dict[int, tuple[float, frozenset[Holder]]] = {}
+        self._chains: dict[int, tuple[float, Chain]] = {}
 
-    def chain(self, pid: int) -> frozenset[Holder]:
-        """The process itself and all its ancestors; empty when it cannot be read."""
+    def chain(self, pid: int) -> Chain:
+        """The process itself and its ancestors, nearest first (`Chain`); empty when it
+        cannot be read. An ancestor whose start time cannot be read is left out."""
         try:
             proc = psutil.Process(pid)
             start = proc.create_time()
         except psutil.Error:
             self._chains.pop(pid, None)
-            return frozenset()
+            return ()
         cached = self._chains.get(pid)
         if cached is not None and cached[0] == start:
             return cached[1]
-        members = {Holder(pid, start)}
+        members = [Holder(pid, start)]
         try:
-            for parent in proc.parents():
+            for parent in proc.parents():  # psutil: the immediate parent first
                 try:
-                    members.add(Holder(parent.pid, parent.create_time()))
+                    members.append(Holder(parent.pid, parent.create_time()))
                 except psutil.Error:
                     continue
         except psutil.Error:
             pass
-        chain = frozenset(members)
+        chain = tuple(members)
         self._chains[pid] = (start, chain)
         return chain
 

@@ -31,14 +31,14 @@ from typing import Any
 
 from rbroker.broker.capacity import default_headroom_mib
 from rbroker.broker.config import BrokerConfig
-from rbroker.broker.holders import Ancestry, Holder
+from rbroker.broker.holders import Ancestry, Chain, Holder
 from rbroker.gpu.nvml import AsyncSampler, NvmlGateway, TelemetryError
 from rbroker.gpu.types import GpuInfo, GpuSample, ProcessSample, TelemetryState
 
 log = logging.getLogger(__name__)
 
 
-def own_identity(chain: frozenset[Holder], pid: int) -> Holder | None:
+def own_identity(chain: Chain, pid: int) -> Holder | None:
     """Process `pid` itself in its chain of ancestors, or None (empty: it cannot be read)."""
     return next((h for h in chain if h.pid == pid), None)
 
@@ -53,7 +53,7 @@ class Listing:
     """
 
     process: ProcessSample
-    chain: frozenset[Holder]
+    chain: Chain
     since_wall: float
     first_mib: int | None
     absent_samples: int = 0
@@ -90,7 +90,7 @@ class GpuSlot:
     last_change_at: float = 0.0
     failures: int = 0
     kick: asyncio.Event = field(default_factory=asyncio.Event)
-    chains: list[tuple[ProcessSample, frozenset[Holder]]] = field(default_factory=list)
+    chains: list[tuple[ProcessSample, Chain]] = field(default_factory=list)
     listings: dict[int, Listing] = field(default_factory=dict)
     last_sample_loop_time: float = -math.inf  # event-loop time the latest attempt began
     soon: asyncio.TimerHandle | None = None  # a coalesced kick, scheduled
@@ -148,14 +148,6 @@ class GpuSlot:
         if self.soon is not None:
             self.soon.cancel()
             self.soon = None
-
-    def holder_mib(self, holder: Holder) -> int:
-        """MiB the latest sample attributes to `holder`'s process tree (unknown = 0)."""
-        return sum(p.used_mib or 0 for p, chain in self.chains if holder in chain)
-
-    def holder_mib_known(self, holder: Holder) -> bool:
-        """True when the latest sample knows the memory of every process of `holder`'s tree."""
-        return all(p.used_mib is not None for p, chain in self.chains if holder in chain)
 
 
 #: `(slot, ok)` after every sample attempt; `ok` is False when telemetry failed.

@@ -17,8 +17,10 @@ writes while a broker crash (even `kill -9`) loses no grant."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -26,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from rbroker_protocol.files import private_sqlite
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
@@ -90,6 +94,7 @@ class LeaseStore:
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._lock = threading.Lock()
         self._ends: list[tuple[str, float, str, str]] = []  # queued by `end_lease_soon`
+        self._flush_handle: asyncio.TimerHandle | None = None
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
@@ -150,6 +155,26 @@ class LeaseStore:
         """
         with self._lock:
             self._flush_locked()
+
+    def flush_soon(self) -> None:
+        """Write the queued lease ends within `END_FLUSH_S` (at once when no event loop runs:
+        a broker driven step by step); a failed timed write is logged and retried with the
+        next write."""
+        if self._flush_handle is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        self._flush_handle = loop.call_later(END_FLUSH_S, self._flush_timed)
+
+    def _flush_timed(self) -> None:
+        self._flush_handle = None
+        try:
+            self.flush()
+        except sqlite3.Error:
+            log.exception("writing lease ends failed (they are written with the next write)")
 
     def _flush_locked(self) -> None:
         if not self._ends:

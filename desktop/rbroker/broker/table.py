@@ -2,8 +2,9 @@
 holds outside its leases (baselines), token hashes, and which leases are due to end (the
 tick loop is `rbroker.broker.ticks`).
 
-Memory attribution (docs/architecture.md §2): a sample's memory of a holder's process tree,
-less its baseline, is shared among its leases on that GPU in grant order (a lease granted
+Memory attribution (docs/architecture.md §2): a sample's memory of a holder's process tree
+(less descendant holders with their own lease there, `rbroker.broker.attribution`), less its
+baseline, is shared among its leases on that GPU in grant order (a lease granted
 after the sample began gets only its claim); what a lease was granted but does not use is
 *outstanding*; an ended lease's stays booked (*unconfirmed*) until a sample that started
 after the end (the release rule). Costs are flat in the number of leases: indexes and
@@ -16,22 +17,21 @@ or a sleep/resume gap every lease first gets one TTL of grace.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import hmac
 import logging
 import math
 import secrets
-import sqlite3
 from collections.abc import Callable, Iterable
 
+from rbroker.broker.attribution import PreGrant, ancestor, keeper, listed_mib, owners, tree_mib
 from rbroker.broker.capacity import Capacity, unbacked_mib
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker.broker.sampling import GpuSlot
-from rbroker.broker.store import END_FLUSH_S, LeaseStore, token_hash
+from rbroker.broker.store import LeaseStore, token_hash
 from rbroker_protocol.errors import ErrorCode, RpcError
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ class LeaseTable:
         self.leases: dict[str, Lease] = {}
         self.ended: collections.deque[Lease] = collections.deque(maxlen=config.ended_history)
         self.baselines: dict[tuple[Holder, str], int] = {}
+        self.pre_grant = PreGrant()  # the part of `baselines` held before a grant
         self.token_sha256: dict[str, str] = {}
         self._ends_since_prune = 0
         # indexes over `leases` (kept by `add` and `_unindex`, the only writers)
@@ -74,7 +75,6 @@ class LeaseTable:
         self._unconfirmed_mib: dict[str, int] = {}
         self._deadline_floor = math.inf  # no active lease's deadline is earlier
         self._reattach_floor = math.inf  # no restored lease must re-attach earlier
-        self._flush_handle: asyncio.TimerHandle | None = None
         self._observed_now: dict[str, set[Holder]] = {}  # by `update_observed`, per GPU
 
     # -- the indexes ---------------------------------------------------------------------------
@@ -138,11 +138,14 @@ class LeaseTable:
             for holder, mib in self._confirm(uuid, slot.sample.started_at):
                 self._keep_outside(slot, holder, mib)
         holders = set(self._touched.get(uuid, ()))
-        for _, chain in slot.chains:
-            holders.update(h for h in chain if (h, uuid) in self._held)
+        holders.update(owners(slot, self._leased(uuid)))
         for holder in holders:
             self._observe(slot, holder)
         self._observed_now[uuid] = holders
+
+    def _leased(self, uuid: str) -> Callable[[Holder], bool]:
+        held = self._held
+        return lambda h: (h, uuid) in held
 
     def observed_on(self, uuid: str) -> list[Lease]:
         """The leases on `uuid` whose figures the latest `update_observed` may have changed
@@ -169,12 +172,14 @@ class LeaseTable:
         the holder's growth since its leases' last figures, up to `mib`, goes to its baseline,
         never to its other leases' use (over-admitting); counted twice if theirs (cautious)."""
         uuid = slot.uuid
-        leases = self._held.get((holder, uuid))
-        if not leases:
+        target = keeper(slot, holder, self._leased(uuid))  # its own, or a nearest ancestor's
+        leases = self._held.get((target, uuid)) if target is not None else None
+        if target is None or not leases:
             return  # its memory is in device_used, nothing else
+        holder = target
         baseline = self.baselines.get((holder, uuid), 0)
         seen = baseline + sum(lease.observed_mib.get(uuid, 0) for lease in leases.values())
-        growth = slot.holder_mib(holder) - seen
+        growth = tree_mib(slot, holder, self._leased(uuid))[0] - seen
         if growth > 0:
             self.set_baseline(holder, uuid, baseline + min(growth, mib), leases.values())
             self._touched.setdefault(uuid, set()).add(holder)
@@ -183,19 +188,24 @@ class LeaseTable:
         """Share `holder`'s memory on `slot` (less its baseline) among its leases there. A
         sample that began before the holder's latest grant there gives a lease granted
         after it began only its claim and every other lease at most its grant: the rest was
-        held before that grant, so it is outside the holder's leases (its baseline)."""
+        held before that grant, so it is outside the holder's leases (its baseline, its
+        pre-grant part: it comes down by what later samples show the holder freed)."""
         uuid = slot.uuid
         held_leases = self._held.get((holder, uuid))
         if not held_leases:
             self._touched.get(uuid, set()).discard(holder)
             return
         leases = sorted(held_leases.values(), key=lambda lease: lease.granted_at_wall)
-        held = slot.holder_mib(holder)
-        baseline = self.baselines.get((holder, uuid), 0)
-        if held < baseline and slot.holder_mib_known(holder):
+        key = (holder, uuid)
+        held, known = tree_mib(slot, holder, self._leased(uuid))
+        baseline = self.baselines.get(key, 0)
+        if known:
             # the holder freed memory it held outside its leases: that much is gone
-            baseline = held
-            self.set_baseline(holder, uuid, baseline, leases)
+            less = max(baseline - self.pre_grant.freed(key, held), 0)
+            if less != baseline or held < baseline:
+                baseline = min(less, held)
+                self.pre_grant.clip(key, baseline)
+                self.set_baseline(holder, uuid, baseline, leases)
         pool = max(0, held - baseline)
         started = slot.sample.started_at if slot.sample is not None else math.inf
         before_grant = any(lease.granted_at >= started for lease in leases)
@@ -221,6 +231,7 @@ class LeaseTable:
             self._set_observed(lease, uuid, share)
             lease.over_grant = any(v > lease.granted_mib for v in lease.observed_mib.values())
         if pool > 0:  # only when `before_grant`: held before the latest grant
+            self.pre_grant.add(key, pool, held)
             self.set_baseline(holder, uuid, baseline + pool, leases)
             in_use = True
         touched = self._touched.setdefault(uuid, set())
@@ -240,7 +251,7 @@ class LeaseTable:
         key = (holder, slot.uuid)
         if key in self.baselines:
             return self.baselines[key]
-        return slot.holder_mib(holder)
+        return tree_mib(slot, holder, self._leased(slot.uuid))[0]
 
     def capacity(self, uuid: str) -> Capacity | None:
         """The capacity split of GPU `uuid` now, or None before its first good sample."""
@@ -263,11 +274,7 @@ class LeaseTable:
         discount = self._granted.get(uuid, 0) - self._outstanding.get(uuid, 0)
         if discount <= 0 or slot.sample is None:
             return 0
-        listed = of_holders = 0
-        for p, chain in slot.chains:
-            listed += p.used_mib or 0
-            if any((h, uuid) in self._held for h in chain):
-                of_holders += p.used_mib or 0
+        listed, of_holders = listed_mib(slot, self._leased(uuid))
         return unbacked_mib(discount, of_holders, listed, slot.sample.device_used_mib)
 
     # -- grant, lookup, rebind ---------------------------------------------------------------
@@ -285,6 +292,7 @@ class LeaseTable:
             claim = waiter.mib - need
             baseline = self.baseline_now(waiter.holder, slot)
             self.baselines[(waiter.holder, u)] = baseline - claim
+            self.pre_grant.clip((waiter.holder, u), baseline - claim)
             lease.baseline_mib[u] = baseline - claim
             lease.claimed_mib[u] = claim
             lease.admission[u] = {**cap.as_dict(), "requested_mib": waiter.mib, "extra_mib": need}
@@ -294,7 +302,7 @@ class LeaseTable:
             for u, _, _ in chosen
             if lease.holder not in self._touched.get(u, ())
             and self.baselines.get((lease.holder, u), 0) == 0
-            and self.slots[u].holder_mib(lease.holder) == 0
+            and tree_mib(self.slots[u], lease.holder, self._leased(u))[0] == 0
         }
         self.add(lease)
         self.token_sha256[lease.lease_id] = token_hash(lease.token)
@@ -306,6 +314,10 @@ class LeaseTable:
                 self._touched[u].discard(lease.holder)
             else:
                 self._observe(self.slots[u], lease.holder)
+            # a holder above it no longer counts its processes there
+            above = ancestor(self.slots[u], lease.holder, self._leased(u))
+            if above is not None:
+                self._observe(self.slots[u], above)
         log.info(
             "lease %s granted: %d MiB on %s to %s/%s (waited %.2f s)",
             lease.lease_id,
@@ -419,46 +431,34 @@ class LeaseTable:
             slot = self.slots.get(u)
             if slot is not None:
                 slot.sample_soon(self.config.release_sample_gap_s)
-            others = self._held.get((lease.holder, u), {})  # no copy: flat in their number
+            target = lease.holder
+            others = self._held.get((target, u), {})  # no copy: flat in their number
+            kept = lease.observed_mib.get(u, 0)
             if not others:
-                self.baselines.pop((lease.holder, u), None)
-            elif lease.observed_mib.get(u, 0) > 0:
+                kept += self.baselines.pop((target, u), 0)
+                self.pre_grant.drop((target, u))
+                # its processes count in a nearest ancestor holder's tree there now
+                found = keeper(slot, target, self._leased(u)) if slot is not None else None
+                target = found if found is not None else target
+                others = self._held.get((target, u), {})
+            if others and kept > 0:
                 # What the ended lease's processes still hold is outside any lease now, not
-                # the use of the holder's other leases (counting it there would over-admit).
-                kept = self.baselines.get((lease.holder, u), 0) + lease.observed_mib[u]
-                self.set_baseline(lease.holder, u, kept, others.values())
+                # the use of the holder's (or an ancestor's) other leases: over-admitting.
+                kept += self.baselines.get((target, u), 0)
+                self.set_baseline(target, u, kept, others.values())
         self.ended.append(lease)
         self.token_sha256.pop(lease.lease_id, None)
         if self.store is not None:
             self.store.end_lease_soon(
                 lease.lease_id, state.value, lease.ended_at_wall, lease.to_record()
             )
-            self._flush_soon()
+            self.store.flush_soon()
             self._ends_since_prune += 1
             if self._ends_since_prune >= 200:
                 self._ends_since_prune = 0
                 self.store.prune_ended(self.config.ended_history)
         log.info("lease %s %s: %s", lease.lease_id, state.value, reason)
         return True
-
-    def _flush_soon(self) -> None:
-        """Have the store write queued lease ends within `END_FLUSH_S` (at once when no
-        event loop runs: a broker driven step by step)."""
-        if self._flush_handle is not None or self.store is None:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self.store.flush()
-            return
-        self._flush_handle = loop.call_later(END_FLUSH_S, self._flush)
-
-    def _flush(self) -> None:
-        self._flush_handle = None
-        try:
-            self.store.flush() if self.store is not None else None
-        except sqlite3.Error:
-            log.exception("writing lease ends failed (they are written with the next write)")
 
     def overdue(self, now: float) -> list[Lease]:
         """Active leases whose heartbeat deadline has passed. Deadlines only move later
