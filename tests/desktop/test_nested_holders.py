@@ -1,0 +1,201 @@
+"""Nested holders and the pre-grant part of a baseline (docs/architecture.md §2), on an
+in-process broker with a manual clock and real process trees (`sh` → `sh` → `sleep`).
+
+- A process's memory belongs to one holder per GPU: the nearest in its own chain that holds
+  a lease there. A parent holder's lease never observes a descendant holder's memory, at any
+  depth; a descendant without a lease on that GPU stays in its parent's tree.
+- What a sample begun before a grant put into the holder's baseline ("held before the
+  grant") comes down once later samples show the holder freed it, never before.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rbroker.broker.capacity import Capacity
+from rbroker.broker.holders import Holder
+from rbroker.broker.leases import Lease
+from tests.conftest import GPU0, GPU1
+from tests.desktop.inprocess import InProcessBroker, SleeperPool
+
+GPUS = f"""
+[[gpu]]
+uuid = "{GPU0}"
+name = "Simulated 20 GB"
+total_mib = 20000
+
+[[gpu]]
+uuid = "{GPU1}"
+name = "Simulated 20 GB"
+total_mib = 20000
+"""
+USABLE = 20000 - 1000  # headroom 1000
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[InProcessBroker]:
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(GPUS)
+    broker = InProcessBroker(scenario, tmp_path, persist=False, headroom_mib=1000)
+    yield broker
+    broker.close()
+
+
+@pytest.fixture
+def tree() -> Iterator[list[Holder]]:
+    """`[parent, child, grandchild]`: three real processes, each the parent of the next."""
+    proc = subprocess.Popen(["sh", "-c", "sh -c 'sleep 600 & wait' & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            kids = psutil.Process(proc.pid).children(recursive=True)
+            if len(kids) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        assert len(kids) == 2, kids
+        child = next(k for k in kids if k.ppid() == proc.pid)
+        grandchild = next(k for k in kids if k.ppid() == child.pid)
+        yield [Holder.of(proc.pid), Holder.of(child.pid), Holder.of(grandchild.pid)]
+    finally:
+        for p in [proc, *psutil.Process(proc.pid).children(recursive=True)]:
+            try:
+                p.kill()
+            except (psutil.Error, OSError):
+                pass
+        proc.wait(10)
+
+
+@pytest.fixture
+def pool() -> Iterator[SleeperPool]:
+    p = SleeperPool()
+    yield p
+    p.close()
+
+
+def _cap(h: InProcessBroker, uuid: str = GPU0) -> Capacity:
+    cap = h.broker.capacity(uuid)
+    assert cap is not None
+    return cap
+
+
+def _grant(h: InProcessBroker, holder: Holder, mib: int, uuid: str = GPU0) -> Lease:
+    task = h.acquire(holder, mib=mib, gpu_uuid=uuid, wait_s=0.0)
+    assert task.done(), "not granted at once"
+    return task.result()
+
+
+def test_a_child_holder_over_its_grant_leaves_its_parents_grant_booked(
+    h: InProcessBroker, tree: list[Holder]
+) -> None:
+    parent, child, _ = tree
+    a = _grant(h, parent, 4096)
+    b = _grant(h, child, 4096)
+    h.fake.allocate(GPU0, child.pid, 6000)
+    h.sample()
+    assert (a.observed_mib[GPU0], a.over_grant) == (0, False)
+    assert (b.observed_mib[GPU0], b.over_grant) == (6000, True)
+    assert _cap(h).available_mib == USABLE - 6000 - 4096  # 8 904
+    task = h.acquire(parent, mib=USABLE - 6000 - 4096 + 1, gpu_uuid=GPU0, wait_s=0.0)
+    h.tick(0.1)
+    assert task.done() and task.exception() is not None, "over-admitted"
+
+
+def test_a_grandchild_holder_is_its_own_and_skips_a_holder_without_a_lease_between(
+    h: InProcessBroker, tree: list[Holder]
+) -> None:
+    parent, child, grandchild = tree
+    a = _grant(h, parent, 4096)
+    c = _grant(h, grandchild, 2048)
+    h.fake.allocate(GPU0, grandchild.pid, 3000)
+    h.fake.allocate(GPU0, child.pid, 1000)  # the child holds no lease: its parent's tree
+    h.sample()
+    assert (a.observed_mib[GPU0], c.observed_mib[GPU0]) == (1000, 3000)
+    assert c.over_grant and not a.over_grant
+    assert _cap(h).available_mib == USABLE - 4000 - (4096 - 1000)
+    # the child takes a lease of its own here: its 1 000 MiB leave the parent's lease at the
+    # grant (held before it: the child's baseline); the grandchild is still the nearest
+    b = _grant(h, child, 1024)
+    assert a.observed_mib[GPU0] == 0
+    assert _cap(h).available_mib == USABLE - 4000 - 4096 - 1024
+    h.sample()
+    assert (a.observed_mib[GPU0], b.observed_mib[GPU0], c.observed_mib[GPU0]) == (0, 0, 3000)
+    assert _cap(h).available_mib == USABLE - 4000 - 4096 - 1024
+
+
+def test_a_child_holder_with_a_lease_on_another_gpu_stays_in_its_parents_tree_here(
+    h: InProcessBroker, tree: list[Holder]
+) -> None:
+    parent, child, _ = tree
+    a = _grant(h, parent, 4096, GPU0)
+    b = _grant(h, child, 4096, GPU1)
+    h.fake.allocate(GPU0, child.pid, 3000)
+    h.sample()
+    assert a.observed_mib[GPU0] == 3000 and b.observed_mib.get(GPU1, 0) == 0
+    assert _cap(h, GPU0).available_mib == USABLE - 3000 - 1096
+    assert _cap(h, GPU1).available_mib == USABLE - 4096
+
+
+def test_a_child_holders_end_keeps_what_it_still_holds_outside_its_parents_lease(
+    h: InProcessBroker, tree: list[Holder]
+) -> None:
+    parent, child, _ = tree
+    a = _grant(h, parent, 4096)
+    b = _grant(h, child, 4096)
+    h.fake.allocate(GPU0, child.pid, 4096)
+    h.sample()
+    assert (a.observed_mib[GPU0], b.observed_mib[GPU0]) == (0, 4096)
+    h.broker.release(b.lease_id, "tester")
+    h.sample()
+    # the child's 4 096 MiB are in the parent's tree now, but not the parent's lease use
+    assert a.observed_mib[GPU0] == 0
+    assert _cap(h).available_mib == USABLE - 4096 - 4096
+    h.fake.free(GPU0, child.pid)
+    h.sample()
+    assert _cap(h).available_mib == USABLE - 4096
+
+
+def test_the_pre_grant_part_of_a_baseline_comes_down_once_the_overage_is_freed(
+    h: InProcessBroker, pool: SleeperPool
+) -> None:
+    proc, holder = pool.spawn()
+    l1 = _grant(h, holder, 4096)
+    h.fake.allocate(GPU0, proc.pid, 6000)  # 1 904 over its grant
+    h.sample()
+    assert l1.observed_mib[GPU0] == 6000 and l1.over_grant
+    l2 = _grant(h, holder, 4096)  # on the sample that showed the 6 000: 1 904 to the baseline
+    assert _cap(h).available_mib == USABLE - 6000 - 4096
+    h.sample()  # nothing freed yet: the 1 904 stay outside the leases
+    assert (l1.observed_mib[GPU0], l2.observed_mib[GPU0]) == (4096, 0)
+    assert _cap(h).available_mib == USABLE - 6000 - 4096
+    h.fake.free(GPU0, proc.pid, 1904)  # the overage is freed: holds exactly L1's grant
+    h.sample()
+    assert _cap(h).available_mib == USABLE - 4096 - 4096
+    h.fake.allocate(GPU0, proc.pid, 4096)  # L2's use: holds L1 + L2
+    h.sample()
+    assert (l1.observed_mib[GPU0], l2.observed_mib[GPU0]) == (4096, 4096)
+    assert _cap(h).outstanding_mib == 0
+    assert _cap(h).available_mib == USABLE - 8192  # 10 808
+
+
+def test_the_pre_grant_part_never_comes_down_by_memory_no_sample_showed_freed(
+    h: InProcessBroker, pool: SleeperPool
+) -> None:
+    proc, holder = pool.spawn()
+    _grant(h, holder, 4096)
+    h.fake.allocate(GPU0, proc.pid, 6000)
+    h.sample()
+    l2 = _grant(h, holder, 4096)
+    h.fake.allocate(GPU0, proc.pid, 2000)  # grows (L2's use), then frees as much again
+    h.sample()
+    assert l2.observed_mib[GPU0] == 2000
+    h.fake.free(GPU0, proc.pid, 2000)
+    h.sample()
+    # back at 6 000: the 1 904 held before L2's grant are still outside its leases
+    assert l2.observed_mib[GPU0] == 0
+    assert _cap(h).available_mib == USABLE - 6000 - 4096
