@@ -10,6 +10,7 @@ in-process broker with a manual clock and real process trees (`sh` → `sh` → 
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from collections.abc import Iterator
@@ -64,10 +65,8 @@ def tree() -> Iterator[list[Holder]]:
         yield [Holder.of(proc.pid), Holder.of(child.pid), Holder.of(grandchild.pid)]
     finally:
         for p in [proc, *psutil.Process(proc.pid).children(recursive=True)]:
-            try:
+            with contextlib.suppress(psutil.Error, OSError):
                 p.kill()
-            except (psutil.Error, OSError):
-                pass
         proc.wait(10)
 
 
