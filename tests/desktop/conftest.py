@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WORKER, short_tmp
+from tests.conftest import SINGLE_24G, WORKER, short_tmp
+from tests.desktop.inprocess import InProcessBroker, SleeperPool
 
 #: The event loops a broker may run on (`rbroker.eventloop`): uvloop only where it exists.
 LOOPS = ["asyncio"] if sys.platform == "win32" else ["uvloop", "asyncio"]
@@ -154,3 +155,40 @@ def worker() -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for w in started:
         w.stop()
+
+
+@pytest.fixture
+def pool() -> Iterator[SleeperPool]:
+    """Sleeping holder processes (`pool.spawn()` → process and its `Holder`), killed at
+    teardown."""
+    p = SleeperPool()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def make_inprocess(tmp_path: Path) -> Iterator[Callable[..., InProcessBroker]]:
+    """`make_inprocess(scenario_text, **kw)` → an `InProcessBroker` (manual clock) on that
+    scenario in the test's tmp dir, `kw` as `InProcessBroker` takes them (`persist`, config
+    fields such as `headroom_mib`); every one made is closed at teardown."""
+    made: list[InProcessBroker] = []
+
+    def make(scenario_text: str, **kw: Any) -> InProcessBroker:
+        scenario = tmp_path / f"scenario-{len(made)}.toml"
+        scenario.write_text(scenario_text)
+        data_dir = tmp_path / f"broker-{len(made)}"
+        data_dir.mkdir()
+        broker = InProcessBroker(scenario, data_dir, **kw)
+        made.append(broker)
+        return broker
+
+    yield make
+    for broker in made:
+        broker.close()
+
+
+@pytest.fixture
+def h(make_inprocess: Callable[..., InProcessBroker]) -> InProcessBroker:
+    """An in-process broker without a store on one empty 24 576 MiB GPU (`SINGLE_24G`,
+    default headroom 1 229 MiB). A test file may define its own `h`."""
+    return make_inprocess(SINGLE_24G, persist=False)

@@ -8,35 +8,14 @@ An in-process broker with a manual clock: no sample is taken unless the test tak
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.leases import Lease
 from rbroker.gpu.scenario import SimProcess
 from rbroker_protocol.errors import RpcError
-from tests.conftest import GPU0, SINGLE_24G
+from tests.conftest import GPU0
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
 
 TOTAL, HEADROOM = 24576, 1229  # SINGLE_24G with the default headroom
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[InProcessBroker]:
-    scenario = tmp_path / "scenario.toml"
-    scenario.write_text(SINGLE_24G)
-    broker = InProcessBroker(scenario, tmp_path, persist=False)
-    yield broker
-    broker.close()
-
-
-@pytest.fixture
-def pool() -> Iterator[SleeperPool]:
-    p = SleeperPool()
-    yield p
-    p.close()
 
 
 def _cap(h: InProcessBroker) -> Capacity:

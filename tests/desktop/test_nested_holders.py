@@ -13,8 +13,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
@@ -40,12 +39,8 @@ USABLE = 20000 - 1000  # headroom 1000
 
 
 @pytest.fixture
-def h(tmp_path: Path) -> Iterator[InProcessBroker]:
-    scenario = tmp_path / "scenario.toml"
-    scenario.write_text(GPUS)
-    broker = InProcessBroker(scenario, tmp_path, persist=False, headroom_mib=1000)
-    yield broker
-    broker.close()
+def h(make_inprocess: Callable[..., InProcessBroker]) -> InProcessBroker:
+    return make_inprocess(GPUS, persist=False, headroom_mib=1000)
 
 
 @pytest.fixture
@@ -68,13 +63,6 @@ def tree() -> Iterator[list[Holder]]:
             with contextlib.suppress(psutil.Error, OSError):
                 p.kill()
         proc.wait(10)
-
-
-@pytest.fixture
-def pool() -> Iterator[SleeperPool]:
-    p = SleeperPool()
-    yield p
-    p.close()
 
 
 def _cap(h: InProcessBroker, uuid: str = GPU0) -> Capacity:

@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +34,8 @@ total_mib = 24576
 
 
 @pytest.fixture
-def h() -> Iterator[InProcessBroker]:
-    tmp = Path(tempfile.mkdtemp(prefix="rbog-"))
-    (tmp / "scenario.toml").write_text(textwrap.dedent(SCENARIO))
-    broker = InProcessBroker(tmp / "scenario.toml", tmp)
-    yield broker
-    broker.close()
-    shutil.rmtree(tmp, ignore_errors=True)
+def h(make_inprocess: Callable[..., InProcessBroker]) -> InProcessBroker:
+    return make_inprocess(textwrap.dedent(SCENARIO))
 
 
 def test_default_grace_is_ten_seconds(tmp_path: Path) -> None:

@@ -7,31 +7,10 @@ An in-process broker with a manual clock: no sample or tick runs unless the test
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from rbroker.broker.leases import Lease
 from rbroker_protocol.errors import RpcError
-from tests.conftest import GPU0, SINGLE_24G
+from tests.conftest import GPU0
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[InProcessBroker]:
-    scenario = tmp_path / "scenario.toml"
-    scenario.write_text(SINGLE_24G)
-    broker = InProcessBroker(scenario, tmp_path, persist=False)
-    yield broker
-    broker.close()
-
-
-@pytest.fixture
-def pool() -> Iterator[SleeperPool]:
-    p = SleeperPool()
-    yield p
-    p.close()
 
 
 def test_requests_behind_a_waiting_one_get_reasons_without_passes_and_keep_fifo(

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 import rbroker
 from rbroker.broker.config import BrokerConfig
@@ -36,22 +33,6 @@ from tests.desktop.inprocess import DESCRIPTION, InProcessBroker, SleeperPool
 TOTAL, HEADROOM = 24576, 1229  # SINGLE_24G with the default headroom
 USABLE = TOTAL - HEADROOM  # 23 347
 GAP_S = 0.02  # BrokerConfig.release_sample_gap_s, the default
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[InProcessBroker]:
-    scenario = tmp_path / "scenario.toml"
-    scenario.write_text(SINGLE_24G)
-    broker = InProcessBroker(scenario, tmp_path, persist=False)
-    yield broker
-    broker.close()
-
-
-@pytest.fixture
-def pool() -> Iterator[SleeperPool]:
-    p = SleeperPool()
-    yield p
-    p.close()
 
 
 def _grant(h: InProcessBroker, holder: Holder, mib: int) -> Lease:

@@ -12,7 +12,7 @@ import asyncio
 import shutil
 import tempfile
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +37,8 @@ USABLE = 24576 - 1229  # total − default headroom: 23 347 MiB
 
 
 @pytest.fixture
-def h() -> Iterator[InProcessBroker]:
-    tmp = Path(tempfile.mkdtemp(prefix="rbrs-"))
-    (tmp / "scenario.toml").write_text(textwrap.dedent(SCENARIO))
-    broker = InProcessBroker(tmp / "scenario.toml", tmp)
-    yield broker
-    broker.close()
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
-@pytest.fixture
-def pool() -> Iterator[SleeperPool]:
-    p = SleeperPool()
-    yield p
-    p.close()
+def h(make_inprocess: Callable[..., InProcessBroker]) -> InProcessBroker:
+    return make_inprocess(textwrap.dedent(SCENARIO))
 
 
 def _grant(h: InProcessBroker, holder: Holder, mib: int, **kw: Any) -> Lease:
