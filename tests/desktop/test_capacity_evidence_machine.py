@@ -25,7 +25,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.leases import Lease, Waiter
@@ -210,6 +210,16 @@ class EvidenceMachine(RuleBasedStateMachine):
     def sample(self, seconds: float) -> None:
         self.h.clock.advance(seconds)  # no tick runs: nothing expires here
         self._push_and_sample()
+
+    @invariant()
+    def holders_running_observed_sums_match_their_leases(self) -> None:
+        # the table keeps Σ observed per (holder, GPU) instead of walking the holder's leases
+        table = self.h.broker.table
+        walked = {
+            key: sum(x.observed_mib.get(key[1], 0) for x in held.values())
+            for key, held in table._held.items()
+        }
+        assert table._seen == walked
 
     def teardown(self) -> None:
         try:

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from rbroker.broker import acquiring, lifecycle, overgrant, views
+from rbroker.broker import acquiring, lifecycle, overgrant, ticks, views
 from rbroker.broker.admission import Admission, NvmlProblem
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock, SystemClock
@@ -258,7 +258,7 @@ class Broker:
         self._admit()
 
     def _grace(self, now: float, gap: float) -> None:
-        self.table.grace(now, gap)
+        ticks.grace(self.table.leases.values(), now, gap, self.config.lease_reattach_grace_s)
 
     def _check_holders(self) -> None:
         self._reap_dead_holders()

@@ -12,7 +12,7 @@ running sums; expiry walks the leases only once the earliest deadline may have p
 
 Expiry (docs/architecture.md §3): a lease ends when its deadline (monotonic) passes without a
 heartbeat, when its holder process exits, or when its connection closes; after a loop stall
-or a sleep/resume gap every lease first gets one TTL of grace.
+or a sleep/resume gap every lease first gets one TTL of grace (`rbroker.broker.ticks.grace`).
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class LeaseTable:
         # indexes over `leases` (kept by `add` and `_unindex`, the only writers)
         self._on_gpu: dict[str, dict[str, Lease]] = {}
         self._held: dict[tuple[Holder, str], dict[str, Lease]] = {}
+        self._seen: dict[tuple[Holder, str], int] = {}  # Σ observed of each `_held` entry
         self._by_holder: dict[Holder, dict[str, Lease]] = {}
         self._by_key: dict[tuple[str, str, Holder], Lease] = {}  # (request key, owner, holder)
         self._outstanding: dict[str, int] = {}
@@ -86,7 +87,9 @@ class LeaseTable:
             self._by_key[(lease.request_key, lease.owner, lease.holder)] = lease
         for u in lease.gpu_uuids:
             self._on_gpu.setdefault(u, {})[lease.lease_id] = lease
-            self._held.setdefault((lease.holder, u), {})[lease.lease_id] = lease
+            key = (lease.holder, u)
+            self._held.setdefault(key, {})[lease.lease_id] = lease
+            self._seen[key] = self._seen.get(key, 0) + lease.observed_mib.get(u, 0)
             self._outstanding[u] = self._outstanding.get(u, 0) + _owed(lease, u)
             self._granted[u] = self._granted.get(u, 0) + lease.granted_mib
             self._touched.setdefault(u, set()).add(lease.holder)
@@ -106,16 +109,18 @@ class LeaseTable:
                 del self._by_holder[lease.holder]
         for u in lease.gpu_uuids:
             self._on_gpu.get(u, {}).pop(lease.lease_id, None)
-            held = self._held.get((lease.holder, u))
-            if held is not None:
-                held.pop(lease.lease_id, None)
+            hk = (lease.holder, u)
+            held = self._held.get(hk)
+            if held is not None and held.pop(lease.lease_id, None) is not None:
+                self._seen[hk] -= lease.observed_mib.get(u, 0)
                 if not held:
-                    del self._held[(lease.holder, u)]
+                    del self._held[hk], self._seen[hk]
             self._outstanding[u] = self._outstanding.get(u, 0) - _owed(lease, u)
             self._granted[u] = self._granted.get(u, 0) - lease.granted_mib
 
     def _set_observed(self, lease: Lease, uuid: str, mib: int) -> None:
         before = _owed(lease, uuid)
+        self._seen[(lease.holder, uuid)] += mib - lease.observed_mib.get(uuid, 0)
         lease.observed_mib[uuid] = mib
         self._outstanding[uuid] = self._outstanding.get(uuid, 0) + _owed(lease, uuid) - before
 
@@ -178,7 +183,7 @@ class LeaseTable:
             return  # its memory is in device_used, nothing else
         holder = target
         baseline = self.baselines.get((holder, uuid), 0)
-        seen = baseline + sum(lease.observed_mib.get(uuid, 0) for lease in leases.values())
+        seen = baseline + self._seen[(holder, uuid)]  # Σ observed of `leases`: no walk
         growth = tree_mib(slot, holder, self._leased(uuid))[0] - seen
         if growth > 0:
             self.set_baseline(holder, uuid, baseline + min(growth, mib), leases.values())
@@ -310,7 +315,7 @@ class LeaseTable:
             self.store.put_lease(lease.lease_id, lease.token, lease.to_record())
         for u, _, _ in chosen:
             if u in quiet:
-                lease.observed_mib[u] = 0
+                self._set_observed(lease, u, 0)
                 self._touched[u].discard(lease.holder)
             else:
                 self._observe(self.slots[u], lease.holder)
@@ -483,15 +488,6 @@ class LeaseTable:
         """Active leases whose holder process is gone (one check per distinct holder)."""
         dead = [h for h in self._by_holder if not is_alive(h)]
         return [lease for h in dead for lease in self._by_holder.get(h, {}).values()]
-
-    def grace(self, now: float, gap: float) -> None:
-        """After a loop stall or sleep/resume gap, give every lease one TTL
-        (docs/architecture.md §3)."""
-        log.warning("broker loop stalled %.1f s: every lease gets one TTL of grace", gap)
-        for lease in self.leases.values():
-            lease.deadline = max(lease.deadline, now + lease.ttl_s)
-            if lease.reattach_by is not None:
-                lease.reattach_by = max(lease.reattach_by, now + self.config.lease_reattach_grace_s)
 
 
 def _owed(lease: Lease, uuid: str) -> int:

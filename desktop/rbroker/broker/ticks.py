@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Holder
+from rbroker.broker.leases import Lease
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,17 @@ def liveness_memo() -> Callable[[Holder], bool]:
         return alive[holder]
 
     return is_alive
+
+
+def grace(leases: Iterable[Lease], now: float, gap: float, reattach_grace_s: float) -> None:
+    """After a loop stall or sleep/resume gap of `gap` s, give each of `leases` one TTL and
+    each restored one still to re-attach `reattach_grace_s` from `now` (monotonic, s)
+    (docs/architecture.md §3)."""
+    log.warning("broker loop stalled %.1f s: every lease gets one TTL of grace", gap)
+    for lease in leases:
+        lease.deadline = max(lease.deadline, now + lease.ttl_s)
+        if lease.reattach_by is not None:
+            lease.reattach_by = max(lease.reattach_by, now + reattach_grace_s)
 
 
 async def tick_loop(
