@@ -40,6 +40,7 @@ def restore(
     past their wait, or with too few of their GPUs left are dropped.
     """
     now, wall = clock.monotonic(), clock.wall()
+    baselines = store.baselines()  # before the leases' own (older) figures are set
     for stored in store.active_leases():
         try:
             lease = Lease.from_record(stored.record, now + float(stored.record["ttl_s"]), wall)
@@ -63,6 +64,7 @@ def restore(
         for u, baseline in lease.baseline_mib.items():
             table.baselines[(lease.holder, u)] = baseline
         log.info("lease %s restored (holder %d alive)", lease.lease_id, lease.holder.pid)
+    _restore_baselines(table, store, baselines)
     for rec in store.waiters():
         key = rec["request_key"]
         try:
@@ -111,3 +113,24 @@ def restore(
             len(table.leases),
             len(waiting.waiters),
         )
+
+
+def _restore_baselines(
+    table: LeaseTable, store: LeaseStore, rows: list[tuple[int, float, str, int]]
+) -> None:
+    """Baselines as last written (`rbroker.broker.baselines`, read before the leases were
+    restored) replace the ones of the lease records, written at the grant; the rows of
+    holders with no restored lease on that GPU are deleted. The pre-grant part of a
+    baseline comes back as plain baseline."""
+    leases_of: dict[tuple[Holder, str], list[Lease]] = {}
+    for lease in table.leases.values():
+        for u in lease.gpu_uuids:
+            leases_of.setdefault((lease.holder, u), []).append(lease)
+    for pid, start, uuid, mib in rows:
+        key = (Holder(pid, start), uuid)
+        if key in leases_of:
+            table.baselines[key] = mib
+            for lease in leases_of[key]:
+                lease.baseline_mib[uuid] = mib
+        else:
+            store.put_baseline(pid, start, uuid, 0)

@@ -8,6 +8,8 @@ for a lease's end):
   the ended lease at its restart; its holder does not re-attach it, so it expires after the
   re-attach grace: its memory stays booked a few seconds longer, nothing is granted twice.
   Every read of the store sees the ends not yet written, and `close()` writes them;
+- a holder's baseline on a GPU (memory outside its leases) at every change, one row per
+  holder and GPU (`rbroker.broker.baselines`): lease records are not rewritten then;
 - a waiting request when it first has to wait, and its removal;
 - a job at its declaration and every change, and each chunk report together with the
   job's new cumulative counts (one transaction, so counts and chunks never disagree).
@@ -58,6 +60,13 @@ CREATE TABLE IF NOT EXISTS job_chunks (
     completed     INTEGER NOT NULL,
     failed        INTEGER NOT NULL,
     PRIMARY KEY (job_id, chunk_id)
+);
+CREATE TABLE IF NOT EXISTS baselines (
+    holder_pid    INTEGER NOT NULL,
+    holder_start  REAL NOT NULL,
+    gpu_uuid      TEXT NOT NULL,
+    mib           INTEGER NOT NULL,   -- held outside its leases (rbroker.broker.baselines)
+    PRIMARY KEY (holder_pid, holder_start, gpu_uuid)
 );
 CREATE TABLE IF NOT EXISTS waiters (
     request_key   TEXT PRIMARY KEY,
@@ -133,6 +142,31 @@ class LeaseStore:
                 self._ends = ends + self._ends
                 raise
             self._db.execute("COMMIT")
+
+    def put_baseline(self, holder_pid: int, holder_start: float, gpu_uuid: str, mib: int) -> None:
+        """Write a holder's baseline on a GPU (MiB; 0 or less deletes it), committed on return."""
+        key = (holder_pid, holder_start, gpu_uuid)
+        with self._lock:
+            if mib > 0:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO baselines(holder_pid, holder_start, gpu_uuid, mib)"
+                    " VALUES (?, ?, ?, ?)",
+                    (*key, mib),
+                )
+            else:
+                self._db.execute(
+                    "DELETE FROM baselines WHERE holder_pid = ? AND holder_start = ?"
+                    " AND gpu_uuid = ?",
+                    key,
+                )
+
+    def baselines(self) -> list[tuple[int, float, str, int]]:
+        """Every stored baseline: (holder pid, holder start time, GPU UUID, MiB)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT holder_pid, holder_start, gpu_uuid, mib FROM baselines"
+            ).fetchall()
+        return [(int(p), float(s), str(u), int(m)) for p, s, u, m in rows]
 
     def end_lease(self, lease_id: str, state: str, ended_at: float, record: dict[str, Any]) -> None:
         """Mark a lease ended (committed on return)."""

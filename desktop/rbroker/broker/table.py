@@ -25,6 +25,7 @@ import secrets
 from collections.abc import Callable, Iterable
 
 from rbroker.broker.attribution import PreGrant, ancestor, keeper, listed_mib, owners, tree_mib
+from rbroker.broker.baselines import Baselines
 from rbroker.broker.capacity import Capacity, unbacked_mib
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
@@ -57,7 +58,7 @@ class LeaseTable:
         self.store = store
         self.leases: dict[str, Lease] = {}
         self.ended: collections.deque[Lease] = collections.deque(maxlen=config.ended_history)
-        self.baselines: dict[tuple[Holder, str], int] = {}
+        self.baselines = Baselines(store)  # written through to the store
         self.pre_grant = PreGrant()  # the part of `baselines` held before a grant
         self.token_sha256: dict[str, str] = {}
         self._ends_since_prune = 0
