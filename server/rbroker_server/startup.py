@@ -86,8 +86,13 @@ def check_database(settings: Settings) -> str:
         engine.dispose()
 
 
+LISTEN_BACKLOG = 2048
+"""The listen backlog (uvicorn's default)."""
+
+
 def bind(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket on `host:port` (what uvicorn's own bind does).
+    """A listening TCP socket on `host:port` (what uvicorn's own bind does, listen included:
+    a second coordinator on the same port fails here, even one started at the same moment).
 
     Raises:
         StartupFailure: the address is in use, needs privileges, or is not on this machine.
@@ -97,6 +102,9 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        # listening here, not later in uvicorn: with SO_REUSEADDR two sockets can both bind
+        # a port nobody listens on yet, and the second coordinator then served nothing
+        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
         code = os_error_code(exc)

@@ -84,6 +84,27 @@ def test_address_in_use(data: Path) -> None:
     )
 
 
+def test_a_port_bound_but_not_yet_listened_on_is_in_use() -> None:
+    """Before: two coordinators started at the same moment both bound the port (SO_REUSEADDR
+    lets a second socket bind while nobody listens yet); the second then served nothing,
+    said nothing and stayed up. Right: `bind` listens, so the second fails at once."""
+    from rbroker_server.startup import StartupFailure, bind
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    first = bind("127.0.0.1", port)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # it listens already: a client is accepted into its backlog
+        with pytest.raises(StartupFailure) as second:
+            bind("127.0.0.1", port)
+        assert second.value.code == EXIT_ADDRESS_IN_USE
+        assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in str(second.value)
+    finally:
+        first.close()
+
+
 def test_privileged_port(data: Path) -> None:
     if Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text().strip() == "0":
         pytest.skip("every port is unprivileged here")
