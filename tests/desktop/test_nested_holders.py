@@ -186,3 +186,29 @@ def test_the_pre_grant_part_never_comes_down_by_memory_no_sample_showed_freed(
     # back at 6 000: the 1 904 held before L2's grant are still outside its leases
     assert l2.observed_mib[GPU0] == 0
     assert _cap(h).available_mib == USABLE - 6000 - 4096
+
+
+def test_a_childs_kept_memory_comes_out_of_the_baseline_once_it_is_freed(
+    h: InProcessBroker, tree: list[Holder]
+) -> None:
+    """Before: a child's memory kept past its lease's end went into the parent's plain
+    baseline, which comes down only when the parent's whole use falls below it; the child
+    freeing it left the parent's own use counted as baseline and its lease booked twice, for
+    the lease's whole life. Right: it comes down by what later samples show freed."""
+    parent, child, _ = tree
+    a = _grant(h, parent, 8000)
+    h.fake.allocate(GPU0, parent.pid, 8000)
+    c = _grant(h, child, 4000)
+    h.fake.allocate(GPU0, child.pid, 4000)
+    h.sample()
+    assert _cap(h).available_mib == USABLE - 12000
+    h.broker.release(c.lease_id, "tester")  # the child keeps its 4 000 MiB
+    h.sample()
+    assert a.observed_mib[GPU0] == 8000
+    assert _cap(h).available_mib == USABLE - 12000, "the kept memory freed the parent's grant"
+    h.fake.free(GPU0, child.pid)
+    h.sample()
+    assert a.observed_mib[GPU0] == 8000
+    cap = _cap(h)
+    assert (cap.device_used_mib, cap.outstanding_mib) == (8000, 0)
+    assert cap.available_mib == USABLE - 8000

@@ -450,8 +450,12 @@ class LeaseTable:
             if others and kept > 0:
                 # What the ended lease's processes still hold is outside any lease now, not
                 # the use of the holder's (or an ancestor's) other leases: over-admitting.
-                kept += self.baselines.get((target, u), 0)
-                self.set_baseline(target, u, kept, others.values())
+                # Like memory held before a grant, it comes down by what samples show freed.
+                before = self.baselines.get((target, u), 0)
+                self.pre_grant.add(
+                    (target, u), kept, self._seen.get((target, u), 0) + before + kept
+                )
+                self.set_baseline(target, u, before + kept, others.values())
         self.ended.append(lease)
         self.token_sha256.pop(lease.lease_id, None)
         if self.store is not None:
