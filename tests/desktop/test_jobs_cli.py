@@ -161,6 +161,31 @@ def test_watch_ends_cleanly_on_ctrl_c(broker: BrokerProcess, jobs: dict[str, str
     assert jobs["with_total"] in out
 
 
+def test_watch_ends_on_ctrl_c_also_when_started_with_sigint_ignored(
+    broker: BrokerProcess, jobs: dict[str, str]
+) -> None:
+    """A background job of a non-interactive shell starts with SIGINT ignored; before, `rbroker
+    jobs --watch` then never ended on SIGINT ("until Ctrl-C")."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rbroker", "jobs", "--socket", broker.socket, "--watch"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert jobs["with_total"] in out
+
+
 def test_no_broker_exits_69() -> None:
     out = _cli("--socket", str(short_tmp() / "none.sock"))
     assert out.returncode == 69

@@ -219,7 +219,10 @@ def test_counters_are_the_leases_observed_memory(wddm: tuple[InProcessBroker, An
     me = Holder.of(os.getpid())
     task = h.acquire(me, mib=10240)
     lease = task.result()
-    h.fake.allocate(GPU1, os.getpid(), 1)  # NVML lists this pid; WDDM: memory None
+    # NVML lists this pid (WDDM: memory None) and its device figure holds the 8 GiB the
+    # counter shows: observed use discounts only what device_used can hold
+    # (capacity.unbacked_mib), as on a real GPU, where the device figure holds every process
+    h.fake.allocate(GPU1, os.getpid(), 8192)
     h.sample()
     assert lease.observed_mib == {GPU1: 8192}  # the recorded 8 GiB from the counter
     (gpu,) = h.broker.gpus_view()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import time
 
 from rich.console import Console
@@ -28,6 +29,9 @@ def run_jobs(args: argparse.Namespace) -> int:
             if not args.watch:
                 print_view(console, jobs_table(fetch()))
                 return 0
+            # "until Ctrl-C" also where the shell started it with SIGINT ignored (a
+            # background job of a script), as `rbroker demo` does
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             if not console.is_terminal:  # a pipe or file: plain tables, one every 2 s
                 try:
                     while True:
