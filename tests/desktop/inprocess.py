@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import subprocess
+import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -53,14 +55,22 @@ class ManualClock:
         self.wall_s += seconds
 
 
+#: A process that only sleeps: `sleep` where it exists, else this Python (Windows has none).
+SLEEPER = (
+    ["sleep", "600"]
+    if shutil.which("sleep")
+    else [sys.executable, "-c", "import time; time.sleep(600)"]
+)
+
+
 class SleeperPool:
-    """Real holder processes (`sleep`) that tests can kill."""
+    """Real holder processes (`SLEEPER`) that tests can kill."""
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(self) -> tuple[subprocess.Popen[bytes], Holder]:
-        proc = subprocess.Popen(["sleep", "600"])
+        proc = subprocess.Popen(SLEEPER)
         self.procs.append(proc)
         return proc, Holder.of(proc.pid)
 

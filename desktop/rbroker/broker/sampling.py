@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,10 @@ from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Ancestry, Chain, Holder
 from rbroker.gpu.nvml import AsyncSampler, NvmlGateway, TelemetryError
 from rbroker.gpu.types import GpuInfo, GpuSample, ProcessSample, TelemetryState
+
+_LOOP_CLOCK_RESOLUTION_S = time.get_clock_info("monotonic").resolution
+"""The resolution of asyncio's clock (`BaseEventLoop.time` is `time.monotonic`), by which a
+timer may run early (`BaseEventLoop._run_once`): 1e-9 s on Linux, 0.015625 s on Windows."""
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +140,9 @@ class GpuSlot:
         if delay <= 0:
             self.kick.set()
         else:
-            self.soon = loop.call_later(delay, self._kick_now)
+            # asyncio runs a timer up to one clock resolution early (15.6 ms on Windows,
+            # where the loop's clock is GetTickCount64): the gap is a floor, so add it
+            self.soon = loop.call_later(delay + _LOOP_CLOCK_RESOLUTION_S, self._kick_now)
 
     def _kick_now(self) -> None:
         self.soon = None
