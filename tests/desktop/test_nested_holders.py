@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -43,10 +44,20 @@ def h(make_inprocess: Callable[..., InProcessBroker]) -> InProcessBroker:
     return make_inprocess(GPUS, persist=False, headroom_mib=1000)
 
 
+# A sleeper that first starts a sleeper of its own, `argv[1]` levels deep (Python, so that
+# the same tree stands on Windows, which has no sh).
+_NESTED = (
+    "import subprocess, sys, time\n"
+    "d = int(sys.argv[1])\n"
+    "if d: subprocess.Popen([sys.executable, '-c', sys.argv[2], str(d - 1), sys.argv[2]])\n"
+    "time.sleep(600)\n"
+)
+
+
 @pytest.fixture
 def tree() -> Iterator[list[Holder]]:
     """`[parent, child, grandchild]`: three real processes, each the parent of the next."""
-    proc = subprocess.Popen(["sh", "-c", "sh -c 'sleep 600 & wait' & wait"])
+    proc = subprocess.Popen([sys.executable, "-c", _NESTED, "2", _NESTED])
     try:
         deadline = time.monotonic() + 10
         while True:
