@@ -41,7 +41,10 @@ WINE_READY: bool = (
     and (WINE_HOME / "stamps" / "wheels").is_file()
 )
 SKIP_REASON = (
-    "pairs a Windows process under Wine with a Linux one: needs `bash .ci/wine setup` "
+    "pairs a Windows process under Wine with a Linux one, from the Linux side "
+    "(run by `bash .ci/wine test`)"
+    if sys.platform == "win32"
+    else "pairs a Windows process under Wine with a Linux one: needs `bash .ci/wine setup` "
     "(run by `bash .ci/wine test`)"
 )
 
