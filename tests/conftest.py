@@ -1,7 +1,8 @@
 """Shared fixtures: a real broker process on a simulated GPU scenario, and clients for it.
 
 The only thing simulated is the GPU (through the fake NVML library feeding the production
-adapter). Brokers run as real processes listening on real Unix sockets.
+adapter). Brokers run as real processes listening on real Unix sockets (named pipes on
+Windows).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import rbroker
+from rbroker._children import HARD_KILL
 from rbroker.demo.processes import SimulatedBroker
 from rbroker.localapi.machine_lock import ENV_LOCK, PER_SOCKET
 from tests.windows.wine import UNDER_WINE
@@ -91,7 +93,9 @@ class BrokerProcess(SimulatedBroker):
 
 
 def short_tmp() -> Path:
-    """A short temporary directory (Unix socket paths are limited to ~100 bytes)."""
+    """A short temporary directory (Unix socket paths are limited to ~100 bytes); a broker
+    started in it listens at `rbroker.demo.processes.broker_address(it)` (on Windows a
+    named pipe named after it)."""
     return Path(tempfile.mkdtemp(prefix="rbt-"))
 
 
@@ -137,7 +141,7 @@ def broker_factory() -> Iterator[Callable[..., BrokerProcess]]:
 
     yield factory
     for bp in started:
-        bp.stop(signal.SIGKILL)
+        bp.stop(HARD_KILL)
         if bp.owns_root:
             shutil.rmtree(bp.scenario.parent, ignore_errors=True)
 

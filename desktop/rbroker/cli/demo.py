@@ -1,10 +1,11 @@
 """`rbroker demo`: real worker processes lease GPU memory from a real local broker.
 
-Starts a broker on a temporary socket and data dir (simulated GPUs unless a real NVIDIA
-driver answers), launches eight worker processes that use the SDK with different sizes
-and purposes — some are admitted at once, some wait with a reason that shows the
-arithmetic — kills one with SIGKILL mid-run and measures how fast its memory comes back,
-then prints a summary. Everything it started is stopped on exit, also on Ctrl-C.
+Starts a broker on a temporary socket (a named pipe on Windows) and data dir (simulated GPUs
+unless a real NVIDIA driver answers), launches eight worker processes that use the SDK with
+different sizes and purposes — some are admitted at once, some wait with a reason that shows
+the arithmetic — kills one mid-run (SIGKILL; TerminateProcess on Windows) and measures how
+fast its memory comes back, then prints a summary. Everything it started is stopped on exit,
+also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from rich.live import Live
 from rich.text import Text
 
 import rbroker
-from rbroker._children import HARD_KILL, STOP_SIGNALS
+from rbroker._children import HARD_KILL_NAME, STOP_SIGNALS, kill_tree
 from rbroker.broker.capacity import fmt_mib, short_uuid
 from rbroker.cli.views import broker_view
 from rbroker.demo.coordinator import CoordinatorError, LocalCoordinator, server_available
 from rbroker.demo.job import expected_counts
-from rbroker.demo.processes import ProcessGroup, broker_command, child_setup, worker_command
+from rbroker.demo.processes import ProcessGroup, broker_address, broker_command, worker_command
 from rbroker.demo.world import (
     DEMO_SCENARIO,
     JOB_START_S,
@@ -105,7 +106,7 @@ def run_demo(args: argparse.Namespace) -> int:
     for sig in STOP_SIGNALS:
         signal.signal(sig, _interrupt)
     root = Path(tempfile.mkdtemp(prefix="rbroker-demo-"))
-    sock = str(root / "broker.sock")
+    sock = broker_address(root)
     scenario = root / "scenario.toml"
     scenario.write_text(DEMO_SCENARIO)
     state = DemoState()
@@ -256,12 +257,12 @@ def _run_workers(
                 and time.time() - granted_at[victim.session] >= KILL_AFTER_GRANT_S
             ):
                 state.kill_wall = time.time()  # before the signal: the lease may end at once
-                vw.send_signal(HARD_KILL)
+                kill_tree(vw)
                 state.victim_lease = next(
                     (lease for lease in view["leases"] if lease["session"] == victim.session),
                     None,
                 )
-                state.log(f"killed worker {victim.session} with SIGKILL mid-run")
+                state.log(f"killed worker {victim.session} with {HARD_KILL_NAME} mid-run")
             if state.kill_wall is not None and state.freed_after_s is None:
                 for ended in view.get("ended", []):
                     if ended["session"] == victim.session:
@@ -305,7 +306,7 @@ def _start_coordinator(
         console.print(f"coordinator: setup failed, skipped ({str(exc)[-300:]})")
         return None
     try:
-        coordinator.start(wait=False, preexec_fn=child_setup)
+        coordinator.start(wait=False, bind=True)
     finally:
         if coordinator.proc is not None:
             procs.adopt(coordinator.proc)
@@ -365,7 +366,7 @@ def _summary(
     if state.freed_after_s is not None:
         v = ended.get(victim.session, {})
         lines.append(
-            f"crash: worker {victim.session} killed with SIGKILL while holding "
+            f"crash: worker {victim.session} killed with {HARD_KILL_NAME} while holding "
             f"{fmt_mib(v.get('granted_mib', victim.mib))} MiB; its lease was freed "
             f"{ms_text(state.freed_after_s)} later ({v.get('ended_reason', '?')})"
         )

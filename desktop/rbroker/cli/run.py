@@ -6,7 +6,10 @@ frameworks inside the grant (`rbroker._frameworks.framework_env`: `RBROKER_GRANT
 `RBROKER_GPU_TOTAL_MIB`, `XLA_PYTHON_CLIENT_MEM_FRACTION`, `TF_FORCE_GPU_ALLOW_GROWTH`) in
 CMD's environment, replaces `{mib}`, `{fraction}` and `{gpu}` in CMD's arguments (no
 other `{` is touched), forwards SIGINT/SIGTERM/SIGHUP to it, releases the lease when it
-exits, and exits with its code (128 + N when it was killed by signal N). The command line
+exits, and exits with its code (128 + N when it was killed by signal N). On Windows the
+console itself gives Ctrl-C and Ctrl-Break to CMD (it runs in `rbroker run`'s console process
+group): `rbroker run` outlives CMD to release the lease; CMD runs in a Job object that ends it
+when `rbroker run` ends (`rbroker._children`). The command line
 itself never leaves this process: the lease's session and purpose default to the program's
 name only.
 
@@ -32,7 +35,7 @@ from rich.console import Console
 from rich.status import Status
 
 import rbroker
-from rbroker._children import STOP_SIGNALS, die_with_parent
+from rbroker._children import STOP_SIGNALS, forward_signal, spawn
 from rbroker._frameworks import (
     PLACEHOLDER,
     fraction_text,
@@ -263,8 +266,8 @@ def run_command(args: argparse.Namespace) -> int:
     previous = {}
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        if child is not None and child.poll() is None:
-            child.send_signal(signum)
+        if child is not None:
+            forward_signal(child, signum)
 
     try:
         env = dict(os.environ)
@@ -283,8 +286,9 @@ def run_command(args: argparse.Namespace) -> int:
             previous[sig] = signal.signal(sig, forward)
         try:
             # the command must not run on without its lease: if `rbroker run` is killed
-            # (kill -9 releases the lease with its connection), the command gets SIGTERM
-            child = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
+            # (kill -9 releases the lease with its connection), the command ends too
+            # (Linux: SIGTERM; Windows: its Job object closes)
+            child = spawn(cmd, env=env)
         except OSError as exc:
             console.print(
                 f"rbroker run: cannot start the command {cmd[0]!r}: {exc.strerror}"

@@ -19,12 +19,13 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from rbroker._children import spawn
 
 
 def server_available() -> bool:
@@ -172,10 +173,12 @@ class LocalCoordinator:
         wait: bool = True,
         timeout_s: float = 30.0,
         log_level: str = "warning",
-        preexec_fn: Callable[[], Any] | None = None,
+        bind: bool = False,
     ) -> None:
         """Serve (again, after `stop()`) as a child process and, with `wait`, wait until
-        `/healthz` answers (not with a `prefix`: the caller knows where it runs).
+        `/healthz` answers (not with a `prefix`: the caller knows where it runs). With
+        `bind` it leads its own process group and ends with this process
+        (`rbroker._children.spawn(new_group=True)`, what `ProcessGroup.adopt` expects).
 
         Raises:
             CoordinatorError: already running; or the process exited or did not answer
@@ -183,28 +186,14 @@ class LocalCoordinator:
         """
         if self.proc is not None and self.proc.poll() is None:
             raise CoordinatorError("the coordinator is already running")
+        cmd = [
+            *self.prefix, sys.executable, "-m", "rbroker_server", "serve",
+            "--data-dir", str(self.data_dir), "--host", "0.0.0.0" if self.prefix else self.host,
+            "--port", str(self.port), "--log-level", log_level,
+        ]  # fmt: skip
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    *self.prefix,
-                    sys.executable,
-                    "-m",
-                    "rbroker_server",
-                    "serve",
-                    "--data-dir",
-                    str(self.data_dir),
-                    "--host",
-                    "0.0.0.0" if self.prefix else self.host,
-                    "--port",
-                    str(self.port),
-                    "--log-level",
-                    log_level,
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                preexec_fn=preexec_fn,
-            )
+            out: dict[str, Any] = {"stdout": log, "stderr": subprocess.STDOUT, "env": self.env}
+            self.proc = spawn(cmd, new_group=True, **out) if bind else subprocess.Popen(cmd, **out)
         if wait and not self.prefix:
             try:
                 self.wait_healthy(timeout_s)

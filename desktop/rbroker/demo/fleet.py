@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from rbroker.demo.coordinator import LocalCoordinator, server_available
-from rbroker.demo.processes import ProcessGroup, broker_command, stop_process
+from rbroker.demo.processes import ProcessGroup, broker_address, broker_command, stop_process
 from rbroker.demo.world import DemoBroker, answers, holder_command, wait_for
 
 
@@ -295,7 +295,7 @@ class DemoFleet:
             base.mkdir()
             (base / "scenario.toml").write_text(scenario)
             coordinator.enroll(name, base / "data")
-            sock = str(base / "b.sock")
+            sock = broker_address(base, "b")
             with open(base / "broker.log", "wb") as blog:
                 cmd = broker_command(sock, base / "data", base / "scenario.toml")
                 self.brokers[name] = self.children.spawn(cmd, stdout=blog)

@@ -1,15 +1,18 @@
 """The processes of a demo world: brokers, lease-holding workers and jobs, started as real
 child processes that never outlive the demo.
 
-Every child leads its own process group and (on Linux) gets SIGTERM when its parent dies
-(PR_SET_PDEATHSIG), so a demo killed without cleanup leaves nothing behind; `ProcessGroup`
-stops them all (the group first, so a job's pool workers go too).
+Every child leads its own process group and ends with the demo (`rbroker._children.spawn`:
+PR_SET_PDEATHSIG on Linux, a kill-on-close Job object on Windows), so a demo killed without
+cleanup leaves nothing behind; `ProcessGroup` stops them all (the group first, so a job's
+pool workers go too). A broker's address is `broker_address(root)`: a Unix socket in its
+directory, or on Windows a named pipe named after that directory.
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,15 +24,21 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from rbroker._children import HARD_KILL, die_with_parent
+from rbroker._children import HARD_KILL, bind_to_parent, signal_tree, spawn
 from rbroker.localapi.machine_lock import PER_SOCKET
 
 
-def child_setup() -> None:  # pragma: no cover - runs in the child
-    """`preexec_fn` of every demo child: its own process group, gone with its parent."""
-    if sys.platform != "win32":  # preexec_fn exists only on POSIX
-        os.setpgid(0, 0)
-    die_with_parent()
+def broker_address(root: Path, name: str = "broker") -> str:
+    """The local API address of a broker whose files live in directory `root`: on POSIX the
+    Unix socket `root/NAME.sock`; on Windows (no sockets in directories there) the named
+    pipe `\\\\.\\pipe\\rbroker-NAME-<root's name>-<8 hex digits of root's full path>`, one per
+    directory. Keep `root` short on POSIX: a socket path has at most ~100 bytes."""
+    if sys.platform != "win32":
+        return str(root / f"{name}.sock")
+    full = str(Path(root).absolute()).lower()
+    tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(root).name)[-40:].strip("-") or "root"
+    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
+    return rf"\\.\pipe\rbroker-{name}-{tag}-{digest}"
 
 
 def broker_command(socket: str, data_dir: Path, scenario: Path | None) -> list[str]:
@@ -70,7 +79,7 @@ class SimulatedBroker:
         **fields: Any,
     ) -> Any:
         """Write `scenario_text` (dedented) to `root/scenario.toml`, start the broker on
-        `root/broker.sock` and `root/data` with the extra `args` (its output appended to
+        `broker_address(root)` and `root/data` with the extra `args` (its output appended to
         `root/broker.log`, `env` added to this process's environment) and wait until it
         answers a local API connection. `fields` go to the constructor of `cls`.
 
@@ -79,13 +88,14 @@ class SimulatedBroker:
         """
         scenario = root / "scenario.toml"
         scenario.write_text(textwrap.dedent(scenario_text))
-        sock = str(root / "broker.sock")
+        sock = broker_address(root)
         cmd = [*broker_command(sock, root / "data", scenario), *args]
         log_path = root / "broker.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
             )
+        bind_to_parent(proc)  # Windows: ended with this process (the tests', the benchmarks')
         broker = cls(proc, sock, root / "data", scenario, log_path, **fields)
         broker.wait_answering(timeout_s)
         return broker
@@ -175,18 +185,10 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
         proc.wait(5)
 
 
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    """Send `sig` to `proc`'s process group (POSIX); to `proc` alone on Windows."""
-    if sys.platform == "win32":
-        if proc.poll() is None:
-            proc.send_signal(sig)
-    else:
-        os.killpg(proc.pid, sig)
-
-
 class ProcessGroup:
     """The children of one demo: `spawn()` them, and on exit (also on Ctrl-C) SIGTERM each
-    child's process group, wait up to `grace_s` in all, then SIGKILL what is left."""
+    child's process group, wait up to `grace_s` in all, then SIGKILL what is left (Windows:
+    each child's Job object is ended at once, `rbroker._children.signal_tree`)."""
 
     def __init__(self, grace_s: float = 5.0) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -201,25 +203,25 @@ class ProcessGroup:
     ) -> subprocess.Popen[bytes]:
         """Start `cmd` as a demo child (own process group, gone with this process); its
         stderr goes where its stdout goes when `stdout` is given."""
-        proc = subprocess.Popen(
+        proc: subprocess.Popen[bytes] = spawn(
             cmd,
+            new_group=True,
             stdout=stdout,
             stderr=subprocess.STDOUT if stdout is not None else None,
             env=env,
-            preexec_fn=child_setup,
         )
         self.procs.append(proc)
         return proc
 
     def adopt(self, proc: subprocess.Popen[bytes]) -> None:
-        """Stop `proc` with the others (it must have been started with `child_setup`)."""
+        """Stop `proc` with the others (it must have been started by
+        `rbroker._children.spawn(new_group=True)`, as `spawn` does)."""
         self.procs.append(proc)
 
     def stop(self) -> None:
         """Stop every child (see the class docstring)."""
         for p in self.procs:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                _signal_group(p, signal.SIGTERM)
+            signal_tree(p, signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
         for p in self.procs:
             try:
@@ -227,8 +229,7 @@ class ProcessGroup:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                _signal_group(p, HARD_KILL)
+            signal_tree(p, HARD_KILL)
 
     def __enter__(self) -> ProcessGroup:
         return self

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rbroker._exceptions import RBrokerError
-from rbroker.demo.processes import ProcessGroup, worker_command
+from rbroker.demo.processes import ProcessGroup, broker_address, worker_command
 from rbroker.localapi.client import Client
 from rbroker.localapi.machine_lock import PER_SOCKET
 from rbroker.tray.embedded import EmbeddedBroker
@@ -165,7 +165,7 @@ class DemoBroker:
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or Path(tempfile.mkdtemp(prefix="rbdemo-"))
-        self.socket = str(self.root / "broker.sock")
+        self.socket = broker_address(self.root)
         self.children = ProcessGroup()
         self.broker: EmbeddedBroker | None = None
 
