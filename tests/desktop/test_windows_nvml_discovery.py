@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+import rbroker
+from rbroker._children import HARD_KILL, spawn
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Holder
 from rbroker.broker.service import Broker
 from rbroker.cli.main import main
+from rbroker.demo.processes import SimulatedBroker, broker_address, broker_command
 from rbroker.gpu.fake_nvml import FakeNvml
 from rbroker.gpu.nvml import NvmlGateway, TelemetryError
 from rbroker.gpu.nvml_discovery import not_found_message, preload_windows_nvml, windows_candidates
@@ -123,9 +127,48 @@ def test_where_it_looked_reaches_status_and_refusals(tmp_path: Path) -> None:
 def test_rbroker_status_says_why_nvml_does_not_answer(
     broker_factory: Callable[..., BrokerProcess], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`rbroker status` prints the NVML problem's words (the nvml.dll search message on
-    Windows; here the simulated driver's `library_not_found`)."""
+    """`rbroker status` prints the NVML problem's words (here the simulated driver's
+    `library_not_found`, naming the library as this OS calls it)."""
     broker = broker_factory('[nvml]\ninit_error = "library_not_found"\n\n' + SINGLE_24G)
     assert main(["status", "--socket", str(broker.socket)]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "GPU telemetry: the NVML library (libnvidia-ml) is not installed" in out
+    library = "nvml.dll" if sys.platform == "win32" else "libnvidia-ml"
+    assert f"GPU telemetry: the NVML library ({library}) is not installed" in out
+
+
+@pytest.mark.skipif(sys.platform != "win32", reason="Windows only: the nvml.dll search")
+def test_a_real_broker_without_nvml_dll_says_each_place_it_looked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A broker on real NVML (no --simulate) whose Windows folders hold no loadable
+    nvml.dll (System32 has none, the driver store two that are not DLLs, no NVSMI) starts
+    fail-closed; `rbroker status` says, on one line, each place it looked and why, and a
+    lease is refused (`telemetry_unavailable`) with the same words."""
+    windir, program_files = _windows(tmp_path)
+    address = broker_address(tmp_path)
+    cmd = broker_command(address, tmp_path / "data", None)  # no scenario: real NVML
+    env = {**os.environ, "WINDIR": str(windir), "ProgramFiles": str(program_files)}
+    with open(tmp_path / "broker.log", "wb") as log:
+        proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    broker = SimulatedBroker(proc, address, tmp_path / "data", Path(), tmp_path / "broker.log")
+    try:
+        broker.wait_answering(30)
+        assert main(["status", "--socket", address]) == 0
+        out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+        store = windir / "System32" / "DriverStore" / "FileRepository"
+        for place in (
+            windir / "System32" / "nvml.dll",
+            store / "nvlti.inf_amd64_9f8e7d6c5b4a3f2e" / "nvml.dll",
+            store / "nvltsi.inf_amd64_0a1b2c3d4e5f6a7b" / "nvml.dll",
+            program_files / "NVIDIA Corporation" / "NVSMI" / "nvml.dll",
+        ):
+            assert str(place) in out, (place, out)
+        assert f"{windir / 'System32' / 'nvml.dll'} (missing)" in out
+        assert "not a valid Win32 application" in out or "WinError" in out, out
+        lease = rbroker.lease(1024, project="t", session="t", purpose="t", socket=address)
+        with pytest.raises(rbroker.TelemetryUnavailable) as err, lease:
+            pass
+        assert "nvml.dll" in str(err.value)
+        assert str(windir / "System32" / "nvml.dll") in str(err.value)
+    finally:
+        broker.terminate(HARD_KILL)

@@ -24,6 +24,8 @@ child is a Python interpreter with another image. Everything here is pure over a
 from __future__ import annotations
 
 import ntpath
+import os
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -31,6 +33,10 @@ import psutil
 
 PY_LAUNCHERS = frozenset({"py.exe", "pyw.exe"})
 """The Python launcher for Windows (PEP 397)."""
+
+PROCESS_QUERY_LIMITED_INFORMATION = 0x1000
+"""winnt.h: the access right QueryFullProcessImageNameW needs (granted more widely than
+PROCESS_QUERY_INFORMATION, which psutil's image path needs)."""
 
 MAX_HOPS = 8
 """Launchers in a row followed at most (a cycle or a fork bomb never hangs the broker)."""
@@ -130,6 +136,66 @@ def same_holder(tree: ProcessTree, holder_pid: int, gpu_pid: int) -> bool:
     return holder in up or holder_pid in up
 
 
+def image_path(proc: psutil.Process) -> str:
+    """The image (executable) path of `proc`, "" when it cannot be read.
+
+    psutil first; where it fails (on Windows it raises AccessDenied for some processes of
+    other accounts, or OSError where NtQuerySystemInformation's process image class is
+    missing, as under Wine), Windows' QueryFullProcessImageNameW, which needs only
+    PROCESS_QUERY_LIMITED_INFORMATION."""
+    try:
+        return str(proc.exe())
+    except (psutil.Error, OSError):
+        pass
+    if sys.platform == "win32":
+        return _query_image_name(proc.pid)
+    return ""
+
+
+def _query_image_name(pid: int) -> str:
+    """QueryFullProcessImageNameW of `pid` (Windows), "" when refused or gone."""
+    import ctypes
+    from ctypes import wintypes
+
+    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined,unused-ignore]
+    kernel32.OpenProcess.restype = wintypes.HANDLE
+    kernel32.OpenProcess.argtypes = [wintypes.DWORD, wintypes.BOOL, wintypes.DWORD]
+    kernel32.QueryFullProcessImageNameW.restype = wintypes.BOOL
+    kernel32.QueryFullProcessImageNameW.argtypes = [
+        wintypes.HANDLE, wintypes.DWORD, wintypes.LPWSTR, ctypes.POINTER(wintypes.DWORD)
+    ]  # fmt: skip
+    kernel32.CloseHandle.argtypes = [wintypes.HANDLE]
+    handle = kernel32.OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, False, pid)
+    if not handle:
+        return ""
+    try:
+        size = wintypes.DWORD(32768)
+        buf = ctypes.create_unicode_buffer(size.value)
+        if not kernel32.QueryFullProcessImageNameW(handle, 0, buf, ctypes.byref(size)):
+            return ""
+        return str(buf.value)
+    finally:
+        kernel32.CloseHandle(handle)
+
+
+def process_record(proc: psutil.Process) -> ProcessRecord:
+    """`proc` as a `ProcessRecord`; its name is the image path's file name where psutil
+    cannot read the name (see `image_path`).
+
+    Raises:
+        psutil.Error: the process is gone, or its parent or start time cannot be read.
+    """
+    with proc.oneshot():
+        exe = image_path(proc)
+        try:
+            name = str(proc.name())
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            raise
+        except (psutil.Error, OSError):
+            name = ntpath.basename(exe) if sys.platform == "win32" else os.path.basename(exe)
+        return ProcessRecord(proc.pid, proc.ppid(), name, exe, proc.create_time())
+
+
 def snapshot_around(pid: int) -> dict[int, ProcessRecord]:
     """Records of `pid`, its ancestors and its descendants from the running system (what
     `interpreter_of`, `ancestors` and `same_holder` need); unreadable processes are left
@@ -138,15 +204,8 @@ def snapshot_around(pid: int) -> dict[int, ProcessRecord]:
 
     def add(proc: psutil.Process) -> None:
         try:
-            with proc.oneshot():
-                try:
-                    exe = proc.exe()
-                except psutil.Error:
-                    exe = ""
-                out[proc.pid] = ProcessRecord(
-                    proc.pid, proc.ppid(), proc.name(), exe, proc.create_time()
-                )
-        except psutil.Error:
+            out[proc.pid] = process_record(proc)
+        except (psutil.Error, OSError):
             return
 
     try:
@@ -156,7 +215,7 @@ def snapshot_around(pid: int) -> dict[int, ProcessRecord]:
     add(root)
     try:
         family = [*root.parents(), *root.children(recursive=True)]
-    except psutil.Error:
+    except (psutil.Error, OSError):
         family = []
     for proc in family:
         add(proc)

@@ -72,10 +72,13 @@ _REASONS: dict[int, str] = {
 }
 
 
+NVML_LIBRARY = "nvml.dll" if sys.platform == "win32" else "libnvidia-ml"
+"""What the NVML library is called on this OS (in messages)."""
+
 _REASON_WORDS: dict[str, str] = {
     "version_mismatch": "the NVIDIA driver and its NVML library have different versions "
     "(NVML error 18; usual after a driver upgrade until the computer restarts)",
-    "library_not_found": "the NVML library (libnvidia-ml) is not installed or cannot be "
+    "library_not_found": f"the NVML library ({NVML_LIBRARY}) is not installed or cannot be "
     "loaded (NVML error 12)",
     "driver_not_loaded": "the NVIDIA kernel driver is not loaded (NVML error 9)",
     "no_permission": "this account may not use NVML (NVML error 4)",
