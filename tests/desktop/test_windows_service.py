@@ -121,3 +121,25 @@ def test_cli_refuses_off_windows(action: str, capsys: pytest.CaptureFixture[str]
     assert main(["service", action]) == 2
     err = capsys.readouterr().err
     assert "works on Windows only" in err and "rbroker broker --system" in err
+
+
+def test_service_manager_refusals_say_what_is_wrong_and_what_to_do() -> None:
+    from rbroker.cli.service_cmd import refusal_text
+
+    missing = "The specified service does not exist as an installed service."
+    assert refusal_text("start", 1060, missing) == (
+        "cannot start the rbroker service: it is not installed (Windows: The specified "
+        "service does not exist as an installed service, error 1060); install it first: "
+        "rbroker service install"
+    )
+    assert "nothing to stop" in refusal_text("stop", 1060, missing)
+    assert "nothing to remove" in refusal_text("remove", 1060, missing)
+    assert "installed already" in refusal_text("install", 1073, "exists")
+    assert "Run as administrator" in refusal_text("install", 5, "Access is denied.")
+    assert "it runs already" in refusal_text("start", 1056, "already running")
+    assert "it is not running" in refusal_text("stop", 1062, "not started")
+    other = refusal_text("start", 1053, "The service did not respond in a timely fashion.")
+    assert other.startswith("Windows refused to start the rbroker service (Windows: The ")
+    assert "error 1053" in other
+    for text in (refusal_text("start", 1060, missing + "\r\n"), other):
+        assert "\n" not in text

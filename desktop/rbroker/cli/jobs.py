@@ -47,6 +47,6 @@ def run_jobs(args: argparse.Namespace) -> int:
                 except KeyboardInterrupt:
                     pass
     except rbroker.BrokerUnavailable as exc:
-        Console(stderr=True).print(f"rbroker jobs: {exc}")
+        Console(stderr=True).print(f"rbroker jobs: {exc}", markup=False, soft_wrap=True)
         return 69
     return 0

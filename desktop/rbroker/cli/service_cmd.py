@@ -14,7 +14,14 @@ import os
 import sys
 from pathlib import Path
 
-from rbroker_protocol.startup import EXIT_CANNOT_START, EXIT_USAGE, one_line
+from rbroker.localapi.machine_lock import MachineLockHeld
+from rbroker.localapi.transport import BrokerAlreadyRunning
+from rbroker_protocol.startup import (
+    EXIT_BROKER_ALREADY_RUNNING,
+    EXIT_CANNOT_START,
+    EXIT_USAGE,
+    one_line,
+)
 
 NOT_WINDOWS = (
     "`rbroker service` installs the Windows service and works on Windows only; on Linux run "
@@ -71,8 +78,8 @@ def _options(args: argparse.Namespace) -> list[str]:
 
 
 def run_service(args: argparse.Namespace) -> int:
-    """Exit codes: 0 done, 1 Windows refused (not an administrator, not installed, ...),
-    2 not Windows or bad options."""
+    """Exit codes: 0 done, 1 Windows refused (not an administrator, not installed, ...: one
+    line from `refusal_text`), 2 not Windows or bad options."""
     if sys.platform != "win32":
         return _fail(EXIT_USAGE, NOT_WINDOWS)
     import pywintypes
@@ -99,12 +106,55 @@ def run_service(args: argparse.Namespace) -> int:
             print(f"rbroker service broker on {svc.SERVICE_PIPE} (Ctrl-C stops)")
             with contextlib.suppress(KeyboardInterrupt):
                 asyncio.run(svc.serve_until(config, stop))
+    except MachineLockHeld as exc:
+        return _fail(EXIT_BROKER_ALREADY_RUNNING, f"{exc}; not starting a second one")
+    except BrokerAlreadyRunning as exc:
+        return _fail(EXIT_CANNOT_START, f"{exc}; not starting a second one")
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))
     except pywintypes.error as exc:
-        return _fail(
-            EXIT_CANNOT_START,
-            f"Windows refused to {args.action} the service: {exc.strerror} (error "
-            f"{exc.winerror}); install, remove, start and stop need an administrator's console",
-        )
+        return _fail(EXIT_CANNOT_START, refusal_text(args.action, exc.winerror, exc.strerror))
     return 0
+
+
+ERROR_ACCESS_DENIED = 5
+ERROR_SERVICE_ALREADY_RUNNING = 1056
+ERROR_SERVICE_DOES_NOT_EXIST = 1060
+ERROR_SERVICE_NOT_ACTIVE = 1062
+ERROR_SERVICE_MARKED_FOR_DELETE = 1072
+ERROR_SERVICE_EXISTS = 1073
+
+
+def refusal_text(action: str, winerror: int, strerror: str) -> str:
+    """The one line for the Service Control Manager refusing `action` (`install`, `remove`,
+    `start`, `stop`) with Windows error `winerror` (`strerror`: Windows' own words): what is
+    wrong and what to do, the error number kept for searching."""
+    said = f"(Windows: {strerror.strip().rstrip('.')}, error {winerror})"
+    name = "the rbroker service"
+    if winerror == ERROR_SERVICE_DOES_NOT_EXIST:
+        fix = {
+            "remove": "nothing to remove",
+            "start": "install it first: rbroker service install",
+            "stop": "nothing to stop",
+        }.get(action, "install it: rbroker service install")
+        return f"cannot {action} {name}: it is not installed {said}; {fix}"
+    if winerror == ERROR_SERVICE_EXISTS:
+        return (
+            f"cannot install {name}: it is installed already {said}; to change its options, "
+            "rbroker service remove, then install again"
+        )
+    if winerror == ERROR_SERVICE_MARKED_FOR_DELETE:
+        return (
+            f"cannot {action} {name}: it is being removed {said}; close the Services console "
+            "and anything else that has it open, then try again"
+        )
+    if winerror == ERROR_SERVICE_ALREADY_RUNNING:
+        return f"cannot start {name}: it runs already {said}"
+    if winerror == ERROR_SERVICE_NOT_ACTIVE:
+        return f"cannot stop {name}: it is not running {said}"
+    if winerror == ERROR_ACCESS_DENIED:
+        return (
+            f"not allowed to {action} {name} {said}: install, remove, start and stop need an "
+            "administrator's console (Run as administrator)"
+        )
+    return f"Windows refused to {action} {name} {said}"

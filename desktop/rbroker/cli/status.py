@@ -24,7 +24,7 @@ def run_status(args: argparse.Namespace) -> int:
             leases = client.leases()
             found = {"address": client.address, "found_by": client.found_by}
     except rbroker.BrokerUnavailable as exc:
-        Console(stderr=True).print(f"rbroker status: {exc}")
+        Console(stderr=True).print(f"rbroker status: {exc}", markup=False, soft_wrap=True)
         return 69
     if args.json:
         print(json.dumps({"broker": found, "status": status, "gpus": gpus, **leases}, indent=2))

@@ -7,8 +7,10 @@ them with the proactor event loop (the default loop on Windows):
   the service pipe `\\\\.\\pipe\\rbroker` lets Authenticated Users read and write and only
   the service's account (LocalSystem) create instances; a per-user pipe admits its user
   alone; network clients are rejected (`PIPE_REJECT_REMOTE_CLIENTS` and a deny entry);
-- the first instance is created with `FILE_FLAG_FIRST_PIPE_INSTANCE`: when the name exists
-  already (a running broker, or someone squatting it) the broker refuses to start;
+- a name that exists already (a running broker, or someone squatting it) is refused before
+  anything is created (`_name_exists`), and the first instance is created with
+  `FILE_FLAG_FIRST_PIPE_INSTANCE`, so a name taken in between is refused too: the broker
+  does not start (`BrokerAlreadyRunning`);
 - a pool of listening instances is kept ahead of demand (`listeners_to_add`: 32 waiting,
   plus a quarter of the connected clients), refilled as each client connects, so a burst
   of clients finds instances waiting; a client that still meets ERROR_PIPE_BUSY waits with
@@ -31,9 +33,17 @@ from rbroker.localapi.transport import BrokerAlreadyRunning, Handler, Peer
 log = logging.getLogger(__name__)
 
 BUFFER_BYTES = 64 * 1024
+ERROR_FILE_NOT_FOUND = 2
 ERROR_ACCESS_DENIED = 5
 ERROR_PIPE_BUSY = 231
 PIPE_REJECT_REMOTE_CLIENTS = 0x00000008
+
+
+def _in_use_text(address: str) -> str:
+    return (
+        f"the pipe {address} exists already (another broker, or another program holding the name)"
+    )
+
 
 if sys.platform == "win32":
     import _winapi
@@ -68,6 +78,18 @@ if sys.platform == "win32":
             ("lpSecurityDescriptor", ctypes.c_void_p),
             ("bInheritHandle", wintypes.BOOL),
         ]
+
+    def _name_exists(address: str) -> bool:
+        """Whether a pipe of this name exists now (instances waiting or all busy), asked
+        without connecting: WaitNamedPipe fails with ERROR_FILE_NOT_FOUND only when there is
+        none. `FILE_FLAG_FIRST_PIPE_INSTANCE` stays the atomic guard (a name taken between
+        this look and the creation); this look refuses before anything is created, also
+        where that flag is not honoured."""
+        try:
+            _winapi.WaitNamedPipe(address, 1)
+        except OSError as exc:
+            return getattr(exc, "winerror", None) != ERROR_FILE_NOT_FOUND
+        return True
 
     def _client_pid(handle: int) -> int:
         pid = wintypes.ULONG(0)
@@ -134,15 +156,15 @@ if sys.platform == "win32":
             Raises:
                 BrokerAlreadyRunning: the name is taken (a broker, or a squatter).
             """
+            if _name_exists(self.address):
+                self._security.close()
+                raise BrokerAlreadyRunning(_in_use_text(self.address))
             try:
                 first = self._create(first=True)
             except OSError as exc:
                 self._security.close()
                 if getattr(exc, "winerror", None) in (ERROR_ACCESS_DENIED, ERROR_PIPE_BUSY):
-                    raise BrokerAlreadyRunning(
-                        f"the pipe {self.address} exists already (another broker, or another "
-                        "program holding the name)"
-                    ) from None
+                    raise BrokerAlreadyRunning(_in_use_text(self.address)) from None
                 raise
             self._listen(first)
             self._refill()
