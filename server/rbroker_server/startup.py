@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import socket
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,11 @@ def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if sys.platform != "win32":
+            # POSIX: rebind at once after a restart (connections in TIME_WAIT). Never on
+            # Windows, where SO_REUSEADDR lets another program bind the same port beside a
+            # listening one (and a restart rebinds without it), as `socket.create_server` does
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         # listening here, not later in uvicorn: with SO_REUSEADDR two sockets can both bind
         # a port nobody listens on yet, and the second coordinator then served nothing
@@ -110,6 +115,13 @@ def bind(host: str, port: int) -> socket.socket:
         code = os_error_code(exc)
         if code == EXIT_ADDRESS_IN_USE:
             fix = "another process (another coordinator?) listens there: stop it or choose --port"
+        elif code == EXIT_PERMISSION and sys.platform == "win32":
+            # WSAEACCES: Windows has no privileged ports; another program holds this one
+            # exclusively, or it lies in a range Windows reserves
+            fix = (
+                "another program holds this port exclusively, or Windows reserves it (see "
+                "`netsh interface ipv4 show excludedportrange protocol=tcp`): choose --port"
+            )
         elif code == EXIT_PERMISSION:
             fix = (
                 "ports below 1024 need root or CAP_NET_BIND_SERVICE: choose --port 1024 or "
