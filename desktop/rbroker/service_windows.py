@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 from rbroker._version import __version__
 from rbroker.broker.config import BrokerConfig
+from rbroker.localapi.paths import program_data_dir
 from rbroker.localapi.pipe_security import SERVICE_PIPE
 
 log = logging.getLogger(__name__)
@@ -45,9 +46,10 @@ DESCRIPTION = (
 )
 
 
-def service_data_dir(environ: Mapping[str, str]) -> Path:
-    """`%ProgramData%\\rbroker` (default `C:\\ProgramData\\rbroker`): the service's data."""
-    return Path(environ.get("ProgramData") or "C:\\ProgramData") / "rbroker"
+def service_data_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """`<ProgramData>\\rbroker` (default `C:\\ProgramData\\rbroker`): the service's data;
+    ProgramData as `rbroker.localapi.paths.program_data_dir(environ)` finds it."""
+    return program_data_dir(environ) / "rbroker"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +63,9 @@ class ServiceOptions:
     scenario: Path | None = None
 
 
-def service_config(environ: Mapping[str, str], options: ServiceOptions) -> BrokerConfig:
+def service_config(environ: Mapping[str, str] | None, options: ServiceOptions) -> BrokerConfig:
     """The service broker's configuration: the fixed service pipe, the service data dir
-    (or the configured one), the configured headroom."""
+    (or the configured one; `environ`: see `service_data_dir`), the configured headroom."""
     return BrokerConfig(
         socket_path=Path(SERVICE_PIPE),
         data_dir=options.data_dir or service_data_dir(environ),
@@ -190,7 +192,7 @@ if sys.platform == "win32":
                 self._loop.call_soon_threadsafe(self._stop.set)
 
         def SvcDoRun(self) -> None:
-            config = service_config(os.environ, self.options)
+            config = service_config(None, self.options)
 
             async def main() -> None:
                 self._loop = asyncio.get_running_loop()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import sys
 from pathlib import Path
 
@@ -101,7 +100,7 @@ def run_service(args: argparse.Namespace) -> int:
             print("stopped")
         else:
             options = svc.parse_service_options(_options(args))
-            config = svc.service_config(os.environ, options)
+            config = svc.service_config(None, options)
             stop = asyncio.Event()
             print(f"rbroker service broker on {svc.SERVICE_PIPE} (Ctrl-C stops)")
             with contextlib.suppress(KeyboardInterrupt):

@@ -5,7 +5,7 @@ signed-in user and of the service see one another. The mutex is owned by its han
 holder exits, or is killed, Windows closes the handle and the name is free again. A mutex that
 already exists (ERROR_ALREADY_EXISTS), or that another user's default security descriptor
 keeps this one from opening (ERROR_ACCESS_DENIED), is held by a live broker: never taken over.
-The holder writes who it is to `%ProgramData%\\rbroker\\locks\\<name>.json` for the message
+The holder writes who it is to `<ProgramData>\\rbroker\\locks\\<name>.json` for the message
 of the second broker (best effort: a mutex carries no data).
 """
 
@@ -19,14 +19,15 @@ import sys
 from pathlib import Path
 
 from rbroker.localapi.machine_lock import LockHolder, MachineLockHeld
+from rbroker.localapi.paths import program_data_dir
 
 ERROR_ALREADY_EXISTS = 183
 ERROR_ACCESS_DENIED = 5
 
 
 def _identity_file(name: str) -> Path:
-    base = Path(os.environ.get("PROGRAMDATA", r"C:\ProgramData"))
-    return base / "rbroker" / "locks" / f"{name}.json"
+    # the known folder, not the variable: a service's environment can say another place
+    return program_data_dir() / "rbroker" / "locks" / f"{name}.json"
 
 
 def _read_identity(name: str) -> LockHolder:

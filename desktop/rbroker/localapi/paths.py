@@ -12,6 +12,7 @@ import getpass
 import os
 import sys
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,3 +96,23 @@ def discovery_order(explicit: str | None = None) -> list[Candidate]:
 def default_data_dir() -> Path:
     """The broker's data directory (lease database, keys): the user data dir."""
     return Path(platformdirs.user_data_dir("rbroker", appauthor=False))
+
+
+def program_data_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Windows' machine-wide data folder (`C:\\ProgramData` by default).
+
+    With `environ` (a mapping, e.g. in tests): its `ProgramData`, else `C:\\ProgramData`.
+    Without: on Windows the known folder `FOLDERID_ProgramData` (pywin32), which is the same
+    for every account and for services, whose environment can lack the variable or differ
+    (Wine gives a service `C:\\users\\Public`); elsewhere, or where it cannot be read,
+    `%ProgramData%`, else `C:\\ProgramData`.
+    """
+    if environ is None and sys.platform == "win32":
+        try:
+            from win32com.shell import shell, shellcon
+
+            return Path(shell.SHGetKnownFolderPath(shellcon.FOLDERID_ProgramData))
+        except Exception:  # pywintypes.com_error: fall back to the variable
+            pass
+    env = os.environ if environ is None else environ
+    return Path(env.get("ProgramData") or env.get("PROGRAMDATA") or "C:\\ProgramData")

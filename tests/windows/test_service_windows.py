@@ -1,0 +1,191 @@
+"""`rbroker service install|start|stop|remove` through the Service Control Manager, the
+service's broker answering on `\\\\.\\pipe\\rbroker` with its data in
+`%ProgramData%\\rbroker`, and a client deciding whether to trust it.
+
+Clients trust the service pipe only when its server runs as LocalSystem (the account
+`service install` registers). The test reads the account the service process really runs
+as and asserts the client's answer for it: served where it is LocalSystem (real Windows);
+refused, in one line naming the pid and the account, where it is not (Wine runs services
+under the user's own account, so there the refusal is the right answer, and the LocalSystem
+acceptance needs real Windows). Either way the service's broker itself answers a raw
+`hello` on its pipe.
+
+The whole test runs in this one Windows process tree (Wine stops services when the last
+ordinary process of the prefix exits). The service is removed at teardown, also when the
+test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from rbroker_protocol.versions import PROTOCOL_VERSION
+
+pytestmark = pytest.mark.skipif(
+    sys.platform != "win32", reason="Windows only: the Service Control Manager"
+)
+
+SERVICE_PIPE = r"\\.\pipe\rbroker"
+LOCAL_SYSTEM_SID = "S-1-5-18"
+
+
+def rbroker_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """`python -m rbroker ARGS` to its end, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "rbroker", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, "COLUMNS": "1000"},
+    )
+
+
+def one_line(done: subprocess.CompletedProcess[str], code: int, *parts: str) -> str:
+    err = done.stderr.strip()
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and len(err.splitlines()) == 1, err
+    for part in parts:
+        assert part in err, (part, err)
+    return err
+
+
+def pipe_exists() -> bool:
+    import _winapi
+
+    try:
+        _winapi.WaitNamedPipe(SERVICE_PIPE, 1)
+    except OSError as exc:
+        return exc.winerror != 2  # ERROR_FILE_NOT_FOUND: no such pipe
+    return True
+
+
+def wait_for(condition: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}"
+        time.sleep(0.2)
+
+
+def installed() -> bool:
+    import pywintypes
+    import win32serviceutil
+
+    try:
+        win32serviceutil.QueryServiceStatus("rbroker")
+    except pywintypes.error:
+        return False
+    return True
+
+
+def service_pid() -> int:
+    import win32service
+
+    scm = win32service.OpenSCManager(None, None, win32service.SC_MANAGER_CONNECT)
+    try:
+        svc = win32service.OpenService(scm, "rbroker", win32service.SERVICE_QUERY_STATUS)
+        try:
+            return int(win32service.QueryServiceStatusEx(svc)["ProcessId"])
+        finally:
+            win32service.CloseServiceHandle(svc)
+    finally:
+        win32service.CloseServiceHandle(scm)
+
+
+def raw_hello() -> dict[str, object]:
+    """`hello` on the service pipe without the client's account check: what the service's
+    broker answers."""
+    import _winapi
+    import msvcrt
+
+    handle = _winapi.CreateFile(
+        SERVICE_PIPE, _winapi.GENERIC_READ | 0x0002, 0, 0, _winapi.OPEN_EXISTING, 0, 0
+    )
+    with open(msvcrt.open_osfhandle(handle, os.O_BINARY), "r+b", buffering=0) as pipe:
+        params = {"protocol_version": PROTOCOL_VERSION, "client": "service-test"}
+        request = {"jsonrpc": "2.0", "id": 1, "method": "hello", "params": params}
+        pipe.write(json.dumps(request).encode() + b"\n")
+        answer = b""
+        while not answer.endswith(b"\n"):
+            chunk = pipe.read(65536)
+            assert chunk, f"the service closed the pipe after {answer!r}"
+            answer += chunk
+    return dict(json.loads(answer))
+
+
+@pytest.fixture
+def no_service() -> Iterator[None]:
+    """No rbroker service before the test (a leftover is removed) and none after it."""
+    if pipe_exists() and not installed():
+        pytest.skip(f"something else holds {SERVICE_PIPE}")
+    if installed():
+        rbroker_cli("service", "remove")
+    yield
+    if installed():
+        done = rbroker_cli("service", "remove")
+        assert done.returncode == 0, done.stderr
+
+
+def test_install_start_talk_stop_remove(no_service: None) -> None:
+    from rbroker.localapi.win_accounts import process_account
+    from rbroker.service_windows import service_data_dir
+
+    # not installed: start, stop and remove say so in one line (exit 1)
+    for action in ("start", "stop", "remove"):
+        one_line(rbroker_cli("service", action), 1, "it is not installed", "error 1060")
+
+    done = rbroker_cli("service", "install", "--start", "manual", "--simulate")
+    assert done.returncode == 0, done.stderr
+    assert "installed the 'rbroker' service" in done.stdout
+    one_line(rbroker_cli("service", "install", "--simulate"), 1, "installed already")
+
+    started_at = time.time()
+    done = rbroker_cli("service", "start")
+    assert done.returncode == 0, done.stderr
+    assert SERVICE_PIPE in done.stdout
+    wait_for(pipe_exists, 60, f"the service's broker listening on {SERVICE_PIPE}")
+
+    answer = raw_hello()
+    hello = answer.get("result")
+    assert isinstance(hello, dict), answer
+    assert hello["simulated"] is True  # `install --simulate` reached the service's broker
+    database = service_data_dir() / "broker.sqlite3"  # the known folder ProgramData
+    assert database.is_file() and database.stat().st_mtime >= started_at - 2, database
+
+    pid = service_pid()
+    account_sid, account = process_account(pid)
+    status = rbroker_cli("status", "--socket", SERVICE_PIPE, timeout_s=60)
+    if account_sid == LOCAL_SYSTEM_SID:  # real Windows: the service is trusted and served
+        assert status.returncode == 0, status.stderr
+        assert "SIMULATED" in status.stdout
+    else:  # Wine: the service runs as this user; the client refuses before sending
+        one_line(
+            status,
+            69,
+            f"the pipe {SERVICE_PIPE} is served by pid {pid}",
+            f"runs as {account_sid}, not {LOCAL_SYSTEM_SID}",
+            "nothing was sent to it",
+        )
+        assert account.lower().endswith(os.environ["USERNAME"].lower())
+
+    one_line(rbroker_cli("service", "start"), 1, "it runs already")
+    done = rbroker_cli("service", "stop")
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: not pipe_exists(), 60, f"{SERVICE_PIPE} gone after the stop")
+    wait_for(lambda: "it is not running" in rbroker_cli("service", "stop").stderr, 30, "stopped")
+
+    done = rbroker_cli("service", "remove")
+    assert done.returncode == 0, done.stderr
+    assert not installed()
+    one_line(rbroker_cli("service", "start"), 1, "it is not installed")
+
+
+def test_service_options_are_checked_before_anything_is_registered(no_service: None) -> None:
+    one_line(rbroker_cli("service", "install", "--headroom-mib", "-5"), 2, "--headroom-mib")
+    assert not installed()
