@@ -366,28 +366,34 @@ class Client:
     def wait_until_closed(self, timeout_s: float, wake: socket.socket | None = None) -> bool:
         """Block up to `timeout_s` s; True as soon as the broker closes this connection.
 
-        Returns False when the time passes or `wake` (a socket another thread writes to)
-        becomes readable. Event notifications that arrive meanwhile are queued for
-        `next_event`. On Windows a pipe's closing is noticed only by the next call.
+        Returns False when the time passes, `wake` (a socket another thread writes to)
+        becomes readable, or this client is closed (by any thread). Event notifications that
+        arrive meanwhile are queued for `next_event`. On Windows a pipe's closing is noticed
+        only by the next call.
         """
         end = time.monotonic() + timeout_s
         while True:
             remaining = end - time.monotonic()
             if remaining <= 0 or self._closed:
                 return False
-            state = self._stream.wait_readable(remaining, wake)
+            try:
+                state = self._stream.wait_readable(remaining, wake)
+            except (OSError, ValueError):  # closed by another thread under the wait
+                return not self._closed
             if state == "closed":
                 return True
             if state != "data":
                 return False
             with self._lock:
-                self._stream.settimeout(1.0)
                 try:
+                    if self._closed:
+                        return False
+                    self._stream.settimeout(1.0)
                     line = self._stream.readline()
                 except TimeoutError:
                     continue
-                except OSError:
-                    return True
+                except (OSError, ValueError):
+                    return not self._closed  # closed here, by another thread: not the broker
             if not line:
                 return True
             with contextlib.suppress(ValueError):
@@ -405,20 +411,32 @@ class Client:
             return None
 
     def wait_event(self, timeout_s: float | None = None) -> dict[str, Any] | None:
-        """Block reading the connection until one event arrives (None on timeout)."""
+        """Block reading the connection until one event arrives (None on timeout).
+
+        Raises:
+            BrokerUnavailable: the broker closed the connection or went away, or this client
+                was closed (by any thread, also while this call waits: "client is closed").
+        """
         queued = self.next_event(0)
         if queued is not None:
             return queued
         with self._lock:
-            self._stream.settimeout(timeout_s)
             try:
+                if self._closed:
+                    raise OSError("client is closed")
+                self._stream.settimeout(timeout_s)
                 line = self._stream.readline()
             except TimeoutError:
                 return None
-            except OSError as exc:
+            except (OSError, ValueError) as exc:
+                # `close()` from another thread (it never waits for this lock) ends the wait:
+                # the stream is gone under the read, said as the client being closed
+                if self._closed:
+                    raise BrokerUnavailable("client is closed", "broker_unavailable") from None
                 raise BrokerUnavailable(f"lost the broker: {exc}", "broker_unavailable") from None
         if not line:
-            raise BrokerUnavailable("broker closed the connection", "broker_unavailable")
+            said = "client is closed" if self._closed else "broker closed the connection"
+            raise BrokerUnavailable(said, "broker_unavailable")
         try:
             msg = jsonrpc.decode(line)
         except ValueError as exc:
