@@ -7,8 +7,12 @@ default settings, its config dir private to the test, started, and shut down at 
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+if sys.platform == "win32" and os.path.isdir(r"Z:\usr\share\fonts\truetype\dejavu"):
+    # under Wine (Z: is the Linux root), which passes no QT_* variable: the host's fonts
+    os.environ.setdefault("QT_QPA_FONTDIR", r"Z:\usr\share\fonts\truetype\dejavu")
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
