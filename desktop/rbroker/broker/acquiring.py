@@ -40,7 +40,14 @@ def begin(
     candidates = b.admission.candidates(params)
     b.admission.check_feasible(params, candidates)
     waiter = b.waiting.new_waiter(
-        params, candidates, owner, holder, conn_id, b.clock.monotonic(), b.clock.wall()
+        params,
+        candidates,
+        owner,
+        holder,
+        conn_id,
+        b.clock.monotonic(),
+        b.clock.wall(),
+        b.clock.boottime(),
     )
     behind = bool(candidates) and all(b.waiting.waiting_on(u) for u in candidates)
     b.waiting.add(waiter)

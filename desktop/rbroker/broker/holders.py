@@ -2,7 +2,8 @@
 
 A lease's holder is the process on the other end of its connection; memory NVML lists for
 that process or any of its descendants belongs to the lease. A pid alone is not an
-identity (pids are reused), so every check compares the process start time too.
+identity (pids are reused), so every check compares the process start time too, read on
+a clock that no wall-clock step moves (`rbroker.proctime.start_s`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 from dataclasses import dataclass
 
 import psutil
+
+from rbroker.proctime import start_s
 
 
 def signal_says_alive(pid: int) -> bool | None:
@@ -36,7 +39,7 @@ def signal_says_alive(pid: int) -> bool | None:
 
 @dataclass(frozen=True, slots=True)
 class Holder:
-    """A process identity: `pid` plus its start time (`psutil.Process.create_time()`, s)."""
+    """A process identity: `pid` plus its start time (`rbroker.proctime.start_s`, s)."""
 
     pid: int
     start_time: float
@@ -49,7 +52,7 @@ class Holder:
             ProcessLookupError: no such process.
         """
         try:
-            return cls(pid, psutil.Process(pid).create_time())
+            return cls(pid, start_s(psutil.Process(pid)))
         except psutil.NoSuchProcess:
             if signal_says_alive(pid):  # hidden by hidepid, yet alive
                 return cls(pid, 0.0)
@@ -61,7 +64,7 @@ class Holder:
         """True when a process with this pid *and* start time still runs (zombies are dead)."""
         try:
             proc = psutil.Process(self.pid)
-            if self.start_time and proc.create_time() != self.start_time:
+            if self.start_time and start_s(proc) != self.start_time:
                 return False
             return bool(proc.status() != psutil.STATUS_ZOMBIE)
         except psutil.NoSuchProcess:
@@ -86,7 +89,7 @@ class Ancestry:
         cannot be read. An ancestor whose start time cannot be read is left out."""
         try:
             proc = psutil.Process(pid)
-            start = proc.create_time()
+            start = start_s(proc)
         except psutil.Error:
             self._chains.pop(pid, None)
             return ()
@@ -97,7 +100,7 @@ class Ancestry:
         try:
             for parent in proc.parents():  # psutil: the immediate parent first
                 try:
-                    members.append(Holder(parent.pid, parent.create_time()))
+                    members.append(Holder(parent.pid, start_s(parent)))
                 except psutil.Error:
                     continue
         except psutil.Error:

@@ -226,7 +226,8 @@ class Waiter:
     release_wait_since: float | None = None
     request_key: str = ""
     job_id: str | None = None
-    wait_until_wall: float = 0.0
+    wait_until_wall: float = 0.0  # Unix time: read only from records written before 0.1.1
+    wait_until_boot: float = 0.0  # `Clock.boottime()` the wait ends at (same boot only)
     reattach_by: float | None = None  # restored after a restart: its client must come back
     resize_of: str | None = None  # the lease whose growth this is (`broker.resize`)
 
@@ -248,6 +249,7 @@ class Waiter:
             "holder_start": self.holder.start_time,
             "wait_s": self.wait_s,
             "wait_until_wall": self.wait_until_wall,
+            "wait_until_boot": self.wait_until_boot,
             "job_id": self.job_id,
         }
 

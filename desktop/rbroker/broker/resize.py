@@ -120,6 +120,7 @@ class Resizes:
             wait_s=wait_s,
             future=new_future(),
             wait_until_wall=self.clock.wall() + wait_s,
+            wait_until_boot=self.clock.boottime() + wait_s,
             resize_of=lease_id,
         )
         self.pending[lease_id] = waiter

@@ -7,11 +7,21 @@ within `reattach_grace_s`, or the wait ends. A restored lease's holder must re-a
 token within `lease_reattach_grace_s` (seconds, not the TTL), or the lease ends even if the
 holder process lives on: a holder that left its lease while the broker was down must not
 keep memory booked for a whole TTL.
+
+Holder start times are stored as `rbroker.proctime` reads them, with what they mean
+(`holder_clock`, in the store's meta table): on Linux seconds since boot, with the boot's id.
+Figures of another boot belong to processes that no longer exist (a pid and start ticks
+repeat across boots, so they are never compared); a store written before the meta key
+existed holds Unix start times (psutil's), which are brought to since-boot figures once. A
+restored waiter's remaining wait is measured on the boot clock, never on the wall clock.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+
+import psutil
 
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
@@ -21,6 +31,10 @@ from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker.broker.store import LeaseStore
 from rbroker.broker.table import LeaseTable
 from rbroker.broker.waiting import WaitQueue, new_future
+from rbroker.proctime import CLK_TCK, holder_clock
+
+#: A stored start time → the one to compare with live processes; None: that process is gone.
+StartTranslation = Callable[[float], float | None]
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +53,20 @@ def restore(
     `holder_exited` ("holder exited while the broker was down"); waiters of dead holders,
     past their wait, or with too few of their GPUs left are dropped.
     """
-    now, wall = clock.monotonic(), clock.wall()
+    now, wall, boot = clock.monotonic(), clock.wall(), clock.boottime()
+    translate = _start_translation(store.meta("holder_clock"), holder_clock())
+    store.set_meta("holder_clock", holder_clock())
     baselines = store.baselines()  # before the leases' own (older) figures are set
     for stored in store.active_leases():
         try:
-            lease = Lease.from_record(stored.record, now + float(stored.record["ttl_s"]), wall)
+            start = translate(float(stored.record["holder_start"]))
+            record = {**stored.record, "holder_start": -1.0 if start is None else start}
+            lease = Lease.from_record(record, now + float(stored.record["ttl_s"]), wall)
         except (KeyError, TypeError, ValueError, AttributeError):
             log.error("lease %s: unreadable record, dropped", stored.lease_id)
             store.end_lease(stored.lease_id, LeaseState.REVOKED.value, wall, stored.record)
             continue
-        if not lease.holder.alive():
+        if start is None or not lease.holder.alive():
             lease.state = LeaseState.HOLDER_EXITED
             lease.ended_reason = "holder exited while the broker was down"
             lease.ended_at_wall = wall
@@ -64,14 +82,18 @@ def restore(
         for u, baseline in lease.baseline_mib.items():
             table.baselines[(lease.holder, u)] = baseline
         log.info("lease %s restored (holder %d alive)", lease.lease_id, lease.holder.pid)
-    _restore_baselines(table, store, baselines)
+    _restore_baselines(table, store, baselines, translate)
     for rec in store.waiters():
         key = rec["request_key"]
         try:
-            holder = Holder(int(rec["holder_pid"]), float(rec["holder_start"]))
-            remaining = float(rec["wait_until_wall"]) - wall
+            start = translate(float(rec["holder_start"]))
+            holder = Holder(int(rec["holder_pid"]), -1.0 if start is None else start)
+            if "wait_until_boot" in rec:  # the same boot (else the holder is gone)
+                remaining = float(rec["wait_until_boot"]) - boot
+            else:  # written before 0.1.1: only the wall clock was kept
+                remaining = float(rec["wait_until_wall"]) - wall
             candidates = tuple(u for u in rec["candidates"] if u in table.slots)
-            alive = holder.alive()
+            alive = start is not None and holder.alive()
         except (KeyError, TypeError, ValueError):
             alive, remaining, candidates = False, 0.0, ()
         if not alive or remaining <= 0 or len(candidates) < int(rec.get("gpus", 1)):
@@ -100,7 +122,8 @@ def restore(
                 wait_s=float(rec["wait_s"]),
                 future=new_future(),
                 request_key=key,
-                wait_until_wall=float(rec["wait_until_wall"]),
+                wait_until_wall=float(rec.get("wait_until_wall", 0.0)),
+                wait_until_boot=boot + remaining,
                 reattach_by=now + config.reattach_grace_s,
                 job_id=rec.get("job_id"),
             )
@@ -115,8 +138,27 @@ def restore(
         )
 
 
+def _start_translation(stored: str | None, current: str) -> StartTranslation:
+    """How to read a stored holder start time, given the store's `holder_clock` and this
+    computer's now (`rbroker.proctime.holder_clock`): as it is (the same clock and boot);
+    as gone (another boot, or another kind of figure); or, for a store from before the key
+    (Unix start times; on Linux only: elsewhere those were already the OS's creation
+    times), less this boot's start, rounded to /proc's clock ticks."""
+    if stored == current:
+        return lambda start: start
+    if stored is None and current.startswith("since-boot"):
+        booted = psutil.boot_time()
+        return lambda start: start if start <= 0 else round((start - booted) * CLK_TCK) / CLK_TCK
+    if stored is None:
+        return lambda start: start
+    return lambda start: None  # another boot: not even a pid-only identity carries over
+
+
 def _restore_baselines(
-    table: LeaseTable, store: LeaseStore, rows: list[tuple[int, float, str, int]]
+    table: LeaseTable,
+    store: LeaseStore,
+    rows: list[tuple[int, float, str, int]],
+    translate: StartTranslation,
 ) -> None:
     """Baselines as last written (`rbroker.broker.baselines`, read before the leases were
     restored) replace the ones of the lease records, written at the grant; the rows of
@@ -126,11 +168,15 @@ def _restore_baselines(
     for lease in table.leases.values():
         for u in lease.gpu_uuids:
             leases_of.setdefault((lease.holder, u), []).append(lease)
-    for pid, start, uuid, mib in rows:
-        key = (Holder(pid, start), uuid)
+    for pid, stored_start, uuid, mib in rows:
+        start = translate(stored_start)
+        key = (Holder(pid, -1.0 if start is None else start), uuid)
         if key in leases_of:
             table.baselines[key] = mib
             for lease in leases_of[key]:
                 lease.baseline_mib[uuid] = mib
+            if start != stored_start:  # a figure brought to since-boot: stored anew
+                store.put_baseline(pid, stored_start, uuid, 0)
+                store.put_baseline(pid, key[0].start_time, uuid, mib)
         else:
-            store.put_baseline(pid, start, uuid, 0)
+            store.put_baseline(pid, stored_start, uuid, 0)

@@ -52,14 +52,15 @@ def own_identity(chain: Chain, pid: int) -> Holder | None:
 class Listing:
     """What the broker remembers of one pid the driver lists on a GPU.
 
-    `since_wall` is the Unix time of the sample that began the pid's current, unbroken
-    listing and `first_mib` what it showed then; `absent_samples` and `absent_since`
-    (monotonic) count a pid missing from the latest samples while it is carried forward.
+    `since_proc_s` is the time, on the clock of process start times (`rbroker.proctime`), of
+    the sample that began the pid's current, unbroken listing and `first_mib` what it showed
+    then; `absent_samples` and `absent_since` (monotonic) count a pid missing from the
+    latest samples while it is carried forward.
     """
 
     process: ProcessSample
     chain: Chain
-    since_wall: float
+    since_proc_s: float
     first_mib: int | None
     absent_samples: int = 0
     absent_since: float = 0.0
@@ -74,9 +75,9 @@ class Listing:
         listing a dead pid, and pids are reused), never this process's."""
         me = self.identity()
         p = self.process
-        if me is None or not me.start_time or not self.since_wall:
+        if me is None or not me.start_time or not self.since_proc_s:
             return p  # no start time or no sample time to compare: nothing to remove
-        if self.since_wall >= me.start_time:
+        if self.since_proc_s >= me.start_time:
             return p
         if p.used_mib is None or self.first_mib is None:
             return ProcessSample(p.pid, None, p.kind)
@@ -249,7 +250,7 @@ class Sampling:
             identity = own_identity(chain, pid)
             if entry is None or (entry.identity() not in (None, identity)):
                 # a new listing, or the pid now names another process than before
-                since = sample.started_wall if entry is None else entry.since_wall
+                since = sample.started_proc_s if entry is None else entry.since_proc_s
                 first = process.used_mib if entry is None else entry.process.used_mib
                 entry = Listing(process, chain, since, first)
                 slot.listings[pid] = entry

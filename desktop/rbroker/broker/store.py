@@ -113,6 +113,21 @@ class LeaseStore:
             (str(SCHEMA_VERSION),),
         )
 
+    def meta(self, key: str) -> str | None:
+        """A value of the `meta` table (None when not set)."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Set a value of the `meta` table (done on return)."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO meta(key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
     def close(self) -> None:
         """Write the queued lease ends, close the database."""
         with self._lock:

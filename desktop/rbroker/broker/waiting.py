@@ -59,8 +59,10 @@ class WaitQueue:
         conn_id: int | None,
         now: float,
         wall: float,
+        boot: float,
     ) -> Waiter:
-        """A waiter for a validated request (`now` monotonic, `wall` Unix seconds); not queued."""
+        """A waiter for a validated request (`now` monotonic, `wall` Unix seconds, `boot`
+        `Clock.boottime()`); not queued."""
         return Waiter(
             request_id=self.next_id(),
             mib=params.mib,
@@ -82,6 +84,7 @@ class WaitQueue:
             future=new_future(),
             request_key=params.request_key or "",
             wait_until_wall=wall + params.wait_s,
+            wait_until_boot=boot + params.wait_s,
             job_id=params.job_id,
         )
 

@@ -21,6 +21,7 @@ import psutil
 import pynvml
 
 from rbroker.gpu.scenario import ScenarioError, SimGpu, init_error, load_scenario
+from rbroker.proctime import start_s
 
 log = logging.getLogger(__name__)
 
@@ -169,10 +170,10 @@ class FakeNvml:
         """
         try:
             proc = psutil.Process(pid)
-            create_time = proc.create_time()
+            create_time = start_s(proc)
             if proc.status() == psutil.STATUS_ZOMBIE:
                 raise ProcessLookupError(pid)
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             raise ProcessLookupError(pid) from None
         with self._lock:
             if uuid not in {g.uuid for g in self.gpus()}:
@@ -204,9 +205,7 @@ class FakeNvml:
                     continue
                 try:
                     proc = psutil.Process(pid)
-                    alive = (
-                        proc.create_time() == create_time and proc.status() != psutil.STATUS_ZOMBIE
-                    )
+                    alive = start_s(proc) == create_time and proc.status() != psutil.STATUS_ZOMBIE
                 except psutil.Error:
                     alive = False  # an exited process's CUDA context is gone
                 if alive:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rbroker.gpu.types import GpuInfo, GpuSample, ProcessSample, TelemetryState
+from rbroker.proctime import process_clock_s
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +343,7 @@ class NvmlGateway:
         self._ensure_init()
         lib = self.lib
         started = self.clock()
-        started_wall = time.time()
+        started_proc_s = process_clock_s()
         try:
             handle = self._handle(uuid)
             before, known_before = self._processes(handle)
@@ -414,7 +415,7 @@ class NvmlGateway:
             memory_api=api,
             started_at=started,
             finished_at=self.clock(),
-            started_wall=started_wall,
+            started_proc_s=started_proc_s,
             processes_known=known_before and known_after and not self.foreign_pids,
         )
 

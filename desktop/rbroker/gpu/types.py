@@ -45,7 +45,8 @@ class GpuSample:
     per-process readings; for each pid the smaller of the two process-list reads bracketing
     the memory read, so a process allocating or freeing mid-sample is never under-counted.
     `started_at` is the monotonic time the first NVML call of the sample began,
-    `started_wall` the same instant in Unix seconds (compared with process start times).
+    `started_proc_s` the same instant on the clock of process start times
+    (`rbroker.proctime.process_clock_s`, so that the two compare).
     `processes_known` is False when the driver's process list could not be read (not
     supported, not permitted, another pid namespace): per-process memory is then unknown.
     """
@@ -57,5 +58,5 @@ class GpuSample:
     memory_api: str = "v2"
     started_at: float = 0.0
     finished_at: float = 0.0
-    started_wall: float = 0.0
+    started_proc_s: float = 0.0
     processes_known: bool = True
