@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -87,6 +88,9 @@ def _assert_all_stored(c: Coordinator, pc: EnrolledComputer, applied: list[int])
     assert row.reports_applied == len(applied)
 
 
+@pytest.mark.skipif(
+    os.name != "posix", reason="POSIX only: a private PostgreSQL cluster run as its own OS user"
+)
 def test_postgresql_stopped_gives_503_one_line_and_recovers(
     tmp_path: Path, fault_log: _Records
 ) -> None:
@@ -201,6 +205,9 @@ def _big_report(pc: EnrolledComputer, n: int) -> httpx.Response:
     return pc.report(payload(leases=leases))
 
 
+@pytest.mark.skipif(
+    sys.platform != "linux", reason="Linux only: the full disk is a small tmpfs mounted as root"
+)
 def test_full_disk_gives_503_one_line_and_healthz_fails(fault_log: _Records) -> None:
     with _tmpfs(12) as mnt:
         settings = Settings(data_dir=mnt / "data", db_retry_after_s=0.5, min_free_mib=1)

@@ -69,6 +69,14 @@ def _unprivileged() -> list[str]:
     return NO_PRIVILEGES
 
 
+def _in_use_words(port: int) -> str:
+    """What this OS says when binding `port` while another socket listens there ("Address
+    already in use" on Linux; Windows' words for WSAEADDRINUSE)."""
+    with socket.socket() as probe, pytest.raises(OSError) as refused:
+        probe.bind(("127.0.0.1", port))
+    return str(refused.value.strerror)
+
+
 def test_address_in_use(data: Path) -> None:
     port = Settings.load(data).bind_port
     with socket.socket() as taken:
@@ -77,9 +85,10 @@ def test_address_in_use(data: Path) -> None:
         # before: uvicorn's startup log lines, "[Errno 98] error while attempting to bind on
         # address ...", exit code 1
         code, line = _serve(data)
+        words = _in_use_words(port)
     assert code == EXIT_ADDRESS_IN_USE == 12
     assert line == (
-        f"rbroker-server: cannot listen on 127.0.0.1:{port}: Address already in use; another "
+        f"rbroker-server: cannot listen on 127.0.0.1:{port}: {words}; another "
         "process (another coordinator?) listens there: stop it or choose --port"
     )
 
@@ -100,11 +109,12 @@ def test_a_port_bound_but_not_yet_listened_on_is_in_use() -> None:
         with pytest.raises(StartupFailure) as second:
             bind("127.0.0.1", port)
         assert second.value.code == EXIT_ADDRESS_IN_USE
-        assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in str(second.value)
+        assert f"cannot listen on 127.0.0.1:{port}: {_in_use_words(port)}" in str(second.value)
     finally:
         first.close()
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux only: privileged ports below 1024")
 def test_privileged_port(data: Path) -> None:
     if Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text().strip() == "0":
         pytest.skip("every port is unprivileged here")
@@ -114,6 +124,9 @@ def test_privileged_port(data: Path) -> None:
     assert "choose --port 1024 or above" in line
 
 
+@pytest.mark.skipif(
+    os.name != "posix", reason="POSIX only: chmod takes write access away (not on Windows)"
+)
 def test_data_dir_without_write_permission(data: Path) -> None:
     data.chmod(0o555)  # config.toml readable, but SQLite cannot create its files there
     code, line = _serve(data, prefix=_unprivileged())
@@ -123,6 +136,9 @@ def test_data_dir_without_write_permission(data: Path) -> None:
     ), line
 
 
+@pytest.mark.skipif(
+    os.name != "posix", reason="POSIX only: chmod takes read access away (not on Windows)"
+)
 def test_unreadable_config(data: Path) -> None:
     (data / "config.toml").chmod(0o000)
     code, line = _serve(data, prefix=_unprivileged())
