@@ -1,7 +1,8 @@
 """The client end of the Windows named pipe: connect, wait when busy, check the server.
 
 `open_pipe(address, timeout_s)` opens the pipe with the access the broker's access list
-grants clients (`CLIENT_OPEN_ACCESS`: read, write data, never create instances), retries
+grants clients (`CLIENT_OPEN_ACCESS`: read, write data, never create instances), for
+overlapped I/O (so a read can wait with a timeout and be ended by another thread), retries
 while every instance is busy (WaitNamedPipe, `plan_after`), and before anything is sent
 checks that the process serving it runs as the account the address requires
 (`expected_server_sid`: LocalSystem for the service pipe, this user for a per-user one) —
@@ -24,9 +25,6 @@ from rbroker.localapi.pipe_security import (
 
 if sys.platform == "win32":
     import _winapi
-    import msvcrt
-    import os
-    from typing import BinaryIO
 
     import pywintypes
     import win32pipe
@@ -53,8 +51,9 @@ if sys.platform == "win32":
                 sid = None
         return pid, sid
 
-    def open_pipe(address: str, timeout_s: float | None) -> BinaryIO:
-        """An unbuffered binary file on the pipe, its server checked.
+    def open_pipe(address: str, timeout_s: float | None) -> int:
+        """A handle on the pipe opened with FILE_FLAG_OVERLAPPED, its server checked; the
+        caller closes it (`_winapi.CloseHandle`).
 
         Raises:
             FileNotFoundError: no broker listens at `address`.
@@ -66,7 +65,13 @@ if sys.platform == "win32":
         while True:
             try:
                 handle = _winapi.CreateFile(
-                    address, CLIENT_OPEN_ACCESS, 0, 0, _winapi.OPEN_EXISTING, 0, 0
+                    address,
+                    CLIENT_OPEN_ACCESS,
+                    0,
+                    0,
+                    _winapi.OPEN_EXISTING,
+                    _winapi.FILE_FLAG_OVERLAPPED,
+                    0,
                 )
                 break
             except OSError as exc:
@@ -83,8 +88,7 @@ if sys.platform == "win32":
         try:
             pid, sid = server_account(handle)
             check_server_account(address, expected_server_sid(address, own_sid()), sid, pid)
-            fd = msvcrt.open_osfhandle(handle, os.O_BINARY)
         except BaseException:
             _winapi.CloseHandle(handle)
             raise
-        return open(fd, "r+b", buffering=0)  # the caller closes it
+        return int(handle)
