@@ -138,21 +138,25 @@ def test_rbroker_status_says_why_nvml_does_not_answer(
 
 @pytest.mark.skipif(sys.platform != "win32", reason="Windows only: the nvml.dll search")
 def test_a_real_broker_without_nvml_dll_says_each_place_it_looked(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A broker on real NVML (no --simulate) whose Windows folders hold no loadable
     nvml.dll (System32 has none, the driver store two that are not DLLs, no NVSMI) starts
     fail-closed; `rbroker status` says, on one line, each place it looked and why, and a
-    lease is refused (`telemetry_unavailable`) with the same words."""
-    windir, program_files = _windows(tmp_path)
+    lease is refused (`infeasible`: no GPU seen) with the same words."""
+    windir, _ = _windows(tmp_path)
     address = broker_address(tmp_path)
     cmd = broker_command(address, tmp_path / "data", None)  # no scenario: real NVML
-    env = {**os.environ, "WINDIR": str(windir), "ProgramFiles": str(program_files)}
+    # WINDIR moves System32 and the driver store; ProgramFiles stays this computer's (Wine
+    # sets it again in every new process): NVSMI is looked for there
+    env = {**os.environ, "WINDIR": str(windir)}
+    program_files = Path(os.environ.get("PROGRAMFILES") or "C:\\Program Files")
     with open(tmp_path / "broker.log", "wb") as log:
         proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     broker = SimulatedBroker(proc, address, tmp_path / "data", Path(), tmp_path / "broker.log")
     try:
         broker.wait_answering(30)
+        monkeypatch.setenv("COLUMNS", "1000")  # rich folds a long path at the width
         assert main(["status", "--socket", address]) == 0
         out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
         store = windir / "System32" / "DriverStore" / "FileRepository"
@@ -166,7 +170,7 @@ def test_a_real_broker_without_nvml_dll_says_each_place_it_looked(
         assert f"{windir / 'System32' / 'nvml.dll'} (missing)" in out
         assert "not a valid Win32 application" in out or "WinError" in out, out
         lease = rbroker.lease(1024, project="t", session="t", purpose="t", socket=address)
-        with pytest.raises(rbroker.TelemetryUnavailable) as err, lease:
+        with pytest.raises(rbroker.Infeasible) as err, lease:  # no GPU seen at all
             pass
         assert "nvml.dll" in str(err.value)
         assert str(windir / "System32" / "nvml.dll") in str(err.value)
