@@ -1,7 +1,9 @@
 """One tray per user: a `QLocalServer` guard (after Vorta's `qt_single_application.py`).
 
-The first instance listens on a per-user name; a second one connects, sends `show`, and
-exits, and the first instance raises its window.
+The first instance listens on a per-user name; a second one connects, sends `show`, waits
+for the first's `ok` (or `CONNECT_TIMEOUT_MS`) and exits, and the first instance raises its
+window. The second closes its end only after the answer: on a named pipe (QLocalSocket on
+Windows) a message whose writer has already closed may never reach the reader.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import getpass
 import hashlib
 import os
+import time
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
@@ -45,6 +48,12 @@ class SingleInstance(QObject):
             return False
         sock.write(b"show\n")
         sock.waitForBytesWritten(CONNECT_TIMEOUT_MS)
+        deadline = time.monotonic() + CONNECT_TIMEOUT_MS / 1000
+        answer = b""
+        while b"\n" not in answer and time.monotonic() < deadline:
+            if not sock.bytesAvailable() and not sock.waitForReadyRead(CONNECT_TIMEOUT_MS):
+                break  # an older first instance closes without answering: it was asked
+            answer += bytes(sock.readAll().data())
         sock.disconnectFromServer()
         return True
 
@@ -68,6 +77,9 @@ class SingleInstance(QObject):
             if not conn.bytesAvailable():
                 conn.waitForReadyRead(CONNECT_TIMEOUT_MS)  # the message follows at once
             data = bytes(conn.readAll().data())
+            if b"show" in data:
+                conn.write(b"ok\n")
+                conn.waitForBytesWritten(CONNECT_TIMEOUT_MS)
             conn.disconnectFromServer()
             conn.deleteLater()
             if b"show" in data:

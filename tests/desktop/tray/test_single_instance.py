@@ -1,12 +1,25 @@
-"""One tray per user: a second instance finds the first, asks it to show, and gives up."""
+"""One tray per user: a second instance (another process, as when the tray is started
+again) finds the first, asks it to show, waits for its answer, and gives up; once the first
+is gone the next start wins."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 
 from pytestqt.qtbot import QtBot
 
 from rbroker.tray.single import SingleInstance, instance_name
+
+SECOND = """
+import sys
+from PySide6.QtCore import QCoreApplication
+from rbroker.tray.single import SingleInstance
+app = QCoreApplication([])
+print("first" if SingleInstance(sys.argv[1]).acquire() else "second", flush=True)
+"""
 
 
 def test_second_instance_activates_the_first(qtbot: QtBot) -> None:
@@ -14,10 +27,16 @@ def test_second_instance_activates_the_first(qtbot: QtBot) -> None:
     first = SingleInstance(name)
     assert first.acquire()
     try:
-        second = SingleInstance(name)
-        with qtbot.waitSignal(first.activated, timeout=5000):
-            assert not second.acquire()
-        assert second.server is None
+        with qtbot.waitSignal(first.activated, timeout=10_000):
+            second = subprocess.Popen(
+                [sys.executable, "-c", SECOND, name],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+            )
+        qtbot.waitUntil(lambda: second.poll() is not None, timeout=30_000)
+        out, _ = second.communicate()
+        assert out.decode().strip() == "second"
     finally:
         first.release()
     third = SingleInstance(name)  # the first one is gone: the next start wins
