@@ -27,6 +27,7 @@ from rbroker.localapi.pipe_security import (
     plan_after,
     sddl_for,
 )
+from rbroker.localapi.pipe_windows import PIPE_PREFIX, pipe_name_problem
 
 ANA = "S-1-5-21-3623811015-3361044348-30300820-1013"
 FILE_GENERIC_READ = 0x00120089  # what GENERIC_READ maps to for files and pipes
@@ -133,3 +134,26 @@ def test_200_simultaneous_clients_are_all_served() -> None:
             remaining_s -= 0.001  # a WaitNamedPipe wakes as soon as an instance waits
         assert connected == 200
         assert "timeout" not in plans
+
+
+@pytest.mark.parametrize(
+    ("address", "problem"),
+    [
+        (r"\\.\pipe\rbroker-ann", None),
+        (r"\\.\PIPE\rbroker", None),  # the prefix in any case
+        (r"C:\Users\ann\b.sock", r"C:\Users\ann\b.sock is not a named pipe"),
+        ("/run/rbroker.sock", "/run/rbroker.sock is not a named pipe"),
+        (PIPE_PREFIX, "names no pipe"),
+        (r"\\.\pipe\a\b", "a pipe's NAME cannot contain a backslash"),
+        (PIPE_PREFIX + "x" * 248, "is 257 characters long; a pipe name has at most 256"),
+    ],
+)
+def test_which_addresses_a_pipe_broker_may_listen_on(address: str, problem: str | None) -> None:
+    found = pipe_name_problem(address)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and problem in found
+        assert "\n" not in found
+        if "characters long" not in found:
+            assert found.endswith(r"give \\.\pipe\NAME")

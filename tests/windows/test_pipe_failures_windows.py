@@ -1,5 +1,6 @@
 """The Windows-only ways a command cannot reach or start a broker say so in one line, with
-the exit code of README's table, as on Linux: nothing listens at the pipe (69), the pipe's
+the exit code of README's table, as on Linux: a broker's address that is no pipe name (a
+file path: 2, asking for `\\\\.\\pipe\\NAME`), nothing listens at the pipe (69), the pipe's
 name is held by another broker or program (1), another broker holds the computer's lock
 (3), the pipe refuses this account (69, `not allowed`), the service's pipe is served by a
 process that is not LocalSystem (69, nothing sent to it). Real `rbroker` processes on real
@@ -110,6 +111,43 @@ def test_jobs_and_release_when_nothing_listens_at_the_pipe() -> None:
     address = new_pipe()
     assert_one_line(rbroker_cli("jobs", "--socket", address), 69, address)
     assert_one_line(rbroker_cli("release", "abc123", "--socket", address), 69, address)
+
+
+@pytest.mark.parametrize("given", ["option", "environment"])
+def test_a_broker_address_that_is_no_pipe_name_is_a_usage_error(
+    tmp_path: Path, given: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Unix-style `--socket FILE` (or `RBROKER_SOCKET=FILE`) on Windows: exit 2 naming the
+    address and the pipe form to give, before anything starts (CreateNamedPipe said only
+    'The filename, directory name, or volume label syntax is incorrect', exit 19)."""
+    path = str(tmp_path / "x.sock")
+    args = ["broker", "--simulate", "--data-dir", str(tmp_path / "d")]
+    if given == "option":
+        done = rbroker_cli(*args, "--socket", path)
+        source = "--socket"
+    else:
+        monkeypatch.setenv("RBROKER_SOCKET", path)
+        done = rbroker_cli(*args)
+        source = "$RBROKER_SOCKET"
+    assert_one_line(done, 2, f"{source}: {path} is not a named pipe", r"give \\.\pipe\NAME")
+    assert not (tmp_path / "d").exists()  # refused before the data dir was made
+
+
+def test_a_pipe_name_with_a_backslash_in_its_name_is_a_usage_error(tmp_path: Path) -> None:
+    address = new_pipe() + r"\sub"
+    done = rbroker_cli("broker", "--simulate", "--socket", address, "--data-dir", str(tmp_path))
+    assert_one_line(done, 2, f"--socket: {address}: a pipe's NAME cannot contain a backslash")
+
+
+def test_the_pipe_server_refuses_a_file_path_naming_it() -> None:
+    """Any broker started in-process (the tray's) meets the same rule as the CLI's."""
+    from rbroker.localapi.pipe_windows import NotAPipeName, serve_pipe
+
+    async def handler(*_: object) -> None:
+        raise AssertionError("never served")
+
+    with pytest.raises(NotAPipeName, match=r"C:\\x\\b\.sock is not a named pipe"):
+        asyncio.run(serve_pipe(r"C:\x\b.sock", handler, 65536))
 
 
 def test_a_pipe_name_in_use_is_refused(pipe_broker: PipeBroker, tmp_path: Path) -> None:

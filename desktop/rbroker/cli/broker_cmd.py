@@ -17,11 +17,13 @@ from rbroker.gpu.nvml import TelemetryError
 from rbroker.gpu.scenario import ScenarioError
 from rbroker.localapi.machine_lock import MachineLockHeld, lock_name
 from rbroker.localapi.paths import (
+    ENV_SOCKET,
     SYSTEM_DATA_DIR_LINUX,
     default_data_dir,
     default_socket_path,
     system_socket_path,
 )
+from rbroker.localapi.pipe_windows import pipe_name_problem
 from rbroker.localapi.transport import BrokerAlreadyRunning
 from rbroker.startup import os_error_line
 from rbroker.uplink import quiet_http_client_logs
@@ -81,6 +83,11 @@ def run_broker(args: argparse.Namespace) -> int:
     else:
         socket_path = args.socket or default_socket_path()
         data_dir = Path(args.data_dir or default_data_dir())
+    if sys.platform == "win32":  # a file path: CreateNamedPipe's bare "invalid name" else
+        problem = pipe_name_problem(socket_path)
+        if problem is not None:
+            given = "--socket" if args.socket else f"${ENV_SOCKET}"
+            return _fail(EXIT_USAGE, f"{given}: {problem}")
     try:  # the data dir is checked after the machine lock is taken (`BrokerHost.start`)
         check_socket_path(socket_path)
     except OSError as exc:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import sys
@@ -37,6 +38,38 @@ ERROR_FILE_NOT_FOUND = 2
 ERROR_ACCESS_DENIED = 5
 ERROR_PIPE_BUSY = 231
 PIPE_REJECT_REMOTE_CLIENTS = 0x00000008
+
+
+PIPE_PREFIX = "\\\\.\\pipe\\"
+"""`\\\\.\\pipe\\`: a local pipe's name starts with it (case does not matter)."""
+PIPE_NAME_MAX_CHARS = 256
+
+
+def pipe_name_problem(address: str) -> str | None:
+    """Why a broker cannot listen at `address` on Windows, or None when it is a local pipe
+    name: `\\\\.\\pipe\\NAME`, NAME not empty and without a backslash, at most 256
+    characters in all (CreateNamedPipe's rules). One line, saying what to give instead."""
+    fix = "on Windows the broker listens on a named pipe: give \\\\.\\pipe\\NAME"
+    if not address.lower().startswith(PIPE_PREFIX):
+        return f"{address} is not a named pipe; {fix}"
+    name = address[len(PIPE_PREFIX) :]
+    if not name:
+        return f"{address} names no pipe; {fix}"
+    if "\\" in name:
+        return f"{address}: a pipe's NAME cannot contain a backslash; {fix}"
+    if len(address) > PIPE_NAME_MAX_CHARS:
+        return (
+            f"{address} is {len(address)} characters long; a pipe name has at most "
+            f"{PIPE_NAME_MAX_CHARS}"
+        )
+    return None
+
+
+class NotAPipeName(OSError):
+    """The address a pipe server was given is not a local pipe name (`pipe_name_problem`)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(errno.EINVAL, text)
 
 
 def _in_use_text(address: str) -> str:
@@ -154,8 +187,13 @@ if sys.platform == "win32":
             """Create the first instance (refusing a name that exists), then the pool.
 
             Raises:
+                NotAPipeName: the address is no local pipe name (a file path, say).
                 BrokerAlreadyRunning: the name is taken (a broker, or a squatter).
             """
+            problem = pipe_name_problem(self.address)
+            if problem is not None:
+                self._security.close()
+                raise NotAPipeName(problem)
             if _name_exists(self.address):
                 self._security.close()
                 raise BrokerAlreadyRunning(_in_use_text(self.address))
@@ -238,6 +276,7 @@ if sys.platform == "win32":
         """Serve `address` (see the module docstring).
 
         Raises:
+            NotAPipeName: `address` is no local pipe name (`pipe_name_problem`).
             BrokerAlreadyRunning: the pipe name exists already.
             OSError: the instances cannot be created.
         """
