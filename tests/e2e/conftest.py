@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from rbroker._children import HARD_KILL
 from rbroker.demo.coordinator import LocalCoordinator, free_port, run_module
 from rbroker.demo.coordinator import server_cli as run_server_cli
 from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, start_broker
@@ -219,7 +219,7 @@ def uplink_broker() -> Iterator[Callable[..., UplinkBroker]]:
 
     yield factory
     for bp in started:
-        bp.stop(signal.SIGKILL)
+        bp.stop(HARD_KILL)  # SIGKILL; TerminateProcess on Windows
 
 
 def by_name(fleet: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -245,11 +245,7 @@ class TrayApp(QObject):
 
     # -- settings ----------------------------------------------------------------------------
     def _show_autostart(self) -> None:
-        if sys.platform == "win32":  # pragma: no cover - Windows only
-            where = rf"Registry: HKEY_CURRENT_USER\{autostart.RUN_KEY}\{autostart.APP_NAME}"
-        else:
-            where = f"Autostart entry: {autostart.autostart_file()}"
-        self.window.settings_tab.set_autostart(autostart.is_enabled(), where)
+        self.window.settings_tab.set_autostart(autostart.is_enabled(), autostart.location())
 
     def set_autostart(self, on: bool) -> None:
         try:

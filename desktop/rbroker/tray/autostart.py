@@ -40,6 +40,14 @@ def autostart_file() -> Path:
     return Path(base) / "autostart" / f"{APP_NAME}.desktop"
 
 
+def location() -> str:
+    """Where the start-at-login entry lives, as the Settings tab shows it: the registry
+    value `HKEY_CURRENT_USER\\<RUN_KEY>\\rbroker-tray` on Windows, else the XDG file."""
+    if sys.platform == "win32":
+        return rf"Registry: HKEY_CURRENT_USER\{RUN_KEY}\{APP_NAME}"
+    return f"Autostart entry: {autostart_file()}"
+
+
 def desktop_entry(command: list[str]) -> str:
     """The text of the XDG autostart entry."""
     return (

@@ -1,4 +1,5 @@
-"""Start at login: the XDG autostart entry is written and removed (Linux)."""
+"""Start at login: the XDG autostart entry (Linux) or the HKCU Run value (Windows) is
+written and removed."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import pytest
 
 from rbroker.tray import autostart
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="XDG autostart is for Linux")
+xdg_only = pytest.mark.skipif(sys.platform == "win32", reason="XDG autostart is for Linux")
 
 
+@xdg_only
 def test_enable_writes_an_xdg_entry_and_disable_removes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -33,6 +35,7 @@ def test_enable_writes_an_xdg_entry_and_disable_removes_it(
     autostart.disable()  # idempotent
 
 
+@xdg_only
 def test_exec_line_quotes_paths_with_spaces(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -41,7 +44,27 @@ def test_exec_line_quotes_paths_with_spaces(
     assert "Exec='/opt/my apps/python' -m rbroker tray\n" in autostart.autostart_file().read_text()
 
 
+@xdg_only
 def test_command_prefers_the_gui_script_next_to_python() -> None:
     cmd = autostart.tray_command()
     script = Path(sys.executable).with_name("rbroker-tray")
     assert cmd == ([str(script)] if script.exists() else [sys.executable, "-m", "rbroker", "tray"])
+
+
+@pytest.mark.skipif(sys.platform != "win32", reason="the HKCU Run key is Windows'")
+def test_enable_writes_the_run_value_and_disable_removes_it(private_run_key: str) -> None:
+    import winreg
+
+    assert private_run_key == autostart.RUN_KEY  # never the user's own Run key
+    assert not autostart.is_enabled()
+    autostart.enable([r"C:\Program Files\rbroker\rbroker-tray.exe"])
+    assert autostart.is_enabled()
+    with winreg.OpenKey(winreg.HKEY_CURRENT_USER, private_run_key) as key:
+        value, kind = winreg.QueryValueEx(key, autostart.APP_NAME)
+    assert (value, kind) == (r'"C:\Program Files\rbroker\rbroker-tray.exe"', winreg.REG_SZ)
+    assert autostart.location() == (
+        rf"Registry: HKEY_CURRENT_USER\{private_run_key}\{autostart.APP_NAME}"
+    )
+    autostart.disable()
+    assert not autostart.is_enabled()
+    autostart.disable()  # idempotent

@@ -168,7 +168,7 @@ def test_broker_going_away_shows_broker_down_and_comes_back(
     assert not tray.pause_action.isEnabled()
     assert tray.status_action.text() == "Broker not running"
     # a new broker on the same socket: the tray reconnects by itself
-    second = broker_factory(root=Path(first.socket).parent)
+    second = broker_factory(root=first.scenario.parent)
     assert second.socket == first.socket
     qtbot.waitUntil(lambda: tray.state is TrayState.IDLE, timeout=TIMEOUT_MS)
     assert tray.window.banner.text().startswith("Simulated GPUs")
@@ -296,10 +296,10 @@ def test_settings_tab_saves_and_toggles_start_at_login(
 
     assert not tab.autostart.isChecked()
     tab.autostart.setChecked(True)
-    assert autostart.autostart_file().exists()
-    assert str(autostart.autostart_file()) in tab.autostart_note.text()
+    assert autostart.is_enabled()  # the XDG file, or the registry value on Windows
+    assert tab.autostart_note.text() == autostart.location()
     tab.autostart.setChecked(False)
-    assert not autostart.autostart_file().exists()
+    assert not autostart.is_enabled()
 
     tab.code.setText("ABCD-1234")
     tab.enroll_button.click()  # no data dir known: the terminal command is shown
