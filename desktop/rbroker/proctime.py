@@ -23,8 +23,10 @@ import time
 import psutil
 
 _LINUX = sys.platform.startswith("linux")
-CLK_TCK = os.sysconf("SC_CLK_TCK") if _LINUX else 100
+CLK_TCK = 100
 """Clock ticks per second of /proc's figures (sysconf(_SC_CLK_TCK), 100 on every Linux)."""
+if sys.platform.startswith("linux"):
+    CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def _linux_start_s(pid: int) -> float:
@@ -61,7 +63,7 @@ def start_s(proc: psutil.Process) -> float:
 
 def process_clock_s() -> float:
     """Now, on the clock of `start_s` (seconds)."""
-    if _LINUX:
+    if sys.platform.startswith("linux"):
         return time.clock_gettime(time.CLOCK_BOOTTIME)
     return time.time()
 
