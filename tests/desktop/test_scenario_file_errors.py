@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rbroker.demo.processes import broker_address
 from tests.conftest import short_tmp
 
 
@@ -27,7 +28,7 @@ def test_a_broken_scenario_names_its_file(tmp_path: Path, text: str | bytes, say
     else:
         scenario.write_text(text)
     root = short_tmp()
-    where = ["--socket", str(root / "b.sock"), "--data-dir", str(root / "data")]
+    where = ["--socket", broker_address(root, "b"), "--data-dir", str(root / "data")]
     done = subprocess.run(
         [sys.executable, "-m", "rbroker", "broker", "--simulate", str(scenario), *where],
         capture_output=True,

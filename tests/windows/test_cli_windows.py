@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,24 @@ def _cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
     )
 
 
+_STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _end_started() -> Iterator[None]:
+    """Every process a test started here ends with the test, its pipes closed (an open pipe
+    left to the garbage collector is a ResourceWarning in a later test)."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            kill_tree(proc)
+        proc.wait(10)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
 def _holder(broker: BrokerProcess, mib: int, session: str) -> tuple[subprocess.Popen[str], str]:
     """A second process holding `mib` MiB; returns it and its lease id."""
     proc: subprocess.Popen[str] = spawn(
@@ -57,6 +76,7 @@ def _holder(broker: BrokerProcess, mib: int, session: str) -> tuple[subprocess.P
         stdout=subprocess.PIPE,
         text=True,
     )
+    _STARTED.append(proc)
     assert proc.stdout is not None
     lease_id = proc.stdout.readline().strip()
     assert lease_id, f"the holder exited with {proc.wait(10)}"
@@ -194,6 +214,7 @@ def _start_sleeping_run(
         env=env,
         creationflags=subprocess.CREATE_NEW_PROCESS_GROUP,
     )
+    _STARTED.append(rb)
     assert rb.stdout is not None
     line = rb.stdout.readline()
     assert line.strip() == "ready", line + rb.stdout.read()

@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _set_paths() -> list[str]:
-    lines = (REPO / "tests" / "windows" / "SET").read_text().splitlines()
+    lines = (REPO / "tests" / "windows" / "SET").read_text(encoding="utf-8").splitlines()
     return [p for p in (line.split("#", 1)[0].strip() for line in lines) if p]
 
 
@@ -31,6 +31,7 @@ def test_every_windows_only_test_file_is_in_the_set() -> None:
     left_out = [
         path.relative_to(REPO).as_posix()
         for path in sorted((REPO / "tests").rglob("test_*.py"))
-        if windows_only.search(path.read_text()) and not covered(path.relative_to(REPO).as_posix())
+        if windows_only.search(path.read_text(encoding="utf-8"))
+        and not covered(path.relative_to(REPO).as_posix())
     ]
     assert left_out == []
