@@ -17,6 +17,7 @@ import os
 import socket
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -308,3 +309,31 @@ def test_an_unknown_admin_group_is_refused_at_start(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2, proc.stderr
     assert "no-such-group-rbt" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["status", "jobs"])
+def test_status_and_jobs_at_the_connection_cap_say_so_in_one_line(
+    broker: BrokerProcess, command: str
+) -> None:
+    """A user at the per-user connection cap who runs `rbroker status` or `rbroker jobs`
+    is told why in one line, exit 69 (it printed a NotAllowed traceback)."""
+    held = []
+    try:
+        for _ in range(MAX_CONNECTIONS_PER_USER):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(broker.socket)
+            held.append(s)
+        done = subprocess.run(
+            [sys.executable, "-m", "rbroker", command, "--socket", broker.socket],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "1000"},
+        )
+    finally:
+        for s in held:
+            s.close()
+    assert done.returncode == 69, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().count("\n") == 0, done.stderr
+    assert f"{MAX_CONNECTIONS_PER_USER} at most" in done.stderr

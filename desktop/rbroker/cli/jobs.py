@@ -46,7 +46,9 @@ def run_jobs(args: argparse.Namespace) -> int:
                         live.update(jobs_table(fetch()))
                 except KeyboardInterrupt:
                     pass
-    except rbroker.BrokerUnavailable as exc:
+    except (rbroker.BrokerUnavailable, rbroker.NotAllowed) as exc:
+        # NotAllowed: the broker refused this connection (a per-user connection cap, a group
+        # not allowed): for this user no broker answers
         Console(stderr=True).print(f"rbroker jobs: {exc}", markup=False, soft_wrap=True)
         return 69
     return 0

@@ -23,7 +23,9 @@ def run_status(args: argparse.Namespace) -> int:
             gpus = client.gpus()
             leases = client.leases()
             found = {"address": client.address, "found_by": client.found_by}
-    except rbroker.BrokerUnavailable as exc:
+    except (rbroker.BrokerUnavailable, rbroker.NotAllowed) as exc:
+        # NotAllowed: the broker refused this connection (a per-user connection cap, a group
+        # not allowed): for this user no broker answers
         Console(stderr=True).print(f"rbroker status: {exc}", markup=False, soft_wrap=True)
         return 69
     if args.json:
