@@ -23,6 +23,7 @@ import pytest
 from rbroker._children import kill_tree, spawn
 from tests.conftest import GPU0, WORKER, BrokerProcess, wait_until
 from tests.desktop.jobhelp import declare
+from tests.windows.cli import rbroker_cli
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "win32", reason="Windows only: named pipes, consoles, Job objects"
@@ -37,17 +38,6 @@ with rbroker.lease(int(sys.argv[2]), socket=sys.argv[1], project="win", session=
     sys.stdin.readline()
 """
 """A second Windows process holding a lease until a line (or EOF) arrives on its stdin."""
-
-
-def _cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env={**os.environ, "COLUMNS": "250"},  # rich would fold long cells at 80
-        check=False,
-    )
 
 
 _STARTED: list[subprocess.Popen[str]] = []
@@ -131,12 +121,12 @@ def test_a_killed_holder_s_lease_ends_with_its_pipe(broker: BrokerProcess) -> No
 def test_status_shows_the_gpu_and_the_leases(broker: BrokerProcess) -> None:
     proc, lease_id = _holder(broker, 3072, "shown-by-status")
     try:
-        done = _cli("status", "--socket", broker.socket)
+        done = rbroker_cli("status", "--socket", broker.socket)
         assert done.returncode == 0, done.stderr
         out = " ".join(done.stdout.split())
         assert GPU0 in out
         assert "shown-by-status" in out
-        as_json = _cli("status", "--socket", broker.socket, "--json")
+        as_json = rbroker_cli("status", "--socket", broker.socket, "--json")
         assert as_json.returncode == 0, as_json.stderr
         view = json.loads(as_json.stdout)
         assert [lease["lease_id"] for lease in view["leases"]] == [lease_id]
@@ -146,7 +136,7 @@ def test_status_shows_the_gpu_and_the_leases(broker: BrokerProcess) -> None:
 
 
 def test_status_without_a_broker_is_one_line_and_exit_69(tmp_path: Path) -> None:
-    done = _cli("status", "--socket", r"\\.\pipe\rbroker-nobody-" + tmp_path.name)
+    done = rbroker_cli("status", "--socket", r"\\.\pipe\rbroker-nobody-" + tmp_path.name)
     assert done.returncode == 69
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
@@ -263,11 +253,11 @@ def test_the_command_ends_when_rbroker_run_is_killed(broker: BrokerProcess, tmp_
 def test_release_ends_another_process_s_lease_by_prefix(broker: BrokerProcess) -> None:
     proc, lease_id = _holder(broker, 1024, "released-by-cli")
     try:
-        done = _cli("release", "--socket", broker.socket, lease_id[:12])
+        done = rbroker_cli("release", "--socket", broker.socket, lease_id[:12])
         assert done.returncode == 0, done.stderr
         assert lease_id in done.stdout
         assert _active(broker) == []
-        again = _cli("release", "--socket", broker.socket, lease_id)
+        again = rbroker_cli("release", "--socket", broker.socket, lease_id)
         assert again.returncode == 2
         assert again.stderr.strip().count("\n") == 0 and "Traceback" not in again.stderr
         assert "rbroker release:" in again.stderr
@@ -280,10 +270,10 @@ def test_jobs_shows_a_job_s_progress(broker: BrokerProcess) -> None:
     with broker.client() as c:
         job = declare(c, purpose="embed on windows", total_items=200, workers=2)
         c.call("job.report", job_id=job["job_id"], chunk_id="a", completed=50)
-        done = _cli("jobs", "--socket", broker.socket)
+        done = rbroker_cli("jobs", "--socket", broker.socket)
         assert done.returncode == 0, done.stderr
         row = next(line for line in done.stdout.splitlines() if job["job_id"] in line)
         assert "embed on windows" in row and "50" in row, row
-        as_json = json.loads(_cli("jobs", "--socket", broker.socket, "--json").stdout)
+        as_json = json.loads(rbroker_cli("jobs", "--socket", broker.socket, "--json").stdout)
     (seen,) = [j for j in as_json if j["job_id"] == job["job_id"]]
     assert (seen["completed_items"], seen["total_items"]) == (50, 200)

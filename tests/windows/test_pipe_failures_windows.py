@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.windows.cli import assert_one_line, rbroker_cli
+
 pytestmark = pytest.mark.skipif(
     sys.platform != "win32", reason="Windows only: named pipes, their access lists and owners"
 )
@@ -30,28 +32,6 @@ START_S = 120
 
 def new_pipe() -> str:
     return rf"\\.\pipe\rbroker-test-{uuid.uuid4().hex[:12]}"
-
-
-def rbroker_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    """`python -m rbroker ARGS` to its end, output captured (pipes: Wine needs them)."""
-    return subprocess.run(
-        [sys.executable, "-m", "rbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env={**os.environ, "COLUMNS": "1000"},
-    )
-
-
-def assert_one_line(done: subprocess.CompletedProcess[str], code: int, *parts: str) -> str:
-    """The process exited `code` with exactly one line on stderr, holding every part."""
-    err = done.stderr.strip()
-    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
-    assert "Traceback" not in done.stderr, done.stderr
-    assert len(err.splitlines()) == 1, err
-    for part in parts:
-        assert part in err, (part, err)
-    return err
 
 
 class PipeBroker:

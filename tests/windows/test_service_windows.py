@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from collections.abc import Iterator
 import pytest
 
 from rbroker_protocol.versions import PROTOCOL_VERSION
+from tests.windows.cli import assert_one_line, rbroker_cli
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "win32", reason="Windows only: the Service Control Manager"
@@ -34,26 +34,6 @@ pytestmark = pytest.mark.skipif(
 
 SERVICE_PIPE = r"\\.\pipe\rbroker"
 LOCAL_SYSTEM_SID = "S-1-5-18"
-
-
-def rbroker_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    """`python -m rbroker ARGS` to its end, output captured."""
-    return subprocess.run(
-        [sys.executable, "-m", "rbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env={**os.environ, "COLUMNS": "1000"},
-    )
-
-
-def one_line(done: subprocess.CompletedProcess[str], code: int, *parts: str) -> str:
-    err = done.stderr.strip()
-    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
-    assert "Traceback" not in done.stderr and len(err.splitlines()) == 1, err
-    for part in parts:
-        assert part in err, (part, err)
-    return err
 
 
 def pipe_exists() -> bool:
@@ -138,12 +118,12 @@ def test_install_start_talk_stop_remove(no_service: None) -> None:
 
     # not installed: start, stop and remove say so in one line (exit 1)
     for action in ("start", "stop", "remove"):
-        one_line(rbroker_cli("service", action), 1, "it is not installed", "error 1060")
+        assert_one_line(rbroker_cli("service", action), 1, "it is not installed", "error 1060")
 
     done = rbroker_cli("service", "install", "--start", "manual", "--simulate")
     assert done.returncode == 0, done.stderr
     assert "installed the 'rbroker' service" in done.stdout
-    one_line(rbroker_cli("service", "install", "--simulate"), 1, "installed already")
+    assert_one_line(rbroker_cli("service", "install", "--simulate"), 1, "installed already")
 
     database = service_data_dir() / "broker.sqlite3"  # the known folder ProgramData
     for stale in database.parent.glob("broker.sqlite3*"):  # an earlier run's (WAL: the main
@@ -166,7 +146,7 @@ def test_install_start_talk_stop_remove(no_service: None) -> None:
         assert status.returncode == 0, status.stderr
         assert "SIMULATED" in status.stdout
     else:  # Wine: the service runs as this user; the client refuses before sending
-        one_line(
+        assert_one_line(
             status,
             69,
             f"the pipe {SERVICE_PIPE} is served by pid {pid}",
@@ -175,7 +155,7 @@ def test_install_start_talk_stop_remove(no_service: None) -> None:
         )
         assert account.lower().endswith(os.environ["USERNAME"].lower())
 
-    one_line(rbroker_cli("service", "start"), 1, "it runs already")
+    assert_one_line(rbroker_cli("service", "start"), 1, "it runs already")
     done = rbroker_cli("service", "stop")
     assert done.returncode == 0, done.stderr
     wait_for(lambda: not pipe_exists(), 60, f"{SERVICE_PIPE} gone after the stop")
@@ -184,9 +164,9 @@ def test_install_start_talk_stop_remove(no_service: None) -> None:
     done = rbroker_cli("service", "remove")
     assert done.returncode == 0, done.stderr
     assert not installed()
-    one_line(rbroker_cli("service", "start"), 1, "it is not installed")
+    assert_one_line(rbroker_cli("service", "start"), 1, "it is not installed")
 
 
 def test_service_options_are_checked_before_anything_is_registered(no_service: None) -> None:
-    one_line(rbroker_cli("service", "install", "--headroom-mib", "-5"), 2, "--headroom-mib")
+    assert_one_line(rbroker_cli("service", "install", "--headroom-mib", "-5"), 2, "--headroom-mib")
     assert not installed()
