@@ -1,10 +1,16 @@
-"""`rbroker` as a Windows test runs it: a child `python -m rbroker`, and its one-line refusals."""
+"""`rbroker` as a Windows test runs it: a child `python -m rbroker`, its one-line refusals, and
+a Windows broker's report as the coordinator shows it."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
+
+from rbroker.demo.coordinator import LocalCoordinator
+from tests.conftest import wait_until
 
 
 def rbroker_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
@@ -30,3 +36,20 @@ def assert_one_line(done: subprocess.CompletedProcess[str], code: int, *parts: s
     for part in parts:
         assert part in err, (part, err)
     return err
+
+
+def wait_until_reported(
+    coordinator: LocalCoordinator, name: str, broker: subprocess.Popen[bytes], log: Path
+) -> dict[str, Any]:
+    """The fleet's view of computer `name` once the coordinator has applied a report of it
+    (at most 90 s); fails at once, with the broker's log, if the broker exits meanwhile."""
+
+    def reported() -> dict[str, Any] | None:
+        assert broker.poll() is None, log.read_text(errors="replace")
+        computers = {c["name"]: c for c in coordinator.fleet()["computers"]}
+        computer = computers.get(name)
+        return computer if computer and computer["reports_applied"] > 0 else None
+
+    computer = wait_until(reported, timeout_s=90, interval_s=0.5)
+    assert isinstance(computer, dict)
+    return computer

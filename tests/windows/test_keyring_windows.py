@@ -23,20 +23,13 @@ import pytest
 
 from rbroker.demo.coordinator import LocalCoordinator, run_module
 from tests.conftest import wait_until
+from tests.windows.cli import wait_until_reported
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "win32", reason="Windows only: Windows Credential Manager"
 )
 
 ENV = {**os.environ, "COLUMNS": "1000", "PYTHONIOENCODING": "utf-8"}
-
-
-@pytest.fixture(scope="module")
-def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCoordinator]:
-    c = LocalCoordinator.setup(tmp_path_factory.mktemp("coord") / "data")
-    c.start(timeout_s=120)
-    yield c
-    c.stop()
 
 
 @pytest.fixture
@@ -106,15 +99,7 @@ def test_broker_signs_reports_with_the_key_from_credential_manager(
     name, data_dir, _ = enrolled
     broker, _pipe = start_broker(data_dir, tmp_path / "broker.log")
     try:
-
-        def reported() -> dict[str, Any] | None:
-            assert broker.poll() is None, (tmp_path / "broker.log").read_text(errors="replace")
-            computers = {c["name"]: c for c in coordinator.fleet()["computers"]}
-            computer = computers.get(name)
-            return computer if computer and computer["reports_applied"] > 0 else None
-
-        computer = wait_until(reported, timeout_s=90, interval_s=0.5)
-        assert isinstance(computer, dict)
+        computer = wait_until_reported(coordinator, name, broker, tmp_path / "broker.log")
         assert computer["freshness"]["state"] == "online"
     finally:
         broker.kill()

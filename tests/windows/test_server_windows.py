@@ -11,29 +11,18 @@ import subprocess
 import sys
 import tomllib
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from rbroker.demo.coordinator import LocalCoordinator, run_module
 from rbroker_protocol.startup import EXIT_ADDRESS_IN_USE
-from tests.conftest import wait_until
+from tests.windows.cli import wait_until_reported
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "win32", reason="Windows only: the coordinator served by a Windows process"
 )
-
-
-@pytest.fixture(scope="module")
-def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCoordinator]:
-    """Set up in a fresh data dir (SQLite), serving on a free 127.0.0.1 port."""
-    c = LocalCoordinator.setup(tmp_path_factory.mktemp("coord") / "data")
-    c.start(timeout_s=120)
-    yield c
-    c.stop()
 
 
 def test_setup_writes_config_and_database(coordinator: LocalCoordinator) -> None:
@@ -63,15 +52,7 @@ def test_windows_broker_report_is_accepted(coordinator: LocalCoordinator, tmp_pa
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-
-        def reported() -> dict[str, Any] | None:
-            assert broker.poll() is None, (tmp_path / "broker.log").read_text(errors="replace")
-            computers = {c["name"]: c for c in coordinator.fleet()["computers"]}
-            computer = computers.get(name)
-            return computer if computer and computer["reports_applied"] > 0 else None
-
-        computer = wait_until(reported, timeout_s=90, interval_s=0.5)
-        assert isinstance(computer, dict)
+        computer = wait_until_reported(coordinator, name, broker, tmp_path / "broker.log")
         assert computer["id"] == computer_id
         assert computer["freshness"]["state"] == "online"
         assert computer["telemetry_source"] == "simulated"
