@@ -226,7 +226,9 @@ class Waiter:
     release_wait_since: float | None = None
     request_key: str = ""
     job_id: str | None = None
-    wait_until_wall: float = 0.0  # Unix time: read only from records written before 0.1.1
+    # Unix time the wait ends at: still written, read back only from a record without
+    # `wait_until_boot` (written before it existed); never decides a wait of this boot
+    wait_until_wall: float = 0.0
     wait_until_boot: float = 0.0  # `Clock.boottime()` the wait ends at (same boot only)
     reattach_by: float | None = None  # restored after a restart: its client must come back
     resize_of: str | None = None  # the lease whose growth this is (`broker.resize`)

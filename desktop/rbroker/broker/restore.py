@@ -90,7 +90,7 @@ def restore(
             holder = Holder(int(rec["holder_pid"]), -1.0 if start is None else start)
             if "wait_until_boot" in rec:  # the same boot (else the holder is gone)
                 remaining = float(rec["wait_until_boot"]) - boot
-            else:  # written before 0.1.1: only the wall clock was kept
+            else:  # written before `wait_until_boot` existed: only the wall clock was kept
                 remaining = float(rec["wait_until_wall"]) - wall
             candidates = tuple(u for u in rec["candidates"] if u in table.slots)
             alive = start is not None and holder.alive()
