@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 
 import psutil
@@ -44,11 +43,15 @@ def h(make_inprocess: Callable[..., InProcessBroker]) -> InProcessBroker:
     return make_inprocess(GPUS, persist=False, headroom_mib=1000)
 
 
-# A sleeper that first starts a sleeper of its own, `argv[1]` levels deep (Python, so that
-# the same tree stands on Windows, which has no sh).
+# A sleeper that first says `depth pid` on the shared stdout, then starts a sleeper of its own,
+# `argv[1]` levels deep (Python, so that the same tree stands on Windows, which has no sh).
+# Each process names itself: asking psutil for a just-started child's parent is unreliable
+# under Wine, whose creation time for a process that is still starting can change between
+# two reads, which psutil takes for a reused PID.
 _NESTED = (
-    "import subprocess, sys, time\n"
+    "import os, subprocess, sys, time\n"
     "d = int(sys.argv[1])\n"
+    "print(d, os.getpid(), flush=True)\n"
     "if d: subprocess.Popen([sys.executable, '-c', sys.argv[2], str(d - 1), sys.argv[2]])\n"
     "time.sleep(600)\n"
 )
@@ -57,23 +60,26 @@ _NESTED = (
 @pytest.fixture
 def tree() -> Iterator[list[Holder]]:
     """`[parent, child, grandchild]`: three real processes, each the parent of the next."""
-    proc = subprocess.Popen([sys.executable, "-c", _NESTED, "2", _NESTED])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _NESTED, "2", _NESTED], stdout=subprocess.PIPE, text=True
+    )
+    pids: dict[int, int] = {}
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            kids = psutil.Process(proc.pid).children(recursive=True)
-            if len(kids) == 2 or time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
-        assert len(kids) == 2, kids
-        child = next(k for k in kids if k.ppid() == proc.pid)
-        grandchild = next(k for k in kids if k.ppid() == child.pid)
-        yield [Holder.of(proc.pid), Holder.of(child.pid), Holder.of(grandchild.pid)]
+        assert proc.stdout is not None
+        while len(pids) < 3:
+            line = proc.stdout.readline()
+            assert line, f"the tree ended before all three said their pids: {pids}"
+            depth, pid = map(int, line.split())
+            pids[depth] = pid
+        yield [Holder.of(pids[2]), Holder.of(pids[1]), Holder.of(pids[0])]
     finally:
-        for p in [proc, *psutil.Process(proc.pid).children(recursive=True)]:
+        for pid in pids.values():
             with contextlib.suppress(psutil.Error, OSError):
-                p.kill()
+                psutil.Process(pid).kill()
+        proc.kill()
         proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _cap(h: InProcessBroker, uuid: str = GPU0) -> Capacity:
