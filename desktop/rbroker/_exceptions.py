@@ -5,7 +5,8 @@ RBrokerError                      base: .code (stable name), .message, .data (nu
 ├── ProtocolVersionError          protocol_version
 ├── InvalidParams                 invalid_params, parse_error, invalid_request,
 │   │                             request_too_large
-│   └── MethodNotFound            method_not_found (a method this broker does not have)
+│   ├── MethodNotFound            method_not_found (a method this broker does not have)
+│   └── WaitTooLong               wait_too_long (wait_s past the broker's longest wait)
 ├── DescriptionRejected           description_rejected (.data["rule"], never the value)
 ├── CapacityUnavailable           capacity_unavailable (wait_s=0 and no room now)
 │   └── WaitTimeout               wait_timeout (not granted within wait_s)
@@ -14,10 +15,13 @@ RBrokerError                      base: .code (stable name), .message, .data (nu
 ├── LeaseNotFound                 lease_not_found
 ├── LeaseExpired                  lease_expired
 ├── NotLeaseOwner                 not_lease_owner
+├── RequestNotFound               request_not_found (no such waiting request)
 ├── ResizePending                 resize_pending (another resize of the lease still waits)
 ├── NotSimulated                  not_simulated (sim.* on a real-GPU broker)
 ├── NotAllowed                    not_allowed (pause/simulation by another user),
-│                                 too_many_connections (per-user connection cap)
+│   │                             too_many_connections (per-user connection cap)
+│   └── LimitReached              too_many_waiting, too_many_leases, too_many_jobs,
+│                                 unsent_over_limit (a per-user cap of the broker)
 └── Cancelled                     cancelled
 
 OverGrantWarning (a Warning, not an error): the broker saw a lease of this process use more
@@ -58,6 +62,10 @@ class MethodNotFound(InvalidParams):
     `method_not_found`. A kind of `InvalidParams`, so handlers of that still catch it."""
 
 
+class WaitTooLong(InvalidParams):
+    """`wait_s` is longer than the broker's longest wait (`data`: `wait_s`, `max_wait_s`)."""
+
+
 class DescriptionRejected(RBrokerError):
     """A project/session/purpose text broke a description rule (`data["rule"]`)."""
 
@@ -90,6 +98,10 @@ class NotLeaseOwner(RBrokerError):
     """The lease belongs to another OS user."""
 
 
+class RequestNotFound(RBrokerError):
+    """No waiting request with that id (granted, ended or never queued)."""
+
+
 class ResizePending(RBrokerError):
     """Another `resize` of the same lease is still waiting (`data`: its `pending_mib`)."""
 
@@ -102,6 +114,11 @@ class NotAllowed(RBrokerError):
     """The caller may not do this: an administrative method (`broker.pause`, `sim.set`,
     `sim.stall`) from a user other than the broker's own or its admin group, or a connection
     past the per-user cap (`code` says which)."""
+
+
+class LimitReached(NotAllowed):
+    """The caller's OS user is at one of the broker's per-user caps (`code`:
+    `too_many_waiting`, `too_many_leases`, `too_many_jobs`; `data`: `limit`, `count`)."""
 
 
 class JobNotFound(RBrokerError):
@@ -156,6 +173,12 @@ _BY_CODE: dict[ErrorCode, type[RBrokerError]] = {
     ErrorCode.NOT_ALLOWED: NotAllowed,
     ErrorCode.TOO_MANY_CONNECTIONS: NotAllowed,
     ErrorCode.RESIZE_PENDING: ResizePending,
+    ErrorCode.WAIT_TOO_LONG: WaitTooLong,
+    ErrorCode.TOO_MANY_WAITING: LimitReached,
+    ErrorCode.TOO_MANY_LEASES: LimitReached,
+    ErrorCode.TOO_MANY_JOBS: LimitReached,
+    ErrorCode.UNSENT_OVER_LIMIT: LimitReached,
+    ErrorCode.REQUEST_NOT_FOUND: RequestNotFound,
 }
 
 

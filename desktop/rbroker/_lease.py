@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from rbroker._cuda import cuda_indices
-from rbroker._exceptions import BrokerUnavailable, RBrokerError
+from rbroker._exceptions import BrokerUnavailable, LeaseExpired, RBrokerError
 from rbroker._lease_record import Lease, note_over_grant
 from rbroker.localapi.client import Client
 
@@ -116,8 +116,15 @@ class _Holder:
         data = params.get("data") or {}
         if params.get("kind") == "over_grant" and data.get("lease_id") == self.lease.lease_id:
             note_over_grant(self.lease, data)
+        if params.get("kind") == "lease_ended" and data.get("lease_id") == self.lease.lease_id:
+            # ended by someone else (an admin, another process of this user): lost now
+            state, reason = data.get("state"), data.get("ended_reason")
+            why = f"lease {self.lease.lease_id} ended: {state} ({reason})"
+            self._lose(LeaseExpired(why, "lease_expired", **data))
 
     def _lose(self, exc: RBrokerError) -> None:
+        if self.lease.lost:
+            return
         log.error("lease %s lost: %s", self.lease.lease_id, exc, extra={LEASE_LOST: True})
         self.lease.lost, self.lease.error = True, exc
 

@@ -42,6 +42,12 @@ class ErrorCode(StrEnum):
     NOT_ALLOWED = "not_allowed"
     TOO_MANY_CONNECTIONS = "too_many_connections"
     RESIZE_PENDING = "resize_pending"
+    WAIT_TOO_LONG = "wait_too_long"
+    TOO_MANY_WAITING = "too_many_waiting"
+    TOO_MANY_LEASES = "too_many_leases"
+    TOO_MANY_JOBS = "too_many_jobs"
+    UNSENT_OVER_LIMIT = "unsent_over_limit"
+    REQUEST_NOT_FOUND = "request_not_found"
 
 
 ERROR_CODES: dict[ErrorCode, int] = {
@@ -67,6 +73,12 @@ ERROR_CODES: dict[ErrorCode, int] = {
     ErrorCode.NOT_ALLOWED: -32080,
     ErrorCode.TOO_MANY_CONNECTIONS: -32081,
     ErrorCode.RESIZE_PENDING: -32023,
+    ErrorCode.WAIT_TOO_LONG: -32014,
+    ErrorCode.TOO_MANY_WAITING: -32082,
+    ErrorCode.TOO_MANY_LEASES: -32083,
+    ErrorCode.TOO_MANY_JOBS: -32084,
+    ErrorCode.UNSENT_OVER_LIMIT: -32085,
+    ErrorCode.REQUEST_NOT_FOUND: -32024,
 }
 """JSON-RPC numeric code for each name. Standard codes from the JSON-RPC 2.0 spec."""
 

@@ -75,6 +75,13 @@ class LeaseRef(_Params):
     lease_id: Annotated[str, Field(min_length=1, max_length=64)]
 
 
+class RequestRef(_Params):
+    """`request.cancel`: which waiting request (its `request_id`, as `leases.list` shows it
+    in the queue)."""
+
+    request_id: Annotated[int, Field(ge=1, le=2**62, strict=True)]
+
+
 class ResizeParams(_Params):
     """`lease.resize`: change a lease's grant to `mib` MiB on each of its GPUs; a growth waits
     up to `wait_s` (0: only if there is room now). `mib` is range-checked by the broker, so

@@ -1,15 +1,16 @@
 """The synchronous part of `Broker.acquire`: a request keyed like one already granted or
-waiting gets that lease or queue entry back; a new one is checked (infeasible, telemetry),
-queued and given one admission pass at once, so that a request that fits is granted
-without waiting (and the local API answers it without a task of its own); a request queued
-behind others on every GPU it may take only gets its reason (the cost of an acquire stays
-flat in the length of the queue).
+waiting gets that lease or queue entry back; a new one is checked (infeasible, telemetry,
+the per-user rules of `fairness`), queued and given one admission pass at once, so that
+a request that fits is granted without waiting (and the local API answers it without a
+task of its own); a request queued behind others on every GPU it may take only gets its
+reason (the cost of an acquire stays flat in the length of the queue).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rbroker.broker import fairness
 from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease, Waiter
 from rbroker_protocol.localapi import AcquireParams
@@ -39,6 +40,7 @@ def begin(
         b.jobs.get(params.job_id, owner)  # job_not_found / not_lease_owner
     candidates = b.admission.candidates(params)
     b.admission.check_feasible(params, candidates)
+    fairness.check_request(b, params, owner, holder, candidates)
     waiter = b.waiting.new_waiter(
         params,
         candidates,

@@ -22,6 +22,15 @@ class BrokerConfig:
     else `rbroker-broker`; `rbroker.localapi.machine_lock`).
     `over_grant_grace_s`: how long a lease's observed memory may stay above its grant before
     the broker reports it (the `over_grant` event, docs/architecture.md §2).
+
+    Fairness between the users of one broker (docs/architecture.md §5): `max_wait_s` is the
+    longest `wait_s` a request may ask (a longer one is refused, `wait_too_long`; default
+    24 h); per OS user at most `max_waiting_per_user` waiting requests
+    (`too_many_waiting`), `max_leases_per_user` live leases (`too_many_leases`) and
+    `max_open_jobs_per_user` jobs not yet finished (`too_many_jobs`); answers unsent to one
+    connection past `max_unsent_bytes` hold its reading back (and drop it after 10 s),
+    and a user whose connections together leave more than `max_unsent_bytes_per_user`
+    unsent loses the connection with the most (`unsent_over_limit`).
     """
 
     socket_path: Path
@@ -52,14 +61,32 @@ class BrokerConfig:
     shared_socket: bool = False
     machine_lock: str | None = None
     over_grant_grace_s: float = 10.0
+    max_wait_s: float = 24 * 3600.0
+    max_waiting_per_user: int = 1024
+    max_leases_per_user: int = 1024
+    max_open_jobs_per_user: int = 1024
+    max_unsent_bytes: int = 4 * 1024 * 1024
+    max_unsent_bytes_per_user: int = 32 * 1024 * 1024
 
     def __post_init__(self) -> None:
         """Refuse settings that would admit more than a GPU holds.
 
         Raises:
-            ValueError: a negative headroom, a capacity override that is not positive, or
-                an over-grant grace that is negative or not finite.
+            ValueError: a negative headroom, a capacity override that is not positive, an
+                over-grant grace that is negative or not finite, a longest wait that is
+                not positive and finite, or a per-user cap below 1.
         """
+        if not 0 < self.max_wait_s < float("inf"):
+            raise ValueError(f"the longest wait must be over 0 seconds, got {self.max_wait_s}")
+        for name in (
+            "max_waiting_per_user",
+            "max_leases_per_user",
+            "max_open_jobs_per_user",
+            "max_unsent_bytes",
+            "max_unsent_bytes_per_user",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be 1 or more, got {getattr(self, name)}")
         if not 0 <= self.over_grant_grace_s < float("inf"):
             raise ValueError(
                 f"the over-grant grace must be 0 seconds or more, got {self.over_grant_grace_s}"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rbroker.broker.clock import Clock
+from rbroker.broker.fairness import cap
 from rbroker.broker.store import LeaseStore
 from rbroker_protocol.errors import ErrorCode, RpcError
 
@@ -114,12 +115,16 @@ class JobTable:
     `invalid_params` (with the numbers) on bad requests; nothing is changed then.
     """
 
-    def __init__(self, clock: Clock, store: LeaseStore | None) -> None:
+    def __init__(
+        self, clock: Clock, store: LeaseStore | None, max_open_per_user: int = 1024
+    ) -> None:
         self.clock = clock
+        self.max_open_per_user = max_open_per_user
         self.store = store
         self.jobs: dict[str, Job] = {}
         # jobs that may have lost their last connection or lease since `check_stalled`
         self._recheck: set[str] = set()
+        self._open: dict[str, int] = {}  # jobs not finished, per OS user
         if store is not None:
             for rec, chunks in store.jobs():
                 job = Job(
@@ -143,6 +148,8 @@ class JobTable:
                 if job.state in ("queued", "running"):
                     job.state = "stalled"  # nobody is attached after a restart until they report
                 self.jobs[job.job_id] = job
+                if job.state not in FINISHED:
+                    self._open[job.owner] = self._open.get(job.owner, 0) + 1
 
     def _save(self, job: Job) -> None:
         if self.store is not None:
@@ -172,6 +179,10 @@ class JobTable:
             )
         return job
 
+    def open_of(self, owner: str) -> int:
+        """How many of OS user `owner`'s jobs are not finished (queued, running, stalled)."""
+        return self._open.get(owner, 0)
+
     def declare(
         self,
         owner: str,
@@ -182,7 +193,20 @@ class JobTable:
         workers: int,
         conn_id: int | None,
     ) -> Job:
-        """Create a job in state `queued`, bound to the declaring connection."""
+        """Create a job in state `queued`, bound to the declaring connection.
+
+        Raises:
+            RpcError: `too_many_jobs` when `owner` already has `max_open_per_user` jobs not
+                finished (queued, running or stalled), with `limit` and `count`.
+        """
+        cap(
+            ErrorCode.TOO_MANY_JOBS,
+            owner,
+            self.open_of(owner),
+            self.max_open_per_user,
+            "jobs not finished (queued, running or stalled)",
+            "finish or cancel some (job.update) and try again",
+        )
         job = Job(
             job_id="job-" + secrets.token_hex(6),
             owner=owner,
@@ -196,6 +220,7 @@ class JobTable:
         )
         self.jobs[job.job_id] = job
         self._save(job)
+        self._open[owner] = self._open.get(owner, 0) + 1
         self._recheck.add(job.job_id)
         return job
 
@@ -235,6 +260,8 @@ class JobTable:
         except BaseException:  # not written: not changed
             job.workers, job.state, job.reason, job.finished_at = before
             raise
+        if job.state in FINISHED:
+            self._open[owner] -= 1
         if conn_id is not None:
             job.conn_ids.add(conn_id)  # e.g. the declarer came back (SDK reconnect)
         self._recheck.add(job.job_id)

@@ -27,6 +27,7 @@ from typing import Any
 from rbroker.broker.admission import Admission
 from rbroker.broker.capacity import fmt_mib
 from rbroker.broker.clock import Clock
+from rbroker.broker.fairness import check_wait
 from rbroker.broker.leases import Lease, Waiter
 from rbroker.broker.table import Choice, LeaseTable
 from rbroker.broker.waiting import WaitQueue, new_future
@@ -66,7 +67,8 @@ class Resizes:
         Raises:
             RpcError: `invalid_params` (size out of range), `lease_not_found`,
                 `lease_expired`, `not_lease_owner`, `resize_pending`, `infeasible`,
-                `capacity_unavailable`, `wait_timeout`, `cancelled` (connection closed).
+                `capacity_unavailable`, `wait_timeout`, `cancelled` (connection closed),
+                `wait_too_long` (a growth's `wait_s` past the broker's longest wait).
         """
         if not 1 <= mib <= MAX_MIB:
             raise RpcError(
@@ -99,6 +101,7 @@ class Resizes:
             self.admit()
             return lease
         self._check_can_ever_fit(lease, mib)
+        check_wait(wait_s, self.table.config.max_wait_s)
         now = self.clock.monotonic()
         waiter = Waiter(
             request_id=self.waiting.next_id(),

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from rbroker.broker import acquiring, lifecycle, overgrant, ticks, views
+from rbroker.broker import acquiring, fairness, lifecycle, overgrant, ticks, views
 from rbroker.broker.admission import Admission, NvmlProblem
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock, SystemClock
@@ -77,7 +77,7 @@ class Broker:
         self.waiting = WaitQueue(store, self.emit)
         self.queue: list[Waiter] = self.waiting.waiters
         self.admission = Admission(self.slots, self.table, self.clock, config)
-        self.jobs = JobTable(self.clock, store)
+        self.jobs = JobTable(self.clock, store, config.max_open_jobs_per_user)
         self.resizes = Resizes(
             self.table, self.waiting, self.admission, self.clock, self.emit, lambda: self._admit()
         )
@@ -151,7 +151,8 @@ class Broker:
             RpcError: `infeasible` at once; `capacity_unavailable` (wait_s=0) or
                 `wait_timeout` when not granted in time; `telemetry_unavailable` when the
                 pinned GPU is lost or every candidate's telemetry failed and wait_s=0;
-                `cancelled` when the connection closes first.
+                `cancelled` when the connection closes first; the per-user caps, the longest
+                wait and waiting on its own leases as `fairness.check_request`.
         """
         started = self.begin_acquire(params, owner, holder, conn_id)
         return started if isinstance(started, Lease) else await self.await_waiter(started)
@@ -209,12 +210,8 @@ class Broker:
         return self.table.attach(lease_id, token, owner, conn_id)
 
     def renew(self, lease_id: str, owner: str) -> Lease:
-        """Extend an active lease by its TTL from now (monotonic).
-
-        Raises:
-            RpcError: `lease_not_found`, `lease_expired` (ended other than by release),
-                `not_lease_owner`.
-        """
+        """Extend an active lease by its TTL from now (monotonic). Raises `RpcError`:
+        `lease_not_found`, `lease_expired` (ended other than by release), `not_lease_owner`."""
         lease = self.table.find(lease_id, owner)
         lease.deadline = self.clock.monotonic() + lease.ttl_s
         lease.renewed_at_wall = self.clock.wall()
@@ -227,18 +224,21 @@ class Broker:
         return await self.resizes.resize(lease_id, owner, mib, wait_s, conn_id)
 
     def release(
-        self, lease_id: str, owner: str, conn_id: int | None = None, pid: int | None = None
+        self,
+        lease_id: str,
+        owner: str,
+        conn_id: int | None = None,
+        pid: int | None = None,
+        admin: bool = False,
     ) -> Lease:
-        """End a lease now, asked on connection `conn_id` by process `pid` (None: by the
-        holder). The reason says who: "released by holder" when the lease's own connection or
-        its holder process asked, else "released by another process of <owner>"
-        (`rbroker release`); never the pid, which views do not carry (architecture.md §8).
-        Raises like `renew`."""
-        lease = self.table.find(lease_id, owner)
-        own = conn_id is None or conn_id == lease.conn_id or pid == lease.holder.pid
-        reason = "released by holder" if own else f"released by another process of {owner}"
-        self._end(lease, LeaseState.RELEASED, reason)
-        return lease
+        """End a lease now, asked by `owner` on connection `conn_id` from process `pid` (None:
+        by the holder); an `admin` may end anyone's. The reason says who (never the pid, §8):
+        see `fairness.release`. Raises like `renew` (`not_lease_owner`: not for admins)."""
+        return fairness.release(self, lease_id, owner, conn_id, pid, admin)
+
+    def cancel_request(self, request_id: int, user: str, admin: bool = False) -> Waiter:
+        """Cancel a waiting request of `user` (anyone's for an `admin`): see `fairness.cancel`."""
+        return fairness.cancel(self, request_id, user, admin)
 
     def _end(self, lease: Lease, state: LeaseState, reason: str) -> None:
         if self.table.end(lease, state, reason):

@@ -4,15 +4,13 @@ tick loop is `rbroker.broker.ticks`).
 
 Memory attribution (docs/architecture.md §2): a sample's memory of a holder's process tree
 (less descendant holders with their own lease there, `rbroker.broker.attribution`), less its
-baseline, is shared among its leases on that GPU in grant order (a lease granted
-after the sample began gets only its claim); what a lease was granted but does not use is
+baseline, is shared among its leases on that GPU in grant order (a lease granted after the
+sample began gets only its claim); what a lease was granted but does not use is
 *outstanding*; an ended lease's stays booked (*unconfirmed*) until a sample that started
 after the end (the release rule). Costs are flat in the number of leases: indexes and
-running sums; expiry walks the leases only once the earliest deadline may have passed.
-
-Expiry (docs/architecture.md §3): a lease ends when its deadline (monotonic) passes without a
-heartbeat, when its holder process exits, or when its connection closes; after a loop stall
-or a sleep/resume gap every lease first gets one TTL of grace (`rbroker.broker.ticks.grace`).
+running sums. Expiry (§3): a lease ends when its deadline (monotonic) passes without a
+heartbeat, its holder process exits or its connection closes; after a loop stall or a
+sleep/resume gap every lease first gets one TTL of grace (`rbroker.broker.ticks.grace`).
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from rbroker.broker.baselines import Baselines
 from rbroker.broker.capacity import Capacity, unbacked_mib
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
+from rbroker.broker.due import DueLeases
 from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker.broker.sampling import GpuSlot
@@ -41,7 +40,7 @@ log = logging.getLogger(__name__)
 Choice = tuple[str, Capacity, int]
 
 
-class LeaseTable:
+class LeaseTable(DueLeases):
     """Active leases (`leases`, by id), the last `ended_history` ended ones (`ended`) and the
     bookkeeping that turns samples into per-lease use. Writes through to `store` if given."""
 
@@ -68,6 +67,7 @@ class LeaseTable:
         self._seen: dict[tuple[Holder, str], int] = {}  # Σ observed of each `_held` entry
         self._by_holder: dict[Holder, dict[str, Lease]] = {}
         self._by_key: dict[tuple[str, str, Holder], Lease] = {}  # (request key, owner, holder)
+        self._owned: dict[str, int] = {}  # active leases per OS user
         self._outstanding: dict[str, int] = {}
         self._granted: dict[str, int] = {}  # per GPU: Σ granted of its active leases
         # holders whose leases on a GPU show use or who hold memory outside them there
@@ -84,6 +84,7 @@ class LeaseTable:
         """Enter an active lease into the table and its indexes (grant and restore)."""
         self.leases[lease.lease_id] = lease
         self._by_holder.setdefault(lease.holder, {})[lease.lease_id] = lease
+        self._owned[lease.owner] = self._owned.get(lease.owner, 0) + 1
         if lease.request_key:
             self._by_key[(lease.request_key, lease.owner, lease.holder)] = lease
         for u in lease.gpu_uuids:
@@ -100,6 +101,7 @@ class LeaseTable:
 
     def _unindex(self, lease: Lease) -> None:
         del self.leases[lease.lease_id]
+        self._owned[lease.owner] -= 1
         key = (lease.request_key, lease.owner, lease.holder)
         if lease.request_key and self._by_key.get(key) is lease:
             del self._by_key[key]
@@ -129,6 +131,14 @@ class LeaseTable:
     def on(self, uuid: str) -> list[Lease]:
         """The active leases on GPU `uuid`, in the order they entered the table."""
         return list(self._on_gpu.get(uuid, {}).values())
+
+    def owned_by(self, owner: str) -> int:
+        """How many active leases OS user `owner` has."""
+        return self._owned.get(owner, 0)
+
+    def held_on(self, holder: Holder, uuid: str) -> list[Lease]:
+        """The active leases of process `holder` on GPU `uuid`."""
+        return list(self._held.get((holder, uuid), {}).values())
 
     def unconfirmed_mib(self, uuid: str) -> int:
         """MiB of ended leases on `uuid` that stay booked until a sample that started after
@@ -469,30 +479,6 @@ class LeaseTable:
                 self.store.prune_ended(self.config.ended_history)
         log.info("lease %s %s: %s", lease.lease_id, state.value, reason)
         return True
-
-    def overdue(self, now: float) -> list[Lease]:
-        """Active leases whose heartbeat deadline has passed. Deadlines only move later
-        (renew, re-attach, grace), so nothing is walked until the earliest one recorded
-        may have passed."""
-        if now <= self._deadline_floor:
-            return []
-        self._deadline_floor = min((x.deadline for x in self.leases.values()), default=math.inf)
-        return [lease for lease in self.leases.values() if lease.deadline < now]
-
-    def not_reattached(self, now: float) -> list[Lease]:
-        """Restored leases whose holder did not re-attach within the grace."""
-        if now <= self._reattach_floor:
-            return []
-        waiting = [x for x in self.leases.values() if x.reattach_by is not None]
-        self._reattach_floor = min((x.reattach_by or 0.0 for x in waiting), default=math.inf)
-        return [
-            lease for lease in waiting if lease.reattach_by is not None and lease.reattach_by < now
-        ]
-
-    def held_by_dead(self, is_alive: Callable[[Holder], bool]) -> list[Lease]:
-        """Active leases whose holder process is gone (one check per distinct holder)."""
-        dead = [h for h in self._by_holder if not is_alive(h)]
-        return [lease for h in dead for lease in self._by_holder.get(h, {}).values()]
 
 
 def _owed(lease: Lease, uuid: str) -> int:

@@ -28,14 +28,24 @@ class WaitQueue:
         self._emit = emit
         self._seq = 0
         self._on_gpu: dict[str, int] = {}  # waiters queued per candidate GPU
+        self._of_owner: dict[str, int] = {}  # waiters queued per OS user
 
     def waiting_on(self, uuid: str) -> int:
         """How many queued requests may take GPU `uuid`."""
         return self._on_gpu.get(uuid, 0)
 
+    def waiting_of(self, owner: str) -> int:
+        """How many queued requests OS user `owner` has."""
+        return self._of_owner.get(owner, 0)
+
     def _count(self, waiter: Waiter, step: int) -> None:
         for u in waiter.candidates:
             self._on_gpu[u] = self._on_gpu.get(u, 0) + step
+        left = self._of_owner.get(waiter.owner, 0) + step
+        if left > 0:
+            self._of_owner[waiter.owner] = left
+        else:
+            self._of_owner.pop(waiter.owner, None)
 
     def next_id(self) -> int:
         """The next request number (1, 2, ...; per broker run)."""
@@ -157,6 +167,7 @@ class WaitQueue:
                 w.future.exception()  # retrieved: nobody may be awaiting a restored waiter
         self.waiters.clear()
         self._on_gpu.clear()
+        self._of_owner.clear()
 
     def ahead(self) -> list[tuple[Waiter, int]]:
         """Each waiter with the number of requests queued before it on any of its GPUs."""

@@ -124,6 +124,7 @@ def run_broker(args: argparse.Namespace) -> int:
             allowed_group=args.allowed_group,
             shared_socket=args.system,
             over_grant_grace_s=args.over_grant_grace,
+            max_wait_s=args.max_wait,
         )
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--admin-group",
         metavar="GROUP",
-        help="OS group whose members may also pause admissions (default: the broker's user only)",
+        help="OS group whose members may also pause admissions, end any lease and cancel any "
+        "waiting request (default: the broker's user and root only)",
     )
     b.add_argument(
         "--system",
@@ -87,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         metavar="SECONDS",
         help="how long a lease may use more than its grant before it is reported (default 10)",
+    )
+    b.add_argument(
+        "--max-wait",
+        type=float,
+        default=24 * 3600.0,
+        metavar="SECONDS",
+        help="the longest wait a request may ask for; a longer one is refused "
+        "(wait_too_long; default 86400, 24 h)",
     )
     b.add_argument("-v", "--verbose", action="store_true", help="log every lease")
 
@@ -150,12 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     rl = sub.add_parser(
         "release",
-        help="end one of your leases (for a holder that cannot)",
-        description="End one of your own leases now. LEASE is its id or a unique prefix of "
-        "it, as `rbroker status` shows it (e.g. 3f2a1b or lease-3f2a1b).",
+        help="end a lease or cancel a waiting request (for a holder that cannot)",
+        description="End one of your own leases now, or cancel one of your waiting requests. "
+        "ID is a lease's id or a unique prefix of it (e.g. 3f2a1b or lease-3f2a1b), or a "
+        "waiting request's req-N, as `rbroker status` shows them. The broker's user, root and "
+        "its --admin-group may end anyone's (the reason says 'released by admin USER').",
     )
     _add_socket(rl)
-    rl.add_argument("lease", metavar="LEASE", help="lease id or a unique prefix of it")
+    rl.add_argument(
+        "lease", metavar="ID", help="lease id or a unique prefix of it, or req-N (a request)"
+    )
 
     j = sub.add_parser("jobs", help="parallel jobs: progress, items per second, ETA")
     _add_socket(j)

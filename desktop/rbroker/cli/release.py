@@ -1,20 +1,26 @@
-"""`rbroker release LEASE`: end one of your own leases by its id or a short unique prefix.
+"""`rbroker release ID`: end a lease, or cancel a waiting request, by its id.
 
 For a holder that cannot release it any more (a hung process, a lost terminal); the lease
-ends as "released" at once and its memory is admissible again. Ids are accepted whole
+ends at once and its memory is admissible again. Ids are accepted whole
 (`lease-3f2a1b4c5d6e`) or as a prefix with or without `lease-` (`3f2a1b`), as shown by
 `rbroker status` in a narrow terminal; an ambiguous prefix is refused with the candidates.
+A waiting request is named `req-N`, as the queue in `rbroker status` shows it.
+
+Everyone may end their own leases and requests; the broker's administrators (its own user,
+root and the members of its `--admin-group`) may end anyone's: the lease's reason then says
+"released by admin <user>", and its holder is told.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from rich.console import Console
 
 import rbroker
 from rbroker.cli.sheet import resolve_prefix
-from rbroker.cli.views import LEASE_PREFIX
+from rbroker.cli.views import LEASE_PREFIX, REQUEST_PREFIX
 
 EX_USAGE = 2
 EX_UNAVAILABLE = 69
@@ -28,12 +34,44 @@ def resolve_lease_id(client: rbroker.Client, given: str) -> str:
     return resolve_prefix(given, ids, LEASE_PREFIX, "active lease")
 
 
+def request_number(given: str) -> int | None:
+    """The request id `req-N` names (N ≥ 1), None for anything that is not `req-…`.
+
+    Raises:
+        ValueError: `req-` followed by something other than a number from 1.
+    """
+    given = given.strip()
+    if not given.startswith(REQUEST_PREFIX):
+        return None
+    tail = given[len(REQUEST_PREFIX) :]
+    if not tail.isdigit() or int(tail) < 1 or len(tail) > 18:
+        raise ValueError(
+            f"{given!r} names no waiting request: give req- and its number, as the queue of "
+            "rbroker status shows it (e.g. req-7)"
+        )
+    return int(tail)
+
+
+def _said(item: dict[str, Any], what: str) -> str:
+    mib = item.get("granted_mib", item.get("mib"))
+    return f"{what} ({mib} MiB, {item['owner']}: {item['project']}/{item['session']})"
+
+
 def run_release(args: argparse.Namespace) -> int:
-    """Release; exit 0, 2 for an unknown, ambiguous or foreign lease, 69 without broker."""
+    """Release or cancel; exit 0, 2 for an unknown, ambiguous or foreign id, 69 without
+    broker."""
     err = Console(stderr=True, highlight=False)
+    out = Console(highlight=False)
     try:
         with rbroker.Client(args.socket, timeout_s=5) as client:
             try:
+                number = request_number(args.lease)
+                if number is not None:
+                    request = client.call("request.cancel", request_id=number)["request"]
+                    out.print(
+                        "cancelled " + _said(request, f"{REQUEST_PREFIX}{number}"), markup=False
+                    )
+                    return 0
                 lease_id = resolve_lease_id(client, args.lease)
             except (LookupError, ValueError) as exc:
                 err.print(f"rbroker release: {exc}", markup=False, soft_wrap=True)
@@ -45,9 +83,11 @@ def run_release(args: argparse.Namespace) -> int:
     except rbroker.RBrokerError as exc:
         err.print(f"rbroker release: {exc}", markup=False, soft_wrap=True)
         return EX_USAGE
-    Console(highlight=False).print(
+    line = (
         f"released {lease['lease_id']} ({lease['granted_mib']} MiB, {lease['project']}/"
-        f"{lease['session']})",
-        markup=False,
+        f"{lease['session']})"
     )
+    if lease.get("state") == "revoked":
+        line += f"; {lease['owner']}'s lease, {lease['ended_reason']}"
+    out.print(line, markup=False)
     return 0

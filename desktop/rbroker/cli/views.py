@@ -22,6 +22,8 @@ from rbroker.cli.sheet import Cell, Column, Sheet, bar_column, unique_prefixes
 
 BAR_WIDTH = 30
 LEASE_PREFIX = "lease-"
+REQUEST_PREFIX = "req-"
+"""How `rbroker status` names a waiting request (`req-7`) and `rbroker release` takes it."""
 
 
 class View:
@@ -209,11 +211,13 @@ def lease_table(leases: list[dict[str, Any]], gpus: Sequence[dict[str, Any]] = (
 
 
 def queue_table(queue: list[dict[str, Any]]) -> Sheet:
-    """Waiting requests, FIFO order, with the reason and its numbers (the reason is cut
+    """Waiting requests, FIFO order: id (`req-N`, accepted by `rbroker release`), owner,
+    project, purpose, MiB, time waiting and the reason with its numbers (the reason is cut
     in a narrow terminal and whole in plain output)."""
     sheet = Sheet(
         f"Queue ({len(queue)})",
         [
+            Column("request"),
             Column("owner", free_text=True, min_free=5),
             Column("project", free_text=True, min_free=7),
             Column("purpose", free_text=True, min_free=7),
@@ -225,6 +229,7 @@ def queue_table(queue: list[dict[str, Any]]) -> Sheet:
     )
     for w in queue:
         sheet.add(
+            f"{REQUEST_PREFIX}{w['request_id']}",
             w["owner"],
             w["project"],
             w["purpose"],

@@ -1,5 +1,6 @@
 """Who may connect to a broker, and who may use its administrative methods (`broker.pause`,
-`sim.set`, `sim.stall`).
+`sim.set`, `sim.stall`) and rights (ending another user's lease, cancelling another user's
+waiting request).
 
 With an allowed group (`rbroker broker --allowed-group`), only the broker's own user, root and
 that group's members may connect; the others are answered `not_allowed` and disconnected.
@@ -45,16 +46,16 @@ def in_group(user: str, group: str) -> bool:
 
 
 def is_admin(peer: Peer, admin_group: str | None) -> bool:
-    """True when `peer` may pause admissions or change a simulation on this broker: its own
-    user (on Windows: the same account SID), an elevated administrator on Windows (the
-    service's account is LocalSystem, which no person signs in as), or a member of
-    `admin_group` (Unix)."""
+    """True when `peer` may pause admissions, change a simulation, end any lease or cancel
+    any waiting request on this broker: its own user (on Windows: the same account SID), an
+    elevated administrator on Windows (the service's account is LocalSystem, which no person
+    signs in as), root (uid 0) or a member of `admin_group` (Unix)."""
     if sys.platform == "win32" and peer.sid is not None:
         from rbroker.localapi.win_accounts import own_sid
 
         return peer.elevated_admin or peer.sid == own_sid()
     if sys.platform != "win32" and peer.uid is not None:
-        if peer.uid == os.getuid():
+        if peer.uid in (0, os.getuid()):
             return True
     elif peer.user == broker_user():
         return True
@@ -66,6 +67,7 @@ def admin_description(admin_group: str | None) -> str:
     who = f"the broker's own user ({broker_user()})"
     if sys.platform == "win32":
         return who + " and elevated administrators"
+    who += ", root"
     if admin_group:
         who += f" and members of the group {admin_group!r}"
     return who

@@ -17,6 +17,7 @@ from rbroker.broker.holders import Holder
 from rbroker.broker.launchers import interpreter_of, snapshot_around
 from rbroker.broker.service import Broker
 from rbroker.localapi.transport import Peer
+from rbroker.localapi.unsent import UnsentBudget
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
 
@@ -33,7 +34,8 @@ one finishes: a client that sends without reading its answers meets backpressure
 writes block) instead of growing the broker's memory without end."""
 
 MAX_UNSENT_BYTES = 4 * 1024 * 1024
-"""Answer and event bytes of one connection that the broker keeps unsent. Answers are built
+"""Answer and event bytes of one connection that the broker keeps unsent, by default
+(`BrokerConfig.max_unsent_bytes`; `rbroker.localapi.unsent` caps a user's total). Answers are built
 only while less than this waits in the connection's write buffer, and the connection is not
 read meanwhile: a client that sends without reading costs the broker at most about this much
 (one client sending `leases.list` without reading grew the broker by about 1 GiB before)."""
@@ -79,9 +81,16 @@ def raise_open_file_limit() -> tuple[int, int] | None:
 
 
 class Connection:
-    """One client connection: its peer, its writer and its in-flight request tasks."""
+    """One client connection: its peer, its writer and its in-flight request tasks.
+    `max_unsent` (bytes) holds its answers back; `budget` counts its user's unsent bytes."""
 
-    def __init__(self, writer: asyncio.StreamWriter, peer: Peer) -> None:
+    def __init__(
+        self,
+        writer: asyncio.StreamWriter,
+        peer: Peer,
+        max_unsent: int = MAX_UNSENT_BYTES,
+        budget: UnsentBudget | None = None,
+    ) -> None:
         self.id = next(_conn_ids)
         self.writer = writer
         self.peer = peer
@@ -92,8 +101,15 @@ class Connection:
         self.closed = False
         self.event_backlog = 0
         self._holder: Holder | None = None
+        self.max_unsent = max_unsent
+        self.budget = budget
         # drain() waits only past the bound: answers are written without a round of waiting
-        writer.transport.set_write_buffer_limits(high=MAX_UNSENT_BYTES)
+        writer.transport.set_write_buffer_limits(high=max_unsent)
+
+    @property
+    def user_key(self) -> int | str:
+        """The peer's OS user: its uid, else its name."""
+        return self.peer.uid if self.peer.uid is not None else self.peer.user
 
     def holder(self) -> Holder:
         """The peer process's identity (pid + start time), read once per connection: the
@@ -139,11 +155,14 @@ class Connection:
                 self.writer.write(jsonrpc.encode(message))
             except (ConnectionError, RuntimeError):
                 self.closed = True
+                return
+            if self.budget is not None:
+                self.budget.wrote(self)
 
     def can_write_now(self) -> bool:
         """True when an answer may be written at once, bypassing `send`: no send holds the
-        lock (so answers keep their order) and fewer than `MAX_UNSENT_BYTES` wait unsent."""
-        return not self.closed and not self.lock.locked() and self.unsent_bytes() < MAX_UNSENT_BYTES
+        lock (so answers keep their order) and fewer than `max_unsent` bytes wait unsent."""
+        return not self.closed and not self.lock.locked() and self.unsent_bytes() < self.max_unsent
 
     def write_now(self, message: dict[str, Any]) -> None:
         """Write one message at once (only when `can_write_now()`)."""
@@ -151,6 +170,9 @@ class Connection:
             self.writer.write(jsonrpc.encode(message))
         except (ConnectionError, RuntimeError):
             self.closed = True
+            return
+        if self.budget is not None:
+            self.budget.wrote(self)
 
     def unsent_bytes(self) -> int:
         """Bytes written to this connection that the peer has not taken yet."""
@@ -214,15 +236,16 @@ def _line_timed_out(conn: Connection) -> None:
 
 async def wait_until_written(conn: Connection) -> bool:
     """Stop reading while answers pile up unsent; False when the connection was dropped
-    because they stayed past `MAX_UNSENT_BYTES` for `UNSENT_DROP_AFTER_S`."""
-    if conn.unsent_bytes() <= MAX_UNSENT_BYTES:
+    because they stayed past `conn.max_unsent` for `UNSENT_DROP_AFTER_S`."""
+    if conn.unsent_bytes() <= conn.max_unsent:
         return True
     try:
         await asyncio.wait_for(conn.writer.drain(), UNSENT_DROP_AFTER_S)
     except TimeoutError:
         conn.drop(
-            f"{conn.unsent_bytes()} answer bytes unsent for {UNSENT_DROP_AFTER_S:g} s "
-            f"(the client does not read; at most {MAX_UNSENT_BYTES} are kept)"
+            f"{ErrorCode.UNSENT_OVER_LIMIT.value}: {conn.unsent_bytes()} answer bytes unsent "
+            f"for {UNSENT_DROP_AFTER_S:g} s (the client does not read; at most "
+            f"{conn.max_unsent} are kept)"
         )
         return False
     except (ConnectionError, RuntimeError):
@@ -241,7 +264,7 @@ class PerUserLimit:
     def admit(self, conn: Connection) -> RpcError | None:
         """Count `conn` in; `too_many_connections` (not counted) when its user is at the
         limit."""
-        key = conn.peer.uid if conn.peer.uid is not None else conn.peer.user
+        key = conn.user_key
         count = self._count.get(key, 0)
         if count >= self.limit:
             return RpcError(
@@ -268,7 +291,7 @@ class PerUserLimit:
 
     def forget(self, conn: Connection) -> None:
         """Count a closed connection out."""
-        key = conn.peer.uid if conn.peer.uid is not None else conn.peer.user
+        key = conn.user_key
         left = self._count.get(key, 0) - 1
         if left > 0:
             self._count[key] = left

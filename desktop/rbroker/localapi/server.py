@@ -17,7 +17,9 @@ Methods (params → result):
                                                 of kind `waiting` while it queues)
     lease.renew {lease_id}                    → {lease: {...}}
     lease.attach {lease_id, token}            → {lease: {...}, token}  (new token)
-    lease.release {lease_id}                  → {lease: {...}}
+    lease.release {lease_id}                  → {lease: {...}}  (admins: anyone's lease)
+    request.cancel {request_id}               → {request: {...}}  (a waiting request; admins:
+                                                anyone's)
     lease.resize {lease_id, mib, wait_s}      → {lease: {...}}  (architecture.md §3)
     leases.list {include_ended}               → {leases: [...], queue: [...], ended?: [...]}
     broker.status {}                          → {version, uptime_s, telemetry_source, ...}
@@ -52,11 +54,10 @@ from rbroker.broker.leases import Lease, Waiter
 from rbroker.broker.service import Broker
 from rbroker.gpu.scenario import ScenarioError
 from rbroker.localapi import holder_events, lease_resize
-from rbroker.localapi.access import connect_refusal
+from rbroker.localapi.access import connect_refusal, is_admin
 from rbroker.localapi.connection import (
     LINE_TIMEOUT_S,
     MAX_CONNECTIONS_PER_USER,
-    MAX_EVENT_BACKLOG,
     MAX_IN_FLIGHT,
     MAX_UNSENT_BYTES,
     TOO_LONG,
@@ -76,6 +77,7 @@ from rbroker.localapi.requests import (
     granted,
 )
 from rbroker.localapi.transport import ListeningServer, Peer, serve
+from rbroker.localapi.unsent import UnsentBudget
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import (
@@ -89,6 +91,7 @@ from rbroker_protocol.localapi import (
     JobUpdateParams,
     LeaseRef,
     LeasesListParams,
+    RequestRef,
     SimAllocateParams,
     SimFreeParams,
     SimSetParams,
@@ -111,7 +114,9 @@ log = logging.getLogger(__name__)
 _VIEWS = frozenset({"hello", "gpus.list", "leases.list", "broker.status", "jobs.list"})
 """Methods whose answer is a view of the broker's state: built only when it can be written."""
 
-_INLINE = frozenset({"lease.renew", "lease.release", "lease.attach", "broker.pause"} | _VIEWS)
+_INLINE = frozenset(
+    {"lease.renew", "lease.release", "lease.attach", "request.cancel", "broker.pause"} | _VIEWS
+)
 """Methods answered synchronously, as their line is read (their handlers never wait)."""
 
 
@@ -128,6 +133,7 @@ class LocalApi:
         self._server: ListeningServer | None = None
         self._connections: set[Connection] = set()
         self._per_user = PerUserLimit(MAX_CONNECTIONS_PER_USER)
+        self.unsent = UnsentBudget(0)  # its cap comes from the broker's config at start()
         self.admin_methods = frozenset({"broker.pause", "sim.set", "sim.stall"})
         self.methods: dict[str, tuple[type[BaseModel], Method]] = {
             "hello": (HelloParams, self._hello),
@@ -135,6 +141,7 @@ class LocalApi:
             "lease.acquire": (AcquireParams, self._begin_acquire),
             "lease.renew": (LeaseRef, self._renew),
             "lease.release": (LeaseRef, self._release),
+            "request.cancel": (RequestRef, self._cancel),
             "lease.attach": (AttachParams, self._attach),
             "lease.resize": lease_resize.entry(lambda: self.broker),
             "leases.list": (LeasesListParams, self._leases_list),
@@ -156,6 +163,7 @@ class LocalApi:
         raise_open_file_limit()
         self._unroute = holder_events.route(self.broker, self._connections)
         cfg, limit = self.broker.config, 2 * jsonrpc.MAX_LINE_BYTES
+        self.unsent.per_user_bytes = cfg.max_unsent_bytes_per_user
         shared, group = cfg.shared_socket, cfg.allowed_group
         self._server = await serve(self.address, self._handle, limit, shared=shared, group=group)
 
@@ -181,7 +189,7 @@ class LocalApi:
     async def _handle(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Peer
     ) -> None:
-        conn = Connection(writer, peer)
+        conn = Connection(writer, peer, self.broker.config.max_unsent_bytes, self.unsent)
         allowed = self.broker.config.allowed_group
         refused = connect_refusal(peer, allowed, self.address) or self._per_user.admit(conn)
         if refused is not None:
@@ -226,6 +234,7 @@ class LocalApi:
             conn.closed = True
             self._connections.discard(conn)
             self._per_user.forget(conn)
+            self.unsent.forget(conn)
             if conn.unsubscribe is not None:
                 conn.unsubscribe()
             for task in list(conn.tasks):
@@ -369,8 +378,14 @@ class LocalApi:
         return {"lease": lease.to_wire(), "token": lease.token}
 
     def _release(self, conn: Connection, p: LeaseRef) -> dict[str, Any]:
-        lease = self.broker.release(p.lease_id, conn.peer.user, conn.id, conn.peer.pid)
+        admin = is_admin(conn.peer, self.broker.config.admin_group)
+        lease = self.broker.release(p.lease_id, conn.peer.user, conn.id, conn.peer.pid, admin)
         return {"lease": lease.to_wire()}
+
+    def _cancel(self, conn: Connection, p: RequestRef) -> dict[str, Any]:
+        admin = is_admin(conn.peer, self.broker.config.admin_group)
+        waiter = self.broker.cancel_request(p.request_id, conn.peer.user, admin)
+        return {"request": waiter.to_wire(self.broker.clock.monotonic(), 0)}
 
     def _leases_list(self, conn: Connection, p: LeasesListParams) -> dict[str, Any]:
         return self.broker.leases_view(p.include_ended)
@@ -422,31 +437,7 @@ class LocalApi:
         return {"paused": self.broker.paused}
 
     async def _subscribe(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
-        if conn.unsubscribe is None:
-
-            def push(kind: str, data: dict[str, Any]) -> None:
-                if conn.closed:
-                    return
-                if conn.event_backlog >= MAX_EVENT_BACKLOG:
-                    log.warning(
-                        "connection %d does not read its events (%d queued): dropping it",
-                        conn.id,
-                        conn.event_backlog,
-                    )
-                    conn.closed = True
-                    conn.writer.transport.abort()  # its reader loop then cleans up
-                    return
-                msg = {"jsonrpc": "2.0", "method": "event", "params": {"kind": kind, "data": data}}
-                conn.event_backlog += 1
-                task = asyncio.get_running_loop().create_task(conn.send(msg))
-                conn.tasks.add(task)
-                task.add_done_callback(conn.tasks.discard)
-                task.add_done_callback(_event_sent)
-
-            def _event_sent(_task: asyncio.Task[None]) -> None:
-                conn.event_backlog -= 1
-
-            conn.unsubscribe = self.broker.subscribe(push)
+        holder_events.subscribe(self.broker, conn)
         return {"subscribed": True}
 
     def _sim_gpu(self, conn: Connection, gpu_uuid: str | None) -> str:
