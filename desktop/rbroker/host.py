@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.service import Broker
 from rbroker.broker.store import LeaseStore
+from rbroker.gpu.scenario import scenario_timers
 from rbroker.gpu.select import open_gateway
 from rbroker.localapi.access import broker_user
 from rbroker.localapi.machine_lock import (
@@ -21,13 +25,29 @@ from rbroker.localapi.machine_lock import (
     acquire_machine_lock,
     ignored_lock_variable,
     lock_name,
+    sees_system_broker,
 )
+from rbroker.localapi.safe_paths import check_private_path, open_nofollow
 from rbroker.localapi.server import LocalApi
 from rbroker.startup import check_data_dir
 from rbroker.uplink.runner import run_uplink
 from rbroker_protocol.files import private_dir
 
 log = logging.getLogger(__name__)
+
+
+KEEP_LOCK_EVERY_S = 1.0
+"""How often the system broker checks that its authority's files are still in place (two
+`stat` calls; the socket file is checked as often by the transport, `rbroker.localapi.unix`)."""
+
+
+async def _keep_every(keep: Callable[[], None], every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            keep()
+        except Exception:  # logged, and tried again at the next turn
+            log.exception("cannot check the system broker's lock")
 
 
 class DataDirLocked(RuntimeError):
@@ -42,7 +62,8 @@ class DataDirLock:
     """
 
     def __init__(self, data_dir: Path) -> None:
-        self._file = open(data_dir / "broker.lock", "a+b")  # noqa: SIM115 - held open
+        fd = open_nofollow(data_dir / "broker.lock", os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        self._file = os.fdopen(fd, "a+b")  # held open; a symlink is refused (ELOOP)
         try:
             if sys.platform == "win32":
                 import msvcrt
@@ -72,14 +93,20 @@ class BrokerHost:
     """
 
     def __init__(self, config: BrokerConfig) -> None:
-        self.config = config
         gateway, fake = open_gateway(config.simulate, config.scenario)
+        if config.simulate:  # a scenario's `[timers]` (never read for real GPUs)
+            timers = scenario_timers(config.scenario)
+            if timers:
+                config = dataclasses.replace(config, **timers)  # type: ignore[arg-type]
+                log.info("simulated broker on the scenario's timers: %s", timers)
+        self.config = config
         self._gateway, self._fake = gateway, fake
         self.broker: Broker | None = None
         self.api: LocalApi | None = None
         self._uplink: asyncio.Task[None] | None = None
         self._lock: DataDirLock | None = None
         self._machine_lock: MachineLock | None = None
+        self._keeper: asyncio.Task[None] | None = None
 
     @property
     def simulated(self) -> bool:
@@ -106,9 +133,17 @@ class BrokerHost:
                 DEFAULT_LOCK_NAME,
             )
         name = lock_name(self.config.machine_lock, socket_path, simulated=simulated)
-        machine_lock = acquire_machine_lock(name, socket_path, broker_user())
+        sees = sees_system_broker(self.config.machine_lock, simulated=simulated)
+        machine_lock = acquire_machine_lock(
+            name,
+            socket_path,
+            broker_user(),
+            system=sees and self.config.shared_socket,  # the system broker's authority
+            check_system=sees,  # a per-user broker refuses while the system broker runs
+        )
         self._machine_lock = machine_lock
         try:  # every data-dir check after the lock: a second broker is told of the first
+            check_private_path(self.config.data_dir)  # as root: nobody else may swap names
             check_data_dir(self.config.data_dir)
             private_dir(self.config.data_dir)
             self._lock = lock = DataDirLock(self.config.data_dir)
@@ -127,6 +162,9 @@ class BrokerHost:
             await self.broker.start()
             await self.api.start()
             self._uplink = asyncio.create_task(run_uplink(self.broker, self.config.data_dir))
+            keep = getattr(machine_lock, "keep", None)
+            if keep is not None:
+                self._keeper = asyncio.create_task(_keep_every(keep, KEEP_LOCK_EVERY_S))
         except BaseException:
             await self.broker.stop()
             lock.release()
@@ -138,6 +176,8 @@ class BrokerHost:
         stay in the store for the next start unless `release_all_on_exit` is set."""
         if self.broker is not None:
             self.broker.shutting_down = True  # the reporter sends its last report
+        if self._keeper is not None:
+            self._keeper.cancel()
         if self._uplink is not None:
             self._uplink.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

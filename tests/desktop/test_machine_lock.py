@@ -33,6 +33,7 @@ from rbroker.localapi.machine_lock import (
     acquire_machine_lock,
     ignored_lock_variable,
     lock_name,
+    sees_system_broker,
 )
 from rbroker.tray.embedded import EmbeddedBroker
 from rbroker_protocol.startup import EXIT_BROKER_ALREADY_RUNNING
@@ -87,13 +88,22 @@ def _rbroker_as(user: OsUser) -> list[str]:
 # --- the name -------------------------------------------------------------------------
 
 
-def test_the_default_name_is_the_computers_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_simulated_broker_takes_a_lock_of_its_own_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: `rbroker broker --simulate` (and `rbroker tray --simulate`) with default flags
+    took `rbroker-broker` and kept the computer's real broker from starting."""
     monkeypatch.delenv(ENV_LOCK, raising=False)
     sock = "/run/rbroker/broker.sock"
-    assert lock_name(None, sock, simulated=True) == DEFAULT_LOCK_NAME == "rbroker-broker"
-    assert lock_name(None, sock, simulated=False) == DEFAULT_LOCK_NAME
+    assert lock_name(None, sock, simulated=False) == DEFAULT_LOCK_NAME == "rbroker-broker"
+    assert lock_name(None, sock, simulated=True) == lock_name(PER_SOCKET, sock, simulated=True)
+    assert lock_name(None, sock, simulated=True) != DEFAULT_LOCK_NAME
+    assert not sees_system_broker(None, simulated=True)
+    assert sees_system_broker(None, simulated=False)
+    assert sees_system_broker(DEFAULT_LOCK_NAME, simulated=True)  # stands for a real one
     monkeypatch.setenv(ENV_LOCK, "site-lock")
     assert lock_name(None, "/x.sock", simulated=True) == "site-lock"
+    assert sees_system_broker(None, simulated=True)
     assert lock_name("given", "/x.sock", simulated=True) == "given"  # the option wins
 
 

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ from rbroker_protocol.startup import (
     EXIT_CANNOT_START,
     EXIT_DATABASE,
     EXIT_INTERNAL,
+    EXIT_PERMISSION,
     EXIT_USAGE,
     check_socket_path,
     one_line,
@@ -56,6 +58,26 @@ def _group_exists(name: str) -> bool:
     except KeyError:
         return False
     return True
+
+
+def _not_a_member(group: str | None) -> str | None:
+    """Why this broker cannot give its socket to `group` (one line), or None: root may give
+    it to any group, another account only to a group it is in (chown(2))."""
+    if group is None or sys.platform == "win32" or os.geteuid() == 0:
+        return None
+    import grp
+
+    gid = grp.getgrnam(group).gr_gid
+    if gid == os.getegid() or gid in os.getgroups():
+        return None
+    from rbroker.localapi.access import broker_user
+
+    me = broker_user()
+    return (
+        f"--allowed-group: this broker's account ({me}) is not a member of the group "
+        f"{group!r}, so it cannot give its socket to that group; add it (usermod -aG "
+        f"{group} {me}, then restart the broker's session) or choose a group it is in"
+    )
 
 
 def run_broker(args: argparse.Namespace) -> int:
@@ -107,6 +129,9 @@ def run_broker(args: argparse.Namespace) -> int:
     for option, group in groups:
         if group and not _group_exists(group):
             return _fail(EXIT_USAGE, f"{option}: no OS group named {group!r}")
+    outside = _not_a_member(args.allowed_group)
+    if outside is not None:
+        return _fail(EXIT_PERMISSION, outside)
     try:
         config = make_config(
             socket_path,
@@ -168,7 +193,8 @@ def run_broker(args: argparse.Namespace) -> int:
     try:
         eventloop.run(main())
     except MachineLockHeld as exc:
-        return _fail(EXIT_BROKER_ALREADY_RUNNING, f"{exc}; not starting a second one")
+        tail = "not starting a second one" if exc.holder.answered else "not starting"
+        return _fail(EXIT_BROKER_ALREADY_RUNNING, f"{exc}; {tail}")
     except (BrokerAlreadyRunning, DataDirLocked) as exc:
         return _fail(EXIT_CANNOT_START, f"{exc}; not starting a second one")
     except TelemetryError as exc:

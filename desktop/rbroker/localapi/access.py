@@ -23,8 +23,16 @@ from rbroker_protocol.errors import ErrorCode, RpcError
 
 @lru_cache(maxsize=1)
 def broker_user() -> str:
-    """The OS user this broker process runs as."""
-    return getpass.getuser()
+    """The OS user this broker process runs as: its name, or its uid as a number where the
+    passwd database has no entry for it (a container run with an arbitrary uid)."""
+    if sys.platform == "win32":
+        return getpass.getuser()
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
 
 
 def in_group(user: str, group: str) -> bool:

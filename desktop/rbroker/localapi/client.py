@@ -153,11 +153,34 @@ def _connect(candidates: list[Candidate], timeout_s: float | None) -> tuple[Cand
             raise BrokerUnavailable(text, "not_allowed", address=candidate.address) from None
         except OSError as exc:
             failures.append(f"{candidate.address} ({exc.strerror or exc})")
+    running = _system_broker_without_socket()
     raise BrokerUnavailable(
-        f"no rbroker broker at {' or at '.join(failures)}; start one with `rbroker broker` "
-        "or set RBROKER_SOCKET",
+        f"no rbroker broker at {' or at '.join(failures)}; "
+        + (running or "start one with `rbroker broker` or set RBROKER_SOCKET"),
         "broker_unavailable",
         address=candidates[-1].address,
+    )
+
+
+def _system_broker_without_socket() -> str | None:
+    """When the system broker's authority is held by a live process although its socket did
+    not answer (its socket file was removed): what to do, in words; else None."""
+    if sys.platform == "win32" or not sys.platform.startswith("linux"):
+        return None
+    try:
+        from rbroker.localapi import authority
+
+        holder = authority.read_system_holder()
+    except Exception:  # nothing to add: the plain message stands
+        return None
+    if holder is None:
+        return None
+    return (
+        f"but the system broker runs ({holder.describe()}): it puts a removed socket file "
+        f"back within 2 s, so try again; connect with --socket {holder.socket} (or "
+        "RBROKER_SOCKET) if it listens elsewhere, and if the socket stays missing ask its "
+        "administrator to restart it (systemctl restart rbroker-broker); do not start "
+        "another broker"
     )
 
 

@@ -1,34 +1,44 @@
 """The machine-wide broker lock: one admission authority per computer (architecture.md §5).
 
-Every broker (`rbroker broker`, `rbroker broker --system`, the tray's in-process broker) takes
-this lock before it opens its data dir or listens; a second one, of any OS user, fails with
-`MachineLockHeld` naming the holder's user, pid and socket, and `rbroker broker` exits 3.
+Every broker on real GPUs (`rbroker broker`, `rbroker broker --system`, the tray's in-process
+broker) takes this lock before it opens its data dir or listens; a second one, of any OS
+user, fails with `MachineLockHeld` naming the holder's user, pid and socket, and `rbroker
+broker` exits 3.
 
-Linux: the abstract Unix socket `\\0<name>` (`machine_lock_linux`). Windows: the
+Linux has two levels. The system broker's authority (`rbroker.localapi.authority`): a lock
+file in the system socket's directory, which only root or the broker's account can hold and
+every user can see; a per-user broker refuses while it is held. Below it, the abstract Unix
+socket `\\0<name>` (`machine_lock_linux`) keeps two per-user brokers apart; the system
+broker takes it too where it is free and starts all the same where it is not (saying who
+holds it), so no unprivileged user can keep the system broker down. Windows: the
 `Global\\<name>` mutex (`machine_lock_windows`). Elsewhere (macOS): no lock.
 
 The name: a broker on real GPUs always takes `rbroker-broker` (another name would let a
 second broker admit against the same real memory): it refuses any other `--machine-lock` and
-ignores `$RBROKER_BROKER_LOCK`. A simulated broker takes `configured` (the `--machine-lock`
-option), else `$RBROKER_BROKER_LOCK`, else `rbroker-broker`; the value `per-socket` derives a
-name from the broker's socket address, so several simulated brokers can run on one computer
-(the test suite, the demo). The lock code is the same for every name.
+ignores `$RBROKER_BROKER_LOCK`. A simulated broker admits against invented GPUs, so by
+default it takes a name of its own derived from its socket address (`per-socket`) and looks
+at no system broker: it neither blocks a real broker nor is blocked by one. Given a name
+(`configured`, the `--machine-lock` option, else `$RBROKER_BROKER_LOCK`), it takes exactly
+what a real broker takes under that name, system authority included: the tests use
+`--machine-lock rbroker-broker` (or a name of their own) to stand for real brokers.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from rbroker.localapi.transport import BrokerAlreadyRunning
 
 ENV_LOCK = "RBROKER_BROKER_LOCK"
 DEFAULT_LOCK_NAME = "rbroker-broker"
 PER_SOCKET = "per-socket"
+log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,80}")
 
 
@@ -39,6 +49,9 @@ class LockHolder:
     user: str | None
     pid: int | None
     socket: str | None
+    answered: bool = True
+    """False: the holder did not answer as a broker does (a process that took the name
+    without listening on it, or that sends no identity): no broker is claimed to run."""
 
     def describe(self) -> str:
         """`user alice, pid 1234, socket /run/rbroker/broker.sock` (unknown parts say so)."""
@@ -48,15 +61,45 @@ class LockHolder:
         )
 
 
+SYSTEM_LOCK_NAME = "the system broker's lock"
+"""`MachineLockHeld.name` when the system broker's authority is what is held."""
+
+
 class MachineLockHeld(BrokerAlreadyRunning):
-    """Another broker holds the machine-wide lock; `holder` says who."""
+    """Another broker holds the machine-wide lock; `holder` says who. A holder that did not
+    answer as a broker (`holder.answered` false) is named as a process, never as a broker:
+    by user and pid when they could be read, else with the command that finds it."""
 
     def __init__(self, name: str, holder: LockHolder) -> None:
         self.name = name
         self.holder = holder
-        super().__init__(
-            f"another rbroker broker is already running on this computer ({holder.describe()})"
-        )
+        if name == SYSTEM_LOCK_NAME and not holder.pid:
+            text = (
+                "the system broker's lock is held by a process of root or the broker's "
+                "account that names itself nowhere; find it with `fuser -v "
+                "/run/rbroker/broker.lock` (as root, in the system socket's directory)"
+            )
+        elif name == SYSTEM_LOCK_NAME:
+            text = f"the system broker is running on this computer ({holder.describe()})"
+        elif holder.answered:
+            text = (
+                f"another rbroker broker is already running on this computer ({holder.describe()})"
+            )
+        elif holder.pid:
+            text = (
+                f"the computer's broker lock {name!r} (an abstract Unix socket) is held by a "
+                f"process that does not answer as a broker (user {holder.user or 'unknown'}, "
+                f"pid {holder.pid}); no broker runs: ask that user or an administrator to stop "
+                "it, or run the system broker (`rbroker broker --system`), which it cannot block"
+            )
+        else:
+            text = (
+                f"the computer's broker lock {name!r} (an abstract Unix socket) is held by a "
+                "process that does not answer as a broker and that this account cannot name; "
+                f"no broker runs: find it with `ss -xlp | grep {name}` (as root), or run the "
+                "system broker (`rbroker broker --system`), which it cannot block"
+            )
+        super().__init__(text)
 
 
 class MachineLock(Protocol):
@@ -84,7 +127,7 @@ def lock_name(configured: str | None, socket_path: str, *, simulated: bool) -> s
                 "the same GPU memory); other names are for --simulate only"
             )
         return DEFAULT_LOCK_NAME
-    name = configured or os.environ.get(ENV_LOCK) or DEFAULT_LOCK_NAME
+    name = configured or os.environ.get(ENV_LOCK) or PER_SOCKET
     if name == PER_SOCKET:
         digest = hashlib.sha256(os.path.abspath(socket_path).encode()).hexdigest()[:24]
         return f"{DEFAULT_LOCK_NAME}-{digest}"
@@ -93,6 +136,14 @@ def lock_name(configured: str | None, socket_path: str, *, simulated: bool) -> s
             f"machine lock name {name!r}: use 1 to 80 letters, digits, '.', '_' or '-'"
         )
     return name
+
+
+def sees_system_broker(configured: str | None, *, simulated: bool) -> bool:
+    """Whether a broker takes the computer's locks at all: every broker on real GPUs, and a
+    simulated one given a name (option or variable) other than `per-socket`."""
+    if not simulated:
+        return True
+    return (configured or os.environ.get(ENV_LOCK) or PER_SOCKET) != PER_SOCKET
 
 
 def ignored_lock_variable(simulated: bool) -> str | None:
@@ -104,11 +155,26 @@ def ignored_lock_variable(simulated: bool) -> str | None:
     return value
 
 
-def acquire_machine_lock(name: str, socket_path: str, user: str) -> MachineLock:
+def acquire_machine_lock(
+    name: str,
+    socket_path: str,
+    user: str,
+    *,
+    system: bool = False,
+    check_system: bool = True,
+) -> MachineLock:
     """Take the machine-wide lock `name` for the broker of `user` listening at `socket_path`.
 
+    Linux: `system` takes the system broker's authority first (`rbroker.localapi.authority`)
+    and then `name` where it is free; otherwise `name`, then, with `check_system`, a look at
+    the system broker's authority (after taking the name, so that a per-user broker and a
+    system broker starting together never both miss each other).
+
     Raises:
-        MachineLockHeld: a live broker holds it (its identity in the exception).
+        MachineLockHeld: a live broker holds it (its identity in the exception), or a process
+            that does not answer as a broker holds `name` (named as far as it can be).
+        UnsafePath: (`system`) the authority's directory belongs to another user or others
+            can write it.
         OSError: the lock could not be created for another reason.
     """
     if sys.platform == "win32":
@@ -116,10 +182,52 @@ def acquire_machine_lock(name: str, socket_path: str, user: str) -> MachineLock:
 
         return acquire_windows_lock(name, socket_path, user)
     if sys.platform.startswith("linux"):
+        from rbroker.localapi.authority import SystemAuthority, read_system_holder
         from rbroker.localapi.machine_lock_linux import AbstractSocketLock
 
-        return AbstractSocketLock.acquire(name, socket_path, user)
+        if system:
+            authority = SystemAuthority.acquire(socket_path)
+            try:
+                named: MachineLock | None = AbstractSocketLock.acquire(name, socket_path, user)
+            except MachineLockHeld as exc:
+                log.warning(
+                    "starting all the same as the system broker, which holds %s: %s; a "
+                    "per-user broker there admits against the same GPUs: stop it",
+                    authority.directory,
+                    exc,
+                )
+                named = None
+            except BaseException:
+                authority.release()
+                raise
+            return _Locks(name, authority, named)
+        taken = AbstractSocketLock.acquire(name, socket_path, user)
+        if check_system:
+            holder = read_system_holder()
+            if holder is not None:
+                taken.release()
+                raise MachineLockHeld(SYSTEM_LOCK_NAME, holder)
+        return taken
     return NoLock(name)  # pragma: no cover - macOS: no machine-wide lock
+
+
+class _Locks:
+    """The system broker's locks: its authority and, where it was free, the named lock."""
+
+    def __init__(self, name: str, authority: Any, named: MachineLock | None) -> None:
+        self.name = name
+        self.authority = authority
+        self._named = named
+
+    def keep(self) -> None:
+        """Put the authority's files back where they were removed."""
+        self.authority.keep()
+
+    def release(self) -> None:
+        """Give both back (idempotent)."""
+        if self._named is not None:
+            self._named.release()
+        self.authority.release()
 
 
 class NoLock:

@@ -5,6 +5,11 @@ the name when the holder dies, `kill -9` included, so a stale lock never blocks;
 the network namespace sees it; a second broker connects to it, reads the holder's uid and pid
 from SO_PEERCRED and its socket from one JSON line the holder answers. A live holder of any
 user is never taken over: the name cannot be bound while it lives.
+
+Any user can bind the name first, so it only keeps per-user brokers apart: the system broker's
+authority is a lock only root or its account can hold (`rbroker.localapi.authority`). A holder
+that does not answer as a broker (bound without listening, or silent) is named by user and
+pid where /proc shows it (`ss -xlp` finds it otherwise), never as a running broker.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ class AbstractSocketLock:
                 continue
             sock.listen(64)
             return cls(name, sock, identity)
-        raise MachineLockHeld(name, LockHolder(None, None, None))
+        raise MachineLockHeld(name, _bound_by(name))
 
     def _answer(self) -> None:
         while not self._closed.is_set():
@@ -94,7 +99,7 @@ def _read_holder(name: str) -> LockHolder | None:
         return None
     except OSError:
         probe.close()
-        return LockHolder(None, None, None)
+        return _bound_by(name)
     with probe:
         creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, _gid = struct.unpack("3i", creds)
@@ -110,7 +115,37 @@ def _read_holder(name: str) -> LockHolder | None:
             if isinstance(loaded, dict):
                 said = loaded
     sock_path = said.get("socket")
-    return LockHolder(_user_name(uid), pid, sock_path if isinstance(sock_path, str) else None)
+    answered = isinstance(sock_path, str) and isinstance(said.get("pid"), int)
+    return LockHolder(
+        _user_name(uid), pid, sock_path if isinstance(sock_path, str) else None, answered
+    )
+
+
+def _bound_by(name: str) -> LockHolder:
+    """Who bound `\\0name` without listening on it (a broker never does that for long): the
+    socket's inode from /proc/net/unix, then the process with that inode among its open
+    files (every process for root; only this user's otherwise). Unknown parts are None."""
+    inodes: set[str] = set()
+    with (
+        contextlib.suppress(OSError),
+        open("/proc/net/unix", encoding="utf-8", errors="replace") as table,
+    ):
+        for line in table:
+            fields = line.split()
+            if len(fields) >= 8 and fields[7] == "@" + name:
+                inodes.add(fields[6])
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    if wanted:
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                for fd in os.scandir(f"/proc/{entry.name}/fd"):
+                    with contextlib.suppress(OSError):
+                        if os.readlink(fd.path) in wanted:
+                            uid = os.stat(f"/proc/{entry.name}").st_uid
+                            return LockHolder(_user_name(uid), int(entry.name), None, False)
+    return LockHolder(None, None, None, False)
 
 
 def _user_name(uid: int) -> str:

@@ -1,9 +1,13 @@
 """Unix-domain-socket transport (Linux, macOS): peer credentials from the kernel.
 
 The socket file gets mode 0660 (owner and, when configured, the allowed group), 0666 for a
-system broker open to every local user. A socket
-file left by a crashed broker is removed at start; when a live broker answers, start fails
-with `BrokerAlreadyRunning` and the live one is left alone.
+system broker open to every local user: the mode from the umask at bind and the group in a
+private directory before the file is renamed into place, so nothing is done by name where
+another user could have put a symbolic link (`bind_in_place`). A broker run as root refuses
+a socket directory another user owns or can write (`safe_paths`). A socket file left by a
+crashed broker is removed at start; when a live broker answers, start fails with
+`BrokerAlreadyRunning` and the live one is left alone. A socket file removed while the broker
+runs is bound again within `WATCH_EVERY_S`.
 """
 
 from __future__ import annotations
@@ -11,17 +15,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import grp
+import logging
 import os
 import pwd
 import socket
 import struct
 import sys
+import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from rbroker.localapi.safe_paths import check_private_path
 from rbroker.localapi.transport import BrokerAlreadyRunning, Handler, Peer
+from rbroker_protocol.startup import SOCKET_PATH_MAX_BYTES
 
 # Unix only; on Windows `transport.serve` uses pipe_windows (and type checkers skip the rest).
 assert sys.platform != "win32", "rbroker.localapi.unix is not for Windows"
+
+log = logging.getLogger(__name__)
 
 
 LISTEN_BACKLOG = 1024
@@ -63,21 +74,101 @@ def _live_broker_at(path: str) -> bool:
         probe.close()
 
 
-class UnixServer:
-    """A listening Unix socket; `close()` removes the file it created."""
+WATCH_EVERY_S = 1.0
+"""How often a broker checks that its socket file is still there; one removed (by
+systemd-tmpfiles, `rm -rf /run/rbroker`) is bound again within about this long."""
 
-    def __init__(self, address: str, server: asyncio.Server, inode: int) -> None:
+
+class UnixServer:
+    """A listening Unix socket that puts its file back when it is removed; `close()` removes
+    the file it created."""
+
+    def __init__(self, address: str, server: asyncio.Server, inode: int, rebind: _Rebind) -> None:
         self.address = address
         self._server = server
         self._inode = inode
+        self._rebind = rebind
+        self._watch = asyncio.create_task(self._keep_present())
+
+    async def _keep_present(self) -> None:
+        said = False
+        while True:
+            await asyncio.sleep(WATCH_EVERY_S)
+            try:
+                os.stat(self.address, follow_symlinks=False)
+                continue  # there (ours, or another's put there on purpose: left alone)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue
+            try:
+                server, inode = await self._rebind()
+            except OSError as exc:
+                if not said:
+                    log.error("the socket %s was removed and cannot be made again: %s",
+                              self.address, exc)  # fmt: skip
+                    said = True
+                continue
+            log.warning("the socket %s was removed: listening there again", self.address)
+            said = False
+            old, self._server, self._inode = self._server, server, inode
+            old.close()  # the listener nobody can reach any more; connections stay
 
     async def close(self) -> None:
+        self._watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._watch
         self._server.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._server.wait_closed(), 2.0)
         with contextlib.suppress(OSError):
-            if os.stat(self.address).st_ino == self._inode:
+            if os.stat(self.address, follow_symlinks=False).st_ino == self._inode:
                 os.unlink(self.address)
+
+
+_Rebind = Callable[[], Awaitable[tuple[asyncio.Server, int]]]
+
+
+def _make_parent(path: Path, open_to_others: bool) -> None:
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if open_to_others:  # others must reach the socket inside it
+            os.chmod(path.parent, 0o755)
+
+
+def bind_in_place(address: str, mode: int, gid: int) -> socket.socket:
+    """A Unix socket bound at `address` with `mode` and group `gid` (-1: unchanged), never
+    acting through a symbolic link: bound (under a umask giving `mode`) in a fresh 0700
+    directory beside `address`, given its group there, then renamed into place; where that
+    longer path would pass the OS's limit, bound at `address` itself (mode from the umask,
+    the group set with `lchown`).
+
+    Raises:
+        OSError: it cannot be bound, chowned or renamed.
+    """
+    directory = os.path.dirname(os.path.abspath(address))
+    private = tempfile.mkdtemp(prefix=".rb", dir=directory)  # 0700, before the umask
+    temporary = os.path.join(private, "s")
+    direct = len(temporary.encode(errors="surrogateescape")) > SOCKET_PATH_MAX_BYTES
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old_umask = os.umask(0o777 & ~mode)
+        try:
+            sock.bind(address if direct else temporary)
+        finally:
+            os.umask(old_umask)
+        if gid != -1:
+            os.chown(address if direct else temporary, -1, gid, follow_symlinks=False)
+        if not direct:
+            os.rename(temporary, address)
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        os.rmdir(private)
+    return sock
 
 
 async def serve_unix(
@@ -88,18 +179,19 @@ async def serve_unix(
 
     Raises:
         KeyError: `group` is no OS group.
+        UnsafePath: (as root) the socket's directory, or one above it, belongs to another
+            user or others can write it.
     """
     path = Path(address)
     gid = grp.getgrnam(group).gr_gid if group else -1
     open_to_others = shared or group is not None
-    if not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if open_to_others:  # others must reach the socket inside it
-            os.chmod(path.parent, 0o755)
+    mode = 0o660 if group is not None or not shared else 0o666
+    check_private_path(path.parent)
+    _make_parent(path, open_to_others)
     if path.exists() or path.is_symlink():
         if _live_broker_at(address):
             raise BrokerAlreadyRunning(f"a broker is already listening at {address}")
-        if not path.is_socket():
+        if not path.is_socket() or path.is_symlink():
             raise FileExistsError(f"{address} exists and is not a socket; not removing it")
         path.unlink()
 
@@ -112,14 +204,18 @@ async def serve_unix(
             return
         await handler(reader, writer, peer)
 
-    old_umask = os.umask(0o117)
-    try:
-        server = await asyncio.start_unix_server(
-            on_connect, path=address, limit=limit, backlog=LISTEN_BACKLOG
-        )
-    finally:
-        os.umask(old_umask)
-    if gid != -1:
-        os.chown(address, -1, gid)
-    os.chmod(address, 0o660 if group is not None or not shared else 0o666)
-    return UnixServer(address, server, os.stat(address).st_ino)
+    async def listen() -> tuple[asyncio.Server, int]:
+        _make_parent(path, open_to_others)
+        sock = bind_in_place(address, mode, gid)
+        try:
+            inode = os.stat(address, follow_symlinks=False).st_ino
+            server = await asyncio.start_unix_server(
+                on_connect, sock=sock, limit=limit, backlog=LISTEN_BACKLOG
+            )
+        except BaseException:
+            sock.close()
+            raise
+        return server, inode
+
+    server, inode = await listen()
+    return UnixServer(address, server, inode, listen)
