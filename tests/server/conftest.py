@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import socket
 import threading
 import time
@@ -235,13 +236,34 @@ def database_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -
         yield url
 
 
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file at the newest schema revision, migrated once per pytest process; the
+    coordinators of `coordinator_factory` start from a copy of it (their own upgrade then
+    finds nothing to do). `tests/server/test_migrations.py` keeps running the real upgrade
+    from an empty database."""
+    path = tmp_path_factory.mktemp("schema") / "migrated.db"
+    engine = db.make_engine(f"sqlite:///{path.as_posix()}")
+    try:
+        db.upgrade(engine)
+    finally:
+        engine.dispose()
+    return path
+
+
 @pytest.fixture
 def coordinator_factory(
-    database_url: str, backend: str, tmp_path: Path
+    database_url: str, backend: str, tmp_path: Path, migrated_sqlite: Path
 ) -> Iterator[Callable[..., Coordinator]]:
     """`coordinator_factory(**settings_changes)` → a running Coordinator on a fresh database
-    (all of one test's coordinators share it). All are stopped at teardown."""
+    (all of one test's coordinators share it; a SQLite one starts as a copy of
+    `migrated_sqlite`). All are stopped at teardown."""
     started: list[Coordinator] = []
+    if backend == "sqlite":
+        target = Path(database_url.removeprefix("sqlite:///"))
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(migrated_sqlite, target)
 
     def factory(**changes: Any) -> Coordinator:
         settings = Settings(data_dir=tmp_path / "data", database_url=database_url, **changes)

@@ -29,6 +29,28 @@ total_mib = 24576
 """
 
 
+TIMERS = (
+    "sample_interval_s",
+    "tick_s",
+    "holder_check_s",
+    "stall_threshold_s",
+    "max_sample_age_s",
+    "nvml_deadline_s",
+    "release_sample_gap_s",
+    "reattach_grace_s",
+    "lease_reattach_grace_s",
+    "absence_confirm_s",
+    "absence_confirm_samples",
+    "nvml_retry_max_s",
+    "enumerate_interval_s",
+    "over_grant_grace_s",
+)
+"""Keys of the scenario's `[timers]` table: the `BrokerConfig` settings of the same names
+(seconds; `absence_confirm_samples` a count). Only a simulated broker reads a scenario, so a
+broker on real GPUs never runs on shortened timers; tests use the table to make a broker
+process keep its rules on a shorter time scale."""
+
+
 class ScenarioError(ValueError):
     """The scenario file is not valid; the message names the GPU position and the field."""
 
@@ -127,9 +149,10 @@ def parse_scenario(text: str) -> list[SimGpu]:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"not valid TOML: {exc}") from None
-    extra_tables = set(doc) - {"gpu", "nvml"}
+    extra_tables = set(doc) - {"gpu", "nvml", "timers"}
     if extra_tables:
         raise ScenarioError(f"unknown top-level keys {sorted(extra_tables)}")
+    _parse_timers(doc.get("timers", {}))
     nvml_raw = doc.get("nvml", {})
     if not isinstance(nvml_raw, dict) or set(nvml_raw) - {"init_error"}:
         raise ScenarioError("[nvml] takes only init_error")
@@ -176,6 +199,48 @@ def parse_scenario(text: str) -> list[SimGpu]:
     if len(set(uuids)) != len(uuids):
         raise ScenarioError("two GPUs share a uuid")
     return gpus
+
+
+def _parse_timers(raw: object) -> dict[str, float]:
+    """The `[timers]` table, checked: known keys, finite positive numbers (a whole count of
+    at least 1 for `absence_confirm_samples`).
+
+    Raises:
+        ScenarioError: not a table, an unknown key or an impossible value (named).
+    """
+    if not isinstance(raw, dict):
+        raise ScenarioError("[timers] must be a table")
+    unknown = set(raw) - set(TIMERS)
+    if unknown:
+        raise ScenarioError(f"[timers]: unknown keys {sorted(unknown)}")
+    timers: dict[str, float] = {}
+    for key, value in raw.items():
+        if key == "absence_confirm_samples":
+            if not _is_int(value) or value < 1:
+                raise ScenarioError(f"[timers]: {key} must be an integer >= 1, got {value!r}")
+        elif (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ScenarioError(f"[timers]: {key} must be a positive number, got {value!r}")
+        timers[key] = value
+    return timers
+
+
+def scenario_timers(path: Path | None) -> dict[str, float]:
+    """The `[timers]` of the scenario file at `path` (`{}` without a file or a table), as
+    `BrokerConfig` field → value.
+
+    Raises:
+        ScenarioError: the file cannot be read or is invalid (its path first, as
+            `load_scenario`).
+    """
+    if path is None:
+        return {}
+    load_scenario(path)  # every check, with the file's path in the message
+    return _parse_timers(tomllib.loads(path.read_text(encoding="utf-8")).get("timers", {}))
 
 
 def init_error(text: str) -> str:
