@@ -10,6 +10,7 @@ Nothing changes on systems without POSIX modes (Windows) or for files of other o
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -20,6 +21,7 @@ DIR_MODE: Final = 0o700
 FILE_MODE: Final = 0o600
 """Mode of the database and its WAL, SHM and journal files."""
 _SIDE_FILES: Final = ("-wal", "-shm", "-journal")
+_LINK: Final = "a symbolic link where a database file belongs (not followed; remove it)"
 
 
 def _tighten(path: Path, allowed: int) -> None:
@@ -48,14 +50,27 @@ def private_sqlite(path: Path) -> None:
     `private_dir`, the file created `FILE_MODE` when missing, and the file with its WAL,
     SHM and journal files tightened to `FILE_MODE` when they exist.
 
+    None of them may be a symbolic link (`O_NOFOLLOW`): a process run as root would
+    otherwise write its database over whatever file the link names.
+
     Raises:
-        OSError: the directory or the file cannot be created.
+        OSError: the directory or the file cannot be created; ELOOP: one of the files is a
+            symbolic link (`filename` names it).
     """
     path = Path(path)
     private_dir(path.parent)
     if os.name != "posix":
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    nofollow = os.O_NOFOLLOW | os.O_CLOEXEC  # type: ignore[attr-defined,unused-ignore]
+    for candidate in (path, *(path.with_name(path.name + s) for s in _SIDE_FILES)):
+        if candidate.is_symlink():
+            raise OSError(errno.ELOOP, _LINK, str(candidate))
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | nofollow, FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link put there since the look above
+            raise OSError(errno.ELOOP, _LINK, str(path)) from None
+        raise
     os.close(fd)
     for candidate in (path, *(path.with_name(path.name + s) for s in _SIDE_FILES)):
         _tighten(candidate, FILE_MODE)

@@ -167,8 +167,9 @@ def acquire_machine_lock(
 
     Linux: `system` takes the system broker's authority first (`rbroker.localapi.authority`)
     and then `name` where it is free; otherwise `name`, then, with `check_system`, a look at
-    the system broker's authority (after taking the name, so that a per-user broker and a
-    system broker starting together never both miss each other).
+    the system broker's authority (before taking the name, to name the system broker even where
+    another process holds the name, and after, so that a per-user broker and a system broker
+    starting together never both miss each other).
 
     Raises:
         MachineLockHeld: a live broker holds it (its identity in the exception), or a process
@@ -201,12 +202,14 @@ def acquire_machine_lock(
                 authority.release()
                 raise
             return _Locks(name, authority, named)
+        running = read_system_holder() if check_system else None
+        if running is not None:  # named first, even where a squatter holds `name`
+            raise MachineLockHeld(SYSTEM_LOCK_NAME, running)
         taken = AbstractSocketLock.acquire(name, socket_path, user)
-        if check_system:
-            holder = read_system_holder()
-            if holder is not None:
-                taken.release()
-                raise MachineLockHeld(SYSTEM_LOCK_NAME, holder)
+        running = read_system_holder() if check_system else None
+        if running is not None:  # started meanwhile: it saw `name` taken and says so
+            taken.release()
+            raise MachineLockHeld(SYSTEM_LOCK_NAME, running)
         return taken
     return NoLock(name)  # pragma: no cover - macOS: no machine-wide lock
 
