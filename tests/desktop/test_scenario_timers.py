@@ -6,11 +6,11 @@ defaults. The table is checked like the rest of the file; a real broker never re
 from __future__ import annotations
 
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
 
+from rbroker._children import HARD_KILL
 from rbroker.gpu.scenario import TIMERS, ScenarioError, parse_scenario, scenario_timers
 from tests.conftest import SINGLE_24G, short_tmp, start_broker, wait_until
 
@@ -64,7 +64,7 @@ def test_a_broker_process_runs_on_the_scenarios_timers() -> None:
                 "lease.acquire", mib=2048, project="p", session="s", purpose="timers"
             )
             lease_id = lease["lease"]["lease_id"]
-            broker.stop(signal.SIGKILL)
+            broker.stop(HARD_KILL)
         broker = start_broker(text, root=root)
         with broker.client() as c:
 
@@ -78,5 +78,5 @@ def test_a_broker_process_runs_on_the_scenarios_timers() -> None:
         )
         assert "simulated broker on the scenario's timers" in broker.log()
     finally:
-        broker.stop(signal.SIGKILL)
+        broker.stop(HARD_KILL)
         shutil.rmtree(root, ignore_errors=True)
