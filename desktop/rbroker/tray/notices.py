@@ -29,11 +29,15 @@ GRANT_NOTICE_MIN_WAIT_S = 1.0
 
 
 def my_user() -> str:
-    """This process's OS user name, as the broker names lease owners (`pwd` on POSIX)."""
+    """This process's OS user name, as the broker names lease owners (`pwd` on POSIX; the
+    uid as a number where the passwd database has no entry for it, as the broker does)."""
     if sys.platform != "win32":
         import pwd
 
-        return pwd.getpwuid(os.getuid()).pw_name
+        try:
+            return pwd.getpwuid(os.getuid()).pw_name
+        except KeyError:
+            return str(os.getuid())
     return getpass.getuser()
 
 
