@@ -74,8 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--machine-lock",
         metavar="NAME",
         help="name of the one-broker-per-computer lock, with --simulate only (default: "
-        "RBROKER_BROKER_LOCK or rbroker-broker; 'per-socket': one per socket address, for "
-        "simulated brokers side by side); a broker on real GPUs always takes rbroker-broker",
+        "RBROKER_BROKER_LOCK, else 'per-socket': a lock of its own per socket address, so a "
+        "simulated broker neither blocks nor is blocked by a real one); 'rbroker-broker' "
+        "makes it take what a real broker takes; a broker on real GPUs always takes that",
     )
     b.add_argument(
         "--release-all-on-exit",
