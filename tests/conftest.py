@@ -42,9 +42,30 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (the suite's addopts): `$RBROKER_TEST_WORKERS`, else twice the cores, at
+    least 4 and at most 16. Most tests wait on real processes, sockets and timers rather than
+    compute, so more workers than cores shortens the run; the benchmarks' smoke tests, which
+    compare timings, run one after another in one worker (`ALONE`)."""
+    given = os.environ.get("RBROKER_TEST_WORKERS", "")
+    if given.isdigit():
+        return int(given)
+    return min(16, max(4, 2 * (os.cpu_count() or 1)))
+
+
+ALONE = {"tests/test_bench_smoke.py": "benchmarks"}
+"""Test files whose tests share one xdist worker (`--dist loadgroup`), by group name."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under Wine, a `wine_gap` test is an expected failure that names the gap; a pass is
-    reported (XPASS) so a gap Wine closes is noticed."""
+    """Tests of an `ALONE` file share one worker. Under Wine, a `wine_gap` test is an
+    expected failure that names the gap; a pass is reported (XPASS) so a gap Wine closes is
+    noticed."""
+    root = Path(str(config.rootpath))
+    for item in items:
+        group = ALONE.get(Path(str(item.path)).relative_to(root).as_posix())
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if not UNDER_WINE:
         return
     for item in items:

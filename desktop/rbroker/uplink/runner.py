@@ -8,14 +8,15 @@ import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rbroker.broker.service import Broker
 from rbroker.uplink.config import UplinkConfig
-from rbroker.uplink.enroll import store_for
 from rbroker.uplink.keys import KeyStoreError, PlaintextKeyError
-from rbroker.uplink.reporter import Reporter
 from rbroker.uplink.runs import RunCounter
+
+if TYPE_CHECKING:
+    from rbroker.uplink.reporter import Reporter
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,10 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
             )
             config = None
         if config is not None:
+            # httpx (about half of a broker's start-up imports) only for an enrolled broker
+            from rbroker.uplink.enroll import store_for
+            from rbroker.uplink.reporter import Reporter
+
             store = store_for(config, data_dir)
             warning = None
             try:
