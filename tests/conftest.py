@@ -8,6 +8,7 @@ Windows).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -57,15 +58,60 @@ ALONE = {"tests/test_bench_smoke.py": "benchmarks"}
 """Test files whose tests share one xdist worker (`--dist loadgroup`), by group name."""
 
 
+PROCESS_FIXTURES = frozenset(
+    {
+        "broker",
+        "broker_factory",
+        "worker",
+        "raw_connect",
+        "other_user",
+        "system_broker",
+        "coordinator",
+        "coordinator_factory",
+        "qtbot",
+        "rbroker_cli",
+    }
+)
+"""Fixtures that start a process, a server or a Qt event loop: a test using one is `contract`."""
+
+PROCESS_CALLS = re.compile(
+    r"start_broker\(|SimulatedBroker|subprocess|Popen|uvicorn|start_coordinator|run_as\(|QApplication"
+)
+"""What, in a test module's source, starts a process or a server: its tests are `contract`."""
+
+
+def kind_of(item: pytest.Item, rel: str, source: str) -> str:
+    """`unit`, `contract` or `e2e` (the markers of pyproject.toml) for one collected test:
+    e2e for tests/e2e and tests/windows; contract for tests/server (a real HTTP server) and
+    for a test that uses a `PROCESS_FIXTURES` fixture or whose module starts a process
+    (`PROCESS_CALLS`); unit otherwise (the in-process harness, pure functions)."""
+    if rel.startswith(("tests/e2e/", "tests/windows/")):
+        return "e2e"
+    if rel.startswith("tests/server/"):
+        return "contract"
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & PROCESS_FIXTURES or PROCESS_CALLS.search(source):
+        return "contract"
+    return "unit"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests of an `ALONE` file share one worker. Under Wine, a `wine_gap` test is an
-    expected failure that names the gap; a pass is reported (XPASS) so a gap Wine closes is
-    noticed."""
+    """Each test gets its kind's marker (`kind_of`, unless it carries one), and tests of an
+    `ALONE` file share one worker. Under Wine, a `wine_gap` test is an expected failure that
+    names the gap; a pass is reported (XPASS) so a gap Wine closes is noticed."""
     root = Path(str(config.rootpath))
+    sources: dict[Path, str] = {}
+    kinds = {"unit", "contract", "e2e"}
     for item in items:
-        group = ALONE.get(Path(str(item.path)).relative_to(root).as_posix())
+        path = Path(str(item.path))
+        rel = path.relative_to(root).as_posix()
+        group = ALONE.get(rel)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+        if not any(m.name in kinds for m in item.iter_markers()):
+            if path not in sources:
+                sources[path] = path.read_text(encoding="utf-8")
+            item.add_marker(getattr(pytest.mark, kind_of(item, rel, sources[path])))
     if not UNDER_WINE:
         return
     for item in items:
