@@ -158,3 +158,79 @@ def find_authorization(text: str) -> int | None:
         if len(cred) >= 16 and _HAS_DIGIT.search(cred) and _HAS_LETTER.search(cred):
             return match.start()
     return None
+
+
+_PASSWORD_WORD: Final = re.compile(
+    r"(?<![A-Za-z0-9_-])(?P<flag>--?(?:[a-z0-9]+[_-])*)?"
+    r"(?P<key>password|passwd|passphrase|pass)(?![A-Za-z0-9_])",
+)
+"""A password key written as a word or a flag (`password`, `passwd`, `--password`,
+`--db-password`, `--pass`), not glued into another word (`passwordless`, `bypass`) and not
+the first half of a compound (`password-reset`: the `-` is checked after the match)."""
+_CONNECTOR: Final = re.compile(r"[ \t]*(?:(?:is|was|of|for|to)[ \t]+)?(?:[:=]>?[ \t]*)?")
+_NEXT_TOKEN: Final = re.compile(r"[\"'`]?(?P<value>[^\s\"'`,;()]+)")
+_PASS_ORDINAL: Final = re.compile(
+    r"(?:forward|backward|backwards|first|second|third|final|last|next|one|single|two|three|"
+    r"multi|each|every|per|warmup|eval|training|inference|[0-9]+(?:st|nd|rd|th)?)[ \t_-]*$"
+)
+"""Words before `pass` that make it a pass over data (`forward pass: bf16`), not a password."""
+_MYSQL_CLIENT: Final = re.compile(r"\b(?:mysql|mysqldump|mysqladmin|mysqlsh|mariadb)\b")
+_GLUED_P: Final = re.compile(r"(?<!\S)-p(?P<value>[^\s\"'`]{2,})")
+_SSHPASS: Final = re.compile(r"\bsshpass[ \t]+-p[ \t]*(?P<value>\S{2,})")
+
+
+def _looks_like_a_password(value: str) -> bool:
+    """Not a placeholder, a plain word, a path or a number below 4 digits: `hunter2`,
+    `Tr0ub4dor&3`, `123456`. A plain word (`page`, `strength`) is prose, not a password."""
+    if len(value) < 4 or _PLACEHOLDER.fullmatch(value) or _plain_words(value):
+        return False
+    return value[:1] not in "/~.\\-" and "://" not in value
+
+
+def find_password_argument(text: str) -> int | None:
+    """A password given on a command line or in prose rather than as `key=value`:
+    `--password hunter2`, `--db-pass Tr0ub4dor&3` (a flag takes any value of 3+
+    characters but a placeholder or another flag), `mysql -u root -phunter2` (the MySQL and
+    MariaDB clients' glued `-p`), `sshpass -p hunter2`, `passwd hunter2`, `train with my
+    password hunter2`, `my password is hunter2`, `db pass: Tr0ub4dor&3`.
+
+    After a bare word (no dashes) the next token must look like a password
+    (`_looks_like_a_password`: digits or symbols, 4+ characters), so "reset password page",
+    "password strength v2" and "password hashing" pass, as do "passwordless ssh" and
+    "password-reset model"; `pass` after a word that makes it a pass over data ("forward
+    pass: bf16", "second pass 2x") is not a password. A password that is a plain word in
+    prose ("my password swordfish") is not found: prose cannot tell it from a description.
+    """
+    lowered = text.lower()
+    if len(lowered) != len(text):
+        lowered = text  # lower-casing changed the length (`İ`): match as written
+    if "pass" in lowered:
+        for match in _PASSWORD_WORD.finditer(lowered):
+            end = match.end()
+            if lowered[end : end + 1] in ("-", "_", "."):
+                continue  # `password-reset`, `pass_rate`
+            key, flag = match.group("key"), match.group("flag")
+            before = lowered[max(0, match.start() - 24) : match.start()]
+            if key == "pass" and not flag and _PASS_ORDINAL.search(before):
+                continue
+            connector = _CONNECTOR.match(text, end)
+            if connector is None or connector.end() == end:
+                continue
+            token = _NEXT_TOKEN.match(text, connector.end())
+            if token is None:
+                continue
+            value = token.group("value")
+            if flag:
+                if len(value) >= 3 and value[:1] != "-" and not _PLACEHOLDER.fullmatch(value):
+                    return match.start()
+            elif _looks_like_a_password(value):
+                return match.start()
+    if "-p" in text and _MYSQL_CLIENT.search(lowered):
+        for glued in _GLUED_P.finditer(text):
+            if not _PLACEHOLDER.fullmatch(glued.group("value")):
+                return glued.start()
+    if "sshpass" in lowered:
+        sshpass = _SSHPASS.search(lowered)
+        if sshpass is not None and not _PLACEHOLDER.fullmatch(sshpass.group("value")):
+            return sshpass.start()
+    return None

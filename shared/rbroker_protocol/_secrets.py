@@ -51,7 +51,11 @@ import re
 from collections.abc import Callable
 from typing import Final
 
-from rbroker_protocol._assignments import find_authorization, find_password_assignment
+from rbroker_protocol._assignments import (
+    find_authorization,
+    find_password_argument,
+    find_password_assignment,
+)
 from rbroker_protocol._cards import find_card
 from rbroker_protocol._entropy import find_high_entropy
 
@@ -305,6 +309,7 @@ SECRET_RULES: Final[tuple[tuple[str, Callable[[str], int | None]], ...]] = (
     ("authorization_header", find_authorization),
     ("url_credentials", _url_credentials),
     ("password_assignment", find_password_assignment),
+    ("password_argument", find_password_argument),
     ("email_address", _email_address),
     ("payment_card", find_card),
     ("high_entropy", find_high_entropy),

@@ -35,7 +35,8 @@ prefixes (`github_token`, `gitlab_token`, `slack_token`, `slack_webhook`, `disco
 `stripe_key`, `anthropic_key`, `openai_key`, `huggingface_token`, `npm_token`, `pypi_token`,
 `replicate_token`, `groq_key`, `databricks_token`, `twilio_key`, `sendgrid_key`,
 `telegram_bot_token`); `jwt`; `authorization_header`; `url_credentials`;
-`password_assignment`; `email_address`; `payment_card` (Luhn); `high_entropy`.
+`password_assignment`; `password_argument` (`--password hunter2`, `mysql -phunter2`,
+"my password is hunter2"); `email_address`; `payment_card` (Luhn); `high_entropy`.
 
 What passes on purpose: the bare words ("password-reset model evaluation", "token
 classification"), hexadecimal of up to 64 digits (commit ids, digests), UUIDs, ULIDs,
@@ -126,6 +127,7 @@ _SECRET_LABELS: Final[dict[str, str]] = {
     "authorization_header": "an HTTP Authorization header or bearer token",
     "url_credentials": "a URL with a user name and password",
     "password_assignment": "a password, secret or token assignment",
+    "password_argument": "a password given as a command-line argument or in prose",
     "email_address": "an e-mail address",
     "payment_card": "a payment card number",
     "high_entropy": "a long random-looking string (a key or token?)",

@@ -245,6 +245,11 @@ SECRET_EXAMPLES: list[tuple[str, str, str]] = [
     ("password_assignment", _rand(24), "token: {} internal"),
     ("password_assignment", "Sakura2026", "パスワード：{} で接続"),
     ("password_assignment", "Geheim123", "Passwort: {} für den Export"),
+    ("password_argument", "hunter2", "run the loader with --password {}"),
+    ("password_argument", "hunter2", "dump with mysql -u root -p{} first"),
+    ("password_argument", "hunter2", "passwd {}"),
+    ("password_argument", "Tr0ub4dor&3", "db pass: {}"),
+    ("password_argument", "hunter2", "train with my password {}"),
     ("email_address", "alice.smith@example.com", "results to {}"),
     ("email_address", "josé.garcía@empresa.es", "resultados a {}"),
     ("email_address", "müller@firma.de", "Ergebnisse an {}"),
@@ -296,6 +301,53 @@ def test_every_secret_kind_is_documented_and_labelled() -> None:
 )
 def test_assignment_shapes(text: str, kind: str) -> None:
     assert find_secret(text) == kind
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "--password hunter2",
+        "mysql -u root -phunter2",
+        "passwd hunter2",
+        "db pass: Tr0ub4dor&3",
+        "train with my password hunter2",
+        "my password is hunter2",
+        "eval --db-password s3cret!x on the nightly set",
+        "--passwd swordfish for the box",  # a flag takes any value, plain words too
+        "sshpass -p hunter2 ssh gpu1",
+        "mariadb --user=ml -pTr0ub4dor&3 < dump.sql",
+        "the pass is Tr0ub4dor&3",
+    ],
+)
+def test_passwords_typed_on_command_lines_and_in_prose_are_refused(text: str) -> None:
+    assert find_secret(text) == "password_argument"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "reset password page classifier",
+        "passwordless ssh to the cluster",
+        "password-reset intent classifier",
+        "train a password strength meter on synthetic passwords",
+        "password hashing benchmark v2",
+        "evaluate the password policy classifier, model pwpolicy-v2",
+        "forward pass: bf16",
+        "second pass 2x faster",
+        "first pass: 512 tokens",
+        "pass rate 0.95 on eval",
+        "bypass the cache for the sweep",
+        "--password $DB_PASS",  # a placeholder, not a password
+        "--password <secret> from the vault",
+        "mysql -u root -p$MYSQL_PWD",
+        "mysql -p at the prompt",
+        "psql -p 5432 analytics",  # not a MySQL client: -p is the port
+        "ssh -p2222 gpu1",
+        "compass calibration run",
+    ],
+)
+def test_purposes_that_mention_passwords_pass(text: str) -> None:
+    assert find_secret(text) is None
 
 
 @pytest.mark.parametrize(
