@@ -11,6 +11,7 @@ History:
     1 (2026-11-30): computer name, broker version, telemetry source, run id, generated_at,
                     gpus, leases, queue, jobs.
     2 (2026-11-30): run_counter (the order of a computer's runs).
+    3: left_out (per list, how many entries a trimmed report left out).
 
 Identifiers (GPU UUIDs, lease and job ids, run id) must match `GPU_UUID_PATTERN` or
 `ID_PATTERN`, and state fields are enumerations (`TelemetryStateName`, `LeaseStateName`,
@@ -26,7 +27,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_VERSION: Final = 2
+REPORT_VERSION: Final = 3
 """The payload version this build writes."""
 
 MAX_REPORT_BYTES: Final = 1024 * 1024
@@ -149,6 +150,10 @@ class ReportPayload(_Model):
     leases: Annotated[list[LeaseReport], Field(max_length=4096)] = Field(default_factory=list)
     queue: Annotated[list[QueueEntry], Field(max_length=4096)] = Field(default_factory=list)
     jobs: Annotated[list[JobSnapshot], Field(max_length=4096)] = Field(default_factory=list)
+    left_out: dict[Literal["leases", "queue", "jobs"], _COUNT] = Field(default_factory=dict)
+    """Per list, how many of the computer's entries this report left out to fit its limits
+    (each list is trimmed fairly: round-robin by owner, each owner's newest first); absent
+    lists left nothing out."""
 
     def to_bytes(self) -> bytes:
         """The exact JSON bytes to sign and send."""

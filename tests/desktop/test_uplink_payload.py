@@ -1,5 +1,7 @@
 """The report payload is trimmed to the schema's list limits and to the size limit (§7),
-keeping the newest entries and counting what was left out."""
+fairly between owners (round-robin by owner, each owner's newest first), and says what it
+left out. Before, the newest entries were kept: one user declaring 4 200 jobs pushed every
+other user's jobs out of the coordinator's view."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import nacl.signing
 import pytest
 
 from rbroker._version import __version__
-from rbroker.uplink.payload import build_payload, max_payload_bytes
+from rbroker.uplink.payload import build_payload, fair_order, keep_fairly, max_payload_bytes
 from rbroker_protocol.reports import MAX_REPORT_BYTES, ReportPayload
 from rbroker_protocol.signing import MAX_SEQ, encode_envelope, sign_report
 
@@ -63,9 +65,10 @@ def _huge_job(i: int) -> dict[str, Any]:
     return {**_job(i, long=False), "purpose": f"{i:05d} " + "p" * (3000 + i % 7)}
 
 
-def _envelope_len(jobs: list[dict[str, Any]], run_id: str) -> int:
-    """The size of the signed envelope of a payload carrying `jobs`, with the longest
-    computer id and sequence number: written out without the code under test."""
+def _envelope_len(jobs: list[dict[str, Any]], run_id: str, left: int = 0) -> int:
+    """The size of the signed envelope of a payload carrying `jobs` (and saying `left` jobs
+    were left out), with the longest computer id and sequence number: written out without
+    the code under test."""
     payload = ReportPayload(
         computer_name="lab-1",
         broker_version=__version__,
@@ -73,6 +76,7 @@ def _envelope_len(jobs: list[dict[str, Any]], run_id: str) -> int:
         run_id=run_id,
         generated_at=1_700_000_000.0,
         jobs=jobs,  # type: ignore[arg-type]
+        left_out={"jobs": left} if left else {},
     ).to_bytes()
     return len(encode_envelope(sign_report(KEY, LONGEST_ID, LONGEST_ID, MAX_SEQ, payload)))
 
@@ -82,7 +86,7 @@ def _largest_fitting(jobs: list[dict[str, Any]]) -> int:
     (1 MiB over the envelope's size per job, base64 included)."""
 
     def fits(n: int) -> bool:
-        return _envelope_len(jobs[len(jobs) - n :], LONGEST_ID) <= MAX_REPORT_BYTES
+        return _envelope_len(jobs[len(jobs) - n :], LONGEST_ID, len(jobs) - n) <= MAX_REPORT_BYTES
 
     n = min(len(jobs), MAX_REPORT_BYTES * len(jobs) // _envelope_len(jobs, LONGEST_ID))
     while n < len(jobs) and fits(n + 1):
@@ -94,19 +98,50 @@ def _largest_fitting(jobs: list[dict[str, Any]]) -> int:
 
 def test_a_report_just_over_the_limit_keeps_the_largest_list_that_fits() -> None:
     many = [_huge_job(i) for i in range(400)]
-    fit = _largest_fitting(many)
-    assert 200 < fit < 400, fit  # the entries really are ~3.2 kB
-    # exactly what fits: nothing is left out; one entry more: exactly one is left out
+    base = _largest_fitting(many)
+    assert 200 < base < 400, base  # the entries really are ~3.2 kB
+    # exactly what fits: nothing is left out; more: exactly the excess (or one more, for the
+    # bytes of saying so) is left out, the newest kept
     for extra in (0, 1, 2, 37):
-        jobs = many[: fit + extra]
+        jobs = many[: base + extra]
+        fit = _largest_fitting(jobs)
+        assert fit == base if extra == 0 else fit in (base - 1, base)
         data, left_out = build_payload(_broker(jobs), "lab-1", LONGEST_ID)
-        kept = ReportPayload.from_bytes(data).jobs
+        payload = ReportPayload.from_bytes(data)
+        kept = payload.jobs
         assert len(kept) == fit, (extra, len(kept))
-        assert left_out == ({"jobs": extra} if extra else {})
-        assert [j.job_id for j in kept] == [j["job_id"] for j in jobs[-fit:]]  # newest kept
+        assert left_out == payload.left_out == ({"jobs": len(jobs) - fit} if extra else {})
+        assert [j.job_id for j in kept] == [j["job_id"] for j in jobs[len(jobs) - fit :]]
         envelope = encode_envelope(sign_report(KEY, LONGEST_ID, LONGEST_ID, MAX_SEQ, data))
         assert len(envelope) <= MAX_REPORT_BYTES
     # (a quarter of the list per step would have left out ceil((fit + 1) / 4) entries)
+
+
+def test_one_owner_with_thousands_of_jobs_does_not_push_the_others_out() -> None:
+    flood = [{**_huge_job(i), "owner": "mallory"} for i in range(4200)]
+    others = [
+        {**_huge_job(10_000 + i), "owner": owner}
+        for i, owner in enumerate(["alice"] * 10 + ["bob"] * 10)
+    ]
+    jobs = others[:5] + flood + others[5:]  # declared before and after the flood
+    data, left_out = build_payload(_broker(jobs), "lab-1", LONGEST_ID)
+    payload = ReportPayload.from_bytes(data)
+    kept = [j.job_id for j in payload.jobs]
+    assert {j["job_id"] for j in others} <= set(kept)  # every one of alice's and bob's
+    assert left_out == payload.left_out == {"jobs": len(jobs) - len(kept)}
+    assert 200 < len(kept) < 400 and left_out["jobs"] > 3800  # the size limit, not the schema's
+    assert kept[-1] == flood[-1]["job_id"]  # mallory's newest are the ones kept
+    assert kept == sorted(kept, key=[j["job_id"] for j in jobs].index)  # in their own order
+
+
+def test_round_robin_by_owner_keeps_each_owners_newest() -> None:
+    items = [{"owner": o, "n": i} for i, o in enumerate("aaaaabbc")]
+    order = fair_order(items)
+    assert [items[i]["owner"] + str(items[i]["n"]) for i in order] == [
+        "a4", "b6", "c7", "a3", "b5", "a2", "a1", "a0",
+    ]  # fmt: skip
+    assert [x["n"] for x in keep_fairly(items, order, 4)] == [3, 4, 6, 7]
+    assert keep_fairly(items, order, 99) is items
 
 
 def test_the_payload_budget_is_exact() -> None:

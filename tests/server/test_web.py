@@ -327,3 +327,27 @@ def test_web_view_behind_a_proxy_prefix(coordinator_factory: Callable[..., Coord
         attrs = {a.strip().lower() for a in session.split(";")}
         assert {"secure", "path=/rbroker", "httponly", "samesite=strict"} <= attrs, session
         assert client.get("/rbroker/static/app.css").status_code == 200
+
+
+def test_a_trimmed_report_says_how_many_jobs_are_not_shown(coordinator: Coordinator) -> None:
+    """A computer whose report left jobs out (to fit 1 MiB, trimmed fairly by owner) says
+    so on the fleet and computer pages: "3 200 jobs not shown"."""
+    coordinator.group("alpha")
+    computer = coordinator.enroll("alpha", "lab-full")
+    job = JobSnapshot(job_id="j1", project="p", purpose="embed", handler="h.x", workers=1)
+    report = payload("lab-full", jobs=[job], left_out={"jobs": 3200, "queue": 1})
+    r = computer.report(report)
+    assert r.status_code == 200 and r.json()["applied"], r.text
+    other = coordinator.enroll("alpha", "lab-whole")
+    assert other.report(payload("lab-whole", jobs=[job])).json()["applied"]
+    client, _ = sign_in(coordinator, coordinator.tokens["alpha"])
+    with contextlib.closing(client):
+        for path in ("/fleet", f"/computers/{computer.id}", "/fleet/live"):
+            html = client.get(path).text
+            assert "3\u202f200 jobs not shown" in html, path
+            assert "1 waiting request not shown" in html, path
+            assert html.count("not shown") == 2, path  # lab-whole's report left nothing out
+        fleet = coordinator.http.get("/api/v1/fleet", headers=coordinator.viewer("alpha")).json()
+        by_name = {c["name"]: c for c in fleet["computers"]}
+        assert by_name["lab-full"]["left_out"] == {"jobs": 3200, "queue": 1}
+        assert by_name["lab-whole"]["left_out"] == {}

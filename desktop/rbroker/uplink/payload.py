@@ -2,9 +2,12 @@
 
 Only declared descriptions, owners, resources, states and progress leave the computer
 (architecture.md §8): the views hold no pids, command lines, environment or process names, and the
-payload model drops any field it does not define. Lists are trimmed, newest kept, so the
-signed envelope fits the coordinator's size limit (a binary search for the largest list
-length that fits); what was left out is returned per list so the link state can say so.
+payload model drops any field it does not define. Lists are trimmed so the signed envelope
+fits the coordinator's size limit (a binary search for the largest list length that fits),
+fairly between owners: round-robin by owner, each owner's newest entries first, so one user
+with thousands of jobs cannot push the others' out of view. What was left out is counted
+per list, in the payload (`left_out`, which the coordinator's web view shows as "N jobs not
+shown") and for the link state.
 """
 
 from __future__ import annotations
@@ -47,6 +50,27 @@ def _max_items(field: str) -> int:
     raise LookupError(field)  # pragma: no cover - every list is bounded
 
 
+def fair_order(items: list[dict[str, Any]]) -> list[int]:
+    """The indices of `items` in the order a trimmed list keeps them: round-robin over the
+    owners (`owner`, by name; "" for items without one), each owner's newest (last) first.
+    Keeping the first `n` gives every owner ⌊n / owners⌋ or one more, or all they have."""
+    by_owner: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        by_owner.setdefault(str(item.get("owner", "")), []).append(i)
+    queues = [by_owner[owner][::-1] for owner in sorted(by_owner)]
+    order: list[int] = []
+    for depth in range(max((len(q) for q in queues), default=0)):
+        order.extend(q[depth] for q in queues if depth < len(q))
+    return order
+
+
+def keep_fairly(items: list[dict[str, Any]], order: list[int], n: int) -> list[dict[str, Any]]:
+    """The `n` items `order` (from `fair_order`) keeps first, in their own order."""
+    if n >= len(items):
+        return items
+    return [items[i] for i in sorted(order[:n])]
+
+
 def build_payload(
     broker: Broker,
     computer_name: str,
@@ -57,13 +81,14 @@ def build_payload(
     stopping: bool = False,
 ) -> tuple[bytes, dict[str, int]]:
     """The payload bytes to sign, and per list (`leases`, `queue`, `jobs`) how many of its
-    oldest entries were left out: first to the schema's item limits, then to fit the size
-    limit (`max_payload_bytes(limit_bytes)`).
+    entries were left out: first to the schema's item limits, then to fit the size limit
+    (`max_payload_bytes(limit_bytes)`). The payload says the same in `left_out`.
 
-    To fit, every list is cut to at most `n` newest entries, with `n` the largest that
-    fits, found by binary search (about log2(longest list) encodings); lists shorter than
-    `n` are sent whole. When even `n = 0` does not fit (GPUs alone too large), the
-    smallest payload is returned and the coordinator will refuse it.
+    To fit, every list is cut to at most `n` entries, with `n` the largest that fits, found
+    by binary search (about log2(longest list) encodings); lists shorter than `n` are sent
+    whole. A list is cut fairly (`fair_order`): round-robin by owner, newest first. When
+    even `n = 0` does not fit (GPUs alone too large), the smallest payload is returned and
+    the coordinator will refuse it.
 
     `run_counter`: this run's place in the computer's run order (`rbroker.uplink.runs`).
     `stopping`: the broker's last report (the coordinator shows the computer offline).
@@ -77,17 +102,22 @@ def build_payload(
         "queue": queue,
         "jobs": jobs,
     }
+    totals = {name: len(items) for name, items in lists.items()}
+    orders = {name: fair_order(items) for name, items in lists.items()}
     for name, items in lists.items():
         limit = _max_items(name)
         if len(items) > limit:  # a long-lived broker can hold more finished jobs than this
-            lists[name] = items[-limit:]
+            lists[name] = keep_fairly(items, orders[name], limit)
+            orders[name] = fair_order(lists[name])
 
     generated_at = broker.clock.wall()
 
-    def encode(cap: int | None) -> bytes:
-        """The payload with each list cut to its `cap` newest entries (None: whole)."""
-        kept = {k: v if cap is None else v[max(0, len(v) - cap) :] for k, v in lists.items()}
-        return ReportPayload(
+    def encode(cap: int | None) -> tuple[bytes, dict[str, int]]:
+        """The payload with each list cut to its `cap` first entries in fair order (None:
+        whole), and what it leaves out per list."""
+        kept = {k: v if cap is None else keep_fairly(v, orders[k], cap) for k, v in lists.items()}
+        left_out = {k: totals[k] - len(v) for k, v in kept.items() if totals[k] > len(v)}
+        data = ReportPayload(
             computer_name=computer_name,
             broker_version=__version__,
             telemetry_source=broker.gateway.source,
@@ -96,26 +126,21 @@ def build_payload(
             generated_at=generated_at,
             stopping=stopping,
             gpus=gpus,  # type: ignore[arg-type]  # validated from dicts by pydantic
+            left_out=left_out,  # type: ignore[arg-type]
             **kept,  # type: ignore[arg-type]
         ).to_bytes()
+        return data, left_out
 
     budget = max_payload_bytes(limit_bytes)
-    data = encode(None)
-    cap: int | None = None
+    data, left_out = encode(None)
     if len(data) > budget:
         # the largest cap that fits lies in [0, longest - 1] (the longest does not fit)
         low, high = 0, max(len(v) for v in lists.values()) - 1
         while low < high:
             mid = (low + high + 1) // 2
-            if len(encode(mid)) <= budget:
+            if len(encode(mid)[0]) <= budget:
                 low = mid
             else:
                 high = mid - 1
-        cap, data = low, encode(low)
-    totals = {"leases": len(view["leases"]), "queue": len(queue), "jobs": len(jobs)}
-    left_out: dict[str, int] = {}
-    for name, items in lists.items():
-        kept = len(items) if cap is None else min(cap, len(items))
-        if totals[name] > kept:
-            left_out[name] = totals[name] - kept
+        data, left_out = encode(low)
     return data, left_out

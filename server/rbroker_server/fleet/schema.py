@@ -86,6 +86,9 @@ class ComputerView(BaseModel):
     leases: list[LeaseView]
     queue: list[QueueEntry]
     jobs: list[JobView]
+    left_out: dict[str, int] = {}
+    """Per list (`leases`, `queue`, `jobs`), how many entries the computer's last report
+    left out to fit its size limit ("N jobs not shown")."""
 
 
 class FleetView(BaseModel):

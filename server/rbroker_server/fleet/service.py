@@ -118,6 +118,7 @@ def _computer_view(row: Any, now: datetime, settings: Settings) -> ComputerView:
         leases=leases,
         queue=state.get("queue", []),
         jobs=state.get("jobs", []),
+        left_out=state.get("left_out", {}),
     )
 
 

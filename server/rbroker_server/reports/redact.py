@@ -45,6 +45,8 @@ def redacted_state(report: ReportPayload) -> tuple[dict[str, Any], list[dict[str
     state: dict[str, Any] = report.model_dump(mode="json", include={"gpus", *DESCRIPTION_FIELDS})
     if report.stopping:
         state["stopping"] = True
+    if report.left_out:
+        state["left_out"] = dict(report.left_out)
     flags: list[dict[str, str]] = []
     for list_name, fields in _CHECKED.items():
         for i, item in enumerate(state[list_name]):
