@@ -168,6 +168,11 @@ def test_nvml_init_failure_waits_then_serves_once_nvml_answers(
         assert c.status()["nvml_problem"] is None
 
 
+REATTACH_3_S = "[timers]\nlease_reattach_grace_s = 3\n\n"
+"""A restored lease's holder has 3 s to re-attach (default 10): more than the SDK's longest
+reconnect backoff (1 s) plus a broker start on a loaded machine."""
+
+
 def test_leases_restored_while_nvml_fails_stay_alive(
     short_dir: Path, worker: Callable[..., WorkerProcess]
 ) -> None:
@@ -177,14 +182,14 @@ def test_leases_restored_while_nvml_fails_stay_alive(
         lease_id = holder.read_line().split()[1]
         broker.stop(signal.SIGKILL)
         (short_dir / "scenario.toml").write_text(
-            _gpu_scenario(top='[nvml]\ninit_error = "version_mismatch"\n\n')
+            _gpu_scenario(top=REATTACH_3_S + '[nvml]\ninit_error = "version_mismatch"\n\n')
         )
         broker = start_broker(
             (short_dir / "scenario.toml").read_text(), headroom_mib=HEADROOM, root=short_dir
         )
         with broker.client() as c:
             assert c.gpus() == []
-            time.sleep(12)  # past the re-attach grace: the SDK re-attached at once
+            time.sleep(4)  # past the re-attach grace (3 s): the SDK re-attached at once
             (lease,) = c.leases()["leases"]
             assert lease["lease_id"] == lease_id
     finally:
