@@ -161,3 +161,56 @@ def test_a_bad_scenario_file_is_named(root: Path, text: str, words: str) -> None
     done = _rbroker("broker", *args, "--data-dir", str(root / "data"))
     assert done.returncode == 1
     assert _one_line(done).startswith(f"rbroker: bad scenario: {missing}: cannot read it")
+
+
+@pytest.mark.parametrize("headroom_mib", ["24576", "999999"])
+def test_a_headroom_not_below_the_gpus_total_is_refused_with_the_numbers(
+    root: Path, headroom_mib: str
+) -> None:
+    """The default scenario's GPUs hold 24 576 MiB each: a headroom of that much or more
+    would leave nothing to grant, so the broker refuses to start and says why."""
+    from rbroker.demo.processes import broker_address
+
+    done = _rbroker(
+        "broker",
+        "--simulate",
+        "--headroom-mib",
+        headroom_mib,
+        "--socket",
+        broker_address(root),
+        "--data-dir",
+        str(root / "data"),
+    )
+    assert done.returncode == EXIT_USAGE, done.stderr
+    line = _one_line(done)
+    assert line.startswith(
+        f"rbroker: headroom {headroom_mib} MiB is not below the 24576 MiB of GPU 0 "
+    )
+    assert "--headroom-mib" in line
+
+
+def test_the_start_banner_keeps_one_line_per_gpu_when_piped(root: Path) -> None:
+    """Piped (a journal, a log file), rich would wrap at 80 columns; each GPU stays one line."""
+    from rbroker.demo.processes import broker_address
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rbroker", "broker", "--simulate", "--socket",
+         broker_address(root), "--data-dir", str(root / "data")],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        lines = [proc.stderr.readline() for _ in range(4)]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    gpu_lines = [line for line in lines if line.startswith("  GPU ")]
+    assert len(gpu_lines) == 2, lines
+    for line in gpu_lines:
+        assert "MiB total, headroom 1229 MiB, telemetry" in line, lines
+    assert lines[-1].startswith("rbroker broker listening on "), lines

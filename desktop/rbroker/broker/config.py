@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+class HeadroomTooLarge(ValueError):
+    """A configured headroom is at least a GPU's total: nothing could ever be granted
+    there. Raised when the broker starts (`rbroker.broker.lifecycle.check_headroom`); the
+    message names the GPU and both figures in MiB."""
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     """Settings of one broker. Times in seconds, memory in MiB.

@@ -15,6 +15,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from rbroker.broker.admission import NvmlProblem
+from rbroker.broker.config import HeadroomTooLarge
 from rbroker.broker.leases import LeaseState
 from rbroker.broker.restore import restore
 from rbroker.broker.ticks import tick_loop
@@ -39,6 +40,7 @@ async def start(b: Broker, background: bool) -> None:
         # whenever the driver hangs
         b.driver_version = await asyncio.to_thread(b.gateway.driver_version)
         await b.sampling.sample_all()
+        check_headroom(b)
     if b.store is not None:
         restore(b.store, b.table, b.waiting, b.jobs, b.clock, b.config)
     if not background:
@@ -51,6 +53,25 @@ async def start(b: Broker, background: bool) -> None:
     if b.nvml_problem is None:
         b._spawn(b.sampling.enumerate_loop(b._spawn))
     log.info("broker started: %d GPUs, telemetry %s", len(b.slots), b.gateway.source)
+
+
+def check_headroom(b: Broker) -> None:
+    """Refuse a configured headroom (`--headroom-mib`, or one GPU's override) that is not
+    below the total of a GPU sampled at start (architecture.md §2: usable = total −
+    headroom − …); a GPU whose first sample failed is not judged.
+
+    Raises:
+        HeadroomTooLarge: for the first such GPU.
+    """
+    for slot in b.slots.values():
+        total_mib = slot.total_mib
+        override = slot.headroom_override
+        if override is not None and total_mib is not None and override >= total_mib:
+            raise HeadroomTooLarge(
+                f"headroom {override} MiB is not below the {total_mib} MiB of GPU "
+                f"{slot.info.index} ({slot.uuid}, {slot.info.name}): nothing could ever be "
+                "granted there; give a headroom below the GPU's total (--headroom-mib)"
+            )
 
 
 def nvml_failed(b: Broker, exc: TelemetryError) -> None:
@@ -91,6 +112,7 @@ async def retry_nvml(b: Broker) -> None:
         b.admission.problem = None
         b.driver_version = await asyncio.to_thread(b.gateway.driver_version)
         await b.sampling.sample_all()
+        check_headroom(b)
         for slot in b.slots.values():
             b.table.update_observed(slot)
             b._spawn(b.sampling.sample_loop(slot))

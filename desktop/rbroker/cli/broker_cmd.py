@@ -87,9 +87,11 @@ def run_broker(args: argparse.Namespace) -> int:
     `rbroker_protocol.startup` (10 socket path too long, 11 permission denied, 13 read-only
     file system, 14 no space, 15 lease database, 19 other OS error, 70 unexpected); every
     failure is one line on stderr with the fix."""
+    from rbroker.broker.config import HeadroomTooLarge
     from rbroker.host import BrokerHost, DataDirLocked, make_config
 
-    console = Console(stderr=True)
+    # the banner: one line per fact whatever the output (a pipe, the journal), never split
+    console = Console(stderr=True, soft_wrap=True)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -199,6 +201,8 @@ def run_broker(args: argparse.Namespace) -> int:
         return _fail(EXIT_CANNOT_START, f"{exc}; not starting a second one")
     except TelemetryError as exc:
         return _fail(EXIT_CANNOT_START, f"cannot read GPUs: {exc}")
+    except HeadroomTooLarge as exc:
+        return _fail(EXIT_USAGE, str(exc))
     except KeyboardInterrupt:
         pass
     except OSError as exc:
