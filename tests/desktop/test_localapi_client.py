@@ -111,3 +111,27 @@ def test_peer_answers_json_that_is_not_an_answer(
     with pytest.raises(rbroker.BrokerUnavailable):
         rbroker.Client(fake_peer(reply), timeout_s=1.0)
     _no_leak()
+
+
+def test_the_no_broker_hint_follows_how_the_address_was_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "or set RBROKER_SOCKET" only to a user who did not: one who set it is told to start a
+    broker there or correct it, one who gave an address is told to start one there."""
+    gone = str(tmp_path / "gone.sock")
+    monkeypatch.setenv("RBROKER_SYSTEM_SOCKET", str(tmp_path / "system.sock"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("RBROKER_SOCKET", gone)
+    with pytest.raises(rbroker.BrokerUnavailable) as by_env:
+        rbroker.Client()
+    assert str(by_env.value).endswith(
+        "start one there (`rbroker broker` listens at $RBROKER_SOCKET), or unset or correct "
+        "RBROKER_SOCKET"
+    )
+    with pytest.raises(rbroker.BrokerUnavailable) as by_option:
+        rbroker.Client(gone)
+    assert str(by_option.value).endswith(f"start one there with `rbroker broker --socket {gone}`")
+    monkeypatch.delenv("RBROKER_SOCKET")
+    with pytest.raises(rbroker.BrokerUnavailable) as by_default:
+        rbroker.Client()
+    assert str(by_default.value).endswith("start one with `rbroker broker` or set RBROKER_SOCKET")

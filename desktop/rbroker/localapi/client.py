@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rbroker._exceptions import BrokerUnavailable, InvalidParams, RBrokerError, from_rpc_error
-from rbroker.localapi.paths import Candidate, discovery_order
+from rbroker.localapi.paths import ENV_SOCKET, FOUND_ENV, FOUND_OPTION, Candidate, discovery_order
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.versions import PROTOCOL_VERSION
@@ -155,11 +155,24 @@ def _connect(candidates: list[Candidate], timeout_s: float | None) -> tuple[Cand
             failures.append(f"{candidate.address} ({exc.strerror or exc})")
     running = _system_broker_without_socket()
     raise BrokerUnavailable(
-        f"no rbroker broker at {' or at '.join(failures)}; "
-        + (running or "start one with `rbroker broker` or set RBROKER_SOCKET"),
+        f"no rbroker broker at {' or at '.join(failures)}; " + (running or _start_hint(candidates)),
         "broker_unavailable",
         address=candidates[-1].address,
     )
+
+
+def _start_hint(candidates: list[Candidate]) -> str:
+    """What to do when no candidate answered, by how the address was found: an address the
+    user gave is kept (never "set RBROKER_SOCKET" to someone who did)."""
+    found_by = candidates[0].found_by if len(candidates) == 1 else ""
+    if found_by == FOUND_ENV:
+        return (
+            f"start one there (`rbroker broker` listens at ${ENV_SOCKET}), or unset or correct "
+            f"{ENV_SOCKET}"
+        )
+    if found_by == FOUND_OPTION:
+        return f"start one there with `rbroker broker --socket {candidates[0].address}`"
+    return f"start one with `rbroker broker` or set {ENV_SOCKET}"
 
 
 def _system_broker_without_socket() -> str | None:
