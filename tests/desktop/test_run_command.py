@@ -310,3 +310,18 @@ def test_a_lease_released_from_another_shell_says_so_and_the_command_runs_on(
         if proc.poll() is None:
             proc.kill()
             proc.communicate(timeout=10)
+
+
+def test_help_says_what_others_see_and_where_the_defaults_come_from() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "rbroker", "run", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "shown to every user of this computer" in text
+    assert "sent to its coordinator" in text
+    assert "('python' and 'run python' for 'python train.py')" in text

@@ -110,7 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Lease GPU memory, run COMMAND with CUDA_VISIBLE_DEVICES set to the "
         "granted GPU(s), release the lease when it exits. By default it does not wait: "
         "with no room now it exits 75 at once; --wait SECONDS queues for room and says "
-        "what it waits for.",
+        "what it waits for. The lease's project, session and purpose are shown to every "
+        "user of this computer and, when it is enrolled, sent to its coordinator; without "
+        "--session and --purpose they come from the command's file name ('python' and 'run "
+        "python' for 'python train.py'): set them to say what others should see (never a "
+        "secret).",
         epilog="exit codes: the command's own; 69 no broker; 75 no room now (or within "
         "--wait); 2 refused (infeasible, bad input, description rejected); 126 the command "
         "cannot be started, 127 it is not found",
