@@ -40,7 +40,7 @@ def begin(
         b.jobs.get(params.job_id, owner)  # job_not_found / not_lease_owner
     candidates = b.admission.candidates(params)
     b.admission.check_feasible(params, candidates)
-    fairness.check_request(b, params, owner, holder, candidates)
+    fairness.check_request(b, params, owner)
     waiter = b.waiting.new_waiter(
         params,
         candidates,

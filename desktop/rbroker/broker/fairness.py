@@ -12,17 +12,12 @@
   `count`): waiting requests (`too_many_waiting`), live leases (`too_many_leases`) and jobs
   not yet finished (`too_many_jobs`, checked by `rbroker.broker.jobs`). The caps on unsent
   answer bytes are the local API's (`rbroker.localapi.unsent`).
-- **Waiting on oneself**: a request that could fit only once the requesting process's own
-  leases end would wait for ever (the process holds them while it waits), so it is refused
-  at once as `infeasible`, with the arithmetic.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from rbroker.broker.capacity import fmt_mib, short_uuid
-from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import AcquireParams
@@ -67,14 +62,12 @@ def cap(code: ErrorCode, owner: str, count: int, limit: int, what: str, fix: str
         )
 
 
-def check_request(
-    b: Broker, params: AcquireParams, owner: str, holder: Holder, candidates: tuple[str, ...]
-) -> None:
+def check_request(b: Broker, params: AcquireParams, owner: str) -> None:
     """The fairness checks of a new `lease.acquire` (after the capacity checks).
 
     Raises:
         RpcError: `wait_too_long`, `too_many_leases`, `too_many_waiting` (only for a request
-            that may wait), `infeasible` (it fits only once this process's leases end).
+            that may wait).
     """
     cfg = b.config
     check_wait(params.wait_s, cfg.max_wait_s)
@@ -95,51 +88,6 @@ def check_request(
             "waiting requests",
             "wait for some to end (or cancel them) and try again",
         )
-    _check_not_behind_own(b, params, holder, candidates)
-
-
-def _check_not_behind_own(
-    b: Broker, params: AcquireParams, holder: Holder, candidates: tuple[str, ...]
-) -> None:
-    """Refuse a request that fewer than `params.gpus` of its GPUs could ever hold while the
-    requesting process keeps its own leases there."""
-    fit = 0
-    worst: dict[str, Any] | None = None
-    for uuid in candidates:
-        slot = b.slots[uuid]
-        if slot.sample is None:
-            fit += 1  # unknown yet: cannot call it infeasible
-            continue
-        usable = max(0, slot.sample.total_mib - slot.headroom_mib)
-        own = b.table.held_on(holder, uuid)
-        own_mib = sum(lease.granted_mib for lease in own)
-        if params.mib <= usable - own_mib:
-            fit += 1
-        elif worst is None or usable - own_mib > worst["offer_mib"]:
-            worst = {
-                "gpu_uuid": uuid,
-                "total_mib": slot.sample.total_mib,
-                "headroom_mib": slot.headroom_mib,
-                "usable_mib": usable,
-                "own_leased_mib": own_mib,
-                "own_lease_ids": sorted(lease.lease_id for lease in own),
-                "offer_mib": max(0, usable - own_mib),
-            }
-    if fit >= params.gpus or worst is None:
-        return
-    w = worst
-    raise RpcError(
-        ErrorCode.INFEASIBLE,
-        f"infeasible: {fmt_mib(params.mib)} MiB requested but {short_uuid(w['gpu_uuid'])} "
-        f"can offer this process at most {fmt_mib(w['offer_mib'])} MiB while it holds its own "
-        f"leases there ({fmt_mib(w['usable_mib'])} usable = {fmt_mib(w['total_mib'])} total − "
-        f"{fmt_mib(w['headroom_mib'])} headroom, less {fmt_mib(w['own_leased_mib'])} in its "
-        f"leases {', '.join(w['own_lease_ids'])}): the request would wait for its own "
-        "leases; release or shrink them first, or ask for less",
-        requested_mib=params.mib,
-        reason="own_leases",
-        **w,
-    )
 
 
 def release(

@@ -151,8 +151,8 @@ class Broker:
             RpcError: `infeasible` at once; `capacity_unavailable` (wait_s=0) or
                 `wait_timeout` when not granted in time; `telemetry_unavailable` when the
                 pinned GPU is lost or every candidate's telemetry failed and wait_s=0;
-                `cancelled` when the connection closes first; the per-user caps, the longest
-                wait and waiting on its own leases as `fairness.check_request`.
+                `cancelled` when the connection closes first; the per-user caps and the
+                longest wait as `fairness.check_request`.
         """
         started = self.begin_acquire(params, owner, holder, conn_id)
         return started if isinstance(started, Lease) else await self.await_waiter(started)
