@@ -201,3 +201,40 @@ def test_ctrl_c_at_any_moment_never_prints_a_traceback(
     _out, err = proc.communicate(timeout=20)
     assert proc.returncode in (0, 130), err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+def test_watch_reconnects_when_the_broker_restarts() -> None:
+    """Before: `[Errno 32] Broken pipe` and the end of the watch. Now a lost broker is one
+    line on stderr, then the tables go on from the restarted broker (same socket and data
+    dir, so the job is still there)."""
+    root = short_tmp()
+    first = start_broker(SINGLE_24G, root=root)
+    restarted: BrokerProcess | None = None
+    try:
+        with first.client() as c:
+            job = declare(c, purpose="survives a broker restart", total_items=10)
+        proc = _watch(first)
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            assert "Jobs (1)" in proc.stdout.readline()
+            first.stop(signal.SIGKILL)
+            lost = proc.stderr.readline()
+            assert lost.startswith("rbroker jobs: broker not answering, trying again every 1 s")
+            restarted = start_broker(SINGLE_24G, root=root)
+            back = proc.stderr.readline()
+            assert back == "rbroker jobs: the broker answers again\n"
+            seen = ""
+            deadline = time.monotonic() + 20
+            while job["job_id"] not in seen and time.monotonic() < deadline:
+                seen += proc.stdout.readline()
+            assert job["job_id"] in seen
+            assert proc.poll() is None, "the watch ended"
+        finally:
+            proc.send_signal(signal.SIGINT)
+            _out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err and "Broken pipe" not in err
+    finally:
+        for bp in (first, restarted):
+            if bp is not None:
+                bp.stop(signal.SIGKILL)
