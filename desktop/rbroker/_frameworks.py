@@ -10,6 +10,15 @@ granted` always holds: a fraction never rounds up past the grant (it may leave u
 total × 10⁻⁶ MiB of the grant unused: 0.08 MiB of an 80 GiB GPU). For a lease on several
 GPUs of different sizes, one fraction for all of them is the smallest of theirs.
 
+A GPU whose total is a capacity override (`rbroker broker --capacity-mib`, where NVML has no
+memory query: unified memory such as DGX Spark's GB10) gets no fraction at all: the broker
+admits against the override, but a framework multiplies a fraction by CUDA's own total,
+which there is the system's memory (121.69 GiB on a GB10: a 20 000 MiB grant handed as a
+fraction of a 96 000 MiB override became 25 351 MiB). Its total as the framework sees it
+cannot be known without starting CUDA, so `rbroker run` says so and sets only what is safe
+(`override_env`): the grant in MiB, TensorFlow's allocate-as-you-go and JAX without
+preallocation; `limit_torch()` still works, as it divides by PyTorch's own total.
+
 Nothing here imports a framework until `limit_torch()` / `limit_tensorflow()` is called.
 """
 
@@ -98,6 +107,32 @@ def framework_env(granted_mib: int, totals_mib: Sequence[int]) -> dict[str, str]
     }
 
 
+def override_env(granted_mib: int, totals_mib: Sequence[int]) -> dict[str, str]:
+    """The variables `rbroker run` sets instead of `framework_env` when a GPU's total is a
+    capacity override (see the module doc): `RBROKER_GRANTED_MIB`, `RBROKER_GPU_TOTAL_MIB`
+    (the totals the broker admits against), `TF_FORCE_GPU_ALLOW_GROWTH=true` and
+    `XLA_PYTHON_CLIENT_PREALLOCATE=false` (JAX allocates as it goes instead of taking 75 %
+    of CUDA's total); no fraction."""
+    return {
+        "RBROKER_GRANTED_MIB": str(granted_mib),
+        "RBROKER_GPU_TOTAL_MIB": ",".join(str(t) for t in totals_mib),
+        "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+    }
+
+
+def override_note(granted_mib: int, overridden: Sequence[str]) -> str:
+    """Why there is no memory fraction for a lease on `overridden` GPUs (one line)."""
+    return (
+        f"the total of {', '.join(overridden)} is a capacity override (--capacity-mib), not "
+        "what CUDA reports there (unified memory: the system's memory), and frameworks "
+        "multiply a fraction by CUDA's own total, so no memory fraction is given; safe: "
+        f"RBROKER_GRANTED_MIB={granted_mib} (cap the framework by MiB), "
+        "TF_FORCE_GPU_ALLOW_GROWTH=true, XLA_PYTHON_CLIENT_PREALLOCATE=false; in Python, "
+        "lease.limit_torch() divides by PyTorch's own total"
+    )
+
+
 def substitute(args: Sequence[str], values: dict[str, str]) -> list[str]:
     """Replace `{mib}`, `{fraction}` and `{gpu}` in each argument with `values[name]`;
     everything else (`{`, `{other}`, JSON) is left as it is.
@@ -115,6 +150,7 @@ class FrameworkLimits:
     granted_mib: int
     gpu_uuids: list[str]
     gpu_total_mib: list[int] | None
+    gpu_total_override: list[str]
     cuda_visible_devices: str
 
     def cuda_env(self, form: str = "auto") -> dict[str, str]:  # pragma: no cover - Lease's
@@ -126,10 +162,13 @@ class FrameworkLimits:
         rounded down, see the module doc).
 
         Raises:
-            ValueError: the GPUs' totals are unknown (the broker's GPU list failed).
+            ValueError: the GPUs' totals are unknown (the broker's GPU list failed), or a
+                total is a capacity override, which is not what frameworks see (module doc).
         """
         if not self.gpu_total_mib:
             raise ValueError("the totals of the lease's GPUs are unknown")
+        if self.gpu_total_override:
+            raise ValueError(override_note(self.granted_mib, self.gpu_total_override))
         return [memory_fraction(self.granted_mib, t) for t in self.gpu_total_mib]
 
     @property

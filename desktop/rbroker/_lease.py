@@ -339,6 +339,11 @@ def _acquire(
         token=result.get("token", ""),
         gpu_indices=cuda_indices(gpu_uuids, listed) if listed else None,
         gpu_total_mib=_totals(gpu_uuids, listed),
+        gpu_total_override=[
+            g["uuid"]
+            for g in listed
+            if g.get("uuid") in gpu_uuids and g.get("memory_api") == "override"
+        ],
         socket=socket,
     )
     return _Holder(client, lease, ttl_s, socket)

@@ -36,6 +36,8 @@ class Lease(FrameworkLimits):
             `CUDA_DEVICE_ORDER=PCI_BUS_ID`; None for MIG slices or when unknown (see
             `rbroker._cuda`).
         gpu_total_mib: each granted GPU's total MiB (NVML's), in order; None when unknown.
+        gpu_total_override: the granted GPUs whose total is a capacity override
+            (`--capacity-mib`, unified memory): they get no memory fraction.
             `memory_fraction`, `limit_torch()` and `limit_tensorflow()` keep a framework
             inside the grant (see `rbroker._frameworks`).
         info: the broker's full lease record.
@@ -56,6 +58,7 @@ class Lease(FrameworkLimits):
     error: RBrokerError | None = None
     gpu_indices: list[int] | None = None
     gpu_total_mib: list[int] | None = None
+    gpu_total_override: list[str] = field(default_factory=list)
     over_grant: dict[str, Any] | None = None
     over_grant_error: OverGrantWarning | None = field(repr=False, default=None)
     socket: str | None = field(repr=False, default=None)

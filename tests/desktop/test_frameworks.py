@@ -308,3 +308,38 @@ def test_limit_torch_without_torch_says_so(broker: BrokerProcess, tmp_path: Path
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["error"] == "ModuleNotFoundError: No module named 'torch'"
+
+
+UNIFIED = f"""
+[[gpu]]
+uuid = "{GPU0}"
+name = "Simulated GB10 (unified memory)"
+total_mib = 124610
+memory_api = "not_supported"
+"""
+
+
+def test_a_capacity_override_gets_no_fraction_and_rbroker_run_says_what_is_safe(
+    broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """On unified memory the broker admits against `--capacity-mib` (96 000 MiB here) while
+    CUDA reports the system's memory (121.69 GiB): 20 000 / 96 000 = 0.208333 of 124 610
+    MiB would be 25 960 MiB, past the grant. So no fraction is handed out, and the line
+    names the variables that are safe."""
+    broker = broker_factory(UNIFIED, extra_args=["--capacity-mib", f"{GPU0}=96000"])
+    out = tmp_path / "report.json"
+    done = _rbroker_run(broker, 20000, sys.executable, REPORT, str(out), "--mib={mib}")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    env = report["env"]
+    assert env["RBROKER_GRANTED_MIB"] == "20000" and env["RBROKER_GPU_TOTAL_MIB"] == "96000"
+    assert env["RBROKER_MEMORY_FRACTION"] is None and env["XLA_PYTHON_CLIENT_MEM_FRACTION"] is None
+    assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert report["argv"] == ["--mib=20000"]
+    assert f"the total of {GPU0} is a capacity override (--capacity-mib)" in done.stderr
+    assert "RBROKER_GRANTED_MIB=20000" in done.stderr
+    refused = _rbroker_run(broker, 20000, sys.executable, REPORT, str(out), "{fraction}")
+    assert refused.returncode == 2
+    assert "{fraction}: no memory fraction on" in refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -41,6 +41,8 @@ from rbroker._frameworks import (
     fraction_text,
     framework_env,
     memory_fraction,
+    override_env,
+    override_note,
     substitute,
 )
 from rbroker._lease import LEASE_LOST
@@ -147,8 +149,12 @@ def _placeholders(
     Raises:
         ValueError: `{fraction}` is used but the GPUs' totals are unknown.
     """
-    totals = lease.gpu_total_mib
-    if totals:
+    totals, overridden = lease.gpu_total_mib, lease.gpu_total_override
+    if totals and overridden:
+        env.update(override_env(lease.granted_mib, totals))
+        note = override_note(lease.granted_mib, overridden)
+        console.print(f"rbroker run: {note}", markup=False, soft_wrap=True)
+    elif totals:
         env.update(framework_env(lease.granted_mib, totals))
     used = {m.group(1) for a in args for m in PLACEHOLDER.finditer(a)}
     if not used:
@@ -157,6 +163,11 @@ def _placeholders(
     if "fraction" in used:
         if not totals:
             raise ValueError("{fraction}: the totals of the lease's GPUs are unknown")
+        if overridden:
+            raise ValueError(
+                f"{{fraction}}: no memory fraction on {', '.join(overridden)} (a capacity "
+                "override, not the total a framework sees); give the framework {mib} MiB"
+            )
         values["fraction"] = env["RBROKER_MEMORY_FRACTION"]
         if len(set(totals)) > 1:
             each = ", ".join(
