@@ -27,6 +27,7 @@ from rbroker_protocol import signing
 from rbroker_server import __version__, db, dbfaults, maintenance
 from rbroker_server.answers import json_error
 from rbroker_server.apidocs import DocsRenderPlugin, errors
+from rbroker_server.edge import HeadAsGet
 from rbroker_server.enroll.controller import EnrollController
 from rbroker_server.fleet.controller import FleetController
 from rbroker_server.metrics.controller import MetricsController
@@ -198,6 +199,7 @@ def create_app(
     )
     if settings.root_path:  # behind a proxy under a prefix: route with or without it
         app.asgi_handler = PrefixStrip(app.asgi_handler, settings.root_path)
+    app.asgi_handler = HeadAsGet(app.asgi_handler)  # HEAD wherever GET is served
     # outermost, so that every answer gets them: a route's, an error's, the router's 404
     headers = security_headers_for(settings.external_url.startswith("https://"))
     app.asgi_handler = headers(app.asgi_handler)

@@ -15,15 +15,17 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from rbroker_protocol.files import private_dir
 from rbroker_protocol.startup import one_line, os_error_code, os_error_text
 from rbroker_server import __version__
-from rbroker_server.settings import CONFIG_NAME, Settings
+from rbroker_server.settings import CONFIG_NAME, PORT_MAX, PORT_MIN, Settings
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
+
+    from rbroker_server.startup import StartupFailure
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -108,13 +110,60 @@ def _load(args: argparse.Namespace) -> Settings:
     return Settings.load(data_dir)
 
 
-def _engine(args: argparse.Namespace) -> Engine:
-    from rbroker_server import db
+def port_number(text: str) -> int:
+    """`--port`: a TCP port, 1–65535 (argparse type; a bad one exits 2 with one line)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not PORT_MIN <= port <= PORT_MAX:
+        raise argparse.ArgumentTypeError(
+            f"not a TCP port: {text!r} (a whole number from {PORT_MIN} to {PORT_MAX})"
+        )
+    return port
 
-    settings = _load(args)
-    engine = db.make_engine(settings.db_url)
-    db.upgrade(engine)
+
+def open_database(url: str, where: str, *, migrate: bool = True) -> Engine:
+    """An engine for `url` that has connected (and, with `migrate`, brought the schema to
+    the newest revision); `where` names the setting to fix in the failure's line.
+
+    Raises:
+        StartupFailure: (exit code 15) the database cannot be reached, opened or migrated,
+            the URL is malformed, or its driver is not installed.
+    """
+    import sqlalchemy as sa
+
+    from rbroker_server import db
+    from rbroker_server.startup import database_failure
+
+    engine = None
+    try:
+        engine = db.make_engine(url)
+        if migrate:
+            db.upgrade(engine)
+        else:
+            with engine.connect():
+                pass
+    except (sa.exc.SQLAlchemyError, ModuleNotFoundError) as exc:
+        if engine is not None:
+            engine.dispose()
+        if isinstance(exc, ModuleNotFoundError):
+            exc = sa.exc.ArgumentError(
+                f"its driver ({exc.name}) is not installed; PostgreSQL takes "
+                "postgresql+psycopg://user@host:5432/dbname"
+            )
+        raise database_failure(url, exc, where) from None
     return engine
+
+
+def _where(args: argparse.Namespace) -> str:
+    return f"database_url in {Path(args.data_dir) / CONFIG_NAME}"
+
+
+def _engine(args: argparse.Namespace) -> Engine:
+    settings = _load(args)
+    args.db_url, args.db_where = settings.db_url, _where(args)
+    return open_database(settings.db_url, _where(args))
 
 
 # ---------------------------------------------------------------- setup
@@ -148,6 +197,8 @@ def _ask(prompt: str, default: str, interactive: bool) -> str:
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
+    import sqlalchemy as sa
+
     from rbroker_server import db, tls
     from rbroker_server.admin import service as admin
 
@@ -164,7 +215,10 @@ def cmd_setup(args: argparse.Namespace) -> int:
         args.public_hostname or default_public_hostname(bind),
         interactive,
     )
-    port = int(_ask("Port", str(args.port), interactive))
+    try:
+        port = port_number(_ask("Port", str(args.port), interactive))
+    except argparse.ArgumentTypeError as exc:
+        raise CliError(str(exc)) from None
     database_url = _ask(
         "Database URL (empty: SQLite in the data dir)", args.database_url or "", interactive
     )
@@ -184,6 +238,16 @@ def cmd_setup(args: argparse.Namespace) -> int:
     group_name = _ask("First group", args.group, interactive)
 
     private_dir(data_dir)
+    where = "--database-url" if database_url else f"that {data_dir} is writable"
+    args.db_url, args.db_where = database_url, where
+    if database_url:  # reached before anything is written: a failure leaves no config behind
+        try:
+            created = db.ensure_database(database_url)
+        except (sa.exc.SQLAlchemyError, ModuleNotFoundError):
+            created = False  # open_database below names the fault
+        open_database(database_url, where, migrate=False).dispose()
+        if created:
+            print(f"database created: {_redact_url(database_url)}")
     ca = ""
     if self_signed:
         files = tls.generate_self_signed(data_dir / "tls", hostname, args.san or [])
@@ -200,12 +264,9 @@ def cmd_setup(args: argparse.Namespace) -> int:
         external_url=args.external_url or "",
         trusted_proxies=tuple(args.trusted_proxy or ()),
     )
-    config = settings.save()
-    if db.ensure_database(settings.db_url):
-        print(f"database created: {_redact_url(settings.db_url)}")
-    engine = db.make_engine(settings.db_url)
+    engine = open_database(settings.db_url, where)
     try:
-        db.upgrade(engine)
+        config = settings.save()
         if group_name not in {g.name for g in admin.list_groups(engine)}:
             admin.create_group(engine, group_name)
         token = admin.create_token(engine, group_name, name="setup")
@@ -379,10 +440,9 @@ def cmd_computer(args: argparse.Namespace) -> int:
 def cmd_db(args: argparse.Namespace) -> int:
     from rbroker_server import db
 
-    settings = _load(args)
-    engine = db.make_engine(settings.db_url)
+    engine = _engine(args)  # upgraded
     try:
-        print(f"database at revision {db.upgrade(engine)}")
+        print(f"database at revision {db.head_revision()}")
     finally:
         engine.dispose()
     return 0
@@ -391,15 +451,22 @@ def cmd_db(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- parser
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments: one line naming the problem (and `--help`), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {one_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineParser(add_help=False)
     common.add_argument(
         "--data-dir",
         type=Path,
         default=argparse.SUPPRESS,
         help="directory with config.toml (default: $RBROKER_SERVER_DATA_DIR or the user data dir)",
     )
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="rbroker-server", description="rbroker coordinator", parents=[common]
     )
     parser.add_argument("--version", action="version", version=f"rbroker-server {__version__}")
@@ -419,7 +486,9 @@ def build_parser() -> argparse.ArgumentParser:
         "when --bind is a loopback address)",
     )
     setup.add_argument("--bind", default="0.0.0.0", help="bind address (default 0.0.0.0)")
-    setup.add_argument("--port", type=int, default=8787, help="port (default 8787)")
+    setup.add_argument(
+        "--port", type=port_number, default=8787, help="TCP port, 1-65535 (default 8787)"
+    )
     setup.add_argument("--tls-cert", help="PEM certificate (chain) file")
     setup.add_argument("--tls-key", help="PEM private key file")
     setup.add_argument(
@@ -442,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = add("serve", cmd_serve, "serve the coordinator (HTTPS when configured)")
     serve.add_argument("--host", help="override the configured bind address")
-    serve.add_argument("--port", type=int, help="override the configured port")
+    serve.add_argument("--port", type=port_number, help="override the configured port (1-65535)")
     serve.add_argument("--log-level", default="info")
 
     group = add("group", cmd_group, "create or list groups")
@@ -517,6 +586,25 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_MISSING_EXTRA
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a database fault after the database was opened
+        failure = _database_fault(args, exc)
+        if failure is None:
+            raise
+        print(f"rbroker-server: {failure.line}", file=sys.stderr)
+        return failure.code
+
+
+def _database_fault(args: argparse.Namespace, exc: Exception) -> StartupFailure | None:
+    """The one line for `exc` when it is a SQLAlchemy error (the database went away in the
+    middle of a command), else None."""
+    import sqlalchemy as sa
+
+    from rbroker_server.startup import database_failure
+
+    if not isinstance(exc, sa.exc.SQLAlchemyError):
+        return None
+    url = getattr(args, "db_url", "") or "(configured)"
+    return database_failure(url, exc, getattr(args, "db_where", "database_url in config.toml"))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from rbroker_protocol.startup import (
     EXIT_DATABASE,
     EXIT_PERMISSION,
     EXIT_TLS,
+    EXIT_USAGE,
     one_line,
     os_error_code,
     os_error_text,
@@ -77,14 +78,23 @@ def check_database(settings: Settings) -> str:
     try:
         return db.upgrade(engine)
     except sa.exc.SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        raise StartupFailure(
-            EXIT_DATABASE,
-            f"cannot start: the database {_redact(url)} cannot be opened or migrated: {reason}; "
-            f"check {where} and that the database server runs and accepts this user",
-        ) from None
+        raise database_failure(url, exc, where, "cannot start: ") from None
     finally:
         engine.dispose()
+
+
+def database_failure(url: str, exc: Exception, where: str, lead: str = "") -> StartupFailure:
+    """The one-line failure (exit code `EXIT_DATABASE`, 15) for database `url` that could
+    not be reached, opened or migrated: `exc` is the SQLAlchemy error (its driver's first
+    line is kept, the password in `url` is not), `where` names the setting to check (e.g.
+    `database_url in /srv/config.toml` or `--database-url`), `lead` starts the line."""
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return StartupFailure(
+        EXIT_DATABASE,
+        f"{lead}the database {_redact(url)} cannot be opened or migrated: "
+        f"{reason[0] if reason else type(exc).__name__}; check {where} and that the database "
+        "server runs and accepts this user",
+    )
 
 
 LISTEN_BACKLOG = 2048
@@ -106,10 +116,15 @@ def bind(host: str, port: int) -> socket.socket:
             # Windows, where SO_REUSEADDR lets another program bind the same port beside a
             # listening one (and a restart rebinds without it), as `socket.create_server` does
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        sock.bind((host, port))  # OverflowError for a port outside 0–65535
         # listening here, not later in uvicorn: with SO_REUSEADDR two sockets can both bind
         # a port nobody listens on yet, and the second coordinator then served nothing
         sock.listen(LISTEN_BACKLOG)
+    except OverflowError:
+        sock.close()
+        raise StartupFailure(
+            EXIT_USAGE, f"cannot listen on port {port}: a TCP port is 1 to 65535; choose --port"
+        ) from None
     except OSError as exc:
         sock.close()
         code = os_error_code(exc)
