@@ -58,6 +58,7 @@ from rbroker.localapi.access import connect_refusal, is_admin
 from rbroker.localapi.connection import (
     LINE_TIMEOUT_S,
     MAX_CONNECTIONS_PER_USER,
+    MAX_EVENT_BACKLOG,
     MAX_IN_FLIGHT,
     MAX_UNSENT_BYTES,
     TOO_LONG,
@@ -102,6 +103,7 @@ from rbroker_protocol.versions import PROTOCOL_VERSION, PROTOCOL_VERSION_MIN
 __all__ = [
     "LINE_TIMEOUT_S",
     "MAX_CONNECTIONS_PER_USER",
+    "MAX_EVENT_BACKLOG",
     "MAX_IN_FLIGHT",
     "MAX_UNSENT_BYTES",
     "UNSENT_DROP_AFTER_S",
