@@ -3,13 +3,17 @@
 A `Sheet` holds a table's content independent of width. Rendered in a terminal it picks a
 layout for the width it is given: numbers and headers are never wrapped or cut (each such
 column is exactly as wide as its widest cell), long identifiers switch to their short form,
-optional columns drop out from the right, and only free text (owner, project, purpose…) is
-cut with `…` to what is left. `plain()` is for pipes and files: every row whole and
-untruncated, columns aligned and separated by at least two spaces, no colour, no bars.
+optional columns drop out from the right, and only free text (owner, project, purpose, a
+queue's reason…) is narrowed to what is left, where it wraps within its column (at spaces,
+a word longer than the column folds): nothing is ever cut, so the arithmetic that explains
+a wait is whole at any width. `plain()` is for pipes and files: every row on one line,
+columns aligned and separated by at least two spaces, no colour, no bars.
 """
 
 from __future__ import annotations
 
+import re
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -47,7 +51,8 @@ class Cell:
 
 @dataclass(frozen=True)
 class Column:
-    """A column. `free_text` columns may be cut with `…` (down to `min_free` characters);
+    """A column. `free_text` columns may be narrowed (down to `min_free` characters), where
+    their text wraps within the column instead of being cut;
     `optional` columns are dropped, from the right, when the width is too small; an `is_bar`
     column draws `Cell.bar` between `bar_min` and `bar_max` cells wide; `plain=False` leaves
     the column out of plain output."""
@@ -131,12 +136,25 @@ class Sheet:
                 min(natural, max(col.min_free, _len(col.header))) if col.free_text else natural
             )
         room = width - sum(widths.values()) - GAP * (len(visible) - 1)
-        for i in visible:
-            col = self.columns[i]
-            if col.free_text and room > 0:
-                extra = min(room, self._natural(i, short) - widths[i])
+        # free text shares the room in proportion to what each column still lacks, so that
+        # a long reason is not left a sliver behind a long purpose
+        lacking = {
+            i: self._natural(i, short) - widths[i] for i in visible if self.columns[i].free_text
+        }
+        total_lacking = sum(lacking.values())
+        if room > 0 and total_lacking > 0:
+            share = min(room, total_lacking)
+            given = 0
+            for i, lack in lacking.items():
+                extra = lack * share // total_lacking
                 widths[i] += extra
-                room -= extra
+                given += extra
+            room -= given
+            for i in lacking:  # what rounding left, in column order
+                extra = min(room, self._natural(i, short) - widths[i])
+                if extra > 0:
+                    widths[i] += extra
+                    room -= extra
         for i in visible:
             col = self.columns[i]
             if col.is_bar and room > 0:
@@ -163,8 +181,8 @@ class Sheet:
                 col.header,
                 justify=col.justify,
                 width=w,
-                no_wrap=True,
-                overflow="ellipsis",
+                no_wrap=not col.free_text,
+                overflow="fold" if col.free_text else "ellipsis",
             )
         for row in self.rows:
             cells: list[str | Text] = []
@@ -172,6 +190,8 @@ class Sheet:
                 cell = row[i]
                 if self.columns[i].is_bar and cell.bar is not None:
                     cells.append(cell.bar(w))
+                elif self.columns[i].free_text:
+                    cells.append(wrap_free_text(cell.shown(short), w))
                 else:
                     cells.append(cell.shown(short))
             table.add_row(*cells)
@@ -202,6 +222,21 @@ class Sheet:
         lines += _align(grid, [self.columns[i].justify for i in idx])
         lines += [n.plain for n in self.notes]
         return "\n".join(lines) + "\n"
+
+
+_GROUPED_DIGITS = re.compile(r"(?<=\d) (?=\d{3}(?!\d))")
+_KEPT_SPACE = "\u00a0"  # textwrap splits at ASCII white space only
+
+
+def wrap_free_text(value: str | Text, width: int) -> str | Text:
+    """`value` broken into lines of at most `width` cells at spaces, never inside a grouped
+    number (`24 576` stays on one line); a word longer than `width` is folded. A styled
+    `Text` is left to rich's own wrapping."""
+    if isinstance(value, Text) or width < 1 or len(value) <= width:
+        return value
+    kept = _GROUPED_DIGITS.sub(_KEPT_SPACE, value)
+    lines = textwrap.wrap(kept, width, break_on_hyphens=False) or [""]
+    return "\n".join(line.replace(_KEPT_SPACE, " ") for line in lines)
 
 
 def _align(grid: list[list[str]], justify: Sequence[str]) -> list[str]:

@@ -212,8 +212,8 @@ def lease_table(leases: list[dict[str, Any]], gpus: Sequence[dict[str, Any]] = (
 
 def queue_table(queue: list[dict[str, Any]]) -> Sheet:
     """Waiting requests, FIFO order: id (`req-N`, accepted by `rbroker release`), owner,
-    project, purpose, MiB, time waiting and the reason with its numbers (the reason is cut
-    in a narrow terminal and whole in plain output)."""
+    project, purpose, MiB, time waiting and the reason with its numbers (whole at any width:
+    it wraps within its column in a terminal, one line in plain output)."""
     sheet = Sheet(
         f"Queue ({len(queue)})",
         [
@@ -328,7 +328,7 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Sheet:
         [
             Column("job"),
             Column("purpose", free_text=True, min_free=8),
-            Column("state", free_text=True, min_free=7),
+            Column("state"),
             bar_column("progress", bar_min=14, bar_max=32),
             Column("done", "right"),
             Column("failed", "right"),
