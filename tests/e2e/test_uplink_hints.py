@@ -7,6 +7,7 @@ broker process reports to a small real HTTP server that answers from a script; i
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import threading
 import time
@@ -126,6 +127,35 @@ def test_retry_after_as_a_date(scripted: Any) -> None:
     gap = fake.arrivals[1] - fake.arrivals[0]
     # an HTTP date has whole seconds: 3 to 4 s from now, never the 0.5 s first backoff
     assert 2.9 <= gap < 5.5, gap
+
+
+@pytest.mark.parametrize(
+    ("status", "hint"),
+    [
+        (429, "0"),
+        (503, "0"),
+        (429, "past date"),
+        (503, "past date"),
+    ],
+)
+def test_a_zero_or_past_retry_after_never_sends_faster_than_one_report_a_second(
+    scripted: Any, status: int, hint: str
+) -> None:
+    """A coordinator (or a proxy) that keeps answering `Retry-After: 0`, or an HTTP date
+    already past, gets at most 7 reports in 6 s: the reports' minimum gap (1 s) holds."""
+    from email.utils import formatdate
+
+    value: Any = "0" if hint == "0" else (lambda: formatdate(time.time() - 10, usegmt=True))
+    fake, broker = scripted([(status, {"Retry-After": value})] * 10_000)
+    wait_until(lambda: len(fake.arrivals) >= 1, timeout_s=30, interval_s=0.02)
+    first = fake.arrivals[0]
+    time.sleep(6.0 - (time.monotonic() - first))
+    in_6_s = [t for t in fake.arrivals if t - first < 6.0]
+    gaps = [b - a for a, b in itertools.pairwise(in_6_s)]
+    print(f"{status} Retry-After {hint}: {len(in_6_s)} reports in 6 s, gaps {gaps}")
+    assert 4 <= len(in_6_s) <= 7, in_6_s
+    assert min(gaps) >= 0.95, gaps
+    assert f"{status} scripted {status} (retry after 1 s)" in str(_link(broker))
 
 
 def test_after_a_400_the_next_report_follows_a_state_change(scripted: Any) -> None:

@@ -9,7 +9,9 @@
   back sees the current state within one interval; up to 30 s when it answers 429); a
   connection dropped while idle gets one immediate retry.
 - A 429 or 503 with `Retry-After` (seconds or an HTTP date, RFC 9110 §10.2.3) is obeyed:
-  the next try comes that long after the answer, not sooner, at most `RETRY_AFTER_MAX_S`.
+  the next try comes that long after the answer, not sooner, at most `RETRY_AFTER_MAX_S`
+  and at least `MIN_GAP_S` (a hint of 0, or a date already past, never makes the reporter
+  send faster than one report a second).
 - A retry sends the identical envelope (the coordinator acknowledges a duplicate and does
   not apply it), so a report that was stored before the connection dropped counts once.
 - An acknowledged report whose run the coordinator retired (`run_retired`: another run of
@@ -383,7 +385,9 @@ def _state_key(payload: bytes) -> str:
 
 def retry_after_s(response: httpx.Response, now: float | None = None) -> float | None:
     """The response's `Retry-After` in seconds (delay-seconds or an HTTP date, RFC 9110
-    §10.2.3), cut to 0..`RETRY_AFTER_MAX_S`; None when absent or unreadable."""
+    §10.2.3), cut to `MIN_GAP_S`..`RETRY_AFTER_MAX_S` (1..600 s: `0` or a date already past
+    is 1 s, the reports' minimum gap); None when absent or unreadable. `now`: Unix time
+    (default: the clock)."""
     value = response.headers.get("retry-after", "").strip()
     if not value:
         return None
@@ -397,7 +401,7 @@ def retry_after_s(response: httpx.Response, now: float | None = None) -> float |
         if when.tzinfo is None:
             return None
         seconds = when.timestamp() - (time.time() if now is None else now)
-    return min(RETRY_AFTER_MAX_S, max(0.0, seconds))
+    return min(RETRY_AFTER_MAX_S, max(MIN_GAP_S, seconds))
 
 
 def _ack(response: httpx.Response) -> dict[str, Any]:
