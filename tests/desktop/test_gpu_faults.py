@@ -163,13 +163,20 @@ def test_case2_version_mismatch_then_recovery(
 
 
 # -- case 3 (run by test_clocks_and_stalls.test_long_cases_run_together) -----------------------
+CASE3_SCALE = 0.5
+"""Issue 3's case 3 hangs NVML for 60 s and releases a lease every 2 s; the test runs it at
+half that time scale (30 s, every 1 s): the hang is still 6 TTLs of the renewed leases
+(5 s) and 20 NVML deadlines (1.5 s); the 25 releases still all fall inside it, and the
+heartbeats asked for scale with it."""
+
+
 def case3_hung_memory_query_for_60_s(
     broker_factory: Callable[..., BrokerProcess], raw_connect: Callable[[str], RawConnection]
 ) -> None:
-    """NVML hangs for 60 s: heartbeats and releases stay under 200 ms p99, no lease expires,
-    and no request is admitted on a sample older than 2 s."""
+    """NVML hangs for 60 s (× `CASE3_SCALE`): heartbeats and releases stay under 200 ms p99,
+    no lease expires, and no request is admitted on a sample older than 2 s."""
     broker = broker_factory()
-    hang_s = 60.0
+    hang_s = 60.0 * CASE3_SCALE
     with broker.client() as c:
         renewed_ids = [
             c.call("lease.acquire", mib=512, ttl_s=5, **PARAMS)["lease"]["lease_id"]
@@ -208,7 +215,7 @@ def case3_hung_memory_query_for_60_s(
         def release() -> None:
             with broker.client(timeout_s=10) as rel:
                 for lease_id in released_ids:
-                    if stop.wait(2.0):
+                    if stop.wait(2.0 * CASE3_SCALE):
                         return
                     started = time.monotonic()
                     try:
@@ -239,7 +246,7 @@ def case3_hung_memory_query_for_60_s(
                 t.join(30)
         recovered_at = time.monotonic()
         assert not errors, errors
-        assert max(ages) > hang_s - 5  # the last good sample kept ageing
+        assert max(ages) > hang_s - 5 * CASE3_SCALE  # the last good sample kept ageing
 
         answer = waiter.read_answer(request_id)
         granted_after = time.monotonic()
@@ -254,9 +261,9 @@ def case3_hung_memory_query_for_60_s(
             f"{max(beats) * 1000:.1f} ms; {len(releases)} releases, max "
             f"{max(releases) * 1000:.1f} ms"
         )
-        assert len(beats) > 500
+        assert len(beats) > 500 * CASE3_SCALE
         assert p99 < 0.2, p99
-        assert len(releases) >= 25
+        assert len(releases) >= 25  # every one, during the hang
         assert sorted(releases)[int(len(releases) * 0.99) - 1] < 0.2, releases
 
         view = c.leases(include_ended=True)
