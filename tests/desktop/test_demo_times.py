@@ -14,3 +14,26 @@ from rbroker.cli.demo import ms_text
 )
 def test_milliseconds_are_whole_and_never_negative(seconds: float, text: str) -> None:
     assert ms_text(seconds) == text
+
+
+@pytest.mark.parametrize("given", ["-3", "0", "9.9", "601", "nan", "inf", "ten"])
+def test_demo_seconds_out_of_bounds_is_a_usage_error_naming_them(
+    given: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: `--seconds -3` was accepted and ran until killed, `--seconds 1` took 32 s."""
+    from rbroker.cli.main import build_parser
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["demo", "--seconds", given])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --seconds: must be from 10 to 600 seconds (the worker part's length" in err
+    assert err.rstrip().endswith(f"got {given!r}")
+
+
+@pytest.mark.parametrize(("given", "value"), [("10", 10.0), ("20", 20.0), ("600", 600.0)])
+def test_demo_seconds_within_bounds_is_taken(given: str, value: float) -> None:
+    from rbroker.cli.main import build_parser
+
+    assert build_parser().parse_args(["demo", "--seconds", given]).seconds == value
+    assert build_parser().parse_args(["demo"]).seconds == 20.0

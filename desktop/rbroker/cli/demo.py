@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,52 @@ from rbroker.demo.world import (
     job_command,
 )
 from rbroker.gpu.select import real_nvml_available
+
+WORKER_PART_S = 20.0
+"""How long the worker timeline of `world.WORKERS` takes at its own pace (measured: the last
+waiter is granted about 11 s in and releases about 8 s later); `--seconds` scales it."""
+SECONDS_MIN, SECONDS_MAX = 10.0, 600.0
+"""The bounds of `--seconds`: below 10 s the waits and the kill run into one another."""
+SETUP_TICK_S = 3.0
+"""While the demo sets up, a line at least this often says what it is doing."""
+
+
+class SetupTicker:
+    """Says what the demo is doing while it sets up: `step(text)` prints `text` at once and,
+    while the step lasts, `  … still TEXT (N s)` every `SETUP_TICK_S`, so a slow machine is
+    never silent; `done()` stops it."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._text = ""
+        self._since = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="demo-setup-ticker", daemon=True)
+        self._thread.start()
+
+    def step(self, text: str) -> None:
+        with self._lock:
+            self._text, self._since = text, time.monotonic()
+            self._console.print(text, soft_wrap=not self._console.is_terminal, highlight=False)
+
+    def _run(self) -> None:
+        while not self._stop.wait(SETUP_TICK_S):
+            with self._lock:
+                if self._text and not self._stop.is_set():
+                    waited = time.monotonic() - self._since
+                    self._console.print(
+                        f"  … still {self._text[:1].lower()}{self._text[1:].rstrip('.…')} "
+                        f"({waited:.0f} s)",
+                        soft_wrap=not self._console.is_terminal,
+                        highlight=False,
+                    )
+
+    def done(self) -> None:
+        with self._lock:
+            self._stop.set()
+            self._text = ""
+        self._thread.join(5)
 
 
 @dataclass
@@ -110,18 +157,29 @@ def run_demo(args: argparse.Namespace) -> int:
     scenario = root / "scenario.toml"
     scenario.write_text(DEMO_SCENARIO)
     state = DemoState()
-    state.simulated = args.simulate or not real_nvml_available()
     state.keep = args.keep
-    budget_s = max(30.0, float(args.seconds) + 15.0)
+    pace = float(args.seconds) / WORKER_PART_S
+    budget_s = float(args.seconds) * 1.5 + 15.0  # a stuck worker cannot hold the demo
+    console.print(
+        f"rbroker demo: a local broker, {len(WORKERS)} worker processes and a parallel job "
+        f"for about {args.seconds:g} s, after a few seconds of setup (Ctrl-C stops it all)",
+        soft_wrap=not console.is_terminal,
+        highlight=False,
+    )
+    ticker = SetupTicker(console)
     interrupted = kept = False
     try:
         with ProcessGroup() as procs:
             broker_log = open(root / "broker.log", "wb")  # noqa: SIM115 - closed below
             try:
-                coordinator = _start_coordinator(console, root, procs, state)
+                ticker.step("Looking for an NVIDIA driver…")
+                state.simulated = args.simulate or not real_nvml_available()
+                coordinator = _start_coordinator(ticker, root, procs, state)
+                ticker.step("Starting the broker…")
                 cmd = broker_command(sock, root / "data", scenario if state.simulated else None)
                 broker = procs.spawn(cmd, stdout=broker_log)
                 client = _connect(sock, broker, root)
+                ticker.done()
                 with client:
                     status = client.status()
                     src = (
@@ -129,7 +187,10 @@ def run_demo(args: argparse.Namespace) -> int:
                         if status["simulated"]
                         else f"real GPUs (NVML, driver {status['driver_version']})"
                     )
-                    console.print(f"[bold]rbroker demo[/] — broker on {sock} — {src}")
+                    console.print(
+                        f"[bold]rbroker demo[/] — broker on {sock} — {src}",
+                        soft_wrap=not console.is_terminal,
+                    )
                     gpus = client.gpus()
                     state.log(f"broker up: {len(gpus)} GPUs, {src}")
                     if not state.simulated:
@@ -139,30 +200,34 @@ def run_demo(args: argparse.Namespace) -> int:
                         console.print(
                             f"coordinator: {coordinator.url}  fleet: {coordinator.url}"
                             f"/api/v1/fleet  viewer token: {coordinator.token}",
-                            soft_wrap=True,
+                            soft_wrap=not console.is_terminal,
                         )
                     _run_workers(
-                        console, client, sock, procs, state, live_ok, budget_s, coordinator
+                        console, client, sock, procs, state, live_ok, budget_s, coordinator, pace
                     )
                     summary = _summary(client, state, coordinator)
                     if args.keep:
-                        console.print(summary, soft_wrap=True)
+                        console.print(summary, soft_wrap=not console.is_terminal)
                         kept = True
                         _keep_running(console, sock, coordinator)
             finally:
                 broker_log.close()
     except KeyboardInterrupt:
+        ticker.done()
         if not kept:
             interrupted = True
             console.print("\n[yellow]demo interrupted: broker and workers stopped[/]")
         else:
             console.print("\nbroker and coordinator stopped")
     finally:
+        ticker.done()
         shutil.rmtree(root, ignore_errors=True)
     if interrupted:
         return 130
     if not kept:
-        console.print(summary, soft_wrap=True)  # commands and tokens stay copyable
+        console.print(
+            summary, soft_wrap=not console.is_terminal
+        )  # commands and tokens stay copyable
     ok = (
         not state.violations
         and state.freed_after_s is not None
@@ -177,7 +242,18 @@ def _keep_running(console: Console, sock: str, coordinator: LocalCoordinator | N
     """`--keep`: the broker (and the coordinator) stay up after the summary until Ctrl-C,
     `kill` or a closed terminal (a `KeyboardInterrupt`, which ends the demo as usual)."""
     where = f"broker on {sock}" + (f", coordinator at {coordinator.url}" if coordinator else "")
-    console.print(f"kept running: {where} — Ctrl-C stops them", soft_wrap=True)
+    console.print(f"kept running: {where} — Ctrl-C stops them", soft_wrap=not console.is_terminal)
+    if coordinator is not None:
+        console.print(
+            f"web view: open {coordinator.url}/ in a browser and sign in with the viewer token "
+            f"{coordinator.token}",
+            soft_wrap=not console.is_terminal,
+            highlight=False,
+        )
+    console.print(
+        f"this computer's broker: RBROKER_SOCKET={sock} rbroker status",
+        soft_wrap=not console.is_terminal,
+    )
     while True:
         time.sleep(3600)
 
@@ -205,7 +281,10 @@ def _run_workers(
     live_ok: bool,
     budget_s: float,
     coordinator: LocalCoordinator | None,
+    pace: float = 1.0,
 ) -> None:
+    """Play `WORKERS` with every start, hold and the kill's delay multiplied by `pace`
+    (`--seconds` / `WORKER_PART_S`)."""
     workers: dict[str, subprocess.Popen[bytes]] = {}
     next_fleet_poll = 0.0
     seen_granted: set[str] = set()
@@ -219,13 +298,15 @@ def _run_workers(
     with live if live is not None else contextlib.nullcontext():
         while True:
             now = time.monotonic() - start
-            while pending and pending[0].start_s <= now:
+            while pending and pending[0].start_s * pace <= now:
                 w = pending.pop(0)
                 mib = max(1, int(w.mib * state.scale))
-                cmd = worker_command(sock, mib, w.project, w.session, w.purpose, hold_s=w.hold_s)
+                cmd = worker_command(
+                    sock, mib, w.project, w.session, w.purpose, hold_s=w.hold_s * pace
+                )
                 workers[w.session] = procs.spawn(cmd)
                 state.log(f"worker {w.session} asks for {fmt_mib(w.mib)} MiB: {w.purpose}")
-            if job_proc is None and now >= JOB_START_S:
+            if job_proc is None and now >= JOB_START_S * pace:
                 job_proc = procs.spawn(job_command(sock))
                 state.log("parallel job starts: 3 pool workers, 24 chunks of 50 items")
             gpus = client.gpus()
@@ -254,7 +335,7 @@ def _run_workers(
                 state.kill_wall is None
                 and vw is not None
                 and victim.session in granted_at
-                and time.time() - granted_at[victim.session] >= KILL_AFTER_GRANT_S
+                and time.time() - granted_at[victim.session] >= KILL_AFTER_GRANT_S * pace
             ):
                 state.kill_wall = time.time()  # before the signal: the lease may end at once
                 kill_tree(vw)
@@ -276,7 +357,12 @@ def _run_workers(
                 live.update(Group(broker_view(gpus, view, "rbroker demo — live", jobs), recent))
             else:
                 while state.snapshots and len(state.events) > getattr(state, "_printed", 0):
-                    console.print(state.events[getattr(state, "_printed", 0)])
+                    console.print(
+                        state.events[getattr(state, "_printed", 0)],
+                        soft_wrap=not console.is_terminal,
+                        markup=False,
+                        highlight=False,
+                    )
                     state._printed = getattr(state, "_printed", 0) + 1  # type: ignore[attr-defined]
             done = (
                 not pending
@@ -292,19 +378,21 @@ def _run_workers(
 
 
 def _start_coordinator(
-    console: Console, root: Path, procs: ProcessGroup, state: DemoState
+    ticker: SetupTicker, root: Path, procs: ProcessGroup, state: DemoState
 ) -> LocalCoordinator | None:
     """Set up and serve a coordinator on SQLite in the demo's temp dir (127.0.0.1), and
-    enroll the demo's broker data dir with a 0600 key file. None (with a message) when the
-    server extra is not installed or it does not start."""
+    enroll the demo's broker data dir with a 0600 key file, each step said by `ticker`. None
+    (with a message) when the server extra is not installed or it does not start."""
     if not server_available():
-        console.print("coordinator: skipped (install rbroker[server] to see the fleet part)")
+        ticker.step("coordinator: skipped (install rbroker[server] to see the fleet part)")
         return None
+    ticker.step("Setting up a coordinator on SQLite (its database and a viewer token)…")
     try:
         coordinator = LocalCoordinator.setup(root / "coordinator", group="demo")
     except CoordinatorError as exc:
-        console.print(f"coordinator: setup failed, skipped ({str(exc)[-300:]})")
+        ticker.step(f"coordinator: setup failed, skipped ({str(exc)[-300:]})")
         return None
+    ticker.step("Starting the coordinator…")
     try:
         coordinator.start(wait=False, bind=True)
     finally:
@@ -313,14 +401,15 @@ def _start_coordinator(
     try:
         coordinator.wait_healthy(30)
     except CoordinatorError:
-        console.print("coordinator: did not start, skipped")
+        ticker.step("coordinator: did not start, skipped")
         return None
     from rbroker.uplink.enroll import EnrollError
 
+    ticker.step("Enrolling this computer in the coordinator…")
     try:
         coordinator.enroll("demo-computer", root / "data", code=coordinator.first_code)
     except EnrollError as exc:
-        console.print(f"coordinator: enrollment failed, skipped ({exc})")
+        ticker.step(f"coordinator: enrollment failed, skipped ({exc})")
         return None
     state.log("coordinator up on SQLite; this computer enrolled as demo-computer")
     return coordinator

@@ -26,6 +26,27 @@ def _add_socket(p: argparse.ArgumentParser, help_text: str = CLIENT_SOCKET_HELP)
     p.add_argument("--socket", help=help_text)
 
 
+def _demo_seconds(text: str) -> float:
+    """`--seconds` of `rbroker demo`: a finite number from 10 to 600.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else, with the bounds (a usage error, exit 2).
+    """
+    from rbroker.cli.demo import SECONDS_MAX, SECONDS_MIN
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not SECONDS_MIN <= value <= SECONDS_MAX:  # also nan and inf
+        raise argparse.ArgumentTypeError(
+            f"must be from {SECONDS_MIN:g} to {SECONDS_MAX:g} seconds (the worker part's "
+            f"length; below {SECONDS_MIN:g} s its waits and its kill run into one another), "
+            f"got {text!r}"
+        )
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -207,9 +228,20 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--json", action="store_true", help="print the raw JSON")
 
     d = sub.add_parser(
-        "demo", help="watch real processes lease GPU memory from a local broker (about 30 s)"
+        "demo",
+        help="watch real processes lease GPU memory from a local broker (about 30 s)",
+        description="Start a broker, a coordinator on SQLite and eight worker processes that "
+        "lease GPU memory (simulated GPUs unless an NVIDIA driver answers); some wait with "
+        "the arithmetic of why, one is killed mid-run, a parallel job reports progress; then "
+        "a summary. Setting up takes a few seconds (said as it goes), the worker part about "
+        "--seconds.",
     )
-    d.add_argument("--seconds", type=float, default=45.0, help="approximate demo length")
+    d.add_argument(
+        "--seconds",
+        type=_demo_seconds,
+        default=20.0,
+        help="length of the worker part, 10 to 600 s (default 20: about 30 s in all)",
+    )
     d.add_argument("--no-live", action="store_true", help="plain log lines instead of a live view")
     d.add_argument(
         "--keep",
