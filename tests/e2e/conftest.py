@@ -195,8 +195,11 @@ class UplinkBroker:
 
 @pytest.fixture
 def uplink_broker() -> Iterator[Callable[..., UplinkBroker]]:
-    """`uplink_broker(coordinator, name, scenario=SINGLE_24G, env=None)` → an enrolled,
-    running broker (key in a 0600 file). All are killed at teardown."""
+    """`uplink_broker(coordinator, name, scenario=SINGLE_24G, env=None,
+    report_interval_s=None)` → an enrolled, running broker (key in a 0600 file).
+    `report_interval_s` is written into its `uplink.json` before it starts (the setting of
+    `rbroker.uplink.config.UplinkConfig`; default 5 s), so a test can run the uplink's
+    schedule on a shorter time scale. All are killed at teardown."""
     started: list[BrokerProcess] = []
 
     def factory(
@@ -205,6 +208,7 @@ def uplink_broker() -> Iterator[Callable[..., UplinkBroker]]:
         scenario: str = SINGLE_24G,
         env: dict[str, str] | None = None,
         url: str | None = None,
+        report_interval_s: float | None = None,
     ) -> UplinkBroker:
         root = short_tmp()
         ca = ["--ca-file", coordinator.ca_file] if coordinator.ca_file else []
@@ -212,6 +216,10 @@ def uplink_broker() -> Iterator[Callable[..., UplinkBroker]]:
             url or coordinator.url, coordinator.new_code(), root / "data", name, "--key-file", *ca
         )
         assert done.returncode == 0, done.stderr
+        if report_interval_s is not None:
+            config = root / "data" / "uplink.json"
+            saved = json.loads(config.read_text())
+            config.write_text(json.dumps({**saved, "report_interval_s": report_interval_s}))
         computer_id = json.loads((root / "data" / "uplink.json").read_text())["computer_id"]
         bp = start_broker(scenario, root=root, env=env)
         started.append(bp)

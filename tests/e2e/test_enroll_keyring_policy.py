@@ -187,7 +187,9 @@ def test_a_key_left_in_a_plaintext_keyring_is_never_used(coordinator: Coordinato
     stored = base64.b64encode(seed_b64.encode()).decode()  # the file's encoding, no secret
     assert stored in plaintext.read_text()
     (data / "computer.key").unlink()
-    (data / "uplink.json").write_text(json.dumps({**old, "key_backend": "keyring"}))
+    # reports every 1 s (default 5 s), so a report interval passes sooner below
+    uplink = {**old, "key_backend": "keyring", "report_interval_s": 1.0}
+    (data / "uplink.json").write_text(json.dumps(uplink))
 
     broker = start_broker(SINGLE_24G, root=root, env=env)
     try:
@@ -203,7 +205,7 @@ def test_a_key_left_in_a_plaintext_keyring_is_never_used(coordinator: Coordinato
         assert "Not reporting until then; leasing goes on" in link["warning"], link
         done = rbroker_cli("status", "--socket", broker.socket)
         assert "warning: the private key sits unencrypted in" in done.stdout, done.stdout
-        time.sleep(6)  # more than a report interval: nothing was signed with that key
+        time.sleep(1.2)  # more than a report interval (1 s): nothing was signed with that key
         assert coordinator.computer(old["computer_id"])["reports_applied"] == 0
 
         # plain `rbroker enroll` says the same; the fix it names works

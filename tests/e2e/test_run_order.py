@@ -78,7 +78,8 @@ def test_run_counter_orders_runs(
     uplink_broker: Callable[..., UplinkBroker],
 ) -> None:
     c = coordinator_factory(database_url=database_url)
-    ub = uplink_broker(c, "lab-1")
+    # a report every 1 s (default 5 s): the checks below wait for the next report
+    ub = uplink_broker(c, "lab-1", report_interval_s=1.0)
     try:
         _check_run_order(c, ub)
     finally:

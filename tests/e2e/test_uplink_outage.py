@@ -1,5 +1,8 @@
 """A coordinator outage of 60 s while leases are granted and released (over HTTPS with a
-self-signed coordinator, its CA pinned at enrollment).
+self-signed coordinator, its CA pinned at enrollment). Run at half that time scale: a 30 s
+outage with reports every 2.5 s (`report_interval_s` in the broker's uplink.json, default
+5 s) and a coordinator that calls a computer stale after 3 report intervals; the uplink's
+retry backoff is a share of the report interval, so every ratio stays.
 
 Local leasing is unaffected; the link state says `retrying since …`; a second coordinator
 process on the same database shows the computer stale with its last known values; once the
@@ -25,8 +28,9 @@ from tests.e2e.conftest import (
     rbroker_cli,
 )
 
-OUTAGE_S = 60.0
-REPORT_INTERVAL_S = 5.0
+SCALE = 0.5
+OUTAGE_S = 60.0 * SCALE
+REPORT_INTERVAL_S = 5.0 * SCALE
 
 
 def _sessions(computer: dict[str, Any]) -> set[str]:
@@ -51,7 +55,8 @@ def test_coordinator_outage(
         "--ca-file", "/nonexistent/ca.pem",
     )  # fmt: skip
     assert done.returncode == 1 and "cannot use the CA file" in done.stderr, done.stderr
-    lab = uplink_broker(coordinator, "lab-out")  # enrolled with --ca-file
+    # enrolled with --ca-file
+    lab = uplink_broker(coordinator, "lab-out", report_interval_s=REPORT_INTERVAL_S)
     before = lease_worker(lab.broker, 4096, "vision", "before-outage", "train before")
     wait_until(
         lambda: _sessions(by_name(coordinator.fleet())["lab-out"]) == {"before-outage"},
