@@ -11,7 +11,6 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -30,6 +29,7 @@ from rbroker.tray.embedded import EmbeddedBroker
 from rbroker.tray.fleet import FleetSource, NotEnrolled, UplinkFleet
 from rbroker.tray.fleet_tab import FleetFeed
 from rbroker.tray.icons import app_icon, state_icon
+from rbroker.tray.lifetime import quit_on_signals, teardown
 from rbroker.tray.link import BrokerLink
 from rbroker.tray.notices import Notifier
 from rbroker.tray.settings import TraySettings, settings_path
@@ -391,20 +391,6 @@ def _answering() -> str | None:
         return None
 
 
-def _quit_on_signals(controller: TrayApp) -> None:
-    """SIGINT/SIGTERM quit cleanly (the in-process broker stops, its socket is removed).
-
-    Python runs signal handlers between bytecodes, so a timer wakes the interpreter while
-    Qt's event loop is idle."""
-    if sys.platform == "win32":  # pragma: no cover - no SIGTERM from the session manager
-        return
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: QTimer.singleShot(0, controller.quit))
-    wake = QTimer(controller)
-    wake.timeout.connect(lambda: None)
-    wake.start(250)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the tray app (see `rbroker.tray.run_tray`)."""
     logging.basicConfig(
@@ -481,9 +467,10 @@ def run(args: argparse.Namespace) -> int:
         embedded.start()
     controller.start()
     app.aboutToQuit.connect(controller.shutdown)
-    _quit_on_signals(controller)
-    code = app.exec()
-    return int(code)
+    quit_on_signals(controller)
+    code = int(app.exec())
+    teardown(app, controller, guard)
+    return code
 
 
 __all__ = ["STATE_TEXT", "TrayApp", "run"]
