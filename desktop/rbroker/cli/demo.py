@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from rich.text import Text
 import rbroker
 from rbroker._children import HARD_KILL_NAME, STOP_SIGNALS, kill_tree
 from rbroker.broker.capacity import fmt_mib, short_uuid
+from rbroker.cli.setup_ticker import SetupTicker
 from rbroker.cli.views import broker_view
 from rbroker.demo.coordinator import CoordinatorError, LocalCoordinator, server_available
 from rbroker.demo.job import expected_counts
@@ -48,46 +48,6 @@ WORKER_PART_S = 20.0
 waiter is granted about 11 s in and releases about 8 s later); `--seconds` scales it."""
 SECONDS_MIN, SECONDS_MAX = 10.0, 600.0
 """The bounds of `--seconds`: below 10 s the waits and the kill run into one another."""
-SETUP_TICK_S = 3.0
-"""While the demo sets up, a line at least this often says what it is doing."""
-
-
-class SetupTicker:
-    """Says what the demo is doing while it sets up: `step(text)` prints `text` at once and,
-    while the step lasts, `  … still TEXT (N s)` every `SETUP_TICK_S`, so a slow machine is
-    never silent; `done()` stops it."""
-
-    def __init__(self, console: Console) -> None:
-        self._console = console
-        self._text = ""
-        self._since = time.monotonic()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="demo-setup-ticker", daemon=True)
-        self._thread.start()
-
-    def step(self, text: str) -> None:
-        with self._lock:
-            self._text, self._since = text, time.monotonic()
-            self._console.print(text, soft_wrap=not self._console.is_terminal, highlight=False)
-
-    def _run(self) -> None:
-        while not self._stop.wait(SETUP_TICK_S):
-            with self._lock:
-                if self._text and not self._stop.is_set():
-                    waited = time.monotonic() - self._since
-                    self._console.print(
-                        f"  … still {self._text[:1].lower()}{self._text[1:].rstrip('.…')} "
-                        f"({waited:.0f} s)",
-                        soft_wrap=not self._console.is_terminal,
-                        highlight=False,
-                    )
-
-    def done(self) -> None:
-        with self._lock:
-            self._stop.set()
-            self._text = ""
-        self._thread.join(5)
 
 
 @dataclass
