@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import time
+from datetime import UTC, datetime
 
 from tests.server.conftest import Coordinator, payload
 
@@ -83,3 +84,85 @@ def test_brokers_without_a_run_counter_are_ordered_by_arrival_as_before(
     r = pc.send(env)
     assert (r.json()["code"], r.json()["current_run_counter"]) == ("new_run", None)
     assert coordinator.row(pc.id).run_counter is None
+
+
+def _fleet_names(coordinator: Coordinator) -> list[str]:
+    return [c["reported_name"] for c in coordinator.fleet("vision")["computers"]]
+
+
+def test_a_late_first_report_of_an_older_run_with_the_same_counter_keeps_the_view(
+    coordinator: Coordinator,
+) -> None:
+    """Runs that counters do not order (a run restarted after `run_retired` keeps its
+    counter): the one whose report was generated 10 s earlier, delivered late, is refused
+    and the fleet view keeps the newer run's state."""
+    coordinator.group("vision")
+    pc = coordinator.enroll("vision")
+    now = time.time()
+    late = pc.envelope(
+        payload(name="older-run", run_id="run-6a", run_counter=6, generated_at=now - 10),
+        run_id="run-6a",
+        seq=1,
+    )
+    current = pc.envelope(
+        payload(name="newer-run", run_id="run-6b", run_counter=6, generated_at=now),
+        run_id="run-6b",
+        seq=1,
+    )
+    assert pc.send(current).json()["code"] == "new_run"
+    assert _fleet_names(coordinator) == ["newer-run"]
+    ack = pc.send(late).json()
+    assert (ack["applied"], ack["code"], ack["current_run_counter"]) == (
+        False,
+        "run_outdated",
+        6,
+    )
+    assert ack["reason"] == (
+        "not applied: run run-6a reported a state generated 10.000 s before the current "
+        "run's latest report"
+    )
+    assert _fleet_names(coordinator) == ["newer-run"]
+    row = coordinator.row(pc.id)
+    assert (row.run_id, row.seq, row.reported_name) == ("run-6b", 1, "newer-run")
+    # the newer run goes on; a run generated later (the next restart) still takes over
+    nxt = pc.envelope(
+        payload(name="newer-run", run_id="run-6b", run_counter=6), run_id="run-6b", seq=2
+    )
+    assert pc.send(nxt).json()["code"] == "applied"
+    env = pc.envelope(payload(name="next", run_id="run-6c", run_counter=6), run_id="run-6c", seq=1)
+    assert pc.send(env).json()["code"] == "new_run"
+    assert _fleet_names(coordinator) == ["next"]
+
+
+def test_a_newer_report_written_by_another_process_is_checked_by_the_write(
+    coordinator: Coordinator,
+) -> None:
+    """The sender cache holds the current run's time as this process wrote it; when another
+    process applied a newer report meanwhile, the conditional UPDATE refuses the late run
+    and the fresh read answers `run_outdated`."""
+    import sqlalchemy as sa
+
+    from rbroker_server.db import write_transaction
+    from rbroker_server.models import Computer
+
+    coordinator.group("vision")
+    pc = coordinator.enroll("vision")
+    now = time.time()
+    first = pc.envelope(
+        payload(name="newer", run_id="run-b", run_counter=3, generated_at=now - 20),
+        run_id="run-b",
+    )
+    assert pc.send(first).json()["code"] == "new_run"
+    table = Computer.__table__  # type: ignore[attr-defined]
+    generated = datetime.fromtimestamp(now, UTC)
+    with write_transaction(coordinator.engine) as conn:  # "another process", seq 2 at `now`
+        conn.execute(
+            sa.update(table).where(table.c.id == pc.id).values(seq=2, generated_at=generated)
+        )
+    late = pc.envelope(
+        payload(name="older", run_id="run-a", run_counter=3, generated_at=now - 10),
+        run_id="run-a",
+    )
+    ack = pc.send(late).json()
+    assert (ack["code"], ack["current_run_counter"]) == ("run_outdated", 3), ack
+    assert _fleet_names(coordinator) == ["newer"]

@@ -42,6 +42,8 @@ class ComputerView:
     run_counter: int | None
     seq: int | None
     history_at: datetime | None
+    generated_at: datetime | None = None
+    """When the current run's latest applied report was generated (the computer's clock)."""
 
     @classmethod
     def from_row(cls, row: Any) -> ComputerView:
@@ -58,19 +60,26 @@ class ComputerView:
             run_counter=row.run_counter,
             seq=row.seq,
             history_at=row.history_at,
+            generated_at=row.generated_at,
         )
 
     def after(
-        self, run_id: str, seq: int, run_counter: int | None, history_at: datetime | None
+        self,
+        run_id: str,
+        seq: int,
+        run_counter: int | None,
+        history_at: datetime | None,
+        generated_at: datetime | None = None,
     ) -> ComputerView:
-        """This view once a report of (`run_id`, `seq`) is applied; `history_at` is the
-        bucket it wrote (None: it wrote none)."""
+        """This view once a report of (`run_id`, `seq`), generated at `generated_at`, is
+        applied; `history_at` is the bucket it wrote (None: it wrote none)."""
         return replace(
             self,
             run_id=run_id,
             seq=seq,
             run_counter=run_counter,
             history_at=history_at or self.history_at,
+            generated_at=generated_at,
         )
 
 

@@ -208,7 +208,8 @@ class Write:
         """`view` as the computer's row is once this write has committed."""
         env = self.checked.env
         counter = self.checked.report.run_counter if self.new_run else self.view.run_counter
-        return self.view.after(env.run_id, env.seq, counter, self.bucket)
+        generated = self.checked.values["v_generated_at"]
+        return self.view.after(env.run_id, env.seq, counter, self.bucket, generated)
 
 
 def parse(body: bytes, settings: Settings) -> Envelope:
@@ -312,6 +313,20 @@ def plan(checked: Checked, view: ComputerView, now: datetime, settings: Settings
             f"{view.run_counter}",
             current_run_counter=view.run_counter,
         )
+    by_time = not same_run and _ordered_by_time(report.run_counter, view.run_counter)
+    generated: datetime | None = checked.values["v_generated_at"]
+    if by_time and generated is not None and view.generated_at and generated < view.generated_at:
+        # a run with the current run's counter whose report was generated before the
+        # current run's latest is an older run delivered late; the conditional UPDATE
+        # checks the time again
+        return not_applied(
+            env,
+            "run_outdated",
+            f"not applied: run {env.run_id} reported a state generated "
+            f"{(view.generated_at - generated).total_seconds():.3f} s before the current "
+            "run's latest report",
+            current_run_counter=view.run_counter,
+        )
     params: dict[str, Any] = {"w_id": env.computer_id, "w_key": view.public_key, **checked.values}
     bucket: datetime | None = history_bucket(now, settings.history_step_s)
     if view.history_at is not None and bucket is not None and bucket <= view.history_at:
@@ -330,8 +345,18 @@ def plan(checked: Checked, view: ComputerView, now: datetime, settings: Settings
         old_run_null=view.run_id is None,
         flagged=bool(checked.flags),
         new_bucket=bucket is not None,
+        by_time=by_time and generated is not None,
     )
     return Write(checked, view, not same_run, statement, params, bucket, now)
+
+
+def _ordered_by_time(report_counter: int | None, current_counter: int | None) -> bool:
+    """Whether a new run is ordered against the current one by when their reports were
+    generated (the same computer's clock): their run counters are equal (a broker that
+    starts a new run after `run_retired` keeps its counter). Brokers that send no counter
+    predate `run_outdated` and stay ordered by arrival: refused, they would never start a
+    new run."""
+    return report_counter is not None and report_counter == current_counter
 
 
 def write(conn: Connection, w: Write) -> Outcome:

@@ -37,6 +37,7 @@ SELECT_COMPUTER = sa.select(
     COMPUTERS.c.run_counter,
     COMPUTERS.c.seq,
     COMPUTERS.c.history_at,
+    COMPUTERS.c.generated_at,
 ).where(COMPUTERS.c.id == sa.bindparam("w_id"))
 """What the hot path needs to know about the sender (bind `w_id`)."""
 
@@ -49,7 +50,9 @@ def _bind(column: str) -> sa.BindParameter[Any]:
 
 
 @functools.cache
-def update_computer(*, same_run: bool, old_run_null: bool, flagged: bool, new_bucket: bool) -> Any:
+def update_computer(
+    *, same_run: bool, old_run_null: bool, flagged: bool, new_bucket: bool, by_time: bool = False
+) -> Any:
     """The conditional UPDATE that applies a report, for one combination of cases.
 
     Applies only while the computer is not revoked and its key is still `w_key` (the key
@@ -59,7 +62,8 @@ def update_computer(*, same_run: bool, old_run_null: bool, flagged: bool, new_bu
     Binds: `w_id`, `w_key`; same run: `w_run`, `w_seq` (applies only if `seq < w_seq`); new run:
     `w_old_run` unless `old_run_null`, `v_run_id` and `v_run_counter`; `v_<column>` for
     `STATE_COLUMNS`; `v_flagged_at`, `v_flags` when flagged; `v_history_at` for a new
-    history bucket.
+    history bucket. `by_time` (a new run that run counters do not order): applies only
+    while the current run's latest report was generated no later than `v_generated_at`.
     """
     where = sa.and_(
         COMPUTERS.c.id == sa.bindparam("w_id"),
@@ -81,6 +85,14 @@ def update_computer(*, same_run: bool, old_run_null: bool, flagged: bool, new_bu
             else COMPUTERS.c.run_id == sa.bindparam("w_old_run")
         )
         where = sa.and_(where, old)
+        if by_time:
+            where = sa.and_(
+                where,
+                sa.or_(
+                    COMPUTERS.c.generated_at.is_(None),
+                    COMPUTERS.c.generated_at <= _bind("generated_at"),
+                ),
+            )
         values["run_id"] = _bind("run_id")
         values["run_counter"] = _bind("run_counter")
     if flagged:
