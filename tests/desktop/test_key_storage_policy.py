@@ -8,7 +8,10 @@ coordinator) is in tests/e2e/test_enroll_keyring_policy.py.
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import keyring.backends.fail
@@ -137,3 +140,48 @@ def test_os_backends_have_people_names() -> None:
     )
     assert backend_name(macOS.Keyring.__new__(macOS.Keyring)) == "macOS Keychain"
     assert backend_name(SecretService.Keyring.__new__(SecretService.Keyring)) == "Secret Service"
+
+
+def _fleet_error_as_reader(data_dir: str) -> str:
+    """In the other user's process: what `fetch_fleet` says (no network is reached)."""
+    from rbroker.uplink.fleet import FleetError, fetch_fleet
+
+    try:
+        fetch_fleet(Path(data_dir))
+    except FleetError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root")
+def test_a_user_reading_the_fleet_is_never_told_to_take_the_system_brokers_key(
+    other_user: Any,
+) -> None:
+    """On a shared server the key belongs to the system broker's account: a user's `rbroker
+    fleet --data-dir` once said "chown the file (and the data dir) to <user>", which would
+    stop the broker reporting. Now: a viewer token, or read the fleet as that account."""
+    import pwd
+
+    from rbroker.uplink.config import UplinkConfig
+    from tests.conftest import short_tmp
+    from tests.os_users import run_as
+
+    root = short_tmp()
+    data = root / "system-data"
+    UplinkConfig(
+        "https://coordinator.example:8787", "c-1", "lab", "gpu-1", key_backend="file"
+    ).save(data)
+    key = data / "computer.key"
+    key.write_text("not read\n")
+    key.chmod(0o600)
+    for path in (root, data, data / "uplink.json"):
+        path.chmod(path.stat().st_mode | 0o005)
+    owner = pwd.getpwuid(os.geteuid()).pw_name
+    text = run_as(other_user, _fleet_error_as_reader, str(data))
+    assert text.startswith(
+        f"this computer's key in {data} belongs to {owner}, the account its broker runs as, "
+        f"and {other_user.name} may not read it"
+    ), text
+    assert "viewer token" in text and f"sudo -u {owner} rbroker fleet --data-dir {data}" in text
+    assert "chown" not in text
+    shutil.rmtree(root, ignore_errors=True)

@@ -13,7 +13,8 @@ import httpx
 from rbroker.uplink.config import UplinkConfig
 from rbroker.uplink.enroll import http_verify, store_for
 from rbroker.uplink.errors import UplinkError, detail_of, network_error
-from rbroker.uplink.keys import KeyStoreError
+from rbroker.uplink.keyrings import os_account
+from rbroker.uplink.keys import KeyStoreError, KeyUnreadable
 from rbroker_protocol.signing import sign_request
 
 
@@ -91,6 +92,18 @@ def fetch_fleet(
             )
         try:
             key = store_for(config, data_dir).load()
+        except KeyUnreadable as exc:
+            # a user of a shared computer, whose key belongs to the system broker's account:
+            # that key is not theirs to take (a chown would stop the broker reporting)
+            owner = exc.owner or "the broker's account"
+            raise FleetError(
+                f"this computer's key in {data_dir} belongs to {owner}, the account its "
+                f"broker runs as, and {os_account()} may not read it",
+                "ask the coordinator's administrator for a viewer token and pass --url and "
+                f"--token, or read the fleet as that account (sudo -u {owner} rbroker fleet "
+                f"--data-dir {data_dir})",
+                "ask the coordinator's administrator for a viewer token",
+            ) from None
         except KeyStoreError as exc:
             raise FleetError(
                 f"cannot read this computer's key: {exc}", "or pass a viewer --token", ""

@@ -213,15 +213,31 @@ class KeyringKeyStore:
             )
 
 
-def _owner_hint(path: Path) -> str:
-    """`; it belongs to OWNER: ...` for a key file the broker's account may not read."""
+class KeyUnreadable(KeyStoreError):
+    """The key file exists but this OS account may not read it; `owner` is the account it
+    belongs to (None where that cannot be told). The message carries the broker's fix (run
+    it as the owner, or chown the file to this account); a reader that is not the broker
+    (`rbroker fleet` on a shared server) gives its own, never that chown."""
+
+    def __init__(self, message: str, owner: str | None) -> None:
+        super().__init__(message)
+        self.owner = owner
+
+
+def _file_owner(path: Path) -> str | None:
     if sys.platform == "win32":  # no numeric owners to name; the path says enough
-        return ""
+        return None
     import pwd
 
     try:
-        owner = pwd.getpwuid(path.stat().st_uid).pw_name
+        return pwd.getpwuid(path.stat().st_uid).pw_name
     except (KeyError, OSError):
+        return None
+
+
+def _owner_hint(owner: str | None) -> str:
+    """`; it belongs to OWNER: ...` for a key file the broker's account may not read."""
+    if owner is None:
         return ""
     return (
         f"; it belongs to {owner}: run the broker as {owner}, or chown the file (and the data "
@@ -242,9 +258,11 @@ class FileKeyStore:
         except FileNotFoundError:
             return None
         except PermissionError as exc:
-            raise KeyStoreError(
+            owner = _file_owner(self.path)
+            raise KeyUnreadable(
                 f"cannot read {self.path} as OS account {os_account()}: {exc.strerror}"
-                f"{_owner_hint(self.path)}"
+                f"{_owner_hint(owner)}",
+                owner,
             ) from None
         except OSError as exc:
             raise KeyStoreError(f"cannot read {self.path}: {exc.strerror}") from None
