@@ -68,6 +68,7 @@ def _grant(h: InProcessBroker, **params: Any) -> Lease:
     return task.result()
 
 
+@pytest.mark.unit  # in-process (the module also starts processes)
 def test_case4_wall_clock_jumps_in_process(inproc: InProcessBroker) -> None:
     h = inproc
     lease = _grant(h, mib=4096, ttl_s=30)
@@ -93,6 +94,7 @@ def test_case4_wall_clock_jumps_in_process(inproc: InProcessBroker) -> None:
     assert lease.state.value == "expired"
 
 
+@pytest.mark.unit  # in-process (the module also starts processes)
 def test_sleep_resume_gap_gives_one_ttl_of_grace(inproc: InProcessBroker) -> None:
     """A 10-minute suspend: CLOCK_BOOTTIME moves, CLOCK_MONOTONIC barely (Linux): every
     lease gets one TTL from the resume instead of mass expiry."""
@@ -109,6 +111,38 @@ def test_sleep_resume_gap_gives_one_ttl_of_grace(inproc: InProcessBroker) -> Non
     h.clock.advance(2)
     h.tick(0.1)
     assert lease.state.value == "expired"
+
+
+@pytest.mark.unit  # in-process (the module also starts processes)
+def test_case5_a_45_s_loop_stall_under_ttl_30_in_process(inproc: InProcessBroker) -> None:
+    """Case 5 with its own numbers on the production broker (the process test runs them at
+    a third of the time scale): five leases of TTL 30 s renewed every 5 s, then the loop
+    stalls 45 s (1.5 TTLs, every renewal sent meanwhile still waiting): none expires, each
+    has one TTL from the end of the stall, and the renewals waiting behind the stall renew
+    them as usual."""
+    h = inproc
+    leases = [_grant(h, mib=1024, ttl_s=30) for _ in range(5)]
+    for _ in range(2):  # renewed every 5 s before the stall
+        h.clock.advance(5.0)
+        h.tick(0.1)  # the loop turned all along (its ticks are 0.1 s apart)
+        for lease in leases:
+            h.broker.renew(lease.lease_id, "tester")
+    h.clock.advance(2.0)
+    h.tick(0.1)
+    h.clock.advance(45.0)  # the loop is blocked: no tick, no renewal is served
+    h.tick(45.0)  # the first turn after the stall: one TTL of grace, then expiry
+    now = h.clock.monotonic()
+    for lease in leases:
+        assert lease.lease_id in h.broker.leases and lease.state.value == "active"
+        assert lease.to_wire(now)["expires_in_s"] == pytest.approx(30.0, abs=1e-6)
+    for lease in leases:  # the renewals that waited behind the stall
+        h.broker.renew(lease.lease_id, "tester")
+    h.clock.advance(29.9)
+    h.tick(0.1)
+    assert all(x.lease_id in h.broker.leases for x in leases)
+    h.clock.advance(0.2)
+    h.tick(0.1)
+    assert all(x.state.value == "expired" for x in leases)
 
 
 # -- case 4, a broker process under libfaketime -------------------------------------------------
