@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +64,59 @@ def test_another_user_cannot_touch_my_lease(broker: BrokerProcess) -> None:
         mine = [x for x in c.leases()["leases"] if x["lease_id"] == lease_id]
         assert mine and mine[0]["owner"] == getpass.getuser()
         assert mine[0]["state"] == "active" and mine[0]["granted_mib"] == 2048
+
+
+def _rbroker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rbroker", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def test_an_admin_cancels_another_users_waiter_and_ends_their_lease(
+    broker: BrokerProcess,
+) -> None:
+    """The README's shared-server example, with two real OS users: `nobody` holds 20 000 MiB
+    of the 23 347 usable and waits for 10 000 more; root (an administrator of every broker)
+    cancels the waiting request with `rbroker release req-N`, then ends the lease with
+    `rbroker release ID`. `nobody`'s own processes are told each time."""
+    os.chmod(os.path.dirname(broker.socket), 0o711)
+    os.chmod(broker.socket, 0o666)
+    worker = subprocess.Popen(
+        [sys.executable, str(Path(WORKER) / "hold_and_wait_as.py"), str(NOBODY), broker.socket,
+         "20000", "10000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert worker.stdout is not None
+        held = worker.stdout.readline().split()
+        assert held[:1] == ["held"], (held, worker.stderr.read() if worker.stderr else "")
+        lease_id = held[1]
+        with broker.client() as c:
+            deadline = time.monotonic() + 20
+            while not c.leases()["queue"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            (request,) = c.leases()["queue"]
+        assert request["owner"] == "nobody"
+        cancel = _rbroker("release", "--socket", broker.socket, f"req-{request['request_id']}")
+        assert cancel.returncode == 0, cancel.stderr
+        assert cancel.stdout.startswith(f"cancelled req-{request['request_id']}"), cancel.stdout
+        told = worker.stdout.readline()
+        assert told.startswith("waiter cancelled request cancelled by admin root"), told
+        end = _rbroker("release", "--socket", broker.socket, lease_id[len("lease-") :][:8])
+        assert end.returncode == 0, end.stderr
+        assert end.stdout.strip().endswith("nobody's lease, released by admin root"), end.stdout
+        lost = worker.stdout.readline()
+        assert lost.startswith("lost ") and "released by admin root" in lost, lost
+        assert worker.wait(30) == 0
+        with broker.client() as c:
+            assert c.leases() == {"leases": [], "queue": []}
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        worker.communicate(timeout=10)

@@ -69,7 +69,9 @@ def run_release(args: argparse.Namespace) -> int:
                 if number is not None:
                     request = client.call("request.cancel", request_id=number)["request"]
                     out.print(
-                        "cancelled " + _said(request, f"{REQUEST_PREFIX}{number}"), markup=False
+                        "cancelled " + _said(request, f"{REQUEST_PREFIX}{number}"),
+                        markup=False,
+                        soft_wrap=True,
                     )
                     return 0
                 lease_id = resolve_lease_id(client, args.lease)
@@ -89,5 +91,5 @@ def run_release(args: argparse.Namespace) -> int:
     )
     if lease.get("state") == "revoked":
         line += f"; {lease['owner']}'s lease, {lease['ended_reason']}"
-    out.print(line, markup=False)
+    out.print(line, markup=False, soft_wrap=True)
     return 0

@@ -34,7 +34,7 @@ def run_enroll(args: argparse.Namespace) -> int:
             notes=notes,
         )
     except EnrollError as exc:
-        console.print(f"[red]rbroker enroll:[/] {exc}")
+        console.print(f"[red]rbroker enroll:[/] {exc}", soft_wrap=True)
         return 1
     try:
         where = store_for(config, data_dir).where()
@@ -46,9 +46,10 @@ def run_enroll(args: argparse.Namespace) -> int:
         f"{config.url}; private key kept in {where}. A broker{who} using {data_dir} starts "
         "reporting within seconds.",
         highlight=False,
+        soft_wrap=not console.is_terminal,
     )
     for note in notes:
-        console.print(note, highlight=False)
+        console.print(note, highlight=False, soft_wrap=not console.is_terminal)
     return 0
 
 
@@ -60,7 +61,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     try:
         fleet = fetch_fleet(data_dir, url=args.url, token=args.token, ca_file=args.ca_file)
     except FleetError as exc:
-        Console(stderr=True).print(f"[red]rbroker fleet:[/] {exc}")
+        Console(stderr=True).print(f"[red]rbroker fleet:[/] {exc}", soft_wrap=True)
         return 1
     if args.json:
         print(json.dumps(fleet, indent=2))
