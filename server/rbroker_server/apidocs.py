@@ -95,7 +95,11 @@ class DocsRenderPlugin(OpenAPIRenderPlugin):
 
     def render(self, request: Request[Any, Any, Any], openapi_schema: dict[str, Any]) -> bytes:
         """The page as UTF-8 HTML."""
-        return render_page(openapi_schema, self.get_openapi_json_route(request)).encode()
+        # the route as the browser reaches it: behind a proxy, under its prefix
+        from rbroker_server.web.controller import base_path
+
+        route = base_path(request) + self.get_openapi_json_route(request)
+        return render_page(openapi_schema, route).encode()
 
 
 class ErrorAnswer(BaseModel):

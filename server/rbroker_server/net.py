@@ -99,8 +99,10 @@ def client_address(request: Any) -> str:
 
 class PrefixStrip:
     """ASGI wrapper: a request whose path starts with `prefix` (a percent-encoded path like
-    `/rbroker`) is routed without it, and `root_path` says it was there, so the same app
-    serves behind a proxy that keeps the prefix and behind one that removes it."""
+    `/rbroker`) is routed without it, so the same app serves behind a proxy that keeps the
+    prefix and behind one that removes it; either way `root_path` is the prefix, so that
+    redirects, links, form actions and cookie paths carry it (the browser only ever sees
+    the external URL, whatever the proxy passed on)."""
 
     def __init__(self, app: ASGIApp, prefix: str) -> None:
         self.app = app
@@ -111,12 +113,15 @@ class PrefixStrip:
         if self.prefix and scope["type"] in ("http", "websocket"):
             raw = scope.get("raw_path") or scope["path"].encode()
             target = canonical_target(raw.decode("utf-8", "surrogateescape"))
+            root = scope.get("root_path", "") + self.root_path
             if target == self.prefix or target.startswith(self.prefix + "/"):
                 rest = target[len(self.prefix) :] or "/"
                 scope = {  # type: ignore[assignment]
                     **scope,
                     "path": unquote(rest, errors="surrogateescape"),
                     "raw_path": rest.encode("ascii"),
-                    "root_path": scope.get("root_path", "") + self.root_path,
+                    "root_path": root,
                 }
+            else:  # a proxy that strips the prefix: the browser still sees it
+                scope = {**scope, "root_path": root}  # type: ignore[assignment]
         await self.app(scope, receive, send)

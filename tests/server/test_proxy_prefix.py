@@ -145,3 +145,45 @@ def test_log_names_the_forwarded_client_only_behind_a_trusted_proxy(
     assert _refused_enrollment_address(untrusting, "198.51.100.23") == "127.0.0.1"
     default = coordinator_factory()
     assert _refused_enrollment_address(default, "198.51.100.23") == "127.0.0.1"
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["prefix-kept", "prefix-stripped"])
+def test_the_web_view_carries_the_prefix_whether_the_proxy_keeps_or_strips_it(
+    behind_prefix: Coordinator, kept: bool
+) -> None:
+    """nginx `proxy_pass http://127.0.0.1:8787;` keeps `/lab%20tools/rbroker`, `proxy_pass
+    http://127.0.0.1:8787/;` strips it: either way the browser gets redirects, form
+    actions, links and cookie paths under the external prefix, and the schema page links
+    the schema under it."""
+    c = behind_prefix
+    prefix = "/lab%20tools/rbroker"
+    at = prefix if kept else ""
+    http = httpx.Client(base_url=c.url, timeout=30)
+    r = http.get(f"{at}/")
+    assert r.status_code == 303 and r.headers["location"] == f"{prefix}/signin"
+    assert http.head(f"{at}/").headers["location"] == f"{prefix}/signin"
+    form = http.get(f"{at}/signin")
+    assert form.status_code == 200
+    assert f'action="{prefix}/signin"' in form.text
+    assert f'href="{prefix}/static/app.css"' in form.text
+    assert f"Path={prefix}" in form.headers["set-cookie"]
+    csrf = form.text.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
+    csrf_cookie = form.headers["set-cookie"].split(";")[0]
+    r = http.post(  # Secure cookies: a browser sends them over https, httpx here needs help
+        f"{at}/signin",
+        data={"token": c.tokens["alpha"], "csrf_token": csrf},
+        headers={"cookie": csrf_cookie},
+    )
+    assert r.status_code == 303 and r.headers["location"] == f"{prefix}/fleet", r.text
+    cookies = r.headers.get_list("set-cookie")
+    assert cookies and all(f"Path={prefix}" in x for x in cookies), cookies
+    session = next(x.split(";")[0] for x in cookies if x.startswith("rbroker_session="))
+    page = http.get(f"{at}/fleet", headers={"cookie": session})
+    assert page.status_code == 200
+    assert f'data-refresh-url="{prefix}/fleet/live"' in page.text
+    assert f'action="{prefix}/signout"' in page.text
+    docs = http.get(f"{at}/schema")
+    assert docs.status_code == 200
+    assert f'href="{prefix}/schema/openapi.json"' in docs.text
+    assert http.get(f"{at}/schema/openapi.json").status_code == 200
+    http.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from litestar import Controller, Request, Response, get, post
 from litestar.datastructures import CacheControlHeader, Cookie
@@ -60,8 +61,11 @@ FormData = Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENC
 
 
 def base_path(request: Request[Any, Any, Any]) -> str:
-    """The prefix the app is mounted under (ASGI `root_path`), without a trailing slash."""
-    return str(request.scope.get("root_path", "") or "").rstrip("/")
+    """The prefix the app is mounted under (ASGI `root_path`, from `external_url` whether
+    the proxy kept or stripped it), percent-encoded for URLs and cookie paths, without a
+    trailing slash (e.g. `/lab%20tools/rbroker`; '' at the root)."""
+    root = str(request.scope.get("root_path", "") or "").rstrip("/")
+    return quote(root, safe="/!$&'()*+,;=:@~", errors="surrogateescape")
 
 
 def _secure(request: Request[Any, Any, Any]) -> bool:

@@ -66,9 +66,13 @@ class ProxyProcess:
                 self.proc.wait(5)
 
 
-def render_site(conf: str, port: int, upstream_port: int, cert: Path, key: Path) -> str:
+def render_site(
+    conf: str, port: int, upstream_port: int, cert: Path, key: Path, strip: bool = False
+) -> str:
     """The shipped site config with this test's listen address, certificate, upstream and
-    the address nginx connects from (`PROXY_SOURCE`).
+    the address nginx connects from (`PROXY_SOURCE`); `strip`: `proxy_pass` with a `/`
+    after the address, so nginx replaces the location's prefix with `/` (the variant that
+    strips the prefix).
 
     Raises:
         AssertionError: the shipped file no longer has a line this replaces.
@@ -89,6 +93,10 @@ def render_site(conf: str, port: int, upstream_port: int, cert: Path, key: Path)
     for old, new in replacements.items():
         assert old in text, f"{conf} has no {old!r} any more: update this test"
         text = text.replace(old, new)
+    if strip:
+        text = text.replace(
+            "proxy_pass http://rbroker_coordinator;", "proxy_pass http://rbroker_coordinator/;"
+        )
     return text
 
 
@@ -115,7 +123,7 @@ http {{
 
 @pytest.fixture
 def nginx_proxy(tmp_path: Path) -> Iterator[Callable[..., ProxyProcess]]:
-    """`nginx_proxy(coordinator, conf="rbroker-prefix.conf", port=None)` → a running
+    """`nginx_proxy(coordinator, conf="rbroker-prefix.conf", port=None, strip=False)` → a running
     ProxyProcess in front of `coordinator` (plain HTTP on 127.0.0.1). Stopped at teardown."""
     binary = nginx_binary()
     if binary is None:
@@ -125,13 +133,16 @@ def nginx_proxy(tmp_path: Path) -> Iterator[Callable[..., ProxyProcess]]:
     started: list[ProxyProcess] = []
 
     def factory(
-        coordinator: CoordinatorProcess, conf: str = "rbroker-prefix.conf", port: int | None = None
+        coordinator: CoordinatorProcess,
+        conf: str = "rbroker-prefix.conf",
+        port: int | None = None,
+        strip: bool = False,
     ) -> ProxyProcess:
         root = tmp_path / f"nginx{len(started)}"
         root.mkdir()
         files = tls.generate_self_signed(root / "tls", "127.0.0.1")
         port = port or free_port()
-        site = render_site(conf, port, coordinator.port, files.cert, files.key)
+        site = render_site(conf, port, coordinator.port, files.cert, files.key, strip)
         (root / "site.conf").write_text(site)
         (root / "nginx.conf").write_text(MAIN_CONF.format(root=root))
         check = subprocess.run(

@@ -196,3 +196,42 @@ def test_latency_added_by_the_proxy_per_report(
     )
     assert len(direct) == len(proxied) == 300
     assert med_proxied < 1.0  # sanity: the proxy path works at interactive speed
+
+
+@pytest.mark.parametrize("strip", [False, True], ids=["prefix-kept", "prefix-stripped"])
+def test_the_web_view_signs_in_through_nginx_whether_it_keeps_or_strips_the_prefix(
+    coordinator_factory: Callable[..., CoordinatorProcess],
+    nginx_proxy: Callable[..., ProxyProcess],
+    strip: bool,
+) -> None:
+    """`proxy_pass http://rbroker_coordinator/;` (nginx strips `/rbroker/`) works like the
+    shipped `proxy_pass http://rbroker_coordinator;`: the redirects, the form, the cookies
+    (Secure, Path=/rbroker), the fleet page after sign-in and the schema page's link all
+    stay under the prefix, so the browser never leaves it (nginx has nothing outside)."""
+    port = free_port()
+    coordinator = coordinator_factory(
+        external_url=f"https://127.0.0.1:{port}/rbroker/", trusted_proxies=[PROXY_SOURCE]
+    )
+    proxy = nginx_proxy(coordinator, port=port, strip=strip)
+    with httpx.Client(verify=proxy.verify, timeout=10) as browser:
+        r = browser.get(proxy.url + "/")
+        assert r.status_code == 303 and r.headers["location"] == "/rbroker/signin", r.text
+        form = browser.get(proxy.url + "/signin")
+        assert form.status_code == 200 and 'action="/rbroker/signin"' in form.text
+        assert "Path=/rbroker" in form.headers["set-cookie"]
+        csrf = form.text.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
+        r = browser.post(
+            proxy.url + "/signin", data={"token": coordinator.token, "csrf_token": csrf}
+        )
+        assert r.status_code == 303 and r.headers["location"] == "/rbroker/fleet", r.text
+        cookies = r.headers.get_list("set-cookie")
+        assert all("Path=/rbroker" in c and "Secure" in c for c in cookies), cookies
+        page = browser.get(f"https://127.0.0.1:{port}" + r.headers["location"])
+        assert page.status_code == 200, page.text
+        assert 'data-refresh-url="/rbroker/fleet/live"' in page.text
+        assert browser.get(proxy.url + "/fleet/live").status_code == 200
+        docs = browser.get(proxy.url + "/schema")
+        assert 'href="/rbroker/schema/openapi.json"' in docs.text
+        assert browser.get(f"https://127.0.0.1:{port}/rbroker/schema/openapi.json").is_success
+    log = proxy.access_log
+    assert 'GET /rbroker/fleet HTTP/1.1" 200' in log and " 403 " not in log
