@@ -305,7 +305,7 @@ def quiet_migrations(log_level: str) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from rbroker_server.app import create_app
-    from rbroker_server.startup import check_database, prepare, run
+    from rbroker_server.startup import check_database, prepare, raise_fd_limit, run
 
     settings = _load(args)
     private_dir(settings.data_dir)  # 0700 (or 0750 for a service group) whatever the umask
@@ -335,6 +335,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger(__name__).info("database schema at revision %s", revision)
+    limits = raise_fd_limit()
+    if limits is not None:
+        logging.getLogger(__name__).info(
+            "open files: soft limit %d (was %d), one per connection", limits[1], limits[0]
+        )
     run(config, sock)
     return 0
 

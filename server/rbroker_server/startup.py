@@ -175,6 +175,26 @@ def prepare(app: Any, host: str, port: int, **uvicorn_kw: Any) -> tuple[Any, soc
     return config, bind(host, port)
 
 
+def raise_fd_limit() -> tuple[int, int] | None:
+    """Raise this process's soft limit of open files (`RLIMIT_NOFILE`) to its hard limit,
+    since every connection holds one (systemd's default soft limit is 1024); returns
+    (before, after), or None where the OS has no such limit (Windows) or refuses.
+    Never raises."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        if soft == resource.RLIM_INFINITY or (target != resource.RLIM_INFINITY and soft >= target):
+            return soft, soft
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return soft, target
+    except (OSError, ValueError):
+        return None
+
+
 def run(config: Any, sock: socket.socket) -> None:
     """Serve with uvicorn on the socket from `prepare` until stopped."""
     import uvicorn

@@ -214,3 +214,31 @@ def test_missing_tls_key(data: Path) -> None:
         "or directory; fix tls_cert and tls_key in the config, or run `rbroker-server setup "
         "--force --self-signed` for a new pair"
     )
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no RLIMIT_NOFILE on Windows")
+def test_serve_raises_its_soft_fd_limit_to_the_hard_one() -> None:
+    """A child with the soft limit at 1024 (systemd's default) and a higher hard limit
+    ends with the hard one as its soft limit."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 1024:
+        pytest.skip(f"the hard limit here is {hard}: nothing to raise")
+    code = (
+        "import resource\n"
+        "from rbroker_server.startup import raise_fd_limit\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))\n"
+        "print(raise_fd_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    limits, soft = out.stdout.split(") ")
+    assert limits.startswith("(1024, ")
+    assert int(soft) > 1024 and int(soft) == int(limits.split(", ")[1])
+
+
+def test_the_unit_sets_a_file_limit() -> None:
+    unit = Path(__file__).resolve().parents[2] / "packaging" / "linux" / "rbroker-server.service"
+    assert "\nLimitNOFILE=65536\n" in unit.read_text()
