@@ -209,7 +209,8 @@ def test_restored_waiter_whose_holder_dies_leaves_nothing_behind(
     dies): it is dropped from the queue and the store, and no error is left unhandled."""
     h, pool = restartable
     proc, holder = pool.spawn()
-    h.acquire(holder, mib=20000, request_key="big")
+    # another process holds the GPU (behind its own lease a request is refused at once, §3)
+    h.acquire(pool.spawn()[1], mib=20000, request_key="big")
     task = h.acquire(holder, mib=8192, wait_s=60, request_key="waits")
     assert not task.done()
     h.restart()
@@ -235,7 +236,7 @@ def test_restored_waiter_keeps_the_time_it_has_waited(
     when it began (the deadline already did)."""
     h, pool = restartable
     _, holder = pool.spawn()
-    h.acquire(holder, mib=20000, request_key="big")
+    h.acquire(pool.spawn()[1], mib=20000, request_key="big")  # another process's lease
     h.acquire(holder, mib=8192, wait_s=60, request_key="waits")
     h.clock.advance(12.0)
     h.restart()
@@ -248,13 +249,16 @@ def test_restored_waiter_keeps_the_time_it_has_waited(
 def test_waiter_that_disconnects_leaves_nothing_to_restore(
     broker_factory: Callable[..., BrokerProcess],
     raw_connect: Callable[[str], RawConnection],
+    worker: Callable[..., WorkerProcess],
 ) -> None:
     """A persisted waiting request whose connection closes is gone from the queue and from
     the store: a broker killed afterwards restores nothing of it."""
     broker = broker_factory(SINGLE_24G, headroom_mib=HEADROOM)
     desc = {"project": "tests", "session": "gone", "purpose": "leave nothing"}
     c = broker.client()
-    c.call("lease.acquire", mib=20000, **desc)
+    # held by another process: behind this process's own lease the waits would be refused
+    held = worker("hold_lease", broker.socket, "20000", "held", "0").read_line()
+    assert held.startswith("granted "), held
     leaver = raw_connect(broker.socket)
     leaver.send_request("lease.acquire", {"mib": 8192, "wait_s": 60, "request_key": "k1", **desc})
     stays = raw_connect(broker.socket)

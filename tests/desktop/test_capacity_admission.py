@@ -15,7 +15,7 @@ import pytest
 
 import rbroker
 from tests.conftest import GPU0, BrokerProcess, wait_until
-from tests.desktop.conftest import RawConnection
+from tests.desktop.conftest import RawConnection, WorkerProcess
 
 UNKNOWN_PROCESS_MEMORY = f"""
 [[gpu]]
@@ -173,12 +173,15 @@ def test_headroom_larger_than_the_gpu_makes_every_request_infeasible(
 def test_a_waiter_that_can_no_longer_ever_fit_is_refused(
     broker_factory: Callable[..., BrokerProcess],
     raw_connect: Callable[[str], RawConnection],
+    worker: Callable[..., WorkerProcess],
 ) -> None:
     """The GPU shrinks while a request waits (a MIG reconfiguration, a rewritten scenario):
     the request is refused as infeasible, not left queued until its wait runs out."""
     broker = broker_factory(headroom_mib=1024)
     with broker.client() as c:
-        c.call("lease.acquire", **_acquire_params(10000, "holder", wait_s=0))
+        # held by another process: behind its own process's lease it would be refused at once
+        held = worker("hold_lease", broker.socket, "10000", "holder", "0").read_line()
+        assert held.startswith("granted "), held
         waiting = raw_connect(broker.socket)
         request_id = waiting.send_request(
             "lease.acquire", _acquire_params(20000, "big", wait_s=300)

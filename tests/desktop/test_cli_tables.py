@@ -49,17 +49,36 @@ LONG = {
 }
 
 
+#: The two leases, held by a process of their own: a request that fits only once its own
+#: process's (or a parent's) leases end is refused at once (architecture.md §3), so the
+#: queued request comes from this process, which is not the holder nor a child of it.
+HOLDER = """
+import sys
+import time
+import rbroker
+with rbroker.Client(sys.argv[1]) as holder:
+    long = dict(zip(("project", "session", "purpose"), sys.argv[4:7]))
+    holder.call("lease.acquire", mib=20480, gpu_uuid=sys.argv[2], **long)
+    holder.call(
+        "lease.acquire", mib=12345, gpu_uuid=sys.argv[3], project="p", session="s", purpose="x"
+    )
+    print("held", flush=True)
+    time.sleep(3600)
+"""
+
+
 @pytest.fixture(scope="module")
 def state() -> Iterator[dict[str, Any]]:
     """Two leases (one with long descriptions), one request queued behind them, two jobs."""
     bp = start_broker(TWO_GPUS)
     holder = bp.client()
     waiter = bp.client(timeout_s=60)
+    leases = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, bp.socket, GPU0, GPU1, *LONG.values()],
+        stdout=subprocess.PIPE,
+    )
     try:
-        holder.call("lease.acquire", mib=20480, gpu_uuid=GPU0, **LONG)
-        holder.call(
-            "lease.acquire", mib=12345, gpu_uuid=GPU1, project="p", session="s", purpose="x"
-        )
+        assert leases.stdout is not None and leases.stdout.readline() == b"held\n"
         queued = threading.Thread(
             target=lambda: _ignore(
                 waiter.call,
@@ -87,6 +106,10 @@ def state() -> Iterator[dict[str, Any]]:
     finally:
         holder.close()
         waiter.close()
+        leases.kill()
+        leases.wait(10)
+        if leases.stdout is not None:
+            leases.stdout.close()
         bp.stop(signal.SIGKILL)
 
 

@@ -36,16 +36,17 @@ def test_sigkill_right_after_grant_frees_the_lease_within_one_second(
 ) -> None:
     broker = broker_factory(headroom_mib=1024)
     with broker.client() as c:
-        # A blocker holds the GPU so that the holder and the waiter queue in that order.
-        blocker = c.call(
-            "lease.acquire", mib=MIB, project="tests", session="blocker", purpose="block"
-        )
+        # A blocker holds the GPU so that the holder and the waiter queue in that order; a
+        # process of its own (not a parent of theirs: what fits only once the requester's
+        # own leases end is refused at once, architecture.md §3).
+        blocked_by = worker("hold_lease", broker.socket, str(MIB), "blocker", "0").read_line()
+        assert blocked_by.startswith("granted "), blocked_by
         holder = worker("hold_lease", broker.socket, str(MIB), "holder", "60")
         wait_until(lambda: _queued(c, "holder"))
         waiter = worker("hold_lease", broker.socket, str(MIB), "waiter", "60")
         wait_until(lambda: _queued(c, "waiter"))
 
-        c.call("lease.release", lease_id=blocker["lease"]["lease_id"])
+        c.call("lease.release", lease_id=blocked_by.split()[1])
         line = holder.read_line()
         assert line.startswith("granted "), line
         holder_lease = line.split()[1]

@@ -19,16 +19,22 @@ import pytest
 
 import rbroker
 from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, start_broker, wait_until
-from tests.desktop.conftest import RawConnection
+from tests.desktop.conftest import RawConnection, WorkerProcess
 
 PARAMS: dict[str, Any] = {"project": "tests", "session": "conn", "purpose": "connection behaviour"}
 
 
 def test_a_waiting_acquire_does_not_hold_up_the_connection(
-    broker: BrokerProcess, raw_connect: Callable[[str], RawConnection]
+    broker: BrokerProcess,
+    raw_connect: Callable[[str], RawConnection],
+    worker: Callable[..., WorkerProcess],
 ) -> None:
     with broker.client() as c:
-        blocker = c.call("lease.acquire", mib=20000, **PARAMS)["lease"]
+        # held by another process: behind this process's own lease the wait would be
+        # refused at once (architecture.md §3)
+        held = worker("hold_lease", broker.socket, "20000", "blocker", "0").read_line()
+        assert held.startswith("granted "), held
+        blocker = {"lease_id": held.split()[1]}
         conn = raw_connect(broker.socket)
         waiting_id = conn.send_request("lease.acquire", {"mib": 8000, "wait_s": 30, **PARAMS})
         wait_until(lambda: len(c.leases()["queue"]) == 1)

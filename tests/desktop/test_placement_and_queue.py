@@ -14,7 +14,9 @@ import pytest
 
 import rbroker
 from tests.conftest import GPU0, GPU1, BrokerProcess, wait_until
-from tests.desktop.conftest import RawConnection
+from tests.desktop.conftest import RawConnection, WorkerProcess
+
+Worker = Callable[..., WorkerProcess]
 
 TWO_GPUS = f"""
 [[gpu]]
@@ -40,6 +42,15 @@ def _available(c: rbroker.Client) -> dict[str, int]:
     return {g["uuid"]: g["available_mib"] for g in c.gpus()}
 
 
+def _held_elsewhere(worker: Worker, broker: BrokerProcess, mib: int, session: str) -> str:
+    """A lease on GPU0 held by another process (not this test's process nor an ancestor of
+    it: a request that fits only once its own process's leases end is refused at once,
+    architecture.md §3); its id, for `lease.release` from this process."""
+    line = worker("hold_lease", broker.socket, str(mib), session, "0", "30", GPU0).read_line()
+    assert line.startswith("granted "), line
+    return line.split()[1]
+
+
 def test_pack_takes_the_fullest_gpu_that_fits_and_spread_the_emptiest(two: BrokerProcess) -> None:
     with two.client() as c:
         c.call("lease.acquire", **_params(10000, "first", gpu_uuid=GPU1))
@@ -54,10 +65,10 @@ def test_pack_takes_the_fullest_gpu_that_fits_and_spread_the_emptiest(two: Broke
 
 
 def test_multi_gpu_request_is_all_or_nothing(
-    two: BrokerProcess, raw_connect: Callable[[str], RawConnection]
+    two: BrokerProcess, raw_connect: Callable[[str], RawConnection], worker: Worker
 ) -> None:
     with two.client() as c:
-        blocker = c.call("lease.acquire", **_params(10000, "blocker", gpu_uuid=GPU0))["lease"]
+        blocker = _held_elsewhere(worker, two, 10000, "blocker")
         waiting = raw_connect(two.socket)
         request_id = waiting.send_request(
             "lease.acquire", _params(16000, "pair", gpus=2, wait_s=30)
@@ -76,7 +87,7 @@ def test_multi_gpu_request_is_all_or_nothing(
         assert [x["session"] for x in c.leases()["leases"]] == ["blocker"]
         assert _available(c) == {GPU0: 13552, GPU1: 23552}
 
-        c.call("lease.release", lease_id=blocker["lease_id"])
+        c.call("lease.release", lease_id=blocker)
         answer = waiting.read_answer(request_id)["result"]
         assert sorted(answer["lease"]["gpu_uuids"]) == [GPU0, GPU1]
         assert sorted(answer["cuda_visible_devices"].split(",")) == [GPU0, GPU1]
@@ -92,10 +103,10 @@ def test_more_gpus_than_the_computer_has_is_infeasible(two: BrokerProcess) -> No
 
 
 def test_a_waiter_on_one_gpu_does_not_block_another_gpu(
-    two: BrokerProcess, raw_connect: Callable[[str], RawConnection]
+    two: BrokerProcess, raw_connect: Callable[[str], RawConnection], worker: Worker
 ) -> None:
     with two.client() as c:
-        c.call("lease.acquire", **_params(20000, "full0", gpu_uuid=GPU0))
+        _held_elsewhere(worker, two, 20000, "full0")
         waiting = raw_connect(two.socket)
         waiting.send_request("lease.acquire", _params(8000, "wait0", gpu_uuid=GPU0, wait_s=30))
         wait_until(lambda: any(q["session"] == "wait0" for q in c.leases()["queue"]))
@@ -108,9 +119,9 @@ def test_a_waiter_on_one_gpu_does_not_block_another_gpu(
         assert behind.value.data["ahead"] == 1
 
 
-def test_fifo_order_is_kept_when_room_appears(two: BrokerProcess) -> None:
+def test_fifo_order_is_kept_when_room_appears(two: BrokerProcess, worker: Worker) -> None:
     with two.client() as c:
-        blocker = c.call("lease.acquire", **_params(20000, "blocker", gpu_uuid=GPU0))["lease"]
+        blocker = _held_elsewhere(worker, two, 20000, "blocker")
         raws: list[RawConnection] = []
         try:
             for i, mib in enumerate((12000, 15000, 1000)):
@@ -120,7 +131,7 @@ def test_fifo_order_is_kept_when_room_appears(two: BrokerProcess) -> None:
                 )
                 wait_until(lambda: any(q["session"] == f"w{i}" for q in c.leases()["queue"]))  # noqa: B023
             assert [q["ahead"] for q in c.leases()["queue"]] == [0, 1, 2]
-            c.call("lease.release", lease_id=blocker["lease_id"])
+            c.call("lease.release", lease_id=blocker)
             wait_until(lambda: [x["session"] for x in c.leases()["leases"]] == ["w0"])
             # w2 (1 000 MiB) would fit in the 11 552 left, but w1 (15 000) came first.
             time.sleep(0.5)
@@ -130,9 +141,11 @@ def test_fifo_order_is_kept_when_room_appears(two: BrokerProcess) -> None:
                 r.close()
 
 
-def test_wait_timeout_carries_the_numbers_and_leaves_nothing_behind(two: BrokerProcess) -> None:
+def test_wait_timeout_carries_the_numbers_and_leaves_nothing_behind(
+    two: BrokerProcess, worker: Worker
+) -> None:
     with two.client() as c:
-        c.call("lease.acquire", **_params(20000, "full0", gpu_uuid=GPU0))
+        _held_elsewhere(worker, two, 20000, "full0")
         started = time.monotonic()
         with pytest.raises(rbroker.WaitTimeout) as timed_out:
             c.call("lease.acquire", **_params(8000, "late", gpu_uuid=GPU0, wait_s=1))

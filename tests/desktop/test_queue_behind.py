@@ -17,7 +17,9 @@ def test_requests_behind_a_waiting_one_get_reasons_without_passes_and_keep_fifo(
     h: InProcessBroker, pool: SleeperPool
 ) -> None:
     _, holder = pool.spawn()
-    full = h.acquire(holder, mib=20000).result()
+    # another process holds the GPU: what fits only once the requester's own leases end is
+    # refused at once (architecture.md §3), so this wait is behind someone else's lease
+    full = h.acquire(pool.spawn()[1], mib=20000).result()
     passes = []
     run = h.broker.admission.run
 

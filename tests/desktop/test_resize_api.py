@@ -7,6 +7,8 @@ tests/desktop/test_lease_ownership.py; the admission rules: tests/desktop/test_r
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 
 import rbroker
 from rbroker_protocol.localapi import MAX_MIB
-from tests.conftest import BrokerProcess
+from tests.conftest import WORKER, BrokerProcess
 from tests.desktop.conftest import RawConnection, WorkerProcess
 
 DESCRIPTION = {"project": "tests", "session": "resize", "purpose": "resize over the API"}
@@ -47,7 +49,16 @@ def test_sdk_resize_keeps_the_lease_and_changes_the_grant(broker: BrokerProcess)
 def test_sdk_shrink_admits_another_processes_waiting_request(
     broker: BrokerProcess, worker: Callable[..., WorkerProcess]
 ) -> None:
-    with rbroker.lease(20000, socket=broker.socket, **DESCRIPTION) as lease:
+    # the holder and the waiter are siblings: a waiter inside the holder's process (or a
+    # child of it) that fits only once the holder's lease ends is refused at once (§3)
+    holder = subprocess.Popen(
+        [sys.executable, "-u", str(WORKER / "resize_on_line.py"), broker.socket, "20000"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline().startswith(b"granted ")
         waiting = worker("hold_lease", broker.socket, "10000", "waiter", "60")
         deadline = time.monotonic() + 10
         while True:
@@ -57,11 +68,18 @@ def test_sdk_shrink_admits_another_processes_waiting_request(
             assert time.monotonic() < deadline, "the request never queued"
             time.sleep(0.05)
         started = time.monotonic()
-        lease.resize(10000)
+        holder.stdin.write(b"10000\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline() == b"resized 10000\n"
         line = waiting.read_line()
         assert line.startswith("granted "), line
         # at once (within a sample's time): without the shrink it would wait its whole 60 s
         assert time.monotonic() - started < 10.0
+    finally:
+        holder.kill()
+        holder.wait(10)
+        holder.stdin.close()
+        holder.stdout.close()
 
 
 @pytest.mark.parametrize(
@@ -98,12 +116,17 @@ def test_bad_resizes_are_errors_with_numbers_and_leave_the_lease_unchanged(
 
 
 def test_a_second_resize_while_one_waits_is_refused(
-    broker: BrokerProcess, raw_connect: Callable[[str], RawConnection]
+    broker: BrokerProcess,
+    raw_connect: Callable[[str], RawConnection],
+    worker: Callable[..., WorkerProcess],
 ) -> None:
     raw = raw_connect(broker.socket)
     raw.hello()
     mine = raw.request("lease.acquire", {"mib": 4096, **DESCRIPTION})["result"]["lease"]
-    raw.request("lease.acquire", {"mib": 18000, **DESCRIPTION})  # 1 251 MiB left
+    # 1 251 MiB left, held by another process: a growth that fits only once this process's
+    # own other leases end is refused at once (architecture.md §3)
+    other = worker("hold_lease", broker.socket, "18000", "other", "0").read_line()
+    assert other.startswith("granted "), other
     growth = raw.send_request(
         "lease.resize", {"lease_id": mine["lease_id"], "mib": 8192, "wait_s": 30}
     )

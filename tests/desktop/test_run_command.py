@@ -12,13 +12,14 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import GPU0, WORKER, BrokerProcess, wait_until
+from tests.desktop.conftest import WorkerProcess
 
 REPORT_ENV = str(Path(WORKER) / "report_env.py")
 
@@ -139,9 +140,14 @@ def test_signal_is_passed_to_the_child(broker: BrokerProcess, tmp_path: Path) ->
         wait_until(lambda: c.leases()["leases"] == [])
 
 
-def test_no_room_means_the_command_never_runs(broker: BrokerProcess, tmp_path: Path) -> None:
+def test_no_room_means_the_command_never_runs(
+    broker: BrokerProcess, tmp_path: Path, worker: Callable[..., WorkerProcess]
+) -> None:
     with broker.client() as c:
-        c.call("lease.acquire", mib=20000, project="tests", session="full", purpose="fill")
+        # another process fills the GPU: behind this process's (its parent's) own lease the
+        # run would be refused as infeasible (architecture.md §3)
+        full = worker("hold_lease", broker.socket, "20000", "full", "0").read_line()
+        assert full.startswith("granted "), full
         out = tmp_path / "report.json"
         done = subprocess.run(
             _run_args(broker, 8192, sys.executable, REPORT_ENV, str(out), "0"),
@@ -218,9 +224,14 @@ def test_a_command_that_cannot_start_is_named(broker: BrokerProcess) -> None:
     assert "not found" in done.stderr
 
 
-def test_waiting_says_what_it_waits_for_and_updates_the_reason(broker: BrokerProcess) -> None:
+def test_waiting_says_what_it_waits_for_and_updates_the_reason(
+    broker: BrokerProcess, worker: Callable[..., WorkerProcess]
+) -> None:
     with broker.client() as c:
-        c.call("lease.acquire", mib=20000, project="tests", session="full", purpose="fill")
+        # another process holds the lease (not this process, the run's parent: behind its
+        # parent's own lease the run would be refused as infeasible, architecture.md §3)
+        full = worker("hold_lease", broker.socket, "20000", "full", "0").read_line()
+        assert full.startswith("granted "), full
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "rbroker", "run", "--socket", broker.socket),
@@ -235,13 +246,14 @@ def test_waiting_says_what_it_waits_for_and_updates_the_reason(broker: BrokerPro
         first = proc.stderr.readline()
         assert first.startswith("rbroker run: waiting up to 30 s for 8 192 MiB: "), first
         assert "3 347 MiB available" in first and "8 192 requested" in first, first
-        # the holder's process allocates 1 000 MiB of its grant: the reason's figures
-        # change and a new line says so
+        # a process without a lease allocates 1 000 MiB: the reason's figures change and a
+        # new line says so
         with broker.client() as other:
             other.sim_allocate(1000, GPU0)
             second = proc.stderr.readline()
             assert second != first
-            assert "1 000 in use" in second and "19 000 granted not yet" in second, second
+            assert "1 000 in use" in second and "20 000 granted not yet" in second, second
+            assert "2 347 MiB available" in second, second
             other.sim_free(gpu_uuid=GPU0)
         lease_id = c.leases()["leases"][0]["lease_id"]
         c.call("lease.release", lease_id=lease_id)

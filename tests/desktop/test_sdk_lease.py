@@ -63,6 +63,12 @@ def test_errors_are_typed_and_carry_numbers(broker: BrokerProcess) -> None:
                 _try_lease(broker.socket, 8000, wait_s=0.5)
         finally:
             c.call("sim.set", gpu_uuid=GPU0, used_mib=0)
+    with _lease(broker.socket, 20000):  # this process's own lease: waiting would be in vain
+        with pytest.raises(rbroker.Infeasible) as own:
+            _try_lease(broker.socket, 8000, wait_s=0.5)
+        assert own.value.data["reason"] == "own_leases"
+        assert own.value.data["offer_mib"] == 24576 - 1229 - 20000
+        assert "after your own leases end" in own.value.message
     with (
         pytest.raises(rbroker.DescriptionRejected) as rejected,
         rbroker.lease(1024, socket=broker.socket, project="", session="s", purpose="p"),

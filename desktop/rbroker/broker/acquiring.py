@@ -3,16 +3,19 @@ waiting gets that lease or queue entry back; a new one is checked (infeasible, t
 the per-user rules of `fairness`), queued and given one admission pass at once, so that
 a request that fits is granted without waiting (and the local API answers it without a
 task of its own); a request queued behind others on every GPU it may take only gets its
-reason (the cost of an acquire stays flat in the length of the queue).
+reason (the cost of an acquire stays flat in the length of the queue). One that is not
+granted at once and could only fit after its requester's own leases end is refused
+(`own_leases`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rbroker.broker import fairness
+from rbroker.broker import fairness, own_leases
 from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease, Waiter
+from rbroker_protocol.errors import RpcError
 from rbroker_protocol.localapi import AcquireParams
 
 if TYPE_CHECKING:
@@ -64,6 +67,11 @@ def begin(
     if future.done() and not future.cancelled() and future.exception() is None:
         return future.result()
     if not future.done():
+        try:  # not granted now: refused when it could only fit after its own leases end
+            own_leases.check(b.table, holder, params.mib, params.gpus, waiter.candidates)
+        except RpcError:
+            b.waiting.remove(waiter)
+            raise
         if params.wait_s > 0:
             b.waiting.persist(waiter)
         b.emit("queue", {"request_id": waiter.request_id})

@@ -78,6 +78,31 @@ class Holder:
 Chain = tuple[Holder, ...]
 
 
+def lineage(holder: Holder) -> Chain:
+    """`holder` and its ancestors, nearest first, as far as they can be read now: who asks,
+    for the rule on waiting behind one's own leases (`rbroker.broker.own_leases`).
+
+    The walk stops at a parent that cannot be read or that started after its child (its pid
+    was reused: Windows keeps the parent pid of a process whose parent exited); only
+    `(holder,)` when the process cannot be read (/proc hidden) or is no longer `holder`.
+    """
+    members = [holder]
+    try:
+        proc = psutil.Process(holder.pid)
+        start = start_s(proc)
+        if holder.start_time and start != holder.start_time:
+            return (holder,)
+        for parent in proc.parents():  # psutil: the immediate parent first
+            parent_start = start_s(parent)
+            if parent_start > start:
+                break
+            members.append(Holder(parent.pid, parent_start))
+            start = parent_start
+    except psutil.Error:
+        pass  # hidden or gone: the chain as far as it was read
+    return tuple(members)
+
+
 class Ancestry:
     """Caches each GPU process's chain of ancestors, as `Holder`s, for attribution."""
 

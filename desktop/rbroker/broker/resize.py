@@ -9,6 +9,8 @@ owner, descriptions and token; only `granted_mib` changes, on each of its GPUs.
 - Growing is admitted like a new request for the extra MiB, pinned to the lease's GPUs and
   queued last: FIFO, so it waits behind requests already waiting there. It is refused at
   once (`infeasible`) when a GPU can never hold the new size (more than total − headroom),
+  or, not granted at once, could hold it only after the holder's other leases end
+  (`own_leases`),
   and ends with `capacity_unavailable` / `wait_timeout` (the reason and its numbers) when it
   is not granted within `wait_s`. When granted, the growth is booked at once (the new grant
   less what the lease already shows using, which device_used holds), so, as after any grant,
@@ -24,6 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from rbroker.broker import own_leases
 from rbroker.broker.admission import Admission
 from rbroker.broker.capacity import fmt_mib
 from rbroker.broker.clock import Clock
@@ -131,6 +134,7 @@ class Resizes:
         try:
             self.admit()
             if not waiter.future.done():
+                self._check_not_behind_own(lease, mib)
                 self.emit("queue", {"request_id": waiter.request_id})
             return await waiter.future
         except RpcError as err:
@@ -145,11 +149,16 @@ class Resizes:
         for uuid in lease.gpu_uuids:
             never = self.admission.never_fits(mib, 1, (uuid,))
             if never is not None:
-                raise RpcError(
-                    ErrorCode.INFEASIBLE,
-                    f"resize of {lease.lease_id} refused: {never.message}",
-                    **{**never.data, "lease_id": lease.lease_id, "granted_mib": lease.granted_mib},
-                )
+                raise _refused(lease, never)
+
+    def _check_not_behind_own(self, lease: Lease, mib: int) -> None:
+        """A growth not granted at once that could only fit after the holder's (or its
+        parents') other leases end is refused (`own_leases`)."""
+        gpus = lease.gpu_uuids
+        try:
+            own_leases.check(self.table, lease.holder, mib, len(gpus), gpus, resized=lease)
+        except RpcError as err:
+            raise _refused(lease, err) from None
 
     def grant(self, waiter: Waiter, chosen: list[Choice], now: float) -> None:
         """The admission pass granted a growth (`waiter.resize_of`): apply it."""
@@ -189,6 +198,15 @@ class Resizes:
             self.waiting.remove(
                 waiter, RpcError(ErrorCode.LEASE_EXPIRED, f"lease {lease_id} ended")
             )
+
+
+def _refused(lease: Lease, err: RpcError) -> RpcError:
+    """`infeasible` `err`, said as the refusal of a resize of `lease`."""
+    return RpcError(
+        ErrorCode.INFEASIBLE,
+        f"resize of {lease.lease_id} refused: {err.message}",
+        **{**err.data, "lease_id": lease.lease_id, "granted_mib": lease.granted_mib},
+    )
 
 
 def _growth_error(err: RpcError, lease_id: str, old: int, mib: int) -> RpcError:

@@ -136,6 +136,10 @@ class LeaseTable(DueLeases):
         """How many active leases OS user `owner` has."""
         return self._owned.get(owner, 0)
 
+    def held_on(self, holder: Holder, uuid: str) -> list[Lease]:
+        """The active leases of process `holder` on GPU `uuid`."""
+        return list(self._held.get((holder, uuid), {}).values())
+
     def unconfirmed_mib(self, uuid: str) -> int:
         """MiB of ended leases on `uuid` that stay booked until a sample that started after
         their end shows what their holders still use (docs/architecture.md §2)."""
