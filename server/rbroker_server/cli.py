@@ -305,6 +305,8 @@ def quiet_migrations(log_level: str) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from rbroker_server.app import create_app
+    from rbroker_server.net import parse_networks
+    from rbroker_server.slow_clients import ConnectionGuard, default_protocol, guarded_protocol
     from rbroker_server.startup import check_database, prepare, raise_fd_limit, run
 
     settings = _load(args)
@@ -319,6 +321,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # database, TLS files and address checked before logging starts, so that a failure to
     # start is one line with its exit code (rbroker_server.startup), never a traceback
     revision = check_database(settings)
+    guard = ConnectionGuard(
+        head_timeout_s=settings.head_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        max_total=settings.max_connections,
+        max_per_address=settings.max_connections_per_address,
+        exempt=parse_networks(trusted),
+    )
     config, sock = prepare(
         create_app(settings, migrate=False),
         host=host,
@@ -329,6 +338,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         proxy_headers=bool(trusted),
         forwarded_allow_ips=trusted or None,
         server_header=False,
+        # deadlines for a request's head and body, caps on open connections per address
+        # and in all (uvicorn has neither; rbroker_server.slow_clients)
+        http=guarded_protocol(default_protocol(), guard),
         **ssl,
     )
     logging.basicConfig(
@@ -340,6 +352,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).info(
             "open files: soft limit %d (was %d), one per connection", limits[1], limits[0]
         )
+        # keep room for the database, log files and accepting: past the cap a connection
+        # is refused with a 503 instead of failing to be accepted at all
+        room = max(64, limits[1] - 128)
+        if limits[1] > 0 and guard.max_total > room:
+            guard.max_total = room
+            logging.getLogger(__name__).warning(
+                "max_connections lowered to %d: the open-files limit is %d", room, limits[1]
+            )
     run(config, sock)
     return 0
 

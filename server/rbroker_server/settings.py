@@ -53,6 +53,14 @@ class Settings:
         trusted_proxies: addresses or networks (`127.0.0.1`, `10.0.0.0/8`, `::1`) of reverse
             proxies whose `X-Forwarded-For` gives the client address for rate limits and
             logs; from any other peer the header is ignored.
+        head_timeout_s: a connection must send a complete request head within this
+            (from its opening; a later request on a kept-alive connection from its first
+            byte), else it is closed (`rbroker_server.slow_clients`).
+        body_timeout_s: a request body must be complete within this of its head.
+        max_connections: open connections at most (lowered at `serve` to what the
+            open-files limit allows); more are refused with a 503.
+        max_connections_per_address: open connections per client address (IPv6: per
+            /64) at most; `trusted_proxies` are exempt.
     """
 
     data_dir: Path = field(default_factory=lambda: Path("rbroker-server-data"))
@@ -77,6 +85,10 @@ class Settings:
     trusted_proxies: tuple[str, ...] = ()
     db_retry_after_s: float = 5.0
     min_free_mib: int = 64
+    head_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    max_connections: int = 4096
+    max_connections_per_address: int = 256
 
     def __post_init__(self) -> None:
         if not PORT_MIN <= self.bind_port <= PORT_MAX:
@@ -89,6 +101,10 @@ class Settings:
             raise ValueError("history_step_s and history_window_s must be positive")
         if self.db_retry_after_s <= 0 or self.min_free_mib < 0:
             raise ValueError("need db_retry_after_s > 0 and min_free_mib >= 0")
+        if self.head_timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError("need head_timeout_s > 0 and body_timeout_s > 0")
+        if self.max_connections < 1 or self.max_connections_per_address < 1:
+            raise ValueError("need max_connections >= 1 and max_connections_per_address >= 1")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")
         if self.external_url:

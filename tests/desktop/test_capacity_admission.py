@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import rbroker
-from tests.conftest import GPU0, BrokerProcess, wait_until
+from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, wait_until
 from tests.desktop.conftest import RawConnection, WorkerProcess
 
 UNKNOWN_PROCESS_MEMORY = f"""
@@ -159,14 +159,19 @@ def test_waiting_request_is_admitted_when_room_appears(
 def test_headroom_larger_than_the_gpu_makes_every_request_infeasible(
     broker_factory: Callable[..., BrokerProcess],
 ) -> None:
-    broker = broker_factory(headroom_mib=30000)
+    """A headroom at least the GPU's total is refused when the broker starts
+    (tests/desktop/test_startup_failures.py); a GPU that shrinks below it later (a MIG
+    reconfiguration, here a rewritten scenario) refuses every request as infeasible."""
+    broker = broker_factory(headroom_mib=20000)
+    broker.write_scenario(SINGLE_24G.replace("24576", "16384"))
     with broker.client() as c:
+        wait_until(lambda: c.gpus()[0].get("total_mib") == 16384, timeout_s=10)
         (gpu,) = c.gpus()
         assert gpu["available_mib"] == 0
         with pytest.raises(rbroker.Infeasible) as refused:
             c.call("lease.acquire", **_acquire_params(1, "tiny", wait_s=30))
         assert refused.value.data["usable_mib"] == 0
-        assert refused.value.data["headroom_mib"] == 30000
+        assert refused.value.data["headroom_mib"] == 20000
         assert "never offer more than 0 MiB" in refused.value.message
 
 
