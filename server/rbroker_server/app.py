@@ -31,7 +31,7 @@ from rbroker_server.edge import HeadAsGet
 from rbroker_server.enroll.controller import EnrollController
 from rbroker_server.fleet.controller import FleetController
 from rbroker_server.metrics.controller import MetricsController
-from rbroker_server.net import STATE_TRUSTED, PrefixStrip, parse_networks
+from rbroker_server.net import STATE_PROXY_SECRET, STATE_TRUSTED, PrefixStrip, parse_networks
 from rbroker_server.ratelimit import ThrottleGate, Throttles
 from rbroker_server.reports.controller import report_route
 from rbroker_server.reports.gate import ReportGate
@@ -115,7 +115,7 @@ def create_app(
     owned = engine is None
     eng = engine if engine is not None else db.make_engine(settings.db_url)
     faults = dbfaults.DatabaseFaults(eng, settings)
-    throttles = Throttles()
+    throttles = Throttles(eng)  # counted in the database: shared by all its processes
     trusted = parse_networks(settings.trusted_proxies)
     reports = ReportIngest(eng, settings)
 
@@ -187,15 +187,23 @@ def create_app(
         state=State(
             {
                 STATE_TRUSTED: trusted,
+                STATE_PROXY_SECRET: settings.trusted_proxy_secret,
                 Throttles.STATE_KEY: throttles,
                 web.SETTINGS_STATE: settings,
                 dbfaults.STATE_KEY: faults,
             }
         ),
     )
-    app.asgi_handler = ThrottleGate(app.asgi_handler, throttles, trusted)  # before routing
+    app.asgi_handler = ThrottleGate(  # before routing
+        app.asgi_handler, throttles, trusted, settings.trusted_proxy_secret
+    )
     app.asgi_handler = ReportGate(  # the report hot path, before the framework
-        app.asgi_handler, reports, faults, trusted, settings.max_body_bytes
+        app.asgi_handler,
+        reports,
+        faults,
+        trusted,
+        settings.max_body_bytes,
+        settings.trusted_proxy_secret,
     )
     if settings.root_path:  # behind a proxy under a prefix: route with or without it
         app.asgi_handler = PrefixStrip(app.asgi_handler, settings.root_path)

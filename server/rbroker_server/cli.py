@@ -263,6 +263,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
         tls_ca=ca,
         external_url=args.external_url or "",
         trusted_proxies=tuple(args.trusted_proxy or ()),
+        trusted_proxy_secret=args.trusted_proxy_secret or "",
     )
     engine = open_database(settings.db_url, where)
     try:
@@ -530,6 +531,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--trusted-proxy",
         action="append",
         help="address or network of a reverse proxy whose X-Forwarded-For is believed",
+    )
+    setup.add_argument(
+        "--trusted-proxy-secret",
+        help="believe X-Forwarded-For only with this value in X-Rbroker-Proxy-Secret, which "
+        "the proxy sets (e.g. `openssl rand -hex 32`); without it any process on the "
+        "proxy's address is believed",
     )
     setup.add_argument("--non-interactive", action="store_true", help="never prompt")
     setup.add_argument("--force", action="store_true", help="rewrite an existing config")

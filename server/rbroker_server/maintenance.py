@@ -1,4 +1,5 @@
-"""Housekeeping: prune history older than the window and nonces past their validity."""
+"""Housekeeping: prune history older than the window, nonces past their validity and rate
+limit hits older than their window."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ NONCES = RequestNonce.__table__  # type: ignore[attr-defined]
 class Pruned:
     history_points: int
     nonces: int
+    rate_limit_hits: int = 0
 
 
 def prune(engine: Engine, settings: Settings, now: datetime | None = None) -> Pruned:
@@ -32,6 +34,10 @@ def prune(engine: Engine, settings: Settings, now: datetime | None = None) -> Pr
     with write_lock(engine), engine.begin() as conn:
         history = conn.execute(sa.delete(HISTORY).where(HISTORY.c.at < cutoff)).rowcount
         nonces = conn.execute(sa.delete(NONCES).where(NONCES.c.expires_at < now)).rowcount
+    from rbroker_server.ratelimit import WINDOW_S, prune_hits
+
+    with write_lock(engine):
+        hits = prune_hits(engine, older_than_s=WINDOW_S, now=now.timestamp())
     if history or nonces:
         log.info("pruned %d history points and %d nonces", history, nonces)
-    return Pruned(history, nonces)
+    return Pruned(history, nonces, hits)

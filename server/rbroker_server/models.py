@@ -2,8 +2,8 @@
 
 Tables: groups, viewer tokens, enrollment codes (hashed), computers (with their latest
 state), runs seen per computer (so a retired run can never be replayed), downsampled
-history points, used request nonces, the web view's sign-in sessions and the write probe
-of `/healthz`.
+history points, used request nonces, the web view's sign-in sessions, the write probe
+of `/healthz` and the attempts rate limits count.
 """
 
 from __future__ import annotations
@@ -152,6 +152,21 @@ class WebSession(SQLModel, table=True):
     csrf_token: str = Field(max_length=64)
     created_at: datetime = Field(sa_type=UtcDateTime)
     expires_at: datetime = Field(sa_column=sa.Column(UtcDateTime, nullable=False, index=True))
+
+
+class RateLimitHit(SQLModel, table=True):
+    """One attempt that a rate limit counts (`rbroker_server.ratelimit.DbHits`): its kind
+    (`signin`, `enroll`, `credentials`), the client's network (`203.0.113.0/24`,
+    `2001:db8:1:2::/64`) and when (Unix seconds). Shared by every coordinator process on
+    the database; rows older than the window are deleted as they are counted and pruned."""
+
+    __tablename__ = "rate_limit_hits"
+    __table_args__ = (sa.Index("ix_rate_limit_hits_kind_key_at", "kind", "key", "at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    kind: str = Field(max_length=32)
+    key: str = Field(max_length=64)
+    at: float = Field(sa_column=sa.Column(sa.Float, nullable=False, index=True))
 
 
 metadata = SQLModel.metadata

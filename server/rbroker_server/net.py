@@ -10,6 +10,7 @@ signed-read check joins the prefix back on (`rbroker_protocol.signing.external_t
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -23,6 +24,11 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 STATE_TRUSTED = "trusted_proxies"
 """Key of the parsed trusted networks in the app's `state`."""
+STATE_PROXY_SECRET = "trusted_proxy_secret"
+"""Key of `Settings.trusted_proxy_secret` in the app's `state`."""
+PROXY_SECRET_HEADER = b"x-rbroker-proxy-secret"
+"""The header a trusted proxy sets to `trusted_proxy_secret` on every request it passes on
+(nginx `proxy_set_header X-Rbroker-Proxy-Secret ...;`)."""
 
 
 def parse_networks(entries: Iterable[str]) -> tuple[Network, ...]:
@@ -80,21 +86,56 @@ def forwarded_client(peer: str, forwarded_for: Sequence[str], trusted: Sequence[
     return str(current)
 
 
+def proxy_vouched(headers: Iterable[tuple[bytes, bytes]], secret: str) -> bool:
+    """Whether a request's headers carry the trusted proxy's `secret` (always, when no secret
+    is configured: then every process that can connect from a trusted address is believed
+    like the proxy). Compared in constant time."""
+    if not secret:
+        return True
+    want = secret.encode()
+    return any(
+        k.lower() == PROXY_SECRET_HEADER and hmac.compare_digest(v.strip(), want)
+        for k, v in headers
+    )
+
+
+def scope_client(scope: Any, trusted: Sequence[Network], secret: str = "") -> str:
+    """The client address of an ASGI `scope`: the peer, or from a trusted peer that also
+    sends the proxy `secret` (when one is configured), `forwarded_client`'s answer; '' when
+    the server gives no peer."""
+    client = scope.get("client")
+    peer = str(client[0]) if client else ""
+    if not trusted or not peer:
+        return peer
+    headers = scope.get("headers", ())
+    if not proxy_vouched(headers, secret):
+        return peer
+    values = [v.decode("latin-1") for k, v in headers if k.lower() == b"x-forwarded-for"]
+    return forwarded_client(peer, values, trusted)
+
+
 def client_address(request: Any) -> str:
     """The address of the client behind `request` (a Litestar `Request` or any ASGI
     connection): `X-Forwarded-For` is used only when the direct peer is one of the app's
-    `trusted_proxies` (`Settings.trusted_proxies`); '' when the server gives no peer."""
-    client = request.scope.get("client")
-    peer = str(client[0]) if client else ""
+    `trusted_proxies` (`Settings.trusted_proxies`) and, when `trusted_proxy_secret` is set,
+    the request carries it; '' when the server gives no peer."""
     trusted: Sequence[Network] = request.app.state.get(STATE_TRUSTED, ())
-    if not trusted or not peer:
-        return peer
-    values = [
-        v.decode("latin-1")
-        for k, v in request.scope.get("headers", ())
-        if k.lower() == b"x-forwarded-for"
-    ]
-    return forwarded_client(peer, values, trusted)
+    secret: str = request.app.state.get(STATE_PROXY_SECRET, "")
+    return scope_client(request.scope, trusted, secret)
+
+
+def limit_key(address: str) -> str:
+    """The network a rate limit counts `address` under: its /24 for IPv4, its /64 for IPv6
+    (IPv4-mapped IPv6 as IPv4), so rotating addresses inside one network (127.0.x.y is all
+    local, a host picks any address of its /64) shares one limit; anything else as given."""
+    try:
+        addr = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    prefix = 24 if addr.version == 4 else 64
+    return str(ipaddress.ip_network((addr, prefix), strict=False))
 
 
 class PrefixStrip:

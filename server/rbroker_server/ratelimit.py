@@ -1,12 +1,15 @@
-"""Per-client rate limits (token buckets in this process's memory).
+"""Per-client rate limits, shared by every coordinator process on one database.
 
-Every limit is keyed by `rbroker_server.net.client_address(request)`, the one place that
-decides who a client is (X-Forwarded-For believed only from trusted proxies). `Throttle`
-puts a `RateLimiter` in front of one kind of attempt (sign-in, failed enrollments, failed
-fleet-read credentials), answers 429 with `Retry-After` past it and logs one line per
-episode of refusals from an address. Buckets live in one process: with several coordinator
-processes behind a load balancer each enforces its own limit, so the effective limit is at
-most `processes x limit`.
+Every limit is keyed by the network of `rbroker_server.net.client_address(request)`, the one
+place that decides who a client is (X-Forwarded-For believed only from trusted proxies that
+send the proxy secret, when one is set): `net.limit_key`, its /24 for IPv4 and its /64 for
+IPv6, so rotating addresses inside one network does not escape a limit. `Throttle` puts a
+counter in front of one kind of attempt (sign-in, failed enrollments, failed fleet-read
+credentials), answers 429 with `Retry-After` past it and logs one line per episode of
+refusals from a network. The app's counters are `DbHits`: the attempts of the last window
+in the table `rate_limit_hits`, so all processes on the database count together (two
+`serve` processes allow 10 sign-ins a minute from a network, not 20). `RateLimiter` is the
+in-memory token bucket a `Throttle` without a database uses.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import sqlalchemy as sa
 from litestar import Request
 from litestar.exceptions import TooManyRequestsException
 from litestar.types import ASGIApp, Receive, Scope, Send
+from sqlalchemy.engine import Engine
 
-from rbroker_server.net import Network, client_address, forwarded_client
+from rbroker_server.net import Network, client_address, limit_key, scope_client
 
-__all__ = ["RateLimiter", "Throttle", "ThrottleGate", "Throttles", "client_address"]
+__all__ = ["DbHits", "RateLimiter", "Throttle", "ThrottleGate", "Throttles", "client_address"]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +107,96 @@ class RateLimiter:
             del self._buckets[next(iter(self._buckets))]
 
 
+class DbHits:
+    """At most `limit` hits per any `window_s` seconds per key, counted in the database
+    (`rate_limit_hits`: one row per hit), so every coordinator process on it shares them.
+
+    A sliding log: a key may hit while fewer than `limit` of its hits are younger than
+    `window_s`; the wait is until the oldest of its last `limit` hits leaves the window.
+    A hit deletes its key's rows that left the window; `prune` deletes everyone's. Two
+    processes that both read `limit - 1` at the same instant may both hit (one over); the
+    limit is not meant to be exact to the attempt, only not to multiply with processes.
+    Times are Unix seconds of this host's clock (hosts sharing a database keep theirs in
+    step, as for report freshness).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        kind: str,
+        limit: int,
+        window_s: float,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if limit < 1 or window_s <= 0:
+            raise ValueError("need limit >= 1 and window_s > 0")
+        from rbroker_server.models import RateLimitHit
+
+        self.table: sa.Table = RateLimitHit.__table__  # type: ignore[attr-defined]
+        self.engine = engine
+        self.kind = kind
+        self.limit = limit
+        self.window_s = window_s
+        self._clock = clock
+
+    def _wait(self, conn: sa.Connection, key: str, now: float) -> float:
+        t = self.table
+        recent = (
+            conn.execute(
+                sa.select(t.c.at)
+                .where(t.c.kind == self.kind, t.c.key == key, t.c.at > now - self.window_s)
+                .order_by(t.c.at.desc())
+                .limit(self.limit)
+            )
+            .scalars()
+            .all()
+        )
+        if len(recent) < self.limit:
+            return 0.0
+        return max(recent[-1] + self.window_s - now, 0.001)
+
+    def wait_s(self, key: str) -> float:
+        """Seconds until `key` may hit (0.0: now); writes nothing."""
+        with self.engine.connect() as conn:
+            return self._wait(conn, key, self._clock())
+
+    def hit(self, key: str) -> float:
+        """Count one hit for `key` (whatever its wait); returns the wait after it (0.0:
+        another hit is allowed now)."""
+        from rbroker_server.db import write_lock
+
+        t = self.table
+        now = self._clock()
+        with write_lock(self.engine), self.engine.begin() as conn:
+            conn.execute(
+                sa.delete(t).where(
+                    t.c.kind == self.kind, t.c.key == key, t.c.at <= now - self.window_s
+                )
+            )
+            conn.execute(sa.insert(t).values(kind=self.kind, key=key, at=now))
+            return self._wait(conn, key, now)
+
+    def reset(self, key: str) -> None:
+        """Forget `key`'s hits."""
+        from rbroker_server.db import write_lock
+
+        t = self.table
+        with write_lock(self.engine), self.engine.begin() as conn:
+            conn.execute(sa.delete(t).where(t.c.kind == self.kind, t.c.key == key))
+
+
+def prune_hits(engine: Engine, *, older_than_s: float, now: float | None = None) -> int:
+    """Delete every counted hit older than `older_than_s` (the longest window); returns how
+    many (`rbroker_server.maintenance.prune`)."""
+    from rbroker_server.models import RateLimitHit
+
+    t = RateLimitHit.__table__  # type: ignore[attr-defined]
+    cutoff = (time.time() if now is None else now) - older_than_s
+    with engine.begin() as conn:
+        return int(conn.execute(sa.delete(t).where(t.c.at < cutoff)).rowcount or 0)
+
+
 class Throttle:
     """One kind of attempt, limited per client address: `check` before the work (429 past
     the limit, spending nothing), `spend` for each attempt that counts (every sign-in; a
@@ -112,10 +207,18 @@ class Throttle:
     whole window; the next refusal after that starts a new one (and a line that says how
     many attempts the last episode refused).
 
+    Every method takes a client address and counts it under its network (`net.limit_key`).
+    With a database (`hits` a `DbHits`) the counts are shared by all processes; this
+    process also remembers until when a network is refused, so `quick_refusal_s` (the ASGI
+    gate, async code) answers from memory without touching the database.
+
     Args:
         what: the attempts in words, for the 429 and the log ("failed enrollments").
-        limit, window_s: `RateLimiter`'s (a burst of `limit`, then `limit` per `window_s`).
-        clock: monotonic seconds.
+        limit, window_s: at most `limit` attempts per `window_s`.
+        clock: monotonic seconds (the episodes, the remembered refusals and the in-memory
+            counter's buckets).
+        hits: the shared counter; None: a `RateLimiter` in this process's memory (a burst
+            of `limit`, then `limit` per `window_s`).
     """
 
     def __init__(
@@ -126,26 +229,60 @@ class Throttle:
         *,
         clock: Callable[[], float] = time.monotonic,
         max_keys: int = 10_000,
+        hits: DbHits | None = None,
     ) -> None:
         self.what = what
-        self.limiter = RateLimiter(limit, window_s, clock=clock, max_keys=max_keys)
+        self.limiter: RateLimiter | DbHits = hits or RateLimiter(
+            limit, window_s, clock=clock, max_keys=max_keys
+        )
+        self.shared = hits is not None
         self._clock = clock
         self._max_keys = max_keys
         self._episodes: dict[str, tuple[float, int]] = {}  # key -> (last refusal, refused)
+        self._blocked: dict[str, float] = {}  # key -> refused until (clock), shared only
         self._lock = threading.Lock()
 
-    def refusal_s(self, key: str) -> int:
-        """0 when `key` may try now, else the whole seconds to wait (the `Retry-After`); a
-        refusal counts in the episode."""
+    def _refuse_for(self, key: str, wait_s: float) -> int:
+        if self.shared:
+            with self._lock:
+                self._blocked.pop(key, None)
+                self._blocked[key] = self._clock() + wait_s
+                while len(self._blocked) > self._max_keys:
+                    del self._blocked[next(iter(self._blocked))]
+        self._refused(key)
+        return int(wait_s) + 1
+
+    def refusal_s(self, address: str) -> int:
+        """0 when `address` may try now, else the whole seconds to wait (the `Retry-After`);
+        a refusal counts in the episode. Reads the database when shared (not in async
+        code: see `quick_refusal_s`)."""
+        key = limit_key(address)
         wait_s = self.limiter.wait_s(key)
         if not wait_s:
+            return 0
+        return self._refuse_for(key, wait_s)
+
+    def quick_refusal_s(self, address: str) -> int:
+        """`refusal_s` from this process's memory only: what the last read or spend here
+        said about `address`'s network (the routes read the shared count again)."""
+        if not self.shared:
+            return self.refusal_s(address)
+        key = limit_key(address)
+        with self._lock:
+            until = self._blocked.get(key)
+        if until is None:
+            return 0
+        wait_s = until - self._clock()
+        if wait_s <= 0:
+            with self._lock:
+                self._blocked.pop(key, None)
             return 0
         self._refused(key)
         return int(wait_s) + 1
 
-    def check(self, key: str) -> None:
-        """Raises TooManyRequestsException (429, `Retry-After`) while `key` is over."""
-        retry_after = self.refusal_s(key)
+    def check(self, address: str) -> None:
+        """Raises TooManyRequestsException (429, `Retry-After`) while `address` is over."""
+        retry_after = self.refusal_s(address)
         if not retry_after:
             return
         raise TooManyRequestsException(
@@ -153,9 +290,14 @@ class Throttle:
             headers={"Retry-After": str(retry_after)},
         )
 
-    def spend(self, key: str) -> None:
-        """Count one attempt for `key`."""
-        self.limiter.hit(key)
+    def spend(self, address: str) -> None:
+        """Count one attempt for `address`."""
+        key = limit_key(address)
+        wait_s = self.limiter.hit(key)
+        if self.shared and wait_s:
+            with self._lock:
+                self._blocked.pop(key, None)
+                self._blocked[key] = self._clock() + wait_s
 
     def _refused(self, key: str) -> None:
         now = self._clock()
@@ -177,10 +319,10 @@ class Throttle:
                 before,
             )
 
-    def refused_count(self, key: str) -> int:
-        """Attempts refused in `key`'s current (or last) episode."""
+    def refused_count(self, address: str) -> int:
+        """Attempts refused in the current (or last) episode of `address`'s network."""
         with self._lock:
-            return self._episodes.get(key, (0.0, 0))[1]
+            return self._episodes.get(limit_key(address), (0.0, 0))[1]
 
 
 class Throttles:
@@ -190,16 +332,38 @@ class Throttles:
     enrollments, a wrong, used or expired code (`ENROLL_FAILURES`). `credentials`: failed
     fleet-read credentials, a wrong viewer token or signature (`CREDENTIAL_FAILURES`). An
     honest computer enrolls once and an honest viewer signs in rarely; a guesser is refused
-    before any database work.
+    before the work. With `engine` the counts live in its `rate_limit_hits` (`DbHits`),
+    shared by every process on the database; without, in this process.
     """
 
     STATE_KEY = "throttles"
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.signin = Throttle("sign-in attempts", SIGNIN_ATTEMPTS, WINDOW_S, clock=clock)
-        self.enroll = Throttle("failed enrollments", ENROLL_FAILURES, WINDOW_S, clock=clock)
+    def __init__(
+        self, engine: Engine | None = None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        def hits(kind: str, limit: int) -> DbHits | None:
+            return DbHits(engine, kind, limit, WINDOW_S) if engine is not None else None
+
+        self.signin = Throttle(
+            "sign-in attempts",
+            SIGNIN_ATTEMPTS,
+            WINDOW_S,
+            clock=clock,
+            hits=hits("signin", SIGNIN_ATTEMPTS),
+        )
+        self.enroll = Throttle(
+            "failed enrollments",
+            ENROLL_FAILURES,
+            WINDOW_S,
+            clock=clock,
+            hits=hits("enroll", ENROLL_FAILURES),
+        )
         self.credentials = Throttle(
-            "failed fleet-read credentials", CREDENTIAL_FAILURES, WINDOW_S, clock=clock
+            "failed fleet-read credentials",
+            CREDENTIAL_FAILURES,
+            WINDOW_S,
+            clock=clock,
+            hits=hits("credentials", CREDENTIAL_FAILURES),
         )
 
     @classmethod
@@ -214,13 +378,22 @@ class ThrottleGate:
     request: `POST /api/v1/enroll` under `Throttles.enroll`, the fleet reads and `/metrics`
     under `Throttles.credentials`. The same 429 the routes give (they check again), at a
     fraction of the cost, so that a guesser hammering the coordinator leaves its CPU to
-    honest reports. Wraps the app inside `PrefixStrip` (paths are the app's own).
+    honest reports. It answers from this process's memory (`Throttle.quick_refusal_s`: no
+    database work); the routes read the shared count. Wraps the app inside `PrefixStrip`
+    (paths are the app's own).
     """
 
-    def __init__(self, app: ASGIApp, throttles: Throttles, trusted: Sequence[Network]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        throttles: Throttles,
+        trusted: Sequence[Network],
+        proxy_secret: str = "",
+    ) -> None:
         self.app = app
         self.throttles = throttles
         self.trusted = tuple(trusted)
+        self.proxy_secret = proxy_secret
 
     def _throttle(self, method: str, path: str) -> Throttle | None:
         if method == "POST" and path.rstrip("/") == "/api/v1/enroll":
@@ -236,13 +409,8 @@ class ThrottleGate:
             self._throttle(scope["method"], scope["path"]) if scope["type"] == "http" else None
         )
         if throttle is not None:
-            client = scope.get("client")
-            peer = str(client[0]) if client else ""
-            forwarded = [
-                v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"x-forwarded-for"
-            ]
-            address = forwarded_client(peer, forwarded, self.trusted) if peer else peer
-            retry_after = throttle.refusal_s(address)
+            address = scope_client(scope, self.trusted, self.proxy_secret)
+            retry_after = throttle.quick_refusal_s(address)
             if retry_after:
                 body = json.dumps(
                     {

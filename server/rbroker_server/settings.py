@@ -53,6 +53,10 @@ class Settings:
         trusted_proxies: addresses or networks (`127.0.0.1`, `10.0.0.0/8`, `::1`) of reverse
             proxies whose `X-Forwarded-For` gives the client address for rate limits and
             logs; from any other peer the header is ignored.
+        trusted_proxy_secret: when set, `X-Forwarded-For` is believed only from a request
+            that also carries this value in `X-Rbroker-Proxy-Secret` (the proxy sets it), so
+            another process on the proxy's host cannot choose its client address. Empty:
+            every process that connects from a trusted address is believed like the proxy.
         head_timeout_s: a connection must send a complete request head within this
             (from its opening; a later request on a kept-alive connection from its first
             byte), else it is closed (`rbroker_server.slow_clients`).
@@ -83,6 +87,7 @@ class Settings:
     enroll_code_ttl_s: float = 24 * 3600.0
     external_url: str = ""
     trusted_proxies: tuple[str, ...] = ()
+    trusted_proxy_secret: str = ""
     db_retry_after_s: float = 5.0
     min_free_mib: int = 64
     head_timeout_s: float = 10.0
@@ -116,6 +121,12 @@ class Settings:
                 )
             if parts.query or parts.fragment:
                 raise ValueError("external_url must not have a query or a fragment")
+        secret = self.trusted_proxy_secret
+        if secret and (len(secret) < 16 or not all(33 <= ord(c) < 127 for c in secret)):
+            raise ValueError(
+                "trusted_proxy_secret must be 16 or more printable ASCII characters without "
+                "spaces (e.g. the output of `openssl rand -hex 32`)"
+            )
         object.__setattr__(self, "trusted_proxies", tuple(self.trusted_proxies))
         for entry in self.trusted_proxies:
             try:

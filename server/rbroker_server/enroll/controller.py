@@ -8,7 +8,7 @@ from typing import Any
 
 from litestar import Controller, Request, post
 from litestar.di import NamedDependency
-from litestar.exceptions import ClientException, NotAuthorizedException
+from litestar.exceptions import ClientException, NotAuthorizedException, TooManyRequestsException
 from litestar.params import JSONBody
 from sqlalchemy.engine import Engine
 
@@ -30,7 +30,13 @@ async def enroll_guard(request: Request[Any, Any, Any]) -> None:
     JSON body checks (415, 400), then that the body is a JSON object (400 in words: an
     empty body or another JSON value would be answered with the names of internal keys
     and classes)."""
-    Throttles.of(request).enroll.check(client_address(request))
+    throttle = Throttles.of(request).enroll
+    retry_after = throttle.quick_refusal_s(client_address(request))  # memory: async code
+    if retry_after:
+        raise TooManyRequestsException(
+            f"too many {throttle.what} from your address; try again in {retry_after} s",
+            headers={"Retry-After": str(retry_after)},
+        )
     body = await json_body(request)
     if not body.strip():
         raise ClientException(f"the request body is empty: {WANT}")
@@ -67,6 +73,7 @@ class EnrollController(Controller):
         409: the key is already enrolled. 415: not `application/json`. 429 with Retry-After:
         too many failed enrollments from this address (`ratelimit.ENROLL_FAILURES` a minute).
         """
+        Throttles.of(request).enroll.check(client_address(request))  # shared by all processes
         try:
             response = service.enroll(engine, data)
         except service.EnrollRefused as exc:

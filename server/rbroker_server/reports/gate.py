@@ -26,7 +26,7 @@ from rbroker_server import dbfaults
 from rbroker_server.answers import INTERNAL
 from rbroker_server.bodies import check_depth, check_media_type
 from rbroker_server.db import utcnow
-from rbroker_server.net import Network, forwarded_client
+from rbroker_server.net import Network, scope_client
 from rbroker_server.reports.controller import PATH, refusal
 from rbroker_server.reports.ingest import ReportIngest
 
@@ -52,6 +52,7 @@ class ReportGate:
         faults: the app's database fault episodes.
         trusted: the trusted proxies (for the client address in a 401's log line).
         max_body_bytes: the largest body (`Settings.max_body_bytes`).
+        proxy_secret: `Settings.trusted_proxy_secret` (`net.scope_client`).
     """
 
     def __init__(
@@ -61,8 +62,10 @@ class ReportGate:
         faults: dbfaults.DatabaseFaults,
         trusted: Sequence[Network],
         max_body_bytes: int,
+        proxy_secret: str = "",
     ) -> None:
         self.app = app
+        self.proxy_secret = proxy_secret
         self.ingest = ingest
         self.faults = faults
         self.trusted = tuple(trusted)
@@ -133,12 +136,7 @@ class ReportGate:
         return body
 
     def _client(self, scope: dict[str, Any]) -> str:
-        client = scope.get("client")
-        peer = str(client[0]) if client else ""
-        if not self.trusted or not peer:
-            return peer
-        forwarded = [v.decode("latin-1") for k, v in scope["headers"] if k == b"x-forwarded-for"]
-        return forwarded_client(peer, forwarded, self.trusted)
+        return scope_client(scope, self.trusted, self.proxy_secret)
 
 
 def _error(exc: HTTPException) -> Answer:
