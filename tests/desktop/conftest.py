@@ -111,10 +111,14 @@ def raw_connect() -> Iterator[Callable[[str], RawConnection]]:
 class WorkerProcess:
     """A test worker script (tests/workers/NAME.py) run as a real process, line-buffered."""
 
-    def __init__(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, *args: str, env: dict[str, str] | None = None, stdin: bool = False
+    ) -> None:
+        """`stdin=True`: a pipe on its stdin (`proc.stdin`), closed by `stop`."""
         script = Path(WORKER) / f"{name}.py"
         self.proc = subprocess.Popen(
             [sys.executable, "-u", str(script), *args],
+            stdin=subprocess.PIPE if stdin else None,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
@@ -137,18 +141,21 @@ class WorkerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
-        for stream in (self.proc.stdout, self.proc.stderr):
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
 
 
 @pytest.fixture
 def worker() -> Iterator[Callable[..., WorkerProcess]]:
-    """`worker(name, *args, env=None)` → a started WorkerProcess; all killed at teardown."""
+    """`worker(name, *args, env=None, stdin=False)` → a started WorkerProcess; all killed at
+    teardown."""
     started: list[WorkerProcess] = []
 
-    def start(name: str, *args: str, env: dict[str, str] | None = None) -> WorkerProcess:
-        w = WorkerProcess(name, *args, env=env)
+    def start(
+        name: str, *args: str, env: dict[str, str] | None = None, stdin: bool = False
+    ) -> WorkerProcess:
+        w = WorkerProcess(name, *args, env=env, stdin=stdin)
         started.append(w)
         return w
 

@@ -36,8 +36,10 @@ def test_grants_follow_each_other_on_one_sample_each_booked_in_full(
         leases.append(task.result())
     assert h.broker.slots[GPU0].sample is sample  # no sample was taken in between
     assert _cap(h).outstanding_mib == 5 * 4096
-    # the sixth no longer fits by the booking: refused with the numbers, not granted
-    task = h.acquire(holder, mib=4096, wait_s=0.0)
+    # the sixth (another process: behind its own leases the same one would be infeasible) no
+    # longer fits by the booking: refused with the numbers, not granted
+    _, other = pool.spawn()
+    task = h.acquire(other, mib=4096, wait_s=0.0)
     h.tick(0.1)  # the expiry step answers a wait_s=0 request it evaluated (no clock move)
     assert task.done(), "still waiting (for a sample?) instead of refused on the numbers"
     err = task.exception()
