@@ -79,15 +79,18 @@ def _rbroker(*args: str) -> subprocess.CompletedProcess[str]:
 def test_an_admin_cancels_another_users_waiter_and_ends_their_lease(
     broker: BrokerProcess,
 ) -> None:
-    """The README's shared-server example, with two real OS users: `nobody` holds 20 000 MiB
-    of the 23 347 usable and waits for 10 000 more; root (an administrator of every broker)
-    cancels the waiting request with `rbroker release req-N`, then ends the lease with
-    `rbroker release ID`. `nobody`'s own processes are told each time."""
+    """The README's shared-server example, with two real OS users: root and `nobody` hold
+    10 000 MiB each of the 23 347 usable and `nobody` waits for 5 000 more; root (an
+    administrator of every broker) cancels the waiting request with `rbroker release req-N`,
+    then ends `nobody`'s lease with `rbroker release ID`. `nobody`'s own processes are told
+    each time."""
     os.chmod(os.path.dirname(broker.socket), 0o711)
     os.chmod(broker.socket, 0o666)
+    mine = broker.client()
+    mine.call("lease.acquire", mib=10000, project="tests", session="root", purpose="root's")
     worker = subprocess.Popen(
         [sys.executable, str(Path(WORKER) / "hold_and_wait_as.py"), str(NOBODY), broker.socket,
-         "20000", "10000"],
+         "10000", "5000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -115,8 +118,10 @@ def test_an_admin_cancels_another_users_waiter_and_ends_their_lease(
         assert lost.startswith("lost ") and "released by admin root" in lost, lost
         assert worker.wait(30) == 0
         with broker.client() as c:
-            assert c.leases() == {"leases": [], "queue": []}
+            view = c.leases()
+        assert view["queue"] == [] and [x["session"] for x in view["leases"]] == ["root"]
     finally:
+        mine.close()
         if worker.poll() is None:
             worker.kill()
         worker.communicate(timeout=10)

@@ -2,7 +2,9 @@
 
 Usage: hold_and_wait_as.py UID SOCKET HOLD_MIB WAIT_MIB
 Drops to UID, takes a lease of HOLD_MIB with the SDK (heartbeats on), prints `held LEASE_ID`,
-then asks for WAIT_MIB with wait_s 600 on another connection and prints what became of each:
+then asks for WAIT_MIB with wait_s 600 on another connection (an amount that other users'
+leases keep out, not its own: behind its own lease it would be refused at once) and prints
+what became of each:
 `lost REASON` when the held lease is ended by someone else, `waiter CODE MESSAGE` when the
 waiting request ends with an error. Exits after both or after 60 s.
 """

@@ -68,7 +68,7 @@ def begin(
         return future.result()
     if not future.done():
         try:  # not granted now: refused when it could only fit after its own leases end
-            own_leases.check(b.table, holder, params.mib, params.gpus, waiter.candidates)
+            own_leases.check(b.table, holder, owner, params.mib, params.gpus, waiter.candidates)
         except RpcError:
             b.waiting.remove(waiter)
             raise

@@ -1,7 +1,9 @@
 """Waiting on oneself (docs/architecture.md §3): a request that can only fit after its
 requester's own leases end is refused at once as `infeasible`, with the arithmetic.
 
-The requester is the requesting process and its ancestors (`holders.lineage`): a nested
+The requester is the requesting process and its ancestors (`holders.lineage`) of the same OS
+user (a parent of another user, such as root starting a job as a user, has leases that user
+cannot end and does not count): a nested
 `rbroker run` or SDK lease inside a process that holds a lease would wait for ever, since the
 outer holder does not release while the inner waits. Its own leases book on a GPU what the
 capacity model books for them (§2): per lease the larger of granted and observed. A GPU
@@ -31,14 +33,17 @@ from rbroker_protocol.errors import ErrorCode, RpcError
 def check(
     table: LeaseTable,
     requester: Holder,
+    owner: str,
     mib: int,
     gpus: int,
     candidates: tuple[str, ...],
     resized: Lease | None = None,
 ) -> None:
     """Refuse a request of `mib` MiB on each of `gpus` of `candidates` by process
-    `requester` (or the growth of lease `resized` to `mib`) that fewer than `gpus` of them
-    could hold while the requester's own leases stay.
+    `requester` of OS user `owner` (or the growth of lease `resized` to `mib`) that fewer
+    than `gpus` of them could hold while the requester's own leases stay: those of `owner`
+    held by `requester` or an ancestor (a parent of another user, e.g. root starting a job
+    as a user, is not the requester: its leases are another user's to end).
 
     Raises:
         RpcError: `infeasible` with `reason` "own_leases", the figures of the GPU that
@@ -64,7 +69,12 @@ def check(
             continue
         if chain is None:
             chain = lineage(requester)
-        own = [x for h in chain for x in table.held_on(h, uuid) if x is not resized]
+        own = [
+            x
+            for h in chain
+            for x in table.held_on(h, uuid)
+            if x is not resized and x.owner == owner
+        ]
         booked = [max(x.granted_mib, x.observed_mib.get(uuid, 0)) for x in own]
         if mib <= usable - sum(booked):
             could += 1

@@ -156,7 +156,9 @@ class Resizes:
         parents') other leases end is refused (`own_leases`)."""
         gpus = lease.gpu_uuids
         try:
-            own_leases.check(self.table, lease.holder, mib, len(gpus), gpus, resized=lease)
+            own_leases.check(
+                self.table, lease.holder, lease.owner, mib, len(gpus), gpus, resized=lease
+            )
         except RpcError as err:
             raise _refused(lease, err) from None
 

@@ -23,6 +23,7 @@ from rbroker.tray.models import LeasesModel, QueueModel
 from rbroker.tray.settings import TraySettings
 from rbroker.tray.state import TrayState
 from tests.conftest import GPU0, BrokerProcess
+from tests.desktop.conftest import WorkerProcess
 
 TIMEOUT_MS = 10_000
 
@@ -77,7 +78,10 @@ def test_window_shows_a_lease_held_by_a_real_client(
 
 
 def test_waiting_request_shows_with_its_reason(
-    qtbot: QtBot, broker: BrokerProcess, make_tray: Callable[..., TrayApp]
+    qtbot: QtBot,
+    broker: BrokerProcess,
+    make_tray: Callable[..., TrayApp],
+    worker: Callable[..., WorkerProcess],
 ) -> None:
     tray = make_tray(broker.socket)
     queue = tray.window.local.queue
@@ -100,25 +104,25 @@ def test_waiting_request_shows_with_its_reason(
 
     t = threading.Thread(target=wait_for_room, daemon=True)
     try:
-        with rbroker.lease(10000, project="vision", session="a", purpose="p", socket=broker.socket):
-            t.start()
-            qtbot.waitUntil(lambda: queue.rowCount() == 1, timeout=TIMEOUT_MS)
-            qtbot.waitUntil(lambda: tray.state is TrayState.WAITING, timeout=TIMEOUT_MS)
+        # held by another process: behind its own lease the waiter would be refused at once
+        holder = worker("hold_lease", broker.socket, "10000", "a", "0")
+        assert holder.read_line().startswith("granted ")
+        t.start()
+        qtbot.waitUntil(lambda: queue.rowCount() == 1, timeout=TIMEOUT_MS)
+        qtbot.waitUntil(lambda: tray.state is TrayState.WAITING, timeout=TIMEOUT_MS)
 
-            def reason() -> str:
-                return str(queue.data(queue.index(0, QueueModel.REASON)))
+        def reason() -> str:
+            return str(queue.data(queue.index(0, QueueModel.REASON)))
 
-            # the reason with the numbers (the grant above left the sample usable)
-            qtbot.waitUntil(lambda: reason().startswith("GPU 0 has"), timeout=TIMEOUT_MS)
-            assert reason().startswith(
-                "GPU 0 has 13 347 MiB available (24 576 total − 1 229 headroom"
-            )
-            assert reason().endswith("20 000 requested")
-            assert queue.data(queue.index(0, QueueModel.MIB)) == "20 000"
-            assert tray.window.local.queue_box.title() == "Waiting (1)"
-            waiter.close()  # the waiter leaves; nothing is left behind
-            t.join(5)
-            qtbot.waitUntil(lambda: queue.rowCount() == 0, timeout=TIMEOUT_MS)
+        # the reason with the numbers (the grant above left the sample usable)
+        qtbot.waitUntil(lambda: reason().startswith("GPU 0 has"), timeout=TIMEOUT_MS)
+        assert reason().startswith("GPU 0 has 13 347 MiB available (24 576 total − 1 229 headroom")
+        assert reason().endswith("20 000 requested")
+        assert queue.data(queue.index(0, QueueModel.MIB)) == "20 000"
+        assert tray.window.local.queue_box.title() == "Waiting (1)"
+        waiter.close()  # the waiter leaves; nothing is left behind
+        t.join(5)
+        qtbot.waitUntil(lambda: queue.rowCount() == 0, timeout=TIMEOUT_MS)
     finally:
         waiter.close()
         if t.is_alive():
