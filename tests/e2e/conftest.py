@@ -196,7 +196,8 @@ class UplinkBroker:
 @pytest.fixture
 def uplink_broker() -> Iterator[Callable[..., UplinkBroker]]:
     """`uplink_broker(coordinator, name, scenario=SINGLE_24G, env=None,
-    report_interval_s=None)` → an enrolled, running broker (key in a 0600 file).
+    report_interval_s=None, extra_args=None)` → an enrolled, running broker (key in a 0600
+    file; `extra_args` go to `rbroker broker`).
     `report_interval_s` is written into its `uplink.json` before it starts (the setting of
     `rbroker.uplink.config.UplinkConfig`; default 5 s), so a test can run the uplink's
     schedule on a shorter time scale. All are killed at teardown."""
@@ -209,6 +210,7 @@ def uplink_broker() -> Iterator[Callable[..., UplinkBroker]]:
         env: dict[str, str] | None = None,
         url: str | None = None,
         report_interval_s: float | None = None,
+        extra_args: list[str] | None = None,
     ) -> UplinkBroker:
         root = short_tmp()
         ca = ["--ca-file", coordinator.ca_file] if coordinator.ca_file else []
@@ -221,7 +223,7 @@ def uplink_broker() -> Iterator[Callable[..., UplinkBroker]]:
             saved = json.loads(config.read_text())
             config.write_text(json.dumps({**saved, "report_interval_s": report_interval_s}))
         computer_id = json.loads((root / "data" / "uplink.json").read_text())["computer_id"]
-        bp = start_broker(scenario, root=root, env=env)
+        bp = start_broker(scenario, root=root, env=env, extra_args=extra_args)
         started.append(bp)
         return UplinkBroker(name, computer_id, bp)
 

@@ -185,7 +185,8 @@ def test_report_stored_then_connection_dropped_is_resent_identically_and_counted
 def test_a_state_too_large_for_one_report_is_trimmed_and_says_so(
     coordinator: CoordinatorProcess, uplink_broker: Callable[..., UplinkBroker]
 ) -> None:
-    lab = uplink_broker(coordinator, "lab-big")
+    # one user declaring 2 000 jobs: past the default cap of 1 024 open jobs per user
+    lab = uplink_broker(coordinator, "lab-big", extra_args=["--max-jobs-per-user", "2000"])
     wait_until(lambda: lab.link()["link"] == "ok", timeout_s=20, interval_s=0.1)
     declared = 2000  # about 515 bytes each as JSON (1 MB): more than one report may carry
     with lab.broker.client() as c:

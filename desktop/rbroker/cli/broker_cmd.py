@@ -152,6 +152,9 @@ def run_broker(args: argparse.Namespace) -> int:
             shared_socket=args.system,
             over_grant_grace_s=args.over_grant_grace,
             max_wait_s=args.max_wait,
+            max_waiting_per_user=args.max_waiting_per_user,
+            max_leases_per_user=args.max_leases_per_user,
+            max_open_jobs_per_user=args.max_jobs_per_user,
         )
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))

@@ -119,6 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="the longest wait a request may ask for; a longer one is refused "
         "(wait_too_long; default 86400, 24 h)",
     )
+    for flag, code in (
+        ("--max-waiting-per-user", "too_many_waiting"),
+        ("--max-leases-per-user", "too_many_leases"),
+        ("--max-jobs-per-user", "too_many_jobs"),
+    ):
+        b.add_argument(
+            flag,
+            type=int,
+            default=1024,
+            metavar="N",
+            help=f"per OS user, at most N (default 1024; past it: {code})",
+        )
     b.add_argument("-v", "--verbose", action="store_true", help="log every lease")
 
     s = sub.add_parser("status", help="GPU capacity and leases of the local broker")
