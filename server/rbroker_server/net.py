@@ -53,12 +53,25 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
-def _trusted(
-    addr: ipaddress.IPv4Address | ipaddress.IPv6Address, trusted: Sequence[Network]
+def peer_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """A peer's address as the server gives it (`1.2.3.4`, `::1`, `fe80::1%eth0`), an
+    IPv4-mapped IPv6 address as IPv4; None for anything else (a Unix socket's name)."""
+    try:
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def in_networks(
+    addr: ipaddress.IPv4Address | ipaddress.IPv6Address, networks: Sequence[Network]
 ) -> bool:
+    """`addr` (IPv4-mapped IPv6 read as IPv4) lies in one of `networks`."""
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
-    return any(addr.version == n.version and addr in n for n in trusted)
+    return any(addr.version == n.version and addr in n for n in networks)
 
 
 def forwarded_client(peer: str, forwarded_for: Sequence[str], trusted: Sequence[Network]) -> str:
@@ -73,7 +86,7 @@ def forwarded_client(peer: str, forwarded_for: Sequence[str], trusted: Sequence[
     MDN's `X-Forwarded-For` guidance ("rightmost untrusted") and uvicorn's proxy headers.
     """
     current = _ip(peer)
-    if current is None or not _trusted(current, trusted):
+    if current is None or not in_networks(current, trusted):
         return peer
     hops = [h for value in forwarded_for for h in value.split(",") if h.strip()]
     for hop in reversed(hops):
@@ -81,7 +94,7 @@ def forwarded_client(peer: str, forwarded_for: Sequence[str], trusted: Sequence[
         if addr is None:
             break
         current = addr
-        if not _trusted(addr, trusted):
+        if not in_networks(addr, trusted):
             break
     return str(current)
 
@@ -128,12 +141,9 @@ def limit_key(address: str) -> str:
     """The network a rate limit counts `address` under: its /24 for IPv4, its /64 for IPv6
     (IPv4-mapped IPv6 as IPv4), so rotating addresses inside one network (127.0.x.y is all
     local, a host picks any address of its /64) shares one limit; anything else as given."""
-    try:
-        addr = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
+    addr = peer_ip(address)
+    if addr is None:
         return address
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
     prefix = 24 if addr.version == 4 else 64
     return str(ipaddress.ip_network((addr, prefix), strict=False))
 

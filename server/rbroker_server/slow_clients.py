@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rbroker_server.net import Network
+from rbroker_server.net import Network, in_networks, peer_ip
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +58,10 @@ def address_key(host: str) -> str:
     """The key connections are counted under: an IPv4 address itself, an IPv6 address's
     /64 (one host can take any address of its /64); IPv4-mapped IPv6 as IPv4. Anything
     else (a Unix socket's name) as given."""
-    try:
-        addr = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
+    addr = peer_ip(host)
+    if addr is None:
         return host
     if isinstance(addr, ipaddress.IPv6Address):
-        if addr.ipv4_mapped is not None:
-            return str(addr.ipv4_mapped)
         return str(ipaddress.IPv6Network((addr, 64), strict=False))
     return str(addr)
 
@@ -142,13 +139,8 @@ class ConnectionGuard:
     open_by_key: Counter[str] = field(default_factory=Counter)
 
     def exempted(self, host: str) -> bool:
-        try:
-            addr = ipaddress.ip_address(host.split("%", 1)[0])
-        except ValueError:
-            return False
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            addr = addr.ipv4_mapped
-        return any(addr.version == n.version and addr in n for n in self.exempt)
+        addr = peer_ip(host)
+        return addr is not None and in_networks(addr, self.exempt)
 
     def admit(self, key: str | None, exempt: bool) -> str | None:
         """Count one new connection of `key` (None: no address) and return None, or say
