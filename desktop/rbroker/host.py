@@ -175,7 +175,7 @@ class BrokerHost:
         """Stop listening, stop the reporter and the broker, unlock the data dir. Live leases
         stay in the store for the next start unless `release_all_on_exit` is set."""
         if self.broker is not None:
-            self.broker.shutting_down = True  # the reporter sends its last report
+            self.broker.mark_shutting_down()  # the reporter sends its last report
         if self._keeper is not None:
             self._keeper.cancel()
         if self._uplink is not None:

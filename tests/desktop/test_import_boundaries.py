@@ -33,13 +33,12 @@ WEB_STACK = ("litestar", "sqlmodel", "sqlalchemy", "alembic", "uvicorn", "jinja2
 BROKER_PARTS = (
     "admission",
     "events",
-    "lifecycle",
     "overgrant",
     "resize",
     "restore",
     "sampling",
+    "simulation",
     "table",
-    "views",
     "waiting",
 )
 #: Other trees whose imports of the broker's parts are checked too.
@@ -145,11 +144,10 @@ def test_the_broker_parts_exist_and_the_facade_imports_them() -> None:
     broker = PACKAGES["rbroker"] / "broker"
     for part in BROKER_PARTS:
         assert (broker / f"{part}.py").is_file(), part
-    imported = {  # the façade and its lifecycle (start, fail-closed retry, stop)
+    imported = {  # the façade (its lifecycle too: start, fail-closed retry, stop)
         name
-        for module in ("service", "lifecycle")
         for _, name in imported_modules(
-            (broker / f"{module}.py").read_text(encoding="utf-8"), f"rbroker.broker.{module}", False
+            (broker / "service.py").read_text(encoding="utf-8"), "rbroker.broker.service", False
         )
     }
     assert {f"rbroker.broker.{part}" for part in BROKER_PARTS} <= imported

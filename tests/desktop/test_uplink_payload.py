@@ -38,10 +38,9 @@ def _broker(jobs: list[dict[str, Any]]) -> Any:
     return SimpleNamespace(
         gpus_view=lambda: [],
         leases_view=lambda: {"leases": [], "queue": []},
-        jobs=SimpleNamespace(view=lambda include_finished, live_lease_ids: jobs),
-        leases={},
-        gateway=SimpleNamespace(source="simulated"),
-        clock=SimpleNamespace(wall=lambda: 1_700_000_000.0),
+        jobs_view=lambda include_finished: jobs,
+        telemetry_source=lambda: "simulated",
+        now_wall=lambda: 1_700_000_000.0,
     )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 class HeadroomTooLarge(ValueError):
     """A configured headroom is at least a GPU's total: nothing could ever be granted
-    there. Raised when the broker starts (`rbroker.broker.lifecycle.check_headroom`); the
+    there. Raised when the broker starts (`Broker._check_headroom`); the
     message names the GPU and both figures in MiB."""
 
 

@@ -15,7 +15,7 @@ than `gpus` of its GPUs are left unblocked (all or nothing). A resize growth is 
 same way for the new size, the resized lease left out; its requester is the lease's holder.
 
 The check runs only for a request that the admission pass did not grant at once
-(`acquiring.begin`, `Resizes.resize`), so reading the requester's ancestors costs nothing
+(`Broker.begin_acquire`, `Resizes.resize`), so reading the requester's ancestors costs nothing
 on the common path; a `wait_s` 0 request it does not refuse keeps `capacity_unavailable`.
 """
 

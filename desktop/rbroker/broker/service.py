@@ -1,11 +1,22 @@
-"""The broker service: the one façade the local API, the uplink and the tray call.
+"""The broker service: the one façade the local API, the uplink, the host and the tray call.
 
 `Broker` wires the parts together on one asyncio loop and owns their lifecycle:
 `sampling` (GPUs, the NVML loop, freshness), `table` (leases, attribution, expiry),
-`waiting` (the queue), `admission` (the FIFO pass, placement, reasons), `restore` (after a
-restart) and `views` (what the read methods return). Admission and booking happen in one
-synchronous step (`_admit` → `_grant`), so two requests can never both pass the capacity
-check (docs/architecture.md §2). Nothing outside `rbroker.broker` imports those parts.
+`waiting` (the queue), `admission` (the FIFO pass, placement, reasons), `jobs`, `resize`,
+`restore` (after a restart) and `simulation` (the `sim.*` methods). Admission and booking
+happen in one synchronous step (`_admit` → `_grant`), so two requests can never both pass
+the capacity check (docs/architecture.md §2). Nothing outside `rbroker.broker` imports those
+parts, and nothing outside it reads them through the broker either: every outside call is a
+method of `Broker` (tests/desktop/test_layout.py).
+
+Fail closed, never open: where `nvmlInit` fails no GPU is invented and nothing is admitted;
+requests wait or are refused with the NVML error in words; leases restored from the store
+stay; NVML is retried with backoff (0.5 s doubling to `nvml_retry_max_s`) and the broker
+serves normally once it answers. Where the OS shows no NVIDIA GPU at all, requests are
+refused as infeasible with the way to try rbroker (`--simulate`).
+
+Description fields (project, session, purpose, handler, reason) and a request's job are
+checked here, once, whoever calls (docs/architecture.md §5).
 """
 
 from __future__ import annotations
@@ -15,28 +26,52 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from rbroker.broker import acquiring, fairness, lifecycle, overgrant, ticks, views
+from rbroker._version import __version__
+from rbroker.broker import fairness, overgrant, own_leases, ticks
 from rbroker.broker.admission import Admission, NvmlProblem
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock, SystemClock
-from rbroker.broker.config import BrokerConfig
+from rbroker.broker.config import BrokerConfig, HeadroomTooLarge
 from rbroker.broker.events import Events, Listener
 from rbroker.broker.holders import Holder
-from rbroker.broker.jobs import JobTable
+from rbroker.broker.jobs import Job, JobTable
 from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker.broker.resize import Resizes
+from rbroker.broker.restore import restore
 from rbroker.broker.sampling import GpuSlot, Sampling
+from rbroker.broker.simulation import Simulation
 from rbroker.broker.store import LeaseStore
 from rbroker.broker.table import Choice, LeaseTable
-from rbroker.broker.ticks import liveness_memo
+from rbroker.broker.ticks import liveness_memo, tick_loop
 from rbroker.broker.waiting import WaitQueue
+from rbroker.eventloop import loop_name
 from rbroker.gpu.fake_nvml import FakeNvml
-from rbroker.gpu.nvml import NvmlGateway
+from rbroker.gpu.nvml import NvmlGateway, TelemetryError, describe
+from rbroker.gpu.presence import nvidia_device_present
+from rbroker.gpu.types import TelemetryState
+from rbroker_protocol.descriptions import DescriptionRejected, check_description
+from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import AcquireParams
 
-__all__ = ["Broker", "GpuSlot", "Listener"]
+__all__ = ["Broker", "GpuSlot", "Listener", "check_descriptions"]
 
 log = logging.getLogger(__name__)
+
+
+def check_descriptions(values: dict[str, str]) -> None:
+    """Check free-text description fields (`{field: value}`) against the rules of
+    `rbroker_protocol.descriptions`.
+
+    Raises:
+        RpcError: `description_rejected` with the field and the rule it broke.
+    """
+    for field, value in values.items():
+        try:
+            check_description(field, value)
+        except DescriptionRejected as exc:
+            raise RpcError(
+                ErrorCode.DESCRIPTION_REJECTED, str(exc), field=exc.field, rule=exc.rule
+            ) from None
 
 
 class Broker:
@@ -44,7 +79,8 @@ class Broker:
 
     All public methods run on the broker's event loop. Errors are `RpcError`s with the
     stable codes of docs/architecture.md §5. `slots`, `leases`, `ended` and `queue` are the
-    parts' live collections (read them, do not replace them).
+    parts' live collections, for the broker's own parts and its tests (read them, do not
+    replace them); code outside `rbroker.broker` calls methods.
     """
 
     def __init__(
@@ -63,7 +99,6 @@ class Broker:
         self.gateway = gateway
         self.fake = fake
         self.events = Events()
-        self.subscribe = self.events.subscribe
         self.emit = self.events.emit
         # hooks are looked up on `self` at call time, so a wrapped `_admit` sees every pass
         self.sampling = Sampling(
@@ -81,6 +116,11 @@ class Broker:
         self.resizes = Resizes(
             self.table, self.waiting, self.admission, self.clock, self.emit, lambda: self._admit()
         )
+        self.simulation = (
+            None
+            if fake is None
+            else Simulation(fake, self.slots, self.leases, lambda uuid: self.memory_changed(uuid))
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self.started_mono = self.clock.monotonic()
         self.started_wall = self.clock.wall()
@@ -92,24 +132,163 @@ class Broker:
         self.stopping = False
         self.shutting_down = False  # set by the host before it stops the reporter
 
-    # -- lifecycle (see `lifecycle`) --------------------------------------------------------
+    # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, background: bool = True) -> None:
         """Enumerate GPUs, take a first sample of each, restore the store, start the
         sampler and tick tasks; fail closed (no GPUs, retried) where NVML does not
         initialise. `background=False` (tests that drive the broker step by step) starts no
         tasks: the caller then calls `_sample_once`, `_admit`, `_expire` and the rest."""
-        await lifecycle.start(self, background)
+        try:
+            await self.sampling.enumerate()
+        except TelemetryError as exc:
+            self._nvml_failed(exc)
+        else:
+            # read once, off the loop: an NVML call on the loop would block the local API
+            # whenever the driver hangs
+            self.driver_version = await asyncio.to_thread(self.gateway.driver_version)
+            await self.sampling.sample_all()
+            self._check_headroom()
+        if self.store is not None:
+            restore(self.store, self.table, self.waiting, self.jobs, self.clock, self.config)
+        if not background:
+            return
+        if self.nvml_problem is not None:
+            self._spawn(self._retry_nvml())
+        for slot in self.slots.values():
+            self._spawn(self.sampling.sample_loop(slot))
+        self._spawn(
+            tick_loop(self.clock, self.config, self._grace, self._check_holders, self._expire)
+        )
+        if self.nvml_problem is None:
+            self._spawn(self.sampling.enumerate_loop(self._spawn))
+        log.info("broker started: %d GPUs, telemetry %s", len(self.slots), self.gateway.source)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coro))
 
+    def _check_headroom(self) -> None:
+        """Refuse a configured headroom (`--headroom-mib`, or one GPU's override) that is not
+        below the total of a GPU sampled at start (architecture.md §2: usable = total −
+        headroom − …); a GPU whose first sample failed is not judged.
+
+        Raises:
+            HeadroomTooLarge: for the first such GPU.
+        """
+        for slot in self.slots.values():
+            total_mib = slot.total_mib
+            override = slot.headroom_override
+            if override is not None and total_mib is not None and override >= total_mib:
+                raise HeadroomTooLarge(
+                    f"headroom {override} MiB is not below the {total_mib} MiB of GPU "
+                    f"{slot.info.index} ({slot.uuid}, {slot.info.name}): nothing could ever be "
+                    "granted there; give a headroom below the GPU's total (--headroom-mib)"
+                )
+
+    def _nvml_failed(self, exc: TelemetryError) -> None:
+        """Record why NVML does not initialise and whether a GPU exists at all."""
+        present = self.fake is not None or nvidia_device_present()
+        self.nvml_problem = NvmlProblem(exc.reason, exc.words or describe(exc.reason), present)
+        self.admission.problem = self.nvml_problem
+        if present:
+            log.error(
+                "NVML failed at start: %s; nothing is admitted until it answers (retrying)",
+                self.nvml_problem.words,
+            )
+        else:
+            log.warning(
+                "no NVIDIA GPU on this computer (%s); to try rbroker without one, run "
+                "`rbroker broker --simulate`",
+                self.nvml_problem.words,
+            )
+
+    async def _retry_nvml(self) -> None:
+        """Retry `nvmlInit` and enumeration with backoff until they work; then sample, serve
+        and admit normally (waiters get every GPU found)."""
+        delay_s = 0.5
+        while self.nvml_problem is not None:
+            await asyncio.sleep(delay_s)
+            delay_s = min(self.config.nvml_retry_max_s, delay_s * 2)
+            try:
+                await asyncio.wait_for(self.sampling.enumerate(), self.config.nvml_deadline_s * 4)
+            except TimeoutError:
+                continue
+            except TelemetryError as exc:
+                if exc.reason != self.nvml_problem.reason:
+                    self._nvml_failed(exc)
+                continue
+            log.warning("NVML answers again: %d GPUs; admitting", len(self.slots))
+            self.nvml_problem = None
+            self.admission.problem = None
+            self.driver_version = await asyncio.to_thread(self.gateway.driver_version)
+            await self.sampling.sample_all()
+            self._check_headroom()
+            for slot in self.slots.values():
+                self.table.update_observed(slot)
+                self._spawn(self.sampling.sample_loop(slot))
+            self._spawn(self.sampling.enumerate_loop(self._spawn))
+            self.waiting.widen(self.admission.unpinned_candidates)
+            self.emit("capacity", {})
+            self._admit()
+
     def begin_stop(self) -> bool:
-        """About to stop: True when leases are kept for the restart (see `lifecycle`)."""
-        return lifecycle.begin_stop(self)
+        """The broker is about to stop. With `release_all_on_exit`, end every lease now;
+        otherwise keep every lease and persisted waiter in the store, so that connections
+        closing from here on end nothing and the restarted broker restores them exactly as
+        after a crash. Returns True when leases are kept."""
+        if self.config.release_all_on_exit:
+            for lease in list(self.leases.values()):
+                self._end(lease, LeaseState.RELEASED, "the broker stopped (release all on exit)")
+            return False
+        self.stopping = True
+        log.info("stopping: %d leases kept for the restarted broker", len(self.leases))
+        return True
 
     async def stop(self) -> None:
-        """Cancel background tasks, fail waiters; leases stay unless `begin_stop` ended them."""
-        await lifecycle.stop(self)
+        """Cancel background tasks and fail every waiter (persisted waiters stay in the
+        store); leases stay in the store unless `begin_stop` ended them."""
+        pending = set(self._tasks)
+        while pending:
+            # cancel again until done: Python 3.11's asyncio.wait_for can swallow a
+            # cancellation that arrives as its inner future completes (a GPU's sampler
+            # kicked by a lease ending just as the broker stops), and the task runs on
+            for task in pending:
+                task.cancel()
+            done, pending = await asyncio.wait(pending, timeout=0.5)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.warning("background task ended with %r", task.exception())
+        self._tasks.clear()
+        for slot in self.slots.values():
+            slot.began_sample()  # drop a coalesced kick still scheduled
+        self.waiting.fail_all(RpcError(ErrorCode.CANCELLED, "broker stopping"))
+        self.sampling.close()
+        if self.store is not None:
+            self.store.close()
+
+    def mark_shutting_down(self) -> None:
+        """The host is about to stop the reporter: its last report says the broker stops."""
+        self.shutting_down = True
+
+    def is_shutting_down(self) -> bool:
+        """Whether the host has begun to shut the broker down (`mark_shutting_down`)."""
+        return self.shutting_down
+
+    def set_uplink_status(self, status: Callable[[], dict[str, Any]] | None) -> None:
+        """Where `status()` reads the coordinator link's state from (the uplink runner)."""
+        self.uplink_status = status
+
+    # -- events --------------------------------------------------------------------------------
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call `listener(kind, data)` for every broker event; returns the unsubscribe."""
+        return self.events.subscribe(listener)
+
+    def holder_connection(self, lease_id: str, ended_too: bool = False) -> int | None:
+        """The connection lease `lease_id` is bound to (None: unknown or unbound); with
+        `ended_too`, a lease that just ended is looked for among the ended ones."""
+        lease = self.leases.get(lease_id)
+        if lease is None and ended_too:
+            lease = next((x for x in reversed(self.ended) if x.lease_id == lease_id), None)
+        return None if lease is None else lease.conn_id
 
     # -- sampling hooks ------------------------------------------------------------------------
     async def _sample_once(self, slot: GpuSlot) -> None:
@@ -139,16 +318,33 @@ class Broker:
         slot.last_change_at = self.clock.monotonic()
         slot.kick.set()
 
+    def simulated(self) -> bool:
+        """Whether the broker runs on the simulated NVML (`--simulate`)."""
+        return self.fake is not None
+
+    def telemetry_source(self) -> str:
+        """Where GPU readings come from (`nvml`, `simulated`, ...)."""
+        return self.gateway.source
+
+    def sim(self) -> Simulation:
+        """The `sim.*` handler.
+
+        Raises:
+            RpcError: `not_simulated` on real GPUs.
+        """
+        if self.simulation is None:
+            raise RpcError(ErrorCode.NOT_SIMULATED, "sim.* methods need a simulated broker")
+        return self.simulation
+
     # -- acquire -------------------------------------------------------------------------------
     async def acquire(
         self, params: AcquireParams, owner: str, holder: Holder, conn_id: int | None
     ) -> Lease:
         """Queue a request and wait (up to `params.wait_s`) until it is granted.
 
-        Description fields must already be validated by the caller (localapi).
-
         Raises:
-            RpcError: `infeasible` at once; `capacity_unavailable` (wait_s=0) or
+            RpcError: `description_rejected`, `job_not_found`, `job_finished` at once;
+                `infeasible` at once; `capacity_unavailable` (wait_s=0) or
                 `wait_timeout` when not granted in time; `telemetry_unavailable` when the
                 pinned GPU is lost or every candidate's telemetry failed and wait_s=0;
                 `cancelled` when the connection closes first; the per-user caps and the
@@ -158,11 +354,90 @@ class Broker:
         return started if isinstance(started, Lease) else await self.await_waiter(started)
 
     def begin_acquire(
-        self, params: AcquireParams, owner: str, holder: Holder, conn_id: int | None
+        self,
+        params: AcquireParams,
+        owner: str,
+        holder: Holder | Callable[[], Holder],
+        conn_id: int | None,
     ) -> Lease | Waiter:
         """`acquire` without waiting: the lease when granted (or re-bound) at once, else its
-        queue entry for `await_waiter`. Raises `RpcError` as `acquire` for what is refused."""
-        return acquiring.begin(self, params, owner, holder, conn_id)
+        queue entry for `await_waiter`. Raises `RpcError` as `acquire` for what is refused.
+
+        A request keyed like one already granted or waiting gets that lease or queue entry
+        back; a new one is checked (infeasible, telemetry, the per-user rules of `fairness`),
+        queued and given one admission pass at once, so that a request that fits is granted
+        without waiting (and the local API answers it without a task of its own); a request
+        queued behind others on every GPU it may take only gets its reason (the cost of an
+        acquire stays flat in the length of the queue). One that is not granted at once and
+        could only fit after its requester's own leases end is refused (`own_leases`).
+        `holder` may be given as a function, read once the descriptions passed (the local
+        API's peer lookup, whose refusals come after a description's).
+        """
+        check_descriptions(
+            {"project": params.project, "session": params.session, "purpose": params.purpose}
+        )
+        params = params.model_copy(
+            update={
+                "project": params.project.strip(),
+                "session": params.session.strip(),
+                "purpose": params.purpose.strip(),
+            }
+        )
+        if not isinstance(holder, Holder):
+            holder = holder()
+        if params.job_id is not None:
+            self.jobs.get_open(params.job_id, owner)  # no workers for a finished job
+        if params.request_key:
+            lease = self.table.by_request_key(params.request_key, owner, holder)
+            if lease is not None:
+                return self.table.rebind(lease, conn_id)
+            found = self.waiting.find(params.request_key, owner, holder)
+            if found is not None:
+                found.conn_id, found.reattach_by = conn_id, None
+                return found
+        candidates = self.admission.candidates(params)
+        self.admission.check_feasible(params, candidates)
+        fairness.check_request(
+            params,
+            owner,
+            self.config,
+            self.table.owned_by(owner),
+            self.waiting.waiting_of(owner),
+        )
+        waiter = self.waiting.new_waiter(
+            params,
+            candidates,
+            owner,
+            holder,
+            conn_id,
+            self.clock.monotonic(),
+            self.clock.wall(),
+            self.clock.boottime(),
+        )
+        behind = bool(candidates) and all(self.waiting.waiting_on(u) for u in candidates)
+        self.waiting.add(waiter)
+        if behind:
+            # queued behind other requests on every GPU it may take: FIFO, it cannot be
+            # granted before them, and every change that could admit them runs a pass of its
+            # own (a sample, a cancel, a closed connection, a resume, the tick): no pass
+            self.admission.explain_behind(waiter, self.waiting.waiting_on, self.paused)
+        else:
+            self._admit()
+        future = waiter.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            return future.result()
+        if not future.done():
+            try:  # not granted now: refused when it could only fit after its own leases end
+                own_leases.check(
+                    self.table, holder, owner, params.mib, params.gpus, waiter.candidates
+                )
+            except RpcError:
+                self.waiting.remove(waiter)
+                raise
+            if params.wait_s > 0:
+                self.waiting.persist(waiter)
+            self.emit("queue", {"request_id": waiter.request_id})
+        return waiter
 
     async def await_waiter(self, waiter: Waiter) -> Lease:
         """The lease a queued request from `begin_acquire` ends with (raises as `acquire`)."""
@@ -193,10 +468,22 @@ class Broker:
         waiter.future.set_result(lease)
         self.emit("lease", {"lease_id": lease.lease_id, "state": lease.state.value})
 
-    def set_paused(self, paused: bool) -> None:
-        """Pause or resume new admissions (existing leases are untouched)."""
+    def set_paused(self, paused: bool) -> bool:
+        """Pause or resume new admissions (existing leases are untouched); returns whether
+        admissions are paused now."""
         self.paused = paused
         self._admit()
+        return self.paused
+
+    def waiting_entry(self, request_key: str, conn_id: int) -> dict[str, Any] | None:
+        """The queue entry (as in `leases_view`, with its position) of the request keyed
+        `request_key` waiting on connection `conn_id`, once admission has given it a reason;
+        None when it is not waiting (or has no reason yet)."""
+        now = self.clock.monotonic()
+        for waiter, ahead in self.waiting.ahead():
+            if waiter.request_key == request_key and waiter.conn_id == conn_id:
+                return waiter.to_wire(now, ahead) if waiter.evaluated else None
+        return None
 
     # -- attach / renew / release / expiry -----------------------------------------------------
     def attach(self, lease_id: str, token: str, owner: str, conn_id: int | None) -> Lease:
@@ -232,13 +519,69 @@ class Broker:
         admin: bool = False,
     ) -> Lease:
         """End a lease now, asked by `owner` on connection `conn_id` from process `pid` (None:
-        by the holder); an `admin` may end anyone's. The reason says who (never the pid, §8):
-        see `fairness.release`. Raises like `renew` (`not_lease_owner`: not for admins)."""
-        return fairness.release(self, lease_id, owner, conn_id, pid, admin)
+        by the holder); an `admin` may end anyone's (see `fairness`). The reason says who
+        (never the pid, §8); when it is not the holder, the holder is told (a `lease_ended`
+        event to its connection).
+
+        Raises:
+            RpcError: `lease_not_found`, `lease_expired`, `not_lease_owner` (not an admin).
+        """
+        found = self.leases.get(lease_id)
+        by_admin = admin and found is not None and found.owner != owner
+        lease = self.table.find(lease_id, found.owner if by_admin and found else owner)
+        state = LeaseState.RELEASED
+        if by_admin:
+            state, reason = LeaseState.REVOKED, f"released by admin {owner}"
+        elif conn_id is None or conn_id == lease.conn_id or pid == lease.holder.pid:
+            reason = "released by holder"
+        else:
+            reason = f"released by another process of {owner}"
+        self._end(lease, state, reason)
+        if reason != "released by holder":  # tell the holder (its connection, if it has one)
+            self.emit(
+                "lease_ended", {"lease_id": lease_id, "state": state.value, "ended_reason": reason}
+            )
+        return lease
 
     def cancel_request(self, request_id: int, user: str, admin: bool = False) -> Waiter:
-        """Cancel a waiting request of `user` (anyone's for an `admin`): see `fairness.cancel`."""
-        return fairness.cancel(self, request_id, user, admin)
+        """Cancel waiting request `request_id`: its owner's, or anyone's for an admin. The
+        waiting `lease.acquire` (or resize) ends `cancelled` with "request cancelled by admin
+        <user>" (or "... by <user>", another process of its owner).
+
+        Raises:
+            RpcError: `request_not_found` (not waiting: granted, ended, unknown),
+                `not_lease_owner` (another user's, and `user` is no admin).
+        """
+        waiter = next((w for w in self.queue if w.request_id == request_id), None)
+        if waiter is None or waiter.future.done():
+            raise RpcError(
+                ErrorCode.REQUEST_NOT_FOUND,
+                f"no waiting request {request_id} (granted, ended or never queued)",
+                request_id=request_id,
+            )
+        if waiter.owner != user and not admin:
+            raise RpcError(
+                ErrorCode.NOT_LEASE_OWNER,
+                f"request {request_id} belongs to another user",
+                request_id=request_id,
+            )
+        who = f"admin {user}" if waiter.owner != user else user
+        self.waiting.remove(
+            waiter,
+            RpcError(
+                ErrorCode.CANCELLED,
+                f"request cancelled by {who}",
+                request_id=request_id,
+                cancelled_by=user,
+            ),
+        )
+        self.emit("queue", {"request_id": request_id})
+        self._admit()
+        return waiter
+
+    def request_view(self, waiter: Waiter) -> dict[str, Any]:
+        """A request as `leases_view` shows it (position 0: it is no longer queued)."""
+        return waiter.to_wire(self.clock.monotonic(), 0)
 
     def _end(self, lease: Lease, state: LeaseState, reason: str) -> None:
         if self.table.end(lease, state, reason):
@@ -285,15 +628,175 @@ class Broker:
         if self.queue:
             self._admit()
 
+    # -- jobs (docs/architecture.md §4) --------------------------------------------------------
+    def _job_wire(self, job: Job) -> dict[str, Any]:
+        live = self.leases
+        return dict(job.to_wire([lid for lid in job.lease_ids if lid in live]))
+
+    def declare_job(
+        self,
+        owner: str,
+        project: str,
+        purpose: str,
+        handler: str,
+        total_items: int | None,
+        workers: int,
+        conn_id: int | None,
+    ) -> dict[str, Any]:
+        """Declare a job of `owner` (see `jobs.JobTable.declare`); returns its view.
+
+        Raises:
+            RpcError: `description_rejected`, `too_many_jobs`.
+        """
+        check_descriptions({"project": project, "purpose": purpose, "handler": handler})
+        job = self.jobs.declare(
+            owner, project.strip(), purpose.strip(), handler.strip(), total_items, workers, conn_id
+        )
+        self.emit("job", {"job_id": job.job_id, "state": job.state})
+        return self._job_wire(job)
+
+    def update_job(
+        self,
+        job_id: str,
+        owner: str,
+        state: str | None,
+        reason: str | None,
+        workers: int | None,
+        conn_id: int | None,
+    ) -> dict[str, Any]:
+        """Move a job of `owner` (see `jobs.JobTable.update`); returns its view.
+
+        Raises:
+            RpcError: `description_rejected` (the reason), as `JobTable.update`.
+        """
+        if reason is not None:
+            check_descriptions({"reason": reason})
+        job = self.jobs.update(job_id, owner, state, reason and reason.strip(), workers, conn_id)
+        self.emit("job", {"job_id": job.job_id, "state": job.state})
+        return self._job_wire(job)
+
+    def report_job(
+        self,
+        job_id: str,
+        owner: str,
+        chunk_id: str,
+        completed: int,
+        failed: int,
+        conn_id: int | None,
+    ) -> tuple[dict[str, Any], bool]:
+        """A chunk's counts for a job of `owner` (see `jobs.JobTable.report`); returns the
+        job's view and whether the chunk was a duplicate (acknowledged, not counted)."""
+        job, duplicate = self.jobs.report(job_id, owner, chunk_id, completed, failed, conn_id)
+        if not duplicate:
+            self.emit("job", {"job_id": job.job_id, "state": job.state})
+        return self._job_wire(job), duplicate
+
+    def jobs_view(self, include_finished: bool) -> list[dict[str, Any]]:
+        """The jobs (finished ones too when asked), as `jobs.list` answers."""
+        return self.jobs.view(include_finished, self.leases)
+
     # -- views (docs/architecture.md §5) -------------------------------------------------------
+    def now_wall(self) -> float:
+        """The broker's wall clock (seconds since the epoch)."""
+        return self.clock.wall()
+
     def gpus_view(self) -> list[dict[str, Any]]:
-        """Per GPU: identity, telemetry, and the capacity split in MiB (see `views`)."""
-        return views.gpus_view(self)
+        """Per GPU, by index: identity, telemetry (`stale` when the latest sample is older
+        than `max_sample_age_s`), lease and queue counts, and the capacity split of
+        docs/architecture.md §2 in MiB."""
+        now = self.clock.monotonic()
+        table = self.table
+        out = []
+        for slot in sorted(self.slots.values(), key=lambda s: s.info.index):
+            cap = table.capacity(slot.uuid)
+            on = table.on(slot.uuid)
+            leased = sum(lease.observed_mib.get(slot.uuid, 0) for lease in on)
+            granted = sum(lease.granted_mib for lease in on)
+            telemetry = slot.telemetry
+            if (
+                telemetry is TelemetryState.OK
+                and slot.sample is not None
+                and now - slot.sample.finished_at > self.config.max_sample_age_s
+            ):
+                telemetry = TelemetryState.STALE
+            entry: dict[str, Any] = {
+                "uuid": slot.uuid,
+                "index": slot.info.index,
+                "name": slot.info.name,
+                "telemetry": telemetry.value,
+                "telemetry_reason": slot.telemetry_reason,
+                "sample_age_s": round(now - slot.sample.finished_at, 3) if slot.sample else None,
+                "memory_api": slot.sample.memory_api if slot.sample else None,
+                "leases": len(on),
+                "granted_mib": granted,
+                "leased_in_use_mib": leased,
+                "waiting": sum(1 for w in self.queue if slot.uuid in w.candidates),
+            }
+            if cap is not None:
+                entry.update(cap.as_dict())
+                entry["other_in_use_mib"] = max(0, cap.device_used_mib - leased)
+            out.append(entry)
+        return out
 
     def leases_view(self, include_ended: bool = False) -> dict[str, Any]:
-        """Active leases, the queue (with reasons and position) and optionally ended ones."""
-        return views.leases_view(self, include_ended)
+        """`{"leases": [...], "queue": [...]}` (plus `"ended"` when asked): active leases with
+        the telemetry of their GPUs and flags, the queue with reasons and positions."""
+        now = self.clock.monotonic()
+        queued = [w.to_wire(now, ahead) for w, ahead in self.waiting.ahead()]
+        leases = []
+        for lease in self.leases.values():
+            item = lease.to_wire(now)
+            item["gpu_telemetry"] = {
+                u: self.slots[u].telemetry.value if u in self.slots else TelemetryState.LOST.value
+                for u in lease.gpu_uuids
+            }
+            item["flags"] = sorted(
+                {f"gpu_{state}" for state in item["gpu_telemetry"].values() if state != "ok"}
+                | ({"over_grant"} if lease.over_grant else set())
+            )
+            leases.append(item)
+        view: dict[str, Any] = {
+            "leases": leases,
+            "queue": queued,
+        }
+        if include_ended:
+            view["ended"] = [lease.to_wire(now) for lease in self.ended]
+        return view
 
     def status(self) -> dict[str, Any]:
-        """Version, uptime, telemetry source and states, counts, coordinator link."""
-        return views.status(self)
+        """Version, uptime, telemetry source and states, counts, coordinator link, socket, and
+        the kind of event loop the broker runs on."""
+        problem = self.nvml_problem
+        return {
+            "version": __version__,
+            "uptime_s": round(self.clock.monotonic() - self.started_mono, 3),
+            "started_at": self.started_wall,
+            "telemetry_source": self.gateway.source,
+            "simulated": self.fake is not None,
+            "driver_version": self.driver_version,
+            "nvml_problem": None
+            if problem is None
+            else {
+                "reason": problem.reason,
+                "words": problem.words,
+                "device_present": problem.device_present,
+            },
+            "gpus": {u: s.telemetry.value for u, s in self.slots.items()},
+            "active_leases": len(self.leases),
+            "queued_requests": len(self.queue),
+            "leases_granted_total": self.grant_count,
+            "paused": self.paused,
+            "coordinator": self.uplink_status()
+            if self.uplink_status is not None
+            else {"link": "not enrolled", "last_report_at": None},
+            "socket": str(self.config.socket_path),
+            "event_loop": _event_loop(),
+        }
+
+
+def _event_loop() -> str | None:
+    """`uvloop` or `asyncio` (see `rbroker.eventloop`); None outside a running loop."""
+    try:
+        return loop_name(asyncio.get_running_loop())
+    except RuntimeError:
+        return None

@@ -306,13 +306,9 @@ async def tell_waiting(conn: Connection, broker: Broker, request_key: str) -> No
     (when the `lease.acquire` ends) or the connection closes."""
     last = None
     while not conn.closed:
-        now = broker.clock.monotonic()
-        for waiter, ahead in broker.waiting.ahead():
-            if waiter.request_key == request_key and waiter.conn_id == conn.id:
-                if waiter.evaluated and waiter.reason != last:
-                    last = waiter.reason
-                    data = waiter.to_wire(now, ahead)
-                    event = {"kind": "waiting", "data": data}
-                    await conn.send({"jsonrpc": "2.0", "method": "event", "params": event})
-                break
+        data = broker.waiting_entry(request_key, conn.id)
+        if data is not None and data["reason"] != last:
+            last = data["reason"]
+            event = {"kind": "waiting", "data": data}
+            await conn.send({"jsonrpc": "2.0", "method": "event", "params": event})
         await asyncio.sleep(WAITING_POLL_S)

@@ -39,14 +39,11 @@ def route(broker: Broker, connections: Collection[Connection]) -> Callable[[], N
     def on_event(kind: str, data: dict[str, Any]) -> None:
         if kind not in HOLDER_KINDS:
             return
-        lease_id = str(data.get("lease_id"))
-        lease = broker.leases.get(lease_id)
-        if lease is None and kind == "lease_ended":
-            lease = next((x for x in reversed(broker.ended) if x.lease_id == lease_id), None)
-        if lease is None or lease.conn_id is None:
+        conn_id = broker.holder_connection(str(data.get("lease_id")), kind == "lease_ended")
+        if conn_id is None:
             return
         for conn in connections:
-            if conn.id == lease.conn_id and not conn.closed and conn.unsubscribe is None:
+            if conn.id == conn_id and not conn.closed and conn.unsubscribe is None:
                 _send(conn, kind, data)
 
     return broker.subscribe(on_event)

@@ -14,7 +14,6 @@ from rbroker.broker.leases import Lease
 from rbroker.localapi.access import check_admin
 from rbroker.localapi.transport import Peer
 from rbroker_protocol import jsonrpc
-from rbroker_protocol.descriptions import DescriptionRejected, check_description
 from rbroker_protocol.errors import ErrorCode, RpcError
 
 
@@ -58,22 +57,6 @@ def granted(lease: Lease) -> dict[str, Any]:
         "token": lease.token,
         "cuda_visible_devices": ",".join(lease.gpu_uuids),
     }
-
-
-def check_descriptions(values: dict[str, str]) -> None:
-    """Check free-text description fields (`{field: value}`) against the rules of
-    `rbroker_protocol.descriptions`.
-
-    Raises:
-        RpcError: `description_rejected` with the field and the rule it broke.
-    """
-    for field, value in values.items():
-        try:
-            check_description(field, value)
-        except DescriptionRejected as exc:
-            raise RpcError(
-                ErrorCode.DESCRIPTION_REJECTED, str(exc), field=exc.field, rule=exc.rule
-            ) from None
 
 
 class PauseParams(BaseModel):

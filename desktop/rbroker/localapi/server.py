@@ -43,17 +43,16 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from pydantic import BaseModel
 
 from rbroker._version import __version__
+from rbroker.broker.config import BrokerConfig
 from rbroker.broker.leases import Lease, Waiter
 from rbroker.broker.service import Broker
-from rbroker.gpu.scenario import ScenarioError
-from rbroker.localapi import holder_events, lease_resize
+from rbroker.localapi import holder_events
 from rbroker.localapi.access import connect_refusal, is_admin
 from rbroker.localapi.connection import (
     LINE_TIMEOUT_S,
@@ -70,13 +69,7 @@ from rbroker.localapi.connection import (
     tell_waiting,
     wait_until_written,
 )
-from rbroker.localapi.requests import (
-    PauseParams,
-    Refused,
-    check_descriptions,
-    decode,
-    granted,
-)
+from rbroker.localapi.requests import PauseParams, Refused, decode, granted
 from rbroker.localapi.transport import ListeningServer, Peer, serve
 from rbroker.localapi.unsent import UnsentBudget
 from rbroker_protocol import jsonrpc
@@ -93,6 +86,7 @@ from rbroker_protocol.localapi import (
     LeaseRef,
     LeasesListParams,
     RequestRef,
+    ResizeParams,
     SimAllocateParams,
     SimFreeParams,
     SimSetParams,
@@ -145,7 +139,7 @@ class LocalApi:
             "lease.release": (LeaseRef, self._release),
             "request.cancel": (RequestRef, self._cancel),
             "lease.attach": (AttachParams, self._attach),
-            "lease.resize": lease_resize.entry(lambda: self.broker),
+            "lease.resize": (ResizeParams, self._resize),
             "leases.list": (LeasesListParams, self._leases_list),
             "broker.status": (EmptyParams, self._status),
             "job.declare": (JobDeclareParams, self._job_declare),
@@ -160,11 +154,16 @@ class LocalApi:
             "sim.stall": (SimStallParams, self._sim_stall),
         }
 
+    @property
+    def config(self) -> BrokerConfig:
+        """The broker's settings (the local API's own are among them)."""
+        return self.broker.config
+
     async def start(self) -> None:
         """Listen. Raises `BrokerAlreadyRunning` or `OSError` (see `transport.serve`)."""
         raise_open_file_limit()
         self._unroute = holder_events.route(self.broker, self._connections)
-        cfg, limit = self.broker.config, 2 * jsonrpc.MAX_LINE_BYTES
+        cfg, limit = self.config, 2 * jsonrpc.MAX_LINE_BYTES
         self.unsent.per_user_bytes = cfg.max_unsent_bytes_per_user
         shared, group = cfg.shared_socket, cfg.allowed_group
         self._server = await serve(self.address, self._handle, limit, shared=shared, group=group)
@@ -191,8 +190,8 @@ class LocalApi:
     async def _handle(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Peer
     ) -> None:
-        conn = Connection(writer, peer, self.broker.config.max_unsent_bytes, self.unsent)
-        allowed = self.broker.config.allowed_group
+        conn = Connection(writer, peer, self.config.max_unsent_bytes, self.unsent)
+        allowed = self.config.allowed_group
         refused = connect_refusal(peer, allowed, self.address) or self._per_user.admit(conn)
         if refused is not None:
             await self._per_user.refuse(conn, refused)
@@ -252,7 +251,7 @@ class LocalApi:
         answer: dict[str, Any]
         try:
             request_id, msg, method, params = decode(
-                line, self.methods, self.admin_methods, conn.peer, self.broker.config.admin_group
+                line, self.methods, self.admin_methods, conn.peer, self.config.admin_group
             )
             if method == "lease.acquire":
                 started = self._begin_acquire(conn, params)
@@ -332,8 +331,8 @@ class LocalApi:
         return {
             "protocol_version": min(p.protocol_version, PROTOCOL_VERSION),
             "broker_version": __version__,
-            "simulated": self.broker.fake is not None,
-            "telemetry_source": self.broker.gateway.source,
+            "simulated": self.broker.simulated(),
+            "telemetry_source": self.broker.telemetry_source(),
             "owner": conn.peer.user,
         }
 
@@ -344,18 +343,7 @@ class LocalApi:
         self, conn: Connection, p: AcquireParams
     ) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """The answer of an acquire granted at once, else an awaitable of it."""
-        check_descriptions({"project": p.project, "session": p.session, "purpose": p.purpose})
-        p = p.model_copy(
-            update={
-                "project": p.project.strip(),
-                "session": p.session.strip(),
-                "purpose": p.purpose.strip(),
-            }
-        )
-        holder = conn.holder()
-        if p.job_id is not None:
-            self.broker.jobs.get_open(p.job_id, conn.peer.user)  # no workers for a finished job
-        started = self.broker.begin_acquire(p, conn.peer.user, holder, conn.id)
+        started = self.broker.begin_acquire(p, conn.peer.user, conn.holder, conn.id)
         if isinstance(started, Lease):
             return granted(started)
         return self._wait_for_grant(conn, p, started)
@@ -380,14 +368,20 @@ class LocalApi:
         return {"lease": lease.to_wire(), "token": lease.token}
 
     def _release(self, conn: Connection, p: LeaseRef) -> dict[str, Any]:
-        admin = is_admin(conn.peer, self.broker.config.admin_group)
+        admin = is_admin(conn.peer, self.config.admin_group)
         lease = self.broker.release(p.lease_id, conn.peer.user, conn.id, conn.peer.pid, admin)
         return {"lease": lease.to_wire()}
 
     def _cancel(self, conn: Connection, p: RequestRef) -> dict[str, Any]:
-        admin = is_admin(conn.peer, self.broker.config.admin_group)
+        admin = is_admin(conn.peer, self.config.admin_group)
         waiter = self.broker.cancel_request(p.request_id, conn.peer.user, admin)
-        return {"request": waiter.to_wire(self.broker.clock.monotonic(), 0)}
+        return {"request": self.broker.request_view(waiter)}
+
+    async def _resize(self, conn: Connection, p: ResizeParams) -> dict[str, Any]:
+        """`lease.resize` for the caller's OS user, on the caller's connection (closing it
+        cancels a growth that still waits; architecture.md §3)."""
+        lease = await self.broker.resize(p.lease_id, conn.peer.user, p.mib, p.wait_s, conn.id)
+        return {"lease": lease.to_wire()}
 
     def _leases_list(self, conn: Connection, p: LeasesListParams) -> dict[str, Any]:
         return self.broker.leases_view(p.include_ended)
@@ -395,96 +389,45 @@ class LocalApi:
     def _status(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
         return self.broker.status()
 
-    def _job_wire(self, job: Any) -> dict[str, Any]:
-        live = set(self.broker.leases)
-        return dict(job.to_wire([lid for lid in job.lease_ids if lid in live]))
-
     async def _job_declare(self, conn: Connection, p: JobDeclareParams) -> dict[str, Any]:
-        check_descriptions({"project": p.project, "purpose": p.purpose, "handler": p.handler})
-        job = self.broker.jobs.declare(
-            conn.peer.user,
-            p.project.strip(),
-            p.purpose.strip(),
-            p.handler.strip(),
-            p.total_items,
-            p.workers,
-            conn.id,
+        job = self.broker.declare_job(
+            conn.peer.user, p.project, p.purpose, p.handler, p.total_items, p.workers, conn.id
         )
-        self.broker.emit("job", {"job_id": job.job_id, "state": job.state})
-        return {"job": self._job_wire(job)}
+        return {"job": job}
 
     async def _job_update(self, conn: Connection, p: JobUpdateParams) -> dict[str, Any]:
-        if p.reason is not None:
-            check_descriptions({"reason": p.reason})
-        job = self.broker.jobs.update(
-            p.job_id, conn.peer.user, p.state, p.reason and p.reason.strip(), p.workers, conn.id
+        job = self.broker.update_job(
+            p.job_id, conn.peer.user, p.state, p.reason, p.workers, conn.id
         )
-        self.broker.emit("job", {"job_id": job.job_id, "state": job.state})
-        return {"job": self._job_wire(job)}
+        return {"job": job}
 
     async def _job_report(self, conn: Connection, p: JobReportParams) -> dict[str, Any]:
-        job, duplicate = self.broker.jobs.report(
+        job, duplicate = self.broker.report_job(
             p.job_id, conn.peer.user, p.chunk_id, p.completed, p.failed, conn.id
         )
-        if not duplicate:
-            self.broker.emit("job", {"job_id": job.job_id, "state": job.state})
-        return {"job": self._job_wire(job), "duplicate": duplicate}
+        return {"job": job, "duplicate": duplicate}
 
     def _jobs_list(self, conn: Connection, p: JobsListParams) -> dict[str, Any]:
-        return {"jobs": self.broker.jobs.view(p.include_finished, self.broker.leases)}
+        return {"jobs": self.broker.jobs_view(p.include_finished)}
 
     def _pause(self, conn: Connection, p: PauseParams) -> dict[str, Any]:
-        self.broker.set_paused(p.paused)
+        paused = self.broker.set_paused(p.paused)
         log.info("new admissions %s by %s", "paused" if p.paused else "resumed", conn.peer.user)
-        return {"paused": self.broker.paused}
+        return {"paused": paused}
 
     async def _subscribe(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
         holder_events.subscribe(self.broker, conn)
         return {"subscribed": True}
 
-    def _sim_gpu(self, conn: Connection, gpu_uuid: str | None) -> str:
-        if self.broker.fake is None:
-            raise RpcError(ErrorCode.NOT_SIMULATED, "sim.* methods need a simulated broker")
-        if gpu_uuid is not None:
-            if gpu_uuid not in self.broker.slots:
-                raise RpcError(ErrorCode.INVALID_PARAMS, f"no GPU {gpu_uuid}", field="gpu_uuid")
-            return gpu_uuid
-        for lease in self.broker.leases.values():
-            if lease.conn_id == conn.id or lease.holder.pid == conn.peer.pid:
-                return lease.gpu_uuid
-        return min(self.broker.slots.values(), key=lambda s: s.info.index).uuid
-
     async def _sim_allocate(self, conn: Connection, p: SimAllocateParams) -> dict[str, Any]:
-        uuid = self._sim_gpu(conn, p.gpu_uuid)
-        assert self.broker.fake is not None
-        try:
-            total = self.broker.fake.allocate(uuid, conn.peer.pid, p.mib)
-        except ProcessLookupError:
-            raise RpcError(ErrorCode.CANCELLED, "the calling process has exited") from None
-        self.broker.memory_changed(uuid)
-        return {"gpu_uuid": uuid, "pid_mib": total}
+        return self.broker.sim().allocate(p.gpu_uuid, conn.id, conn.peer.pid, p.mib)
 
     async def _sim_free(self, conn: Connection, p: SimFreeParams) -> dict[str, Any]:
-        uuid = self._sim_gpu(conn, p.gpu_uuid)
-        assert self.broker.fake is not None
-        left = self.broker.fake.free(uuid, conn.peer.pid, p.mib)
-        self.broker.memory_changed(uuid)
-        return {"gpu_uuid": uuid, "pid_mib": left}
+        return self.broker.sim().free(p.gpu_uuid, conn.id, conn.peer.pid, p.mib)
 
     async def _sim_set(self, conn: Connection, p: SimSetParams) -> dict[str, Any]:
-        uuid = self._sim_gpu(conn, p.gpu_uuid)
-        assert self.broker.fake is not None
         changes = p.model_dump(exclude_none=True, exclude={"gpu_uuid"})
-        try:
-            gpu = self.broker.fake.set_gpu(uuid, **changes)
-        except (ScenarioError, KeyError) as exc:
-            raise RpcError(ErrorCode.INVALID_PARAMS, f"sim.set refused: {exc}") from None
-        self.broker.memory_changed(uuid)
-        return {"gpu": {"uuid": gpu.uuid, **changes}}
+        return self.broker.sim().set(p.gpu_uuid, conn.id, conn.peer.pid, **changes)
 
     async def _sim_stall(self, conn: Connection, p: SimStallParams) -> dict[str, Any]:
-        if self.broker.fake is None:
-            raise RpcError(ErrorCode.NOT_SIMULATED, "sim.* methods need a simulated broker")
-        log.warning("sim.stall: blocking the event loop for %.1f s", p.seconds)
-        time.sleep(p.seconds)  # deliberately on the loop thread
-        return {"stalled_s": p.seconds}
+        return self.broker.sim().stall(p.seconds)

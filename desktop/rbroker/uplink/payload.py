@@ -95,7 +95,7 @@ def build_payload(
     """
     gpus = broker.gpus_view()
     view = broker.leases_view()
-    jobs = broker.jobs.view(include_finished=True, live_lease_ids=broker.leases)
+    jobs = broker.jobs_view(include_finished=True)
     queue = [{**q, "reason": q["reason"][:REASON_LIMIT]} for q in view["queue"]]
     lists: dict[str, list[dict[str, Any]]] = {
         "leases": view["leases"],
@@ -110,7 +110,7 @@ def build_payload(
             lists[name] = keep_fairly(items, orders[name], limit)
             orders[name] = fair_order(lists[name])
 
-    generated_at = broker.clock.wall()
+    generated_at = broker.now_wall()
 
     def encode(cap: int | None) -> tuple[bytes, dict[str, int]]:
         """The payload with each list cut to its `cap` first entries in fair order (None:
@@ -120,7 +120,7 @@ def build_payload(
         data = ReportPayload(
             computer_name=computer_name,
             broker_version=__version__,
-            telemetry_source=broker.gateway.source,
+            telemetry_source=broker.telemetry_source(),
             run_id=run_id,
             run_counter=run_counter,
             generated_at=generated_at,

@@ -311,7 +311,7 @@ class Reporter:
                 try:
                     await self._loop(client)
                 except asyncio.CancelledError:
-                    if self.broker.shutting_down:
+                    if self.broker.is_shutting_down():
                         await self._last_report(client)
                     raise
         finally:

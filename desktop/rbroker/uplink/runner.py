@@ -36,7 +36,7 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
     not used: the link says so and `warning` carries the fix.
     """
     state: dict[str, Any] = {"link": "not enrolled", "last_report_at": None}
-    broker.uplink_status = lambda: dict(state)
+    broker.set_uplink_status(lambda: dict(state))
     runs = RunCounter(data_dir)
     first_counter: int | None = await asyncio.to_thread(runs.next)  # one per broker start
     while True:
@@ -77,13 +77,13 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
                 reporter = Reporter(broker, config, key, runs=runs, run_counter=first_counter)
                 first_counter = None  # a later reporter (new enrollment) takes the next one
                 where = store.description if config.key_backend != "file" else store.where()
-                broker.uplink_status = _with_key(reporter.status, where)
+                broker.set_uplink_status(_with_key(reporter.status, where))
                 log.info("reporting to %s as %s", config.url, config.computer_id)
                 try:
                     await _report_until_changed(reporter, data_dir, config)
                 except Exception as exc:  # the broker goes on; the link says why
                     log.exception("reporting to %s stopped", config.url)
-                    broker.uplink_status = lambda: dict(state)
+                    broker.set_uplink_status(lambda: dict(state))
                     state.pop("warning", None)
                     state.update(
                         link=f"error: {type(exc).__name__}: {exc}"[:300]
@@ -95,7 +95,7 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
                 log.info("the enrollment in %s changed; reading it again", data_dir)
                 state.clear()
                 state.update(link="not enrolled", last_report_at=None)
-                broker.uplink_status = lambda: dict(state)
+                broker.set_uplink_status(lambda: dict(state))
                 continue
         await asyncio.sleep(CONFIG_POLL_S)
 
