@@ -1,5 +1,5 @@
 """A holder's baseline survives a broker restart as it was last, not as at its lease's grant
-(`rbroker.broker.baselines`; docs/architecture.md §2, §3 persistence).
+(`rbroker.broker.lessor.Baselines`; docs/architecture.md §2, §3 persistence).
 
 Before: lease records were written at the grant only, so a restarted broker restored the
 baseline of that time, and the first sample after the restart counted memory held outside

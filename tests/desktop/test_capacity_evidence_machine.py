@@ -213,13 +213,13 @@ class EvidenceMachine(RuleBasedStateMachine):
 
     @invariant()
     def holders_running_observed_sums_match_their_leases(self) -> None:
-        # the table keeps Σ observed per (holder, GPU) instead of walking the holder's leases
-        table = self.h.broker.table
+        # the lessor keeps Σ observed per (holder, GPU) instead of walking the holder's leases
+        lessor = self.h.broker.lessor
         walked = {
             key: sum(x.observed_mib.get(key[1], 0) for x in held.values())
-            for key, held in table._held.items()
+            for key, held in lessor._held.items()
         }
-        assert table._seen == walked
+        assert lessor._seen == walked
 
     def teardown(self) -> None:
         try:

@@ -129,7 +129,7 @@ def test_start_times_of_another_boot_are_never_compared(
     store.set_meta("holder_clock", "since-boot 00000000-0000-0000-0000-000000000000")
     h.restart()
     assert [x.lease_id in h.broker.leases for x in leases] == [False, False]
-    ended = {x.lease_id: x for x in h.broker.table.ended}
+    ended = {x.lease_id: x for x in h.broker.lessor.ended}
     assert [ended[x.lease_id].ended_reason for x in leases] == [
         "holder exited while the broker was down"
     ] * 2

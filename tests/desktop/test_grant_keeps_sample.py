@@ -60,7 +60,7 @@ def test_a_sample_that_began_before_a_grant_shows_no_use_of_the_new_lease(
     assert slot.sample is not None and slot.sample.started_at <= lease.granted_at
     # the 3 000 MiB were held before the grant: outside the lease, which still books 4 096
     assert lease.observed_mib[GPU0] == 0
-    assert h.broker.table.baselines[(holder, GPU0)] == 3000
+    assert h.broker.lessor.baselines[(holder, GPU0)] == 3000
     assert _cap(h).outstanding_mib == 4096
     h.sample()  # and a sample after the grant does not move them into the lease either
     assert lease.observed_mib[GPU0] == 0

@@ -6,7 +6,7 @@ and at run time.
 - `rbroker_server` never imports `rbroker`; `rbroker` never imports `rbroker_server`
   (nor the server's web stack);
 - `import rbroker` (what a training job does) loads no NVML, Qt or server code;
-- the broker's parts (`rbroker.broker.admission`, `.table`, ...) are imported only inside
+- the broker's parts (`rbroker.broker.admission`, `.lessor`, ...) are imported only inside
   `rbroker.broker`: everything else, tests and benchmarks included, goes through the
   `Broker` façade in `rbroker.broker.service`.
 """
@@ -37,8 +37,8 @@ BROKER_PARTS = (
     "resize",
     "restore",
     "sampling",
+    "lessor",
     "simulation",
-    "table",
     "waiting",
 )
 #: Other trees whose imports of the broker's parts are checked too.
@@ -183,8 +183,8 @@ def test_the_gateway_and_the_tray_are_where_the_imports_are() -> None:
         ("rbroker.cli.demo", False, "importlib.import_module('rbroker_server.cli')", "server"),
         ("rbroker.broker.x", False, "from .. import gpu", None),
         ("rbroker.localapi.server", False, "from rbroker.broker.admission import A", "façade"),
-        ("rbroker.tray.app", False, "from rbroker.broker import table", "façade"),
-        ("rbroker.broker.service", False, "from .table import LeaseTable", None),
+        ("rbroker.tray.app", False, "from rbroker.broker import lessor", "façade"),
+        ("rbroker.broker.service", False, "from .lessor import Lessor", None),
         ("rbroker.broker.admission", False, "from rbroker.broker.sampling import G", None),
         ("rbroker.localapi.server", False, "from rbroker.broker.service import Broker", None),
         ("rbroker_server.app", False, "from . import models", None),

@@ -418,7 +418,7 @@ def test_adoption_beside_an_older_lease_books_only_what_was_checked() -> None:
             mib=512, placement="pack", wait_s=0.0,
         )  # fmt: skip
         m.sample(gpu=None)
-        adopted = [lease for lease in m.broker.table.leases.values() if lease.adopt]
+        adopted = [lease for lease in m.broker.lessor.leases.values() if lease.adopt]
         assert len(adopted) == 1
         assert adopted[0].observed_mib[GPU0] == 256
         m.store_matches_the_lease_table()

@@ -75,7 +75,7 @@ def test_acquire_right_after_a_release_gets_only_what_the_sample_confirmed(
 
     h.broker.release(lease.lease_id, "tester")
     # No sample since: A's 15 000 MiB not shown in use stay booked, admission does not wait.
-    assert h.broker.table.unconfirmed_mib(GPU0) == 15000
+    assert h.broker.lessor.unconfirmed_mib(GPU0) == 15000
     cap = h.broker.capacity(GPU0)
     assert cap is not None
     assert (cap.device_used_mib, cap.outstanding_mib) == (5000, 15000)
@@ -93,9 +93,9 @@ def test_acquire_right_after_a_release_gets_only_what_the_sample_confirmed(
     assert h.broker.slots[GPU0].sample is sample
 
     h.broker.release(second.lease_id, "tester")
-    assert h.broker.table.unconfirmed_mib(GPU0) == 15000 + 3347
+    assert h.broker.lessor.unconfirmed_mib(GPU0) == 15000 + 3347
     h.sample()  # started after both releases: A still holds its 5 000 MiB, nothing else
-    assert h.broker.table.unconfirmed_mib(GPU0) == 0
+    assert h.broker.lessor.unconfirmed_mib(GPU0) == 0
     assert waiting.done() and waiting.result().granted_mib == 1
     cap = h.broker.capacity(GPU0)
     assert cap is not None
@@ -162,9 +162,9 @@ def test_a_sample_that_began_before_the_release_confirms_nothing(
     h.broker.release(lease.lease_id, "tester")
     h.run(h.broker._sample_once(slot))  # began at the release's instant, not after it
     assert slot.sample is not None and slot.sample.started_at == began
-    assert h.broker.table.unconfirmed_mib(GPU0) == 8000
+    assert h.broker.lessor.unconfirmed_mib(GPU0) == 8000
     h.sample()  # a millisecond later
-    assert h.broker.table.unconfirmed_mib(GPU0) == 0
+    assert h.broker.lessor.unconfirmed_mib(GPU0) == 0
 
 
 def test_release_triggered_samples_are_coalesced(tmp_path: Path) -> None:
@@ -200,10 +200,10 @@ def test_release_triggered_samples_are_coalesced(tmp_path: Path) -> None:
                 await asyncio.sleep(0.002)
             elapsed = loop.time() - began
             for _ in range(100):  # the last release's sample: within ~20 ms, allow 2 s
-                if broker.table.unconfirmed_mib(GPU0) == 0:
+                if broker.lessor.unconfirmed_mib(GPU0) == 0:
                     break
                 await asyncio.sleep(0.02)
-            return samples, elapsed, broker.table.unconfirmed_mib(GPU0)
+            return samples, elapsed, broker.lessor.unconfirmed_mib(GPU0)
         finally:
             await broker.stop()
 

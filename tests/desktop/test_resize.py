@@ -78,10 +78,10 @@ def test_shrink_takes_effect_at_once_and_admits_a_waiter(
     # the freed 10 000 MiB stay booked until a sample that began after the shrink shows
     # what the holder really uses (the release rule); the shrink asked for that sample
     assert slot.kick.is_set() or slot.soon is not None
-    assert h.broker.table.unconfirmed_mib(GPU0) == 10000 and not waiting.done()
+    assert h.broker.lessor.unconfirmed_mib(GPU0) == 10000 and not waiting.done()
     h.sample()  # the sample the shrink asked for: the waiter is granted in that pass
     assert waiting.done() and waiting.result().granted_mib == 10000
-    assert h.broker.queue == [] and h.broker.table.unconfirmed_mib(GPU0) == 0
+    assert h.broker.queue == [] and h.broker.lessor.unconfirmed_mib(GPU0) == 0
     cap = h.broker.capacity(GPU0)
     assert cap is not None and cap.outstanding_mib == 20000 and cap.available_mib == 3347
 

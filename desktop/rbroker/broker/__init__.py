@@ -1,1 +1,1 @@
-"""The local broker: capacity model, lease table, FIFO queue and the asyncio service."""
+"""The local broker: capacity model, the lessor (the leases), FIFO queue and the asyncio service."""

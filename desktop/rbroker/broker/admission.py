@@ -2,7 +2,7 @@
 pass with placement, and the reasons (with their numbers) a request waits or is refused.
 
 One pass is synchronous on the event loop, so two requests can never both pass the capacity
-check (docs/architecture.md §2). It reads the GPUs' samples and the lease table and decides;
+check (docs/architecture.md §2). It reads the GPUs' samples and the lessor's books and decides;
 every grant goes through the `grant` callback, which books it before the next waiter is
 checked, so one pass may make several grants from the same sample.
 """
@@ -16,8 +16,8 @@ from rbroker.broker.capacity import Capacity, explain, fmt_mib, short_uuid
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.leases import Waiter
+from rbroker.broker.lessor import Choice, Lessor
 from rbroker.broker.sampling import GpuSlot
-from rbroker.broker.table import Choice, LeaseTable
 from rbroker.broker.waiting import WaitQueue
 from rbroker.gpu.nvml import describe
 from rbroker.gpu.types import TelemetryState
@@ -40,13 +40,13 @@ Emit = Callable[[str, dict[str, object]], None]
 
 
 class Admission:
-    """Admission decisions over `slots` (by UUID) and the lease `table`."""
+    """Admission decisions over `slots` (by UUID) and the `lessor`'s leases."""
 
     def __init__(
-        self, slots: dict[str, GpuSlot], table: LeaseTable, clock: Clock, config: BrokerConfig
+        self, slots: dict[str, GpuSlot], lessor: Lessor, clock: Clock, config: BrokerConfig
     ) -> None:
         self.slots = slots
-        self.table = table
+        self.lessor = lessor
         self.clock = clock
         self.config = config
         self.problem: NvmlProblem | None = None
@@ -211,7 +211,7 @@ class Admission:
         fresh = {u for u, s in self.slots.items() if s.fresh(now, max_age)}
         caps: dict[str, Capacity] = {}
         for u in fresh:
-            cap = self.table.capacity(u)
+            cap = self.lessor.capacity(u)
             if cap is not None:
                 caps[u] = cap
         blocked: dict[str, int] = {}
@@ -244,7 +244,7 @@ class Admission:
             ):
                 grant(waiter, fits[: waiter.gpus], now)
                 for u, _, _ in fits[: waiter.gpus]:
-                    cap = self.table.capacity(u)
+                    cap = self.lessor.capacity(u)
                     if cap is not None:
                         caps[u] = cap
                 continue
@@ -272,7 +272,7 @@ class Admission:
         confirming = []
         for u in waiter.candidates:
             cap = caps.get(u)
-            unconfirmed = self.table.unconfirmed_mib(u)
+            unconfirmed = self.lessor.unconfirmed_mib(u)
             if cap is None or u in blocked or u in chosen or unconfirmed <= 0:
                 continue
             sample = self.slots[u].sample
@@ -291,7 +291,7 @@ class Admission:
         if waiter.release_wait_since is None:
             waiter.release_wait_since = now
         ahead = max((blocked.get(u, 0) for u in waiter.candidates), default=0)
-        released = sum(self.table.unconfirmed_mib(u) for u in confirming)
+        released = sum(self.lessor.unconfirmed_mib(u) for u in confirming)
         waiter.reason = (
             f"waiting for a GPU sample to confirm {fmt_mib(released)} released on "
             f"{', '.join(short_uuid(u) for u in confirming)}"
@@ -309,7 +309,7 @@ class Admission:
         now = self.clock.monotonic()
         caps: dict[str, Capacity] = {}
         for u in waiter.candidates:
-            cap = self.table.capacity(u)
+            cap = self.lessor.capacity(u)
             if cap is not None and self.slots[u].fresh(now, self.config.max_sample_age_s):
                 caps[u] = cap
         pending = [
@@ -326,7 +326,7 @@ class Admission:
         """MiB of the holder's existing use that an adopting request takes over on `slot`."""
         if not waiter.adopt:
             return 0
-        return min(waiter.mib, self.table.baseline_now(waiter.holder, slot))
+        return min(waiter.mib, self.lessor.baseline_now(waiter.holder, slot))
 
     def rank(self, uuid: str, cap: Capacity) -> tuple[int, int]:
         """Placement order: `pack` takes the smallest, `spread` the largest."""
@@ -340,7 +340,7 @@ class Admission:
         rather than being placed by whichever GPU happened to be sampled last."""
         worst = self.rank(last_chosen[0], last_chosen[1])
         for u in pending:
-            cap = self.table.capacity(u)
+            cap = self.lessor.capacity(u)
             if u in blocked or cap is None:
                 continue
             if not cap.fits(waiter.mib - self.claim(waiter, self.slots[u])):

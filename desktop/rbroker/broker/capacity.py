@@ -42,7 +42,7 @@ def unbacked_mib(discount_mib: int, holders_listed_mib: int, listed_mib: int, us
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """One GPU's capacity split, all in MiB, from one sample and the lease table."""
+    """One GPU's capacity split, all in MiB, from one sample and the lessor's books."""
 
     total_mib: int
     headroom_mib: int

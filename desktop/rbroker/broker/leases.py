@@ -1,4 +1,4 @@
-"""Lease and waiter records of the broker's lease table (architecture.md §3)."""
+"""Lease and waiter records of the broker's lessor (architecture.md §3)."""
 
 from __future__ import annotations
 

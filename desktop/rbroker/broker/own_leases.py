@@ -26,12 +26,12 @@ from typing import Any
 from rbroker.broker.capacity import fmt_mib, short_uuid
 from rbroker.broker.holders import Holder, lineage
 from rbroker.broker.leases import Lease
-from rbroker.broker.table import LeaseTable
+from rbroker.broker.lessor import Lessor
 from rbroker_protocol.errors import ErrorCode, RpcError
 
 
 def check(
-    table: LeaseTable,
+    lessor: Lessor,
     requester: Holder,
     owner: str,
     mib: int,
@@ -57,7 +57,7 @@ def check(
     texts: list[str] = []  # per blocked GPU: its own leases and what each books
     need_now = mib - (resized.granted_mib if resized is not None else 0)
     for uuid in candidates:
-        cap = table.capacity(uuid)
+        cap = lessor.capacity(uuid)
         if cap is None:
             could += 1  # no sample yet: it cannot be judged
             continue
@@ -72,7 +72,7 @@ def check(
         own = [
             x
             for h in chain
-            for x in table.held_on(h, uuid)
+            for x in lessor.held_on(h, uuid)
             if x is not resized and x.owner == owner
         ]
         booked = [max(x.granted_mib, x.observed_mib.get(uuid, 0)) for x in own]

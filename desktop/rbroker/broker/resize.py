@@ -32,7 +32,7 @@ from rbroker.broker.capacity import fmt_mib
 from rbroker.broker.clock import Clock
 from rbroker.broker.fairness import check_wait
 from rbroker.broker.leases import Lease, Waiter
-from rbroker.broker.table import Choice, LeaseTable
+from rbroker.broker.lessor import Choice, Lessor
 from rbroker.broker.waiting import WaitQueue, new_future
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import MAX_MIB
@@ -47,14 +47,14 @@ class Resizes:
 
     def __init__(
         self,
-        table: LeaseTable,
+        lessor: Lessor,
         waiting: WaitQueue,
         admission: Admission,
         clock: Clock,
         emit: Emit,
         admit: Callable[[], None],
     ) -> None:
-        self.table = table
+        self.lessor = lessor
         self.waiting = waiting
         self.admission = admission
         self.clock = clock
@@ -83,7 +83,7 @@ class Resizes:
                 min_mib=1,
                 max_mib=MAX_MIB,
             )
-        lease = self.table.find(lease_id, owner)
+        lease = self.lessor.lookup(lease_id, owner)
         pending = self.pending.get(lease_id)
         if pending is not None:
             target = lease.granted_mib + pending.mib
@@ -104,7 +104,7 @@ class Resizes:
             self.admit()
             return lease
         self._check_can_ever_fit(lease, mib)
-        check_wait(wait_s, self.table.config.max_wait_s)
+        check_wait(wait_s, self.lessor.config.max_wait_s)
         now = self.clock.monotonic()
         waiter = Waiter(
             request_id=self.waiting.next_id(),
@@ -157,7 +157,7 @@ class Resizes:
         gpus = lease.gpu_uuids
         try:
             own_leases.check(
-                self.table, lease.holder, lease.owner, mib, len(gpus), gpus, resized=lease
+                self.lessor, lease.holder, lease.owner, mib, len(gpus), gpus, resized=lease
             )
         except RpcError as err:
             raise _refused(lease, err) from None
@@ -165,7 +165,7 @@ class Resizes:
     def grant(self, waiter: Waiter, chosen: list[Choice], now: float) -> None:
         """The admission pass granted a growth (`waiter.resize_of`): apply it."""
         self.waiting.remove(waiter)
-        lease = self.table.leases.get(waiter.resize_of or "")
+        lease = self.lessor.leases.get(waiter.resize_of or "")
         if lease is None:  # ended while its growth waited (normally cancelled first)
             waiter.future.set_exception(
                 RpcError(ErrorCode.LEASE_EXPIRED, f"lease {waiter.resize_of} ended")
@@ -178,17 +178,7 @@ class Resizes:
         waiter.future.set_result(lease)
 
     def _apply(self, lease: Lease, mib: int, records: dict[str, dict[str, Any]]) -> None:
-        old = lease.granted_mib
-        self.table.set_granted(lease, mib)
-        for uuid, record in records.items():
-            lease.admission[uuid] = {**record, "resized_from_mib": old}
-        for uuid in lease.gpu_uuids:
-            slot = self.table.slots.get(uuid)
-            if slot is not None:
-                self.table.update_observed(slot)
-        if self.table.store is not None:
-            self.table.store.put_lease(lease.lease_id, lease.token, lease.to_record())
-        log.info("lease %s resized: %d → %d MiB", lease.lease_id, old, mib)
+        self.lessor.resize(lease, mib, records)
         self.emit(
             "lease", {"lease_id": lease.lease_id, "state": lease.state.value, "resized_mib": mib}
         )

@@ -28,8 +28,8 @@ from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Holder
 from rbroker.broker.jobs import JobTable
 from rbroker.broker.leases import Lease, LeaseState, Waiter
+from rbroker.broker.lessor import Lessor
 from rbroker.broker.store import LeaseStore
-from rbroker.broker.table import LeaseTable
 from rbroker.broker.waiting import WaitQueue, new_future
 from rbroker.proctime import CLK_TCK, holder_clock
 
@@ -41,13 +41,13 @@ log = logging.getLogger(__name__)
 
 def restore(
     store: LeaseStore,
-    table: LeaseTable,
+    lessor: Lessor,
     waiting: WaitQueue,
     jobs: JobTable,
     clock: Clock,
     config: BrokerConfig,
 ) -> None:
-    """Fill `table` and `waiting` from `store` (GPUs must be enumerated and sampled first).
+    """Fill `lessor` and `waiting` from `store` (GPUs must be enumerated and sampled first).
 
     Unreadable lease records are ended as `revoked`; leases of dead holders end as
     `holder_exited` ("holder exited while the broker was down"); waiters of dead holders,
@@ -71,18 +71,18 @@ def restore(
             lease.ended_reason = "holder exited while the broker was down"
             lease.ended_at_wall = wall
             store.end_lease(lease.lease_id, lease.state.value, wall, lease.to_record())
-            table.ended.append(lease)
+            lessor.ended.append(lease)
             log.info("lease %s not restored: %s", lease.lease_id, lease.ended_reason)
             continue
         lease.reattach_by = now + config.lease_reattach_grace_s
-        table.add(lease)
-        table.token_sha256[lease.lease_id] = stored.token_sha256
+        lessor.add(lease)
+        lessor.token_sha256[lease.lease_id] = stored.token_sha256
         if lease.job_id is not None:
             jobs.restore_link(lease.job_id, lease.lease_id)
         for u, baseline in lease.baseline_mib.items():
-            table.baselines[(lease.holder, u)] = baseline
+            lessor.baselines[(lease.holder, u)] = baseline
         log.info("lease %s restored (holder %d alive)", lease.lease_id, lease.holder.pid)
-    _restore_baselines(table, store, baselines, translate)
+    _restore_baselines(lessor, store, baselines, translate)
     for rec in store.waiters():
         key = rec["request_key"]
         try:
@@ -92,7 +92,7 @@ def restore(
                 remaining = float(rec["wait_until_boot"]) - boot
             else:  # written before `wait_until_boot` existed: only the wall clock was kept
                 remaining = float(rec["wait_until_wall"]) - wall
-            candidates = tuple(u for u in rec["candidates"] if u in table.slots)
+            candidates = tuple(u for u in rec["candidates"] if u in lessor.slots)
             alive = start is not None and holder.alive()
         except (KeyError, TypeError, ValueError):
             alive, remaining, candidates = False, 0.0, ()
@@ -128,12 +128,12 @@ def restore(
                 job_id=rec.get("job_id"),
             )
         )
-    for slot in table.slots.values():
-        table.update_observed(slot)
-    if table.leases or waiting.waiters:
+    for slot in lessor.slots.values():
+        lessor.update_observed(slot)
+    if lessor.leases or waiting.waiters:
         log.warning(
             "restored %d leases and %d waiting requests",
-            len(table.leases),
+            len(lessor.leases),
             len(waiting.waiters),
         )
 
@@ -155,24 +155,24 @@ def _start_translation(stored: str | None, current: str) -> StartTranslation:
 
 
 def _restore_baselines(
-    table: LeaseTable,
+    lessor: Lessor,
     store: LeaseStore,
     rows: list[tuple[int, float, str, int]],
     translate: StartTranslation,
 ) -> None:
-    """Baselines as last written (`rbroker.broker.baselines`, read before the leases were
+    """Baselines as last written (`rbroker.broker.lessor.Baselines`, read before the leases were
     restored) replace the ones of the lease records, written at the grant; the rows of
     holders with no restored lease on that GPU are deleted. The pre-grant part of a
     baseline comes back as plain baseline."""
     leases_of: dict[tuple[Holder, str], list[Lease]] = {}
-    for lease in table.leases.values():
+    for lease in lessor.leases.values():
         for u in lease.gpu_uuids:
             leases_of.setdefault((lease.holder, u), []).append(lease)
     for pid, stored_start, uuid, mib in rows:
         start = translate(stored_start)
         key = (Holder(pid, -1.0 if start is None else start), uuid)
         if key in leases_of:
-            table.baselines[key] = mib
+            lessor.baselines[key] = mib
             for lease in leases_of[key]:
                 lease.baseline_mib[uuid] = mib
             if start != stored_start:  # a figure brought to since-boot: stored anew

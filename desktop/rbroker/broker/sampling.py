@@ -5,16 +5,16 @@ Freshness rule (docs/architecture.md §2): a GPU takes part in an admission pass
 latest sample is at most `max_sample_age_s` old, its telemetry is ok, and the sample started
 after the latest simulated memory change on that GPU (`last_change_at`, set by
 `Broker.memory_changed`; a request waiting for that sample kicks the GPU's loop, so it comes
-at once) (`GpuSlot.fresh`). A grant or a resize does not make the sample unfresh: the lease
-table books the grant in full, less only its claim (adoption), so the previous sample plus
+at once) (`GpuSlot.fresh`). A grant or a resize does not make the sample unfresh: the
+lessor books the grant in full, less only its claim (adoption), so the previous sample plus
 the booking is as cautious as a new sample, given the attribution rules of
-`rbroker.broker.table`: (1) a sample that started before a lease's grant gives it only its
+`rbroker.broker.lessor`: (1) a sample that started before a lease's grant gives it only its
 claim, and whatever it shows the holder holding beyond its older leases' grants is outside
 its leases (its baseline); (2) observed use discounts outstanding only by memory that the
 same sample's device_used can hold: at most what the holders' listed processes show less
 what all listed processes show beyond device_used (`capacity.unbacked_mib`). A simulated
 change does make it unfresh: it changes device_used with no booking. A release does not
-either (its unconfirmed MiB stay booked in the lease table instead): it asks for a sample
+either (its unconfirmed MiB stay booked by the lessor instead): it asks for a sample
 with `GpuSlot.sample_soon`, which coalesces such requests to at most one per
 `release_sample_gap_s` per GPU.
 """

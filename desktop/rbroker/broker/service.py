@@ -1,8 +1,9 @@
 """The broker service: the one façade the local API, the uplink, the host and the tray call.
 
 `Broker` wires the parts together on one asyncio loop and owns their lifecycle:
-`sampling` (GPUs, the NVML loop, freshness), `table` (leases, attribution, expiry),
-`waiting` (the queue), `admission` (the FIFO pass, placement, reasons), `jobs`, `resize`,
+`sampling` (GPUs, the NVML loop, freshness), `lessor` (the one owner of the leases: grant,
+renew, attach, resize, revoke, attribution, baselines, expiry), `waiting` (the queue),
+`admission` (the FIFO pass, placement, reasons), `jobs`, `resize` (a growth's queueing),
 `restore` (after a restart) and `simulation` (the `sim.*` methods). Admission and booking
 happen in one synchronous step (`_admit` → `_grant`), so two requests can never both pass
 the capacity check (docs/architecture.md §2). Nothing outside `rbroker.broker` imports those
@@ -36,12 +37,12 @@ from rbroker.broker.events import Events, Listener
 from rbroker.broker.holders import Holder
 from rbroker.broker.jobs import Job, JobTable
 from rbroker.broker.leases import Lease, LeaseState, Waiter
+from rbroker.broker.lessor import Choice, Lessor
 from rbroker.broker.resize import Resizes
 from rbroker.broker.restore import restore
 from rbroker.broker.sampling import GpuSlot, Sampling
 from rbroker.broker.simulation import Simulation
 from rbroker.broker.store import LeaseStore
-from rbroker.broker.table import Choice, LeaseTable
 from rbroker.broker.ticks import liveness_memo, tick_loop
 from rbroker.broker.waiting import WaitQueue
 from rbroker.eventloop import loop_name
@@ -106,15 +107,15 @@ class Broker:
         )
         self.sampler = self.sampling.sampler
         self.slots: dict[str, GpuSlot] = self.sampling.slots
-        self.table = LeaseTable(self.slots, self.clock, config, store)
-        self.leases: dict[str, Lease] = self.table.leases
-        self.ended = self.table.ended
+        self.lessor = Lessor(self.slots, self.clock, config, store)
+        self.leases: dict[str, Lease] = self.lessor.leases
+        self.ended = self.lessor.ended
         self.waiting = WaitQueue(store, self.emit)
         self.queue: list[Waiter] = self.waiting.waiters
-        self.admission = Admission(self.slots, self.table, self.clock, config)
+        self.admission = Admission(self.slots, self.lessor, self.clock, config)
         self.jobs = JobTable(self.clock, store, config.max_open_jobs_per_user)
         self.resizes = Resizes(
-            self.table, self.waiting, self.admission, self.clock, self.emit, lambda: self._admit()
+            self.lessor, self.waiting, self.admission, self.clock, self.emit, lambda: self._admit()
         )
         self.simulation = (
             None
@@ -149,7 +150,7 @@ class Broker:
             await self.sampling.sample_all()
             self._check_headroom()
         if self.store is not None:
-            restore(self.store, self.table, self.waiting, self.jobs, self.clock, self.config)
+            restore(self.store, self.lessor, self.waiting, self.jobs, self.clock, self.config)
         if not background:
             return
         if self.nvml_problem is not None:
@@ -223,7 +224,7 @@ class Broker:
             await self.sampling.sample_all()
             self._check_headroom()
             for slot in self.slots.values():
-                self.table.update_observed(slot)
+                self.lessor.update_observed(slot)
                 self._spawn(self.sampling.sample_loop(slot))
             self._spawn(self.sampling.enumerate_loop(self._spawn))
             self.waiting.widen(self.admission.unpinned_candidates)
@@ -296,10 +297,10 @@ class Broker:
 
     def _sampled(self, slot: GpuSlot, ok: bool) -> None:
         if ok:
-            self.table.update_observed(slot)
+            self.lessor.update_observed(slot)
             grace = self.config.over_grant_grace_s
             overgrant.watch(
-                self.table.observed_on(slot.uuid), self.clock.monotonic(), grace, self.emit
+                self.lessor.observed_on(slot.uuid), self.clock.monotonic(), grace, self.emit
             )
         self.emit("capacity", {"gpu_uuid": slot.uuid})
 
@@ -309,7 +310,7 @@ class Broker:
 
     def capacity(self, uuid: str) -> Capacity | None:
         """The capacity split of GPU `uuid` now, or None before its first good sample."""
-        return self.table.capacity(uuid)
+        return self.lessor.capacity(uuid)
 
     def memory_changed(self, uuid: str) -> None:
         """The broker itself just changed what `uuid` will report (simulated allocate, free
@@ -388,9 +389,9 @@ class Broker:
         if params.job_id is not None:
             self.jobs.get_open(params.job_id, owner)  # no workers for a finished job
         if params.request_key:
-            lease = self.table.by_request_key(params.request_key, owner, holder)
+            lease = self.lessor.by_request_key(params.request_key, owner, holder)
             if lease is not None:
-                return self.table.rebind(lease, conn_id)
+                return self.lessor.rebind(lease, conn_id)
             found = self.waiting.find(params.request_key, owner, holder)
             if found is not None:
                 found.conn_id, found.reattach_by = conn_id, None
@@ -401,7 +402,7 @@ class Broker:
             params,
             owner,
             self.config,
-            self.table.owned_by(owner),
+            self.lessor.owned_by(owner),
             self.waiting.waiting_of(owner),
         )
         waiter = self.waiting.new_waiter(
@@ -429,7 +430,7 @@ class Broker:
         if not future.done():
             try:  # not granted now: refused when it could only fit after its own leases end
                 own_leases.check(
-                    self.table, holder, owner, params.mib, params.gpus, waiter.candidates
+                    self.lessor, holder, owner, params.mib, params.gpus, waiter.candidates
                 )
             except RpcError:
                 self.waiting.remove(waiter)
@@ -459,10 +460,9 @@ class Broker:
         if waiter.resize_of is not None:  # a lease's growth, not a new lease
             self.resizes.grant(waiter, chosen, now)
             return
-        lease = self.table.new_lease(waiter, chosen, now)
+        lease = self.lessor.grant(waiter, chosen, now)
         if waiter.job_id is not None and waiter.job_id in self.jobs.jobs:
             self.jobs.link_lease(waiter.job_id, waiter.owner, lease.lease_id)
-        self.table.book(lease, waiter, chosen, now)
         self.waiting.remove(waiter)
         self.grant_count += 1
         waiter.future.set_result(lease)
@@ -494,15 +494,12 @@ class Broker:
             RpcError: `lease_not_found`, `lease_expired`, `not_lease_owner` (also for a
                 wrong token: the holder is not the one the lease was granted to).
         """
-        return self.table.attach(lease_id, token, owner, conn_id)
+        return self.lessor.attach(lease_id, token, owner, conn_id)
 
     def renew(self, lease_id: str, owner: str) -> Lease:
         """Extend an active lease by its TTL from now (monotonic). Raises `RpcError`:
         `lease_not_found`, `lease_expired` (ended other than by release), `not_lease_owner`."""
-        lease = self.table.find(lease_id, owner)
-        lease.deadline = self.clock.monotonic() + lease.ttl_s
-        lease.renewed_at_wall = self.clock.wall()
-        return lease
+        return self.lessor.renew(lease_id, owner)
 
     async def resize(
         self, lease_id: str, owner: str, mib: int, wait_s: float, conn_id: int | None
@@ -528,7 +525,7 @@ class Broker:
         """
         found = self.leases.get(lease_id)
         by_admin = admin and found is not None and found.owner != owner
-        lease = self.table.find(lease_id, found.owner if by_admin and found else owner)
+        lease = self.lessor.lookup(lease_id, found.owner if by_admin and found else owner)
         state = LeaseState.RELEASED
         if by_admin:
             state, reason = LeaseState.REVOKED, f"released by admin {owner}"
@@ -584,7 +581,7 @@ class Broker:
         return waiter.to_wire(self.clock.monotonic(), 0)
 
     def _end(self, lease: Lease, state: LeaseState, reason: str) -> None:
-        if self.table.end(lease, state, reason):
+        if self.lessor.revoke(lease, state, reason):
             self.resizes.lease_ended(lease.lease_id)
             self.jobs.lease_ended(lease.lease_id, lease.job_id)
             self.emit("lease", {"lease_id": lease.lease_id, "state": state.value})
@@ -601,7 +598,7 @@ class Broker:
         self._admit()
 
     def _grace(self, now: float, gap: float) -> None:
-        ticks.grace(self.table.leases.values(), now, gap, self.config.lease_reattach_grace_s)
+        ticks.grace(self.lessor.leases.values(), now, gap, self.config.lease_reattach_grace_s)
 
     def _check_holders(self) -> None:
         self._reap_dead_holders()
@@ -610,14 +607,14 @@ class Broker:
 
     def _reap_dead_holders(self) -> None:
         is_alive = liveness_memo()
-        for lease in self.table.held_by_dead(is_alive):
+        for lease in self.lessor.held_by_dead(is_alive):
             self._end(lease, LeaseState.HOLDER_EXITED, "the holder process exited")
         self.waiting.reap(is_alive)
 
     def _expire(self, now: float) -> None:
-        for lease in self.table.overdue(now):
+        for lease in self.lessor.overdue(now):
             self._end(lease, LeaseState.EXPIRED, f"no heartbeat for {lease.ttl_s:g} s")
-        for lease in self.table.not_reattached(now):
+        for lease in self.lessor.not_reattached(now):
             self._end(
                 lease,
                 LeaseState.EXPIRED,
@@ -705,11 +702,11 @@ class Broker:
         than `max_sample_age_s`), lease and queue counts, and the capacity split of
         docs/architecture.md §2 in MiB."""
         now = self.clock.monotonic()
-        table = self.table
+        lessor = self.lessor
         out = []
         for slot in sorted(self.slots.values(), key=lambda s: s.info.index):
-            cap = table.capacity(slot.uuid)
-            on = table.on(slot.uuid)
+            cap = lessor.capacity(slot.uuid)
+            on = lessor.on(slot.uuid)
             leased = sum(lease.observed_mib.get(slot.uuid, 0) for lease in on)
             granted = sum(lease.granted_mib for lease in on)
             telemetry = slot.telemetry

@@ -1,4 +1,4 @@
-"""Persistence of the lease table and the queue in SQLite (WAL) in the data dir.
+"""Persistence of the leases and the queue in SQLite (WAL) in the data dir.
 
 What is written, and when (each a committed transaction before the answer goes out, but
 for a lease's end):

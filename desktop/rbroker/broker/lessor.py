@@ -1,16 +1,38 @@
-"""The lease table and expiry: active and recently ended leases, what each lease's holder
-holds outside its leases (baselines), token hashes, and which leases are due to end (the
-tick loop is `rbroker.broker.ticks`).
+"""The lessor: the one owner of the broker's leases (etcd's `Lessor`: Grant, Revoke, Renew,
+Attach, Lookup). It holds active and recently ended leases and their indexes, memory
+attribution, what each holder holds outside its leases (baselines, kept in the store),
+booking, token hashes, re-attach, resize of a grant and expiry (the tick loop is
+`rbroker.broker.ticks`).
 
 Memory attribution (docs/architecture.md §2): a sample's memory of a holder's process tree
-(less descendant holders with their own lease there, `rbroker.broker.attribution`), less its
-baseline, is shared among its leases on that GPU in grant order (a lease granted after the
-sample began gets only its claim); what a lease was granted but does not use is
-*outstanding*; an ended lease's stays booked (*unconfirmed*) until a sample that started
-after the end (the release rule). Costs are flat in the number of leases: indexes and
-running sums. Expiry (§3): a lease ends when its deadline (monotonic) passes without a
-heartbeat, its holder process exits or its connection closes; after a loop stall or a
-sleep/resume gap every lease first gets one TTL of grace (`rbroker.broker.ticks.grace`).
+(less descendant holders with their own lease there), less its baseline, is shared among its
+leases on that GPU in grant order (a lease granted after the sample began gets only its
+claim); what a lease was granted but does not use is *outstanding*; an ended lease's stays
+booked (*unconfirmed*) until a sample that started after the end (the release rule). Costs
+are flat in the number of leases: indexes and running sums.
+
+Nested holders: a process's memory belongs to exactly one holder per GPU, the nearest in
+its own chain (the process itself if it holds a lease there, else its closest ancestor that
+does). So a holder's tree on a GPU is its processes that are not inside a descendant holder
+with its own lease on that GPU; a descendant holder without a lease there stays in it.
+
+Pre-grant part: what a sample that began before a grant showed a holder holding beyond its
+older leases' grants goes to its baseline (`PreGrant`). That part comes down by what later
+samples show the holder freed below its lowest use since (never more), so once the overage
+is freed its leases' grants are its use again.
+
+Baselines: a holder's baseline changes between grants: a sample shows memory it held before
+a grant (§2, "attribution before a grant"), or an ended lease's processes (its own or a
+descendant holder's) keep what they allocated. Lease records are written only at grant,
+re-attach and resize, so without the stored baselines a broker restarted after such a change
+restored the baseline of the grant's time, and the first sample after the restart counted
+the memory as lease use: an over-admission. Every change is written at once (one small row
+per holder and GPU), and `restore` reads them back after the leases.
+
+Expiry (§3): a lease ends when its deadline (monotonic) passes without a heartbeat, its
+holder process exits or its connection closes; after a loop stall or a sleep/resume gap
+every lease first gets one TTL of grace (`rbroker.broker.ticks.grace`). The earliest
+deadline and re-attach time are recorded, so nothing is walked before one may have passed.
 """
 
 from __future__ import annotations
@@ -21,14 +43,12 @@ import logging
 import math
 import secrets
 from collections.abc import Callable, Iterable
+from typing import Any
 
-from rbroker.broker.attribution import PreGrant, ancestor, keeper, listed_mib, owners, tree_mib
-from rbroker.broker.baselines import Baselines
 from rbroker.broker.capacity import Capacity, unbacked_mib
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
-from rbroker.broker.due import DueLeases
-from rbroker.broker.holders import Holder
+from rbroker.broker.holders import Chain, Holder
 from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker.broker.sampling import GpuSlot
 from rbroker.broker.store import LeaseStore, token_hash
@@ -40,9 +60,152 @@ log = logging.getLogger(__name__)
 Choice = tuple[str, Capacity, int]
 
 
-class LeaseTable(DueLeases):
+# -- attribution: whose tree a process's memory counts in ---------------------------------
+#: True when a holder holds a lease on the GPU in question.
+Leased = Callable[[Holder], bool]
+
+
+def nearest(chain: Chain, leased: Leased) -> Holder | None:
+    """The nearest holder in `chain` (nearest first) that holds a lease, or None."""
+    return next((h for h in chain if leased(h)), None)
+
+
+def _mine(chain: Chain, holder: Holder, leased: Leased) -> bool:
+    """True when `holder` is in `chain` and no holder nearer the process holds a lease."""
+    for h in chain:
+        if h == holder:
+            return True
+        if leased(h):
+            return False
+    return False
+
+
+def tree_mib(slot: GpuSlot, holder: Holder, leased: Leased) -> tuple[int, bool]:
+    """`(MiB, known)`: the memory the latest sample of `slot` shows in `holder`'s tree less
+    the trees of its descendant holders with a lease there (unknown = 0), and whether every
+    such process's memory is known."""
+    mib, known = 0, True
+    for p, chain in slot.chains:
+        if _mine(chain, holder, leased):
+            mib += p.used_mib or 0
+            known = known and p.used_mib is not None
+    return mib, known
+
+
+def owners(slot: GpuSlot, leased: Leased) -> set[Holder]:
+    """The holders with a lease on `slot` that own some listed process there."""
+    found = {nearest(chain, leased) for _, chain in slot.chains}
+    found.discard(None)
+    return {h for h in found if h is not None}
+
+
+def keeper(slot: GpuSlot, holder: Holder, leased: Leased) -> Holder | None:
+    """Whose tree `holder`'s processes on `slot` count in: `holder` itself when it holds a
+    lease there, else its nearest ancestor that does (from the listed chains), else None."""
+    if leased(holder):
+        return holder
+    return ancestor(slot, holder, leased)
+
+
+def ancestor(slot: GpuSlot, holder: Holder, leased: Leased) -> Holder | None:
+    """The nearest ancestor of `holder` holding a lease on `slot`, by any listed chain that
+    passes through `holder`, or None."""
+    for _, chain in slot.chains:
+        if holder in chain:
+            above = chain[chain.index(holder) + 1 :]
+            found = nearest(above, leased)
+            if found is not None:
+                return found
+    return None
+
+
+def listed_mib(slot: GpuSlot, leased: Leased) -> tuple[int, int]:
+    """`(listed, holders_listed)` MiB of the latest sample of `slot`: every listed process,
+    and those in the tree of some holder with a lease there (each once; unknown = 0)."""
+    listed = of_holders = 0
+    for p, chain in slot.chains:
+        listed += p.used_mib or 0
+        if nearest(chain, leased) is not None:
+            of_holders += p.used_mib or 0
+    return listed, of_holders
+
+
+class PreGrant:
+    """Per `(holder, gpu_uuid)`: the MiB of the holder's baseline that a sample begun before
+    a grant showed beyond its older leases' grants, and the holder's lowest use since."""
+
+    def __init__(self) -> None:
+        self._parts: dict[tuple[Holder, str], tuple[int, int]] = {}
+
+    def mib(self, key: tuple[Holder, str]) -> int:
+        """The pre-grant part of the baseline of `key` (0 when none)."""
+        return self._parts.get(key, (0, 0))[0]
+
+    def add(self, key: tuple[Holder, str], mib: int, held_mib: int) -> None:
+        """`mib` more went to the baseline while the holder held `held_mib`."""
+        part, low = self._parts.get(key, (0, held_mib))
+        self._parts[key] = (part + mib, min(low, held_mib))
+
+    def freed(self, key: tuple[Holder, str], held_mib: int) -> int:
+        """A sample whose memory of the holder is known shows `held_mib`: the part comes
+        down by what that is below the holder's lowest use since it was added. Returns the
+        MiB it came down by (the baseline comes down as much)."""
+        entry = self._parts.get(key)
+        if entry is None:
+            return 0
+        part, low = entry
+        drop = min(part, max(0, low - held_mib))
+        self.clip(key, part - drop, min(low, held_mib))
+        return drop
+
+    def clip(self, key: tuple[Holder, str], baseline_mib: int, low_mib: int | None = None) -> None:
+        """Keep the part at most `baseline_mib` (the whole baseline)."""
+        entry = self._parts.get(key)
+        if entry is None:
+            return
+        part = min(entry[0], max(0, baseline_mib))
+        low = entry[1] if low_mib is None else low_mib
+        if part > 0:
+            self._parts[key] = (part, low)
+        else:
+            del self._parts[key]
+
+    def drop(self, key: tuple[Holder, str]) -> None:
+        """The holder has no lease left there: forget the part."""
+        self._parts.pop(key, None)
+
+
+# -- baselines ------------------------------------------------------------------------------
+Key = tuple[Holder, str]
+"""(holder, GPU UUID)."""
+
+
+class Baselines(dict[Key, int]):
+    """`{(holder, gpu_uuid): mib}` that writes every change to `store` (None: memory only).
+
+    Only `[key] = mib` and `pop` change it (the lessor's only uses); a value of 0 or
+    less, or a popped key, deletes the stored row.
+    """
+
+    def __init__(self, store: LeaseStore | None) -> None:
+        super().__init__()
+        self._store = store
+
+    def __setitem__(self, key: Key, mib: int) -> None:
+        if self._store is not None and self.get(key) != mib:
+            self._store.put_baseline(key[0].pid, key[0].start_time, key[1], mib)
+        super().__setitem__(key, mib)
+
+    def pop(self, key: Key, default: int = 0) -> int:  # type: ignore[override]
+        if self._store is not None and key in self:
+            self._store.put_baseline(key[0].pid, key[0].start_time, key[1], 0)
+        return super().pop(key, default)
+
+
+class Lessor:
     """Active leases (`leases`, by id), the last `ended_history` ended ones (`ended`) and the
-    bookkeeping that turns samples into per-lease use. Writes through to `store` if given."""
+    bookkeeping that turns samples into per-lease use: grant, lookup, renew, attach, resize,
+    revoke and expiry. Writes through to `store` if given."""
 
     def __init__(
         self,
@@ -293,12 +456,14 @@ class LeaseTable(DueLeases):
         listed, of_holders = listed_mib(slot, self._leased(uuid))
         return unbacked_mib(discount, of_holders, listed, slot.sample.device_used_mib)
 
-    # -- grant, lookup, rebind ---------------------------------------------------------------
-    def new_lease(self, waiter: Waiter, chosen: list[Choice], now: float) -> Lease:
-        """A lease for `waiter` on the chosen GPUs, with a fresh id and token (not booked)."""
-        return Lease.granted(waiter, tuple(u for u, _, _ in chosen), now, self.clock.wall())
+    # -- grant, lookup, renew, attach, resize ------------------------------------------------
+    def grant(self, waiter: Waiter, chosen: list[Choice], now: float) -> Lease:
+        """A new lease for `waiter` on the chosen GPUs (a fresh id and token), booked."""
+        lease = Lease.granted(waiter, tuple(u for u, _, _ in chosen), now, self.clock.wall())
+        self._book(lease, waiter, chosen)
+        return lease
 
-    def book(self, lease: Lease, waiter: Waiter, chosen: list[Choice], now: float) -> None:
+    def _book(self, lease: Lease, waiter: Waiter, chosen: list[Choice]) -> None:
         """Enter a granted lease: its claims on memory the holder already uses (adoption),
         the admission record per GPU, the store. The GPUs' samples stay usable: the lease
         books its grant less its claim, and no sample that began before now shows it using
@@ -348,7 +513,7 @@ class LeaseTable(DueLeases):
         """The active lease of `owner`'s `holder` granted under request key `key`, or None."""
         return self._by_key.get((key, owner, holder))
 
-    def find(self, lease_id: str, owner: str) -> Lease:
+    def lookup(self, lease_id: str, owner: str) -> Lease:
         """The active lease `lease_id` of `owner`.
 
         Raises:
@@ -377,14 +542,25 @@ class LeaseTable(DueLeases):
             )
         return lease
 
+    def renew(self, lease_id: str, owner: str) -> Lease:
+        """Extend `owner`'s active lease by its TTL from now (monotonic).
+
+        Raises:
+            RpcError: as `lookup`.
+        """
+        lease = self.lookup(lease_id, owner)
+        lease.deadline = self.clock.monotonic() + lease.ttl_s
+        lease.renewed_at_wall = self.clock.wall()
+        return lease
+
     def attach(self, lease_id: str, token: str, owner: str, conn_id: int | None) -> Lease:
         """Re-attach lease `lease_id` to a new connection of its holder, proving possession
         with the token from the grant (compared as SHA-256 in constant time).
 
         Raises:
-            RpcError: as `find`, and `not_lease_owner` for a wrong token.
+            RpcError: as `lookup`, and `not_lease_owner` for a wrong token.
         """
-        lease = self.find(lease_id, owner)
+        lease = self.lookup(lease_id, owner)
         expected = self.token_sha256.get(lease_id, "")
         if not expected or not hmac.compare_digest(expected, token_hash(token)):
             raise RpcError(
@@ -404,11 +580,15 @@ class LeaseTable(DueLeases):
         log.info("lease %s re-attached by its holder", lease.lease_id)
         return lease
 
-    def set_granted(self, lease: Lease, mib: int) -> None:
+    def resize(
+        self, lease: Lease, mib: int, records: dict[str, dict[str, Any]] | None = None
+    ) -> None:
         """Change an active lease's grant to `mib` (`lease.resize`), keeping the running
         outstanding sums: what a shrink frees of its outstanding MiB stays booked as
         unconfirmed until a sample that started after now, as a release's does (§2), and
-        each of its GPUs' samplers is asked for one."""
+        each of its GPUs' samplers is asked for one. A growth's admission `records` (per
+        GPU) are kept with the lease; its figures are attributed anew and stored."""
+        old = lease.granted_mib
         now = self.clock.monotonic()
         for u in lease.gpu_uuids:
             before, after = _owed(lease, u), max(0, mib - lease.observed_mib.get(u, 0))
@@ -422,9 +602,41 @@ class LeaseTable(DueLeases):
                 if slot is not None:
                     slot.sample_soon(self.config.release_sample_gap_s)
         lease.granted_mib = mib
+        for uuid, record in (records or {}).items():
+            lease.admission[uuid] = {**record, "resized_from_mib": old}
+        for uuid in lease.gpu_uuids:
+            slot = self.slots.get(uuid)
+            if slot is not None:
+                self.update_observed(slot)
+        if self.store is not None:
+            self.store.put_lease(lease.lease_id, lease.token, lease.to_record())
+        log.info("lease %s resized: %d → %d MiB", lease.lease_id, old, mib)
 
-    # -- ending ------------------------------------------------------------------------------
-    def end(self, lease: Lease, state: LeaseState, reason: str) -> bool:
+    # -- expiry ------------------------------------------------------------------------------
+    def overdue(self, now: float) -> list[Lease]:
+        """Active leases whose heartbeat deadline has passed. Deadlines only move later
+        (renew, re-attach, grace), so nothing is walked until the earliest one recorded
+        may have passed."""
+        if now <= self._deadline_floor:
+            return []
+        self._deadline_floor = min((x.deadline for x in self.leases.values()), default=math.inf)
+        return [lease for lease in self.leases.values() if lease.deadline < now]
+
+    def not_reattached(self, now: float) -> list[Lease]:
+        """Restored leases whose holder did not re-attach within the grace."""
+        if now <= self._reattach_floor:
+            return []
+        waiting = [x for x in self.leases.values() if x.reattach_by is not None]
+        self._reattach_floor = min((x.reattach_by or 0.0 for x in waiting), default=math.inf)
+        return [x for x in waiting if x.reattach_by is not None and x.reattach_by < now]
+
+    def held_by_dead(self, is_alive: Callable[[Holder], bool]) -> list[Lease]:
+        """Active leases whose holder process is gone (one check per distinct holder)."""
+        dead = [h for h in self._by_holder if not is_alive(h)]
+        return [lease for h in dead for lease in self._by_holder.get(h, {}).values()]
+
+    # -- revoke ------------------------------------------------------------------------------
+    def revoke(self, lease: Lease, state: LeaseState, reason: str) -> bool:
         """End an active lease (False when it already ended): what it was granted but no
         sample showed in use stays booked as unconfirmed until a sample that started after
         now (docs/architecture.md §2), so admission need not wait for that sample; the
