@@ -19,12 +19,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from litestar import Request
 from litestar.exceptions import TooManyRequestsException
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import (
+    ASGIApp,
+    HTTPResponseBodyEvent,
+    HTTPResponseStartEvent,
+    HTTPScope,
+    Receive,
+    Scope,
+    Send,
+)
 from sqlalchemy.engine import Engine
 
 from rbroker_server.net import Network, client_address, limit_key, scope_client
@@ -405,9 +413,10 @@ class ThrottleGate:
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        throttle = (
-            self._throttle(scope["method"], scope["path"]) if scope["type"] == "http" else None
-        )
+        throttle = None
+        if scope["type"] == "http":
+            http = cast("HTTPScope", scope)
+            throttle = self._throttle(http["method"], http["path"])
         if throttle is not None:
             address = scope_client(scope, self.trusted, self.proxy_secret)
             retry_after = throttle.quick_refusal_s(address)
@@ -419,17 +428,21 @@ class ThrottleGate:
                         f"try again in {retry_after} s",
                     }
                 ).encode()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 429,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                            (b"retry-after", str(retry_after).encode()),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
+                start: HTTPResponseStartEvent = {
+                    "type": "http.response.start",
+                    "status": 429,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"retry-after", str(retry_after).encode()),
+                    ],
+                }
+                await send(start)
+                end: HTTPResponseBodyEvent = {
+                    "type": "http.response.body",
+                    "body": body,
+                    "more_body": False,
+                }
+                await send(end)
                 return
         await self.app(scope, receive, send)

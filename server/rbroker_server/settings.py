@@ -208,10 +208,10 @@ class Settings:
         tmp = path.with_suffix(".tmp")
         # created 0600 (never readable by others, whatever the umask, not even briefly)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
             if hasattr(os, "fchmod"):
-                os.fchmod(f.fileno(), 0o600)
-            f.write("\n".join(lines) + "\n")
+                os.fchmod(out.fileno(), 0o600)
+            out.write("\n".join(lines) + "\n")
         tmp.replace(path)
         return path
 
