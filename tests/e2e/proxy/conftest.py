@@ -84,6 +84,7 @@ def render_site(
         "/etc/ssl/rbroker/fullchain.pem": str(cert),
         "/etc/ssl/rbroker/privkey.pem": str(key),
         "server 127.0.0.1:8787;": f"server 127.0.0.1:{upstream_port};",
+        "REPLACE-WITH-trusted_proxy_secret": PROXY_SECRET,
         # the proxy reaches the coordinator from its own address, as from another host, so
         # the coordinator can tell it from clients on this machine (which come from 127.0.0.1)
         "proxy_pass http://rbroker_coordinator;": (
@@ -102,6 +103,8 @@ def render_site(
 
 PROXY_SOURCE = "127.0.0.2"
 """The address nginx connects to the coordinator from (the coordinator's trusted proxy)."""
+PROXY_SECRET = "test-proxy-secret-0123456789abcdef"
+"""The coordinator's `trusted_proxy_secret`, put where the shipped configs' placeholder is."""
 
 MAIN_CONF = """\
 daemon off;

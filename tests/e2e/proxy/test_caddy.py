@@ -25,7 +25,7 @@ from tests.e2e.conftest import (
     free_port,
     rbroker_cli,
 )
-from tests.e2e.proxy.conftest import ProxyProcess, wait_tls
+from tests.e2e.proxy.conftest import PROXY_SECRET, ProxyProcess, wait_tls
 
 SHIPPED = REPO / "packaging" / "caddy" / "Caddyfile.prefix"
 
@@ -37,6 +37,7 @@ def render_caddyfile(root: Path, port: int, upstream_port: int, cert: Path, key:
     replacements = {
         "lab.example.org {": f"https://127.0.0.1:{port} {{\n\ttls {cert} {key}",
         "reverse_proxy 127.0.0.1:8787": f"reverse_proxy 127.0.0.1:{upstream_port}",
+        "REPLACE-WITH-trusted_proxy_secret": PROXY_SECRET,
     }
     for old, new in replacements.items():
         assert old in text, f"{SHIPPED.name} has no {old!r} any more: update this test"
@@ -101,7 +102,9 @@ def test_broker_enrolls_reports_and_reads_through_caddy_under_a_prefix(
 ) -> None:
     port = free_port()
     coordinator = coordinator_factory(
-        external_url=f"https://127.0.0.1:{port}/rbroker/", trusted_proxies=["127.0.0.1"]
+        external_url=f"https://127.0.0.1:{port}/rbroker/",
+        trusted_proxies=["127.0.0.1"],
+        trusted_proxy_secret=PROXY_SECRET,
     )
     proxy = caddy_proxy(coordinator, port)
     through_proxy = dataclasses.replace(coordinator, ca_file=proxy.ca_file, proc=None)

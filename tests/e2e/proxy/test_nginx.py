@@ -21,7 +21,7 @@ from rbroker_protocol import signing
 from rbroker_protocol.reports import ReportPayload
 from tests.conftest import wait_until
 from tests.e2e.conftest import CoordinatorProcess, UplinkBroker, by_name, free_port, rbroker_cli
-from tests.e2e.proxy.conftest import PROXY_SOURCE, ProxyProcess
+from tests.e2e.proxy.conftest import PROXY_SECRET, PROXY_SOURCE, ProxyProcess
 
 
 def _behind_proxy(
@@ -32,7 +32,9 @@ def _behind_proxy(
     port = free_port()
     prefix = "/rbroker/" if "prefix" in conf else "/"
     coordinator = coordinator_factory(
-        external_url=f"https://127.0.0.1:{port}{prefix}", trusted_proxies=[PROXY_SOURCE]
+        external_url=f"https://127.0.0.1:{port}{prefix}",
+        trusted_proxies=[PROXY_SOURCE],
+        trusted_proxy_secret=PROXY_SECRET,  # the shipped config sends it, or no X-Forwarded-For
     )
     return coordinator, nginx_proxy(coordinator, conf, port=port)
 
