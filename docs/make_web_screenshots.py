@@ -1,4 +1,4 @@
-"""Take the web view's screenshots for the README, and measure its page weight.
+"""Take the web view's screenshots for the operator guide, and measure its page weight.
 
 Runs a real coordinator and three real brokers (simulated GPUs) with lease workers and a
 job, lets them report for about a minute (history every 2 s, so the charts have points),

@@ -1,5 +1,6 @@
-"""Every Python and shell example in the README runs as written, against a real broker on a
-simulated GPU, or is marked in the README's source as one that cannot run here:
+"""Every Python and shell example in the README and the guides in docs/ (user guide, operator
+guide, development) runs as written, against a real broker on a simulated GPU, or is marked in
+the Markdown source as one that cannot run here:
 
     <!-- example: skip (needs PyTorch and an NVIDIA GPU) -->
     ```python
@@ -29,6 +30,11 @@ from tests.conftest import GPU0, BrokerProcess
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
+# where the README's text went: its examples are run wherever they now live
+GUIDES = [
+    README,
+    *(ROOT / "docs" / f"{n}.md" for n in ("user-guide", "operator-guide", "development")),
+]
 
 PYTHON = ("python", "py")
 SHELL = ("sh", "bash", "shell", "console")
@@ -51,7 +57,7 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.path.name}:{self.line} ({self.lang})"
+        return f"{self.path.relative_to(ROOT)}:{self.line} ({self.lang})"
 
 
 def blocks(path: Path) -> list[Block]:
@@ -84,14 +90,14 @@ def blocks(path: Path) -> list[Block]:
     return out
 
 
-README_BLOCKS = blocks(README)
-RUNNABLE = [b for b in README_BLOCKS if b.lang in PYTHON + SHELL and b.skip is None]
+GUIDE_BLOCKS = [b for path in GUIDES for b in blocks(path)]
+RUNNABLE = [b for b in GUIDE_BLOCKS if b.lang in PYTHON + SHELL and b.skip is None]
 
 
 def test_every_example_is_run_or_marked_with_a_reason() -> None:
-    examples = [b for b in README_BLOCKS if b.lang in EXAMPLE_LANGS]
-    assert len(examples) >= 10, "the README's examples were not found"
-    untagged = [b.where for b in README_BLOCKS if not b.lang]
+    examples = [b for b in GUIDE_BLOCKS if b.lang in EXAMPLE_LANGS]
+    assert len(examples) >= 10, "the guides' examples were not found"
+    untagged = [b.where for b in GUIDE_BLOCKS if not b.lang]
     assert not untagged, f"code blocks without a language: {untagged}"
     for b in examples:
         if b.lang in OTHER_SHELLS:
@@ -110,7 +116,7 @@ def _env(broker: BrokerProcess) -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: f"line{b.line}-{b.lang}")
+@pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: f"{b.path.stem}-line{b.line}-{b.lang}")
 def test_readme_example_runs(block: Block, broker: BrokerProcess, tmp_path: Path) -> None:
     if block.lang in PYTHON:
         script = tmp_path / "example.py"
@@ -132,7 +138,7 @@ def test_readme_example_runs(block: Block, broker: BrokerProcess, tmp_path: Path
         assert proc.stdout.split() == ["0", "PCI_BUS_ID"], f"{block.where}: {proc.stdout}"
 
 
-@pytest.mark.parametrize("path", [README, ARCHITECTURE], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [*GUIDES, ARCHITECTURE], ids=lambda p: p.name)
 def test_every_code_block_is_valid(path: Path) -> None:
     for b in blocks(path):
         if b.lang in PYTHON:
@@ -146,11 +152,51 @@ def test_every_code_block_is_valid(path: Path) -> None:
 
 
 def test_test_paths_and_markers_the_readme_names_exist() -> None:
-    text = README.read_text(encoding="utf-8")
+    text = "\n".join(path.read_text(encoding="utf-8") for path in GUIDES)
     paths = set(re.findall(r"\btests/[\w/]+\.py\b", text))
-    assert paths, "the README names no test files"
+    assert paths, "the README and the guides name no test files"
     missing = sorted(p for p in paths if not (ROOT / p).is_file())
-    assert not missing, f"the README names test files that do not exist: {missing}"
+    assert not missing, f"the README or a guide names test files that do not exist: {missing}"
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     for marker in set(re.findall(r'-m "not (\w+)"', text)) | {"slow", "gpu"}:
         assert f'"{marker}:' in pyproject, f"marker {marker} is not declared in pyproject.toml"
+
+
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings (outside code fences)."""
+    anchors: set[str] = set()
+    count: dict[str, int] = {}
+    fenced = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        m = None if fenced else re.match(r"^#{1,6} (.+)$", line)
+        if m:
+            anchor = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            n = count.get(anchor, 0)
+            count[anchor] = n + 1
+            anchors.add(f"{anchor}-{n}" if n else anchor)  # a repeated heading: -1, -2, …
+    return anchors
+
+
+@pytest.mark.parametrize(
+    "path", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name
+)
+def test_every_link_between_the_documents_resolves(path: Path) -> None:
+    """The README is a front door to docs/: each relative link names a file of this
+    repository, and each `#anchor` a heading of the file it points at."""
+    text = path.read_text(encoding="utf-8")
+    broken = []
+    for target in _LINK.findall(text):
+        if re.match(r"^[a-z]+:", target):
+            continue  # https://, mailto:
+        file, _, anchor = target.partition("#")
+        where = (path.parent / file).resolve() if file else path
+        if not where.is_relative_to(ROOT) or not where.exists():
+            broken.append(target)  # a file outside the repository, or none
+        elif anchor and where.suffix == ".md" and anchor not in _anchors(where):
+            broken.append(target)  # no such heading there
+    assert not broken, f"{path.name}: links that lead nowhere: {broken}"

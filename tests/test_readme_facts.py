@@ -1,6 +1,6 @@
-"""The README's facts agree with the code: every option of every `rbroker` command is in its
-row of the command table, the rounding examples are what `{fraction}` prints, and the test
-count is about what pytest collects."""
+"""The documentation's facts agree with the code: every option of every `rbroker` command is
+in its row of the user guide's command table, the user guide's rounding examples are what
+`{fraction}` prints, and the test count in docs/development.md is about what pytest collects."""
 
 from __future__ import annotations
 
@@ -15,14 +15,16 @@ import pytest
 from rbroker._frameworks import fraction_text, memory_fraction
 from rbroker.cli.main import build_parser
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+USER_GUIDE = ROOT / "docs" / "user-guide.md"  # the command table and the rounding examples
+DEVELOPMENT = ROOT / "docs" / "development.md"  # the test count
 _NOT_IN_ROWS = {"--help", "--socket", "--verbose"}  # --socket: the paragraph below the table
 _ROW = re.compile(r"^\| `rbroker (\w+)[^`]*` \|")
 
 
 def _rows() -> dict[str, str]:
     rows = {}
-    for line in README.read_text(encoding="utf-8").splitlines():
+    for line in USER_GUIDE.read_text(encoding="utf-8").splitlines():
         m = _ROW.match(line)
         if m:
             rows[m.group(1)] = line
@@ -38,11 +40,11 @@ def _commands() -> dict[str, argparse.ArgumentParser]:
 def test_every_option_of_every_command_is_in_the_table(command: str) -> None:
     """Before: `rbroker release`, `run --ttl` and `broker --over-grant-grace` were missing."""
     row = _rows().get(command)
-    assert row is not None, f"no row for rbroker {command} in the README's command table"
+    assert row is not None, f"no row for rbroker {command} in the user guide's command table"
     parser = _commands()[command]
     options = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
     missing = sorted(options - _NOT_IN_ROWS - {o for o in options if o in row})
-    assert not missing, f"rbroker {command}: {missing} not in its README row"
+    assert not missing, f"rbroker {command}: {missing} not in its row of the user guide"
     for action in parser._actions:
         if not action.option_strings and action.dest not in ("help", "cmd"):
             if action.choices:  # service install|remove|...
@@ -53,12 +55,12 @@ def test_every_option_of_every_command_is_in_the_table(command: str) -> None:
 
 def test_the_rounding_examples_are_what_fraction_prints() -> None:
     """Before: the README said 0.00004 for 1 MiB; `{fraction}` prints 0.000040."""
-    text = " ".join(README.read_text(encoding="utf-8").split())
+    text = " ".join(USER_GUIDE.read_text(encoding="utf-8").split())
     m = re.search(
         r"\(8 GiB of 24 GiB → (\S+); 20 000 MiB of 80 GiB → (\S+); 1 MiB of 24 GiB → (\S+),",
         text,
     )
-    assert m, "the rounding examples are gone from the README"
+    assert m, "the rounding examples are gone from the user guide"
     assert m.groups() == (
         fraction_text(memory_fraction(8192, 24576)),
         fraction_text(memory_fraction(20000, 81920)),
@@ -75,12 +77,14 @@ def test_the_test_count_is_about_what_pytest_collects() -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=README.parent,
+        cwd=ROOT,
     )
     last = done.stdout.strip().splitlines()[-1]
     collected = int(re.match(r"(\d+) tests? collected", last).group(1))  # type: ignore[union-attr]
-    text = " ".join(README.read_text(encoding="utf-8").split())
+    text = " ".join(DEVELOPMENT.read_text(encoding="utf-8").split())
     said = re.search(r"runs all of about (\d[\d ]*\d) tests", text)
-    assert said, "the README no longer says how many tests there are"
+    assert said, "docs/development.md no longer says how many tests there are"
     stated = int(said.group(1).replace(" ", ""))
-    assert abs(stated - collected) <= 0.1 * collected, f"README {stated}, collected {collected}"
+    assert abs(stated - collected) <= 0.1 * collected, (
+        f"docs/development.md {stated}, collected {collected}"
+    )

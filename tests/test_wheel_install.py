@@ -1,4 +1,4 @@
-"""The README's install path, for real: build the wheel with `uv build`, install it into a
+"""The operator guide's install path, for real: build the wheel with `uv build`, install it into a
 fresh virtual environment (`python -m venv` + pip), and run the installed commands. The
 base install without the `[server]` extra goes into a venv made by uv (faster; pip's install
 of the wheel is what the `[server]` venv proves).
@@ -66,7 +66,7 @@ def _run(cmd: list[str], cwd: Path, timeout_s: float = 600, **kw: object) -> str
 def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     uv = shutil.which("uv")
     if uv is None:
-        pytest.skip("uv is not on PATH (the README builds the wheel with `uv build`)")
+        pytest.skip("uv is not on PATH (the operator guide builds the wheel with `uv build`)")
     out = tmp_path_factory.mktemp("dist")
     _run([uv, "build", "--wheel", "--out-dir", str(out), str(ROOT)], cwd=out)
     wheel = out / WHEEL_NAME
@@ -121,7 +121,7 @@ def venv(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def base_venv(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with the base wheel only (no extra), as a GPU computer installs it.
 
-    Installed by uv: pip installing this wheel is what `venv` (the README's own command,
+    Installed by uv: pip installing this wheel is what `venv` (the operator guide's own command,
     with the extra) proves; this one is about what the base install does without it."""
     return _install(str(built_wheel), tmp_path_factory.mktemp("base-venv"), pip=False)
 
@@ -230,8 +230,12 @@ def test_server_without_its_extra_says_so_in_one_line(base_venv: Path, tmp_path:
 
 
 def test_readme_names_the_wheel_this_version_builds() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert f"pip install 'dist/{WHEEL_NAME}[server]'" in readme
-    assert "pip install 'rbroker[server]'" not in readme, "rbroker is on no package index"
-    named = set(re.findall(r"rbroker-(\d[^-\s]*)-py3-none-any\.whl", readme))
-    assert named == {VERSION}, f"README names wheels of versions {named}, pyproject {VERSION}"
+    """The operator guide installs the coordinator from the wheel; no document names another
+    version's wheel or an install from a package index."""
+    guide = (ROOT / "docs" / "operator-guide.md").read_text(encoding="utf-8")
+    assert f"pip install 'dist/{WHEEL_NAME}[server]'" in guide
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text(encoding="utf-8")
+        assert "pip install 'rbroker[server]'" not in text, f"{doc.name}: on no package index"
+        named = set(re.findall(r"rbroker-(\d[^-\s]*)-py3-none-any\.whl", text))
+        assert named <= {VERSION}, f"{doc.name} names wheels of versions {named}, not {VERSION}"

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 EXIT_USAGE = 2
 EXIT_FAILED = 1
 EXIT_MISSING_EXTRA = 1
-"""The `[server]` extra is not installed (README: exit codes when a command cannot start)."""
+"""The `[server]` extra is not installed (docs/user-guide.md, "Exit codes when a command
+cannot start")."""
 
 SERVER_MODULES = (
     "sqlalchemy",

@@ -1,9 +1,9 @@
 """Startup failures of `rbroker broker`, `rbroker tray` and `rbroker-server serve`.
 
 Each failure to start is one line on stderr saying what failed and how to fix it, and an
-exit code per kind of failure, the same for the three commands (the README lists them). Codes
-1 to 3 are the ones these commands used before; the rest are distinct per cause, so scripts
-and service managers can tell them apart.
+exit code per kind of failure, the same for the three commands (docs/user-guide.md lists
+them). Codes 1 to 3 are the ones these commands used before; the rest are distinct per cause,
+so scripts and service managers can tell them apart.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Tables never cut what explains a wait (docs/architecture.md §5, README "Command line"):
-at 80 and 120 columns a queue's reason, a lease's purpose and a job's state wrap within their
-columns and are whole, while numbers and headers stay on one line. Pure rendering, no broker.
+"""Tables never cut what explains a wait (docs/architecture.md §5, docs/user-guide.md "Command
+line"): at 80 and 120 columns a queue's reason, a lease's purpose and a job's state wrap within
+their columns and are whole, while numbers and headers stay on one line. Pure rendering, no broker.
 """
 
 from __future__ import annotations

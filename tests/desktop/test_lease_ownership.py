@@ -79,7 +79,7 @@ def _rbroker(*args: str) -> subprocess.CompletedProcess[str]:
 def test_an_admin_cancels_another_users_waiter_and_ends_their_lease(
     broker: BrokerProcess,
 ) -> None:
-    """The README's shared-server example, with two real OS users: root and `nobody` hold
+    """The operator guide's shared-server example, with two real OS users: root and `nobody` hold
     10 000 MiB each of the 23 347 usable and `nobody` waits for 5 000 more; root (an
     administrator of every broker) cancels the waiting request with `rbroker release req-N`,
     then ends `nobody`'s lease with `rbroker release ID`. `nobody`'s own processes are told

@@ -1,5 +1,5 @@
 """`rbroker broker` and `rbroker tray` that cannot start: one line on stderr with the fix and
-a distinct exit code (README "Exit codes"), never a traceback.
+a distinct exit code (docs/user-guide.md "Exit codes"), never a traceback.
 
 Real commands run as subprocesses. Permission denied is real: as root, the command runs
 without CAP_DAC_OVERRIDE (`setpriv`), so a 0555 directory refuses it as it would refuse any

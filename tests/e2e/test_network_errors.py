@@ -1,6 +1,6 @@
 """`rbroker enroll` and `rbroker fleet` explain network and HTTP failures in words.
 
-Against a real coordinator served over HTTPS with its own CA (as the README recommends) and
+Against a real coordinator served over HTTPS with its own CA (as the operator guide recommends) and
 a plain-HTTP one: plain HTTP sent to the HTTPS port, HTTPS sent to the plain port, an
 unknown host name, a refused port, a certificate without its CA file, a bad enrollment code
 and a bad viewer token. Each message names the problem and what to do; the tray's form of

@@ -1,7 +1,7 @@
 """Every `rbroker-server` command meets a database that cannot be reached (a real
 PostgreSQL URL where nothing listens, 127.0.0.1:1), a bad port or a bad config with one
-line on stderr and a documented exit code (README "Exit codes"), never a traceback; and the
-coordinator answers `HEAD` wherever it answers `GET`."""
+line on stderr and a documented exit code (docs/user-guide.md "Exit codes"), never a
+traceback; and the coordinator answers `HEAD` wherever it answers `GET`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`rbroker-server serve` that cannot start: one line on stderr with the fix and a distinct
-exit code (README "Exit codes"), never a traceback. Real `serve` processes, real sockets, a
-real PostgreSQL server for the unreachable-database case (a port nothing listens on).
+exit code (docs/user-guide.md "Exit codes"), never a traceback. Real `serve` processes, real
+sockets, a real PostgreSQL server for the unreachable-database case (a port nothing listens on).
 """
 
 from __future__ import annotations

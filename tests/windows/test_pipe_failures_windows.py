@@ -1,5 +1,5 @@
 """The Windows-only ways a command cannot reach or start a broker say so in one line, with
-the exit code of README's table, as on Linux: a broker's address that is no pipe name (a
+the exit code of the user guide's table, as on Linux: a broker's address that is no pipe name (a
 file path: 2, asking for `\\\\.\\pipe\\NAME`), nothing listens at the pipe (69), the pipe's
 name is held by another broker or program (1), another broker holds the computer's lock
 (3), the pipe refuses this account (69, `not allowed`), the service's pipe is served by a

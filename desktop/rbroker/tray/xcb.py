@@ -90,7 +90,7 @@ BASE_PACKAGES: frozenset[str] = frozenset(
 dependencies of `DESKTOP_PACKAGES`."""
 
 DESKTOP_PACKAGES: tuple[str, ...] = tuple(sorted(set(DEBIAN_PACKAGES.values()) - BASE_PACKAGES))
-"""What to `apt-get install` on a minimal Debian/Ubuntu for the tray (the README's list)."""
+"""What to `apt-get install` on a minimal Debian/Ubuntu for the tray (the user guide's list)."""
 
 _NOT_FOUND = re.compile(r"^\s*(\S+)\s+=>\s+not found\s*$")
 LDD_TIMEOUT_S = 10.0

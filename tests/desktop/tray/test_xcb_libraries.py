@@ -61,7 +61,7 @@ def test_missing_libraries_are_named(stranded_plugin: Path) -> None:
 
 @linux_only
 def test_every_library_the_plugin_needs_has_its_debian_package(real_plugin: Path) -> None:
-    """The README's list is complete: every system library `ldd` reports for the plugin
+    """The user guide's list is complete: every system library `ldd` reports for the plugin
     (found or not) maps to a Debian/Ubuntu package."""
     pyside = real_plugin.parents[3]
     unknown = []
@@ -84,9 +84,9 @@ def test_message_names_libraries_and_the_packages_to_install() -> None:
 
 
 def test_readme_lists_every_desktop_package() -> None:
-    readme = (ROOT / "README.md").read_text()
-    m = re.search(r"sudo apt-get install (libdbus[^`]*?)\n```", readme)
-    assert m is not None, "the README's tray section lost its apt-get line"
+    guide = (ROOT / "docs" / "user-guide.md").read_text(encoding="utf-8")
+    m = re.search(r"sudo apt-get install (libdbus[^`]*?)\n```", guide)
+    assert m is not None, "the user guide's tray section lost its apt-get line"
     listed = m.group(1).replace("\\\n", " ").split()
     assert sorted(listed) == sorted(xcb.DESKTOP_PACKAGES)
     for pkg in ("libxcb-cursor0", "libxcb-icccm4", "libxcb-keysyms1"):
