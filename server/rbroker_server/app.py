@@ -38,7 +38,7 @@ from rbroker_server.reports.gate import ReportGate
 from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.settings import Settings
 from rbroker_server.web import controller as web
-from rbroker_server.web import fault_page
+from rbroker_server.web import fault_page, renders
 from rbroker_server.web.headers import security_headers_for
 
 log = logging.getLogger(__name__)
@@ -190,6 +190,7 @@ def create_app(
                 STATE_PROXY_SECRET: settings.trusted_proxy_secret,
                 Throttles.STATE_KEY: throttles,
                 web.SETTINGS_STATE: settings,
+                renders.STATE_KEY: renders.SharedRenders(web.REFRESH_MS / 1000),
                 dbfaults.STATE_KEY: faults,
             }
         ),

@@ -79,7 +79,9 @@ def gpu_state(gpu: dict[str, Any], leases_on_gpu: int) -> GpuState:
     return "free"
 
 
-def _computer_view(row: Any, now: datetime, settings: Settings) -> ComputerView:
+def _computer_view(row: Any, now: datetime, settings: Settings, lists: bool = True) -> ComputerView:
+    """The wire view of a computer's row; without `lists`, its `leases`, `queue` and `jobs`
+    are left empty (not parsed: a summary counts them in the row's state itself)."""
     state = row.state or {}
     leases = state.get("leases", [])
     per_gpu: dict[str, int] = {}
@@ -115,9 +117,9 @@ def _computer_view(row: Any, now: datetime, settings: Settings) -> ComputerView:
         seq=row.seq,
         reports_applied=row.reports_applied,
         gpus=gpus,
-        leases=leases,
-        queue=state.get("queue", []),
-        jobs=state.get("jobs", []),
+        leases=leases if lists else [],
+        queue=state.get("queue", []) if lists else [],
+        jobs=state.get("jobs", []) if lists else [],
         left_out=state.get("left_out", {}),
     )
 
@@ -125,6 +127,35 @@ def _computer_view(row: Any, now: datetime, settings: Settings) -> ComputerView:
 def fleet(engine: Engine, settings: Settings, scope: Scope) -> FleetView:
     """The caller's group and its live computers, by name."""
     now = utcnow()
+    group, rows = _group_rows(engine, scope)
+    return FleetView(
+        group=group,
+        generated_at=now,
+        stale_after_s=settings.stale_after_s,
+        offline_after_s=settings.offline_after_s,
+        computers=[_computer_view(r, now, settings) for r in rows],
+    )
+
+
+def fleet_summary(
+    engine: Engine, settings: Settings, scope: Scope
+) -> tuple[FleetView, list[dict[str, Any]]]:
+    """The caller's group as `fleet` gives it but without the computers' lists (their
+    `leases`, `queue` and `jobs` empty), and each computer's stored state (the report's
+    fields as JSON: `leases`, `queue`, `jobs`, `left_out`…) in the same order, to count."""
+    now = utcnow()
+    group, rows = _group_rows(engine, scope)
+    view = FleetView(
+        group=group,
+        generated_at=now,
+        stale_after_s=settings.stale_after_s,
+        offline_after_s=settings.offline_after_s,
+        computers=[_computer_view(r, now, settings, lists=False) for r in rows],
+    )
+    return view, [r.state or {} for r in rows]
+
+
+def _group_rows(engine: Engine, scope: Scope) -> tuple[str, list[Any]]:
     with engine.connect() as conn:
         group = conn.execute(sa.select(GROUPS.c.name).where(GROUPS.c.id == scope.group_id)).one()
         rows = conn.execute(
@@ -132,13 +163,7 @@ def fleet(engine: Engine, settings: Settings, scope: Scope) -> FleetView:
             .where(COMPUTERS.c.group_id == scope.group_id, COMPUTERS.c.revoked_at.is_(None))
             .order_by(COMPUTERS.c.name, COMPUTERS.c.id)
         ).all()
-    return FleetView(
-        group=group.name,
-        generated_at=now,
-        stale_after_s=settings.stale_after_s,
-        offline_after_s=settings.offline_after_s,
-        computers=[_computer_view(r, now, settings) for r in rows],
-    )
+    return str(group.name), list(rows)
 
 
 def _row(conn: sa.Connection, scope: Scope, computer_id: str) -> Any:

@@ -18,21 +18,23 @@ from urllib.parse import quote
 from litestar import Controller, Request, Response, get, post
 from litestar.datastructures import CacheControlHeader, Cookie
 from litestar.di import NamedDependency
-from litestar.enums import RequestEncodingType
+from litestar.enums import MediaType, RequestEncodingType
 from litestar.exceptions import NotAuthorizedException, NotFoundException
 from litestar.params import Body, FromPath
 from litestar.response import Redirect, Template
+from markupsafe import Markup
 from sqlalchemy.engine import Engine
 
 from rbroker_server import ratelimit
-from rbroker_server.auth.service import Unauthenticated
+from rbroker_server.auth.service import Scope, Unauthenticated
 from rbroker_server.db import utcnow
 from rbroker_server.fleet import service as fleet_service
 from rbroker_server.fleet.schema import HistoryView
 from rbroker_server.ratelimit import Throttles, client_address
 from rbroker_server.settings import Settings
+from rbroker_server.web import renders, sessions
 from rbroker_server.web import service as pages
-from rbroker_server.web import sessions
+from rbroker_server.web.renders import SharedRenders
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
@@ -140,25 +142,57 @@ def _signin_page(
     )
 
 
+def _render_fleet(
+    request: Request[Any, Any, Any], engine: Engine, settings: Settings, scope: Scope
+) -> tuple[str, str, str, str]:
+    """The group's fleet fragment, shared by all its viewers (nothing of one session in
+    it): (group id, group name, the "As of" line, the computers' table)."""
+    view, states = fleet_service.fleet_summary(engine, settings, scope)
+    context = page_context(
+        request,
+        group=view.group,
+        generated_at=view.generated_at,
+        stale_after_s=view.stale_after_s,
+        offline_after_s=view.offline_after_s,
+        rows=pages.fleet_rows(view.computers, states),
+    )
+    templates = request.app.template_engine
+    assert templates is not None  # create_app configures one
+    head = templates.get_template("fleet_asof.html").render(**context)
+    body = templates.get_template("fleet_live.html").render(**context)
+    return str(scope.group_id), view.group, head, body
+
+
+def _etag_matches(request: Request[Any, Any, Any], etag: str) -> bool:
+    """Whether `If-None-Match` names `etag` (weak or strong, in a list)."""
+    sent = request.headers.get("if-none-match")
+    if not sent:
+        return False
+    return etag in (t.strip().removeprefix("W/") for t in sent.split(","))
+
+
 def _fleet(
     request: Request[Any, Any, Any], engine: Engine, settings: Settings, *, fragment: bool
-) -> Template | Redirect:
+) -> Template | Redirect | Response[str]:
     signed = _session(request, engine)
     if signed is None:
         if fragment:
             raise NotAuthorizedException("signed out")
         return _to_signin(request)
-    view = fleet_service.fleet(engine, settings, signed.scope)
-    context = page_context(
-        request,
-        group=view.group,
-        csrf_token=signed.csrf_token,
-        generated_at=view.generated_at,
-        stale_after_s=view.stale_after_s,
-        offline_after_s=view.offline_after_s,
-        pages=pages.computer_pages(engine, view.computers, view.generated_at),
+    shared: SharedRenders = request.app.state[renders.STATE_KEY]
+    scope = signed.scope
+    made = shared.get(
+        (scope.group_id, base_path(request)),
+        lambda: _render_fleet(request, engine, settings, scope),
     )
-    return Template(template_name="fleet_live.html" if fragment else "fleet.html", context=context)
+    if fragment:
+        if _etag_matches(request, made.etag):
+            return Response("", status_code=304, headers={"ETag": made.etag})
+        return Response(made.html, media_type=MediaType.HTML, headers={"ETag": made.etag})
+    context = page_context(
+        request, group=made.group, csrf_token=signed.csrf_token, live_html=Markup(made.html)
+    )
+    return Template(template_name="fleet.html", context=context)
 
 
 def _computer(
@@ -194,6 +228,7 @@ def _computer(
         generated_at=now,
         page=pages.computer_pages(engine, [view], now)[0],
         history_window_s=settings.history_window_s,
+        list_cap=pages.LIST_CAP,
         history_step_s=settings.history_step_s,
     )
     return Template(
@@ -302,7 +337,7 @@ class WebController(Controller):
         request: Request[Any, Any, Any],
         engine: NamedDependency[Engine],
         settings: NamedDependency[Settings],
-    ) -> Template | Redirect:
+    ) -> Template | Redirect | Response[str]:
         """The group's computers (a page that refreshes its figures from `/fleet/live`)."""
         return _fleet(request, engine, settings, fragment=False)
 
@@ -312,8 +347,10 @@ class WebController(Controller):
         request: Request[Any, Any, Any],
         engine: NamedDependency[Engine],
         settings: NamedDependency[Settings],
-    ) -> Template | Redirect:
-        """The part of the fleet page that refreshes (401 without a session)."""
+    ) -> Template | Redirect | Response[str]:
+        """The part of the fleet page that refreshes (401 without a session): one render
+        per group per `REFRESH_MS` shared by its viewers, with an `ETag` (304 to an
+        `If-None-Match` that names it)."""
         return _fleet(request, engine, settings, fragment=True)
 
     @get("/computers/{computer_id:str}", sync_to_thread=True)

@@ -78,3 +78,35 @@ class ComputerPage:
     leases: list[LeaseRow]
     jobs: list[JobRow]
     queue_reasons: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class JobsSummary:
+    """A computer's jobs in one line: how many in each state, and the items of those with a
+    declared total (`done_items` = completed + failed, of `total_items`)."""
+
+    count: int
+    by_state: list[tuple[str, int]]
+    """(state, jobs), most common first."""
+    done_items: int
+    failed_items: int
+    total_items: int
+    percent: float | None
+    """`done_items` of `total_items` (0–100); None when no job declared a total."""
+
+
+@dataclass(frozen=True, slots=True)
+class FleetRow:
+    """One computer on the fleet page: its GPUs' bars and counts, never its lists (the
+    computer page lists leases, waiting requests and jobs)."""
+
+    view: ComputerView
+    """Its figures without the lists (`leases`, `queue` and `jobs` are empty here)."""
+    gpus: list[GpuCard]
+    leases: int
+    granted_mib: int
+    """Sum of the leases' grants, MiB."""
+    waiting: int
+    jobs: JobsSummary
+    left_out: dict[str, int]
+    """Per list, entries the computer's report left out (`ComputerView.left_out`)."""

@@ -17,12 +17,24 @@ from sqlalchemy.engine import Engine
 from rbroker_server.fleet.schema import ComputerView, GpuView
 from rbroker_server.fleet.service import age_text
 from rbroker_server.models import HistoryPoint
-from rbroker_server.web.schema import ComputerPage, GpuCard, JobRow, LeaseRow, Segment
+from rbroker_server.web.schema import (
+    ComputerPage,
+    FleetRow,
+    GpuCard,
+    JobRow,
+    JobsSummary,
+    LeaseRow,
+    Segment,
+)
 
 HISTORY = HistoryPoint.__table__  # type: ignore[attr-defined]
 
 RATE_WINDOW_S = 600.0
 """Items per second are measured over (at most) the last ten minutes of history."""
+
+LIST_CAP = 500
+"""A computer page lists at most this many leases, waiting requests and jobs each, then says
+how many more (a report of 1 MiB holds a few thousand leases)."""
 
 SEGMENTS: tuple[tuple[str, str, str], ...] = (
     ("leased", "in use by leases", "leased_in_use_mib"),
@@ -170,3 +182,44 @@ def computer_pages(engine: Engine, views: list[ComputerView], now: datetime) -> 
         )
         for v in views
     ]
+
+
+def _as_int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def jobs_summary(jobs: list[dict[str, Any]]) -> JobsSummary:
+    """`jobs` (stored job snapshots) in one line: counts by state, items done of the totals
+    declared (jobs without a total count in `count` and `by_state` only)."""
+    states: dict[str, int] = {}
+    done = failed = total = 0
+    for job in jobs:
+        state = str(job.get("state", "running"))
+        states[state] = states.get(state, 0) + 1
+        failed += _as_int(job.get("failed_items"))
+        if job.get("total_items") is not None:
+            total += _as_int(job.get("total_items"))
+            done += _as_int(job.get("completed_items")) + _as_int(job.get("failed_items"))
+    by_state = sorted(states.items(), key=lambda kv: (-kv[1], kv[0]))
+    percent = min(100.0, 100.0 * done / total) if total else None
+    return JobsSummary(len(jobs), by_state, done, failed, total, percent)
+
+
+def fleet_rows(views: list[ComputerView], states: list[dict[str, Any]]) -> list[FleetRow]:
+    """The fleet page's rows: each computer's view (without lists) and its stored state
+    (`fleet.service.fleet_summary`), counted, never listed."""
+    rows = []
+    for view, state in zip(views, states, strict=True):
+        leases = state.get("leases") or []
+        rows.append(
+            FleetRow(
+                view=view,
+                gpus=[gpu_card(g) for g in view.gpus],
+                leases=len(leases),
+                granted_mib=sum(_as_int(lease.get("granted_mib")) for lease in leases),
+                waiting=len(state.get("queue") or []),
+                jobs=jobs_summary(state.get("jobs") or []),
+                left_out=view.left_out,
+            )
+        )
+    return rows

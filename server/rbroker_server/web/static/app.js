@@ -8,55 +8,105 @@
     return d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
   }
 
+  // A refresh waits for its answer up to WAIT_MS (the server finishes a render it started
+  // anyway, so giving up early only wastes it); the next one starts `delay` after the
+  // last one ended, never two at once. A failed or slow refresh (longer than half the
+  // period) doubles the delay, up to MAX_MS; a quick success brings it back to the period.
+  // The figures shown are always the last ones received, with a note saying how old.
+  var WAIT_MS = 60000;
+  var MAX_MS = 30000;
+
   function liveRefresh(main) {
     var url = main.dataset.refreshUrl;
     var period = parseInt(main.dataset.refreshMs, 10) || 5000;
     var live = document.getElementById("live");
     var banner = document.getElementById("unreachable");
+    var slowNote = document.getElementById("slow");
     var lastUpdate = document.getElementById("last-update");
     var lastOk = new Date();
-    var busy = false;
+    var etag = null;
+    var delay = period;
+
+    function secs(ms) { return Math.round(ms / 100) / 10 + " s"; }
+
+    function backOff() { delay = Math.min(MAX_MS, Math.max(period, delay * 2)); }
 
     function unreachable(why) {
-      lastUpdate.textContent = clock(lastOk) + " (" + why + ")";
+      backOff();
+      lastUpdate.textContent = clock(lastOk) + " (" + why + "; next try in " + secs(delay) + ")";
       if (banner.hidden) banner.hidden = false;
+      slowNote.hidden = true;
       document.body.classList.add("unreachable");
+      main.dataset.refreshDelayMs = String(delay);
+    }
+
+    function received(tookMs) {
+      lastOk = new Date();
+      banner.hidden = true;
+      document.body.classList.remove("unreachable");
+      if (tookMs > period / 2) {
+        backOff();
+        slowNote.textContent = "Refreshes are slow (the last took " + secs(tookMs) +
+          "): the figures are from " + clock(lastOk) + "; the next refresh is in " + secs(delay) + ".";
+        slowNote.hidden = false;
+      } else {
+        delay = period;
+        slowNote.hidden = true;
+      }
+      main.dataset.refreshDelayMs = String(delay);
+    }
+
+    function asOfNow() {  // a 304: the figures are unchanged up to now
+      var t = document.getElementById("as-of");
+      if (!t) return;
+      var now = new Date();
+      t.setAttribute("datetime", now.toISOString());
+      t.textContent = now.toISOString().slice(11, 19) + " UTC";
     }
 
     function refresh() {
-      if (busy) return;
-      busy = true;
+      if (document.hidden) { setTimeout(refresh, period); return; }  // nobody looking
+      var started = Date.now();
       var ctl = new AbortController();
-      var timer = setTimeout(function () { ctl.abort(); }, Math.max(2000, period - 500));
-      fetch(url, { credentials: "same-origin", cache: "no-store", signal: ctl.signal,
-                   headers: { "Accept": "text/html" } })
+      var timer = setTimeout(function () { ctl.abort(); }, WAIT_MS);
+      var headers = { "Accept": "text/html" };
+      if (etag) headers["If-None-Match"] = etag;
+      fetch(url, { credentials: "same-origin", cache: "no-store", signal: ctl.signal, headers: headers })
         .then(function (r) {
           if (r.status === 401) {
             window.location.assign(main.dataset.signinUrl);
             return null;
           }
+          if (r.status === 304) return "";
           if (!r.ok) throw new Error("HTTP " + r.status);
+          etag = r.headers.get("ETag");
           return r.text();
         })
         .then(function (html) {
           if (html === null) return;
-          var focused = document.activeElement && document.activeElement.id;
-          live.innerHTML = html;
-          if (focused) {
-            var again = document.getElementById(focused);
-            if (again) again.focus();
+          if (html === "") {
+            asOfNow();
+          } else {
+            var focused = document.activeElement && document.activeElement.id;
+            live.innerHTML = html;
+            if (focused) {
+              var again = document.getElementById(focused);
+              if (again) again.focus();
+            }
           }
-          lastOk = new Date();
-          banner.hidden = true;
-          document.body.classList.remove("unreachable");
+          received(Date.now() - started);
         })
         .catch(function (err) {
-          unreachable(err && err.name === "AbortError" ? "no answer" : String(err && err.message || err));
+          unreachable(err && err.name === "AbortError" ? "no answer in " + secs(WAIT_MS)
+                                                        : String(err && err.message || err));
         })
-        .finally(function () { clearTimeout(timer); busy = false; });
+        .finally(function () {
+          clearTimeout(timer);
+          setTimeout(refresh, delay);
+        });
     }
 
-    setInterval(refresh, period);
+    setTimeout(refresh, period);
   }
 
   // ---- charts (computer page) -------------------------------------------------------
