@@ -42,19 +42,25 @@ def _big_report(name: str, leases: int) -> Any:
         gpus=[_gpu(GPU_A, 0, 30000), _gpu(GPU_B, 1, 1000)],
         leases=[
             LeaseReport(
-                lease_id=f"l{i}", gpu_uuids=[GPU_A], granted_mib=10, owner=f"owner{i}",
-                project="vision", session=f"sess-{i}", purpose=f"purpose-{i}",
+                lease_id=f"l{i}",
+                gpu_uuids=[GPU_A],
+                granted_mib=10,
+                owner=f"owner{i}",
+                project="vision",
+                session=f"sess-{i}",
+                purpose=f"purpose-{i}",
                 granted_at=time.time() - 30,
-            )  # fmt: skip
+            )
             for i in range(leases)
         ],
         queue=[QueueEntry(mib=4096, owner="bob", reason=f"reason-{i}") for i in range(3)],
         jobs=[
-            JobSnapshot(job_id="j1", state="running", total_items=1000, completed_items=300,
-                        failed_items=10),
+            JobSnapshot(
+                job_id="j1", state="running", total_items=1000, completed_items=300, failed_items=10
+            ),
             JobSnapshot(job_id="j2", state="succeeded", total_items=1000, completed_items=1000),
             JobSnapshot(job_id="j3", state="running"),
-        ],  # fmt: skip
+        ],
     )
 
 
