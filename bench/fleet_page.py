@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         f"fleet page refresh (/fleet/live), {VIEWERS} viewers every {REFRESH_S:.0f} s: p50",
         p(fleet.durations_s, 50),
         f"JSON fleet read p50 {p(floor.durations_s, 50)}",
-        f"{p50 / percentile(floor.durations_s, 50):.2f}× the JSON read",
+        f"{p50 / percentile(floor.durations_s, 50):.3g}× the JSON read",
         "< 1 s",
         verdict(p50 < 1.0),
     )

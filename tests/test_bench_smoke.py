@@ -29,12 +29,13 @@ TABLE_HEADER = "| figure | value | floor / anchor | ratio | target | verdict |"
         ("coordinator.py", ["--no-pg", "--generator", "wrk"]),
         ("coordinator.py", ["--no-pg", "--generator", "httpx"]),
         ("web_refresh.py", ["--computers", "10", "--requests", "3"]),
+        ("fleet_page.py", ["--seconds", "3", "--slow", "50", "--slow-seconds", "2"]),
         ("abuse.py", ["--busy", "40"]),
     ],
 )
 def test_benchmark_runs_quick(script: str, extra: list[str]) -> None:
     if (
-        script in ("coordinator.py", "web_refresh.py", "abuse.py")
+        script in ("coordinator.py", "web_refresh.py", "fleet_page.py", "abuse.py")
         and importlib.util.find_spec("litestar") is None
     ):
         pytest.skip("the coordinator benchmark needs rbroker[server]")
