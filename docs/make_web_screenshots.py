@@ -126,7 +126,7 @@ def main() -> int:
             with chromium() as browser:
                 page = browser.new_page(viewport={"width": 1180, "height": 900})
                 sign_in(page, coordinator.url, coordinator.token)
-                page.wait_for_selector("section.computer")
+                page.wait_for_selector("tr.computer")
                 page.screenshot(path=str(args.out / "web-fleet.png"), full_page=True)
                 page.get_by_role("link", name="lab-a", exact=True).click()
                 page.wait_for_selector("#charts canvas")
