@@ -91,6 +91,22 @@ def test_the_socket_has_its_mode_from_the_start(root: Path) -> None:
         assert stat.S_IMODE(os.lstat(address).st_mode) == mode
 
 
+def test_the_socket_listens_before_its_path_appears(root: Path) -> None:
+    """Before: the socket file was renamed into place and only then listened on, so a
+    client that found the path in between was refused (seen as a failed start under load).
+    Now a client that finds the path connects even before the server loop runs."""
+    from rbroker.localapi.unix import bind_in_place
+
+    address = root / "broker.sock"
+    sock = bind_in_place(str(address), 0o660, -1)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(5)
+            client.connect(str(address))  # queued in the backlog, not refused
+    finally:
+        sock.close()
+
+
 # --- directories a privileged broker refuses ------------------------------------------
 
 

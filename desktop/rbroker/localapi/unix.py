@@ -141,7 +141,8 @@ def bind_in_place(address: str, mode: int, gid: int) -> socket.socket:
     acting through a symbolic link: bound (under a umask giving `mode`) in a fresh 0700
     directory beside `address`, given its group there, then renamed into place; where that
     longer path would pass the OS's limit, bound at `address` itself (mode from the umask,
-    the group set with `lchown`).
+    the group set with `lchown`). It is listening (backlog `LISTEN_BACKLOG`) before its path
+    appears, so a client never finds a path that refuses connections.
 
     Raises:
         OSError: it cannot be bound, chowned or renamed.
@@ -159,6 +160,9 @@ def bind_in_place(address: str, mode: int, gid: int) -> socket.socket:
             os.umask(old_umask)
         if gid != -1:
             os.chown(address if direct else temporary, -1, gid, follow_symlinks=False)
+        # listening before the rename: a client that finds the path connects (a socket file
+        # that is not yet listening would answer it "connection refused")
+        sock.listen(LISTEN_BACKLOG)
         if not direct:
             os.rename(temporary, address)
     except BaseException:
