@@ -24,6 +24,7 @@ import pytest
 
 import rbroker
 from rbroker.demo.processes import SimulatedBroker
+from rbroker.embedded import EmbeddedBroker
 from rbroker.host import make_config
 from rbroker.localapi.machine_lock import (
     DEFAULT_LOCK_NAME,
@@ -35,7 +36,6 @@ from rbroker.localapi.machine_lock import (
     lock_name,
     sees_system_broker,
 )
-from rbroker.tray.embedded import EmbeddedBroker
 from rbroker_protocol.startup import EXIT_BROKER_ALREADY_RUNNING
 from tests.conftest import SINGLE_24G, short_tmp
 from tests.os_users import REPO, OsUser, python_as

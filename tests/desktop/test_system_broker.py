@@ -449,9 +449,9 @@ def test_a_tray_hosted_broker_refuses_while_the_system_broker_runs(
 ) -> None:
     import dataclasses
 
+    from rbroker.embedded import EmbeddedBroker
     from rbroker.host import make_config
     from rbroker.localapi.machine_lock import MachineLockHeld
-    from rbroker.tray.embedded import EmbeddedBroker
 
     root = short_tmp()
     try:

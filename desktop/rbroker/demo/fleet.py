@@ -305,10 +305,16 @@ class DemoFleet:
                 self.children.spawn(cmd, stdout=subprocess.DEVNULL, env=env)
 
     def computers(self) -> list[dict[str, Any]]:
-        """The fleet as this computer reads it (signed with its key)."""
-        from rbroker.tray.fleet import UplinkFleet
+        """The fleet as this computer reads it (signed with its key), as
+        `computers_from_fleet_view` gives it.
 
-        return UplinkFleet(self.demo.root / "data").computers()
+        Raises:
+            FleetError: the fleet cannot be read now.
+            ValueError: this computer's enrollment file is broken.
+        """
+        from rbroker.uplink.fleet import computers_from_fleet_view, fetch_fleet
+
+        return computers_from_fleet_view(fetch_fleet(self.demo.root / "data"))
 
     def settle(self, timeout_s: float = 90.0) -> None:
         """Wait until all four computers reported their leases, then stop `laptop-anna`

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from rbroker._exceptions import RBrokerError
 from rbroker.demo.processes import ProcessGroup, broker_address, worker_command
+from rbroker.embedded import EmbeddedBroker
 from rbroker.localapi.client import Client
 from rbroker.localapi.machine_lock import PER_SOCKET
-from rbroker.tray.embedded import EmbeddedBroker
 
 # -- `rbroker demo`: the timeline -------------------------------------------------------------
 

@@ -21,11 +21,11 @@ from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QApplication, QMenu, QSystemTrayIcon
 
 from rbroker._exceptions import RBrokerError
+from rbroker.embedded import EmbeddedBroker
 from rbroker.localapi.client import Client
 from rbroker.localapi.paths import default_data_dir, default_socket_path
 from rbroker.startup import check_broker_paths, os_error_line
 from rbroker.tray import autostart
-from rbroker.tray.embedded import EmbeddedBroker
 from rbroker.tray.fleet import FleetSource, NotEnrolled, UplinkFleet
 from rbroker.tray.fleet_tab import FleetFeed
 from rbroker.tray.icons import app_icon, state_icon

@@ -3,12 +3,7 @@
 No Qt here. `UplinkFleet` reads the coordinator with this computer's
 signature (architecture.md §7); until the computer is enrolled the tab shows a "not enrolled" state.
 
-A computer is a plain dict::
-
-    {"computer_id": str, "name": str,
-     "freshness": "online" | "stale" | "offline", "last_seen_age_s": float | None,
-     "gpus": [...fields of gpus.list...], "leases": [...fields of leases.list...],
-     "jobs": [...fields of jobs.list...]}
+A computer is a plain dict, as `rbroker.uplink.fleet.computers_from_fleet_view` makes it.
 """
 
 from __future__ import annotations
@@ -18,8 +13,6 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rbroker.tray.state import age_text
-
-FRESHNESS = ("online", "stale", "offline")
 
 
 class FleetUnavailable(Exception):
@@ -82,27 +75,6 @@ def freshness_text(computer: dict[str, Any]) -> str:
     return f"offline · last seen {age_text(age)} ago" if age is not None else "offline"
 
 
-def computers_from_fleet_view(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The coordinator's `GET /api/v1/fleet` answer as this module's computer dicts."""
-    out = []
-    for c in body.get("computers") or []:
-        fresh = c.get("freshness") or {}
-        state = fresh.get("state", "offline")
-        out.append(
-            {
-                "computer_id": str(c.get("id", "")),
-                "name": str(c.get("name") or c.get("reported_name") or c.get("id", "")),
-                "freshness": state if state in FRESHNESS else "offline",
-                "last_seen_age_s": fresh.get("age_s"),
-                "gpus": list(c.get("gpus") or []),
-                "leases": list(c.get("leases") or []),
-                "queue": list(c.get("queue") or []),
-                "jobs": list(c.get("jobs") or []),
-            }
-        )
-    return out
-
-
 class UplinkFleet:
     """The group's fleet read from the coordinator, signed with this computer's key (the
     enrollment kept in the broker's data dir by `rbroker enroll` or the Settings tab)."""
@@ -120,7 +92,7 @@ class UplinkFleet:
             return True  # enrolled, but the config is broken: computers() says why
 
     def computers(self) -> list[dict[str, Any]]:
-        from rbroker.uplink.fleet import FleetError, fetch_fleet
+        from rbroker.uplink.fleet import FleetError, computers_from_fleet_view, fetch_fleet
 
         try:
             body = fetch_fleet(self.data_dir, timeout_s=self.timeout_s)

@@ -17,6 +17,8 @@ from rbroker.uplink.keyrings import os_account
 from rbroker.uplink.keys import KeyStoreError, KeyUnreadable
 from rbroker_protocol.signing import sign_request
 
+FRESHNESS = ("online", "stale", "offline")
+
 
 class FleetError(UplinkError):
     """The fleet could not be read; the message says why, the hints what to do (`str()`
@@ -132,3 +134,33 @@ def fetch_fleet(
     if not isinstance(body, dict):
         raise FleetError("the coordinator's answer is not a JSON object")
     return body
+
+
+def computers_from_fleet_view(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The coordinator's `GET /api/v1/fleet` answer (`fetch_fleet`) as a list of computers,
+    each a plain dict (what the tray's Fleet tab and the demo read)::
+
+        {"computer_id": str, "name": str,
+         "freshness": "online" | "stale" | "offline", "last_seen_age_s": float | None,
+         "gpus": [...fields of gpus.list...], "leases": [...fields of leases.list...],
+         "queue": [...], "jobs": [...fields of jobs.list...]}
+
+    A missing list is `[]`, an unknown freshness `"offline"`, a missing name the reported
+    name or else the id."""
+    out = []
+    for c in body.get("computers") or []:
+        fresh = c.get("freshness") or {}
+        state = fresh.get("state", "offline")
+        out.append(
+            {
+                "computer_id": str(c.get("id", "")),
+                "name": str(c.get("name") or c.get("reported_name") or c.get("id", "")),
+                "freshness": state if state in FRESHNESS else "offline",
+                "last_seen_age_s": fresh.get("age_s"),
+                "gpus": list(c.get("gpus") or []),
+                "leases": list(c.get("leases") or []),
+                "queue": list(c.get("queue") or []),
+                "jobs": list(c.get("jobs") or []),
+            }
+        )
+    return out

@@ -11,9 +11,9 @@ import pytest
 
 import rbroker
 from rbroker.demo.processes import broker_address
+from rbroker.embedded import EmbeddedBroker
 from rbroker.host import make_config
 from rbroker.localapi.transport import BrokerAlreadyRunning
-from rbroker.tray.embedded import EmbeddedBroker
 from rbroker.tray.link import read_snapshot
 from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp
 

@@ -15,9 +15,9 @@ from rbroker.tray.fleet import (
     NotEnrolled,
     StaticFleet,
     UplinkFleet,
-    computers_from_fleet_view,
     freshness_text,
 )
+from rbroker.uplink.fleet import computers_from_fleet_view
 
 FLEET_VIEW: dict[str, Any] = {
     "group": "vision-lab",

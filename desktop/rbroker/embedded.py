@@ -1,7 +1,8 @@
-"""A broker run in-process by the tray: `BrokerHost` on its own asyncio loop and thread.
+"""A broker run in-process (the tray's own broker, the demo's): `BrokerHost` on its own
+asyncio loop and thread.
 
-No Qt here. The tray still talks to it only through the local API client, exactly as it
-talks to a broker started by someone else.
+No Qt here. Whoever starts it still talks to it only through the local API client, exactly as
+to a broker started by someone else.
 """
 
 from __future__ import annotations
