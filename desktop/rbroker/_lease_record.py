@@ -12,12 +12,8 @@ from typing import Any
 from rbroker._cuda import cuda_env
 from rbroker._exceptions import OverGrantWarning, RBrokerError
 from rbroker._frameworks import FrameworkLimits
+from rbroker.display import fmt_mib
 from rbroker.localapi.client import Client
-
-
-def fmt_mib(value: int) -> str:
-    """`24576` → `"24 576"`."""
-    return f"{value:,}".replace(",", " ")
 
 
 @dataclass

@@ -24,9 +24,9 @@ import pytest
 from rich.console import Console
 
 import rbroker
-from rbroker.broker.capacity import fmt_mib
 from rbroker.cli.sheet import resolve_prefix, unique_prefixes
 from rbroker.cli.views import broker_view, gpu_labels, jobs_table
+from rbroker.display import fmt_mib
 from tests.conftest import GPU0, GPU1, BrokerProcess, start_broker, wait_until
 from tests.desktop.jobhelp import declare
 

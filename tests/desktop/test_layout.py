@@ -32,6 +32,7 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rbroker.proctime",
             "rbroker.eventloop",
             "rbroker.startup",
+            "rbroker.display",
         ),
     ),
     ("gpu", ("rbroker.gpu",)),

@@ -20,8 +20,8 @@ from typing import Any
 
 from rich.console import Console
 
-from rbroker.broker.capacity import fmt_mib
 from rbroker.cli.views import fleet_view
+from rbroker.display import fmt_mib
 from tests.conftest import wait_until
 from tests.e2e.conftest import (
     CoordinatorProcess,

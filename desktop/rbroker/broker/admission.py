@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from rbroker.broker.capacity import Capacity, explain, fmt_mib, short_uuid
+from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.leases import Waiter
 from rbroker.broker.lessor import Choice, Lessor
 from rbroker.broker.sampling import GpuSlot
 from rbroker.broker.waiting import WaitQueue
+from rbroker.display import explain, fmt_mib, short_uuid
 from rbroker.gpu.nvml import describe
 from rbroker.gpu.types import TelemetryState
 from rbroker_protocol.errors import ErrorCode, RpcError

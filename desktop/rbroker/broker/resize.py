@@ -28,12 +28,12 @@ from typing import Any
 
 from rbroker.broker import own_leases
 from rbroker.broker.admission import Admission
-from rbroker.broker.capacity import fmt_mib
 from rbroker.broker.clock import Clock
 from rbroker.broker.fairness import check_wait
 from rbroker.broker.leases import Lease, Waiter
 from rbroker.broker.lessor import Choice, Lessor
 from rbroker.broker.waiting import WaitQueue, new_future
+from rbroker.display import fmt_mib
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import MAX_MIB
 

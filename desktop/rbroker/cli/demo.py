@@ -28,7 +28,6 @@ from rich.text import Text
 
 import rbroker
 from rbroker._children import HARD_KILL_NAME, STOP_SIGNALS, kill_tree
-from rbroker.broker.capacity import fmt_mib, short_uuid
 from rbroker.cli.setup_ticker import SetupTicker
 from rbroker.cli.views import broker_view
 from rbroker.demo.coordinator import CoordinatorError, LocalCoordinator, server_available
@@ -41,6 +40,7 @@ from rbroker.demo.world import (
     WORKERS,
     job_command,
 )
+from rbroker.display import fmt_mib, short_uuid
 from rbroker.gpu.select import real_nvml_available
 
 WORKER_PART_S = 20.0

@@ -46,7 +46,7 @@ from rbroker._frameworks import (
     substitute,
 )
 from rbroker._lease import LEASE_LOST
-from rbroker.broker.capacity import fmt_mib
+from rbroker.display import fmt_mib
 from rbroker_protocol.localapi import AcquireParams
 
 EX_USAGE = 2

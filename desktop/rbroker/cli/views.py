@@ -17,8 +17,8 @@ from typing import Any
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
-from rbroker.broker.capacity import fmt_mib, short_uuid
 from rbroker.cli.sheet import Cell, Column, Sheet, bar_column, unique_prefixes
+from rbroker.display import fmt_mib, short_uuid
 
 BAR_WIDTH = 30
 LEASE_PREFIX = "lease-"

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 
-from rbroker.broker.capacity import fmt_mib, short_uuid
+from rbroker.display import fmt_mib, short_uuid
 from rbroker.tray.fleet import freshness_text
 from rbroker.tray.state import age_text
 

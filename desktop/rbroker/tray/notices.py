@@ -22,6 +22,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
+from rbroker.display import fmt_mib
 from rbroker.tray.state import Snapshot
 
 GRANT_NOTICE_MIN_WAIT_S = 1.0
@@ -47,7 +48,7 @@ def _mine(owner: object, me: str) -> bool:
 
 
 def _mib(value: Any) -> str:
-    return f"{int(value or 0):,}".replace(",", " ")
+    return fmt_mib(int(value or 0))
 
 
 def _who(lease: dict[str, Any]) -> str:

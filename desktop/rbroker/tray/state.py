@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from rbroker.broker.capacity import fmt_mib
+from rbroker.display import fmt_mib
 
 COORDINATOR_PROBLEM_LINKS = (
     "retrying",

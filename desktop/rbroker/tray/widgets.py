@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from rbroker.broker.capacity import fmt_mib, short_uuid
+from rbroker.display import fmt_mib, short_uuid
 from rbroker.tray.models import BADGE_ROLE, PROGRESS_ROLE
 
 LEASED = QColor("#2f6fdb")

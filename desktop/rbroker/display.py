@@ -1,0 +1,45 @@
+"""How rbroker writes figures and names for people: MiB with grouped thousands, GPU UUIDs
+cut to head and tail, a GPU's capacity split in words. One place for the broker's reasons,
+the SDK's warnings, the command line and the tray; no arithmetic here (that is
+`rbroker.broker.capacity`)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+def fmt_mib(value: int) -> str:
+    """`24576` → `"24 576"` (thousands grouped by a space, as in architecture.md §2's examples)."""
+    return f"{value:,}".replace(",", " ")
+
+
+def short_uuid(uuid: str) -> str:
+    """`GPU-3f2a1b…0001`: head and tail of a UUID for messages (full UUIDs stay in the data
+    fields); the tail keeps sequentially numbered UUIDs (MIG, simulation) apart."""
+    return uuid if len(uuid) <= 16 else uuid[:10] + "…" + uuid[-4:]
+
+
+class CapacityFigures(Protocol):
+    """One GPU's capacity split in MiB, as `rbroker.broker.capacity.Capacity` holds it."""
+
+    @property
+    def total_mib(self) -> int: ...
+    @property
+    def headroom_mib(self) -> int: ...
+    @property
+    def device_used_mib(self) -> int: ...
+    @property
+    def outstanding_mib(self) -> int: ...
+    @property
+    def available_mib(self) -> int: ...
+
+
+def explain(uuid: str, cap: CapacityFigures) -> str:
+    """`GPU-3f2… has 6 144 MiB available (24 576 total − 1 228 headroom − 17 204 in use
+    − 0 granted not yet allocated)`."""
+    return (
+        f"{short_uuid(uuid)} has {fmt_mib(cap.available_mib)} MiB available "
+        f"({fmt_mib(cap.total_mib)} total − {fmt_mib(cap.headroom_mib)} headroom − "
+        f"{fmt_mib(cap.device_used_mib)} in use − {fmt_mib(cap.outstanding_mib)} granted "
+        f"not yet allocated)"
+    )
