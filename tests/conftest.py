@@ -23,13 +23,13 @@ import pytest
 import rbroker
 from rbroker._children import HARD_KILL
 from rbroker.demo.processes import SimulatedBroker
-from rbroker.localapi.machine_lock import ENV_LOCK, PER_SOCKET
+from rbroker.transport.machine_lock import ENV_LOCK, PER_SOCKET
 from tests.windows.wine import UNDER_WINE
 
 pytest_plugins = ["tests.os_users"]  # the `other_user` fixture (a real second OS account)
 
 # Every broker the suite starts, in this process or as a child, takes a machine lock named
-# after its socket instead of the computer's one (`rbroker.localapi.machine_lock`): the suite
+# after its socket instead of the computer's one (`rbroker.transport.machine_lock`): the suite
 # runs many simulated brokers at once, and beside any real broker of this computer. The
 # lock's own tests name a shared lock explicitly.
 os.environ[ENV_LOCK] = PER_SOCKET

@@ -18,7 +18,9 @@ from rbroker.broker.store import LeaseStore
 from rbroker.gpu.scenario import scenario_timers
 from rbroker.gpu.select import open_gateway
 from rbroker.localapi.access import broker_user
-from rbroker.localapi.machine_lock import (
+from rbroker.localapi.server import LocalApi
+from rbroker.startup import check_data_dir
+from rbroker.transport.machine_lock import (
     DEFAULT_LOCK_NAME,
     ENV_LOCK,
     MachineLock,
@@ -27,9 +29,7 @@ from rbroker.localapi.machine_lock import (
     lock_name,
     sees_system_broker,
 )
-from rbroker.localapi.safe_paths import check_private_path, open_nofollow
-from rbroker.localapi.server import LocalApi
-from rbroker.startup import check_data_dir
+from rbroker.transport.safe_paths import check_private_path, open_nofollow
 from rbroker.uplink.runner import run_uplink
 from rbroker_protocol.files import private_dir
 
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 KEEP_LOCK_EVERY_S = 1.0
 """How often the system broker checks that its authority's files are still in place (two
-`stat` calls; the socket file is checked as often by the transport, `rbroker.localapi.unix`)."""
+`stat` calls; the socket file is checked as often by the transport, `rbroker.transport.unix`)."""
 
 
 async def _keep_every(keep: Callable[[], None], every_s: float) -> None:

@@ -3,7 +3,7 @@
 `RbrokerService` (pywin32's `win32serviceutil.ServiceFramework`) hosts the same broker as
 `rbroker broker` — `rbroker.host.BrokerHost`, which also takes the machine-wide lock — as
 LocalSystem, listening on the fixed pipe `\\\\.\\pipe\\rbroker` (whose access list lets
-Authenticated Users connect: `rbroker.localapi.pipe_security`), with its data in
+Authenticated Users connect: `rbroker.transport.pipe_security`), with its data in
 `%ProgramData%\\rbroker`.
 
 The Service Control Manager must start the process that calls StartServiceCtrlDispatcher.
@@ -33,8 +33,8 @@ from typing import Any, ClassVar
 
 from rbroker._version import __version__
 from rbroker.broker.config import BrokerConfig
-from rbroker.localapi.paths import program_data_dir
-from rbroker.localapi.pipe_security import SERVICE_PIPE
+from rbroker.transport.pipe_security import SERVICE_PIPE
+from rbroker.transport.system_paths import program_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ DESCRIPTION = (
 
 def service_data_dir(environ: Mapping[str, str] | None = None) -> Path:
     """`<ProgramData>\\rbroker` (default `C:\\ProgramData\\rbroker`): the service's data;
-    ProgramData as `rbroker.localapi.paths.program_data_dir(environ)` finds it."""
+    ProgramData as `rbroker.transport.system_paths.program_data_dir(environ)` finds it."""
     return program_data_dir(environ) / "rbroker"
 
 

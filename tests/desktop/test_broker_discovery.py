@@ -18,7 +18,6 @@ import rbroker
 from rbroker.localapi import paths
 from rbroker.localapi.paths import (
     ENV_SOCKET,
-    ENV_SYSTEM_SOCKET,
     FOUND_ENV,
     FOUND_OPTION,
     FOUND_PER_USER,
@@ -26,6 +25,8 @@ from rbroker.localapi.paths import (
     Candidate,
     discovery_order,
 )
+from rbroker.transport import system_paths
+from rbroker.transport.system_paths import ENV_SYSTEM_SOCKET
 from tests.conftest import BrokerProcess, short_tmp
 
 
@@ -44,11 +45,13 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def test_the_system_addresses_are_the_documented_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_SYSTEM_SOCKET, raising=False)
-    assert paths.SYSTEM_SOCKET_LINUX == "/run/rbroker/broker.sock"
-    assert paths.SYSTEM_PIPE_WINDOWS == r"\\.\pipe\rbroker"
-    assert Path("/var/lib/rbroker") == paths.SYSTEM_DATA_DIR_LINUX
-    expected = paths.SYSTEM_PIPE_WINDOWS if sys.platform == "win32" else "/run/rbroker/broker.sock"
-    assert paths.system_socket_path() == expected
+    assert system_paths.SYSTEM_SOCKET_LINUX == "/run/rbroker/broker.sock"
+    assert system_paths.SYSTEM_PIPE_WINDOWS == r"\\.\pipe\rbroker"
+    assert Path("/var/lib/rbroker") == system_paths.SYSTEM_DATA_DIR_LINUX
+    expected = (
+        system_paths.SYSTEM_PIPE_WINDOWS if sys.platform == "win32" else "/run/rbroker/broker.sock"
+    )
+    assert system_paths.system_socket_path() == expected
 
 
 def test_the_order_is_option_variable_system_per_user(clean_env: Path) -> None:

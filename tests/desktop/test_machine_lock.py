@@ -26,11 +26,11 @@ import rbroker
 from rbroker.demo.processes import SimulatedBroker
 from rbroker.embedded import EmbeddedBroker
 from rbroker.host import make_config
-from rbroker.localapi.machine_lock import (
+from rbroker.transport.base import MachineLockHeld
+from rbroker.transport.machine_lock import (
     DEFAULT_LOCK_NAME,
     ENV_LOCK,
     PER_SOCKET,
-    MachineLockHeld,
     acquire_machine_lock,
     ignored_lock_variable,
     lock_name,
@@ -156,7 +156,7 @@ def test_the_cli_refuses_another_name_without_simulate_with_exit_2(roots: list[P
 
 _HOLD_THEN_START = """
 import json, subprocess, sys
-from rbroker.localapi.machine_lock import acquire_machine_lock
+from rbroker.transport.machine_lock import acquire_machine_lock
 held = acquire_machine_lock("rbroker-broker", "/holder.sock", "holder")
 done = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=60, cwd="/")
 print(json.dumps({"rc": done.returncode, "stderr": done.stderr}))

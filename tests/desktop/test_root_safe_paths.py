@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 import rbroker
-from rbroker.localapi.paths import ENV_SOCKET, ENV_SYSTEM_SOCKET
-from rbroker.localapi.safe_paths import UnsafePath, check_private_path
+from rbroker.localapi.paths import ENV_SOCKET
+from rbroker.transport.safe_paths import UnsafePath, check_private_path
+from rbroker.transport.system_paths import ENV_SYSTEM_SOCKET
 from rbroker_protocol.files import private_sqlite
 from tests.conftest import short_tmp
 
@@ -63,7 +64,7 @@ def test_the_socket_replaces_a_planted_symlink_and_never_changes_its_target(root
     """Before: after bind, chmod and chown by name followed a symlink swapped in meanwhile
     (a root file 0600 became 0666). Now the mode comes from the umask at bind and the group
     is set in a private directory before the rename: the link's target keeps its mode."""
-    from rbroker.localapi.unix import bind_in_place
+    from rbroker.transport.unix import bind_in_place
 
     secret = root / "secret"
     secret.write_text("root's")
@@ -82,7 +83,7 @@ def test_the_socket_replaces_a_planted_symlink_and_never_changes_its_target(root
 
 
 def test_the_socket_has_its_mode_from_the_start(root: Path) -> None:
-    from rbroker.localapi.unix import bind_in_place
+    from rbroker.transport.unix import bind_in_place
 
     for mode in (0o660, 0o666):
         address = root / f"s{mode:o}.sock"
@@ -95,7 +96,7 @@ def test_the_socket_listens_before_its_path_appears(root: Path) -> None:
     """Before: the socket file was renamed into place and only then listened on, so a
     client that found the path in between was refused (seen as a failed start under load).
     Now a client that finds the path connects even before the server loop runs."""
-    from rbroker.localapi.unix import bind_in_place
+    from rbroker.transport.unix import bind_in_place
 
     address = root / "broker.sock"
     sock = bind_in_place(str(address), 0o660, -1)
@@ -194,7 +195,7 @@ def test_the_database_never_follows_a_symlink(root: Path) -> None:
 def test_a_removed_socket_file_is_back_within_2_s(root: Path) -> None:
     """Before: systemd-tmpfiles or `rm -rf /run/rbroker` left a running broker unreachable
     for good. The transport checks its file every second and binds it again."""
-    from rbroker.localapi.unix import serve_unix
+    from rbroker.transport.unix import serve_unix
 
     address = str(root / "run" / "broker.sock")
 
@@ -224,13 +225,13 @@ def test_a_removed_socket_file_is_back_within_2_s(root: Path) -> None:
 def test_the_system_authority_names_its_holder_and_comes_back_when_removed(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rbroker.localapi.authority import (
+    from rbroker.transport.authority import (
         HOLDER_FILE,
         LOCK_FILE,
         SystemAuthority,
         read_system_holder,
     )
-    from rbroker.localapi.machine_lock import MachineLockHeld
+    from rbroker.transport.base import MachineLockHeld
 
     run = root / "run"
     monkeypatch.setenv(ENV_SYSTEM_SOCKET, str(run / "broker.sock"))
@@ -263,8 +264,8 @@ def test_a_holder_file_of_a_dead_process_names_nobody(
     import json
     import subprocess
 
-    from rbroker.localapi.authority import HOLDER_FILE, read_system_holder
     from rbroker.proctime import holder_clock
+    from rbroker.transport.authority import HOLDER_FILE, read_system_holder
 
     child = subprocess.Popen(["sleep", "30"])
     try:
@@ -293,7 +294,7 @@ def test_a_client_that_finds_no_socket_but_a_live_system_broker_says_it_runs(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before: "no rbroker broker ...; start one with `rbroker broker`", which then exited 3."""
-    from rbroker.localapi.authority import SystemAuthority, user_name
+    from rbroker.transport.authority import SystemAuthority, user_name
 
     sock = str(root / "run" / "broker.sock")
     monkeypatch.setenv(ENV_SYSTEM_SOCKET, sock)

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 import rbroker
-from rbroker.localapi.authority import LOCK_FILE
-from rbroker.localapi.machine_lock import ENV_LOCK
-from rbroker.localapi.paths import ENV_SYSTEM_SOCKET
+from rbroker.transport.authority import LOCK_FILE
+from rbroker.transport.machine_lock import ENV_LOCK
+from rbroker.transport.system_paths import ENV_SYSTEM_SOCKET
 from tests.conftest import short_tmp
 from tests.desktop.test_system_broker import (
     SystemBroker,

@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 
 import rbroker
-from rbroker.localapi.machine_lock import acquire_machine_lock
-from rbroker.localapi.paths import ENV_SOCKET, ENV_SYSTEM_SOCKET, FOUND_SYSTEM
-from rbroker.localapi.unix import LISTEN_BACKLOG
+from rbroker.localapi.paths import ENV_SOCKET, FOUND_SYSTEM
+from rbroker.transport.machine_lock import acquire_machine_lock
+from rbroker.transport.system_paths import ENV_SYSTEM_SOCKET
+from rbroker.transport.unix import LISTEN_BACKLOG
 from tests.conftest import short_tmp
 from tests.os_users import REPO, OsUser, create_user, python_as, remove_user, run_as
 
@@ -451,7 +452,7 @@ def test_a_tray_hosted_broker_refuses_while_the_system_broker_runs(
 
     from rbroker.embedded import EmbeddedBroker
     from rbroker.host import make_config
-    from rbroker.localapi.machine_lock import MachineLockHeld
+    from rbroker.transport.base import MachineLockHeld
 
     root = short_tmp()
     try:

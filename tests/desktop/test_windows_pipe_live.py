@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 import rbroker
-from rbroker.localapi.machine_lock import PER_SOCKET
-from rbroker.localapi.pipe_security import SERVICE_PIPE
 from rbroker.service_windows import ServiceOptions, serve_until, service_config
+from rbroker.transport.machine_lock import PER_SOCKET
+from rbroker.transport.pipe_security import SERVICE_PIPE
 
 pytestmark = pytest.mark.skipif(sys.platform != "win32", reason="needs Windows named pipes")
 
@@ -88,8 +88,8 @@ def test_200_simultaneous_clients_are_all_answered(pipe_broker: str) -> None:
 
 
 def test_the_first_instance_is_exclusive(pipe_broker: str, tmp_path: Path) -> None:
-    from rbroker.localapi.pipe_windows import serve_pipe
-    from rbroker.localapi.transport import BrokerAlreadyRunning
+    from rbroker.transport.base import BrokerAlreadyRunning
+    from rbroker.transport.pipe_windows import serve_pipe
 
     async def second() -> None:
         async def handler(*_: object) -> None:

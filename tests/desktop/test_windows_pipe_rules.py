@@ -2,7 +2,7 @@
 access list of the service pipe and of a per-user pipe, the server-account check clients
 make before sending, the pool of listening instances and the client's busy-pipe retry.
 
-The transport that applies them (`pipe_windows`, `pipe_client_windows`) needs Windows; it
+The transport that applies them (`rbroker.transport.pipe_windows`, both ends) needs Windows; it
 type-checks with `mypy --platform win32` (.ci/run).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from rbroker.localapi.pipe_security import (
+from rbroker.transport.pipe_security import (
     CLIENT_OPEN_ACCESS,
     CLIENT_RIGHTS,
     ERROR_FILE_NOT_FOUND,
@@ -27,7 +27,7 @@ from rbroker.localapi.pipe_security import (
     plan_after,
     sddl_for,
 )
-from rbroker.localapi.pipe_windows import PIPE_PREFIX, pipe_name_problem
+from rbroker.transport.pipe_windows import PIPE_PREFIX, pipe_name_problem
 
 ANA = "S-1-5-21-3623811015-3361044348-30300820-1013"
 FILE_GENERIC_READ = 0x00120089  # what GENERIC_READ maps to for files and pipes

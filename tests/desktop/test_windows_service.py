@@ -18,7 +18,6 @@ import pytest
 
 import rbroker
 from rbroker.cli.main import main
-from rbroker.localapi.machine_lock import PER_SOCKET
 from rbroker.service_windows import (
     BOOTSTRAP,
     SERVICE_NAME,
@@ -31,6 +30,7 @@ from rbroker.service_windows import (
     service_data_dir,
     this_installation,
 )
+from rbroker.transport.machine_lock import PER_SOCKET
 
 
 def test_names_and_data_dir() -> None:

@@ -121,7 +121,7 @@ def test_a_pipe_name_with_a_backslash_in_its_name_is_a_usage_error(tmp_path: Pat
 
 def test_the_pipe_server_refuses_a_file_path_naming_it() -> None:
     """Any broker started in-process (the tray's) meets the same rule as the CLI's."""
-    from rbroker.localapi.pipe_windows import NotAPipeName, serve_pipe
+    from rbroker.transport.pipe_windows import NotAPipeName, serve_pipe
 
     async def handler(*_: object) -> None:
         raise AssertionError("never served")
@@ -168,8 +168,8 @@ def test_a_name_taken_between_the_look_and_the_creation_is_refused(
     FILE_FLAG_FIRST_PIPE_INSTANCE then refuses the taken name."""
     import _winapi
 
-    from rbroker.localapi import pipe_windows
-    from rbroker.localapi.transport import BrokerAlreadyRunning
+    from rbroker.transport import pipe_windows
+    from rbroker.transport.base import BrokerAlreadyRunning
 
     address = new_pipe()
     squatter = _winapi.CreateNamedPipe(  # unlimited instances: only the flag can refuse
@@ -204,7 +204,7 @@ def test_a_pipe_that_refuses_this_account_says_not_allowed() -> None:
     `rbroker status` says it is not allowed there (69), not that nothing listens."""
     import _winapi
 
-    from rbroker.localapi.pipe_windows import _SecurityAttributes
+    from rbroker.transport.pipe_windows import _SecurityAttributes
 
     address = new_pipe()
     security = _SecurityAttributes("D:P(A;;GA;;;SY)")

@@ -113,8 +113,8 @@ def no_service() -> Iterator[None]:
 
 
 def test_install_start_talk_stop_remove(no_service: None) -> None:
-    from rbroker.localapi.win_accounts import process_account
     from rbroker.service_windows import service_data_dir
+    from rbroker.transport.win_accounts import process_account
 
     # not installed: start, stop and remove say so in one line (exit 1)
     for action in ("start", "stop", "remove"):

@@ -16,17 +16,12 @@ from rich.console import Console
 from rbroker import eventloop
 from rbroker.gpu.nvml import TelemetryError
 from rbroker.gpu.scenario import ScenarioError
-from rbroker.localapi.machine_lock import MachineLockHeld, lock_name
-from rbroker.localapi.paths import (
-    ENV_SOCKET,
-    SYSTEM_DATA_DIR_LINUX,
-    default_data_dir,
-    default_socket_path,
-    system_socket_path,
-)
-from rbroker.localapi.pipe_windows import pipe_name_problem
-from rbroker.localapi.transport import BrokerAlreadyRunning
+from rbroker.localapi.paths import ENV_SOCKET, default_data_dir, default_socket_path
 from rbroker.startup import os_error_line
+from rbroker.transport.base import BrokerAlreadyRunning, MachineLockHeld
+from rbroker.transport.machine_lock import lock_name
+from rbroker.transport.pipe_windows import pipe_name_problem
+from rbroker.transport.system_paths import SYSTEM_DATA_DIR_LINUX, system_socket_path
 from rbroker.uplink import quiet_http_client_logs
 from rbroker_protocol.startup import (
     EXIT_BROKER_ALREADY_RUNNING,

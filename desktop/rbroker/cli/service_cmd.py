@@ -13,8 +13,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from rbroker.localapi.machine_lock import MachineLockHeld
-from rbroker.localapi.transport import BrokerAlreadyRunning
+from rbroker.transport.base import BrokerAlreadyRunning, MachineLockHeld
 from rbroker_protocol.startup import (
     EXIT_BROKER_ALREADY_RUNNING,
     EXIT_CANNOT_START,

@@ -28,7 +28,7 @@ from rbroker._exceptions import RBrokerError
 from rbroker.demo.processes import ProcessGroup, broker_address, worker_command
 from rbroker.embedded import EmbeddedBroker
 from rbroker.localapi.client import Client
-from rbroker.localapi.machine_lock import PER_SOCKET
+from rbroker.transport.machine_lock import PER_SOCKET
 
 # -- `rbroker demo`: the timeline -------------------------------------------------------------
 

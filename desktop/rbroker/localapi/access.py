@@ -17,7 +17,7 @@ import os
 import sys
 from functools import lru_cache
 
-from rbroker.localapi.transport import Peer
+from rbroker.transport.base import Peer
 from rbroker_protocol.errors import ErrorCode, RpcError
 
 
@@ -59,7 +59,7 @@ def is_admin(peer: Peer, admin_group: str | None) -> bool:
     elevated administrator on Windows (the service's account is LocalSystem, which no person
     signs in as), root (uid 0) or a member of `admin_group` (Unix)."""
     if sys.platform == "win32" and peer.sid is not None:
-        from rbroker.localapi.win_accounts import own_sid
+        from rbroker.transport.win_accounts import own_sid
 
         return peer.elevated_admin or peer.sid == own_sid()
     if sys.platform != "win32" and peer.uid is not None:

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import queue
-import select
 import socket
 import sys
 import threading
@@ -23,94 +22,16 @@ from typing import Any
 
 from rbroker._exceptions import BrokerUnavailable, InvalidParams, RBrokerError, from_rpc_error
 from rbroker.localapi.paths import ENV_SOCKET, FOUND_ENV, FOUND_OPTION, Candidate, discovery_order
+from rbroker.transport import connect
+from rbroker.transport.base import Stream
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.versions import PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
 
-if sys.platform == "win32":
-    from rbroker.localapi.pipe_client_windows import PipeStream
-else:
+if sys.platform != "win32":
     import grp  # here, not when needed: a client dropped to another user may not reach it
-
-    class _UnixStream:
-        """A connected Unix socket read line by line through its own buffer, so a read
-        that times out loses nothing and the connection stays usable."""
-
-        def __init__(self, path: str, timeout_s: float | None) -> None:
-            # A full listen backlog (a burst of clients) answers EAGAIN at once on a Unix
-            # socket instead of waiting: retry within the timeout (at most 5 s) before
-            # calling the broker unavailable.
-            deadline = time.monotonic() + min(timeout_s if timeout_s is not None else 5.0, 5.0)
-            delay_s = 0.001
-            while True:
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.settimeout(timeout_s)
-                try:
-                    self.sock.connect(path)
-                    break
-                except BlockingIOError:
-                    self.sock.close()
-                    if time.monotonic() + delay_s > deadline:
-                        raise
-                    time.sleep(delay_s)
-                    delay_s = min(delay_s * 2, 0.05)
-                except OSError:
-                    self.sock.close()
-                    raise
-            self._buf = bytearray()
-
-        def write(self, data: bytes) -> None:
-            self.sock.sendall(data)
-
-        def readline(self) -> bytes:
-            """One line with its newline; b"" at end of stream. Raises TimeoutError."""
-            while True:
-                end = self._buf.find(b"\n")
-                if end >= 0:
-                    line = bytes(self._buf[: end + 1])
-                    del self._buf[: end + 1]
-                    return line
-                chunk = self.sock.recv(65536)
-                if not chunk:
-                    rest, self._buf = bytes(self._buf), bytearray()
-                    return rest
-                self._buf += chunk
-
-        def settimeout(self, timeout_s: float | None) -> None:
-            self.sock.settimeout(timeout_s)
-
-        def wait_readable(self, timeout_s: float, wake: socket.socket | None) -> str:
-            """Wait until the broker sends something or closes ("data" / "closed"), `wake`
-            becomes readable ("woken") or `timeout_s` passes ("timeout")."""
-            if self._buf:
-                return "data"
-            watched: list[Any] = [self.sock] + ([wake] if wake is not None else [])
-            ready, _, _ = select.select(watched, [], [], timeout_s)
-            if wake is not None and wake in ready:
-                return "woken"
-            if not ready:
-                return "timeout"
-            try:
-                peeked = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return "timeout"
-            except OSError:
-                return "closed"
-            return "data" if peeked else "closed"
-
-        def close(self) -> None:
-            with contextlib.suppress(OSError):
-                self.sock.shutdown(socket.SHUT_RDWR)
-            self.sock.close()
-
-
-def _open(address: str, timeout_s: float | None) -> Any:
-    if sys.platform == "win32":
-        return PipeStream(address, timeout_s)
-    else:
-        return _UnixStream(address, timeout_s)
 
 
 def _group_of(address: str) -> str | None:
@@ -137,7 +58,7 @@ def not_allowed_text(address: str, detail: str) -> str:
     return f"not allowed to use the broker at {address} ({detail}){hint}"
 
 
-def _connect(candidates: list[Candidate], timeout_s: float | None) -> tuple[Candidate, Any]:
+def _connect(candidates: list[Candidate], timeout_s: float | None) -> tuple[Candidate, Stream]:
     """Open the first candidate that accepts a connection.
 
     Raises:
@@ -147,7 +68,7 @@ def _connect(candidates: list[Candidate], timeout_s: float | None) -> tuple[Cand
     failures: list[str] = []
     for candidate in candidates:
         try:
-            return candidate, _open(candidate.address, timeout_s)
+            return candidate, connect(candidate.address, timeout_s)
         except PermissionError as exc:
             text = not_allowed_text(candidate.address, exc.strerror or str(exc))
             raise BrokerUnavailable(text, "not_allowed", address=candidate.address) from None
@@ -181,7 +102,7 @@ def _system_broker_without_socket() -> str | None:
     if sys.platform == "win32" or not sys.platform.startswith("linux"):
         return None
     try:
-        from rbroker.localapi import authority
+        from rbroker.transport import authority
 
         holder = authority.read_system_holder()
     except Exception:  # nothing to add: the plain message stands

@@ -1,9 +1,10 @@
-"""Where brokers listen and where clients look for one (architecture.md §5, §6a).
+"""Where clients look for a broker, and where a per-user broker listens (architecture.md
+§5, §6a).
 
 A client (SDK, CLI, tray) looks in this order: `--socket`, `$RBROKER_SOCKET`, the system
-broker's address, the per-user address (`discovery_order`). The system broker's address is
-`/run/rbroker/broker.sock` on Linux and `\\\\.\\pipe\\rbroker` on Windows
-(`$RBROKER_SYSTEM_SOCKET` moves it, for a site or a test that runs it elsewhere).
+broker's address, the per-user address (`discovery_order`). The system broker's address,
+`/run/rbroker/broker.sock` on Linux and `\\\\.\\pipe\\rbroker` on Windows, is the transport's
+(`rbroker.transport.system_paths`: `$RBROKER_SYSTEM_SOCKET` moves it).
 """
 
 from __future__ import annotations
@@ -12,21 +13,14 @@ import getpass
 import os
 import sys
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
 
-ENV_SOCKET = "RBROKER_SOCKET"
-ENV_SYSTEM_SOCKET = "RBROKER_SYSTEM_SOCKET"
+from rbroker.transport.system_paths import system_socket_path
 
-SYSTEM_SOCKET_LINUX = "/run/rbroker/broker.sock"
-"""The Linux system broker's socket (its directory made by systemd's `RuntimeDirectory=`)."""
-SYSTEM_PIPE_WINDOWS = r"\\.\pipe\rbroker"
-"""The Windows service broker's pipe."""
-SYSTEM_DATA_DIR_LINUX = Path("/var/lib/rbroker")
-"""The Linux system broker's data dir (systemd's `StateDirectory=`)."""
+ENV_SOCKET = "RBROKER_SOCKET"
 
 FOUND_OPTION = "--socket"
 FOUND_ENV = ENV_SOCKET
@@ -40,14 +34,6 @@ class Candidate:
 
     address: str
     found_by: str
-
-
-def system_socket_path() -> str:
-    """The system broker's address on this OS (`$RBROKER_SYSTEM_SOCKET` wins)."""
-    env = os.environ.get(ENV_SYSTEM_SOCKET)
-    if env:
-        return env
-    return SYSTEM_PIPE_WINDOWS if sys.platform == "win32" else SYSTEM_SOCKET_LINUX
 
 
 def per_user_socket_path() -> str:
@@ -96,23 +82,3 @@ def discovery_order(explicit: str | None = None) -> list[Candidate]:
 def default_data_dir() -> Path:
     """The broker's data directory (lease database, keys): the user data dir."""
     return Path(platformdirs.user_data_dir("rbroker", appauthor=False))
-
-
-def program_data_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Windows' machine-wide data folder (`C:\\ProgramData` by default).
-
-    With `environ` (a mapping, e.g. in tests): its `ProgramData`, else `C:\\ProgramData`.
-    Without: on Windows the known folder `FOLDERID_ProgramData` (pywin32), which is the same
-    for every account and for services, whose environment can lack the variable or differ
-    (Wine gives a service `C:\\users\\Public`); elsewhere, or where it cannot be read,
-    `%ProgramData%`, else `C:\\ProgramData`.
-    """
-    if environ is None and sys.platform == "win32":
-        try:
-            from win32com.shell import shell, shellcon
-
-            return Path(shell.SHGetKnownFolderPath(shellcon.FOLDERID_ProgramData))
-        except Exception:  # pywintypes.com_error: fall back to the variable
-            pass
-    env = os.environ if environ is None else environ
-    return Path(env.get("ProgramData") or env.get("PROGRAMDATA") or "C:\\ProgramData")

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rbroker.broker.leases import Lease
 from rbroker.localapi.access import check_admin
-from rbroker.localapi.transport import Peer
+from rbroker.transport.base import Peer
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
 

@@ -64,14 +64,15 @@ from rbroker.localapi.connection import (
     UNSENT_DROP_AFTER_S,
     Connection,
     PerUserLimit,
+    UnsentBudget,
     raise_open_file_limit,
     read_line,
     tell_waiting,
     wait_until_written,
 )
 from rbroker.localapi.requests import PauseParams, Refused, decode, granted
-from rbroker.localapi.transport import ListeningServer, Peer, serve
-from rbroker.localapi.unsent import UnsentBudget
+from rbroker.transport import serve
+from rbroker.transport.base import ListeningServer, Peer
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import (

@@ -13,7 +13,7 @@ import rbroker
 from rbroker.demo.processes import broker_address
 from rbroker.embedded import EmbeddedBroker
 from rbroker.host import make_config
-from rbroker.localapi.transport import BrokerAlreadyRunning
+from rbroker.transport.base import BrokerAlreadyRunning
 from rbroker.tray.link import read_snapshot
 from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp
 

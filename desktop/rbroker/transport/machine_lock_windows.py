@@ -18,8 +18,8 @@ import os
 import sys
 from pathlib import Path
 
-from rbroker.localapi.machine_lock import LockHolder, MachineLockHeld
-from rbroker.localapi.paths import program_data_dir
+from rbroker.transport.base import LockHolder, MachineLockHeld
+from rbroker.transport.system_paths import program_data_dir
 
 ERROR_ALREADY_EXISTS = 183
 ERROR_ACCESS_DENIED = 5

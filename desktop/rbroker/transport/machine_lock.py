@@ -5,7 +5,7 @@ broker) takes this lock before it opens its data dir or listens; a second one, o
 user, fails with `MachineLockHeld` naming the holder's user, pid and socket, and `rbroker
 broker` exits 3.
 
-Linux has two levels. The system broker's authority (`rbroker.localapi.authority`): a lock
+Linux has two levels. The system broker's authority (`rbroker.transport.authority`): a lock
 file in the system socket's directory, which only root or the broker's account can hold and
 every user can see; a per-user broker refuses while it is held. Below it, the abstract Unix
 socket `\\0<name>` (`machine_lock_linux`) keeps two per-user brokers apart; the system
@@ -30,76 +30,15 @@ import logging
 import os
 import re
 import sys
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rbroker.localapi.transport import BrokerAlreadyRunning
+from rbroker.transport.base import SYSTEM_LOCK_NAME, MachineLockHeld
 
 ENV_LOCK = "RBROKER_BROKER_LOCK"
 DEFAULT_LOCK_NAME = "rbroker-broker"
 PER_SOCKET = "per-socket"
 log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,80}")
-
-
-@dataclass(frozen=True, slots=True)
-class LockHolder:
-    """Who holds the lock, as far as it could be read (None: not known)."""
-
-    user: str | None
-    pid: int | None
-    socket: str | None
-    answered: bool = True
-    """False: the holder did not answer as a broker does (a process that took the name
-    without listening on it, or that sends no identity): no broker is claimed to run."""
-
-    def describe(self) -> str:
-        """`user alice, pid 1234, socket /run/rbroker/broker.sock` (unknown parts say so)."""
-        return (
-            f"user {self.user or 'unknown'}, pid {self.pid if self.pid else 'unknown'}, "
-            f"socket {self.socket or 'unknown'}"
-        )
-
-
-SYSTEM_LOCK_NAME = "the system broker's lock"
-"""`MachineLockHeld.name` when the system broker's authority is what is held."""
-
-
-class MachineLockHeld(BrokerAlreadyRunning):
-    """Another broker holds the machine-wide lock; `holder` says who. A holder that did not
-    answer as a broker (`holder.answered` false) is named as a process, never as a broker:
-    by user and pid when they could be read, else with the command that finds it."""
-
-    def __init__(self, name: str, holder: LockHolder) -> None:
-        self.name = name
-        self.holder = holder
-        if name == SYSTEM_LOCK_NAME and not holder.pid:
-            text = (
-                "the system broker's lock is held by a process of root or the broker's "
-                "account that names itself nowhere; find it with `fuser -v "
-                "/run/rbroker/broker.lock` (as root, in the system socket's directory)"
-            )
-        elif name == SYSTEM_LOCK_NAME:
-            text = f"the system broker is running on this computer ({holder.describe()})"
-        elif holder.answered:
-            text = (
-                f"another rbroker broker is already running on this computer ({holder.describe()})"
-            )
-        elif holder.pid:
-            text = (
-                f"the computer's broker lock {name!r} (an abstract Unix socket) is held by a "
-                f"process that does not answer as a broker (user {holder.user or 'unknown'}, "
-                f"pid {holder.pid}); no broker runs: ask that user or an administrator to stop "
-                "it, or run the system broker (`rbroker broker --system`), which it cannot block"
-            )
-        else:
-            text = (
-                f"the computer's broker lock {name!r} (an abstract Unix socket) is held by a "
-                "process that does not answer as a broker and that this account cannot name; "
-                f"no broker runs: find it with `ss -xlp | grep {name}` (as root), or run the "
-                "system broker (`rbroker broker --system`), which it cannot block"
-            )
-        super().__init__(text)
 
 
 class MachineLock(Protocol):
@@ -165,7 +104,7 @@ def acquire_machine_lock(
 ) -> MachineLock:
     """Take the machine-wide lock `name` for the broker of `user` listening at `socket_path`.
 
-    Linux: `system` takes the system broker's authority first (`rbroker.localapi.authority`)
+    Linux: `system` takes the system broker's authority first (`rbroker.transport.authority`)
     and then `name` where it is free; otherwise `name`, then, with `check_system`, a look at
     the system broker's authority (before taking the name, to name the system broker even where
     another process holds the name, and after, so that a per-user broker and a system broker
@@ -179,12 +118,12 @@ def acquire_machine_lock(
         OSError: the lock could not be created for another reason.
     """
     if sys.platform == "win32":
-        from rbroker.localapi.machine_lock_windows import acquire_windows_lock
+        from rbroker.transport.machine_lock_windows import acquire_windows_lock
 
         return acquire_windows_lock(name, socket_path, user)
     if sys.platform.startswith("linux"):
-        from rbroker.localapi.authority import SystemAuthority, read_system_holder
-        from rbroker.localapi.machine_lock_linux import AbstractSocketLock
+        from rbroker.transport.authority import SystemAuthority, read_system_holder
+        from rbroker.transport.machine_lock_linux import AbstractSocketLock
 
         if system:
             authority = SystemAuthority.acquire(socket_path)

@@ -1,4 +1,5 @@
-"""Unix-domain-socket transport (Linux, macOS): peer credentials from the kernel.
+"""Unix-domain-socket transport (Linux, macOS), both ends: the broker's listening socket
+with peer credentials from the kernel (`serve_unix`), and the client's stream (`UnixStream`).
 
 The socket file gets mode 0660 (owner and, when configured, the allowed group), 0666 for a
 system broker open to every local user: the mode from the umask at bind and the group in a
@@ -18,19 +19,22 @@ import grp
 import logging
 import os
 import pwd
+import select
 import socket
 import struct
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
-from rbroker.localapi.safe_paths import check_private_path
-from rbroker.localapi.transport import BrokerAlreadyRunning, Handler, Peer
+from rbroker.transport.base import BrokerAlreadyRunning, Handler, Peer, Readiness
+from rbroker.transport.safe_paths import check_private_path
 from rbroker_protocol.startup import SOCKET_PATH_MAX_BYTES
 
-# Unix only; on Windows `transport.serve` uses pipe_windows (and type checkers skip the rest).
-assert sys.platform != "win32", "rbroker.localapi.unix is not for Windows"
+# Unix only; on Windows `rbroker.transport` uses pipe_windows (type checkers skip the rest).
+assert sys.platform != "win32", "rbroker.transport.unix is not for Windows"
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +183,7 @@ async def serve_unix(
     address: str, handler: Handler, limit: int, *, shared: bool = False, group: str | None = None
 ) -> UnixServer:
     """Bind `address`, replacing a stale socket file; see the module docstring and
-    `transport.serve` for `shared` and `group`.
+    `rbroker.transport.serve` for `shared` and `group`.
 
     Raises:
         KeyError: `group` is no OS group.
@@ -223,3 +227,83 @@ async def serve_unix(
 
     server, inode = await listen()
     return UnixServer(address, server, inode, listen)
+
+
+# -- the client's end ------------------------------------------------------------------------
+class UnixStream:
+    """The client's end: a connected Unix socket read line by line through its own buffer,
+    so a read that times out loses nothing and the connection stays usable (a
+    `rbroker.transport.base.Stream`).
+
+    Raises (at connect):
+        PermissionError: this user may not open the socket.
+        FileNotFoundError, ConnectionRefusedError: nothing listens there.
+        BlockingIOError: the listen backlog stayed full for `timeout_s` (at most 5 s).
+    """
+
+    def __init__(self, path: str, timeout_s: float | None) -> None:
+        # A full listen backlog (a burst of clients) answers EAGAIN at once on a Unix
+        # socket instead of waiting: retry within the timeout (at most 5 s) before
+        # calling the broker unavailable.
+        deadline = time.monotonic() + min(timeout_s if timeout_s is not None else 5.0, 5.0)
+        delay_s = 0.001
+        while True:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout_s)
+            try:
+                self.sock.connect(path)
+                break
+            except BlockingIOError:
+                self.sock.close()
+                if time.monotonic() + delay_s > deadline:
+                    raise
+                time.sleep(delay_s)
+                delay_s = min(delay_s * 2, 0.05)
+            except OSError:
+                self.sock.close()
+                raise
+        self._buf = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def readline(self) -> bytes:
+        """One line with its newline; b"" at end of stream. Raises TimeoutError."""
+        while True:
+            end = self._buf.find(b"\n")
+            if end >= 0:
+                line = bytes(self._buf[: end + 1])
+                del self._buf[: end + 1]
+                return line
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                rest, self._buf = bytes(self._buf), bytearray()
+                return rest
+            self._buf += chunk
+
+    def settimeout(self, timeout_s: float | None) -> None:
+        self.sock.settimeout(timeout_s)
+
+    def wait_readable(self, timeout_s: float, wake: socket.socket | None) -> Readiness:
+        """Wait until the broker sends something or closes ("data" / "closed"), `wake`
+        becomes readable ("woken") or `timeout_s` passes ("timeout")."""
+        if self._buf:
+            return "data"
+        watched: list[Any] = [self.sock] + ([wake] if wake is not None else [])
+        ready, _, _ = select.select(watched, [], [], timeout_s)
+        if wake is not None and wake in ready:
+            return "woken"
+        if not ready:
+            return "timeout"
+        try:
+            peeked = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return "timeout"
+        except OSError:
+            return "closed"
+        return "data" if peeked else "closed"
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()

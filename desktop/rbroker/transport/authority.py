@@ -33,12 +33,12 @@ from pathlib import Path
 
 import psutil
 
-from rbroker.localapi.machine_lock import SYSTEM_LOCK_NAME, LockHolder, MachineLockHeld
-from rbroker.localapi.paths import system_socket_path
-from rbroker.localapi.safe_paths import check_private_path, open_nofollow
 from rbroker.proctime import holder_clock, start_s
+from rbroker.transport.base import SYSTEM_LOCK_NAME, LockHolder, MachineLockHeld
+from rbroker.transport.safe_paths import check_private_path, open_nofollow
+from rbroker.transport.system_paths import system_socket_path
 
-assert sys.platform.startswith("linux"), "rbroker.localapi.authority is for Linux"
+assert sys.platform.startswith("linux"), "rbroker.transport.authority is for Linux"
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,9 @@
-"""Windows named-pipe transport: the pipe's access list, its instances, the caller's token.
+"""Windows named-pipe transport, both ends: the broker's pipe (its access list, its
+instances, the caller's token) and the client's stream.
 
-The rules are in `rbroker.localapi.pipe_security` (tested on any OS); this module applies
-them with the proactor event loop (the default loop on Windows):
+The rules are in `rbroker.transport.pipe_security` (tested on any OS); this module applies
+them. The broker's end (`serve_pipe`), with the proactor event loop (the default loop on
+Windows):
 
 - every instance is created with the access list of `sddl_for(address, <server account>)`:
   the service pipe `\\\\.\\pipe\\rbroker` lets Authenticated Users read and write and only
@@ -14,9 +16,18 @@ them with the proactor event loop (the default loop on Windows):
 - a pool of listening instances is kept ahead of demand (`listeners_to_add`: 32 waiting,
   plus a quarter of the connected clients), refilled as each client connects, so a burst
   of clients finds instances waiting; a client that still meets ERROR_PIPE_BUSY waits with
-  WaitNamedPipe and tries again (`pipe_client_windows`);
+  WaitNamedPipe and tries again (below);
 - the caller is the process `GetNamedPipeClientProcessId` names, its user read from that
   process's token (`win_accounts.process_account`), never from a request.
+
+The client's end (`PipeStream(address, timeout_s)`, its connection): `open_pipe(address,
+timeout_s)` opens the pipe with the access the broker's access list grants clients
+(`CLIENT_OPEN_ACCESS`: read, write data, never create instances), for overlapped I/O (so a
+read can wait with a timeout and be ended by another thread), retries while every instance is
+busy (WaitNamedPipe, `plan_after`), and before anything is sent checks that the process
+serving it runs as the account the address requires (`expected_server_sid`: LocalSystem for
+the service pipe, this user for a per-user one) — from `GetNamedPipeServerProcessId` and that
+process's token, or, where a standard user may not open the server's token, the pipe's owner.
 """
 
 from __future__ import annotations
@@ -26,17 +37,32 @@ import contextlib
 import errno
 import functools
 import logging
+import select
+import socket
 import sys
+import threading
+import time
+from typing import Any
 
-from rbroker.localapi.pipe_security import PoolPolicy, listeners_to_add, sddl_for
-from rbroker.localapi.transport import BrokerAlreadyRunning, Handler, Peer
+from rbroker.transport.base import BrokerAlreadyRunning, Handler, Peer, Readiness
+from rbroker.transport.pipe_security import (
+    CLIENT_OPEN_ACCESS,
+    PoolPolicy,
+    check_server_account,
+    expected_server_sid,
+    listeners_to_add,
+    plan_after,
+    sddl_for,
+)
 
 log = logging.getLogger(__name__)
 
 BUFFER_BYTES = 64 * 1024
 ERROR_FILE_NOT_FOUND = 2
 ERROR_ACCESS_DENIED = 5
+ERROR_BROKEN_PIPE = 109
 ERROR_PIPE_BUSY = 231
+ERROR_PIPE_NOT_CONNECTED = 233
 PIPE_REJECT_REMOTE_CLIENTS = 0x00000008
 
 
@@ -85,8 +111,16 @@ if sys.platform == "win32":
     from ctypes import wintypes
 
     import pywintypes
+    import win32api
+    import win32event
+    import win32pipe
 
-    from rbroker.localapi.win_accounts import is_elevated_admin, own_sid, process_account
+    from rbroker.transport.win_accounts import (
+        is_elevated_admin,
+        own_sid,
+        owner_sid,
+        process_account,
+    )
 
     _kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
     _advapi32 = ctypes.WinDLL("advapi32", use_last_error=True)
@@ -283,3 +317,194 @@ if sys.platform == "win32":
         server = PipeServer(address, handler, limit, policy or PoolPolicy())
         server.start()
         return server
+
+    # -- the client's end --------------------------------------------------------------------
+    def server_account(handle: int) -> tuple[int | None, str | None]:
+        """`(server pid, server account SID)` of a connected pipe handle; None parts are
+        unreadable."""
+        try:
+            pid: int | None = int(win32pipe.GetNamedPipeServerProcessId(handle))
+        except pywintypes.error:
+            pid = None
+        sid: str | None = None
+        if pid:
+            try:
+                sid = process_account(pid)[0]
+            except pywintypes.error:
+                sid = None  # a standard user cannot open a LocalSystem process's token
+        if sid is None:
+            try:
+                sid = owner_sid(handle)
+            except pywintypes.error:
+                sid = None
+        return pid, sid
+
+    def open_pipe(address: str, timeout_s: float | None) -> int:
+        """A handle on the pipe opened with FILE_FLAG_OVERLAPPED, its server checked; the
+        caller closes it (`_winapi.CloseHandle`).
+
+        Raises:
+            FileNotFoundError: no broker listens at `address`.
+            TimeoutError: every instance stayed busy for `timeout_s`.
+            UntrustedPipeServer: the server runs as another account (nothing was sent).
+            OSError: any other failure to open it.
+        """
+        deadline = time.monotonic() + (30.0 if timeout_s is None else timeout_s)
+        while True:
+            try:
+                handle = _winapi.CreateFile(
+                    address,
+                    CLIENT_OPEN_ACCESS,
+                    0,
+                    0,
+                    _winapi.OPEN_EXISTING,
+                    _winapi.FILE_FLAG_OVERLAPPED,
+                    0,
+                )
+                break
+            except OSError as exc:
+                plan = plan_after(getattr(exc, "winerror", 0) or 0, deadline - time.monotonic())
+                if plan.action == "absent":
+                    raise FileNotFoundError(2, f"no pipe {address}") from None
+                if plan.action == "timeout":
+                    raise TimeoutError(f"every instance of {address} stayed busy") from None
+                if plan.action == "error":
+                    raise
+                # still busy, or gone, after the wait: the next CreateFile says which
+                with contextlib.suppress(OSError):
+                    _winapi.WaitNamedPipe(address, plan.wait_ms)
+        try:
+            pid, sid = server_account(handle)
+            check_server_account(address, expected_server_sid(address, own_sid()), sid, pid)
+        except BaseException:
+            _winapi.CloseHandle(handle)
+            raise
+        return int(handle)
+
+    class PipeStream:
+        """The named pipe, opened for overlapped I/O and its server checked by
+        `open_pipe`, read line by line through its own buffer.
+
+        Each read and write waits on its completion and on this stream's cancel event at once,
+        so a timeout (`settimeout`, as on a socket: `TimeoutError`, nothing lost) and `close()`
+        from another thread end it at once. (A synchronous read on a pipe is not ended by
+        closing its handle: a thread blocked in one would stay there.) Writes and reads take
+        turns under one lock; `close()` sets the cancel event, then closes the handle once the
+        read or write in progress has left.
+        """
+
+        def __init__(self, path: str, timeout_s: float | None) -> None:
+            self._buffer = bytearray()
+            self._timeout_s = timeout_s
+            self._closed = False
+            self._io_lock = threading.Lock()
+            self._state_lock = threading.Lock()
+            self._handle = open_pipe(path, timeout_s)
+            self._cancel = win32event.CreateEvent(None, True, False, None)  # manual reset
+
+        def _wait(self, ov: Any, timeout_s: float | None) -> tuple[int, bool]:
+            """Wait for the overlapped operation `ov` until it completes, `timeout_s` passes or
+            `close()` is called; `(bytes transferred, cancelled)`. Raises OSError (109, the
+            broker closed the pipe, among others)."""
+            ms = _winapi.INFINITE if timeout_s is None else max(0, int(timeout_s * 1000))
+            done = win32event.WaitForMultipleObjects([ov.event, self._cancel], False, ms)
+            cancelled = done != win32event.WAIT_OBJECT_0
+            if cancelled:
+                with contextlib.suppress(OSError):
+                    ov.cancel()
+            transferred, _err = ov.GetOverlappedResult(True)  # waits for a cancel to finish
+            return int(transferred), cancelled
+
+        def _check_open(self) -> None:
+            if self._closed:
+                raise OSError(errno.EBADF, "the pipe client is closed")
+
+        def write(self, data: bytes) -> None:
+            """Write all of `data`. Raises OSError (the broker closed the pipe, this stream was
+            closed) and TimeoutError (the broker read nothing for the timeout)."""
+            view = memoryview(data)
+            with self._io_lock:
+                while view:
+                    self._check_open()
+                    ov, _err = _winapi.WriteFile(self._handle, view, overlapped=True)
+                    written, cancelled = self._wait(ov, self._timeout_s)
+                    view = view[written:]
+                    if cancelled and view:
+                        self._check_open()
+                        raise TimeoutError("the broker read nothing in time")
+
+        def _read_chunk(self) -> bytes:
+            """What has arrived (at most 64 KiB), waiting for it; b"" when the broker closed
+            the pipe. Raises TimeoutError (nothing arrived in time) and OSError (closed)."""
+            with self._io_lock:
+                self._check_open()
+                try:
+                    ov, _err = _winapi.ReadFile(self._handle, 65536, overlapped=True)
+                    read, cancelled = self._wait(ov, self._timeout_s)
+                except BrokenPipeError:
+                    return b""
+                except OSError as exc:
+                    if getattr(exc, "winerror", None) in (
+                        ERROR_BROKEN_PIPE,
+                        ERROR_PIPE_NOT_CONNECTED,
+                    ):
+                        return b""
+                    raise
+                if read:
+                    return bytes(ov.getbuffer() or b"")
+                if cancelled:
+                    self._check_open()
+                    raise TimeoutError("nothing from the broker in time")
+                return b""
+
+        def readline(self) -> bytes:
+            """One line with its newline; b"" at end of stream. Raises TimeoutError (nothing
+            lost: what came stays buffered) and OSError (this stream was closed)."""
+            while b"\n" not in self._buffer:
+                chunk = self._read_chunk()
+                if not chunk:
+                    out = bytes(self._buffer)
+                    self._buffer.clear()
+                    return out
+                self._buffer += chunk
+            end = self._buffer.index(b"\n") + 1
+            line = bytes(self._buffer[:end])
+            del self._buffer[:end]
+            return line
+
+        def settimeout(self, timeout_s: float | None) -> None:
+            self._timeout_s = timeout_s
+
+        def wait_readable(self, timeout_s: float, wake: socket.socket | None) -> Readiness:
+            """As `rbroker.transport.base.Stream.wait_readable`. A pipe cannot be selected:
+            it is looked at (PeekNamedPipe) every 50 ms while the wait watches `wake`."""
+            end = time.monotonic() + timeout_s
+            while True:
+                if self._buffer:
+                    return "data"
+                self._check_open()
+                try:
+                    available = _winapi.PeekNamedPipe(self._handle, 0)[0]
+                except OSError:
+                    return "closed"  # broken: the broker closed it
+                if available:
+                    return "data"
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    return "timeout"
+                step_s = min(remaining, 0.05)
+                if wake is None:
+                    time.sleep(step_s)
+                elif select.select([wake], [], [], step_s)[0]:
+                    return "woken"
+
+        def close(self) -> None:
+            """End the read or write in progress (another thread's) and close the pipe."""
+            with self._state_lock:
+                if self._closed:
+                    return
+                self._closed = True
+                win32event.SetEvent(self._cancel)
+            with self._io_lock:  # the operation in progress leaves at once
+                _winapi.CloseHandle(self._handle)
+                win32api.CloseHandle(self._cancel)

@@ -18,11 +18,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rbroker.localapi.paths import SYSTEM_PIPE_WINDOWS
+from rbroker.transport.system_paths import SYSTEM_PIPE_WINDOWS
 
 SERVICE_PIPE = SYSTEM_PIPE_WINDOWS
 """The Windows service broker's fixed address (one per computer; the system address of the
-clients' discovery order, `rbroker.localapi.paths`)."""
+clients' discovery order, `rbroker.client.paths`)."""
 
 LOCAL_SYSTEM_SID = "S-1-5-18"
 """The account the rbroker service runs as (LocalSystem): the only one that may create

@@ -1,0 +1,64 @@
+"""The transport of the local API: both ends of the OS channel a broker and its clients talk
+over (architecture.md §5), and the machine-wide locks that keep one broker per computer.
+
+One file per OS serves both ends: `unix.py` (Unix socket: the listening server and the
+client's stream) and `pipe_windows.py` (named pipe, with its pure rules in
+`pipe_security.py`); `serve()` and `connect()` pick the one for this OS. What they share is
+in `base.py`. The locks: `machine_lock.py` (its names, and `acquire_machine_lock` picking
+`machine_lock_linux.py` with the system broker's `authority.py`, or
+`machine_lock_windows.py`). Also here: the system broker's fixed places (`system_paths.py`),
+the directories a privileged broker can trust (`safe_paths.py`) and Windows' accounts
+(`win_accounts.py`). Nothing here imports the broker.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rbroker.transport.base import Handler, ListeningServer, Stream
+
+
+async def serve(
+    address: str, handler: Handler, limit: int, *, shared: bool = False, group: str | None = None
+) -> ListeningServer:
+    """Listen at `address` (socket path or pipe name) with this OS's transport.
+
+    `limit` is the longest line (bytes) a connection's reader accepts. `shared` and `group`
+    (Unix sockets): a socket for other local users too — every user (`shared`, mode 0666)
+    or the members of `group` (mode 0660, owned by that group); else the broker's own
+    user's (0660 in a 0700 directory).
+
+    Raises:
+        BrokerAlreadyRunning: a live broker already listens there.
+        OSError: the address cannot be bound.
+    """
+    if sys.platform == "win32":
+        from rbroker.transport.pipe_windows import serve_pipe
+
+        return await serve_pipe(address, handler, limit)
+    else:
+        from rbroker.transport.unix import serve_unix
+
+        return await serve_unix(address, handler, limit, shared=shared, group=group)
+
+
+def connect(address: str, timeout_s: float | None) -> Stream:
+    """A client's connection to the broker at `address` (socket path or pipe name), with this
+    OS's transport; `timeout_s` bounds the connect and each later read or write (None:
+    forever; a busy listener is waited on for at most 5 s on Unix, `timeout_s` or 30 s for
+    a pipe).
+
+    Raises:
+        PermissionError: this user may not open the socket or pipe.
+        FileNotFoundError: nothing listens there.
+        UntrustedPipeServer: (Windows) the pipe's server runs as another account.
+        OSError: any other failure to connect.
+    """
+    if sys.platform == "win32":
+        from rbroker.transport.pipe_windows import PipeStream
+
+        return PipeStream(address, timeout_s)
+    else:
+        from rbroker.transport.unix import UnixStream
+
+        return UnixStream(address, timeout_s)

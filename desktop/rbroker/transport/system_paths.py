@@ -1,0 +1,52 @@
+"""The computer-wide places (architecture.md §5, §6a): the system broker's address on each
+OS, `/run/rbroker/broker.sock` on Linux and `\\\\.\\pipe\\rbroker` on Windows
+(`$RBROKER_SYSTEM_SOCKET` moves it, for a site or a test that runs it elsewhere), the Linux
+system broker's data dir and Windows' machine-wide data folder.
+
+Clients look here last but one (`rbroker.client.paths.discovery_order`); the system
+broker's authority lives in its address's directory (`authority.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+ENV_SYSTEM_SOCKET = "RBROKER_SYSTEM_SOCKET"
+
+SYSTEM_SOCKET_LINUX = "/run/rbroker/broker.sock"
+"""The Linux system broker's socket (its directory made by systemd's `RuntimeDirectory=`)."""
+SYSTEM_PIPE_WINDOWS = r"\\.\pipe\rbroker"
+"""The Windows service broker's pipe."""
+SYSTEM_DATA_DIR_LINUX = Path("/var/lib/rbroker")
+"""The Linux system broker's data dir (systemd's `StateDirectory=`)."""
+
+
+def system_socket_path() -> str:
+    """The system broker's address on this OS (`$RBROKER_SYSTEM_SOCKET` wins)."""
+    env = os.environ.get(ENV_SYSTEM_SOCKET)
+    if env:
+        return env
+    return SYSTEM_PIPE_WINDOWS if sys.platform == "win32" else SYSTEM_SOCKET_LINUX
+
+
+def program_data_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Windows' machine-wide data folder (`C:\\ProgramData` by default).
+
+    With `environ` (a mapping, e.g. in tests): its `ProgramData`, else `C:\\ProgramData`.
+    Without: on Windows the known folder `FOLDERID_ProgramData` (pywin32), which is the same
+    for every account and for services, whose environment can lack the variable or differ
+    (Wine gives a service `C:\\users\\Public`); elsewhere, or where it cannot be read,
+    `%ProgramData%`, else `C:\\ProgramData`.
+    """
+    if environ is None and sys.platform == "win32":
+        try:
+            from win32com.shell import shell, shellcon
+
+            return Path(shell.SHGetKnownFolderPath(shellcon.FOLDERID_ProgramData))
+        except Exception:  # pywintypes.com_error: fall back to the variable
+            pass
+    env = os.environ if environ is None else environ
+    return Path(env.get("ProgramData") or env.get("PROGRAMDATA") or "C:\\ProgramData")
