@@ -36,7 +36,7 @@ from rbroker._exceptions import (
 from rbroker._job import ChunkTask, Job, JobRef, job
 from rbroker._lease import Lease, alease, lease
 from rbroker._version import __version__
-from rbroker.localapi.client import Client
+from rbroker.client.local import Client
 
 __all__ = [
     "BrokerUnavailable",

@@ -27,7 +27,7 @@ from typing import Any
 
 from rbroker._exceptions import BrokerUnavailable, JobFinished, JobNotFound, RBrokerError
 from rbroker._lease import RECONNECT_WINDOW_S, _acquire, _Holder, _reconnect
-from rbroker.localapi.client import Client
+from rbroker.client.local import Client
 
 
 def _call_again(

@@ -22,7 +22,7 @@ from typing import Any
 from rbroker._cuda import cuda_indices
 from rbroker._exceptions import BrokerUnavailable, LeaseExpired, RBrokerError
 from rbroker._lease_record import Lease, note_over_grant
-from rbroker.localapi.client import Client
+from rbroker.client.local import Client
 
 log = logging.getLogger(__name__)
 LEASE_LOST = "rbroker_lease_lost"

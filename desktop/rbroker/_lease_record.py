@@ -12,8 +12,8 @@ from typing import Any
 from rbroker._cuda import cuda_env
 from rbroker._exceptions import OverGrantWarning, RBrokerError
 from rbroker._frameworks import FrameworkLimits
+from rbroker.client.local import Client
 from rbroker.display import fmt_mib
-from rbroker.localapi.client import Client
 
 
 @dataclass

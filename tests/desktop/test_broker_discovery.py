@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import rbroker
-from rbroker.localapi import paths
-from rbroker.localapi.paths import (
+from rbroker.client import paths
+from rbroker.client.paths import (
     ENV_SOCKET,
     FOUND_ENV,
     FOUND_OPTION,

@@ -36,6 +36,7 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("transport", ("rbroker.transport",)),
+    ("client", ("rbroker.client",)),
     ("gpu", ("rbroker.gpu",)),
     ("broker", ("rbroker.broker",)),
     ("localapi", ("rbroker.localapi",)),

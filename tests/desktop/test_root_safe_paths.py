@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import rbroker
-from rbroker.localapi.paths import ENV_SOCKET
+from rbroker.client.paths import ENV_SOCKET
 from rbroker.transport.safe_paths import UnsafePath, check_private_path
 from rbroker.transport.system_paths import ENV_SYSTEM_SOCKET
 from rbroker_protocol.files import private_sqlite

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import rbroker
-from rbroker.localapi.paths import ENV_SOCKET, FOUND_SYSTEM
+from rbroker.client.paths import ENV_SOCKET, FOUND_SYSTEM
 from rbroker.transport.machine_lock import acquire_machine_lock
 from rbroker.transport.system_paths import ENV_SYSTEM_SOCKET
 from rbroker.transport.unix import LISTEN_BACKLOG

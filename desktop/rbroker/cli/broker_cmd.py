@@ -14,9 +14,9 @@ from pathlib import Path
 from rich.console import Console
 
 from rbroker import eventloop
+from rbroker.client.paths import ENV_SOCKET, default_data_dir, default_socket_path
 from rbroker.gpu.nvml import TelemetryError
 from rbroker.gpu.scenario import ScenarioError
-from rbroker.localapi.paths import ENV_SOCKET, default_data_dir, default_socket_path
 from rbroker.startup import os_error_line
 from rbroker.transport.base import BrokerAlreadyRunning, MachineLockHeld
 from rbroker.transport.machine_lock import lock_name

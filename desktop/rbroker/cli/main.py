@@ -15,7 +15,7 @@ CLIENT_SOCKET_HELP = (
     "(\\\\.\\pipe\\rbroker on Windows; $RBROKER_SYSTEM_SOCKET moves it), and the per-user address)"
 )
 """The `--socket` help of the commands that talk to a broker: the discovery order of
-`rbroker.localapi.paths.discovery_order`."""
+`rbroker.client.paths.discovery_order`."""
 BROKER_SOCKET_HELP = (
     "where this broker listens (default: $RBROKER_SOCKET, else the per-user address; "
     "with --system the system broker's address)"

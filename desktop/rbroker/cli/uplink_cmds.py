@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from rbroker.cli.views import fleet_view, print_view
-from rbroker.localapi.paths import default_data_dir
+from rbroker.client.paths import default_data_dir
 
 
 def run_enroll(args: argparse.Namespace) -> int:

@@ -107,7 +107,7 @@ class SimulatedBroker:
             RuntimeError: it exited or did not answer within `timeout_s` (with its log).
         """
         from rbroker._exceptions import BrokerUnavailable
-        from rbroker.localapi.client import Client
+        from rbroker.client.local import Client
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

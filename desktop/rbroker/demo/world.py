@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rbroker._exceptions import RBrokerError
+from rbroker.client.local import Client
 from rbroker.demo.processes import ProcessGroup, broker_address, worker_command
 from rbroker.embedded import EmbeddedBroker
-from rbroker.localapi.client import Client
 from rbroker.transport.machine_lock import PER_SOCKET
 
 # -- `rbroker demo`: the timeline -------------------------------------------------------------

@@ -1,1 +1,3 @@
-"""The local API: transports (Unix socket, Windows named pipe), JSON-RPC dispatch, client."""
+"""The local API's server: JSON-RPC 2.0 over the transport, dispatched onto the `Broker`
+façade (`server.py`), with the connections' limits, who may connect and the events sent to
+them. The client is `rbroker.client`; the OS channel is `rbroker.transport`."""

@@ -21,9 +21,9 @@ from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QApplication, QMenu, QSystemTrayIcon
 
 from rbroker._exceptions import RBrokerError
+from rbroker.client.local import Client
+from rbroker.client.paths import default_data_dir, default_socket_path
 from rbroker.embedded import EmbeddedBroker
-from rbroker.localapi.client import Client
-from rbroker.localapi.paths import default_data_dir, default_socket_path
 from rbroker.startup import check_broker_paths, os_error_line
 from rbroker.tray import autostart
 from rbroker.tray.fleet import FleetSource, NotEnrolled, UplinkFleet

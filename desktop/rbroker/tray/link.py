@@ -23,7 +23,7 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal
 
 from rbroker._exceptions import BrokerUnavailable, InvalidParams, RBrokerError
-from rbroker.localapi.client import Client
+from rbroker.client.local import Client
 from rbroker.tray.state import Snapshot
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rbroker._exceptions import BrokerUnavailable, InvalidParams, RBrokerError, from_rpc_error
-from rbroker.localapi.paths import ENV_SOCKET, FOUND_ENV, FOUND_OPTION, Candidate, discovery_order
+from rbroker.client.paths import ENV_SOCKET, FOUND_ENV, FOUND_OPTION, Candidate, discovery_order
 from rbroker.transport import connect
 from rbroker.transport.base import Stream
 from rbroker_protocol import jsonrpc
@@ -144,7 +144,7 @@ class Client:
     Args:
         socket: socket path (or pipe name on Windows); default: the first that answers of
             `RBROKER_SOCKET`, the system broker's address, the per-user address
-            (`rbroker.localapi.paths.discovery_order`).
+            (`rbroker.client.paths.discovery_order`).
         timeout_s: per-call timeout for answers (None: wait forever); `call()` may
             override it for long waits.
         hello: send `hello` on connect (checks the protocol version).
@@ -173,7 +173,7 @@ class Client:
         self.address = candidate.address
         self.found_by = candidate.found_by
         """How the address was found: `--socket`, `RBROKER_SOCKET`, the system broker's
-        address or the per-user address (`rbroker.localapi.paths.FOUND_*`)."""
+        address or the per-user address (`rbroker.client.paths.FOUND_*`)."""
         self.on_event: Callable[[dict[str, Any]], None] | None = None
         """Called with each event notification as it is read (on the reading thread)."""
         self.server_info: dict[str, Any] = {}
