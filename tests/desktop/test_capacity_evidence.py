@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 import rbroker
-from rbroker.gpu.select import real_nvml_available
+from rbroker.gpu.nvml import real_nvml_available
 from tests.conftest import GPU0, WORKER, BrokerProcess, start_broker, wait_until
 from tests.desktop.conftest import WorkerProcess
 

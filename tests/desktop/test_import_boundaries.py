@@ -1,7 +1,8 @@
 """Import boundaries of docs/architecture.md §1, checked statically (ast over every module)
 and at run time.
 
-- only `rbroker.tray` imports PySide6; only `rbroker.gpu` imports pynvml;
+- only `rbroker.tray` imports PySide6; only `rbroker.gpu.nvml` (the one gateway) imports
+  pynvml, and `rbroker.gpu.fake_nvml`, which borrows its error type and structures;
 - `rbroker_protocol` imports neither `rbroker` nor `rbroker_server`;
 - `rbroker_server` never imports `rbroker`; `rbroker` never imports `rbroker_server`
   (nor the server's web stack);
@@ -81,6 +82,11 @@ def imported_modules(source: str, module: str, is_package: bool) -> Iterator[tup
                 yield node.lineno, arg.value
 
 
+PYNVML_IMPORTERS = ("rbroker.gpu.nvml", "rbroker.gpu.fake_nvml")
+"""The gateway, which calls pynvml, and the simulated library, which borrows its
+`NVMLError`, its error codes and its memory structure (and calls nothing of it)."""
+
+
 def violations(module: str, imported: str) -> list[str]:
     """The boundary rules `module` breaks by importing `imported`."""
     top = imported.split(".")[0]
@@ -88,8 +94,8 @@ def violations(module: str, imported: str) -> list[str]:
     out = []
     if top == "PySide6" and inside[:2] != ["rbroker", "tray"]:
         out.append("only rbroker.tray may import PySide6")
-    if top == "pynvml" and inside[:2] != ["rbroker", "gpu"]:
-        out.append("only rbroker.gpu may import pynvml")
+    if top == "pynvml" and module not in PYNVML_IMPORTERS:
+        out.append("only rbroker.gpu.nvml (and the fake's types) may import pynvml")
     if inside[0] == "rbroker_protocol" and top in ("rbroker", "rbroker_server"):
         out.append("rbroker_protocol imports neither side")
     if inside[0] == "rbroker_server" and top == "rbroker":
@@ -154,15 +160,15 @@ def test_the_broker_parts_exist_and_the_facade_imports_them() -> None:
 
 
 def test_the_gateway_and_the_tray_are_where_the_imports_are() -> None:
-    """The rules above are not vacuous: pynvml is imported in rbroker.gpu (and only there)."""
+    """The rules above are not vacuous: pynvml is imported by the gateway and the fake (and
+    only there)."""
     importers = {
         module
         for module, path, is_package in _all_modules()
         for _, imported in imported_modules(path.read_text(encoding="utf-8"), module, is_package)
         if imported.split(".")[0] == "pynvml"
     }
-    assert "rbroker.gpu.nvml" in importers or "rbroker.gpu.select" in importers
-    assert all(m.startswith("rbroker.gpu.") for m in importers)
+    assert importers == set(PYNVML_IMPORTERS)
 
 
 @pytest.mark.parametrize(
@@ -175,6 +181,7 @@ def test_the_gateway_and_the_tray_are_where_the_imports_are() -> None:
         ("rbroker.tray.app", False, "from ..gpu.fake_nvml import FakeNvml", None),
         ("rbroker.tray.app", False, "from PySide6 import QtCore", None),
         ("rbroker.gpu.nvml", False, "import pynvml", None),
+        ("rbroker.gpu.select", False, "import pynvml", "pynvml"),
         ("rbroker_protocol.errors", False, "from rbroker import lease", "neither side"),
         ("rbroker_protocol.errors", False, "from rbroker_server.app import x", "neither side"),
         ("rbroker_server.app", False, "import rbroker.localapi", "never imports rbroker"),
@@ -207,8 +214,8 @@ def test_the_checker_catches_violations(
 def test_relative_imports_are_resolved() -> None:
     names = [n for _, n in imported_modules("from ..gpu import nvml", "rbroker.broker.x", False)]
     assert names == ["rbroker.gpu", "rbroker.gpu.nvml"]
-    names = [n for _, n in imported_modules("from . import local", "rbroker.client", True)]
-    assert names == ["rbroker.client", "rbroker.client.local"]
+    names = [n for _, n in imported_modules("from . import client", "rbroker.localapi", True)]
+    assert names == ["rbroker.localapi", "rbroker.localapi.client"]
 
 
 def _loaded_after(imports: str) -> set[str]:
@@ -228,7 +235,7 @@ def test_import_rbroker_loads_no_nvml_qt_or_server_code() -> None:
     loaded = _loaded_after(
         "import rbroker\nrbroker.Client, rbroker.lease, rbroker.CapacityUnavailable"
     )
-    assert "rbroker" in loaded and "rbroker.client.local" in loaded
+    assert "rbroker" in loaded and "rbroker.localapi.client" in loaded
     assert _leaked(loaded, ("pynvml", "PySide6", "shiboken6", "rbroker_server", *WEB_STACK)) == []
 
 

@@ -24,9 +24,8 @@ import pynvml
 import pytest
 
 from rbroker.gpu.fake_nvml import FakeNvml
-from rbroker.gpu.nvml import AsyncSampler, NvmlGateway, TelemetryError
+from rbroker.gpu.nvml import AsyncSampler, NvmlGateway, TelemetryError, real_nvml_available
 from rbroker.gpu.scenario import ScenarioError
-from rbroker.gpu.select import real_nvml_available
 from rbroker.gpu.types import GpuSample, TelemetryState
 from tests.conftest import GPU0, GPU1
 

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 import rbroker
-from rbroker.gpu.select import real_nvml_available
+from rbroker.gpu.nvml import real_nvml_available
 from tests.conftest import WORKER, short_tmp, wait_until
 
 pytestmark = [

@@ -41,7 +41,7 @@ from rbroker.demo.world import (
     job_command,
 )
 from rbroker.display import fmt_mib, short_uuid
-from rbroker.gpu.select import real_nvml_available
+from rbroker.gpu.nvml import real_nvml_available
 
 WORKER_PART_S = 20.0
 """How long the worker timeline of `world.WORKERS` takes at its own pace (measured: the last

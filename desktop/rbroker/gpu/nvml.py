@@ -1,7 +1,8 @@
 """The single NVML gateway: the only module that calls pynvml (architecture.md §6).
 
-It takes a pynvml-shaped library object — the real `pynvml` module from nvidia-ml-py, or the
-simulated one from `rbroker.gpu.fake_nvml` — so simulation runs this same code path.
+It takes a pynvml-shaped library object — the real `pynvml` module from nvidia-ml-py
+(`real_gateway`, `real_nvml_available`), or the simulated one from `rbroker.gpu.fake_nvml` —
+so simulation runs this same code path.
 
 What it does for the broker:
 - lazy `nvmlInit` under a lock, GPUs and MIG slices enumerated and keyed by UUID;
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import sys
@@ -31,6 +33,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import pynvml
+
+from rbroker.gpu.nvml_discovery import NvmlNotFound, preload_windows_nvml
 from rbroker.gpu.types import GpuInfo, GpuSample, ProcessSample, TelemetryState
 from rbroker.proctime import process_clock_s
 
@@ -475,3 +480,40 @@ class AsyncSampler:
         for executor in self._executors.values():
             executor.shutdown(wait=False, cancel_futures=True)
         self._executors.clear()
+
+
+# -- the real library (nvidia-ml-py) ---------------------------------------------------------
+def _find_windows_nvml() -> None:
+    """Load nvml.dll from where Windows drivers put it, or fail with where it looked.
+
+    Raises:
+        TelemetryError: no nvml.dll found (state and reason from `NvmlNotFound`).
+    """
+    try:
+        where = preload_windows_nvml(pynvml)
+    except NvmlNotFound as exc:
+        raise TelemetryError(exc.state, exc.reason, str(exc), words=str(exc)) from None
+    log.info("NVML library: %s", where)
+
+
+def real_gateway() -> NvmlGateway:
+    """A gateway over the real NVML, whether or not it initialises now (its calls then raise
+    `TelemetryError`). On Windows it first finds nvml.dll (`rbroker.gpu.nvml_discovery`)."""
+    gateway = NvmlGateway(pynvml, source="nvml")
+    if sys.platform == "win32":
+        gateway.before_init = _find_windows_nvml
+    return gateway
+
+
+def real_nvml_available() -> bool:
+    """True when the real NVML library initialises (an NVIDIA driver is present); it is shut
+    down again before returning."""
+    try:
+        if sys.platform == "win32":
+            preload_windows_nvml(pynvml)
+        pynvml.nvmlInit()
+    except (pynvml.NVMLError, OSError, NvmlNotFound):
+        return False
+    with contextlib.suppress(pynvml.NVMLError):
+        pynvml.nvmlShutdown()
+    return True

@@ -5,48 +5,19 @@ leases against memory that does not exist, on a computer whose real GPU is in us
 `--simulate` the broker reads real NVML; when `nvmlInit` fails it starts fail-closed (see
 `rbroker.broker.service.Broker.start`) and retries.
 
-On Windows the real gateway first finds `nvml.dll` (`rbroker.gpu.nvml_discovery`) and reads
-per-process memory from the "GPU Process Memory" counters where NVML says None (WDDM,
-`rbroker.gpu.wddm`).
+The real library is reached through `rbroker.gpu.nvml` alone (`real_gateway`, which on
+Windows first finds `nvml.dll`); here it is given the per-process memory of the "GPU Process
+Memory" counters for where NVML says None (WDDM, `rbroker.gpu.wddm`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import sys
 from pathlib import Path
 
-import pynvml
-
 from rbroker.gpu.fake_nvml import FakeNvml
-from rbroker.gpu.nvml import NvmlGateway, TelemetryError
-from rbroker.gpu.nvml_discovery import NvmlNotFound, preload_windows_nvml
+from rbroker.gpu.nvml import NvmlGateway, real_gateway
 from rbroker.gpu.wddm import process_memory_source
-
-log = logging.getLogger(__name__)
-
-
-def real_nvml_available() -> bool:
-    """True when the real NVML library initialises (an NVIDIA driver is present)."""
-    try:
-        if sys.platform == "win32":
-            preload_windows_nvml(pynvml)
-        pynvml.nvmlInit()
-    except (pynvml.NVMLError, OSError, NvmlNotFound):
-        return False
-    with contextlib.suppress(pynvml.NVMLError):
-        pynvml.nvmlShutdown()
-    return True
-
-
-def _find_windows_nvml() -> None:
-    """Load nvml.dll from where Windows drivers put it, or fail with where it looked."""
-    try:
-        where = preload_windows_nvml(pynvml)
-    except NvmlNotFound as exc:
-        raise TelemetryError(exc.state, exc.reason, str(exc), words=str(exc)) from None
-    log.info("NVML library: %s", where)
 
 
 def open_gateway(
@@ -62,9 +33,8 @@ def open_gateway(
         rbroker.gpu.scenario.ScenarioError: the scenario file is invalid.
     """
     if not simulate:
-        gateway = NvmlGateway(pynvml, source="nvml")
+        gateway = real_gateway()
         if sys.platform == "win32":
-            gateway.before_init = _find_windows_nvml
             gateway.process_memory_factory = process_memory_source
         return gateway, None
     fake = FakeNvml(scenario)
