@@ -1,7 +1,7 @@
 """The tray starts and stops 50 times (real `rbroker tray` processes, Qt offscreen, each
 hosting its broker): every stop exits 0 with nothing on stderr. Before, about one stop in 13
 died with "Fatal Python error: bool_dealloc" (Qt objects left for the interpreter's exit to
-free; `rbroker.tray.lifetime.teardown` now deletes them in order), and the event thread
+free; `rbroker.tray.app.teardown` now deletes them in order), and the event thread
 could touch a socket the shutdown had closed.
 
 Stops come at different moments: as soon as the broker answers, and a little later, while
