@@ -214,8 +214,8 @@ def test_the_checker_catches_violations(
 def test_relative_imports_are_resolved() -> None:
     names = [n for _, n in imported_modules("from ..gpu import nvml", "rbroker.broker.x", False)]
     assert names == ["rbroker.gpu", "rbroker.gpu.nvml"]
-    names = [n for _, n in imported_modules("from . import client", "rbroker.localapi", True)]
-    assert names == ["rbroker.localapi", "rbroker.localapi.client"]
+    names = [n for _, n in imported_modules("from . import local", "rbroker.client", True)]
+    assert names == ["rbroker.client", "rbroker.client.local"]
 
 
 def _loaded_after(imports: str) -> set[str]:
@@ -235,7 +235,7 @@ def test_import_rbroker_loads_no_nvml_qt_or_server_code() -> None:
     loaded = _loaded_after(
         "import rbroker\nrbroker.Client, rbroker.lease, rbroker.CapacityUnavailable"
     )
-    assert "rbroker" in loaded and "rbroker.localapi.client" in loaded
+    assert "rbroker" in loaded and "rbroker.client.local" in loaded
     assert _leaked(loaded, ("pynvml", "PySide6", "shiboken6", "rbroker_server", *WEB_STACK)) == []
 
 
