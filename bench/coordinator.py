@@ -11,8 +11,9 @@ schema dropped afterwards), in one run:
    connections, each connection owning its own computers: applied reports/s and the
    server's CPU %. The generator is wrk (`bench/wrk_reports.lua`) when installed, else
    httpx client processes (a heavier client: on 2 cores it caps the figure);
-3. the server's own `ingest()` called in-process on the same database (no HTTP), to split
-   the HTTP cost from the ingest cost;
+3. what the report route calls (`ReportIngest.handle`: the sender cache, the group-commit
+   writer) called in-process on the same database (no HTTP), each computer's reports in
+   order and the computers at once, to split the HTTP cost from the ingest cost;
 4. the floor, in-process: parse envelope + Ed25519 verify + payload decode (`ReportPayload`)
    + one SQLAlchemy Core insert per report (its own transaction) into a fresh table of the
    same database kind (SQLite WAL with the coordinator's pragmas);
@@ -34,6 +35,7 @@ the machine's cores with the server.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import secrets
@@ -79,15 +81,37 @@ TARGET_FLEET_P50_S = 0.200
 # ---------------------------------------------------------------- in-process figures
 
 
-def ingest_rate(engine: sa.Engine, bodies: list[bytes]) -> float:
-    """The server's own `ingest()` per second, one thread, no HTTP."""
-    from rbroker_server.reports import service
+def ingest_rate(engine: sa.Engine, per_computer: list[list[bytes]]) -> float:
+    """Applied reports per second through what the report route calls
+    (`ReportIngest.handle`), in-process, no HTTP: each computer's reports in order, the
+    computers at once (as the HTTP load sends them)."""
+    import anyio
+
+    from rbroker_server.db import utcnow
+    from rbroker_server.reports.ingest import ReportIngest
     from rbroker_server.settings import Settings
 
-    settings = Settings()
-    t0 = time.perf_counter()
-    applied = sum(1 for b in bodies if service.ingest(engine, settings, b).applied)
-    return applied / (time.perf_counter() - t0)
+    path = ReportIngest(engine, Settings())
+    applied = 0
+
+    async def one_computer(bodies: list[bytes]) -> None:
+        nonlocal applied
+        for body in bodies:
+            ack = json.loads(await path.handle(body, utcnow()))
+            applied += bool(ack["applied"])
+
+    async def all_computers() -> None:
+        async with anyio.create_task_group() as tg:
+            for bodies in per_computer:
+                tg.start_soon(one_computer, bodies)
+
+    path.start()
+    try:
+        t0 = time.perf_counter()
+        anyio.run(all_computers)
+        return applied / (time.perf_counter() - t0)
+    finally:
+        path.close()
 
 
 def floor_rate(engine: sa.Engine, bodies: list[bytes], keys: dict[str, str]) -> float:
@@ -246,12 +270,12 @@ def measure(
         out.floor.append(floor_rate(floor_engine, bodies, keys))
     elif kind == "ingest":
         block = seqs.take(per)
-        bodies = [b for c in computers for b in c.bodies(block)]
+        per_computer = [c.bodies(block) for c in computers]
         try:
-            out.ingest.append(ingest_rate(engine, bodies))
+            out.ingest.append(ingest_rate(engine, per_computer))
         except Exception as exc:  # the server's internals: report, keep the HTTP figures
             out.ingest.append(math.nan)
-            out.failures.append(f"in-process ingest() failed: {exc!r}")
+            out.failures.append(f"in-process ReportIngest.handle failed: {exc!r}")
     else:
         k = int(kind.removeprefix("http"))
         lanes = plan_lanes(servers[:k], computers, args.connections, seqs.take(args.rounds))
@@ -295,7 +319,7 @@ def add_rows(report: Report, name: str, f: Figures, args: Any) -> None:
         f"{fmt_rate(median(per_cpu), '')} reports per CPU-second",
     )
     report.add(
-        f"{name}: server's ingest() in-process, no HTTP",
+        f"{name}: the report route's ingest in-process, no HTTP",
         spread(f.ingest, fmt_rate),
         f"floor {fmt_rate(floor_m)}",
         f"{spread(_shares(f.ingest, f.floor), _pct)} of floor",

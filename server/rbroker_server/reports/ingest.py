@@ -1,15 +1,14 @@
 """The report path put together (architecture.md §7, §10).
 
-`steps` is the one decision procedure, written as a generator so that two drivers share
-it: it yields `LOAD` when it needs the computer's row (the driver sends back a fresh
+`steps` is the one decision procedure, written as a generator apart from its input and
+output: it yields `LOAD` when it needs the computer's row (the driver sends back a fresh
 `ComputerView`, or None) and a `service.Write` when it has something to write (the driver
 sends back the `service.Outcome`), and returns the `service.Answer`.
 
-- `ReportIngest.handle` (the HTTP route): the view comes from a `ComputerCache`, the row
-  is read only on a miss or when a write did not apply, and writes go through the app's
-  `GroupCommitWriter`; parsing, the signature check and decoding run on the event loop.
-- `ingest` (in-process, e.g. benchmarks): reads the row, writes in a transaction of its
-  own.
+`ReportIngest.handle` drives it for the HTTP route (and for the benchmark, which calls what
+the route calls): the view comes from a `ComputerCache`, the row is read only on a miss or
+when a write did not apply, and writes go through the app's `GroupCommitWriter`; parsing,
+the signature check and decoding run on the event loop.
 
 Whatever a cached view decides is checked again by the write's conditional UPDATE; an
 outcome other than "applied", or a refusal on a cached view, is decided again on a fresh
@@ -29,10 +28,8 @@ import anyio.to_thread
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol.signing import Envelope
-from rbroker_server.db import utcnow, write_transaction
 from rbroker_server.reports import service
 from rbroker_server.reports.cache import ComputerCache, ComputerView, load_view
-from rbroker_server.reports.schema import ReportAck
 from rbroker_server.reports.service import (
     Answer,
     Checked,
@@ -109,34 +106,6 @@ def steps(settings: Settings, env: Envelope, cached: ComputerView | None, now: d
         reload = True
     reason = "not applied: a newer report was applied meanwhile"
     return service.not_applied(env, "superseded", reason)
-
-
-def ingest(
-    engine: Engine, settings: Settings, body: bytes, received_at: datetime | None = None
-) -> ReportAck:
-    """Verify and apply one report envelope (`body`, the exact bytes received), reading
-    the row and writing in a transaction of its own.
-
-    Raises:
-        ReportTooLarge, ReportUnauthenticated, ComputerRevoked, ReportInvalid
-        (PayloadNestedTooDeeply for a payload nested deeper than pydantic's JSON parser
-        reads, 200 levels), sqlalchemy.exc.SQLAlchemyError.
-    """
-    now = received_at or utcnow()
-    env = service.parse(body, settings)
-    run = steps(settings, env, None, now)
-    reply: Any = None
-    try:
-        while True:
-            step = run.send(reply)
-            if isinstance(step, Write):
-                with write_transaction(engine) as conn:
-                    reply = step(conn)
-            else:
-                reply = load_view(engine, env.computer_id)
-    except StopIteration as done:
-        answer: Answer = done.value
-        return answer.ack()
 
 
 class ReportIngest:

@@ -392,15 +392,6 @@ def write(conn: Connection, w: Write) -> Outcome:
     return "applied"
 
 
-def ingest(
-    engine: Any, settings: Settings, body: bytes, received_at: datetime | None = None
-) -> ReportAck:
-    """Verify and apply one report in process: `rbroker_server.reports.ingest.ingest`."""
-    from rbroker_server.reports.ingest import ingest as ingest_one
-
-    return ingest_one(engine, settings, body, received_at)
-
-
 def write_many(conn: Connection, writes: list[Any]) -> list[Any]:
     """Apply `writes` inside the caller's write transaction, in effect in their order;
     the outcome of each.
