@@ -126,7 +126,7 @@ def start_sibling(server: LocalCoordinator) -> LocalCoordinator:
 
 def enroll(engine: sa.Engine, n: int, first: int) -> list[Computer]:
     """Enroll `n` computers in the setup group through the server's own enroll service."""
-    from rbroker_server.admin import service as admin
+    from rbroker_server.admin import operations as admin
     from rbroker_server.enroll import service as enroll_service
     from rbroker_server.enroll.schema import EnrollRequest
 

@@ -201,7 +201,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
     import sqlalchemy as sa
 
     from rbroker_server import db, tls
-    from rbroker_server.admin import service as admin
+    from rbroker_server.admin import operations as admin
 
     interactive = not args.non_interactive and sys.stdin.isatty()
     data_dir = Path(_ask("Data directory", str(args.data_dir), interactive)).resolve()
@@ -370,7 +370,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_group(args: argparse.Namespace) -> int:
-    from rbroker_server.admin import service as admin
+    from rbroker_server.admin import operations as admin
 
     engine = _engine(args)
     try:
@@ -386,7 +386,7 @@ def cmd_group(args: argparse.Namespace) -> int:
 
 
 def cmd_enroll_code(args: argparse.Namespace) -> int:
-    from rbroker_server.admin import service as admin
+    from rbroker_server.admin import operations as admin
 
     engine = _engine(args)
     try:
@@ -420,7 +420,7 @@ def cmd_enroll_code(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    from rbroker_server.admin import service as admin
+    from rbroker_server.admin import operations as admin
 
     engine = _engine(args)
     try:
@@ -442,7 +442,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_computer(args: argparse.Namespace) -> int:
-    from rbroker_server.admin import service as admin
+    from rbroker_server.admin import operations as admin
 
     engine = _engine(args)
     try:
@@ -594,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_MISSING_EXTRA
     if not hasattr(args, "data_dir"):
         args.data_dir = default_data_dir()
-    from rbroker_server.admin.service import AdminError
+    from rbroker_server.admin.operations import AdminError
     from rbroker_server.startup import StartupFailure
 
     try:

@@ -64,7 +64,7 @@ class CoordinatorProcess(LocalCoordinator):
 
     def _admin(self, action: Callable[[Any, Any], str]) -> str:
         from rbroker_server import db
-        from rbroker_server.admin import service as admin
+        from rbroker_server.admin import operations as admin
 
         engine = db.make_engine(self.database_url or f"sqlite:///{self.db_path.as_posix()}")
         try:

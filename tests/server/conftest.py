@@ -30,7 +30,7 @@ from sqlalchemy.engine import Engine
 from rbroker_protocol import signing
 from rbroker_protocol.reports import GpuReport, LeaseReport, ReportPayload
 from rbroker_server import db
-from rbroker_server.admin import service as admin
+from rbroker_server.admin import operations as admin
 from rbroker_server.app import create_app
 from rbroker_server.settings import Settings
 from tests.pg import PG_ENV, pg_base_url, pg_url, scratch_schema

@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from rbroker_protocol import signing
-from rbroker_server.admin import service as admin
+from rbroker_server.admin import operations as admin
 from rbroker_server.models import EnrollCode
 from tests.server.conftest import Coordinator
 

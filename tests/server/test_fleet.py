@@ -7,7 +7,7 @@ import time
 import pytest
 
 from rbroker_protocol import signing
-from rbroker_server.admin import service as admin
+from rbroker_server.admin import operations as admin
 from tests.server.conftest import Coordinator, EnrolledComputer
 
 

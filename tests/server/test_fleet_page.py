@@ -14,8 +14,8 @@ import pytest
 
 from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport, QueueEntry
 from rbroker_server.web import renders
+from rbroker_server.web.page_models import LIST_CAP
 from rbroker_server.web.renders import SharedRenders
-from rbroker_server.web.service import LIST_CAP
 from tests.server.conftest import GPU_A, Coordinator, payload
 from tests.server.test_web import sign_in
 

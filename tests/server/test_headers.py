@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import httpx
 
-from rbroker_server.admin import service as admin
+from rbroker_server.admin import operations as admin
 from rbroker_server.web.headers import CSP
 from tests.server.conftest import Coordinator
 

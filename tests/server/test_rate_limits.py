@@ -14,7 +14,7 @@ import nacl.signing
 import pytest
 
 from rbroker_protocol import signing
-from rbroker_server.admin import service as admin
+from rbroker_server.admin import operations as admin
 from rbroker_server.ratelimit import CREDENTIAL_FAILURES, ENROLL_FAILURES, Throttle
 from tests.server.conftest import Coordinator
 

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
 from rbroker_server import db
-from rbroker_server.admin import service as admin
+from rbroker_server.admin import operations as admin
 from rbroker_server.models import Computer
 from tests.server.conftest import Coordinator
 

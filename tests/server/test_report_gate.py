@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
 from rbroker_server import db, dbfaults
-from rbroker_server.admin import service as admin
+from rbroker_server.admin import operations as admin
 from rbroker_server.answers import json_error
 from rbroker_server.enroll import service as enroll_service
 from rbroker_server.enroll.schema import EnrollRequest

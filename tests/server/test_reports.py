@@ -97,7 +97,7 @@ def test_new_run_after_restart_is_accepted_and_old_run_retired(coordinator: Coor
 
 
 def test_revoked_computer_gets_403(coordinator: Coordinator) -> None:
-    from rbroker_server.admin import service as admin
+    from rbroker_server.admin import operations as admin
 
     coordinator.group("vision")
     pc = coordinator.enroll("vision")

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport
-from rbroker_server.admin import service as admin
+from rbroker_server.admin import operations as admin
 from rbroker_server.ratelimit import RateLimiter
 from rbroker_server.web.controller import SESSION_COOKIE, SIGNIN_ATTEMPTS
 from tests.server.conftest import GPU_A, Coordinator, payload
@@ -276,7 +276,7 @@ def test_computer_page_shows_flags_never_the_secret(coordinator: Coordinator) ->
 def test_capacity_bars_use_the_trays_split_and_colours() -> None:
     pytest.importorskip("PySide6")
     from rbroker.tray import widgets
-    from rbroker_server.web import service as pages
+    from rbroker_server.web import page_models as pages
     from rbroker_server.web.controller import COLOURS, TEMPLATES
 
     assert [(k, label) for k, label, _ in widgets.SEGMENTS] == [

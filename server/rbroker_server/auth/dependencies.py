@@ -11,7 +11,7 @@ from litestar.exceptions import NotAuthorizedException, PermissionDeniedExceptio
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol.signing import external_target
-from rbroker_server.auth.service import Forbidden, Scope, Unauthenticated, authenticate
+from rbroker_server.auth.caller import Forbidden, Scope, Unauthenticated, authenticate
 from rbroker_server.net import client_address
 from rbroker_server.ratelimit import Throttles
 from rbroker_server.settings import Settings

@@ -9,8 +9,8 @@ from litestar.params import FromPath
 from sqlalchemy.engine import Engine
 
 from rbroker_server.apidocs import errors
+from rbroker_server.auth.caller import Scope
 from rbroker_server.auth.dependencies import provide_caller
-from rbroker_server.auth.service import Scope
 from rbroker_server.fleet import service
 from rbroker_server.fleet.schema import ComputerView, FleetView, HistoryView
 from rbroker_server.settings import Settings

@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from rbroker_server.auth.service import Scope
+from rbroker_server.auth.caller import Scope
 from rbroker_server.db import utcnow
 from rbroker_server.fleet.schema import (
     ComputerView,

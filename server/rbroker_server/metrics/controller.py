@@ -7,10 +7,10 @@ from litestar.di import NamedDependency, Provide
 from sqlalchemy.engine import Engine
 
 from rbroker_server.apidocs import errors
+from rbroker_server.auth.caller import Scope
 from rbroker_server.auth.dependencies import provide_caller
-from rbroker_server.auth.service import Scope
 from rbroker_server.fleet import service as fleet_service
-from rbroker_server.metrics import service
+from rbroker_server.metrics import exposition
 from rbroker_server.settings import Settings
 
 MEDIA_TYPE = "text/plain; version=1.0.0"
@@ -34,10 +34,10 @@ class MetricsController(Controller):
         caller: NamedDependency[Scope],
     ) -> Response[bytes]:
         """Per GPU bytes and state, per computer leases, waiting requests, report age and
-        freshness, per job items completed and failed (see `rbroker_server.metrics.service`)."""
+        freshness, per job items completed and failed (see `rbroker_server.metrics.exposition`)."""
         view = fleet_service.fleet(engine, settings, caller)
         return Response(
-            service.exposition(view),
+            exposition.exposition(view),
             media_type=MEDIA_TYPE,
             headers={"Cache-Control": "no-store"},
         )

@@ -26,14 +26,14 @@ from markupsafe import Markup
 from sqlalchemy.engine import Engine
 
 from rbroker_server import ratelimit
-from rbroker_server.auth.service import Scope, Unauthenticated
+from rbroker_server.auth.caller import Scope, Unauthenticated
 from rbroker_server.db import utcnow
 from rbroker_server.fleet import service as fleet_service
 from rbroker_server.fleet.schema import HistoryView
 from rbroker_server.ratelimit import Throttles, client_address
 from rbroker_server.settings import Settings
+from rbroker_server.web import page_models as pages
 from rbroker_server.web import renders, sessions
-from rbroker_server.web import service as pages
 from rbroker_server.web.renders import SharedRenders
 
 TEMPLATES = Path(__file__).parent / "templates"

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from rbroker_server.auth.service import Scope, Unauthenticated, authenticate
+from rbroker_server.auth.caller import Scope, Unauthenticated, authenticate
 from rbroker_server.db import utcnow, write_lock
 from rbroker_server.models import ViewerToken, WebSession
 from rbroker_server.settings import Settings
