@@ -110,6 +110,10 @@ class TrayApp(QObject):
         self.broker_failed.connect(self.on_broker_failed)
         self.enroll_finished.connect(self.on_enroll_finished)
         self._enroll_thread: threading.Thread | None = None
+        # True from an enrollment's request until its answer is shown (not the worker thread's
+        # liveness: the thread may still be returning once its answer is shown, and a click
+        # then must start the next enrollment, not be dropped)
+        self._enrolling = False
 
         self.fleet_feed = FleetFeed(fleet or NotEnrolled(), parent=self)
         self.fleet_feed.computers.connect(self.window.fleet.set_computers)
@@ -303,8 +307,9 @@ class TrayApp(QObject):
                 f"rbroker enroll {request.url} CODE"
             )
             return
-        if self._enroll_thread is not None and self._enroll_thread.is_alive():
+        if self._enrolling:
             return
+        self._enrolling = True
         label.setText(f"Enrolling at {request.url}…")
         self.window.settings_tab.enroll_button.setEnabled(False)
         self.window.settings_tab.reenroll_button.setEnabled(False)
@@ -340,6 +345,7 @@ class TrayApp(QObject):
 
     def on_enroll_finished(self, ok: bool, message: str) -> None:
         tab = self.window.settings_tab
+        self._enrolling = False
         tab.enroll_button.setEnabled(True)
         tab.reenroll_button.setEnabled(True)
         tab.enroll_state.setText(message if ok else f"Not enrolled: {message}")

@@ -154,3 +154,44 @@ def test_gui_text_never_shows_a_flag() -> None:
     assert gui_text("use --new-identity to enroll it again") == (
         'choose "Enroll again" to enroll it again'
     )
+
+
+def test_a_click_right_after_an_answer_starts_the_next_enrollment(
+    qtbot: QtBot,
+    keyring_backend: Callable[[keyring.backend.KeyringBackend], None],
+    tray: Callable[[], TrayApp],
+) -> None:
+    """The answer of an enrollment is shown while its worker thread may still be returning;
+    a click then starts the next enrollment instead of being dropped (seen under load: the
+    second attempt, with the CA file chosen, showed the first attempt's refusal again)."""
+    import threading
+
+    keyring_backend(keyring.backends.fail.Keyring())  # the key-file option: no keyring wait
+    app = tray()
+    tab = app.window.settings_tab
+    tab.url.setText("http://127.0.0.1:9")  # nothing listens on the discard port
+    tab.code.setText("ABCD-EFGH")
+    first = _enroll(qtbot, app, tab.enroll_button)
+    assert first.startswith("Not enrolled: nothing accepts connections"), first
+
+    release = threading.Event()
+    still_returning = threading.Thread(target=release.wait, daemon=True)
+    still_returning.start()
+    app._enroll_thread = still_returning  # the last worker, not yet returned
+    try:
+        tab.enroll_button.click()
+        assert tab.enroll_state.text().startswith("Enrolling at http://127.0.0.1:9"), (
+            tab.enroll_state.text()
+        )
+        again = _enroll_answer(qtbot, app)
+        assert again.startswith("Not enrolled: nothing accepts connections"), again
+    finally:
+        release.set()
+        still_returning.join(5)
+
+
+def _enroll_answer(qtbot: QtBot, app: TrayApp) -> str:
+    """The answer of the enrollment under way, once shown."""
+    tab = app.window.settings_tab
+    qtbot.waitUntil(lambda: not tab.enroll_state.text().startswith("Enrolling"), timeout=TIMEOUT_MS)
+    return str(tab.enroll_state.text())
