@@ -112,6 +112,14 @@ class SimFreeParams(_Params):
     gpu_uuid: GpuUuid | None = None
 
 
+class PauseParams(_Params):
+    """`broker.pause`: pause (true) or resume (false) new admissions."""
+
+    model_config = ConfigDict(strict=True)
+
+    paused: bool
+
+
 class EmptyParams(_Params):
     """Methods without parameters."""
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rbroker.broker.leases import Lease
 from rbroker.localapi.access import check_admin
@@ -57,14 +57,6 @@ def granted(lease: Lease) -> dict[str, Any]:
         "token": lease.token,
         "cuda_visible_devices": ",".join(lease.gpu_uuids),
     }
-
-
-class PauseParams(BaseModel):
-    """`broker.pause`: pause (true) or resume (false) new admissions."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    paused: bool
 
 
 def decode(

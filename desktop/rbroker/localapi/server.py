@@ -70,7 +70,7 @@ from rbroker.localapi.connection import (
     tell_waiting,
     wait_until_written,
 )
-from rbroker.localapi.requests import PauseParams, Refused, decode, granted
+from rbroker.localapi.requests import Refused, decode, granted
 from rbroker.transport import serve
 from rbroker.transport.base import ListeningServer, Peer
 from rbroker_protocol import jsonrpc
@@ -86,6 +86,7 @@ from rbroker_protocol.localapi import (
     JobUpdateParams,
     LeaseRef,
     LeasesListParams,
+    PauseParams,
     RequestRef,
     ResizeParams,
     SimAllocateParams,
