@@ -1,8 +1,8 @@
 """`POST /api/v1/reports`: the body is the signed envelope, read as exact bytes.
 
 The route is built around the app's `ReportIngest` (`report_route`): no dependency
-injection, and the answer is JSON bytes encoded once (`service.Answer.encoded`), declared
-in the schema as a `ReportAck`. In the app, `gate.ReportGate` answers this route before
+injection, and the answer is the JSON bytes of a `ReportAck`, encoded once by the ingest
+and declared as one in the schema. In the app, `gate.ReportGate` answers this route before
 the framework routes (the same ingest, the same answers, `refusal` for both); the route is
 what the schema documents and what answers without the gate.
 """

@@ -3,7 +3,7 @@
 `steps` is the one decision procedure, written as a generator apart from its input and
 output: it yields `LOAD` when it needs the computer's row (the driver sends back a fresh
 `ComputerView`, or None) and a `service.Write` when it has something to write (the driver
-sends back the `service.Outcome`), and returns the `service.Answer`.
+sends back the `service.Outcome`), and returns the `ReportAck`.
 
 `ReportIngest.handle` drives it for the HTTP route (and for the benchmark, which calls what
 the route calls): the view comes from a `ComputerCache`, the row is read only on a miss or
@@ -30,8 +30,8 @@ from sqlalchemy.engine import Engine
 from rbroker_protocol.signing import Envelope
 from rbroker_server.reports import service
 from rbroker_server.reports.cache import ComputerCache, ComputerView, load_view
+from rbroker_server.reports.schema import ReportAck
 from rbroker_server.reports.service import (
-    Answer,
     Checked,
     ComputerRevoked,
     Outcome,
@@ -48,7 +48,7 @@ LOAD: Final = "load"
 _ATTEMPTS: Final = 4
 """Decisions at most per report (a cached view, then fresh rows); past it `superseded`."""
 
-Steps = Generator[str | Write, Any, Answer]
+Steps = Generator[str | Write, Any, ReportAck]
 
 
 def steps(settings: Settings, env: Envelope, cached: ComputerView | None, now: datetime) -> Steps:
@@ -88,7 +88,7 @@ def steps(settings: Settings, env: Envelope, cached: ComputerView | None, now: d
                 reload = True  # a computer revoked meanwhile gets its 403 first
                 continue
         decision = service.plan(checked, view, now, settings)
-        if isinstance(decision, Answer):
+        if isinstance(decision, ReportAck):
             if fresh:
                 return decision
         else:
@@ -151,5 +151,5 @@ class ReportIngest:
                     reply = await anyio.to_thread.run_sync(load_view, self.engine, cid)
                     self.cache.put(cid, reply)
         except StopIteration as done:
-            answer: Answer = done.value
-            return answer.encoded()
+            answer: ReportAck = done.value
+            return answer.model_dump_json().encode()

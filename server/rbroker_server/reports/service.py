@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
-import msgspec
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection
 
@@ -110,56 +109,20 @@ after the view was read: decide again as a report of the current run); nothing (
 conditional UPDATE matched no row: a newer report, a revocation, a new key, or a stale
 view)."""
 
-_ENCODE: Final = msgspec.json.Encoder()
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """The answer to an authentic report (`ReportAck`'s fields, in its order)."""
-
-    applied: bool
-    code: AckCode
-    reason: str
-    computer_id: str
-    run_id: str
-    seq: int
-    current_run_counter: int | None = None
-    flagged_fields: list[str] = field(default_factory=list)
-
-    def ack(self) -> ReportAck:
-        """As the wire model."""
-        return ReportAck(
-            applied=self.applied,
-            code=self.code,
-            reason=self.reason,
-            computer_id=self.computer_id,
-            run_id=self.run_id,
-            seq=self.seq,
-            current_run_counter=self.current_run_counter,
-            flagged_fields=self.flagged_fields,
-        )
-
-    def encoded(self) -> bytes:
-        """As the JSON bytes of the HTTP answer (the same object `ack()` serialises to)."""
-        return _ENCODE.encode(
-            {
-                "applied": self.applied,
-                "code": self.code,
-                "reason": self.reason,
-                "computer_id": self.computer_id,
-                "run_id": self.run_id,
-                "seq": self.seq,
-                "current_run_counter": self.current_run_counter,
-                "flagged_fields": self.flagged_fields,
-            }
-        )
-
 
 def not_applied(
     env: Envelope, code: AckCode, reason: str, current_run_counter: int | None = None
-) -> Answer:
+) -> ReportAck:
     """The answer to an authentic report that is acknowledged but not applied."""
-    return Answer(False, code, reason, env.computer_id, env.run_id, env.seq, current_run_counter)
+    return ReportAck(
+        applied=False,
+        code=code,
+        reason=reason,
+        computer_id=env.computer_id,
+        run_id=env.run_id,
+        seq=env.seq,
+        current_run_counter=current_run_counter,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,16 +154,16 @@ class Write:
     def __call__(self, conn: Connection) -> Outcome:
         return write(conn, self)
 
-    def answer(self) -> Answer:
+    def answer(self) -> ReportAck:
         """The answer once applied."""
         env = self.checked.env
-        return Answer(
-            True,
-            "new_run" if self.new_run else "applied",
-            "applied (new run)" if self.new_run else "applied",
-            env.computer_id,
-            env.run_id,
-            env.seq,
+        return ReportAck(
+            applied=True,
+            code="new_run" if self.new_run else "applied",
+            reason="applied (new run)" if self.new_run else "applied",
+            computer_id=env.computer_id,
+            run_id=env.run_id,
+            seq=env.seq,
             flagged_fields=[f["field"] for f in self.checked.flags],
         )
 
@@ -287,7 +250,9 @@ def decode(env: Envelope, payload: bytes, now: datetime) -> Checked:
     return Checked(env, report, state, flags, values)
 
 
-def plan(checked: Checked, view: ComputerView, now: datetime, settings: Settings) -> Write | Answer:
+def plan(
+    checked: Checked, view: ComputerView, now: datetime, settings: Settings
+) -> Write | ReportAck:
     """What to write for `checked`, judged by `view` (the computer's row, or a cached
     copy): a `Write`, or the answer of a report not to apply (`not_newer`,
     `run_outdated`). The write's conditional UPDATE checks again whatever it relied on."""
