@@ -16,6 +16,11 @@ import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 TABLE_HEADER = "| figure | value | floor / anchor | ratio | target | verdict |"
+COORDINATOR_SMALL = ["--repeats", "1", "--computers", "5", "--fleet", "10", "--rounds", "4"]
+FLEET_PAGE_SMALL = ["--computers", "5", "--leases", "10", "--seconds", "2"]
+FLEET_PAGE_SMALL += ["--slow", "30", "--slow-seconds", "1"]
+"""Counts below --quick's: the smoke check runs each step once; the benchmarks themselves
+burn the CPU they measure, and the suite runs beside them."""
 
 
 @pytest.mark.slow
@@ -26,10 +31,10 @@ TABLE_HEADER = "| figure | value | floor / anchor | ratio | target | verdict |"
         ("scaling.py", ["--cycles", "30"]),
         ("heartbeats.py", ["--seconds", "1"]),
         ("crash_release.py", ["--repeat", "3"]),
-        ("coordinator.py", ["--no-pg", "--generator", "wrk"]),
-        ("coordinator.py", ["--no-pg", "--generator", "httpx"]),
+        ("coordinator.py", ["--no-pg", "--generator", "wrk", *COORDINATOR_SMALL]),
+        ("coordinator.py", ["--no-pg", "--generator", "httpx", *COORDINATOR_SMALL]),
         ("web_refresh.py", ["--computers", "10", "--requests", "3"]),
-        ("fleet_page.py", ["--seconds", "3", "--slow", "50", "--slow-seconds", "2"]),
+        ("fleet_page.py", FLEET_PAGE_SMALL),
         ("abuse.py", ["--busy", "40"]),
     ],
 )

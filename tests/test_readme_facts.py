@@ -69,18 +69,41 @@ def test_the_rounding_examples_are_what_fraction_prints() -> None:
     assert m.groups() == ("0.333333", "0.244140", "0.000040")
 
 
-@pytest.mark.slow
-def test_the_test_count_is_about_what_pytest_collects() -> None:
-    """Before: "about 1 400 tests" while pytest collected about 1 670."""
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    last = done.stdout.strip().splitlines()[-1]
-    collected = int(re.match(r"(\d+) tests? collected", last).group(1))  # type: ignore[union-attr]
+NO_CACHE = ["-p", "no:cacheprovider"]
+
+
+def _collected_here(request: pytest.FixtureRequest) -> int | None:
+    """How many tests this run collected, when it collected the whole suite (no paths, `-k`,
+    `-m` or deselection narrowed it; under xdist every worker collects them all); None
+    otherwise."""
+    config = request.config
+    whole = [str(ROOT / "tests")]
+    args = [str(Path(a).resolve()) for a in config.args]
+    if args not in ([], whole, [str(ROOT)]):
+        return None
+    if config.getoption("keyword") or config.getoption("markexpr"):
+        return None
+    if config.getoption("deselect"):
+        return None
+    return len(request.session.items)
+
+
+def test_the_test_count_is_about_what_pytest_collects(request: pytest.FixtureRequest) -> None:
+    """Before: "about 1 400 tests" while pytest collected about 1 670. The run's own
+    collection is the count when it is the whole suite; else pytest collects in a child."""
+    collected = _collected_here(request)
+    if collected is None:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", *NO_CACHE],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+        )
+        last = done.stdout.strip().splitlines()[-1]
+        match = re.match(r"(\d+) tests? collected", last)
+        assert match, done.stdout[-2000:] + done.stderr[-2000:]
+        collected = int(match.group(1))
     text = " ".join(DEVELOPMENT.read_text(encoding="utf-8").split())
     said = re.search(r"runs all of about (\d[\d ]*\d) tests", text)
     assert said, "docs/development.md no longer says how many tests there are"
