@@ -239,3 +239,20 @@ def test_readme_names_the_wheel_this_version_builds() -> None:
         assert "pip install 'rbroker[server]'" not in text, f"{doc.name}: on no package index"
         named = set(re.findall(r"rbroker-(\d[^-\s]*)-py3-none-any\.whl", text))
         assert named <= {VERSION}, f"{doc.name} names wheels of versions {named}, not {VERSION}"
+
+
+def test_the_source_package_carries_every_top_level_folder() -> None:
+    """The source package holds what its tests read: every top-level folder of the checkout
+    (the guides in docs/ were missing, so the README's link tests failed from an unpacked
+    source package); the dot-folders (CI, the forge's settings) stay out."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    include = set(config["tool"]["hatch"]["build"]["targets"]["sdist"]["include"])
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout: the tracked folders are unknown")
+    folders = {p.split("/")[0] for p in tracked if "/" in p and not p.startswith(".")}
+    missing = folders - include
+    assert not missing, f"top-level folders missing from pyproject's sdist include: {missing}"
+    assert "README.md" in include
