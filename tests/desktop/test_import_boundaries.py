@@ -18,7 +18,7 @@ import ast
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from pathlib import Path
 
 import pytest
@@ -53,9 +53,16 @@ def _module_name(package: str, root: Path, path: Path) -> str:
     return ".".join(parts)
 
 
-def imported_modules(source: str, module: str, is_package: bool) -> Iterator[tuple[int, str]]:
+def imported_modules(
+    source: str, module: str, is_package: bool, known: Container[str] | None = None
+) -> Iterator[tuple[int, str]]:
     """`(line, absolute module name)` for every import in `source`, relative ones resolved,
-    plus `importlib.import_module("...")` / `__import__("...")` with a literal name."""
+    plus `importlib.import_module("...")` / `__import__("...")` with a literal name.
+
+    `from pkg import name` yields `pkg` and `pkg.name` (the rules match either); given the
+    `known` modules, it yields `pkg.name` for a known submodule and `pkg` only for a name
+    that is not one (the import graph's edges: `from pkg import sub` runs `pkg/__init__`,
+    but depends on `sub`)."""
     here = module.split(".") if is_package else module.split(".")[:-1]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -67,9 +74,16 @@ def imported_modules(source: str, module: str, is_package: bool) -> Iterator[tup
                 name = ".".join([*base, node.module] if node.module else base)
             else:
                 name = node.module or ""
-            yield node.lineno, name
-            for alias in node.names:  # `from rbroker import gpu` imports rbroker.gpu
-                yield node.lineno, f"{name}.{alias.name}"
+            subs = [f"{name}.{alias.name}" for alias in node.names]
+            if known is None:
+                yield node.lineno, name
+                for sub in subs:  # `from rbroker import gpu` imports rbroker.gpu
+                    yield node.lineno, sub
+            else:
+                found = [sub for sub in subs if sub in known]
+                yield from ((node.lineno, sub) for sub in found)
+                if len(found) < len(subs):
+                    yield node.lineno, name
         elif isinstance(node, ast.Call) and node.args:
             func = node.func
             fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.desktop.test_import_boundaries import PACKAGES
+from tests.desktop.test_import_boundaries import PACKAGES, imported_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 DESKTOP = ROOT / "desktop" / "rbroker"
@@ -160,22 +160,9 @@ def import_graph() -> dict[str, set[str]]:
     }
     graph: dict[str, set[str]] = {}
     for module, path in paths.items():
-        here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-        out: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                out.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = here[: len(here) - node.level + 1]
-                    name = ".".join([*base, node.module] if node.module else base)
-                else:
-                    name = node.module or ""
-                subs = {f"{name}.{a.name}" for a in node.names} & paths.keys()
-                out |= subs
-                if len(subs) < len(node.names):
-                    out.add(name)
-        graph[module] = {n for n in out if n in paths and n != module}
+        source = path.read_text(encoding="utf-8")
+        found = imported_modules(source, module, path.name == "__init__.py", known=paths.keys())
+        graph[module] = {n for _, n in found if n in paths and n != module}
     return graph
 
 
