@@ -28,6 +28,7 @@ from typing import Any
 from rbroker._exceptions import BrokerUnavailable, JobFinished, JobNotFound, RBrokerError
 from rbroker._lease import RECONNECT_WINDOW_S, _acquire, _Holder, _reconnect
 from rbroker.client.local import Client
+from rbroker_protocol.results import JobReportResult, JobResult, JobsListResult
 
 
 def _call_again(
@@ -63,11 +64,11 @@ class Job:
             InvalidParams: negative counts, beyond total_items, a chunk id re-used with
                 other counts. JobFinished: the job already ended.
         """
-        result = self._call(
+        result: JobReportResult = self._call(
             "job.report",
             {"job_id": self.job_id, "chunk_id": chunk_id, "completed": completed, "failed": failed},
         )
-        self.info = result["job"]
+        self.info = dict(result["job"])
         return dict(self.info)
 
     def refresh(self) -> dict[str, Any]:
@@ -76,9 +77,10 @@ class Job:
         Raises:
             JobNotFound: the broker no longer knows the job.
         """
-        for info in self._call("jobs.list", {"include_finished": True})["jobs"]:
+        listed: JobsListResult = self._call("jobs.list", {"include_finished": True})
+        for info in listed["jobs"]:
             if info["job_id"] == self.job_id:
-                self.info = info
+                self.info = dict(info)
                 return dict(info)
         raise JobNotFound(f"no job {self.job_id}", "job_not_found", job_id=self.job_id)
 
@@ -97,7 +99,8 @@ class Job:
             params["reason"] = reason
         if workers is not None:
             params["workers"] = workers
-        self.info = self._call("job.update", params)["job"]
+        result: JobResult = self._call("job.update", params)
+        self.info = dict(result["job"])
         return dict(self.info)
 
     def task(
@@ -248,7 +251,8 @@ def job(
         if total_items is not None:
             params["total_items"] = total_items
         # the job lives on the broker found: its workers report there, to no other
-        handle = Job(client, client.call("job.declare", **params)["job"], client.address)
+        declared: JobResult = client.call("job.declare", **params)
+        handle = Job(client, dict(declared["job"]), client.address)
         try:
             yield handle
         except KeyboardInterrupt:

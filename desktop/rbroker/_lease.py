@@ -23,6 +23,8 @@ from rbroker._cuda import cuda_indices
 from rbroker._exceptions import BrokerUnavailable, LeaseExpired, RBrokerError
 from rbroker._lease_record import Lease, note_over_grant
 from rbroker.client.local import Client
+from rbroker_protocol.params import AcquireRequest
+from rbroker_protocol.results import AcquireResult, GpuView
 
 log = logging.getLogger(__name__)
 LEASE_LOST = "rbroker_lease_lost"
@@ -278,7 +280,7 @@ def _acquire(
 ) -> _Holder:
     client = Client(socket)
     socket = client.address  # the broker found holds the lease: reconnect to it, no other
-    params: dict[str, Any] = {
+    params: AcquireRequest = {
         "mib": mib,
         "gpus": gpus,
         "project": project,
@@ -301,6 +303,7 @@ def _acquire(
         )
         watcher.start()
     wait_until = time.monotonic() + wait_s
+    result: AcquireResult
     try:
         while True:
             remaining = max(0.0, wait_until - time.monotonic())
@@ -323,7 +326,7 @@ def _acquire(
     info = result["lease"]
     gpu_uuids = list(info["gpu_uuids"])
     try:
-        listed = client.call("gpus.list")["gpus"]
+        listed = client.gpus()
     except RBrokerError:  # the lease is granted: without the list, the UUID form still works
         listed = []
     except BaseException:
@@ -335,7 +338,7 @@ def _acquire(
         gpu_uuids=gpu_uuids,
         granted_mib=info["granted_mib"],
         cuda_visible_devices=result["cuda_visible_devices"],
-        info=info,
+        info=dict(info),
         token=result.get("token", ""),
         gpu_indices=cuda_indices(gpu_uuids, listed) if listed else None,
         gpu_total_mib=_totals(gpu_uuids, listed),
@@ -349,7 +352,7 @@ def _acquire(
     return _Holder(client, lease, ttl_s, socket)
 
 
-def _totals(gpu_uuids: list[str], listed: list[dict[str, Any]]) -> list[int] | None:
+def _totals(gpu_uuids: list[str], listed: list[GpuView]) -> list[int] | None:
     """Each granted GPU's `total_mib` from `gpus.list`, in order; None if any is unknown."""
     by_uuid = {g.get("uuid"): g.get("total_mib") for g in listed}
     totals = [by_uuid.get(u) for u in gpu_uuids]

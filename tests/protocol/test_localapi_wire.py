@@ -1,4 +1,5 @@
-"""Wire contracts of the local API in `rbroker_protocol`: error codes, framing, parameters."""
+"""Wire contracts of the local API in `rbroker_protocol`: error codes, framing, parameters
+(and the plain mirror the SDK builds)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ERROR_CODES, ErrorCode, RpcError
 from rbroker_protocol.localapi import MAX_MIB, AcquireParams, HelloParams, SimSetParams
+from rbroker_protocol.params import AcquireRequest
 
 BASE: dict[str, Any] = {"mib": 1024, "project": "p", "session": "s", "purpose": "x"}
 
@@ -140,3 +142,12 @@ def test_hello_and_sim_set_are_strict() -> None:
     with pytest.raises(ValidationError):
         SimSetParams.model_validate({"gpu_uuid": "GPU-1", "error": "on_fire"})
     assert SimSetParams.model_validate({"gpu_uuid": "GPU-1", "used_mib": 0}).used_mib == 0
+
+
+def test_the_sdk_acquire_request_has_the_params_keys() -> None:
+    """`AcquireRequest` (what the SDK builds, without pydantic) mirrors `AcquireParams`:
+    the same keys, required where the model has no default."""
+    fields = AcquireParams.model_fields
+    assert set(AcquireRequest.__annotations__) == set(fields)
+    required = {name for name, info in fields.items() if info.is_required()}
+    assert AcquireRequest.__required_keys__ == required

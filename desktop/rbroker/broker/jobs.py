@@ -25,12 +25,12 @@ import secrets
 import time
 from collections.abc import Container
 from dataclasses import dataclass, field
-from typing import Any
 
 from rbroker.broker.clock import Clock
 from rbroker.broker.fairness import cap
 from rbroker.broker.store import LeaseStore
 from rbroker_protocol.errors import ErrorCode, RpcError
+from rbroker_protocol.results import JobRecord, JobView
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 MIN_RATE_WINDOW_S = 1.0
@@ -60,7 +60,7 @@ class Job:
     conn_ids: set[int] = field(default_factory=set)
     lease_ids: set[str] = field(default_factory=set)
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self) -> JobRecord:
         """The persisted and wire form (no connection, no chunk list)."""
         return {
             "job_id": self.job_id,
@@ -81,7 +81,7 @@ class Job:
             "finished_at": self.finished_at,
         }
 
-    def to_wire(self, active_leases: list[str], now: float | None = None) -> dict[str, Any]:
+    def to_wire(self, active_leases: list[str], now: float | None = None) -> JobView:
         """`to_record()` plus the live links, the observed rate (items/s) and the ETA (s).
 
         The rate is items reported since the declaration over the time since then, up to
@@ -89,8 +89,6 @@ class Job:
         and its ETA grows instead of freezing; up to the last report otherwise. Under
         `MIN_RATE_WINDOW_S` there is no rate yet.
         """
-        out = self.to_record()
-        out["lease_ids"] = sorted(active_leases)
         done = self.completed_items + self.failed_items
         rate = None
         if self.first_report_at is not None and self.last_report_at is not None:
@@ -99,13 +97,17 @@ class Job:
                 end = max(end, time.time() if now is None else now)
             span = end - self.declared_at
             rate = done / span if span >= MIN_RATE_WINDOW_S else None
-        out["items_per_s"] = round(rate, 3) if rate else None
-        out["eta_s"] = (
+        eta = (
             round((self.total_items - done) / rate, 1)
             if rate and self.total_items is not None and self.state == "running"
             else None
         )
-        return out
+        return {
+            **self.to_record(),
+            "lease_ids": sorted(active_leases),
+            "items_per_s": round(rate, 3) if rate else None,
+            "eta_s": eta,
+        }
 
 
 class JobTable:
@@ -388,7 +390,7 @@ class JobTable:
                 job.conn_ids.discard(conn_id)
                 self._recheck.add(job.job_id)
 
-    def view(self, include_finished: bool, live_lease_ids: Container[str]) -> list[dict[str, Any]]:
+    def view(self, include_finished: bool, live_lease_ids: Container[str]) -> list[JobView]:
         """Jobs for `jobs.list`, newest last."""
         now = self.clock.wall()
         return [

@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from rbroker.broker.holders import Holder
+from rbroker_protocol.results import LeaseView, QueuedRequest
 
 
 class LeaseState(StrEnum):
@@ -79,7 +80,7 @@ class Lease:
         """The first (for single-GPU leases, the only) GPU."""
         return self.gpu_uuids[0]
 
-    def to_wire(self, now: float | None = None) -> dict[str, Any]:
+    def to_wire(self, now: float | None = None) -> LeaseView:
         """The JSON view of architecture.md §3 (no token, no pid: those never leave the broker
         except the token, which goes only to the holder in the acquire result)."""
         now = time.monotonic() if now is None else now
@@ -255,7 +256,7 @@ class Waiter:
             "job_id": self.job_id,
         }
 
-    def to_wire(self, now: float, ahead: int) -> dict[str, Any]:
+    def to_wire(self, now: float, ahead: int) -> QueuedRequest:
         """The JSON view of a queued request, with its reason and position."""
         return {
             "request_id": self.request_id,

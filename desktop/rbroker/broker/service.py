@@ -53,6 +53,14 @@ from rbroker.gpu.types import TelemetryState
 from rbroker_protocol.descriptions import DescriptionRejected, check_description
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import AcquireParams
+from rbroker_protocol.results import (
+    BrokerStatus,
+    GpuView,
+    JobView,
+    LeasesListResult,
+    ListedLease,
+    QueuedRequest,
+)
 
 __all__ = ["Broker", "GpuSlot", "Listener", "check_descriptions"]
 
@@ -475,7 +483,7 @@ class Broker:
         self._admit()
         return self.paused
 
-    def waiting_entry(self, request_key: str, conn_id: int) -> dict[str, Any] | None:
+    def waiting_entry(self, request_key: str, conn_id: int) -> QueuedRequest | None:
         """The queue entry (as in `leases_view`, with its position) of the request keyed
         `request_key` waiting on connection `conn_id`, once admission has given it a reason;
         None when it is not waiting (or has no reason yet)."""
@@ -576,7 +584,7 @@ class Broker:
         self._admit()
         return waiter
 
-    def request_view(self, waiter: Waiter) -> dict[str, Any]:
+    def request_view(self, waiter: Waiter) -> QueuedRequest:
         """A request as `leases_view` shows it (position 0: it is no longer queued)."""
         return waiter.to_wire(self.clock.monotonic(), 0)
 
@@ -626,9 +634,9 @@ class Broker:
             self._admit()
 
     # -- jobs (docs/architecture.md §4) --------------------------------------------------------
-    def _job_wire(self, job: Job) -> dict[str, Any]:
+    def _job_wire(self, job: Job) -> JobView:
         live = self.leases
-        return dict(job.to_wire([lid for lid in job.lease_ids if lid in live]))
+        return job.to_wire([lid for lid in job.lease_ids if lid in live])
 
     def declare_job(
         self,
@@ -639,7 +647,7 @@ class Broker:
         total_items: int | None,
         workers: int,
         conn_id: int | None,
-    ) -> dict[str, Any]:
+    ) -> JobView:
         """Declare a job of `owner` (see `jobs.JobTable.declare`); returns its view.
 
         Raises:
@@ -660,7 +668,7 @@ class Broker:
         reason: str | None,
         workers: int | None,
         conn_id: int | None,
-    ) -> dict[str, Any]:
+    ) -> JobView:
         """Move a job of `owner` (see `jobs.JobTable.update`); returns its view.
 
         Raises:
@@ -680,7 +688,7 @@ class Broker:
         completed: int,
         failed: int,
         conn_id: int | None,
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[JobView, bool]:
         """A chunk's counts for a job of `owner` (see `jobs.JobTable.report`); returns the
         job's view and whether the chunk was a duplicate (acknowledged, not counted)."""
         job, duplicate = self.jobs.report(job_id, owner, chunk_id, completed, failed, conn_id)
@@ -688,7 +696,7 @@ class Broker:
             self.emit("job", {"job_id": job.job_id, "state": job.state})
         return self._job_wire(job), duplicate
 
-    def jobs_view(self, include_finished: bool) -> list[dict[str, Any]]:
+    def jobs_view(self, include_finished: bool) -> list[JobView]:
         """The jobs (finished ones too when asked), as `jobs.list` answers."""
         return self.jobs.view(include_finished, self.leases)
 
@@ -697,7 +705,7 @@ class Broker:
         """The broker's wall clock (seconds since the epoch)."""
         return self.clock.wall()
 
-    def gpus_view(self) -> list[dict[str, Any]]:
+    def gpus_view(self) -> list[GpuView]:
         """Per GPU, by index: identity, telemetry (`stale` when the latest sample is older
         than `max_sample_age_s`), lease and queue counts, and the capacity split of
         docs/architecture.md §2 in MiB."""
@@ -716,7 +724,7 @@ class Broker:
                 and now - slot.sample.finished_at > self.config.max_sample_age_s
             ):
                 telemetry = TelemetryState.STALE
-            entry: dict[str, Any] = {
+            entry: GpuView = {
                 "uuid": slot.uuid,
                 "index": slot.info.index,
                 "name": slot.info.name,
@@ -729,30 +737,33 @@ class Broker:
                 "leased_in_use_mib": leased,
                 "waiting": sum(1 for w in self.queue if slot.uuid in w.candidates),
             }
-            if cap is not None:
-                entry.update(cap.as_dict())
+            if cap is not None:  # the figures of `cap.as_dict()`, in its order
+                entry["total_mib"] = cap.total_mib
+                entry["headroom_mib"] = cap.headroom_mib
+                entry["device_used_mib"] = cap.device_used_mib
+                entry["outstanding_mib"] = cap.outstanding_mib
+                entry["available_mib"] = cap.available_mib
                 entry["other_in_use_mib"] = max(0, cap.device_used_mib - leased)
             out.append(entry)
         return out
 
-    def leases_view(self, include_ended: bool = False) -> dict[str, Any]:
+    def leases_view(self, include_ended: bool = False) -> LeasesListResult:
         """`{"leases": [...], "queue": [...]}` (plus `"ended"` when asked): active leases with
         the telemetry of their GPUs and flags, the queue with reasons and positions."""
         now = self.clock.monotonic()
         queued = [w.to_wire(now, ahead) for w, ahead in self.waiting.ahead()]
-        leases = []
+        leases: list[ListedLease] = []
         for lease in self.leases.values():
-            item = lease.to_wire(now)
-            item["gpu_telemetry"] = {
+            telemetry = {
                 u: self.slots[u].telemetry.value if u in self.slots else TelemetryState.LOST.value
                 for u in lease.gpu_uuids
             }
-            item["flags"] = sorted(
-                {f"gpu_{state}" for state in item["gpu_telemetry"].values() if state != "ok"}
+            flags = sorted(
+                {f"gpu_{state}" for state in telemetry.values() if state != "ok"}
                 | ({"over_grant"} if lease.over_grant else set())
             )
-            leases.append(item)
-        view: dict[str, Any] = {
+            leases.append({**lease.to_wire(now), "gpu_telemetry": telemetry, "flags": flags})
+        view: LeasesListResult = {
             "leases": leases,
             "queue": queued,
         }
@@ -760,7 +771,7 @@ class Broker:
             view["ended"] = [lease.to_wire(now) for lease in self.ended]
         return view
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> BrokerStatus:
         """Version, uptime, telemetry source and states, counts, coordinator link, socket, and
         the kind of event loop the broker runs on."""
         problem = self.nvml_problem

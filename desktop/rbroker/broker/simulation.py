@@ -23,6 +23,7 @@ from rbroker.broker.sampling import GpuSlot
 from rbroker.gpu.fake_nvml import FakeNvml
 from rbroker.gpu.scenario import ScenarioError
 from rbroker_protocol.errors import ErrorCode, RpcError
+from rbroker_protocol.results import SimMemoryResult, SimSetResult, SimStallResult
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class Simulation:
                 return lease.gpu_uuid
         return min(self._slots.values(), key=lambda s: s.info.index).uuid
 
-    def allocate(self, gpu_uuid: str | None, conn_id: int, pid: int, mib: int) -> dict[str, Any]:
+    def allocate(self, gpu_uuid: str | None, conn_id: int, pid: int, mib: int) -> SimMemoryResult:
         """`sim.allocate`: `mib` more MiB for process `pid`.
 
         Raises:
@@ -71,14 +72,16 @@ class Simulation:
         self._memory_changed(uuid)
         return {"gpu_uuid": uuid, "pid_mib": total}
 
-    def free(self, gpu_uuid: str | None, conn_id: int, pid: int, mib: int | None) -> dict[str, Any]:
+    def free(
+        self, gpu_uuid: str | None, conn_id: int, pid: int, mib: int | None
+    ) -> SimMemoryResult:
         """`sim.free`: `mib` MiB (all when None) of process `pid`'s simulated memory."""
         uuid = self.gpu_of(gpu_uuid, conn_id, pid)
         left = self.fake.free(uuid, pid, mib)
         self._memory_changed(uuid)
         return {"gpu_uuid": uuid, "pid_mib": left}
 
-    def set(self, gpu_uuid: str | None, conn_id: int, pid: int, **changes: Any) -> dict[str, Any]:
+    def set(self, gpu_uuid: str | None, conn_id: int, pid: int, **changes: Any) -> SimSetResult:
         """`sim.set`: change a simulated GPU's scenario fields.
 
         Raises:
@@ -92,7 +95,7 @@ class Simulation:
         self._memory_changed(uuid)
         return {"gpu": {"uuid": gpu.uuid, **changes}}
 
-    def stall(self, seconds: float) -> dict[str, Any]:
+    def stall(self, seconds: float) -> SimStallResult:
         """`sim.stall`: block the event loop for `seconds` (what a stalled broker looks like)."""
         log.warning("sim.stall: blocking the event loop for %.1f s", seconds)
         time.sleep(seconds)  # deliberately on the loop thread

@@ -25,6 +25,7 @@ import json
 import logging
 import sqlite3
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -280,7 +281,7 @@ class LeaseStore:
                 (keep,),
             )
 
-    def put_job(self, job_id: str, record: dict[str, Any]) -> None:
+    def put_job(self, job_id: str, record: Mapping[str, Any]) -> None:
         """Write a job's record (committed on return)."""
         with self._lock:
             self._db.execute(
@@ -289,7 +290,7 @@ class LeaseStore:
             )
 
     def add_chunk(
-        self, job_id: str, chunk_id: str, completed: int, failed: int, record: dict[str, Any]
+        self, job_id: str, chunk_id: str, completed: int, failed: int, record: Mapping[str, Any]
     ) -> None:
         """Record one chunk and the job's new counts in one transaction."""
         with self._lock:

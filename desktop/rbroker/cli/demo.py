@@ -17,6 +17,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,7 @@ def ms_text(seconds: float) -> str:
     return f"{max(0, round(seconds * 1000))} ms"
 
 
-def _check_snapshot(state: DemoState, gpus: list[dict[str, Any]]) -> None:
+def _check_snapshot(state: DemoState, gpus: Sequence[Mapping[str, Any]]) -> None:
     """granted + others' use + headroom must never exceed total on any GPU."""
     state.snapshots += 1
     for g in gpus:
@@ -300,7 +301,7 @@ def _run_workers(
                 state.kill_wall = time.time()  # before the signal: the lease may end at once
                 kill_tree(vw)
                 state.victim_lease = next(
-                    (lease for lease in view["leases"] if lease["session"] == victim.session),
+                    (dict(x) for x in view["leases"] if x["session"] == victim.session),
                     None,
                 )
                 state.log(f"killed worker {victim.session} with {HARD_KILL_NAME} mid-run")
@@ -413,7 +414,7 @@ def _summary(
         )
     victim = next(w for w in WORKERS if w.victim)
     if state.freed_after_s is not None:
-        v = ended.get(victim.session, {})
+        v: Mapping[str, Any] = ended.get(victim.session, {})
         lines.append(
             f"crash: worker {victim.session} killed with {HARD_KILL_NAME} while holding "
             f"{fmt_mib(v.get('granted_mib', victim.mib))} MiB; its lease was freed "

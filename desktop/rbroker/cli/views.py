@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -261,21 +261,24 @@ def legend() -> Text:
 
 
 def broker_view(
-    gpus: list[dict[str, Any]],
-    leases: dict[str, Any],
+    gpus: Sequence[Mapping[str, Any]],
+    leases: Mapping[str, Any],
     header: str = "",
-    jobs: list[dict[str, Any]] | None = None,
+    jobs: Sequence[Mapping[str, Any]] | None = None,
 ) -> View:
-    """Everything in one renderable (`View.plain()` for pipes)."""
+    """Everything in one renderable (`View.plain()` for pipes): `gpus`, `leases` and `jobs`
+    as `gpus.list`, `leases.list` and `jobs.list` answer them."""
+    gpu_list = [dict(gpu) for gpu in gpus]
     parts: list[Sheet | Text] = []
     if header:
         parts.append(Text(header, style="bold"))
-    parts.append(gpu_table(gpus))
+    parts.append(gpu_table(gpu_list))
     if gpus:
         parts.append(legend())
-    parts += [lease_table(leases["leases"], gpus), queue_table(leases["queue"])]
+    lease_list = [dict(lease) for lease in leases["leases"]]
+    parts += [lease_table(lease_list, gpu_list), queue_table([dict(q) for q in leases["queue"]])]
     if jobs:
-        parts.append(jobs_table(jobs))
+        parts.append(jobs_table([dict(job) for job in jobs]))
     return View(*parts)
 
 

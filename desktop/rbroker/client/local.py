@@ -26,6 +26,17 @@ from rbroker.transport import connect
 from rbroker.transport.base import Stream
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
+from rbroker_protocol.results import (
+    BrokerStatus,
+    GpusListResult,
+    GpuView,
+    HelloResult,
+    JobsListResult,
+    JobView,
+    LeasesListResult,
+    SimMemoryResult,
+    SimSetResult,
+)
 from rbroker_protocol.versions import PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
@@ -358,49 +369,59 @@ class Client:
         return None
 
     # -- typed helpers ---------------------------------------------------------------------
-    def hello(self) -> dict[str, Any]:
+    def hello(self) -> HelloResult:
         """`hello`: protocol version, broker version, simulated or not, your user name."""
-        return dict(self.call("hello", protocol_version=PROTOCOL_VERSION, client="rbroker-python"))
+        result: HelloResult = self.call(
+            "hello", protocol_version=PROTOCOL_VERSION, client="rbroker-python"
+        )
+        return result
 
-    def gpus(self) -> list[dict[str, Any]]:
+    def gpus(self) -> list[GpuView]:
         """`gpus.list`: per GPU, the capacity split (MiB) and telemetry state."""
-        return list(self.call("gpus.list")["gpus"])
+        result: GpusListResult = self.call("gpus.list")
+        return result["gpus"]
 
-    def leases(self, include_ended: bool = False) -> dict[str, Any]:
+    def leases(self, include_ended: bool = False) -> LeasesListResult:
         """`leases.list`: `{"leases": [...], "queue": [...]}` (+ `"ended"`)."""
-        return dict(self.call("leases.list", include_ended=include_ended))
+        result: LeasesListResult = self.call("leases.list", include_ended=include_ended)
+        return result
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> BrokerStatus:
         """`broker.status`."""
-        return dict(self.call("broker.status"))
+        result: BrokerStatus = self.call("broker.status")
+        return result
 
-    def jobs(self) -> list[dict[str, Any]]:
+    def jobs(self) -> list[JobView]:
         """`jobs.list` (parallel jobs; architecture.md §4)."""
-        return list(self.call("jobs.list")["jobs"])
+        result: JobsListResult = self.call("jobs.list")
+        return result["jobs"]
 
     def subscribe(self) -> None:
         """`events.subscribe`: lease/queue/capacity changes arrive as events."""
         self.call("events.subscribe")
 
-    def sim_allocate(self, mib: int, gpu_uuid: str | None = None) -> dict[str, Any]:
+    def sim_allocate(self, mib: int, gpu_uuid: str | None = None) -> SimMemoryResult:
         """Simulation only: make this process show `mib` more MiB on a GPU."""
         params: dict[str, Any] = {"mib": mib}
         if gpu_uuid:
             params["gpu_uuid"] = gpu_uuid
-        return dict(self.call("sim.allocate", **params))
+        result: SimMemoryResult = self.call("sim.allocate", **params)
+        return result
 
-    def sim_free(self, mib: int | None = None, gpu_uuid: str | None = None) -> dict[str, Any]:
+    def sim_free(self, mib: int | None = None, gpu_uuid: str | None = None) -> SimMemoryResult:
         """Simulation only: undo simulated memory of this process."""
         params: dict[str, Any] = {}
         if mib is not None:
             params["mib"] = mib
         if gpu_uuid:
             params["gpu_uuid"] = gpu_uuid
-        return dict(self.call("sim.free", **params))
+        result: SimMemoryResult = self.call("sim.free", **params)
+        return result
 
-    def sim_set(self, gpu_uuid: str, **changes: Any) -> dict[str, Any]:
+    def sim_set(self, gpu_uuid: str, **changes: Any) -> SimSetResult:
         """Simulation only: change a simulated GPU (scenario fields)."""
-        return dict(self.call("sim.set", gpu_uuid=gpu_uuid, **changes))
+        result: SimSetResult = self.call("sim.set", gpu_uuid=gpu_uuid, **changes)
+        return result
 
 
 __all__ = ["Client", "RBrokerError"]

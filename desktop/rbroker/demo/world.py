@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from rbroker._exceptions import RBrokerError
 from rbroker.client.local import Client
@@ -208,7 +209,7 @@ class DemoBroker:
         # let the broker see the holders' allocations in a fresh sample
         wait_for(self._allocations_seen, timeout_s)
 
-    def _count(self, what: str) -> int:
+    def _count(self, what: Literal["leases", "queue"]) -> int:
         try:
             with Client(self.socket, timeout_s=5) as c:
                 return len(c.leases()[what])

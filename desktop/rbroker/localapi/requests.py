@@ -1,6 +1,6 @@
 """Request lines of the local API: decoding and validation into `(id, message, method,
 params)`, with the stable error of architecture.md §5 for each kind of bad input, and the
-shapes of the answers built from the broker's records."""
+results built from the broker's lease records (`rbroker_protocol.results`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from rbroker.localapi.access import check_admin
 from rbroker.transport.base import Peer
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
+from rbroker_protocol.results import AcquireResult, LeaseResult
 
 
 class Refused(Exception):
@@ -50,13 +51,18 @@ def parse_params(model: type[BaseModel], params: Any) -> Any:
         raise RpcError(ErrorCode.INVALID_PARAMS, _validation_message(exc), fields=fields) from None
 
 
-def granted(lease: Lease) -> dict[str, Any]:
+def granted(lease: Lease) -> AcquireResult:
     """The result of a granted `lease.acquire`."""
     return {
         "lease": lease.to_wire(),
         "token": lease.token,
         "cuda_visible_devices": ",".join(lease.gpu_uuids),
     }
+
+
+def lease_result(lease: Lease) -> LeaseResult:
+    """The result of `lease.renew`, `lease.release` and `lease.resize`: the lease now."""
+    return {"lease": lease.to_wire()}
 
 
 def decode(

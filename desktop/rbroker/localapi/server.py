@@ -8,7 +8,7 @@ only a request that has to wait (a queued acquire, a job write) gets one.
 Lines over 64 KiB, bad JSON, unknown methods and bad params get JSON-RPC errors with the
 stable names of `rbroker_protocol.errors`, and the connection stays usable.
 
-Methods (params → result):
+Methods (params → result; the results' shapes are `rbroker_protocol.results`):
     hello {protocol_version, client}          → {protocol_version, broker_version, simulated,
                                                   telemetry_source, owner}
     gpus.list {}                              → {gpus: [...capacity split per GPU...]}
@@ -70,7 +70,7 @@ from rbroker.localapi.connection import (
     tell_waiting,
     wait_until_written,
 )
-from rbroker.localapi.requests import Refused, decode, granted
+from rbroker.localapi.requests import Refused, decode, granted, lease_result
 from rbroker.transport import serve
 from rbroker.transport.base import ListeningServer, Peer
 from rbroker_protocol import jsonrpc
@@ -93,6 +93,24 @@ from rbroker_protocol.localapi import (
     SimFreeParams,
     SimSetParams,
     SimStallParams,
+)
+from rbroker_protocol.results import (
+    AcquireResult,
+    AttachResult,
+    BrokerStatus,
+    CancelResult,
+    GpusListResult,
+    HelloResult,
+    JobReportResult,
+    JobResult,
+    JobsListResult,
+    LeaseResult,
+    LeasesListResult,
+    PauseResult,
+    SimMemoryResult,
+    SimSetResult,
+    SimStallResult,
+    SubscribeResult,
 )
 from rbroker_protocol.versions import PROTOCOL_VERSION, PROTOCOL_VERSION_MIN
 
@@ -321,7 +339,7 @@ class LocalApi:
             )
 
     # -- methods ---------------------------------------------------------------------------
-    def _hello(self, conn: Connection, p: HelloParams) -> dict[str, Any]:
+    def _hello(self, conn: Connection, p: HelloParams) -> HelloResult:
         if p.protocol_version < PROTOCOL_VERSION_MIN:
             raise RpcError(
                 ErrorCode.PROTOCOL_VERSION,
@@ -338,12 +356,12 @@ class LocalApi:
             "owner": conn.peer.user,
         }
 
-    def _gpus_list(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
+    def _gpus_list(self, conn: Connection, p: EmptyParams) -> GpusListResult:
         return {"gpus": self.broker.gpus_view()}
 
     def _begin_acquire(
         self, conn: Connection, p: AcquireParams
-    ) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+    ) -> AcquireResult | Awaitable[AcquireResult]:
         """The answer of an acquire granted at once, else an awaitable of it."""
         started = self.broker.begin_acquire(p, conn.peer.user, conn.holder, conn.id)
         if isinstance(started, Lease):
@@ -352,7 +370,7 @@ class LocalApi:
 
     async def _wait_for_grant(
         self, conn: Connection, p: AcquireParams, waiter: Waiter
-    ) -> dict[str, Any]:
+    ) -> AcquireResult:
         watch = None
         if p.notify_waiting and p.wait_s > 0 and p.request_key:
             watch = asyncio.create_task(tell_waiting(conn, self.broker, p.request_key))
@@ -362,74 +380,74 @@ class LocalApi:
             if watch is not None:
                 watch.cancel()
 
-    def _renew(self, conn: Connection, p: LeaseRef) -> dict[str, Any]:
-        return {"lease": self.broker.renew(p.lease_id, conn.peer.user).to_wire()}
+    def _renew(self, conn: Connection, p: LeaseRef) -> LeaseResult:
+        return lease_result(self.broker.renew(p.lease_id, conn.peer.user))
 
-    def _attach(self, conn: Connection, p: AttachParams) -> dict[str, Any]:
+    def _attach(self, conn: Connection, p: AttachParams) -> AttachResult:
         lease = self.broker.attach(p.lease_id, p.token, conn.peer.user, conn.id)
         return {"lease": lease.to_wire(), "token": lease.token}
 
-    def _release(self, conn: Connection, p: LeaseRef) -> dict[str, Any]:
+    def _release(self, conn: Connection, p: LeaseRef) -> LeaseResult:
         admin = is_admin(conn.peer, self.config.admin_group)
         lease = self.broker.release(p.lease_id, conn.peer.user, conn.id, conn.peer.pid, admin)
-        return {"lease": lease.to_wire()}
+        return lease_result(lease)
 
-    def _cancel(self, conn: Connection, p: RequestRef) -> dict[str, Any]:
+    def _cancel(self, conn: Connection, p: RequestRef) -> CancelResult:
         admin = is_admin(conn.peer, self.config.admin_group)
         waiter = self.broker.cancel_request(p.request_id, conn.peer.user, admin)
         return {"request": self.broker.request_view(waiter)}
 
-    async def _resize(self, conn: Connection, p: ResizeParams) -> dict[str, Any]:
+    async def _resize(self, conn: Connection, p: ResizeParams) -> LeaseResult:
         """`lease.resize` for the caller's OS user, on the caller's connection (closing it
         cancels a growth that still waits; architecture.md §3)."""
         lease = await self.broker.resize(p.lease_id, conn.peer.user, p.mib, p.wait_s, conn.id)
-        return {"lease": lease.to_wire()}
+        return lease_result(lease)
 
-    def _leases_list(self, conn: Connection, p: LeasesListParams) -> dict[str, Any]:
+    def _leases_list(self, conn: Connection, p: LeasesListParams) -> LeasesListResult:
         return self.broker.leases_view(p.include_ended)
 
-    def _status(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
+    def _status(self, conn: Connection, p: EmptyParams) -> BrokerStatus:
         return self.broker.status()
 
-    async def _job_declare(self, conn: Connection, p: JobDeclareParams) -> dict[str, Any]:
+    async def _job_declare(self, conn: Connection, p: JobDeclareParams) -> JobResult:
         job = self.broker.declare_job(
             conn.peer.user, p.project, p.purpose, p.handler, p.total_items, p.workers, conn.id
         )
         return {"job": job}
 
-    async def _job_update(self, conn: Connection, p: JobUpdateParams) -> dict[str, Any]:
+    async def _job_update(self, conn: Connection, p: JobUpdateParams) -> JobResult:
         job = self.broker.update_job(
             p.job_id, conn.peer.user, p.state, p.reason, p.workers, conn.id
         )
         return {"job": job}
 
-    async def _job_report(self, conn: Connection, p: JobReportParams) -> dict[str, Any]:
+    async def _job_report(self, conn: Connection, p: JobReportParams) -> JobReportResult:
         job, duplicate = self.broker.report_job(
             p.job_id, conn.peer.user, p.chunk_id, p.completed, p.failed, conn.id
         )
         return {"job": job, "duplicate": duplicate}
 
-    def _jobs_list(self, conn: Connection, p: JobsListParams) -> dict[str, Any]:
+    def _jobs_list(self, conn: Connection, p: JobsListParams) -> JobsListResult:
         return {"jobs": self.broker.jobs_view(p.include_finished)}
 
-    def _pause(self, conn: Connection, p: PauseParams) -> dict[str, Any]:
+    def _pause(self, conn: Connection, p: PauseParams) -> PauseResult:
         paused = self.broker.set_paused(p.paused)
         log.info("new admissions %s by %s", "paused" if p.paused else "resumed", conn.peer.user)
         return {"paused": paused}
 
-    async def _subscribe(self, conn: Connection, p: EmptyParams) -> dict[str, Any]:
+    async def _subscribe(self, conn: Connection, p: EmptyParams) -> SubscribeResult:
         holder_events.subscribe(self.broker, conn)
         return {"subscribed": True}
 
-    async def _sim_allocate(self, conn: Connection, p: SimAllocateParams) -> dict[str, Any]:
+    async def _sim_allocate(self, conn: Connection, p: SimAllocateParams) -> SimMemoryResult:
         return self.broker.sim().allocate(p.gpu_uuid, conn.id, conn.peer.pid, p.mib)
 
-    async def _sim_free(self, conn: Connection, p: SimFreeParams) -> dict[str, Any]:
+    async def _sim_free(self, conn: Connection, p: SimFreeParams) -> SimMemoryResult:
         return self.broker.sim().free(p.gpu_uuid, conn.id, conn.peer.pid, p.mib)
 
-    async def _sim_set(self, conn: Connection, p: SimSetParams) -> dict[str, Any]:
+    async def _sim_set(self, conn: Connection, p: SimSetParams) -> SimSetResult:
         changes = p.model_dump(exclude_none=True, exclude={"gpu_uuid"})
         return self.broker.sim().set(p.gpu_uuid, conn.id, conn.peer.pid, **changes)
 
-    async def _sim_stall(self, conn: Connection, p: SimStallParams) -> dict[str, Any]:
+    async def _sim_stall(self, conn: Connection, p: SimStallParams) -> SimStallResult:
         return self.broker.sim().stall(p.seconds)

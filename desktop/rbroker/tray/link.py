@@ -44,16 +44,16 @@ def read_snapshot(client: Client, jobs_supported: bool = True) -> tuple[Snapshot
     jobs: list[dict[str, Any]] | None = None
     if jobs_supported:
         try:
-            jobs = client.jobs()
+            jobs = [dict(job) for job in client.jobs()]
         except InvalidParams as exc:
             if exc.code != "method_not_found":
                 raise
             jobs_supported = False
     snap = Snapshot(
-        gpus=gpus,
-        leases=list(view.get("leases", [])),
-        queue=list(view.get("queue", [])),
-        status=status,
+        gpus=[dict(gpu) for gpu in gpus],
+        leases=[dict(lease) for lease in view["leases"]],
+        queue=[dict(request) for request in view["queue"]],
+        status=dict(status),
         jobs=jobs,
     )
     return snap, jobs_supported

@@ -97,7 +97,7 @@ def build_payload(
     view = broker.leases_view()
     jobs = broker.jobs_view(include_finished=True)
     queue = [{**q, "reason": q["reason"][:REASON_LIMIT]} for q in view["queue"]]
-    lists: dict[str, list[dict[str, Any]]] = {
+    lists: dict[str, list[Any]] = {  # of `rbroker_protocol.results` records
         "leases": view["leases"],
         "queue": queue,
         "jobs": jobs,

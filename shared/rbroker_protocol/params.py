@@ -1,0 +1,29 @@
+"""Plain (stdlib `TypedDict`) mirrors of the params the SDK builds, so that `import rbroker`
+loads no pydantic: `AcquireRequest` has the keys of `rbroker_protocol.localapi.AcquireParams`
+(a test checks that they stay equal), each optional where the model has a default.
+"""
+
+from typing import Literal, Required, TypedDict
+
+
+class AcquireRequest(TypedDict, total=False):
+    """`lease.acquire`'s params (rules and defaults: `AcquireParams`). A key left out takes
+    the model's default; `gpu_uuid`, `request_key` and `job_id` are left out rather than
+    sent as null."""
+
+    mib: Required[int]
+    gpus: int
+    gpu_uuid: str
+    project: Required[str]
+    session: Required[str]
+    purpose: Required[str]
+    ttl_s: float
+    wait_s: float
+    adopt: bool
+    placement: Literal["pack", "spread"]
+    request_key: str
+    job_id: str
+    notify_waiting: bool
+
+
+__all__ = ["AcquireRequest"]

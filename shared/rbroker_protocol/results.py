@@ -1,0 +1,300 @@
+"""The results of the local API's methods (architecture.md §5), as plain `TypedDict`s.
+
+The broker builds them and the client (`rbroker.client.local`, the SDK) reads them, both
+against these types, so a key added on one side is added here first. Stdlib only: `import
+rbroker` loads no pydantic. On the wire they are JSON objects with exactly these keys, in
+the order the broker writes them. MiB figures are integers, times are seconds (`*_at`: Unix
+time, wall clock; `*_s`: durations).
+"""
+
+from typing import Any, NotRequired, TypedDict
+
+# -- records ---------------------------------------------------------------------------------
+
+
+class LeaseView(TypedDict):
+    """A lease (architecture.md §3), without its pid; the token travels beside it only to
+    its holder (`AcquireResult`, `AttachResult`)."""
+
+    lease_id: str
+    gpu_uuid: str
+    """The first granted GPU (for single-GPU leases, the only one)."""
+    gpu_uuids: list[str]
+    granted_mib: int
+    """MiB granted on each GPU."""
+    owner: str
+    project: str
+    session: str
+    purpose: str
+    state: str
+    """`active`, `released`, `expired`, `holder_exited` or `revoked`."""
+    granted_at: float
+    renewed_at: float
+    ttl_s: float
+    expires_in_s: float
+    waited_s: float
+    observed_mib: dict[str, int]
+    """MiB attributed to the lease's processes, per GPU UUID."""
+    over_grant: bool
+    over_grant_mib: int
+    over_grant_noticed: bool
+    adopt: bool
+    admission: dict[str, Any]
+    """The figures the admission decided on."""
+    ended_reason: str
+    ended_at: float
+    restored: bool
+    job_id: str | None
+
+
+class ListedLease(LeaseView):
+    """An active lease as `leases.list` shows it: with its GPUs' telemetry states and flags
+    (`gpu_<state>` per GPU not `ok`, `over_grant`)."""
+
+    gpu_telemetry: dict[str, str]
+    flags: list[str]
+
+
+class QueuedRequest(TypedDict):
+    """A waiting `lease.acquire` (or the growth of a `lease.resize`), with its reason and
+    how many requests are ahead of it."""
+
+    request_id: int
+    state: str
+    """Always `queued`."""
+    mib: int
+    gpus: int
+    gpu_uuid: str | None
+    """The GPU it is pinned to, if any."""
+    owner: str
+    project: str
+    session: str
+    purpose: str
+    waiting_s: float
+    ahead: int
+    reason: str
+    reason_kind: str
+    """`sampling`, `capacity` or `telemetry`."""
+    reason_data: dict[str, Any]
+    resize_of: str | None
+    """The lease whose growth this is."""
+
+
+class GpuView(TypedDict):
+    """One GPU (or MIG slice) with the capacity split of architecture.md §2. The capacity
+    figures are absent while the GPU's capacity is unknown."""
+
+    uuid: str
+    index: int
+    name: str
+    telemetry: str
+    """`ok`, `stale`, `unavailable`, `lost` or `unknown_capacity`."""
+    telemetry_reason: str
+    sample_age_s: float | None
+    memory_api: str | None
+    leases: int
+    granted_mib: int
+    leased_in_use_mib: int
+    waiting: int
+    total_mib: NotRequired[int]
+    headroom_mib: NotRequired[int]
+    device_used_mib: NotRequired[int]
+    outstanding_mib: NotRequired[int]
+    available_mib: NotRequired[int]
+    other_in_use_mib: NotRequired[int]
+
+
+class JobRecord(TypedDict):
+    """A declared job (architecture.md §4) as the broker keeps it."""
+
+    job_id: str
+    owner: str
+    project: str
+    purpose: str
+    handler: str
+    total_items: int | None
+    workers: int
+    state: str
+    """`queued`, `running`, `succeeded`, `failed`, `cancelled` or `stalled`."""
+    reason: str
+    completed_items: int
+    failed_items: int
+    chunks_reported: int
+    declared_at: float
+    first_report_at: float | None
+    last_report_at: float | None
+    finished_at: float | None
+
+
+class JobView(JobRecord):
+    """A job as the local API shows it: its live leases, the observed rate (items/s) and
+    the ETA (s), None while unknown."""
+
+    lease_ids: list[str]
+    items_per_s: float | None
+    eta_s: float | None
+
+
+class NvmlProblem(TypedDict):
+    """Why NVML is not usable, in words, and whether an NVIDIA device is present."""
+
+    reason: str
+    words: str
+    device_present: bool | None
+
+
+# -- results, one per method -----------------------------------------------------------------
+
+
+class HelloResult(TypedDict):
+    """`hello`: the protocol version both sides speak and who the broker takes you for."""
+
+    protocol_version: int
+    broker_version: str
+    simulated: bool
+    telemetry_source: str
+    owner: str
+
+
+class GpusListResult(TypedDict):
+    """`gpus.list`, by index."""
+
+    gpus: list[GpuView]
+
+
+class AcquireResult(TypedDict):
+    """`lease.acquire`, granted: the lease, the token that re-attaches it and a value for
+    `CUDA_VISIBLE_DEVICES` (the granted UUIDs, comma separated)."""
+
+    lease: LeaseView
+    token: str
+    cuda_visible_devices: str
+
+
+class LeaseResult(TypedDict):
+    """`lease.renew`, `lease.release`, `lease.resize`: the lease as it is now."""
+
+    lease: LeaseView
+
+
+class AttachResult(TypedDict):
+    """`lease.attach`: the lease and its new token."""
+
+    lease: LeaseView
+    token: str
+
+
+class CancelResult(TypedDict):
+    """`request.cancel`: the cancelled request (`ahead` 0: it is no longer queued)."""
+
+    request: QueuedRequest
+
+
+class LeasesListResult(TypedDict):
+    """`leases.list`: active leases and the queue; `ended` (the latest ended leases) only
+    when asked with `include_ended`."""
+
+    leases: list[ListedLease]
+    queue: list[QueuedRequest]
+    ended: NotRequired[list[LeaseView]]
+
+
+class BrokerStatus(TypedDict):
+    """`broker.status`."""
+
+    version: str
+    uptime_s: float
+    started_at: float
+    telemetry_source: str
+    simulated: bool
+    driver_version: str
+    nvml_problem: NvmlProblem | None
+    gpus: dict[str, str]
+    """Each GPU's telemetry state, by UUID."""
+    active_leases: int
+    queued_requests: int
+    leases_granted_total: int
+    paused: bool
+    coordinator: dict[str, Any]
+    """The uplink's state (`link`, `last_report_at`, ...)."""
+    socket: str
+    event_loop: str | None
+    """`uvloop` or `asyncio`."""
+
+
+class JobResult(TypedDict):
+    """`job.declare`, `job.update`: the job as it is now."""
+
+    job: JobView
+
+
+class JobReportResult(TypedDict):
+    """`job.report`: the job, and whether the chunk was a duplicate (acknowledged, not
+    counted again)."""
+
+    job: JobView
+    duplicate: bool
+
+
+class JobsListResult(TypedDict):
+    """`jobs.list`, newest last."""
+
+    jobs: list[JobView]
+
+
+class PauseResult(TypedDict):
+    """`broker.pause`: whether new admissions are paused now."""
+
+    paused: bool
+
+
+class SubscribeResult(TypedDict):
+    """`events.subscribe`: always `{"subscribed": true}`; events follow as notifications."""
+
+    subscribed: bool
+
+
+class SimMemoryResult(TypedDict):
+    """`sim.allocate`, `sim.free`: the GPU and the caller's simulated MiB on it now."""
+
+    gpu_uuid: str
+    pid_mib: int
+
+
+class SimSetResult(TypedDict):
+    """`sim.set`: the GPU's UUID and the scenario fields changed."""
+
+    gpu: dict[str, Any]
+
+
+class SimStallResult(TypedDict):
+    """`sim.stall`: how long the event loop was blocked."""
+
+    stalled_s: float
+
+
+__all__ = [
+    "AcquireResult",
+    "AttachResult",
+    "BrokerStatus",
+    "CancelResult",
+    "GpuView",
+    "GpusListResult",
+    "HelloResult",
+    "JobRecord",
+    "JobReportResult",
+    "JobResult",
+    "JobView",
+    "JobsListResult",
+    "LeaseResult",
+    "LeaseView",
+    "LeasesListResult",
+    "ListedLease",
+    "NvmlProblem",
+    "PauseResult",
+    "QueuedRequest",
+    "SimMemoryResult",
+    "SimSetResult",
+    "SimStallResult",
+    "SubscribeResult",
+]
