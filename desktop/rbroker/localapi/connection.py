@@ -10,20 +10,18 @@ import contextlib
 import itertools
 import logging
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol, cast
 
 from rbroker.broker.holders import Holder
 from rbroker.broker.launchers import interpreter_of, snapshot_around
 from rbroker.broker.service import Broker
-from rbroker.transport.base import Peer
+from rbroker.transport.base import Peer, PeerOf
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
 
 log = logging.getLogger(__name__)
 
-TOO_LONG = object()
-"""`read_line`'s answer for a line over `jsonrpc.MAX_LINE_BYTES` (skipped to its end)."""
 _conn_ids = itertools.count(1)
 
 
@@ -79,20 +77,42 @@ def raise_open_file_limit() -> tuple[int, int] | None:
     return soft, hard
 
 
-class Connection:
-    """One client connection: its peer, its writer and its in-flight request tasks.
-    `max_unsent` (bytes) holds its answers back; `budget` counts its user's unsent bytes."""
+class LineServer(Protocol):
+    """What a `Connection` serves its lines with (the local API's server)."""
+
+    def admit(self, conn: Connection) -> bool:
+        """Whether `conn` (its `peer` read) may stay; False: it was refused and is closing."""
+
+    def serve_line(self, conn: Connection, line: bytes) -> Coroutine[Any, Any, None] | None:
+        """Serve one request line: answered inline (None), or the coroutine that serves it
+        (run as a task of the connection)."""
+
+    def forget(self, conn: Connection) -> None:
+        """`conn` closed: count it out everywhere (its tasks are already cancelled)."""
+
+
+class Connection(asyncio.Protocol):
+    """One client connection, an `asyncio.Protocol`: its peer, its transport and its in-flight
+    request tasks. Request lines are cut in `data_received` and served at once by the
+    `LineServer`; reading pauses while answers wait unsent past `max_unsent` (bytes; the
+    transport's `pause_writing`), while `MAX_IN_FLIGHT` requests are served, and while the
+    server holds it back (`hold`). `budget` counts its user's unsent bytes; `limit` is the
+    longest request line (bytes)."""
+
+    transport: asyncio.Transport
+    peer: Peer
 
     def __init__(
         self,
-        writer: asyncio.StreamWriter,
-        peer: Peer,
+        server: LineServer,
+        peer_of: PeerOf,
+        limit: int = jsonrpc.MAX_LINE_BYTES,
         max_unsent: int = MAX_UNSENT_BYTES,
         budget: UnsentBudget | None = None,
     ) -> None:
         self.id = next(_conn_ids)
-        self.writer = writer
-        self.peer = peer
+        self.server = server
+        self.limit = limit
         self.tasks: set[asyncio.Task[None]] = set()
         self.requests: set[asyncio.Task[None]] = set()
         self.lock = asyncio.Lock()
@@ -102,14 +122,208 @@ class Connection:
         self._holder: Holder | None = None
         self.max_unsent = max_unsent
         self.budget = budget
-        # drain() waits only past the bound: answers are written without a round of waiting
-        writer.transport.set_write_buffer_limits(high=max_unsent)
+        self._peer_of = peer_of
+        self._admitted = False
+        self._buf = bytearray()
+        self._skipping = False  # inside a line over `limit`, discarded up to its newline
+        self._eof = False
+        self._held: set[str] = set()  # why reading is paused
+        self._serving = False
+        self._line_timer: asyncio.TimerHandle | None = None
+        self._write_paused = False
+        self._unsent_timer: asyncio.TimerHandle | None = None
+        self._drained: asyncio.Future[None] | None = None
 
     @property
     def user_key(self) -> int | str:
         """The peer's OS user: its uid, else its name."""
         return self.peer.uid if self.peer.uid is not None else self.peer.user
 
+    # -- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's: no subclass of it
+        try:
+            self.peer = self._peer_of(transport)
+        except OSError:
+            self.closed = True
+            self.transport.close()
+            return
+        # answers are written at once; reading pauses only past the bound
+        self.transport.set_write_buffer_limits(high=self.max_unsent)
+        self._admitted = self.server.admit(self)
+        if not self._admitted:
+            self.closed = True
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self._skipping:
+            end = data.find(b"\n")
+            if end < 0:
+                return
+            data = data[end + 1 :]
+            self._skipping = False
+            self._cancel_line_timer()
+            self._too_long()
+        self._buf += data
+        self._serve_lines()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        if not self._held:
+            self._serve_lines()
+        return True  # `_serve_lines` closes once the lines already read are served
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._clean_up()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self.hold("unsent")
+        loop = asyncio.get_running_loop()
+        self._unsent_timer = loop.call_later(UNSENT_DROP_AFTER_S, self._unsent_timed_out)
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._unsent_timer is not None:
+            self._unsent_timer.cancel()
+            self._unsent_timer = None
+        self._wake_senders()
+        self.release("unsent")
+
+    # -- reading ---------------------------------------------------------------------------
+    def hold(self, why: str) -> None:
+        """Stop reading and serving lines until `release(why)`."""
+        if not self._held and not self.closed:
+            self.transport.pause_reading()
+            self._cancel_line_timer()
+        self._held.add(why)
+
+    def release(self, why: str) -> None:
+        """End the hold `why`; with no hold left, serve the lines already read and read on."""
+        if why not in self._held:
+            return
+        self._held.discard(why)
+        if self._held or self.closed:
+            return
+        self.transport.resume_reading()
+        self._serve_lines()
+
+    def _serve_lines(self) -> None:
+        """Serve the complete lines read, while nothing holds the connection back; time the
+        unfinished one (`LINE_TIMEOUT_S`), skip one over the limit, close at end of stream."""
+        if self._serving:
+            return
+        self._serving = True
+        try:
+            buf = self._buf
+            start = 0
+            while not self._held and not self.closed:
+                end = buf.find(b"\n", start)
+                if end < 0:
+                    break
+                line = bytes(buf[start : end + 1])
+                start = end + 1
+                if len(line) - 1 > self.limit:
+                    self._too_long()
+                elif line.strip():
+                    self._serve(line)
+            if start:
+                del buf[:start]
+                self._cancel_line_timer()
+            if self.closed or self._held:
+                return
+            if self._eof:
+                self._end_of_stream()
+            elif len(buf) > self.limit:  # no newline within the limit: skip to the next one
+                self._skipping = True
+                buf.clear()
+                self._start_line_timer()
+            elif buf:
+                self._start_line_timer()
+        finally:
+            self._serving = False
+
+    def _serve(self, line: bytes) -> None:
+        coro = self.server.serve_line(self, line)
+        if coro is None:
+            return
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        self.requests.add(task)
+        task.add_done_callback(self._request_done)
+        if len(self.requests) >= MAX_IN_FLIGHT:
+            self.hold("in_flight")
+
+    def _request_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.requests.discard(task)
+        if len(self.requests) < MAX_IN_FLIGHT:
+            self.release("in_flight")
+
+    def _end_of_stream(self) -> None:
+        """The client sent its last byte: serve an unfinished last line (within the limit),
+        then close (a request still waiting is cancelled)."""
+        rest, self._buf = bytes(self._buf), bytearray()
+        if not self._skipping and rest.strip() and len(rest) <= self.limit:
+            self._serve(rest)
+        self._clean_up()
+        self.transport.close()
+
+    def _too_long(self) -> None:
+        err = RpcError(
+            ErrorCode.REQUEST_TOO_LARGE,
+            f"request line longer than {self.limit} bytes",
+            limit_bytes=self.limit,
+        )
+        self.answer(jsonrpc.error(None, err.to_wire()))
+
+    def _start_line_timer(self) -> None:
+        if self._line_timer is None:
+            loop = asyncio.get_running_loop()
+            self._line_timer = loop.call_later(LINE_TIMEOUT_S, self._line_timed_out)
+
+    def _cancel_line_timer(self) -> None:
+        if self._line_timer is not None:
+            self._line_timer.cancel()
+            self._line_timer = None
+
+    def _line_timed_out(self) -> None:
+        self._line_timer = None
+        if self.closed:
+            return
+        err = RpcError(
+            ErrorCode.INVALID_REQUEST,
+            f"incomplete request line: no newline within {LINE_TIMEOUT_S:g} s; closing",
+            timeout_s=LINE_TIMEOUT_S,
+        )
+        with contextlib.suppress(Exception):
+            self.transport.write(jsonrpc.encode(jsonrpc.error(None, err.to_wire())))
+        self.drop(f"incomplete request line for {LINE_TIMEOUT_S:g} s")
+
+    def _unsent_timed_out(self) -> None:
+        self._unsent_timer = None
+        self.drop(
+            f"{ErrorCode.UNSENT_OVER_LIMIT.value}: {self.unsent_bytes()} answer bytes unsent "
+            f"for {UNSENT_DROP_AFTER_S:g} s (the client does not read; at most "
+            f"{self.max_unsent} are kept)"
+        )
+
+    def _clean_up(self) -> None:
+        self.closed = True
+        self._cancel_line_timer()
+        if self._unsent_timer is not None:
+            self._unsent_timer.cancel()
+            self._unsent_timer = None
+        self._wake_senders()
+        if not self._admitted:
+            return
+        self._admitted = False
+        for task in list(self.tasks):
+            task.cancel()
+        self.server.forget(self)
+
+    # -- the peer and writing ----------------------------------------------------------------
     def holder(self) -> Holder:
         """The peer process's identity (pid + start time), read once per connection: the
         process on the other end of a socket never changes. On Windows a launcher on the
@@ -138,6 +352,19 @@ class Connection:
                 raise RpcError(ErrorCode.CANCELLED, "the requesting process has exited") from None
         return self._holder
 
+    async def _drain(self) -> None:
+        """Wait while more than `max_unsent` bytes wait unsent (until the transport's
+        `resume_writing`, or the connection closes)."""
+        while self._write_paused and not self.closed:
+            if self._drained is None:
+                self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+
+    def _wake_senders(self) -> None:
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
     async def send(self, message: dict[str, Any] | Callable[[], Awaitable[dict[str, Any]]]) -> None:
         """Write one message, or build it with `message()` and write it, once fewer than
         `MAX_UNSENT_BYTES` wait unsent on this connection (so a client that does not read
@@ -145,28 +372,32 @@ class Connection:
         async with self.lock:
             if self.closed:
                 return
-            try:
-                await self.writer.drain()
-                if self.closed:
-                    return
-                if callable(message):
-                    message = await message()
-                self.writer.write(jsonrpc.encode(message))
-            except (ConnectionError, RuntimeError):
-                self.closed = True
+            await self._drain()
+            if self.closed:
                 return
-            if self.budget is not None:
-                self.budget.wrote(self)
+            if callable(message):
+                message = await message()
+            self.write_now(message)
+
+    def answer(self, message: dict[str, Any]) -> None:
+        """Write `message` now when `can_write_now()`, else behind the answers waiting to be
+        written (`send`, in a task of this connection)."""
+        if self.can_write_now():
+            self.write_now(message)
+        elif not self.closed:
+            task = asyncio.get_running_loop().create_task(self.send(message))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
 
     def can_write_now(self) -> bool:
         """True when an answer may be written at once, bypassing `send`: no send holds the
         lock (so answers keep their order) and fewer than `max_unsent` bytes wait unsent."""
-        return not self.closed and not self.lock.locked() and self.unsent_bytes() < self.max_unsent
+        return not self.closed and not self.lock.locked() and not self._write_paused
 
     def write_now(self, message: dict[str, Any]) -> None:
         """Write one message at once (only when `can_write_now()`)."""
         try:
-            self.writer.write(jsonrpc.encode(message))
+            self.transport.write(jsonrpc.encode(message))
         except (ConnectionError, RuntimeError):
             self.closed = True
             return
@@ -175,81 +406,20 @@ class Connection:
 
     def unsent_bytes(self) -> int:
         """Bytes written to this connection that the peer has not taken yet."""
-        return self.writer.transport.get_write_buffer_size()
+        return self.transport.get_write_buffer_size()
 
     def drop(self, why: str) -> None:
-        """Close at once, discarding unsent bytes; the reader loop then cleans up."""
+        """Close at once, discarding unsent bytes; `connection_lost` then cleans up."""
         if not self.closed:
             log.warning("dropping connection %d of %s: %s", self.id, self.peer.user, why)
         self.closed = True
-        self.writer.transport.abort()
+        self.transport.abort()
 
 
-async def read_line(conn: Connection, reader: asyncio.StreamReader) -> bytes | object | None:
-    """The next request line, `TOO_LONG`, or None at the end of the stream.
-
-    Waiting for a line to start has no limit (an idle client is fine); once it has
-    started, it must end within `LINE_TIMEOUT_S` or the connection is closed.
-    """
-    try:
-        first = await reader.readexactly(1)
-    except asyncio.IncompleteReadError:
-        return None
-    if first == b"\n":
-        return first
-    loop = asyncio.get_running_loop()
-    timer = loop.call_later(LINE_TIMEOUT_S, _line_timed_out, conn)
-    try:
-        too_long = False
-        while True:
-            try:
-                line = first + await reader.readuntil(b"\n")
-            except asyncio.IncompleteReadError as exc:
-                if too_long or not (first + exc.partial).strip():
-                    return None
-                rest = first + exc.partial
-                return rest if len(rest) <= jsonrpc.MAX_LINE_BYTES else None
-            except asyncio.LimitOverrunError as exc:
-                too_long = True
-                await reader.readexactly(max(1, exc.consumed))
-                continue
-            if too_long or len(line) - 1 > jsonrpc.MAX_LINE_BYTES:
-                return TOO_LONG
-            return line
-    finally:
-        timer.cancel()
-
-
-def _line_timed_out(conn: Connection) -> None:
-    if conn.closed:
-        return
-    err = RpcError(
-        ErrorCode.INVALID_REQUEST,
-        f"incomplete request line: no newline within {LINE_TIMEOUT_S:g} s; closing",
-        timeout_s=LINE_TIMEOUT_S,
-    )
+def _abort(transport: asyncio.Transport) -> None:
     with contextlib.suppress(Exception):
-        conn.writer.write(jsonrpc.encode(jsonrpc.error(None, err.to_wire())))
-    conn.drop(f"incomplete request line for {LINE_TIMEOUT_S:g} s")
-
-
-async def wait_until_written(conn: Connection) -> bool:
-    """Stop reading while answers pile up unsent; False when the connection was dropped
-    because they stayed past `conn.max_unsent` for `UNSENT_DROP_AFTER_S`."""
-    if conn.unsent_bytes() <= conn.max_unsent:
-        return True
-    try:
-        await asyncio.wait_for(conn.writer.drain(), UNSENT_DROP_AFTER_S)
-    except TimeoutError:
-        conn.drop(
-            f"{ErrorCode.UNSENT_OVER_LIMIT.value}: {conn.unsent_bytes()} answer bytes unsent "
-            f"for {UNSENT_DROP_AFTER_S:g} s (the client does not read; at most "
-            f"{conn.max_unsent} are kept)"
-        )
-        return False
-    except (ConnectionError, RuntimeError):
-        return False
-    return not conn.closed
+        if not transport.is_closing() or transport.get_write_buffer_size():
+            transport.abort()
 
 
 class PerUserLimit:
@@ -276,17 +446,19 @@ class PerUserLimit:
         self._warned.discard(conn.peer.user)
         return None
 
-    async def refuse(self, conn: Connection, refused: RpcError) -> None:
-        """Answer `refused` (for at most 1 s) and close `conn`; the refusal is logged once per
-        user until one of that user's connections is admitted again."""
+    def refuse(self, conn: Connection, refused: RpcError) -> None:
+        """Answer `refused` and close `conn` (aborted if the answer is not taken within 1 s);
+        the refusal is logged once per user until one of that user's connections is
+        admitted again."""
+        transport = conn.transport
         with contextlib.suppress(Exception):
-            conn.writer.write(jsonrpc.encode(jsonrpc.error(None, refused.to_wire())))
-            await asyncio.wait_for(conn.writer.drain(), 1.0)
+            transport.write(jsonrpc.encode(jsonrpc.error(None, refused.to_wire())))
         if conn.peer.user not in self._warned:
             log.warning("refusing connections of %s: %s", conn.peer.user, refused.message)
             self._warned.add(conn.peer.user)
         with contextlib.suppress(Exception):
-            conn.writer.close()
+            transport.close()
+        asyncio.get_running_loop().call_later(1.0, _abort, transport)
 
     def forget(self, conn: Connection) -> None:
         """Count a closed connection out."""

@@ -65,7 +65,7 @@ def subscribe(broker: Broker, conn: Connection) -> None:
                 conn.event_backlog,
             )
             conn.closed = True
-            conn.writer.transport.abort()  # its reader loop then cleans up
+            conn.transport.abort()  # connection_lost then cleans up
             return
         conn.event_backlog += 1
         _send(conn, kind, data).add_done_callback(_event_sent)

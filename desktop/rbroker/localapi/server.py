@@ -40,7 +40,6 @@ Methods (params → result; the results' shapes are `rbroker_protocol.results`):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -60,19 +59,16 @@ from rbroker.localapi.connection import (
     MAX_EVENT_BACKLOG,
     MAX_IN_FLIGHT,
     MAX_UNSENT_BYTES,
-    TOO_LONG,
     UNSENT_DROP_AFTER_S,
     Connection,
     PerUserLimit,
     UnsentBudget,
     raise_open_file_limit,
-    read_line,
     tell_waiting,
-    wait_until_written,
 )
 from rbroker.localapi.requests import Refused, decode, granted, lease_result
 from rbroker.transport import serve
-from rbroker.transport.base import ListeningServer, Peer
+from rbroker.transport.base import ListeningServer, PeerOf
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import (
@@ -183,10 +179,10 @@ class LocalApi:
         """Listen. Raises `BrokerAlreadyRunning` or `OSError` (see `transport.serve`)."""
         raise_open_file_limit()
         self._unroute = holder_events.route(self.broker, self._connections)
-        cfg, limit = self.config, 2 * jsonrpc.MAX_LINE_BYTES
+        cfg, limit = self.config, jsonrpc.MAX_LINE_BYTES
         self.unsent.per_user_bytes = cfg.max_unsent_bytes_per_user
         shared, group = cfg.shared_socket, cfg.allowed_group
-        self._server = await serve(self.address, self._handle, limit, shared=shared, group=group)
+        self._server = await serve(self.address, self._accept, limit, shared=shared, group=group)
 
     async def close(self, leases_kept: bool | None = None) -> None:
         """Stop listening and close every connection. With `leases_kept` set, first tell
@@ -204,65 +200,36 @@ class LocalApi:
             if sends:
                 await asyncio.wait([asyncio.ensure_future(s) for s in sends], timeout=1.0)
         for conn in list(self._connections):
-            conn.writer.close()
+            conn.transport.close()
 
-    # -- connection loop -----------------------------------------------------------------
-    async def _handle(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Peer
-    ) -> None:
-        conn = Connection(writer, peer, self.config.max_unsent_bytes, self.unsent)
+    # -- connections ---------------------------------------------------------------------
+    def _accept(self, peer_of: PeerOf, limit: int) -> Connection:
+        """The protocol of a new connection (`rbroker.transport.base.Handler`)."""
+        return Connection(self, peer_of, limit, self.config.max_unsent_bytes, self.unsent)
+
+    def admit(self, conn: Connection) -> bool:
+        """Admit `conn` (its peer read), or refuse it (`too_many_connections`, or a user
+        outside the allowed group) and close it: False."""
         allowed = self.config.allowed_group
-        refused = connect_refusal(peer, allowed, self.address) or self._per_user.admit(conn)
+        refused = connect_refusal(conn.peer, allowed, self.address) or self._per_user.admit(conn)
         if refused is not None:
-            await self._per_user.refuse(conn, refused)
-            return
+            self._per_user.refuse(conn, refused)
+            return False
         self._connections.add(conn)
-        try:
-            while True:
-                if not await wait_until_written(conn):
-                    break
-                line = await read_line(conn, reader)
-                if line is None or conn.closed:
-                    break
-                if line is TOO_LONG:
-                    await conn.send(
-                        jsonrpc.error(
-                            None,
-                            RpcError(
-                                ErrorCode.REQUEST_TOO_LARGE,
-                                f"request line longer than {jsonrpc.MAX_LINE_BYTES} bytes",
-                                limit_bytes=jsonrpc.MAX_LINE_BYTES,
-                            ).to_wire(),
-                        )
-                    )
-                    continue
-                assert isinstance(line, bytes)
-                if not line.strip():
-                    continue
-                coro = self._serve_inline(conn, line)
-                if coro is None:
-                    continue
-                task = asyncio.create_task(coro)
-                conn.tasks.add(task)
-                conn.requests.add(task)
-                task.add_done_callback(conn.tasks.discard)
-                task.add_done_callback(conn.requests.discard)
-                if len(conn.requests) >= MAX_IN_FLIGHT:
-                    await asyncio.wait(conn.requests, return_when=asyncio.FIRST_COMPLETED)
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            conn.closed = True
-            self._connections.discard(conn)
-            self._per_user.forget(conn)
-            self.unsent.forget(conn)
-            if conn.unsubscribe is not None:
-                conn.unsubscribe()
-            for task in list(conn.tasks):
-                task.cancel()
-            self.broker.connection_closed(conn.id)
-            with contextlib.suppress(Exception):
-                writer.close()
+        return True
+
+    def serve_line(self, conn: Connection, line: bytes) -> Coroutine[Any, Any, None] | None:
+        """Serve one request line of `conn` (see `_serve_inline`)."""
+        return self._serve_inline(conn, line)
+
+    def forget(self, conn: Connection) -> None:
+        """`conn` closed (its tasks cancelled): count it out and end what it held."""
+        self._connections.discard(conn)
+        self._per_user.forget(conn)
+        self.unsent.forget(conn)
+        if conn.unsubscribe is not None:
+            conn.unsubscribe()
+        self.broker.connection_closed(conn.id)
 
     def _serve_inline(self, conn: Connection, line: bytes) -> Coroutine[Any, Any, None] | None:
         """Answer `line` now when nothing has to wait (see the module docstring); else the

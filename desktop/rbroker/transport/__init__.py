@@ -23,7 +23,9 @@ async def serve(
 ) -> ListeningServer:
     """Listen at `address` (socket path or pipe name) with this OS's transport.
 
-    `limit` is the longest line (bytes) a connection's reader accepts. `shared` and `group`
+    Each connection is served by the protocol `handler(peer_of, limit)` builds
+    (`rbroker.transport.base.Handler`); `limit` is the longest request line (bytes) it
+    accepts. `shared` and `group`
     (Unix sockets): a socket for other local users too — every user (`shared`, mode 0666)
     or the members of `group` (mode 0660, owned by that group); else the broker's own
     user's (0660 in a 0700 directory).

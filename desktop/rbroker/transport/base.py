@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -29,7 +29,14 @@ class Peer:
     elevated_admin: bool = False
 
 
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, Peer], Awaitable[None]]
+PeerOf = Callable[[asyncio.BaseTransport], Peer]
+"""Reads who is on the other end of a connection the transport has just made, from the OS
+(never from a request). Raises OSError when it cannot be read: the connection is then
+closed unserved."""
+
+Handler = Callable[[PeerOf, int], asyncio.Protocol]
+"""Builds the protocol of one accepted connection: `handler(peer_of, limit)`, `limit` the
+longest request line (bytes) it accepts. Its `connection_made` calls `peer_of(transport)`."""
 
 
 class BrokerAlreadyRunning(RuntimeError):

@@ -196,7 +196,7 @@ if sys.platform == "win32":
             self._security = _SecurityAttributes(sddl_for(address, own_sid()))
             self._listening: set[windows_utils.PipeHandle] = set()
             self._waits: set[asyncio.Future[windows_utils.PipeHandle]] = set()
-            self.connected = 0
+            self._served: set[windows_utils.PipeHandle] = set()
             self._closed = False
 
         def _create(self, first: bool) -> windows_utils.PipeHandle:
@@ -269,28 +269,32 @@ if sys.platform == "win32":
                 if not self._closed:
                     self._refill()
                 return
-            self.connected += 1
+            self._served.add(pipe)
             self._refill()  # before serving: the next client finds an instance waiting
-            reader = asyncio.StreamReader(limit=self._limit)
-            protocol = asyncio.StreamReaderProtocol(reader, self._serve)
+            protocol = self._handler(self._peer_of, self._limit)
             self._loop._make_duplex_pipe_transport(  # type: ignore[attr-defined]
                 pipe, protocol, extra={"addr": self.address}
             )
 
-        async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        @property
+        def connected(self) -> int:
+            """Clients connected now (instances served and not yet closed)."""
+            self._served = {pipe for pipe in self._served if pipe.handle is not None}
+            return len(self._served)
+
+        def _peer_of(self, transport: asyncio.BaseTransport) -> Peer:
+            """The caller: the process `GetNamedPipeClientProcessId` names and the account of
+            its token. Raises OSError when either cannot be read."""
+            pipe = transport.get_extra_info("pipe")
             try:
-                pipe = writer.get_extra_info("pipe")
-                try:
-                    pid = _client_pid(int(pipe.handle))
-                    sid, user = process_account(pid)
-                except (OSError, pywintypes.error) as exc:
-                    log.info("closing a pipe client whose account cannot be read: %s", exc)
-                    writer.close()
-                    return
-                peer = Peer(pid=pid, user=user, sid=sid, elevated_admin=is_elevated_admin(pid))
-                await self._handler(reader, writer, peer)
-            finally:
-                self.connected -= 1
+                pid = _client_pid(int(pipe.handle))
+                sid, user = process_account(pid)
+                elevated = is_elevated_admin(pid)
+            except (OSError, pywintypes.error) as exc:
+                log.info("closing a pipe client whose account cannot be read: %s", exc)
+                text = f"the pipe client's account cannot be read: {exc}"
+                raise OSError(errno.EACCES, text) from exc
+            return Peer(pid=pid, user=user, sid=sid, elevated_admin=elevated)
 
         async def close(self) -> None:
             """Stop listening: cancel the waiting instances and close them."""
@@ -307,7 +311,8 @@ if sys.platform == "win32":
     async def serve_pipe(
         address: str, handler: Handler, limit: int, policy: PoolPolicy | None = None
     ) -> PipeServer:
-        """Serve `address` (see the module docstring).
+        """Serve `address` (see the module docstring): each client with the protocol
+        `handler(peer_of, limit)` builds (`rbroker.transport.base.Handler`).
 
         Raises:
             NotAPipeName: `address` is no local pipe name (`pipe_name_problem`).

@@ -182,8 +182,9 @@ def bind_in_place(address: str, mode: int, gid: int) -> socket.socket:
 async def serve_unix(
     address: str, handler: Handler, limit: int, *, shared: bool = False, group: str | None = None
 ) -> UnixServer:
-    """Bind `address`, replacing a stale socket file; see the module docstring and
-    `rbroker.transport.serve` for `shared` and `group`.
+    """Bind `address`, replacing a stale socket file, and serve each connection with the
+    protocol `handler(peer_of, limit)` builds (`rbroker.transport.base.Handler`); see the
+    module docstring and `rbroker.transport.serve` for `shared` and `group`.
 
     Raises:
         KeyError: `group` is no OS group.
@@ -203,23 +204,19 @@ async def serve_unix(
             raise FileExistsError(f"{address} exists and is not a socket; not removing it")
         path.unlink()
 
-    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
-        try:
-            peer = peer_of(sock)
-        except OSError:
-            writer.close()
-            return
-        await handler(reader, writer, peer)
+    def peer_of_transport(transport: asyncio.BaseTransport) -> Peer:
+        return peer_of(transport.get_extra_info("socket"))
+
+    def accepted() -> asyncio.Protocol:
+        return handler(peer_of_transport, limit)
 
     async def listen() -> tuple[asyncio.Server, int]:
         _make_parent(path, open_to_others)
         sock = bind_in_place(address, mode, gid)
         try:
             inode = os.stat(address, follow_symlinks=False).st_ino
-            server = await asyncio.start_unix_server(
-                on_connect, sock=sock, limit=limit, backlog=LISTEN_BACKLOG
-            )
+            loop = asyncio.get_running_loop()
+            server = await loop.create_unix_server(accepted, sock=sock, backlog=LISTEN_BACKLOG)
         except BaseException:
             sock.close()
             raise

@@ -42,10 +42,21 @@ def root() -> Iterator[Path]:
     shutil.rmtree(made, ignore_errors=True)
 
 
-async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _peer: object) -> None:
-    writer.write(await reader.readline())
-    await writer.drain()
-    writer.close()
+class _Echo(asyncio.Protocol):
+    """Answers the first line with itself and closes (a `rbroker.transport.base.Handler`'s
+    protocol)."""
+
+    def __init__(self, _peer_of: object, _limit: int) -> None:
+        self.got = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.got += data
+        if b"\n" in self.got:
+            self.transport.write(self.got[: self.got.index(b"\n") + 1])  # type: ignore[attr-defined]
+            self.transport.close()
 
 
 def _ask(address: str) -> bytes:
@@ -200,7 +211,7 @@ def test_a_removed_socket_file_is_back_within_2_s(root: Path) -> None:
     address = str(root / "run" / "broker.sock")
 
     async def scenario() -> float:
-        server = await serve_unix(address, _echo, 65536)
+        server = await serve_unix(address, _Echo, 65536)
         try:
             loop = asyncio.get_running_loop()
             assert await loop.run_in_executor(None, _ask, address) == b"ping\n"
