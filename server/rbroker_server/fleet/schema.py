@@ -1,122 +1,32 @@
-"""Wire schema of the fleet reads (`/api/v1/fleet`, `/api/v1/computers/{id}[/history]`)."""
+"""Wire schema of the fleet reads (`/api/v1/fleet`, `/api/v1/computers/{id}[/history]`):
+the models of `rbroker_protocol.fleet`."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+from rbroker_protocol.fleet import (
+    ComputerView,
+    Flag,
+    FleetView,
+    Freshness,
+    FreshnessState,
+    GpuState,
+    GpuView,
+    HistoryPointView,
+    HistoryView,
+    JobView,
+    LeaseView,
+)
 
-from pydantic import BaseModel, Field
-
-from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport, QueueEntry
-
-FreshnessState = Literal["online", "stale", "offline"]
-GpuState = Literal["free", "busy", "full", "telemetry_unavailable", "lost"]
-
-
-class Freshness(BaseModel):
-    """How recent the computer's last applied report is, by the server's receive time.
-
-    `online`: within `stale_after_s`; `stale`: values are the last known ones, `age_s` old;
-    `offline`: past `offline_after_s` (or never reported); last known values still shown.
-    """
-
-    state: FreshnessState
-    last_seen_at: datetime | None
-    age_s: float | None
-    text: str
-
-
-class GpuView(GpuReport):
-    """A GPU's last known figures and its state, separate from the computer's freshness:
-    a full GPU is `full`, never `offline`.
-
-    Stored values are shown as stored: an identifier or state the report schema checks may
-    be `[redacted]` (it broke a description rule) or predate the check, so they are plain
-    text here (likewise in `LeaseView` and `JobView`)."""
-
-    uuid: str  # type: ignore[assignment]
-    telemetry: str = "ok"  # type: ignore[assignment]
-    state: GpuState
-    leases: int = 0
-
-
-class LeaseView(LeaseReport):
-    """An active lease as stored (see `GpuView` on identifiers and states)."""
-
-    lease_id: str  # type: ignore[assignment]
-    gpu_uuids: list[str]  # type: ignore[assignment]
-    state: str = "active"  # type: ignore[assignment]
-    observed_mib: dict[str, int] = Field(default_factory=dict)  # type: ignore[assignment]
-
-
-class JobView(JobSnapshot):
-    """A declared job as stored (see `GpuView` on identifiers and states)."""
-
-    job_id: str  # type: ignore[assignment]
-    state: str = "running"  # type: ignore[assignment]
-
-
-class Flag(BaseModel):
-    """A description field that broke a rule and was stored redacted."""
-
-    field: str
-    rule: str
-
-
-class ComputerView(BaseModel):
-    """One computer of the group with its latest (redacted) state."""
-
-    id: str
-    name: str
-    reported_name: str | None
-    freshness: Freshness
-    clock_skew_s: float | None
-    clock_warning: str | None
-    broker_version: str | None
-    telemetry_source: str | None
-    enrolled_at: datetime
-    revoked: bool
-    flagged: bool
-    flagged_at: datetime | None
-    flags: list[Flag]
-    run_id: str | None
-    seq: int | None
-    reports_applied: int
-    gpus: list[GpuView]
-    leases: list[LeaseView]
-    queue: list[QueueEntry]
-    jobs: list[JobView]
-    left_out: dict[str, int] = {}
-    """Per list (`leases`, `queue`, `jobs`), how many entries the computer's last report
-    left out to fit its size limit ("N jobs not shown")."""
-
-
-class FleetView(BaseModel):
-    """The caller's group and its computers (revoked ones left out)."""
-
-    group: str
-    generated_at: datetime
-    stale_after_s: float
-    offline_after_s: float
-    computers: list[ComputerView]
-
-
-class HistoryPointView(BaseModel):
-    """One downsampled point: per-GPU MiB figures, lease and queue counts, and each job's
-    cumulative counts (`job_id`, `purpose`, `state`, `total_items`, `completed_items`,
-    `failed_items`; empty for points written before jobs were kept)."""
-
-    at: datetime
-    gpus: list[dict[str, Any]]
-    leases: int
-    queue: int
-    jobs: list[dict[str, Any]] = []
-
-
-class HistoryView(BaseModel):
-    """A computer's history inside the window, oldest first."""
-
-    computer_id: str
-    window_s: float
-    step_s: float
-    points: list[HistoryPointView]
+__all__ = [
+    "ComputerView",
+    "Flag",
+    "FleetView",
+    "Freshness",
+    "FreshnessState",
+    "GpuState",
+    "GpuView",
+    "HistoryPointView",
+    "HistoryView",
+    "JobView",
+    "LeaseView",
+]
