@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import logging
 import sys
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, cast
 
@@ -96,8 +97,8 @@ class Connection(asyncio.Protocol):
     request tasks. Request lines are cut in `data_received` and served at once by the
     `LineServer`; reading pauses while answers wait unsent past `max_unsent` (bytes; the
     transport's `pause_writing`), while `MAX_IN_FLIGHT` requests are served, and while the
-    server holds it back (`hold`). `budget` counts its user's unsent bytes; `limit` is the
-    longest request line (bytes)."""
+    server holds it back (`hold`), e.g. until its user's next turn (`turns`). `budget` counts
+    its user's unsent bytes; `limit` is the longest request line (bytes)."""
 
     transport: asyncio.Transport
     peer: Peer
@@ -109,9 +110,11 @@ class Connection(asyncio.Protocol):
         limit: int = jsonrpc.MAX_LINE_BYTES,
         max_unsent: int = MAX_UNSENT_BYTES,
         budget: UnsentBudget | None = None,
+        turns: Turns | None = None,
     ) -> None:
         self.id = next(_conn_ids)
         self.server = server
+        self.turns = turns
         self.limit = limit
         self.tasks: set[asyncio.Task[None]] = set()
         self.requests: set[asyncio.Task[None]] = set()
@@ -127,7 +130,8 @@ class Connection(asyncio.Protocol):
         self._buf = bytearray()
         self._skipping = False  # inside a line over `limit`, discarded up to its newline
         self._eof = False
-        self._held: set[str] = set()  # why reading is paused
+        self._held: set[str] = set()  # why lines are not served now
+        self._reading_paused = False
         self._serving = False
         self._line_timer: asyncio.TimerHandle | None = None
         self._write_paused = False
@@ -166,7 +170,10 @@ class Connection(asyncio.Protocol):
             self._cancel_line_timer()
             self._too_long()
         self._buf += data
-        self._serve_lines()
+        if not self._held:
+            self._serve_lines()
+        elif len(self._buf) > self.limit:
+            self._pause_reading()
 
     def eof_received(self) -> bool:
         self._eof = True
@@ -193,11 +200,12 @@ class Connection(asyncio.Protocol):
 
     # -- reading ---------------------------------------------------------------------------
     def hold(self, why: str) -> None:
-        """Stop reading and serving lines until `release(why)`."""
-        if not self._held and not self.closed:
-            self.transport.pause_reading()
-            self._cancel_line_timer()
+        """Stop serving lines until `release(why)`, and stop reading: at once, or for a
+        `turn` (a wait of one turn of the loop, `Turns`) once more than `limit` bytes wait."""
+        self._cancel_line_timer()
         self._held.add(why)
+        if why != "turn":
+            self._pause_reading()
 
     def release(self, why: str) -> None:
         """End the hold `why`; with no hold left, serve the lines already read and read on."""
@@ -206,8 +214,15 @@ class Connection(asyncio.Protocol):
         self._held.discard(why)
         if self._held or self.closed:
             return
-        self.transport.resume_reading()
+        if self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()
         self._serve_lines()
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and not self.closed:
+            self._reading_paused = True
+            self.transport.pause_reading()
 
     def _serve_lines(self) -> None:
         """Serve the complete lines read, while nothing holds the connection back; time the
@@ -222,12 +237,17 @@ class Connection(asyncio.Protocol):
                 end = buf.find(b"\n", start)
                 if end < 0:
                     break
-                line = bytes(buf[start : end + 1])
-                start = end + 1
+                begin, start = start, end + 1
+                line = bytes(buf[begin:start])
                 if len(line) - 1 > self.limit:
                     self._too_long()
-                elif line.strip():
+                elif not line.strip():
+                    pass
+                elif self.turns is None or self.turns.take(self):
                     self._serve(line)
+                else:  # its user's share of this turn is spent: served in a later turn
+                    start = begin
+                    break
             if start:
                 del buf[:start]
                 self._cancel_line_timer()
@@ -321,6 +341,8 @@ class Connection(asyncio.Protocol):
         self._admitted = False
         for task in list(self.tasks):
             task.cancel()
+        if self.turns is not None:
+            self.turns.forget(self)
         self.server.forget(self)
 
     # -- the peer and writing ----------------------------------------------------------------
@@ -414,6 +436,60 @@ class Connection(asyncio.Protocol):
             log.warning("dropping connection %d of %s: %s", self.id, self.peer.user, why)
         self.closed = True
         self.transport.abort()
+
+
+LINES_PER_TURN = 16
+"""Request lines of one OS user served in one turn of the event loop (`Turns`)."""
+
+
+class Turns:
+    """Serves the OS users in turn, so one user's load bounds only that user's latency.
+
+    Each user's connections get at most `per_turn` request lines served in one turn of the
+    event loop. A connection with a line past its user's share is held back (`hold`; its
+    line stays in its buffer) and waits in its user's queue; at the start of the next turn
+    the queues are served user by user, each up to its share again, before what the loop
+    read meanwhile. So a user who
+    keeps 500 connections busy has 500 requests queued behind each other, while another
+    user's request waits at most for one turn: `per_turn` lines of each busy user.
+    """
+
+    def __init__(self, per_turn: int = LINES_PER_TURN) -> None:
+        self.per_turn = per_turn
+        self._served: dict[int | str, int] = {}
+        self._waiting: dict[int | str, deque[Connection]] = {}
+        self._next: asyncio.Handle | None = None
+
+    def take(self, conn: Connection) -> bool:
+        """Whether `conn` may serve a line now; False: it was queued for a later turn (and
+        is held back until then)."""
+        key = conn.user_key
+        served = self._served.get(key, 0)
+        if self._next is None:
+            self._next = asyncio.get_running_loop().call_soon(self._new_turn)
+        if served >= self.per_turn:
+            conn.hold("turn")
+            self._waiting.setdefault(key, deque()).append(conn)
+            return False
+        self._served[key] = served + 1
+        return True
+
+    def _new_turn(self) -> None:
+        self._next = None
+        self._served.clear()
+        for key, queue in list(self._waiting.items()):
+            while queue and self._served.get(key, 0) < self.per_turn:
+                queue.popleft().release("turn")  # serves its lines (queued again past the share)
+            if not queue and self._waiting.get(key) is queue:
+                del self._waiting[key]
+
+    def forget(self, conn: Connection) -> None:
+        """`conn` closed: out of its user's queue."""
+        queue = self._waiting.get(conn.user_key)
+        if queue is not None and conn in queue:
+            queue.remove(conn)
+            if not queue:
+                del self._waiting[conn.user_key]
 
 
 def _abort(transport: asyncio.Transport) -> None:

@@ -62,6 +62,7 @@ from rbroker.localapi.connection import (
     UNSENT_DROP_AFTER_S,
     Connection,
     PerUserLimit,
+    Turns,
     UnsentBudget,
     raise_open_file_limit,
     tell_waiting,
@@ -145,6 +146,7 @@ class LocalApi:
         self._server: ListeningServer | None = None
         self._connections: set[Connection] = set()
         self._per_user = PerUserLimit(MAX_CONNECTIONS_PER_USER)
+        self._turns = Turns()
         self.unsent = UnsentBudget(0)  # its cap comes from the broker's config at start()
         self.admin_methods = frozenset({"broker.pause", "sim.set", "sim.stall"})
         self.methods: dict[str, tuple[type[BaseModel], Method]] = {
@@ -205,7 +207,8 @@ class LocalApi:
     # -- connections ---------------------------------------------------------------------
     def _accept(self, peer_of: PeerOf, limit: int) -> Connection:
         """The protocol of a new connection (`rbroker.transport.base.Handler`)."""
-        return Connection(self, peer_of, limit, self.config.max_unsent_bytes, self.unsent)
+        cap = self.config.max_unsent_bytes
+        return Connection(self, peer_of, limit, cap, self.unsent, self._turns)
 
     def admit(self, conn: Connection) -> bool:
         """Admit `conn` (its peer read), or refuse it (`too_many_connections`, or a user
