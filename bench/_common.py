@@ -240,10 +240,12 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def timed_lease_cycle(
-    client: rbroker.Client, acquire: Mapping[str, Any]
+    client: rbroker.Client, acquire: Mapping[str, Any], pipelined: bool = False
 ) -> tuple[float, float, float]:
     """One `lease.acquire` (with `acquire` as its params) + `lease.renew` + `lease.release`
-    of the granted lease through `client`; the seconds (perf_counter) each call took.
+    of the granted lease through `client`; the seconds (perf_counter) each call took. With
+    `pipelined`, the renewal is sent as the SDK's heartbeat sends it (`call_nowait`: its
+    time is the write's; its answer is read with the release's).
 
     Raises:
         rbroker.RBrokerError: a call failed (as `Client.call` raises it).
@@ -252,7 +254,10 @@ def timed_lease_cycle(
     t0 = clock()
     lid = client.call("lease.acquire", **acquire)["lease"]["lease_id"]
     t1 = clock()
-    client.call("lease.renew", lease_id=lid)
+    if pipelined:
+        client.call_nowait("lease.renew", lease_id=lid)
+    else:
+        client.call("lease.renew", lease_id=lid)
     t2 = clock()
     client.call("lease.release", lease_id=lid)
     t3 = clock()

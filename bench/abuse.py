@@ -69,7 +69,7 @@ def cycles_for(c: rbroker.Client, seconds: float, proc: psutil.Process | None = 
     end = time.monotonic() + seconds
     acquire = {"mib": 64, **PARAMS}
     while time.monotonic() < end:
-        out.append(sum(timed_lease_cycle(c, acquire)))
+        out.append(sum(timed_lease_cycle(c, acquire, pipelined=True)))
         if proc is not None:
             peak = max(peak, proc.memory_info().rss)
     return out, peak

@@ -107,6 +107,7 @@ class _Holder:
         self.interval_s = max(0.2, ttl_s / 3)
         self._stop = threading.Event()
         client.on_event = self._on_event
+        client.on_failed = self._on_failed
         # written to on release: wakes the heartbeat thread out of its wait at once
         self._wake_r, self._wake_w = _socket.socketpair()
         self._thread = threading.Thread(
@@ -123,6 +124,12 @@ class _Holder:
             state, reason = data.get("state"), data.get("ended_reason")
             why = f"lease {self.lease.lease_id} ended: {state} ({reason})"
             self._lose(LeaseExpired(why, "lease_expired", **data))
+
+    def _on_failed(self, method: str, exc: RBrokerError) -> None:
+        # a pipelined renewal was refused (the lease expired or was ended): lost, whichever
+        # thread read the answer
+        if method == "lease.renew" and not self._stop.is_set():
+            self._lose(exc)
 
     def _lose(self, exc: RBrokerError) -> None:
         if self.lease.lost:
@@ -145,14 +152,16 @@ class _Holder:
                 if self._stop.is_set() or not self._reattach():
                     return
                 continue
-            if self._stop.is_set():
+            if self._stop.is_set() or self.lease.lost:
                 return
             try:
-                # A slow answer is a stalled broker (it grants a TTL of grace), not a lost
-                # one: giving up would close this connection, and that releases the lease.
-                # So wait as long as the connection stays open, however long the stall; a
-                # broker that dies closes it, and that is what starts a re-attach.
-                self.client.call("lease.renew", lease_id=self.lease.lease_id, timeout_s=None)
+                # Pipelined: the renewal is sent and not waited for. Its answer is read while
+                # the thread watches the connection (or by the next call on it); a refusal
+                # reaches `_on_failed`, which marks the lease lost. A slow answer is a
+                # stalled broker (it grants a TTL of grace), not a lost one: nothing here
+                # gives up on it; a broker that dies closes the connection, and that is what
+                # starts a re-attach.
+                self.client.call_nowait("lease.renew", lease_id=self.lease.lease_id)
             except BrokerUnavailable:
                 if self._stop.is_set() or not self._reattach():
                     return
@@ -195,9 +204,9 @@ class _Holder:
             self._wake_w.send(b"x")
         self._thread.join(timeout=self.interval_s + 2.0)
         self._wake_w.close()
-        if self._thread.is_alive():
-            # its heartbeat still waits on a stalled broker: do not wait behind it; closing
-            # the connection releases the lease as soon as the broker runs again
+        if self._thread.is_alive() or not self.client.settle(RENEWAL_ANSWER_WAIT_S):
+            # its heartbeat is not answered: the broker is stalled. Do not wait behind it;
+            # closing the connection releases the lease as soon as the broker runs again
             log.warning("lease %s: broker not answering; released by closing", self.lease.lease_id)
             self.client.close()
             return
@@ -218,6 +227,10 @@ class _Holder:
         finally:
             self.client.close()
 
+
+RENEWAL_ANSWER_WAIT_S = 1.0
+"""How long a release waits for the answer to the last (pipelined) renewal; past it the broker
+is taken as stalled and the lease released by closing its connection."""
 
 RELEASE_DELIVERY_WINDOW_S = 600.0
 """How long a release that could not be delivered (broker down) keeps being retried."""

@@ -3,6 +3,9 @@
 Thread-safe: one request at a time per connection (a lock), so a heartbeat thread and the
 caller's thread can share it. Event notifications (`events.subscribe`, and `over_grant` on a
 lease's own connection) are queued for `next_event()` and passed to `on_event` if set.
+A request sent with `call_nowait` (pipelined: a heartbeat's `lease.renew`) is not waited
+for; its answer is read with whatever is read next on the connection, and an error in it is
+passed to `on_failed` as soon as it is read and raised by the next call.
 """
 
 from __future__ import annotations
@@ -187,6 +190,11 @@ class Client:
         address or the per-user address (`rbroker.client.paths.FOUND_*`)."""
         self.on_event: Callable[[dict[str, Any]], None] | None = None
         """Called with each event notification as it is read (on the reading thread)."""
+        self.on_failed: Callable[[str, RBrokerError], None] | None = None
+        """Called with `(method, error)` when the answer to a `call_nowait` request is an
+        error, as it is read (on the reading thread)."""
+        self._pipelined: dict[int, str] = {}  # request id → method, of call_nowait requests
+        self._failed: list[RBrokerError] = []  # their errors, for the next call to raise
         self.server_info: dict[str, Any] = {}
         if hello:
             try:
@@ -217,6 +225,70 @@ class Client:
             self._closed = True
             self._stream.close()
 
+    def _request(self, method: str, params: dict[str, Any]) -> tuple[int, bytes]:
+        bad = jsonrpc.non_finite_path(params)
+        if bad is not None:
+            raise InvalidParams(
+                f"invalid params: {bad} must be a finite number, not {_at(params, bad)!r}",
+                "invalid_params",
+            )
+        request_id = next(self._ids)
+        return request_id, jsonrpc.encode(jsonrpc.request(request_id, method, params))
+
+    def _raise_failed(self) -> None:
+        """Raise the first error a pipelined request got (the lock held)."""
+        if self._failed:
+            raise self._failed.pop(0)
+
+    def _pipelined_answer(self, msg: dict[str, Any]) -> bool:
+        """Take `msg` if it answers a `call_nowait` request: an error is kept for the next
+        call and passed to `on_failed`. True when it was one and carried an error."""
+        request_id = msg.get("id")
+        method = self._pipelined.pop(request_id, None) if isinstance(request_id, int) else None
+        if method is None or not isinstance(msg.get("error"), dict):
+            return False
+        try:
+            exc = from_rpc_error(RpcError.from_wire(msg["error"]))
+        except Exception:  # an error we cannot read is still an error
+            exc = RBrokerError(f"{method} failed: {msg['error']!r}", "internal_error")
+        self._failed.append(exc)
+        if self.on_failed is not None:
+            try:
+                self.on_failed(method, exc)
+            except Exception:  # the hook never breaks the connection
+                log.exception("on_failed hook failed")
+        return True
+
+    def call_nowait(self, method: str, **params: Any) -> None:
+        """Send one request without waiting for its answer (pipelined): the answer is read
+        with whatever is read next on this connection (`call`, `wait_until_closed`,
+        `wait_event`); when it is an error, `on_failed` gets it as it is read and the next
+        call raises it: the `call` that reads it (its own answer is then dropped), else the
+        first to start after it was read. The broker answers a connection's requests that
+        do not wait in order, so a `call` after it reads this answer first. The SDK
+        pipelines a lease's renewals on the lease's own connection, where the next call is
+        that lease's release or resize.
+
+        Raises:
+            RBrokerError: the error of an earlier pipelined request, not raised yet (this
+                request is then not sent).
+            InvalidParams: a parameter is NaN or infinite.
+            BrokerUnavailable: the connection broke, or the write timed out.
+        """
+        request_id, data = self._request(method, params)
+        with self._lock:
+            if self._closed:
+                raise BrokerUnavailable("client is closed", "broker_unavailable")
+            self._raise_failed()
+            try:
+                self._stream.settimeout(self.timeout_s)
+                self._stream.write(data)
+            except OSError as exc:
+                raise BrokerUnavailable(
+                    f"lost the broker at {self.address}: {exc}", "broker_unavailable"
+                ) from None
+            self._pipelined[request_id] = method
+
     def call(self, method: str, timeout_s: float | None = -1.0, **params: Any) -> Any:
         """Send one request and return its `result`.
 
@@ -225,22 +297,19 @@ class Client:
                 None waits forever.
 
         Raises:
-            RBrokerError: the broker's error, as the exception class of its code.
+            RBrokerError: the broker's error, as the exception class of its code; or the
+                error of an earlier `call_nowait` request, not raised yet (read before this
+                request was sent: it is not sent; read with its answer: that answer is
+                dropped).
             InvalidParams: a parameter is NaN or infinite (JSON has no such number; it
                 is refused here, never sent as `null`, which would mean "not given").
             BrokerUnavailable: the connection broke or timed out.
         """
-        bad = jsonrpc.non_finite_path(params)
-        if bad is not None:
-            raise InvalidParams(
-                f"invalid params: {bad} must be a finite number, not {_at(params, bad)!r}",
-                "invalid_params",
-            )
-        request_id = next(self._ids)
-        data = jsonrpc.encode(jsonrpc.request(request_id, method, params))
+        request_id, data = self._request(method, params)
         with self._lock:
             if self._closed:
                 raise BrokerUnavailable("client is closed", "broker_unavailable")
+            self._raise_failed()
             try:
                 self._stream.settimeout(self.timeout_s if timeout_s == -1.0 else timeout_s)
                 self._stream.write(data)
@@ -260,8 +329,11 @@ class Client:
                     if msg.get("id") is None and isinstance(msg.get("error"), dict):
                         _raise_refusal(msg["error"], self.address)  # refused at connect
                     if msg.get("id") != request_id:
-                        continue  # an answer to an abandoned request
+                        # a pipelined request's answer, or one to an abandoned request
+                        self._pipelined_answer(msg)
+                        continue
                     break
+                self._raise_failed()  # a pipelined request read meanwhile was refused
             except (OSError, ValueError) as exc:
                 if isinstance(exc, OSError):  # refused at connect, closed before we wrote
                     self._raise_pending_refusal()
@@ -291,8 +363,9 @@ class Client:
         """Block up to `timeout_s` s; True as soon as the broker closes this connection.
 
         Returns False when the time passes, `wake` (a socket another thread writes to)
-        becomes readable, or this client is closed (by any thread). Event notifications that
-        arrive meanwhile are queued for `next_event`.
+        becomes readable, this client is closed (by any thread), or the answer to a
+        `call_nowait` request is an error (`on_failed` has it). Event notifications that
+        arrive meanwhile are queued for `next_event`; answers to pipelined requests are taken.
         """
         end = time.monotonic() + timeout_s
         while True:
@@ -317,12 +390,40 @@ class Client:
                     continue
                 except (OSError, ValueError):
                     return not self._closed  # closed here, by another thread: not the broker
-            if not line:
-                return True
-            with contextlib.suppress(ValueError):
-                msg = jsonrpc.decode(line)
-                if isinstance(msg, dict) and msg.get("method") == "event":
-                    self._queue_event(msg.get("params") or {})
+                if not line:
+                    return True
+                with contextlib.suppress(ValueError):
+                    msg = jsonrpc.decode(line)
+                    if isinstance(msg, dict) and msg.get("method") == "event":
+                        self._queue_event(msg.get("params") or {})
+                    elif isinstance(msg, dict) and self._pipelined_answer(msg):
+                        return False  # a pipelined request failed: the caller looks
+
+    def settle(self, timeout_s: float) -> bool:
+        """Read the answers to this connection's `call_nowait` requests, for up to
+        `timeout_s` s; True once none is unanswered (a refusal among them goes to
+        `on_failed` and waits for the next call), False when the time passed first (the
+        broker is stalled) or the connection broke. Events read meanwhile are queued."""
+        end = time.monotonic() + timeout_s
+        with self._lock:
+            while self._pipelined:
+                remaining = end - time.monotonic()
+                if remaining <= 0 or self._closed:
+                    return False
+                try:
+                    self._stream.settimeout(remaining)
+                    line = self._stream.readline()
+                except (OSError, ValueError):  # TimeoutError among them
+                    return False
+                if not line:
+                    return False
+                with contextlib.suppress(ValueError):
+                    msg = jsonrpc.decode(line)
+                    if isinstance(msg, dict) and msg.get("method") == "event":
+                        self._queue_event(msg.get("params") or {})
+                    elif isinstance(msg, dict):
+                        self._pipelined_answer(msg)
+            return True
 
     def next_event(self, timeout_s: float | None = None) -> dict[str, Any] | None:
         """The next queued event notification (after `subscribe()`), or None on timeout.
@@ -366,6 +467,9 @@ class Client:
             raise BrokerUnavailable(f"lost the broker: {exc}", "broker_unavailable") from None
         if isinstance(msg, dict) and msg.get("method") == "event":
             return msg.get("params")
+        if isinstance(msg, dict):
+            with self._lock:
+                self._pipelined_answer(msg)
         return None
 
     # -- typed helpers ---------------------------------------------------------------------
