@@ -4,11 +4,11 @@
 #   bench/gpu_check.sh [extra pytest arguments]
 #
 # On a machine with an NVIDIA driver it runs the NVML gateway contract on real NVML
-# (tests/desktop/test_nvml_gateway.py::TestRealNvml), a broker on real NVML, and, where
+# (tests/desktop/gpu/test_nvml_gateway.py::TestRealNvml), a broker on real NVML, and, where
 # PyTorch with CUDA is installed, memory allocated inside a lease attributed to that lease
 # and `lease.limit_torch()` stopping an allocation past the grant with an out-of-memory error
 # while the lease stays intact (where JAX is installed, the same with
-# XLA_PYTHON_CLIENT_MEM_FRACTION from the lease) (tests/desktop/test_real_gpu.py). Without a
+# XLA_PYTHON_CLIENT_MEM_FRACTION from the lease) (tests/desktop/gpu/test_real_gpu.py). Without a
 # driver every test is skipped, with the reason.
 # Python: $PYTHON, else .venv/bin/python, else `uv run python`.
 set -uo pipefail

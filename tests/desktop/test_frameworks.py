@@ -2,7 +2,7 @@
 rounding, the environment and placeholders `rbroker run` gives a real child, and
 `limit_torch()` / `limit_tensorflow()` in a real process holding a real lease, with a test
 double at the framework boundary (tests/fakes: a CPU build of PyTorch cannot take
-`set_per_process_memory_fraction`; the real call is checked by tests/desktop/test_real_gpu.py).
+`set_per_process_memory_fraction`; the real call is checked by tests/desktop/gpu/test_real_gpu.py).
 """
 
 from __future__ import annotations

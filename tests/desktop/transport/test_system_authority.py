@@ -29,7 +29,7 @@ from rbroker.transport.authority import LOCK_FILE
 from rbroker.transport.machine_lock import ENV_LOCK
 from rbroker.transport.system_paths import ENV_SYSTEM_SOCKET
 from tests.conftest import short_tmp
-from tests.desktop.test_system_broker import (
+from tests.desktop.hosting.test_system_broker import (
     SystemBroker,
     _broker_command,
     _spawn,

@@ -32,7 +32,7 @@ from rbroker.gpu.process_counters import (
 )
 from tests.desktop.inprocess import InProcessBroker
 
-SAMPLE = Path(__file__).parent.parent / "data" / "windows" / "gpu_process_memory.json"
+SAMPLE = Path(__file__).parents[2] / "data" / "windows" / "gpu_process_memory.json"
 NV_LUID = 0x0000D1A2
 IGPU_LUID = 0x0000C3F1
 HIGH_LUID = 1 << 32 | 0x00002A10

@@ -35,8 +35,8 @@ from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease
 from tests.conftest import SINGLE_24G, BrokerProcess, wait_until
 from tests.desktop.conftest import RawConnection, WorkerProcess
+from tests.desktop.gpu.test_gpu_faults import case3_hung_memory_query_for_60_s
 from tests.desktop.inprocess import InProcessBroker
-from tests.desktop.test_gpu_faults import case3_hung_memory_query_for_60_s
 
 PARAMS = {"project": "tests", "session": "clocks", "purpose": "time jumps"}
 

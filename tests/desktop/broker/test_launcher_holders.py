@@ -23,7 +23,7 @@ from rbroker.broker.launchers import (
     snapshot_around,
 )
 
-TREES = Path(__file__).parent.parent / "data" / "windows" / "process_trees.json"
+TREES = Path(__file__).parents[2] / "data" / "windows" / "process_trees.json"
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from tests.conftest import GPU1, WORKER, BrokerProcess, short_tmp
 from tests.desktop.mig import SLICE_A, SLICE_B
 
 REPORT_ENV = str(Path(WORKER) / "report_env.py")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 TWO_24G = """
 [[gpu]]

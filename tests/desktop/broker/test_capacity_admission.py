@@ -160,7 +160,7 @@ def test_headroom_larger_than_the_gpu_makes_every_request_infeasible(
     broker_factory: Callable[..., BrokerProcess],
 ) -> None:
     """A headroom at least the GPU's total is refused when the broker starts
-    (tests/desktop/test_startup_failures.py); a GPU that shrinks below it later (a MIG
+    (tests/desktop/hosting/test_startup_failures.py); a GPU that shrinks below it later (a MIG
     reconfiguration, here a rewritten scenario) refuses every request as infeasible."""
     broker = broker_factory(headroom_mib=20000)
     broker.write_scenario(SINGLE_24G.replace("24576", "16384"))

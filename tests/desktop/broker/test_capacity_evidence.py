@@ -29,7 +29,7 @@ from tests.conftest import GPU0, WORKER, BrokerProcess, start_broker, wait_until
 from tests.desktop.conftest import WorkerProcess
 
 TOTAL, HEADROOM = 24576, 1024
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 PARAMS: dict[str, Any] = {"project": "tests", "session": "evidence", "purpose": "capacity rules"}
 ROOT_ONLY = pytest.mark.skipif(
     sys.platform != "linux" or os.geteuid() != 0, reason="needs root on Linux"

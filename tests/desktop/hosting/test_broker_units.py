@@ -16,7 +16,7 @@ import pytest
 
 from rbroker.cli.main import build_parser
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SYSTEM_UNIT = ROOT / "packaging" / "linux" / "rbroker-broker.service"
 USER_UNIT = ROOT / "packaging" / "linux" / "rbroker-broker-user.service"
 RBROKER = str(Path(sys.executable).with_name("rbroker"))

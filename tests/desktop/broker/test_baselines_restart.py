@@ -17,8 +17,8 @@ import pytest
 from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease
 from tests.conftest import GPU0
+from tests.desktop.broker.test_nested_holders import GPUS, USABLE, tree  # noqa: F401 - a fixture
 from tests.desktop.inprocess import InProcessBroker
-from tests.desktop.test_nested_holders import GPUS, USABLE, tree  # noqa: F401 - a fixture
 
 
 @pytest.fixture
