@@ -12,6 +12,7 @@ import nacl.signing
 from rbroker.uplink.config import UplinkConfig
 from rbroker.uplink.errors import UplinkError, detail_of, network_error
 from rbroker.uplink.keys import FileKeyStore, KeyringKeyStore, KeyStore, KeyStoreError
+from rbroker_protocol.enroll import EnrollRequest, EnrollResponse
 from rbroker_protocol.signing import public_key_b64
 
 
@@ -116,7 +117,10 @@ def enroll(
     try:
         response = httpx.post(
             f"{url}/api/v1/enroll",
-            json={"code": code, "name": name, "public_key": public_key_b64(key)},
+            # the declared shape, unchecked here: the coordinator checks it and says what is wrong
+            json=EnrollRequest.model_construct(
+                code=code, name=name, public_key=public_key_b64(key)
+            ).model_dump(),
             verify=verify,
             timeout=timeout_s,
         )
@@ -129,11 +133,19 @@ def enroll(
         what = REFUSED.get(response.status_code, "the coordinator refused the enrollment")
         hint = "ask the coordinator's admin for a new code" if response.status_code == 401 else ""
         raise EnrollError(f"{what} (HTTP {response.status_code}: {detail})", hint)
-    body = response.json()
+    try:
+        answer = EnrollResponse.model_validate(response.json())
+    except ValueError as exc:  # not JSON, or not the declared shape
+        _undo(store, previous)
+        first = str(exc).splitlines()[0]
+        raise EnrollError(
+            f"the coordinator's answer to the enrollment is not what rbroker expects ({first})",
+            "is the URL a rbroker coordinator of this version?",
+        ) from None
     config = UplinkConfig(
         url=url,
-        computer_id=str(body["computer_id"]),
-        group=str(body.get("group", "")),
+        computer_id=answer.computer_id,
+        group=answer.group,
         name=name,
         key_backend="file" if key_file else "keyring",
         ca_file=str(Path(ca_file).resolve()) if ca_file else None,
