@@ -30,7 +30,7 @@ from rbroker._frameworks import (
 from rbroker.broker.capacity import default_headroom_mib
 from tests.conftest import GPU0, GPU1, WORKER, BrokerProcess
 
-FAKES = Path(__file__).parent.parent / "fakes"
+FAKES = Path(__file__).parents[2] / "fakes"
 REPORT = str(WORKER / "report_framework_env.py")
 LIMIT = str(WORKER / "limit_framework.py")
 
