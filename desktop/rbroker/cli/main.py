@@ -1,4 +1,4 @@
-"""`rbroker` command line: broker, status, run, demo, tray."""
+"""`rbroker` command line: broker, status, top, run, demo, tray."""
 
 from __future__ import annotations
 
@@ -135,7 +135,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="GPU capacity and leases of the local broker")
     _add_socket(s)
-    s.add_argument("--json", action="store_true", help="print the raw JSON")
+    shown = s.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="print the raw JSON")
+    shown.add_argument(
+        "--watch", action="store_true", help="refresh live each second until q or Ctrl-C (= top)"
+    )
+
+    t = sub.add_parser(
+        "top",
+        help="the local broker live: GPUs, leases, queue, jobs (q or Ctrl-C quits)",
+        description="The local broker's GPUs with capacity bars, its leases, its queue with "
+        "each request's reason and ETA, and its jobs with their progress, redrawn each second "
+        "until q or Ctrl-C. The same as `rbroker status --watch`.",
+        epilog="exit codes: 0; 69 no broker answers at the start",
+    )
+    _add_socket(t)
+    t.add_argument("--once", action="store_true", help="draw one frame and exit")
 
     r = sub.add_parser(
         "run",
@@ -288,6 +303,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rbroker.cli.broker_cmd import run_broker
 
         return run_broker(args)
+    if args.command == "top" or (args.command == "status" and args.watch):
+        from rbroker.cli.top import run_top
+
+        return run_top(args)
     if args.command == "status":
         from rbroker.cli.status import run_status
 

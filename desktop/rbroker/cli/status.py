@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 
 from rich.console import Console
 from rich.text import Text
 
 import rbroker
 from rbroker.cli.views import broker_view, print_view
+from rbroker_protocol.results import BrokerStatus
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -31,6 +33,17 @@ def run_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"broker": found, "status": status, "gpus": gpus, **leases}, indent=2))
         return 0
+    print_view(console, broker_view(gpus, leases, status_header(status, found)))
+    link = status["coordinator"]
+    if link.get("warning"):
+        console.print(Text(f"warning: {link['warning']}", style="bold yellow"), soft_wrap=True)
+    return 0
+
+
+def status_header(status: BrokerStatus, found: Mapping[str, str]) -> str:
+    """The lines above the tables: version, uptime, telemetry (SIMULATED, or NVML with the
+    driver), the coordinator link, the broker's address and how it was found (`found`:
+    `{"address", "found_by"}`), why NVML does not initialise, and where the private key is."""
     source = status["telemetry_source"]
     header = (
         f"rbroker {status['version']} — up {status['uptime_s']:.0f} s — telemetry: "
@@ -46,7 +59,4 @@ def run_status(args: argparse.Namespace) -> int:
     link = status["coordinator"]
     if link.get("key"):
         header += f"\nprivate key: {link['key']}"
-    print_view(console, broker_view(gpus, leases, header))
-    if link.get("warning"):
-        console.print(Text(f"warning: {link['warning']}", style="bold yellow"), soft_wrap=True)
-    return 0
+    return header

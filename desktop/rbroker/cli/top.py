@@ -1,0 +1,225 @@
+"""`rbroker top` (also `rbroker status --watch`): the local broker's state, live.
+
+Each second the same calls as `rbroker status` (`broker.status`, `gpus.list`, `leases.list`)
+and `jobs.list` are made and drawn as one frame (`frame`): the header, the GPUs with their
+capacity bars (leases' use, granted, others' use, headroom, available, in MiB), the leases,
+the queue with each request's whole reason (wrapped, never cut) and its ETA where the broker
+gives one, and the active jobs with their progress. Every table fits 80 columns (see
+`rbroker.cli.sheet`). `q` or Ctrl-C ends it (exit 0, no traceback); a broker that goes away
+is one line under the last frame while it is tried again every second; `--once` draws one
+frame and ends (plain rows when the output is not a terminal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.text import Text
+
+import rbroker
+from rbroker.cli.status import status_header
+from rbroker.cli.views import View, broker_view, jobs_table, print_view
+
+REFRESH_S = 1.0
+"""Seconds between two frames, and between attempts to reach a broker that has gone."""
+QUIT_KEYS = frozenset("qQ")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One reading of the broker: the answers of `broker.status`, `gpus.list`, `leases.list`
+    and `jobs.list` (active jobs only), and `found` (`{"address", "found_by"}`)."""
+
+    status: Any
+    gpus: list[Any]
+    leases: Any
+    jobs: list[Any]
+    found: dict[str, str]
+
+
+class Source:
+    """The local broker, read over one connection that is opened again after the broker
+    restarts or goes away: `read()` gives a `Snapshot`, or None while no broker answers
+    (`lost` says why, in the client's words)."""
+
+    def __init__(self, socket: str | None) -> None:
+        self._socket = socket
+        self._client: rbroker.Client | None = None
+        self.lost: str | None = None
+
+    def read(self) -> Snapshot | None:
+        """A `Snapshot`, or None (and `lost` set) when the broker cannot be reached or
+        refuses this user (`NotAllowed`: for this user no broker answers)."""
+        try:
+            if self._client is None:
+                self._client = rbroker.Client(self._socket, timeout_s=5)
+            client = self._client
+            snapshot = Snapshot(
+                status=client.status(),
+                gpus=list(client.gpus()),
+                leases=client.leases(),
+                jobs=list(client.call("jobs.list", include_finished=False)["jobs"]),
+                found={"address": client.address, "found_by": client.found_by},
+            )
+        except (rbroker.BrokerUnavailable, rbroker.NotAllowed, OSError) as exc:
+            self.lost = str(exc)
+            self.close()
+            return None
+        self.lost = None
+        return snapshot
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def frame(snapshot: Snapshot, now_wall: float | None = None) -> View:
+    """One frame: `rbroker status`'s header with the time of the reading, the GPUs with
+    bars, the leases, the queue (reason whole; ETA where the entries carry `eta_s`), the
+    jobs (a line saying there are none), the coordinator's warning if any, and how to quit."""
+    clock = time.strftime("%H:%M:%S", time.localtime(now_wall))
+    header = f"{status_header(snapshot.status, snapshot.found)}\nread at {clock}"
+    view = broker_view(snapshot.gpus, snapshot.leases, header, jobs=snapshot.jobs)
+    if not snapshot.jobs:
+        view.parts.append(jobs_table([]))
+    warning = snapshot.status.get("coordinator", {}).get("warning")
+    if warning:
+        view.parts.append(Text(f"warning: {warning}", style="bold yellow"))
+    view.parts.append(Text("q or Ctrl-C quits", style="dim"))
+    return view
+
+
+def lost_line(lost: str) -> Text:
+    """What is shown under the last frame while the broker does not answer."""
+    return Text(
+        f"broker not answering, trying again every {REFRESH_S:g} s: {lost}", style="bold yellow"
+    )
+
+
+def run_top(args: argparse.Namespace) -> int:
+    """`rbroker top [--once]` and `rbroker status --watch`. Exit 0 (after `q` or Ctrl-C, or
+    after the one frame of `--once`), or 69 when no broker answers at the start."""
+    console = Console()
+    source = Source(args.socket)
+    try:
+        snapshot = source.read()
+        if snapshot is None:
+            Console(stderr=True).print(f"rbroker top: {source.lost}", markup=False, soft_wrap=True)
+            return 69
+        if getattr(args, "once", False):
+            print_view(console, frame(snapshot))
+            return 0
+        try:
+            if console.is_terminal:
+                _live(console, source, snapshot)
+            else:
+                _plain(console, source, snapshot)
+        except KeyboardInterrupt:
+            pass
+        return 0
+    finally:
+        source.close()
+
+
+def _plain(console: Console, source: Source, snapshot: Snapshot | None) -> None:
+    """A pipe or file: a plain frame each second; a lost broker is one line on stderr when it
+    goes and one when it is back. Ends on Ctrl-C (KeyboardInterrupt, caught by the caller)."""
+    said_lost = False
+    while True:
+        if snapshot is not None:
+            if said_lost:
+                print("rbroker top: the broker answers again", file=sys.stderr, flush=True)
+                said_lost = False
+            print_view(console, frame(snapshot))
+            console.file.write("\n")
+            console.file.flush()
+        elif not said_lost and source.lost is not None:
+            print(f"rbroker top: {lost_line(source.lost).plain}", file=sys.stderr, flush=True)
+            said_lost = True
+        time.sleep(REFRESH_S)
+        snapshot = source.read()
+
+
+def _live(console: Console, source: Source, snapshot: Snapshot) -> None:
+    """A terminal: the frame redrawn each second on the alternate screen until `q` (or
+    Ctrl-C, a KeyboardInterrupt the caller catches); while the broker is lost the last frame
+    stays with a line under it saying so."""
+    last: RenderableType = frame(snapshot)
+    with _keys() as pressed, Live(last, console=console, screen=True, auto_refresh=False) as live:
+        live.refresh()
+        while True:
+            deadline = time.monotonic() + REFRESH_S
+            while (left := deadline - time.monotonic()) > 0:
+                if pressed(left) in QUIT_KEYS:
+                    return
+            fetched = source.read()
+            if fetched is not None:
+                last = frame(fetched)
+                live.update(last, refresh=True)
+            elif source.lost is not None:
+                live.update(Group(last, lost_line(source.lost)), refresh=True)
+
+
+def _no_keys(timeout_s: float) -> str:
+    """No keyboard to read: only waits."""
+    time.sleep(timeout_s)
+    return ""
+
+
+if sys.platform == "win32":
+    import msvcrt
+
+    @contextlib.contextmanager
+    def _keys() -> Iterator[Any]:
+        """`pressed(timeout_s)`: the key typed within `timeout_s`, or "" (the console's
+        keyboard buffer, read without echo)."""
+
+        def pressed(timeout_s: float) -> str:
+            end = time.monotonic() + timeout_s
+            while time.monotonic() < end:
+                if msvcrt.kbhit():
+                    return msvcrt.getwch()
+                time.sleep(0.05)
+            return ""
+
+        yield pressed
+
+else:
+    import os
+    import select
+    import termios
+    import tty
+
+    @contextlib.contextmanager
+    def _keys() -> Iterator[Any]:
+        """`pressed(timeout_s)`: the key typed within `timeout_s`, or "". The terminal is in
+        cbreak mode meanwhile (keys arrive unechoed, one at a time; Ctrl-C still interrupts)
+        and is put back as it was on the way out; where stdin is not a terminal no key is
+        read and `pressed` only waits."""
+        fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else -1
+        if fd < 0:
+            yield _no_keys
+            return
+        saved = termios.tcgetattr(fd)
+        tty.setcbreak(fd)
+
+        def pressed(timeout_s: float) -> str:
+            ready, _, _ = select.select([fd], [], [], timeout_s)
+            key = os.read(fd, 1) if ready else b""
+            if ready and not key:  # the terminal is gone: nothing more to read
+                time.sleep(timeout_s)
+            return key.decode(errors="replace")
+
+        try:
+            yield pressed
+        finally:
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
