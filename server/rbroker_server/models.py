@@ -2,13 +2,13 @@
 
 Tables: groups, viewer tokens, enrollment codes (hashed), computers (with their latest
 state), runs seen per computer (so a retired run can never be replayed), downsampled
-history points, used request nonces, the web view's sign-in sessions, the write probe
-of `/healthz` and the attempts rate limits count.
+history points, daily usage per computer, project and user, used request nonces, the web
+view's sign-in sessions, the write probe of `/healthz` and the attempts rate limits count.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -123,6 +123,26 @@ class HistoryPoint(SQLModel, table=True):
     )
     at: datetime = Field(sa_column=sa.Column(UtcDateTime, primary_key=True, index=True))
     data: dict[str, Any] = Field(sa_type=JsonType)
+
+
+class DailyUsage(SQLModel, table=True):
+    """GPU memory granted and used on one computer on one day (UTC) by one project and
+    user, in MiB-hours (`rbroker_protocol.usage`): each applied report adds its active
+    leases over the time since the computer's previous report (`rbroker_server.usage.rollup`).
+    Kept for `usage_window_days`."""
+
+    __tablename__ = "daily_usage"
+
+    computer_id: str = Field(
+        sa_column=sa.Column(
+            sa.ForeignKey("computers.id", ondelete="CASCADE"), primary_key=True, nullable=False
+        )
+    )
+    day: date = Field(sa_column=sa.Column(sa.Date, primary_key=True, index=True))
+    project: str = Field(primary_key=True, max_length=64)
+    owner: str = Field(primary_key=True, max_length=64)
+    granted_mib_hours: float = Field(sa_column=sa.Column(sa.Float, nullable=False))
+    used_mib_hours: float = Field(sa_column=sa.Column(sa.Float, nullable=False))
 
 
 class RequestNonce(SQLModel, table=True):

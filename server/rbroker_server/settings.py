@@ -39,6 +39,8 @@ class Settings:
         history_window_s: report history kept per computer (default 24 h).
         history_step_s: one history point per computer per this many seconds.
         prune_interval_s: how often old history and used nonces are deleted.
+        usage_window_days: days of usage history kept (`GET /api/v1/usage` reads at most
+            this many, today included).
         request_window_s: how far a signed request's timestamp may be from server time.
         max_body_bytes: the largest request body (reports included), 1 MiB.
         enroll_code_ttl_s: default lifetime of enrollment codes.
@@ -82,6 +84,7 @@ class Settings:
     history_window_s: float = 24 * 3600.0
     history_step_s: float = 60.0
     prune_interval_s: float = 300.0
+    usage_window_days: int = 400
     request_window_s: float = 60.0
     max_body_bytes: int = 1024 * 1024
     enroll_code_ttl_s: float = 24 * 3600.0
@@ -104,6 +107,8 @@ class Settings:
             raise ValueError("need 0 < stale_after_s <= offline_after_s")
         if self.history_step_s <= 0 or self.history_window_s <= 0:
             raise ValueError("history_step_s and history_window_s must be positive")
+        if not 1 <= self.usage_window_days <= 100_000:
+            raise ValueError("usage_window_days must be a whole number from 1 to 100000")
         if self.db_retry_after_s <= 0 or self.min_free_mib < 0:
             raise ValueError("need db_retry_after_s > 0 and min_free_mib >= 0")
         if self.head_timeout_s <= 0 or self.body_timeout_s <= 0:
