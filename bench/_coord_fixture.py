@@ -126,9 +126,9 @@ def start_sibling(server: LocalCoordinator) -> LocalCoordinator:
 
 def enroll(engine: sa.Engine, n: int, first: int) -> list[Computer]:
     """Enroll `n` computers in the setup group through the server's own enroll service."""
+    from rbroker_protocol.enroll import EnrollRequest
     from rbroker_server.admin import operations as admin
     from rbroker_server.enroll import service as enroll_service
-    from rbroker_server.enroll.schema import EnrollRequest
 
     out = []
     for i in range(first, first + n):

@@ -27,13 +27,13 @@ class Freshness(BaseModel):
     text: str
 
 
-class GpuView(GpuReport):
+class FleetGpuView(GpuReport):
     """A GPU's last known figures and its state, separate from the computer's freshness:
     a full GPU is `full`, never `offline`.
 
     Stored values are shown as stored: an identifier or state the report schema checks may
     be `[redacted]` (it broke a description rule) or predate the check, so they are plain
-    text here (likewise in `LeaseView` and `JobView`)."""
+    text here (likewise in `FleetLeaseView` and `FleetJobView`)."""
 
     uuid: str  # type: ignore[assignment, unused-ignore]
     telemetry: str = "ok"  # type: ignore[assignment, unused-ignore]
@@ -41,8 +41,8 @@ class GpuView(GpuReport):
     leases: int = 0
 
 
-class LeaseView(LeaseReport):
-    """An active lease as stored (see `GpuView` on identifiers and states)."""
+class FleetLeaseView(LeaseReport):
+    """An active lease as stored (see `FleetGpuView` on identifiers and states)."""
 
     lease_id: str  # type: ignore[assignment, unused-ignore]
     gpu_uuids: list[str]  # type: ignore[assignment, unused-ignore]
@@ -50,8 +50,8 @@ class LeaseView(LeaseReport):
     observed_mib: dict[str, int] = Field(default_factory=dict)  # type: ignore[assignment, unused-ignore]
 
 
-class JobView(JobSnapshot):
-    """A declared job as stored (see `GpuView` on identifiers and states)."""
+class FleetJobView(JobSnapshot):
+    """A declared job as stored (see `FleetGpuView` on identifiers and states)."""
 
     job_id: str  # type: ignore[assignment, unused-ignore]
     state: str = "running"  # type: ignore[assignment, unused-ignore]
@@ -83,10 +83,10 @@ class ComputerView(BaseModel):
     run_id: str | None
     seq: int | None
     reports_applied: int
-    gpus: list[GpuView]
-    leases: list[LeaseView]
+    gpus: list[FleetGpuView]
+    leases: list[FleetLeaseView]
     queue: list[QueueEntry]
-    jobs: list[JobView]
+    jobs: list[FleetJobView]
     left_out: dict[str, int] = {}
     """Per list (`leases`, `queue`, `jobs`), how many entries the computer's last report
     left out to fit its size limit ("N jobs not shown")."""
@@ -126,13 +126,13 @@ class HistoryView(BaseModel):
 __all__ = [
     "ComputerView",
     "Flag",
+    "FleetGpuView",
+    "FleetJobView",
+    "FleetLeaseView",
     "FleetView",
     "Freshness",
     "FreshnessState",
     "GpuState",
-    "GpuView",
     "HistoryPointView",
     "HistoryView",
-    "JobView",
-    "LeaseView",
 ]

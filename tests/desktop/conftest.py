@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -83,6 +84,32 @@ class RawConnection:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+def start_simulated_broker(
+    root: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `rbroker broker --simulate --socket ROOT/b.sock --data-dir ROOT/data ARGS` to its
+    exit (30 s at most) with `env` added to this process's environment and 200 columns:
+    for a broker that must refuse to start; returns the finished process (text output)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rbroker",
+            "broker",
+            "--simulate",
+            "--socket",
+            str(root / "b.sock"),
+            "--data-dir",
+            str(root / "data"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {}), "COLUMNS": "200"},
+    )
 
 
 @pytest.fixture

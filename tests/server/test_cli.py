@@ -152,8 +152,8 @@ def test_admin_commands(
     assert f"{token_id}\trevoked" in capsys.readouterr().out
 
     # Enroll through the service, then list and revoke through the CLI.
+    from rbroker_protocol.enroll import EnrollRequest
     from rbroker_server import db
-    from rbroker_server.enroll.schema import EnrollRequest
     from rbroker_server.enroll.service import enroll
     from rbroker_server.settings import Settings
 
@@ -262,8 +262,8 @@ def test_enroll_code_list_and_revoke(tmp_path: Path, capsys: pytest.CaptureFixtu
     import nacl.signing
 
     from rbroker_protocol import signing
+    from rbroker_protocol.enroll import EnrollRequest
     from rbroker_server import db
-    from rbroker_server.enroll.schema import EnrollRequest
     from rbroker_server.enroll.service import EnrollRefused, enroll
     from rbroker_server.settings import Settings
 

@@ -18,10 +18,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from rbroker_protocol import signing
+from rbroker_protocol.enroll import EnrollRequest
 from rbroker_server import db
 from rbroker_server.admin import operations as admin
 from rbroker_server.enroll import service as enroll_service
-from rbroker_server.enroll.schema import EnrollRequest
 from rbroker_server.models import Computer, HealthCheck
 from rbroker_server.reports import service
 from rbroker_server.reports.cache import load_view

@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from rbroker.uplink.config import UplinkConfig
 from rbroker.uplink.enroll import http_verify, store_for
 from rbroker.uplink.errors import UplinkError, detail_of, network_error
 from rbroker.uplink.keyrings import os_account
 from rbroker.uplink.keys import KeyStoreError, KeyUnreadable
+from rbroker_protocol.fleet import FleetView
 from rbroker_protocol.signing import sign_request
 
 FRESHNESS = ("online", "stale", "offline")
@@ -57,13 +59,15 @@ def fetch_fleet(
     ca_file: str | None = None,
     timeout_s: float = 10.0,
 ) -> dict[str, Any]:
-    """`GET /api/v1/fleet` as a JSON object.
+    """`GET /api/v1/fleet` as a JSON object, checked against `rbroker_protocol.fleet.FleetView`
+    (the coordinator's declared answer) and returned as sent.
 
     With `token`, a viewer token is sent (`url` required unless enrolled); otherwise the
     request is signed with this computer's key from `data_dir`'s enrollment.
 
     Raises:
-        FleetError: not enrolled and no token, key unavailable, HTTP or network error.
+        FleetError: not enrolled and no token, key unavailable, HTTP or network error, an
+            answer that is not a `FleetView`.
     """
     config = UplinkConfig.load(data_dir)
     base = (url or (config.url if config else "")).rstrip("/")
@@ -130,9 +134,24 @@ def fetch_fleet(
         raise FleetError(
             f"the coordinator answered HTTP {response.status_code}: {detail_of(response)}"
         )
-    body = response.json()
+    try:
+        body = response.json()
+    except ValueError:
+        raise FleetError(
+            "the coordinator's answer is not JSON",
+            "is the URL a rbroker coordinator of this version?",
+        ) from None
     if not isinstance(body, dict):
         raise FleetError("the coordinator's answer is not a JSON object")
+    try:
+        FleetView.model_validate(body)
+    except ValidationError as exc:  # a field missing or of the wrong type
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the view"
+        raise FleetError(
+            f"the coordinator's fleet view is not what rbroker expects ({where}: {first['msg']})",
+            "is the URL a rbroker coordinator of this version?",
+        ) from None
     return body
 
 

@@ -12,10 +12,10 @@ from litestar.exceptions import ClientException, NotAuthorizedException, TooMany
 from litestar.params import JSONBody
 from sqlalchemy.engine import Engine
 
+from rbroker_protocol.enroll import EnrollRequest, EnrollResponse
 from rbroker_server.apidocs import errors
 from rbroker_server.bodies import json_body
 from rbroker_server.enroll import service
-from rbroker_server.enroll.schema import EnrollRequest, EnrollResponse
 from rbroker_server.net import client_address
 from rbroker_server.ratelimit import Throttles
 

@@ -9,10 +9,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol.descriptions import DescriptionRejected, check_description
+from rbroker_protocol.enroll import EnrollRequest, EnrollResponse
 from rbroker_protocol.signing import EnvelopeError, load_verify_key
 from rbroker_server.credentials import ENROLL_PREFIX, parse_credential, secret_matches
 from rbroker_server.db import utcnow, write_lock
-from rbroker_server.enroll.schema import EnrollRequest, EnrollResponse
 from rbroker_server.models import Computer, EnrollCode, Group
 
 log = logging.getLogger(__name__)

@@ -8,18 +8,18 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from rbroker_server.auth.caller import Scope
-from rbroker_server.db import utcnow
-from rbroker_server.fleet.schema import (
+from rbroker_protocol.fleet import (
     ComputerView,
     Flag,
+    FleetGpuView,
     FleetView,
     Freshness,
     GpuState,
-    GpuView,
     HistoryPointView,
     HistoryView,
 )
+from rbroker_server.auth.caller import Scope
+from rbroker_server.db import utcnow
 from rbroker_server.models import Computer, Group, HistoryPoint
 from rbroker_server.settings import Settings
 
@@ -89,7 +89,7 @@ def _computer_view(row: Any, now: datetime, settings: Settings, lists: bool = Tr
         for uuid in lease.get("gpu_uuids", []):
             per_gpu[uuid] = per_gpu.get(uuid, 0) + 1
     gpus = [
-        GpuView(
+        FleetGpuView(
             **g, state=gpu_state(g, per_gpu.get(g["uuid"], 0)), leases=per_gpu.get(g["uuid"], 0)
         )
         for g in state.get("gpus", [])

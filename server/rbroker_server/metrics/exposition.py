@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rbroker_server.fleet.schema import FleetView
+from rbroker_protocol.fleet import FleetView
 
 MIB = 1024 * 1024
 
@@ -29,7 +29,7 @@ GPU_BYTES: tuple[tuple[str, str, str], ...] = (
     ),
     ("rbroker_gpu_available_bytes", "available_mib", "What a new lease could be granted now."),
 )
-"""(metric, GpuView field in MiB, help)."""
+"""(metric, FleetGpuView field in MiB, help)."""
 
 GPU_STATES = ("free", "busy", "full", "telemetry_unavailable", "lost")
 FRESHNESS_STATES = ("online", "stale", "offline")

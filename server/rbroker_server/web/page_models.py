@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from rbroker_server.fleet.schema import ComputerView, GpuView
+from rbroker_protocol.fleet import ComputerView, FleetGpuView
 from rbroker_server.fleet.service import age_text
 from rbroker_server.models import HistoryPoint
 from rbroker_server.web.schema import (
@@ -59,7 +59,7 @@ def fmt_mib(mib: int | float | None) -> str:
     return "?" if mib is None else f"{int(mib):,}".replace(",", "\u202f")
 
 
-def gpu_card(gpu: GpuView) -> GpuCard:
+def gpu_card(gpu: FleetGpuView) -> GpuCard:
     """The bar of one GPU: segments proportional to its total (scaled when over-committed).
     Figures the computer did not report (failed telemetry) stay unknown (`None`, shown as
     `?`), never 0."""

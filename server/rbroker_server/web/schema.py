@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rbroker_server.fleet.schema import ComputerView, GpuView
+from rbroker_protocol.fleet import ComputerView, FleetGpuView
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +27,7 @@ class Segment:
 class GpuCard:
     """A GPU with its bar; `state_text` is the GPU's own state in words."""
 
-    gpu: GpuView
+    gpu: FleetGpuView
     state_text: str
     segments: list[Segment]
     total_mib: int | None

@@ -4,8 +4,6 @@ that does not exist. The local API's hostile-input tests run on both loops."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import pytest
 
 from rbroker import eventloop
 from tests.conftest import SINGLE_24G, start_broker
+from tests.desktop.conftest import start_simulated_broker
 
 
 def test_the_factory_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,22 +51,6 @@ def test_a_broker_runs_on_uvloop_by_default_and_on_asyncio_when_asked(
 
 
 def test_an_unknown_loop_is_refused_at_start(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rbroker",
-            "broker",
-            "--simulate",
-            "--socket",
-            str(tmp_path / "b.sock"),
-            "--data-dir",
-            str(tmp_path / "data"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, eventloop.ENV: "tokio", "COLUMNS": "200"},
-    )
+    proc = start_simulated_broker(tmp_path, env={eventloop.ENV: "tokio"})
     assert proc.returncode == 2, proc.stderr
     assert "RBROKER_EVENT_LOOP='tokio'" in proc.stderr and "Traceback" not in proc.stderr

@@ -34,7 +34,7 @@ from rbroker.localapi.server import (
     UNSENT_DROP_AFTER_S,
 )
 from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, wait_until
-from tests.desktop.conftest import LOOPS, RawConnection
+from tests.desktop.conftest import LOOPS, RawConnection, start_simulated_broker
 from tests.os_users import OsUser, open_to_everyone, run_as
 
 PARAMS: dict[str, Any] = {"project": "tests", "session": "abuse", "purpose": "hostile clients"}
@@ -288,25 +288,7 @@ def test_an_unknown_admin_group_is_refused_at_start(tmp_path: Path) -> None:
 
     if sys.platform == "win32":
         pytest.skip("Unix groups")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rbroker",
-            "broker",
-            "--simulate",
-            "--socket",
-            str(tmp_path / "b.sock"),
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--admin-group",
-            "no-such-group-rbt",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    proc = start_simulated_broker(tmp_path, "--admin-group", "no-such-group-rbt")
     assert proc.returncode == 2, proc.stderr
     assert "no-such-group-rbt" in proc.stderr and "Traceback" not in proc.stderr
 
