@@ -6,7 +6,7 @@ capacity bars (leases' use, granted, others' use, headroom, available, in MiB), 
 the queue with each request's whole reason (wrapped, never cut) and its ETA where the broker
 gives one, and the active jobs with their progress. Every table fits 80 columns (see
 `rbroker.cli.sheet`). `q` or Ctrl-C ends it (exit 0, no traceback); a broker that goes away
-is one line under the last frame while it is tried again every second; `--once` draws one
+is one line above the last frame while it is tried again every second; `--once` draws one
 frame and ends (plain rows when the output is not a terminal).
 """
 
@@ -83,18 +83,20 @@ class Source:
 
 
 def frame(snapshot: Snapshot, now_wall: float | None = None) -> View:
-    """One frame: `rbroker status`'s header with the time of the reading, the GPUs with
-    bars, the leases, the queue (reason whole; ETA where the entries carry `eta_s`), the
-    jobs (a line saying there are none), the coordinator's warning if any, and how to quit."""
+    """One frame: `rbroker status`'s header with the time of the reading and how to quit
+    (at the top, so a terminal too short for the frame still shows it), the GPUs with bars,
+    the leases, the queue (reason whole; ETA where the entries carry `eta_s`), the jobs (a
+    line saying there are none) and the coordinator's warning if any."""
     clock = time.strftime("%H:%M:%S", time.localtime(now_wall))
-    header = f"{status_header(snapshot.status, snapshot.found)}\nread at {clock}"
+    header = (
+        f"{status_header(snapshot.status, snapshot.found)}\nread at {clock} — q or Ctrl-C quits"
+    )
     view = broker_view(snapshot.gpus, snapshot.leases, header, jobs=snapshot.jobs)
     if not snapshot.jobs:
         view.parts.append(jobs_table([]))
     warning = snapshot.status.get("coordinator", {}).get("warning")
     if warning:
         view.parts.append(Text(f"warning: {warning}", style="bold yellow"))
-    view.parts.append(Text("q or Ctrl-C quits", style="dim"))
     return view
 
 
@@ -151,8 +153,9 @@ def _plain(console: Console, source: Source, snapshot: Snapshot | None) -> None:
 
 def _live(console: Console, source: Source, snapshot: Snapshot) -> None:
     """A terminal: the frame redrawn each second on the alternate screen until `q` (or
-    Ctrl-C, a KeyboardInterrupt the caller catches); while the broker is lost the last frame
-    stays with a line under it saying so."""
+    Ctrl-C, a KeyboardInterrupt the caller catches); while the broker is lost the line
+    saying so comes first, above the last frame. A frame taller than the terminal shows
+    its top part (the header, GPUs, leases first)."""
     last: RenderableType = frame(snapshot)
     with _keys() as pressed, Live(last, console=console, screen=True, auto_refresh=False) as live:
         live.refresh()
@@ -166,7 +169,7 @@ def _live(console: Console, source: Source, snapshot: Snapshot) -> None:
                 last = frame(fetched)
                 live.update(last, refresh=True)
             elif source.lost is not None:
-                live.update(Group(last, lost_line(source.lost)), refresh=True)
+                live.update(Group(lost_line(source.lost), last), refresh=True)
 
 
 def _no_keys(timeout_s: float) -> str:

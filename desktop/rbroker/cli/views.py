@@ -210,10 +210,24 @@ def lease_table(leases: list[dict[str, Any]], gpus: Sequence[dict[str, Any]] = (
     return sheet
 
 
+def eta_words(entry: Mapping[str, Any]) -> str | None:
+    """A waiting request's estimate in words: `likely in ~7 min (because …)` from `eta_s`
+    (seconds from now) and `eta_reason`, `no estimate yet (…)` when `eta_s` is None, or None
+    when the entry has no `eta_s` (a broker older than the estimate)."""
+    if "eta_s" not in entry:
+        return None
+    eta_s, because = entry["eta_s"], entry.get("eta_reason")
+    if eta_s is None:
+        return "no estimate yet" + (f" ({because})" if because else "")
+    when = "any moment now" if eta_s < 1 else f"likely in ~{_duration(eta_s)}"
+    return when + (f" (because {because})" if because else "")
+
+
 def queue_table(queue: list[dict[str, Any]]) -> Sheet:
     """Waiting requests, FIFO order: id (`req-N`, accepted by `rbroker release`), owner,
-    project, purpose, MiB, time waiting and the reason with its numbers (whole at any width:
-    it wraps within its column in a terminal, one line in plain output)."""
+    project, purpose, MiB, time waiting and the reason with its numbers, after the estimate
+    of when it will fit where the broker gives one (`eta_words`; whole at any width: it wraps
+    within its column in a terminal, one line in plain output)."""
     sheet = Sheet(
         f"Queue ({len(queue)})",
         [
@@ -235,7 +249,7 @@ def queue_table(queue: list[dict[str, Any]]) -> Sheet:
             w["purpose"],
             _num(w["mib"]),
             f"{w['waiting_s']:.1f} s",
-            w["reason"],
+            " — ".join(x for x in (eta_words(w), w["reason"]) if x),
         )
     return sheet
 

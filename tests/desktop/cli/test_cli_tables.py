@@ -1,4 +1,4 @@
-"""`rbroker status`, `jobs` and the demo's view at 80 and 120 columns, and as plain rows.
+"""`rbroker status`, `top`, `jobs` and the demo's view at 80 and 120 columns, and as plain rows.
 
 A real simulated broker holds leases with long descriptions, a queued request and jobs; the
 views are rendered by rich at 80 and 120 columns and must keep every number whole (grouped
@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,8 +25,10 @@ import pytest
 from rich.console import Console
 
 import rbroker
+from rbroker.cli.main import main
 from rbroker.cli.sheet import resolve_prefix, unique_prefixes
-from rbroker.cli.views import broker_view, gpu_labels, jobs_table
+from rbroker.cli.top import Source, frame, lost_line
+from rbroker.cli.views import broker_view, eta_words, gpu_labels, jobs_table
 from rbroker.display import fmt_mib
 from tests.conftest import GPU0, GPU1, BrokerProcess, start_broker, wait_until
 from tests.desktop.jobhelp import declare
@@ -273,3 +276,113 @@ def test_release_takes_a_unique_prefix_and_refuses_an_ambiguous_one() -> None:
             assert c.leases()["leases"] == []
     finally:
         bp.stop(signal.SIGKILL)
+
+
+def _reason_column(text: str) -> str:
+    """The queue's reason as `rbroker top` draws it: the words under the `reason` header,
+    the last column, from its first line to the table's end (the next table's title), joined."""
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if re.search(r"\breason\s*$", line))
+    x = lines[head].rindex("reason")
+    words = []
+    for line in lines[head + 2 :]:
+        if not line.startswith((" ", "req-")):
+            break
+        words.append(line[x:].strip())
+    return " ".join(w for w in words if w)
+
+
+def test_top_draws_one_frame_of_the_real_broker_within_80_columns(state: dict[str, Any]) -> None:
+    with contextlib.closing(Source(state["broker"].socket)) as source:
+        snapshot = source.read()
+    assert snapshot is not None
+    console = Console(file=io.StringIO(), width=80, record=True, force_terminal=True)
+    console.print(frame(snapshot))
+    text = console.export_text()
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "GPU 0" in text and "GPU 1" in text and "█" in text  # the capacity bars
+    assert "Leases (2)" in text and "20 480" in text and "12 345" in text
+    assert "Queue (1)" in text and "20 000" in text
+    waiting = snapshot.leases["queue"][0]
+    reason = " — ".join(x for x in (eta_words(waiting), waiting["reason"]) if x)
+    assert _reason_column(text) == " ".join(reason.split()), text  # whole, wrapped
+    assert "Jobs (2)" in text and "24.2 %" in text and "no total" in text
+    assert "q or Ctrl-C quits" in text and f"broker: {state['broker'].socket}" in text
+
+
+def test_top_shows_an_eta_where_the_queue_entries_carry_one(state: dict[str, Any]) -> None:
+    with contextlib.closing(Source(state["broker"].socket)) as source:
+        snapshot = source.read()
+    assert snapshot is not None
+    queue = snapshot.leases["queue"]
+    queue[0].update(eta_s=420.0, eta_reason="the lease ahead is held ~7 min in project p")
+    queue.append({**queue[0], "request_id": 99, "eta_s": None, "eta_reason": "no history yet"})
+    console = Console(file=io.StringIO(), width=80, record=True, force_terminal=True)
+    console.print(frame(snapshot))
+    text = console.export_text()
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    reason = " ".join(queue[0]["reason"].split())
+    assert _reason_column(text) == (
+        f"likely in ~7 min (because the lease ahead is held ~7 min in project p) — {reason} "
+        f"no estimate yet (no history yet) — {reason}"
+    ), text
+
+
+def test_top_once_prints_plain_rows_and_no_broker_is_one_line(
+    state: dict[str, Any], tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["top", "--once", "--socket", state["broker"].socket]) == 0
+    out = capsys.readouterr().out
+    assert "│" not in out and "\x1b[" not in out
+    assert all(x["lease_id"] in out for x in state["leases"]["leases"])
+    assert "wait for the second GPU to free up" in out and "q or Ctrl-C quits" in out
+    gone = str(tmp_path / "gone.sock")
+    assert main(["status", "--watch", "--socket", gone]) == 69
+    err = capsys.readouterr().err
+    assert err.startswith("rbroker top: ") and gone in err and "Traceback" not in err
+    source = Source(gone)
+    assert source.read() is None and source.lost is not None
+    assert "trying again every 1 s" in lost_line(source.lost).plain
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a pseudo-terminal is POSIX")
+def test_top_in_a_terminal_ends_on_q_and_gives_the_terminal_back(state: dict[str, Any]) -> None:
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 80, 0, 0))
+    before = termios.tcgetattr(slave)
+    top = subprocess.Popen(
+        [sys.executable, "-m", "rbroker", "top", "--socket", state["broker"].socket],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "TERM": "xterm"},
+    )
+    seen = b""
+
+    def read_until(done: Any, timeout_s: float) -> None:
+        nonlocal seen
+        end = time.monotonic() + timeout_s
+        while not done() and time.monotonic() < end:
+            if select.select([master], [], [], 0.1)[0]:
+                seen += os.read(master, 65536)
+
+    try:
+        read_until(lambda: b"Queue (1)" in seen, 30)
+        assert b"q or Ctrl-C quits" in seen and b"Queue (1)" in seen, seen[-2000:]
+        os.write(master, b"q")
+        assert top.wait(10) == 0
+        read_until(lambda: False, 0.2)
+        assert b"Traceback" not in seen
+        assert seen.endswith(b"\x1b[?1049l")  # the alternate screen is left
+        assert termios.tcgetattr(slave) == before  # echo and line mode are back
+    finally:
+        top.kill()
+        top.wait(10)
+        os.close(master)
+        os.close(slave)
