@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from rbroker.uplink.config import UplinkConfig
 from rbroker.uplink.keys import FileKeyStore
 from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, start_broker, wait_until
 from tests.e2e.conftest import CoordinatorProcess, UplinkBroker, Worker, rbroker_cli
+from tests.fakes.coordinator import Answer, FakeCoordinator
 
 
 def _read_message(sock: socket.socket, buf: bytes) -> tuple[bytes, bytes] | None:
@@ -236,50 +236,11 @@ def test_a_state_too_large_for_one_report_is_trimmed_and_says_so(
 
 
 @dataclass
-class FakeCoordinator:
-    """Answers every report with `status` and a JSON `detail`, counting attempts."""
-
-    status: int
-    attempts: list[float] = field(default_factory=list)
-    server: ThreadingHTTPServer | None = None
-
-    @property
-    def detail(self) -> str:
-        return f"planted reason for {self.status}"
-
-    def start(self) -> str:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length", 0)))
-                fake.attempts.append(time.monotonic())
-                body = json.dumps({"status_code": fake.status, "detail": fake.detail}).encode()
-                self.send_response(fake.status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-
-
-@dataclass
 class TricklingCoordinator:
     """Reads a report, then answers one byte every 0.5 s and never finishes: no single
     read waits long, so only an overall deadline per request ends it."""
 
-    attempts: list[float] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
     cut_after: list[float] = field(default_factory=list)
     _listener: socket.socket | None = None
 
@@ -306,7 +267,7 @@ class TricklingCoordinator:
             if _read_message(conn, b"") is None:
                 return
             started = time.monotonic()
-            self.attempts.append(started)
+            self.arrivals.append(started)
             try:
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000\r\n\r\n")
                 while time.monotonic() - started < 60:
@@ -329,18 +290,23 @@ def _enrolled_broker(url: str, name: str) -> BrokerProcess:
 
 
 def test_rejections_are_not_retried_in_a_loop_and_say_why_errors_are() -> None:
-    fakes = {code: FakeCoordinator(code) for code in (400, 401, 413, 503)}
+    fakes = {
+        code: FakeCoordinator(then=Answer(code, detail=f"planted reason for {code}"))
+        for code in (400, 401, 413, 503)
+    }
     trickle = TricklingCoordinator()
     brokers: dict[int, BrokerProcess] = {}
     try:
         for code, fake in fakes.items():
             brokers[code] = _enrolled_broker(fake.start(), f"lab-{code}")
         brokers[0] = _enrolled_broker(trickle.start(), "lab-trickle")
-        wait_until(lambda: all(f.attempts for f in [*fakes.values(), trickle]), timeout_s=20)
+        wait_until(
+            lambda: all(f.arrivals for f in fakes.values()) and trickle.arrivals, timeout_s=20
+        )
         window = 10.0
         time.sleep(window)
         counts = {
-            code: sum(1 for t in f.attempts if t <= f.attempts[0] + window)
+            code: sum(1 for t in f.arrivals if t <= f.arrivals[0] + window)
             for code, f in fakes.items()
         }
         print(f"attempts in {window:.0f} s after the first: {counts}")
@@ -348,8 +314,9 @@ def test_rejections_are_not_retried_in_a_loop_and_say_why_errors_are() -> None:
             assert counts[code] == 1, counts
             with brokers[code].client() as c:
                 link = c.status()["coordinator"]
-            assert link["link"].startswith(f"rejected: {code} {fakes[code].detail} (since "), link
-            assert link["detail"] == fakes[code].detail
+            detail = fakes[code].then.detail
+            assert link["link"].startswith(f"rejected: {code} {detail} (since "), link
+            assert link["detail"] == detail
             with brokers[code].client() as c:  # leasing is untouched
                 lease = c.call("lease.acquire", mib=1024, project="t", session="s", purpose="p")
                 c.call("lease.release", lease_id=lease["lease"]["lease_id"])

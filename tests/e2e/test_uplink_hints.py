@@ -9,11 +9,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import nacl.signing
@@ -22,68 +19,20 @@ import pytest
 from rbroker.uplink.config import FILE_NAME, UplinkConfig
 from rbroker.uplink.keys import FileKeyStore
 from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, start_broker, wait_until
-
-ACK = {"applied": True, "code": "applied", "reason": ""}
-
-
-@dataclass
-class ScriptedCoordinator:
-    """Answers reports in turn with `script`'s (status, headers) entries (a header value may
-    be a function, called at answer time), then 200 with an acknowledgement; records when
-    each report arrived (monotonic seconds)."""
-
-    script: list[tuple[int, dict[str, Any]]]
-    arrivals: list[float] = field(default_factory=list)
-    server: ThreadingHTTPServer | None = None
-
-    def start(self) -> str:
-        fake = self
-        lock = threading.Lock()
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length", 0)))
-                with lock:
-                    fake.arrivals.append(time.monotonic())
-                    turn = len(fake.arrivals) - 1
-                status, headers = fake.script[turn] if turn < len(fake.script) else (200, {})
-                body = json.dumps(
-                    ACK
-                    if status == 200
-                    else {"status_code": status, "detail": f"scripted {status}"}
-                ).encode()
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value() if callable(value) else value)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+from tests.fakes.coordinator import Answer, FakeCoordinator
 
 
 @pytest.fixture
 def scripted() -> Iterator[Any]:
-    """`scripted(script)` → (ScriptedCoordinator, a broker enrolled at it). Stopped after."""
-    made: list[tuple[ScriptedCoordinator, BrokerProcess]] = []
+    """`scripted(script)` → (FakeCoordinator, a broker enrolled at it), the script a list of
+    (status, headers) answered in turn (detail "scripted STATUS"), then 200 with an
+    acknowledgement. Stopped after."""
+    made: list[tuple[FakeCoordinator, BrokerProcess]] = []
 
     def factory(
-        script: list[tuple[int, dict[str, str]]],
-    ) -> tuple[ScriptedCoordinator, BrokerProcess]:
-        fake = ScriptedCoordinator(script)
+        script: list[tuple[int, dict[str, Any]]],
+    ) -> tuple[FakeCoordinator, BrokerProcess]:
+        fake = FakeCoordinator([Answer(s, headers=h, detail=f"scripted {s}") for s, h in script])
         url = fake.start()
         root = short_tmp()
         data = root / "data"

@@ -6,45 +6,19 @@ and the key made for the enrollment is taken back. A real HTTP server on 127.0.0
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 
 from rbroker.uplink.enroll import EnrollError, enroll
-
-
-class _Answers(BaseHTTPRequestHandler):
-    answer: ClassVar[bytes] = b""
-    seen: ClassVar[list[dict[str, object]]] = []
-    url: ClassVar[str] = ""
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length", "0"))
-        type(self).seen.append(json.loads(self.rfile.read(length)))
-        self.send_response(201)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(self.answer)))
-        self.end_headers()
-        self.wfile.write(self.answer)
-
-    def log_message(self, *args: object) -> None:
-        pass
+from tests.fakes.coordinator import Answer, FakeCoordinator
 
 
 @pytest.fixture
-def coordinator() -> Iterator[type[_Answers]]:
-    handler = type("Answers", (_Answers,), {"seen": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    handler.url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield handler
-    server.shutdown()
-    server.server_close()
+def coordinator() -> Iterator[FakeCoordinator]:
+    with FakeCoordinator(then=Answer(201, b"")) as fake:
+        yield fake
 
 
 @pytest.mark.parametrize(
@@ -56,22 +30,22 @@ def coordinator() -> Iterator[type[_Answers]]:
     ],
 )
 def test_an_answer_of_another_shape_is_one_line_and_the_key_goes(
-    coordinator: type[_Answers], tmp_path: Path, answer: bytes, said: str
+    coordinator: FakeCoordinator, tmp_path: Path, answer: bytes, said: str
 ) -> None:
-    coordinator.answer = answer
+    coordinator.then = Answer(201, answer)
     with pytest.raises(EnrollError) as caught:
         enroll(coordinator.url, "CODE-1", "lab-1", tmp_path, key_file=True)
     text = str(caught.value)
     assert said in text and "\n" not in text, text
     assert not (tmp_path / "computer.key").exists()
     assert not (tmp_path / "uplink.json").exists()
-    (sent,) = coordinator.seen
+    (sent,) = [json.loads(body) for body in coordinator.bodies]
     assert set(sent) == {"code", "name", "public_key"}
     assert sent["code"] == "CODE-1" and sent["name"] == "lab-1"
 
 
-def test_the_declared_answer_enrolls(coordinator: type[_Answers], tmp_path: Path) -> None:
-    coordinator.answer = b'{"computer_id": "c_0123456789abcdef", "group": "vision"}'
+def test_the_declared_answer_enrolls(coordinator: FakeCoordinator, tmp_path: Path) -> None:
+    coordinator.then = Answer(201, b'{"computer_id": "c_0123456789abcdef", "group": "vision"}')
     config = enroll(coordinator.url, "CODE-1", "lab-1", tmp_path, key_file=True)
     assert (config.computer_id, config.group) == ("c_0123456789abcdef", "vision")
     assert (tmp_path / "computer.key").exists()
