@@ -12,6 +12,7 @@ History:
                     gpus, leases, queue, jobs.
     2 (2026-11-30): run_counter (the order of a computer's runs).
     3: left_out (per list, how many entries a trimmed report left out).
+    4: queue entries' eta_s and eta_reason (when the request will likely be granted).
 
 Identifiers (GPU UUIDs, lease and job ids, run id) must match `GPU_UUID_PATTERN` or
 `ID_PATTERN`, and state fields are enumerations (`TelemetryStateName`, `LeaseStateName`,
@@ -27,7 +28,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_VERSION: Final = 3
+REPORT_VERSION: Final = 4
 """The payload version this build writes."""
 
 MAX_REPORT_BYTES: Final = 1024 * 1024
@@ -110,6 +111,11 @@ class QueueEntry(_Model):
     purpose: _TEXT = ""
     waiting_s: Annotated[float, Field(ge=0)] = 0.0
     reason: _TEXT = ""
+    eta_s: Annotated[float, Field(ge=0, le=10 * 365 * 86400)] | None = None
+    """When it will likely be granted, seconds from the report (None: no estimate, or a
+    broker before report version 4)."""
+    eta_reason: _TEXT = ""
+    """What the estimate rests on, or why there is none (free text, §8's rules)."""
 
 
 class JobSnapshot(_Model):
@@ -171,7 +177,7 @@ class ReportPayload(_Model):
 
 DESCRIPTION_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "leases": ("owner", "project", "session", "purpose"),
-    "queue": ("owner", "project", "session", "purpose", "reason"),
+    "queue": ("owner", "project", "session", "purpose", "reason", "eta_reason"),
     "jobs": ("project", "purpose", "handler"),
 }
 """Which declared-text fields of each list the description rules (§8) apply to."""

@@ -78,6 +78,11 @@ class QueuedRequest(TypedDict):
     reason_data: dict[str, Any]
     resize_of: str | None
     """The lease whose growth this is."""
+    eta_s: NotRequired[float | None]
+    """When it will likely be granted, in seconds from now (`rbroker.broker.eta`); None when
+    the broker cannot say (then `eta_reason` says why). Absent from older brokers."""
+    eta_reason: NotRequired[str]
+    """What the estimate rests on (the leases it waits for), or why there is none."""
 
 
 class GpuView(TypedDict):
@@ -199,6 +204,21 @@ class LeasesListResult(TypedDict):
     ended: NotRequired[list[LeaseView]]
 
 
+class ShareView(TypedDict):
+    """One project's share of the broker (`[shares]` in the broker's config file) and its
+    use now."""
+
+    project: str
+    """The project, or `*` for every project the config does not name."""
+    weight: float
+    share: float
+    """Its weight over the weights of the projects holding or asking now (0..1)."""
+    granted_mib: int
+    """MiB granted to its active leases now, summed over their GPUs."""
+    waiting: int
+    """Its requests waiting now."""
+
+
 class BrokerStatus(TypedDict):
     """`broker.status`."""
 
@@ -220,6 +240,9 @@ class BrokerStatus(TypedDict):
     socket: str
     event_loop: str | None
     """`uvloop` or `asyncio`."""
+    shares: NotRequired[list[ShareView]]
+    """With `[shares]` set: each project's share and use, the named projects first and
+    any other holding or asking now; absent without `[shares]` (and from older brokers)."""
 
 
 class JobResult(TypedDict):

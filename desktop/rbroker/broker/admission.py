@@ -1,5 +1,6 @@
 """Admission: which GPUs a request may use, whether it can ever fit, the FIFO admission
-pass with placement, and the reasons (with their numbers) a request waits or is refused.
+pass (or by shares per project, `rbroker.broker.shares`) with placement, and the reasons
+(with their numbers) a request waits or is refused.
 
 One pass is synchronous on the event loop, so two requests can never both pass the capacity
 check (docs/architecture.md §2). It reads the GPUs' samples and the lessor's books and decides;
@@ -18,6 +19,7 @@ from rbroker.broker.config import BrokerConfig
 from rbroker.broker.leases import Waiter
 from rbroker.broker.lessor import Choice, Lessor
 from rbroker.broker.sampling import GpuSlot
+from rbroker.broker.shares import Shares
 from rbroker.broker.waiting import WaitQueue
 from rbroker.display import explain, fmt_mib, short_uuid
 from rbroker.gpu.nvml import describe
@@ -44,13 +46,26 @@ class Admission:
     """Admission decisions over `slots` (by UUID) and the `lessor`'s leases."""
 
     def __init__(
-        self, slots: dict[str, GpuSlot], lessor: Lessor, clock: Clock, config: BrokerConfig
+        self,
+        slots: dict[str, GpuSlot],
+        lessor: Lessor,
+        clock: Clock,
+        config: BrokerConfig,
+        shares: Shares | None = None,
     ) -> None:
         self.slots = slots
         self.lessor = lessor
         self.clock = clock
         self.config = config
+        self.shares = shares or Shares()
         self.problem: NvmlProblem | None = None
+
+    def order(self, waiters: list[Waiter]) -> list[Waiter]:
+        """`waiters` (arrival order) in the order a pass takes them now, nothing granted:
+        FIFO, or by shares (`rbroker.broker.shares`)."""
+        if not self.shares.enabled:
+            return waiters
+        return self.shares.order(waiters, self.lessor.granted_by_project())
 
     # -- at request time -----------------------------------------------------------------------
     def candidates(self, params: AcquireParams) -> tuple[str, ...]:
@@ -199,7 +214,9 @@ class Admission:
 
     # -- the pass ------------------------------------------------------------------------------
     def run(self, waiting: WaitQueue, paused: bool, grant: Grant, emit: Emit) -> None:
-        """One atomic admission pass over the queue, in FIFO order (see module docstring).
+        """One atomic admission pass over the queue, in FIFO order (see module docstring),
+        or with `[shares]` in the order of `rbroker.broker.shares` (each grant of the pass
+        counted in its project's use as it is made).
 
         A waiter is granted when enough of its candidates are fresh and fit, unless
         admissions are `paused` or a GPU still waiting for its fresh sample would be placed
@@ -216,7 +233,8 @@ class Admission:
             if cap is not None:
                 caps[u] = cap
         blocked: dict[str, int] = {}
-        for waiter in list(waiting.waiters):
+        use = self.lessor.granted_by_project() if self.shares.enabled else {}
+        for waiter in self.shares.turns(list(waiting.waiters), use):
             if waiter.future.done():
                 waiting.remove(waiter)
                 continue
@@ -244,6 +262,8 @@ class Admission:
                 and not self._pending_ranks_better(waiter, pending, blocked, fits[waiter.gpus - 1])
             ):
                 grant(waiter, fits[: waiter.gpus], now)
+                if self.shares.enabled:
+                    use[waiter.project] = use.get(waiter.project, 0) + waiter.mib * waiter.gpus
                 for u, _, _ in fits[: waiter.gpus]:
                     cap = self.lessor.capacity(u)
                     if cap is not None:

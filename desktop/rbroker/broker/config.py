@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rbroker.broker.shares import Shares
+
 
 class HeadroomTooLarge(ValueError):
     """A configured headroom is at least a GPU's total: nothing could ever be granted
@@ -38,6 +40,9 @@ class BrokerConfig:
     connection past `max_unsent_bytes` hold its reading back (and drop it after 10 s),
     and a user whose connections together leave more than `max_unsent_bytes_per_user`
     unsent loses the connection with the most (`unsent_over_limit`).
+
+    `shares`: `[shares]` of the broker's config file, project → weight (`*`: every project
+    not named); empty: the queue is FIFO (`rbroker.broker.shares`).
     """
 
     socket_path: Path
@@ -74,6 +79,7 @@ class BrokerConfig:
     max_open_jobs_per_user: int = 1024
     max_unsent_bytes: int = 4 * 1024 * 1024
     max_unsent_bytes_per_user: int = 32 * 1024 * 1024
+    shares: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Refuse settings that would admit more than a GPU holds.
@@ -81,8 +87,10 @@ class BrokerConfig:
         Raises:
             ValueError: a negative headroom, a capacity override that is not positive, an
                 over-grant grace that is negative or not finite, a longest wait that is
-                not positive and finite, or a per-user cap below 1.
+                not positive and finite, a per-user cap below 1, or a share whose weight
+                is not a positive number.
         """
+        Shares(self.shares)  # raises ValueError naming the bad weight
         if not 0 < self.max_wait_s < float("inf"):
             raise ValueError(f"the longest wait must be over 0 seconds, got {self.max_wait_s}")
         for name in (

@@ -299,6 +299,16 @@ class Lessor:
         """How many active leases OS user `owner` has."""
         return self._owned.get(owner, 0)
 
+    def granted_by_project(self) -> dict[str, int]:
+        """MiB granted to the active leases now, by project, summed over their GPUs (the
+        use that shares per project weigh: `rbroker.broker.shares`)."""
+        out: dict[str, int] = {}
+        for lease in self.leases.values():
+            out[lease.project] = out.get(lease.project, 0) + lease.granted_mib * len(
+                lease.gpu_uuids
+            )
+        return out
+
     def held_on(self, holder: Holder, uuid: str) -> list[Lease]:
         """The active leases of process `holder` on GPU `uuid`."""
         return list(self._held.get((holder, uuid), {}).values())

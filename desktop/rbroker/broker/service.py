@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -33,14 +34,17 @@ from rbroker.broker.admission import Admission, NvmlProblem
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock, SystemClock
 from rbroker.broker.config import BrokerConfig, HeadroomTooLarge
+from rbroker.broker.eta import Asking, Estimate, Holding, estimate, history_of
 from rbroker.broker.events import Events, Listener
 from rbroker.broker.holders import Holder
 from rbroker.broker.jobs import Job, JobTable
 from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker.broker.lessor import Choice, Lessor
+from rbroker.broker.lifetimes import Lifetimes
 from rbroker.broker.resize import Resizes
 from rbroker.broker.restore import restore
 from rbroker.broker.sampling import GpuSlot, Sampling
+from rbroker.broker.shares import Shares
 from rbroker.broker.simulation import Simulation
 from rbroker.broker.store import LeaseStore
 from rbroker.broker.ticks import liveness_memo, tick_loop
@@ -60,11 +64,18 @@ from rbroker_protocol.results import (
     LeasesListResult,
     ListedLease,
     QueuedRequest,
+    ShareView,
 )
 
 __all__ = ["Broker", "GpuSlot", "Listener", "check_descriptions"]
 
 log = logging.getLogger(__name__)
+
+LIFETIMES_KEY = "lease_lifetimes"
+"""The store's meta key that keeps the lease lifetimes seen (`rbroker.broker.lifetimes`)."""
+
+ESTIMATE_REFRESH_S = 1.0
+"""The longest the queue's estimates are reused while nothing changed (seconds)."""
 
 
 def check_descriptions(values: dict[str, str]) -> None:
@@ -120,7 +131,15 @@ class Broker:
         self.ended = self.lessor.ended
         self.waiting = WaitQueue(store, self.emit)
         self.queue: list[Waiter] = self.waiting.waiters
-        self.admission = Admission(self.slots, self.lessor, self.clock, config)
+        self.shares = Shares(config.shares)
+        self.admission = Admission(self.slots, self.lessor, self.clock, config, self.shares)
+        self.lifetimes = Lifetimes.from_json(
+            store.meta(LIFETIMES_KEY) if store is not None else None
+        )
+        self._estimates: dict[int, Estimate] = {}
+        self._estimated_at = -math.inf
+        self._estimated_for: tuple[object, ...] = ()
+        self.end_count = 0
         self.jobs = JobTable(self.clock, store, config.max_open_jobs_per_user)
         self.resizes = Resizes(
             self.lessor, self.waiting, self.admission, self.clock, self.emit, lambda: self._admit()
@@ -272,6 +291,7 @@ class Broker:
         self.waiting.fail_all(RpcError(ErrorCode.CANCELLED, "broker stopping"))
         self.sampling.close()
         if self.store is not None:
+            self.store.set_meta(LIFETIMES_KEY, self.lifetimes.to_json())
             self.store.close()
 
     def mark_shutting_down(self) -> None:
@@ -423,7 +443,11 @@ class Broker:
             self.clock.wall(),
             self.clock.boottime(),
         )
-        behind = bool(candidates) and all(self.waiting.waiting_on(u) for u in candidates)
+        behind = (
+            not self.shares.enabled  # by shares a newcomer may go first: a pass decides
+            and bool(candidates)
+            and all(self.waiting.waiting_on(u) for u in candidates)
+        )
         self.waiting.add(waiter)
         if behind:
             # queued behind other requests on every GPU it may take: FIFO, it cannot be
@@ -488,9 +512,11 @@ class Broker:
         `request_key` waiting on connection `conn_id`, once admission has given it a reason;
         None when it is not waiting (or has no reason yet)."""
         now = self.clock.monotonic()
-        for waiter, ahead in self.waiting.ahead():
+        for waiter, ahead in self.waiting.ahead(self.admission.order(self.queue)):
             if waiter.request_key == request_key and waiter.conn_id == conn_id:
-                return waiter.to_wire(now, ahead) if waiter.evaluated else None
+                if not waiter.evaluated:
+                    return None
+                return self._with_estimate(waiter.to_wire(now, ahead), waiter)
         return None
 
     # -- attach / renew / release / expiry -----------------------------------------------------
@@ -590,6 +616,10 @@ class Broker:
 
     def _end(self, lease: Lease, state: LeaseState, reason: str) -> None:
         if self.lessor.revoke(lease, state, reason):
+            self.end_count += 1
+            if lease.granted_at > -math.inf:  # a restored lease's grant time is unknown
+                lived_s = self.clock.monotonic() - lease.granted_at
+                self.lifetimes.record(lease.project, lease.session, lived_s)
             self.resizes.lease_ended(lease.lease_id)
             self.jobs.lease_ended(lease.lease_id, lease.job_id)
             self.emit("lease", {"lease_id": lease.lease_id, "state": state.value})
@@ -751,7 +781,10 @@ class Broker:
         """`{"leases": [...], "queue": [...]}` (plus `"ended"` when asked): active leases with
         the telemetry of their GPUs and flags, the queue with reasons and positions."""
         now = self.clock.monotonic()
-        queued = [w.to_wire(now, ahead) for w, ahead in self.waiting.ahead()]
+        queued = [
+            self._with_estimate(w.to_wire(now, ahead), w)
+            for w, ahead in self.waiting.ahead(self.admission.order(self.queue))
+        ]
         leases: list[ListedLease] = []
         for lease in self.leases.values():
             telemetry = {
@@ -771,11 +804,92 @@ class Broker:
             view["ended"] = [lease.to_wire(now) for lease in self.ended]
         return view
 
+    # -- when will it fit (docs/architecture.md §5) ---------------------------------------------
+    def estimates(self) -> dict[int, Estimate]:
+        """Each waiting request's estimate (`rbroker.broker.eta`), by request id, with
+        `eta_s` from now. Played again when a lease or the queue changed, or after
+        `ESTIMATE_REFRESH_S`; in between the last estimates count down."""
+        now = self.clock.monotonic()
+        key = (self.grant_count, self.end_count, self.paused, tuple(id(w) for w in self.queue))
+        if key != self._estimated_for or now - self._estimated_at >= ESTIMATE_REFRESH_S:
+            self._estimates = self._estimate(now)
+            self._estimated_at, self._estimated_for = now, key
+            return self._estimates
+        gone = now - self._estimated_at
+        return {
+            k: e if e.eta_s is None else Estimate(max(0.0, e.eta_s - gone), e.reason)
+            for k, e in self._estimates.items()
+        }
+
+    def _estimate(self, now: float) -> dict[int, Estimate]:
+        """The estimates of every waiting request, played from what the broker holds now."""
+        available: dict[str, int] = {}
+        for uuid in self.slots:
+            cap = self.lessor.capacity(uuid)
+            if cap is not None:
+                available[uuid] = cap.available_mib
+        holdings = [
+            Holding(
+                lease.gpu_uuids,
+                {u: max(lease.granted_mib, lease.observed_mib.get(u, 0)) for u in lease.gpu_uuids},
+                lease.project,
+                lease.session,
+                None if lease.granted_at == -math.inf else now - lease.granted_at,
+            )
+            for lease in self.leases.values()
+        ]
+        queue = [
+            Asking(
+                w.request_id,
+                w.mib,
+                w.gpus,
+                w.candidates,
+                w.project,
+                w.session,
+                "admissions are paused"
+                if self.paused
+                else ("GPU telemetry is unavailable" if w.reason_kind == "telemetry" else ""),
+            )
+            for w in self.queue
+        ]
+        use = self.lessor.granted_by_project() if self.shares.enabled else None
+        return estimate(available, holdings, queue, history_of(self.lifetimes), self.shares, use)
+
+    def _with_estimate(self, entry: QueuedRequest, waiter: Waiter) -> QueuedRequest:
+        """`entry` with its request's `eta_s` and `eta_reason`."""
+        found = self.estimates().get(waiter.request_id)
+        if found is None:
+            entry["eta_s"], entry["eta_reason"] = None, "not estimated yet"
+        else:
+            eta_s = None if found.eta_s is None else round(found.eta_s, 1)
+            entry["eta_s"], entry["eta_reason"] = eta_s, found.reason
+        return entry
+
+    def shares_view(self) -> list[ShareView]:
+        """With `[shares]`: each project's weight, share and use now (`Shares.view`); [] without."""
+        if not self.shares.enabled:
+            return []
+        waiting: dict[str, int] = {}
+        for w in self.queue:
+            waiting[w.project] = waiting.get(w.project, 0) + 1
+        return [
+            {
+                "project": p,
+                "weight": weight,
+                "share": round(share, 3),
+                "granted_mib": mib,
+                "waiting": n,
+            }
+            for p, weight, share, mib, n in self.shares.view(
+                self.lessor.granted_by_project(), waiting
+            )
+        ]
+
     def status(self) -> BrokerStatus:
         """Version, uptime, telemetry source and states, counts, coordinator link, socket, and
         the kind of event loop the broker runs on."""
         problem = self.nvml_problem
-        return {
+        status: BrokerStatus = {
             "version": __version__,
             "uptime_s": round(self.clock.monotonic() - self.started_mono, 3),
             "started_at": self.started_wall,
@@ -800,6 +914,9 @@ class Broker:
             "socket": str(self.config.socket_path),
             "event_loop": _event_loop(),
         }
+        if self.shares.enabled:
+            status["shares"] = self.shares_view()
+        return status
 
 
 def _event_loop() -> str | None:

@@ -169,11 +169,12 @@ class WaitQueue:
         self._on_gpu.clear()
         self._of_owner.clear()
 
-    def ahead(self) -> list[tuple[Waiter, int]]:
-        """Each waiter with the number of requests queued before it on any of its GPUs."""
+    def ahead(self, order: list[Waiter] | None = None) -> list[tuple[Waiter, int]]:
+        """Each waiter with the number of requests queued before it on any of its GPUs, in
+        `order` (the waiters in admission's order; None: arrival order)."""
         seen: dict[str, int] = {}
         out = []
-        for w in self.waiters:
+        for w in self.waiters if order is None else order:
             out.append((w, max((seen.get(u, 0) for u in w.candidates), default=0)))
             for u in w.candidates:
                 seen[u] = seen.get(u, 0) + 1

@@ -1,0 +1,206 @@
+"""When will it fit: an estimate, for each waiting request, of how long until it is granted.
+
+Pure arithmetic over what the broker knows now (`estimate`). Each active lease is expected
+to end after the lifetimes seen for its session (or its project: `rbroker.broker.lifetimes`)
+given how long it has lived: the median of what those lifetimes leave past its age (a lease
+older than every lifetime seen has no expected end). Then the queue is played forward, in
+the order admission takes it (FIFO, or by shares: `rbroker.broker.shares`): at each
+expected end the memory it holds on its GPUs comes back, and one admission pass runs as
+the broker's does (a request is granted when enough of its candidate GPUs have room, the
+smallest that fits first; one that does not fit holds its GPUs for the requests after
+it). A request granted on the way holds its memory for its own project's median lifetime.
+A request's estimate is the time of the pass that grants it; its reason names the leases
+whose ends it waited for.
+
+No estimate (`eta_s` None) when admission cannot run (paused, telemetry), when what it
+waits for has no expected end (no lifetime seen yet for that project, or a lease older
+than every one seen), or when it does not fit even after every lease ends (memory used
+outside rbroker's leases). Times are seconds on the monotonic clock, from now.
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from rbroker.broker.lifetimes import Lifetimes
+from rbroker.broker.shares import Shares
+
+NO_HISTORY = "the leases ahead have no declared or observed duration yet"
+
+MAX_PASSES = 256
+"""The most admission passes one estimate plays (one per expected end); requests still
+waiting after them get no estimate (bounds the cost of a long queue)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """An active lease as the estimate sees it: what its end gives back on each of its GPUs
+    (`frees_mib`: max(granted, observed) MiB), whose it is and how long it has lived
+    (`age_s`; None for a lease restored after a restart)."""
+
+    gpu_uuids: tuple[str, ...]
+    frees_mib: dict[str, int]
+    project: str
+    session: str
+    age_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Asking:
+    """A waiting request: `key` (its request id), `mib` on each of `gpus` GPUs among
+    `candidates`, whose it is, and `stuck`: why admission cannot grant it now whatever
+    the memory (paused, telemetry), or "" when only memory decides."""
+
+    key: int
+    mib: int
+    gpus: int
+    candidates: tuple[str, ...]
+    project: str
+    session: str
+    stuck: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """`eta_s`: seconds from now (None: no estimate); `reason`: what it rests on, or why
+    there is none."""
+
+    eta_s: float | None
+    reason: str
+
+
+def remaining_s(lifetimes: Sequence[float], age_s: float | None) -> float | None:
+    """The median of what `lifetimes` (seconds) leave past `age_s` (None: unknown age, so
+    the median lifetime); None when none is left (no lifetime, or all shorter)."""
+    if age_s is None:
+        return statistics.median(lifetimes) if lifetimes else None
+    left = [t - age_s for t in lifetimes if t > age_s]
+    return statistics.median(left) if left else None
+
+
+History = Callable[[str, str], Sequence[float]]
+
+
+def history_of(lifetimes: Lifetimes) -> History:
+    """The lifetimes to judge a lease of (project, session) by (`Lifetimes.of`)."""
+    return lambda project, session: lifetimes.of(project, session)[0]
+
+
+def estimate(
+    available_mib: dict[str, int],
+    holdings: Iterable[Holding],
+    queue: Sequence[Asking],
+    history: History,
+    shares: Shares | None = None,
+    use_mib: dict[str, int] | None = None,
+) -> dict[int, Estimate]:
+    """An estimate for each request of `queue` (in arrival order), by request key.
+
+    `available_mib`: each GPU's available MiB now (architecture.md §2; a GPU without a
+    capacity yet is absent); `holdings`: the active leases; `history(project, session)`:
+    the lifetimes (seconds) to expect of a lease; `shares` and `use_mib` (project → MiB
+    granted now): the order of the queue, as admission's (None: FIFO).
+    """
+    free = dict(available_mib)
+    use = dict(use_mib or {})
+    ends: list[tuple[float, int, Holding]] = []  # (when, tie, lease): a heap
+    unknown: dict[str, list[str]] = {}  # GPU → projects of leases with no expected end
+    for n, lease in enumerate(holdings):
+        left = remaining_s(history(lease.project, lease.session), lease.age_s)
+        if left is None:
+            for u in lease.gpu_uuids:
+                unknown.setdefault(u, []).append(lease.project)
+        else:
+            heapq.heappush(ends, (left, n, lease))
+    tie = len(ends) + len(queue)
+    out: dict[int, Estimate] = {}
+    waiting = [a for a in queue if not a.stuck]
+    for a in queue:
+        if a.stuck:
+            out[a.key] = Estimate(None, a.stuck)
+    now = 0.0
+    freed_by: dict[str, list[str]] = {}  # GPU → projects of the leases that ended so far
+    order = shares or Shares()
+    passes = 0
+    while waiting and passes < MAX_PASSES:
+        passes += 1
+        blocked: set[str] = set()
+        granted: list[Asking] = []
+        for a in order.turns(waiting, use):
+            room = sorted(
+                (free[u], u)
+                for u in a.candidates
+                if u in free and u not in blocked and free[u] >= a.mib
+            )
+            if len(room) >= a.gpus:
+                chosen = tuple(u for _, u in room[: a.gpus])
+                for u in chosen:
+                    free[u] -= a.mib
+                use[a.project] = use.get(a.project, 0) + a.mib * a.gpus
+                out[a.key] = Estimate(now, _because(now, chosen, freed_by))
+                granted.append(a)
+                lifetime = remaining_s(history(a.project, a.session), None)
+                held = Holding(chosen, {u: a.mib for u in chosen}, a.project, a.session, 0.0)
+                if lifetime is None:
+                    for u in chosen:
+                        unknown.setdefault(u, []).append(a.project)
+                else:
+                    tie += 1
+                    heapq.heappush(ends, (now + lifetime, tie, held))
+            else:
+                blocked.update(a.candidates)
+        if granted:
+            keys = {a.key for a in granted}
+            waiting = [a for a in waiting if a.key not in keys]
+        if not waiting or not ends:
+            break
+        now = ends[0][0]
+        while ends and ends[0][0] <= now:
+            _, _, lease = heapq.heappop(ends)
+            for u in lease.gpu_uuids:
+                if u in free:
+                    free[u] += lease.frees_mib.get(u, 0)
+                freed_by.setdefault(u, []).append(lease.project)
+                use[lease.project] = max(0, use.get(lease.project, 0) - lease.frees_mib.get(u, 0))
+    for a in waiting:
+        why = "too far down the queue to estimate" if ends else _why_none(a, free, unknown)
+        out[a.key] = Estimate(None, why)
+    return out
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def _because(now: float, chosen: tuple[str, ...], freed_by: dict[str, list[str]]) -> str:
+    """What a grant at `now` waited for: the leases that ended on its GPUs by then."""
+    if now <= 0:
+        return "it fits now"
+    projects = [p for u in chosen for p in freed_by.get(u, [])]
+    if not projects:
+        return "the requests ahead of it are served by then"
+    names = sorted(set(projects))
+    shown = ", ".join(names[:3]) + (" …" if len(names) > 3 else "")
+    return (
+        f"{_plural(len(projects), 'lease')} of {shown} likely end by then "
+        "(by the lifetimes seen for their projects)"
+    )
+
+
+def _why_none(a: Asking, free: dict[str, int], unknown: dict[str, list[str]]) -> str:
+    """Why request `a` has no estimate after every expected end was played."""
+    if not any(u in free for u in a.candidates):
+        return "no GPU it may take has a capacity sample yet"
+    projects = sorted({p for u in a.candidates for p in unknown.get(u, [])})
+    if projects:
+        shown = ", ".join(projects[:3]) + (" …" if len(projects) > 3 else "")
+        return f"{NO_HISTORY} (project {shown})"
+    if sum(1 for u in a.candidates if free.get(u, 0) >= a.mib) >= a.gpus:
+        return "the requests ahead of it have no estimate"
+    return (
+        "it does not fit even after every lease ends: memory used outside rbroker's "
+        "leases would have to be freed"
+    )

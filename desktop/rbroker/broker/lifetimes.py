@@ -1,0 +1,105 @@
+"""How long leases lived: per project and per (project, session), the last lifetimes seen,
+for the queue's estimate of when a waiting request fits (`rbroker.broker.eta`).
+
+Bounded in memory: the last `per_project` lifetimes of each of the `projects` projects
+seen last, and the last `per_session` of each of the `sessions` (project, session) pairs
+seen last (least recently ended dropped first). A lifetime is measured on the monotonic
+clock, grant to end (a lease restored after a restart has no monotonic grant time and is
+not counted). Kept across a broker restart in the store's meta table (`to_json`,
+`from_json`), written when the broker stops.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Sequence
+from typing import TypeVar
+
+PER_PROJECT = 64
+PER_SESSION = 16
+PROJECTS = 256
+SESSIONS = 1024
+SESSION_MIN = 3
+"""A session's own lifetimes are used once it has this many; its project's before."""
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Lifetimes:
+    """The recent lease lifetimes (seconds) per project and per (project, session)."""
+
+    def __init__(
+        self,
+        per_project: int = PER_PROJECT,
+        per_session: int = PER_SESSION,
+        projects: int = PROJECTS,
+        sessions: int = SESSIONS,
+    ) -> None:
+        self.per_project, self.per_session = per_project, per_session
+        self.projects, self.sessions = projects, sessions
+        self._of_project: OrderedDict[str, deque[float]] = OrderedDict()
+        self._of_session: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
+
+    def record(self, project: str, session: str, lifetime_s: float) -> None:
+        """A lease of `project`/`session` ended after `lifetime_s` seconds (≥ 0)."""
+        if not lifetime_s >= 0 or lifetime_s == float("inf"):
+            return
+        _push(self._of_project, project, lifetime_s, self.per_project, self.projects)
+        _push(self._of_session, (project, session), lifetime_s, self.per_session, self.sessions)
+
+    def of(self, project: str, session: str) -> tuple[Sequence[float], str]:
+        """The lifetimes to judge a lease of `project`/`session` by, and whose they are
+        (`session`, `project`, or `` when none was seen)."""
+        own = self._of_session.get((project, session))
+        if own is not None and len(own) >= SESSION_MIN:
+            return own, "session"
+        of_project = self._of_project.get(project)
+        if of_project:
+            return of_project, "project"
+        return (), ""
+
+    def to_json(self) -> str:
+        """The history as JSON: `{"projects": {name: [s, ...]}, "sessions": [[project,
+        session, [s, ...]], ...]}`, least recently ended first."""
+        return json.dumps(
+            {
+                "projects": {p: list(v) for p, v in self._of_project.items()},
+                "sessions": [[p, s, list(v)] for (p, s), v in self._of_session.items()],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Lifetimes:
+        """A history read back from `to_json`'s text; an empty one from None or from text
+        that is not such JSON (a history is a hint: never worth refusing to start)."""
+        out = cls()
+        if not text:
+            return out
+        try:
+            doc = json.loads(text)
+            for project, values in doc["projects"].items():
+                for v in values:
+                    _push(out._of_project, str(project), float(v), out.per_project, out.projects)
+            for project, session, values in doc["sessions"]:
+                key = (str(project), str(session))
+                for v in values:
+                    _push(out._of_session, key, float(v), out.per_session, out.sessions)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return cls()
+        return out
+
+
+def _push(
+    table: OrderedDict[K, deque[float]], key: K, value: float, per_key: int, keys: int
+) -> None:
+    """Append `value` to `table[key]` (its last `per_key` kept), `key` last in the table,
+    whose least recent key goes past `keys`."""
+    found = table.get(key)
+    if found is None:
+        found = table[key] = deque(maxlen=per_key)
+        if len(table) > keys:
+            table.popitem(last=False)
+    else:
+        table.move_to_end(key)
+    found.append(value)

@@ -1,0 +1,101 @@
+"""Shares per project (opt-in, `[shares]` in the broker's config file): when several
+projects wait, the queue serves first the project whose use is lowest against its weight.
+
+The order of one admission pass (`Shares.turns`): each project's waiting requests stay in
+arrival order (FIFO within a project); among the projects, the next request is the first of
+the project with the lowest `granted MiB now / weight`, ties to the project whose first
+request arrived first, and the use counts each grant of the pass as it is made. What
+admission does with the request is unchanged: it is granted only when it fits, and one that
+does not fit holds its GPUs for the requests after it in this order, as in FIFO (so a
+large request is not passed over forever). A project not named gets the weight of `*`
+(1 when `*` is not named either): every project has a share, so none waits forever once the
+leases ahead of it end (its use then falls to 0, the lowest there is). Without `[shares]`
+the order is the arrival order (`Shares.enabled` is False).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from typing import Protocol, TypeVar
+
+DEFAULT_KEY = "*"
+"""The `[shares]` key whose weight every project not named gets."""
+
+
+class _Asks(Protocol):
+    @property
+    def project(self) -> str: ...
+
+
+T = TypeVar("T", bound=_Asks)
+
+
+class Shares:
+    """Weights per project (`{project: weight}`, weights > 0; `*` for the others)."""
+
+    def __init__(self, weights: Mapping[str, float] | None = None) -> None:
+        """Raises:
+        ValueError: a weight that is not a positive finite number, or an empty project.
+        """
+        self.weights = dict(weights or {})
+        for project, weight in self.weights.items():
+            if not project.strip():
+                raise ValueError("[shares]: a project name is empty")
+            if isinstance(weight, bool) or not isinstance(weight, int | float):
+                raise ValueError(f"[shares]: the weight of {project!r} must be a number")
+            if not 0 < weight < math.inf:
+                raise ValueError(
+                    f"[shares]: the weight of {project!r} must be over 0, got {weight}"
+                )
+        self.default = float(self.weights.get(DEFAULT_KEY, 1.0))
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any share is set (else the queue is FIFO)."""
+        return bool(self.weights)
+
+    def weight(self, project: str) -> float:
+        """The weight of `project` (the `*` weight, or 1, when it is not named)."""
+        return float(self.weights.get(project, self.default))
+
+    def turns(self, waiting: Sequence[T], use_mib: MutableMapping[str, int]) -> Iterator[T]:
+        """`waiting` (in arrival order) in the order of the module docstring, reading
+        `use_mib` (project → granted MiB now) at every step: the caller adds a grant's MiB
+        to it before asking for the next request. FIFO when no share is set."""
+        if not self.enabled:
+            yield from waiting
+            return
+        heads: dict[str, deque[tuple[int, T]]] = {}
+        for i, item in enumerate(waiting):
+            heads.setdefault(item.project, deque()).append((i, item))
+        while heads:
+            project = min(heads, key=lambda p: (use_mib.get(p, 0) / self.weight(p), heads[p][0][0]))
+            line = heads[project]
+            yield line.popleft()[1]
+            if not line:
+                del heads[project]
+
+    def order(self, waiting: Sequence[T], use_mib: Mapping[str, int]) -> list[T]:
+        """`waiting` in the order a pass would take them if nothing were granted (the
+        queue's shown order and positions)."""
+        return list(self.turns(waiting, dict(use_mib)))
+
+    def view(
+        self, use_mib: Mapping[str, int], waiting: Mapping[str, int]
+    ) -> list[tuple[str, float, float, int, int]]:
+        """Per project `(project, weight, share, granted_mib, waiting)`: the named ones
+        (`*` last) and every other project holding or asking now; `share` is its weight over
+        the weights of the projects holding or asking now (0 when it does neither)."""
+        named = [p for p in self.weights if p != DEFAULT_KEY]
+        others = sorted((set(use_mib) | set(waiting)) - set(named))
+        active = [p for p in named + others if use_mib.get(p, 0) > 0 or waiting.get(p, 0) > 0]
+        total = sum(self.weight(p) for p in active)
+        rows = []
+        for p in named + others:
+            share = self.weight(p) / total if p in active and total > 0 else 0.0
+            rows.append((p, self.weight(p), share, use_mib.get(p, 0), waiting.get(p, 0)))
+        if DEFAULT_KEY in self.weights:
+            rows.append((DEFAULT_KEY, self.default, 0.0, 0, 0))
+        return rows

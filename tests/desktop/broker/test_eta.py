@@ -1,0 +1,160 @@
+"""When will it fit (docs/architecture.md §5): the estimate of `rbroker.broker.eta` as pure
+arithmetic, the lifetimes history it reads, and the broker's queue entries carrying it, on
+the in-process broker with a manual clock (the lifetimes are measured on that clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rbroker.broker.eta import NO_HISTORY, Asking, Holding, estimate, remaining_s
+from rbroker.broker.lifetimes import Lifetimes
+from rbroker.broker.shares import Shares
+from tests.conftest import GPU0, SINGLE_24G
+from tests.desktop.inprocess import InProcessBroker, SleeperPool
+
+A, B = "GPU-a", "GPU-b"
+
+
+def lease(project: str, mib: int, age_s: float | None, *gpus: str) -> Holding:
+    uuids = gpus or (A,)
+    return Holding(uuids, {u: mib for u in uuids}, project, "s", age_s)
+
+
+def ask(key: int, mib: int, project: str = "p", gpus: int = 1, *cands: str) -> Asking:
+    return Asking(key, mib, gpus, cands or (A,), project, "s")
+
+
+def history(table: dict[str, list[float]]):  # type: ignore[no-untyped-def]
+    return lambda project, session: table.get(project, [])
+
+
+def test_remaining_is_the_median_of_what_the_lifetimes_leave_past_the_age() -> None:
+    assert remaining_s([10, 20, 30, 40], 0) == 25
+    assert remaining_s([10, 20, 30, 40], 25) == 10  # 30 and 40 are left: 5 and 15
+    assert remaining_s([10, 20], 25) is None  # older than every lifetime seen
+    assert remaining_s([], 0) is None
+    assert remaining_s([10, 30], None) == 20  # a restored lease: its age is unknown
+
+
+def test_a_request_waits_for_the_ends_that_free_enough_memory_in_queue_order() -> None:
+    # 8 000 free; a lease of 6 000 ends in ~100 s, one of 10 000 in ~300 s
+    got = estimate(
+        {A: 8000},
+        [lease("short", 6000, 0.0), lease("long", 10000, 0.0)],
+        [ask(1, 12000), ask(2, 2000), ask(3, 9000)],
+        history({"short": [100.0], "long": [300.0], "p": [50.0]}),
+    )
+    # 1 needs 12 000: at 100 s 14 000 are free; 2 fits now but FIFO holds it behind 1
+    assert got[1].eta_s == 100.0 and "1 lease of short likely end" in got[1].reason
+    assert got[2].eta_s == 100.0
+    # 3: after 1 and 2 took 14 000 at 100 s, 0 left; 1 and 2 end at 150 s (their project's
+    # lifetime, 50 s): 14 000 back
+    assert got[3].eta_s == 150.0
+
+
+def test_no_estimate_says_why() -> None:
+    got = estimate(
+        {A: 1000, B: 1000},
+        [lease("new", 4000, 5.0), lease("old", 4000, 500.0, B)],
+        [ask(1, 3000), ask(2, 3000, "p", 1, B), ask(3, 30000, "p", 1, B)],
+        history({"old": [100.0]}),
+    )
+    assert got[1].eta_s is None and got[1].reason == f"{NO_HISTORY} (project new)"
+    assert got[2].eta_s is None and "(project old)" in got[2].reason  # outlived its history
+    stuck = Asking(4, 10, 1, (A,), "p", "s", stuck="admissions are paused")
+    out = estimate({A: 0}, [], [stuck, ask(5, 10**6)], history({}))
+    assert out[4].reason == "admissions are paused"
+    assert "memory used outside rbroker's leases" in out[5].reason
+    assert estimate({}, [], [ask(6, 1)], history({}))[6].reason.startswith("no GPU")
+
+
+def test_a_multi_gpu_request_waits_for_room_on_enough_gpus() -> None:
+    got = estimate(
+        {A: 0, B: 5000},
+        [lease("x", 5000, 0.0, A)],
+        [Asking(1, 5000, 2, (A, B), "p", "s")],
+        history({"x": [60.0]}),
+    )
+    assert got[1].eta_s == 60.0
+
+
+def test_by_shares_the_project_using_less_is_estimated_first() -> None:
+    queue = [ask(1, 6000, "heavy"), ask(2, 6000, "light")]
+    table = history({"x": [10.0], "heavy": [100.0], "light": [100.0]})
+    holding = [lease("x", 6000, 0.0)]
+    fifo = estimate({A: 0}, holding, queue, table)
+    assert (fifo[1].eta_s, fifo[2].eta_s) == (10.0, 110.0)
+    shared = estimate(
+        {A: 0}, holding, queue, table, Shares({"heavy": 1, "light": 1}), {"heavy": 9000}
+    )
+    assert (shared[2].eta_s, shared[1].eta_s) == (10.0, 110.0)
+
+
+def test_lifetimes_are_bounded_and_survive_json() -> None:
+    lt = Lifetimes(per_project=3, per_session=2, projects=2, sessions=2)
+    for i in range(5):
+        lt.record("a", "s1", float(i))
+    assert list(lt.of("a", "s1")[0]) == [2.0, 3.0, 4.0] and lt.of("a", "s1")[1] == "project"
+    lt.record("b", "s", 1.0)
+    lt.record("c", "s", 1.0)  # the third project: the least recently ended (a) goes
+    assert lt.of("a", "s1") == ((), "")
+    for v in (1.0, 2.0, 3.0):
+        lt.record("c", "own", v)
+    again = Lifetimes.from_json(lt.to_json())
+    # the session kept its last 2 (< 3: its project's are used); the project its last 3
+    assert list(again.of("c", "own")[0]) == [1.0, 2.0, 3.0]
+    assert again.of("c", "own")[1] == "project"
+    again.record("c", "own", 4.0)  # a fresh history's bounds: 16 per session
+    assert list(again.of("c", "own")[0]) == [2.0, 3.0, 4.0]
+    assert again.of("c", "own")[1] == "session"
+    assert Lifetimes.from_json("not json").of("c", "own") == ((), "")
+    lt.record("d", "s", float("nan"))
+    assert lt.of("d", "s") == ((), "")
+
+
+@pytest.fixture
+def hs(make_inprocess) -> InProcessBroker:  # type: ignore[no-untyped-def]
+    return make_inprocess(SINGLE_24G)  # with a store: the history is kept across restarts
+
+
+def hold(h: InProcessBroker, pool: SleeperPool, mib: int, **kw: object) -> str:
+    lease = h.acquire(pool.spawn()[1], mib=mib, **kw).result()
+    return lease.lease_id
+
+
+def test_the_queue_tells_when_from_the_lifetimes_seen(
+    hs: InProcessBroker, pool: SleeperPool
+) -> None:
+    h = hs
+    for _ in range(3):  # three leases of vision lived 600 s each
+        lid = hold(h, pool, 20000, project="vision")
+        h.clock.advance(600)
+        h.broker.release(lid, "tester")
+        h.sample()
+    hold(h, pool, 20000, project="vision")
+    h.clock.advance(100)
+    waiting = h.acquire(pool.spawn()[1], mib=8000, wait_s=3600, project="nlp")
+    entry = h.broker.leases_view()["queue"][0]
+    assert entry["eta_s"] == pytest.approx(500, abs=1)
+    assert "1 lease of vision likely end" in entry["eta_reason"]
+    h.clock.advance(0.5)  # nothing changed: the estimate counts down
+    assert h.broker.leases_view()["queue"][0]["eta_s"] == pytest.approx(499.5, abs=1)
+    h.run(h.broker.stop())  # the history is written to the store when the broker stops
+    assert waiting.done()
+    h.broker = h._new_broker()
+    h.run(h.broker.start(background=False))
+    assert list(h.broker.lifetimes.of("vision", "in-process")[0]) == pytest.approx([600.0] * 3)
+    h.restart()  # a crash keeps what the last stop wrote
+    assert len(h.broker.lifetimes.of("vision", "in-process")[0]) == 3
+
+
+def test_a_request_behind_leases_of_an_unseen_project_says_so(
+    h: InProcessBroker, pool: SleeperPool
+) -> None:
+    hold(h, pool, 20000, project="fresh")
+    h.acquire(pool.spawn()[1], mib=8000, wait_s=60)
+    entry = h.broker.leases_view()["queue"][0]
+    assert entry["eta_s"] is None
+    assert entry["eta_reason"] == f"{NO_HISTORY} (project fresh)"
+    assert h.broker.status().get("shares") is None  # no [shares]: nothing shown
+    assert GPU0 in h.broker.slots

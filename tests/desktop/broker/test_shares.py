@@ -1,0 +1,146 @@
+"""Shares per project (`[shares]`, `rbroker.broker.shares`): the order of the queue by each
+project's use against its weight, FIFO within a project, never admitting what does not fit,
+and no project with a share waiting for ever once the leases ahead end. On the in-process
+broker with a manual clock; the property test drives random arrivals and releases."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rbroker.broker.config import BrokerConfig
+from rbroker.broker.holders import Holder
+from rbroker.broker.leases import Lease
+from rbroker.broker.shares import Shares
+from tests.conftest import SINGLE_24G
+from tests.desktop.inprocess import InProcessBroker, SleeperPool
+
+USABLE_MIB = 24576 - 1229  # SINGLE_24G less its default headroom
+
+
+@dataclass(eq=False)
+class Req:
+    project: str
+
+
+def test_turns_serve_the_project_using_least_against_its_weight_fifo_within() -> None:
+    shares = Shares({"a": 1, "b": 3})
+    queue = [Req("a"), Req("a"), Req("b"), Req("c")]
+    use = {"a": 1000, "b": 2000, "c": 0}
+    taken = []
+    for item in shares.turns(queue, use):  # each grant raises its project's use
+        taken.append(next(i for i, q in enumerate(queue) if q is item))
+        use[item.project] += 5000
+    # c (0) first; then b (2000/3) before a (1000/1); then a's two in arrival order
+    assert taken == [3, 2, 0, 1]
+    assert list(Shares().turns(queue, use)) == queue  # no [shares]: FIFO
+    assert Shares({"*": 2}).weight("x") == 2 and Shares({"a": 1}).weight("x") == 1
+
+
+@pytest.mark.parametrize("weights", [{"a": 0}, {"a": -1}, {"a": float("inf")}, {"a": "x"}, {"": 1}])
+def test_a_bad_weight_is_refused_with_its_name(weights: dict[str, object], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=r"\[shares\]"):
+        BrokerConfig(socket_path=tmp_path / "s", data_dir=tmp_path, shares=weights)  # type: ignore[arg-type]
+
+
+def test_the_project_using_less_goes_first_and_status_shows_shares(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool
+) -> None:
+    h = make_inprocess(SINGLE_24G, persist=False, shares={"vision": 1, "nlp": 1})
+    held = h.acquire(pool.spawn()[1], mib=12000, project="vision").result()
+    filler = h.acquire(pool.spawn()[1], mib=10000, project="other").result()
+    first = h.acquire(pool.spawn()[1], mib=8000, wait_s=60, project="vision")
+    second = h.acquire(pool.spawn()[1], mib=8000, wait_s=60, project="nlp")
+    queue = h.broker.leases_view()["queue"]
+    assert [q["project"] for q in queue] == ["nlp", "vision"]  # nlp uses 0, vision 12 000
+    assert [q["ahead"] for q in queue] == [0, 1]
+    rows = {r["project"]: r for r in h.broker.status()["shares"]}
+    assert rows["vision"]["granted_mib"] == 12000 and rows["nlp"]["waiting"] == 1
+    assert rows["other"]["weight"] == 1 and rows["vision"]["share"] == pytest.approx(
+        1 / 3, abs=0.001
+    )
+    h.broker.release(filler.lease_id, "tester")
+    h.sample()
+    assert second.done() and not first.done()  # FIFO would have granted vision's
+    h.broker.release(held.lease_id, "tester")
+    h.sample()
+    assert first.done() and first.exception() is None
+
+
+# -- the property: random arrivals and releases --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def holders() -> Iterator[list[Holder]]:
+    """Twelve holder processes shared by the examples (each request gets its own, so no
+    request waits on its own holder's leases)."""
+    pool = SleeperPool()
+    yield [pool.spawn()[1] for _ in range(12)]
+    pool.close()
+
+
+PROJECTS = ("a", "b", "c")
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("ask"), st.sampled_from(PROJECTS), st.integers(1, 12)),
+        st.tuples(st.just("end"), st.integers(0, 11), st.just(0)),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    weights=st.dictionaries(st.sampled_from(PROJECTS), st.integers(1, 4), min_size=1),
+    script=steps,
+)
+def test_by_shares_nothing_over_admits_and_every_waiter_is_served(
+    tmp_path_factory: pytest.TempPathFactory,
+    holders: list[Holder],
+    weights: dict[str, int],
+    script: list[tuple[str, str | int, int]],
+) -> None:
+    data_dir = tmp_path_factory.mktemp("shares")
+    scenario = data_dir / "scenario.toml"
+    scenario.write_text(SINGLE_24G)
+    h = InProcessBroker(scenario, data_dir, persist=False, shares=weights)
+    try:
+        tasks: list[tuple[str, asyncio.Task[Lease]]] = []  # (project, task), arrival order
+        free = list(holders)
+        for kind, arg, size in script:
+            if kind == "ask" and free:
+                mib = size * 2000  # 2 000 .. 24 000: some wait, some never fit (refused)
+                task = h.acquire(free.pop(), mib=mib, wait_s=3600, project=arg)  # type: ignore[arg-type]
+                tasks.append((str(arg), task))
+            elif kind == "end" and h.broker.leases:
+                lease = list(h.broker.leases.values())[int(arg) % len(h.broker.leases)]
+                h.broker.release(lease.lease_id, "tester")
+            h.sample()
+            check(h, tasks)
+        for _ in range(len(tasks) + 1):  # the leases end: every waiter is served in turn
+            for lease in list(h.broker.leases.values()):
+                h.broker.release(lease.lease_id, "tester")
+            h.sample()
+            check(h, tasks)
+        assert not h.broker.queue, "a waiting request was never served"
+    finally:
+        h.close()
+
+
+def check(h: InProcessBroker, tasks: list[tuple[str, asyncio.Task[Lease]]]) -> None:
+    """Never over-admitted; within a project none granted while an earlier one waits."""
+    assert sum(x.granted_mib for x in h.broker.leases.values()) <= USABLE_MIB
+    waiting: set[str] = set()
+    for project, task in tasks:
+        if task.done() and task.exception() is None:
+            assert project not in waiting, f"granted before an earlier request of {project}"
+        elif not task.done():
+            waiting.add(project)
