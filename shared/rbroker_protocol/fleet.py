@@ -1,5 +1,6 @@
-"""The coordinator's fleet reads (`/api/v1/fleet`, `/api/v1/computers/{id}[/history]`,
-architecture.md §7): what the coordinator answers and the desktop's uplink reads."""
+"""The coordinator's fleet reads (`/api/v1/fleet`, `/api/v1/fleet/room`,
+`/api/v1/computers/{id}[/history]`, architecture.md §7): what the coordinator answers and
+the desktop's uplink reads."""
 
 from __future__ import annotations
 
@@ -102,6 +103,46 @@ class FleetView(BaseModel):
     computers: list[ComputerView]
 
 
+class RoomGpuView(BaseModel):
+    """A GPU where the asked MiB fit at its computer's last report: its broker's admission
+    figure (`available_mib`, `GpuReport`'s: total − headroom − in use − granted not yet in
+    use) and its total, in MiB."""
+
+    uuid: str
+    index: int
+    name: str
+    available_mib: int
+    total_mib: int | None
+
+
+class RoomComputerView(BaseModel):
+    """A computer with room: how fresh its last report is (`freshness.age_s`, seconds, and
+    its state), its GPUs where the asked MiB fit (most available first; at least the asked
+    number of them), and how many requests were waiting in its queue at that report (they
+    come first there)."""
+
+    id: str
+    name: str
+    freshness: Freshness
+    gpus: list[RoomGpuView]
+    waiting: int
+
+
+class RoomView(BaseModel):
+    """`GET /api/v1/fleet/room?mib=N&gpus=K`: the caller's group's computers with `gpus` GPUs
+    each having `mib` MiB available at the last report, freshest first (online, then stale,
+    then offline; by report age within each). A view of the last reports: it places nothing
+    and reserves nothing, and another request may take the room before yours asks for it."""
+
+    group: str
+    generated_at: datetime
+    mib: int
+    """MiB asked for on each GPU."""
+    gpus: int
+    """How many GPUs of one computer must each have `mib` available."""
+    computers: list[RoomComputerView]
+
+
 class HistoryPointView(BaseModel):
     """One downsampled point: per-GPU MiB figures, lease and queue counts, and each job's
     cumulative counts (`job_id`, `purpose`, `state`, `total_items`, `completed_items`,
@@ -135,4 +176,7 @@ __all__ = [
     "GpuState",
     "HistoryPointView",
     "HistoryView",
+    "RoomComputerView",
+    "RoomGpuView",
+    "RoomView",
 ]

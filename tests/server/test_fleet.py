@@ -1,14 +1,22 @@
-"""Fleet reads: one group per caller (viewer token or signed request), replay-resistant."""
+"""Fleet reads: one group per caller (viewer token or signed request), replay-resistant; the
+room read (where the asked MiB fit, freshest first) and its refusals of a bad query."""
 
 from __future__ import annotations
 
 import time
+from datetime import timedelta
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from rbroker_protocol import signing
+from rbroker_protocol.fleet import RoomView
+from rbroker_protocol.reports import GpuReport, QueueEntry
 from rbroker_server.admin import operations as admin
-from tests.server.conftest import Coordinator, EnrolledComputer
+from rbroker_server.db import utcnow
+from rbroker_server.fleet.service import COMPUTERS
+from tests.server.conftest import Coordinator, EnrolledComputer, payload
 
 
 @pytest.fixture
@@ -132,8 +140,105 @@ def test_health_and_openapi(coordinator: Coordinator) -> None:
         "/api/v1/enroll",
         "/api/v1/reports",
         "/api/v1/fleet",
+        "/api/v1/fleet/room",
         "/api/v1/computers/{computer_id}",
         "/api/v1/computers/{computer_id}/history",
         "/healthz",
     ):
         assert path in schema["paths"], path
+
+
+def _gpu(n: int, available_mib: int, telemetry: str = "ok") -> GpuReport:
+    return GpuReport(
+        uuid=f"GPU-5a1e0000-0000-0000-0000-00000000000{n}",
+        index=n,
+        name="Simulated RTX 4090",
+        telemetry=telemetry,  # type: ignore[arg-type]
+        total_mib=49152,
+        headroom_mib=1229,
+        device_used_mib=0,
+        outstanding_mib=0,
+        available_mib=available_mib,
+        leased_in_use_mib=0,
+        other_in_use_mib=0,
+    )
+
+
+def test_room_lists_where_the_mib_fit_freshest_first_in_the_callers_group(
+    coordinator: Coordinator,
+) -> None:
+    coordinator.group("alpha")
+    coordinator.group("beta")
+    older = coordinator.enroll("alpha", "lab-older")
+    newer = coordinator.enroll("alpha", "lab-newer")
+    lost = coordinator.enroll("alpha", "lab-lost")
+    other = coordinator.enroll("beta", "beta-1")
+    waiting = QueueEntry(mib=40000, owner="bob", reason="waiting: 40 000 asked")
+    assert older.report(payload("lab-older", gpus=[_gpu(1, 22847)])).status_code == 200
+    assert (
+        newer.report(
+            payload("lab-newer", gpus=[_gpu(1, 10000), _gpu(2, 30000)], queue=[waiting])
+        ).status_code
+        == 200
+    )
+    assert lost.report(payload("lab-lost", gpus=[_gpu(1, 40000, "lost")])).status_code == 200
+    assert other.report(payload("beta-1", gpus=[_gpu(1, 40000)])).status_code == 200
+    # lab-older's last report is 20 s old: stale (past stale_after_s, 15 s)
+    with coordinator.engine.begin() as conn:
+        conn.execute(
+            sa.update(COMPUTERS)
+            .where(COMPUTERS.c.id == older.id)
+            .values(last_seen_at=utcnow() - timedelta(seconds=20))
+        )
+
+    def room(query: str) -> dict[str, Any]:
+        r = coordinator.http.get(f"/api/v1/fleet/room?{query}", headers=coordinator.viewer("alpha"))
+        assert r.status_code == 200, r.text
+        return RoomView.model_validate(r.json()).model_dump(mode="json")
+
+    view = room("mib=20000")
+    assert (view["group"], view["mib"], view["gpus"]) == ("alpha", 20000, 1)
+    names = [c["name"] for c in view["computers"]]
+    assert names == ["lab-newer", "lab-older"]  # not lab-lost (telemetry lost), not beta's
+    fresh, stale = view["computers"]
+    assert fresh["freshness"]["state"] == "online" and fresh["freshness"]["age_s"] < 15
+    assert stale["freshness"]["state"] == "stale" and 19 <= stale["freshness"]["age_s"] < 60
+    assert [(g["index"], g["available_mib"]) for g in fresh["gpus"]] == [(2, 30000)]
+    assert fresh["waiting"] == 1 and stale["waiting"] == 0
+    assert stale["gpus"][0]["available_mib"] == 22847 and stale["gpus"][0]["total_mib"] == 49152
+    both = room("mib=5000&gpus=2")["computers"]
+    assert [c["name"] for c in both] == ["lab-newer"]
+    assert [g["available_mib"] for g in both[0]["gpus"]] == [30000, 10000]  # most room first
+    assert room("mib=20000&gpus=2")["computers"] == []
+    assert room("mib=30001")["computers"] == []
+    # an enrolled computer reads its own group's room, signed
+    r = newer.get("/api/v1/fleet/room?mib=20000")
+    assert r.status_code == 200, r.text
+    assert [c["name"] for c in r.json()["computers"]] == ["lab-newer", "lab-older"]
+    r = other.get("/api/v1/fleet/room?mib=20000")
+    assert [c["name"] for c in r.json()["computers"]] == ["beta-1"]
+
+
+def test_room_refuses_a_bad_query_in_one_line(coordinator: Coordinator) -> None:
+    coordinator.group("alpha")
+    viewer = coordinator.viewer("alpha")
+    cases = {
+        "": "mib is missing",
+        "gpus=2": "mib is missing",
+        "mib=-5": "mib must be a whole number from 1 to 1099511627776 (MiB on each GPU), not '-5'",
+        "mib=abc": "not 'abc'",
+        "mib=1.5": "not '1.5'",
+        "mib=0": "not '0'",
+        f"mib={10**20}": "mib must be a whole number from 1 to 1099511627776",
+        "mib=100&gpus=0": "gpus must be a whole number from 1 to 64 (GPUs of one computer), "
+        "not '0'",
+        "mib=100&gpus=65": "not '65'",
+        "mib=100&mib=200": "mib is given 2 times; give it once",
+        "mib=100&gpu=2": "unknown query parameter 'gpu' (known: mib, gpus)",
+    }
+    for query, words in cases.items():
+        r = coordinator.http.get(f"/api/v1/fleet/room?{query}", headers=viewer)
+        assert r.status_code == 400, (query, r.text)
+        detail = r.json()["detail"]
+        assert words in detail and "\n" not in detail, (query, detail)
+    assert coordinator.http.get("/api/v1/fleet/room?mib=100").status_code == 401

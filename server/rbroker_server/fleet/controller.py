@@ -1,14 +1,17 @@
-"""`GET /api/v1/fleet`, `GET /api/v1/computers/{id}`, `GET /api/v1/computers/{id}/history`."""
+"""`GET /api/v1/fleet`, `GET /api/v1/fleet/room`, `GET /api/v1/computers/{id}`,
+`GET /api/v1/computers/{id}/history`."""
 
 from __future__ import annotations
 
-from litestar import Controller, get
+from typing import Annotated, Any
+
+from litestar import Controller, Request, get
 from litestar.di import NamedDependency, Provide
-from litestar.exceptions import NotFoundException
-from litestar.params import FromPath
+from litestar.exceptions import ClientException, NotFoundException
+from litestar.params import FromPath, QueryParameter
 from sqlalchemy.engine import Engine
 
-from rbroker_protocol.fleet import ComputerView, FleetView, HistoryView
+from rbroker_protocol.fleet import ComputerView, FleetView, HistoryView, RoomView
 from rbroker_server.apidocs import errors
 from rbroker_server.auth.caller import Scope
 from rbroker_server.auth.dependencies import provide_caller
@@ -35,6 +38,47 @@ class FleetController(Controller):
     ) -> FleetView:
         """The group's computers with freshness, GPU states, leases, queue and jobs."""
         return service.fleet(engine, settings, caller)
+
+    @get("/fleet/room", sync_to_thread=True, responses=errors(400, 401, 403, 429, 503))
+    def room(
+        self,
+        request: Request[Any, Any, Any],
+        engine: NamedDependency[Engine],
+        settings: NamedDependency[Settings],
+        caller: NamedDependency[Scope],
+        mib: Annotated[
+            str | None,
+            QueryParameter(
+                name="mib",
+                required=True,
+                description="MiB wanted on each GPU: a whole number from 1 to "
+                f"{service.ROOM_MIB_MAX}.",
+            ),
+        ] = None,
+        gpus: Annotated[
+            str | None,
+            QueryParameter(
+                name="gpus",
+                required=False,
+                description="How many GPUs of one computer must each have `mib` available: "
+                f"1 (default) to {service.ROOM_GPUS_MAX}.",
+            ),
+        ] = None,
+    ) -> RoomView:
+        """Where is there room: the group's computers whose GPUs had `mib` MiB available
+        (their brokers' admission figure) on `gpus` GPUs at their last report, freshest
+        first, with each report's age and freshness. A view of the last reports, never a
+        placement or a reservation: nothing is held, and the room may be gone when asked
+        for. 400 for a bad query, with the problem in one line.
+
+        Raises:
+            ClientException: 400 (`service.RoomQueryInvalid`).
+        """
+        try:
+            query = service.parse_room_query(request.query_params.dict())
+        except service.RoomQueryInvalid as exc:
+            raise ClientException(str(exc)) from exc
+        return service.room(engine, settings, caller, query)
 
     @get("/computers/{computer_id:str}", sync_to_thread=True, responses=_ONE)
     def computer(

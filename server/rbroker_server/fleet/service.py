@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,6 +19,9 @@ from rbroker_protocol.fleet import (
     GpuState,
     HistoryPointView,
     HistoryView,
+    RoomComputerView,
+    RoomGpuView,
+    RoomView,
 )
 from rbroker_server.auth.caller import Scope
 from rbroker_server.db import utcnow
@@ -28,8 +33,69 @@ GROUPS = Group.__table__  # type: ignore[attr-defined]
 HISTORY = HistoryPoint.__table__  # type: ignore[attr-defined]
 
 
+ROOM_MIB_MAX = 2**40
+"""The largest `mib` a room query takes: a report's largest MiB figure (`GpuReport`)."""
+ROOM_GPUS_MAX = 64
+"""The most GPUs a room query takes: a request's most (`QueueEntry.gpus`)."""
+ROOM_QUERY_NAMES = ("mib", "gpus")
+_FRESHEST = {"online": 0, "stale": 1, "offline": 2}
+
+
 class ComputerNotFound(Exception):
     """No such computer in the caller's group (other groups' computers look the same)."""
+
+
+class RoomQueryInvalid(ValueError):
+    """A room query the coordinator does not take; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class RoomQuery:
+    """`mib` MiB available on each of `gpus` GPUs of one computer."""
+
+    mib: int
+    gpus: int = 1
+
+
+def _shown(value: str) -> str:
+    """A query value as a message quotes it: repr, cut at 40 characters."""
+    return repr(value if len(value) <= 40 else value[:40] + "…")
+
+
+def _whole(params: Mapping[str, list[str]], name: str, most: int, what: str) -> int | None:
+    if name not in params:
+        return None
+    raw = params[name][0].strip()
+    if not (
+        len(raw) <= len(str(most)) and raw.isascii() and raw.isdigit() and 1 <= int(raw) <= most
+    ):
+        given = _shown(params[name][0])
+        raise RoomQueryInvalid(
+            f"{name} must be a whole number from 1 to {most} ({what}), not {given}"
+        )
+    return int(raw)
+
+
+def parse_room_query(params: Mapping[str, list[str]]) -> RoomQuery:
+    """Check a room query given as name → the values sent (a name sent twice has two).
+
+    Raises:
+        RoomQueryInvalid: `mib` missing, an unknown or repeated parameter, `mib` not a whole
+            number from 1 to `ROOM_MIB_MAX`, `gpus` not one from 1 to `ROOM_GPUS_MAX`.
+    """
+    unknown = sorted(set(params) - set(ROOM_QUERY_NAMES))
+    if unknown:
+        raise RoomQueryInvalid(
+            f"unknown query parameter {_shown(unknown[0])} (known: {', '.join(ROOM_QUERY_NAMES)})"
+        )
+    for name, values in params.items():
+        if len(values) > 1:
+            raise RoomQueryInvalid(f"{name} is given {len(values)} times; give it once")
+    mib = _whole(params, "mib", ROOM_MIB_MAX, "MiB on each GPU")
+    if mib is None:
+        raise RoomQueryInvalid("mib is missing: the MiB to find room for, e.g. ?mib=20480")
+    gpus = _whole(params, "gpus", ROOM_GPUS_MAX, "GPUs of one computer")
+    return RoomQuery(mib=mib, gpus=gpus or 1)
 
 
 def age_text(seconds: float) -> str:
@@ -135,6 +201,50 @@ def fleet(engine: Engine, settings: Settings, scope: Scope) -> FleetView:
         offline_after_s=settings.offline_after_s,
         computers=[_computer_view(r, now, settings) for r in rows],
     )
+
+
+def room(engine: Engine, settings: Settings, scope: Scope, query: RoomQuery) -> RoomView:
+    """The caller's group's computers where `query.mib` MiB were available on each of
+    `query.gpus` of their GPUs at their last report (a GPU counts only with telemetry `ok`:
+    the only state its broker admits on), freshest first: online, stale, then offline, by
+    report age within each, then by name. A view, never a placement or a reservation."""
+    now = utcnow()
+    group, rows = _group_rows(engine, scope)
+    found = []
+    for row in rows:
+        state = row.state or {}
+        fits = [
+            RoomGpuView(
+                uuid=g["uuid"],
+                index=g.get("index", 0),
+                name=g.get("name", ""),
+                available_mib=g["available_mib"],
+                total_mib=g.get("total_mib"),
+            )
+            for g in state.get("gpus", [])
+            if g.get("telemetry", "ok") == "ok" and (g.get("available_mib") or 0) >= query.mib
+        ]
+        if len(fits) < query.gpus:
+            continue
+        fits.sort(key=lambda g: (-g.available_mib, g.index, g.uuid))
+        found.append(
+            RoomComputerView(
+                id=row.id,
+                name=row.name,
+                freshness=freshness(row.last_seen_at, now, settings, bool(state.get("stopping"))),
+                gpus=fits,
+                waiting=len(state.get("queue", []))
+                + int(state.get("left_out", {}).get("queue", 0)),
+            )
+        )
+    found.sort(
+        key=lambda c: (
+            _FRESHEST[c.freshness.state],
+            c.freshness.age_s if c.freshness.age_s is not None else float("inf"),
+            c.name,
+        )
+    )
+    return RoomView(group=group, generated_at=now, mib=query.mib, gpus=query.gpus, computers=found)
 
 
 def fleet_summary(
