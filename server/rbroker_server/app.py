@@ -37,9 +37,11 @@ from rbroker_server.reports.controller import report_route
 from rbroker_server.reports.gate import ReportGate
 from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.settings import Settings
+from rbroker_server.usage.controller import UsageController
 from rbroker_server.web import controller as web
 from rbroker_server.web import fault_page, renders
 from rbroker_server.web.headers import security_headers_for
+from rbroker_server.web.usage_page import UsagePageController
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +155,9 @@ def create_app(
             report_route(reports),
             FleetController,
             MetricsController,
+            UsageController,
             web.WebController,
+            UsagePageController,
             static,
         ],
         exception_handlers={

@@ -1,6 +1,6 @@
 """What the report path knows of each sender, kept between its reports: the public key
-with its loaded verify key, the current run, its counter, the last applied seq and the
-newest history bucket.
+with its loaded verify key, the current run, its counter, the last applied seq, when that
+report was received and the newest history bucket.
 
 A cached view only saves the read; it never decides. The conditional UPDATE of a report
 (`statements.update_computer`) repeats every condition the view was used for (same run and
@@ -44,6 +44,8 @@ class ComputerView:
     history_at: datetime | None
     generated_at: datetime | None = None
     """When the current run's latest applied report was generated (the computer's clock)."""
+    last_seen_at: datetime | None = None
+    """When the latest applied report was received (the coordinator's clock)."""
 
     @classmethod
     def from_row(cls, row: Any) -> ComputerView:
@@ -61,6 +63,7 @@ class ComputerView:
             seq=row.seq,
             history_at=row.history_at,
             generated_at=row.generated_at,
+            last_seen_at=row.last_seen_at,
         )
 
     def after(
@@ -70,9 +73,11 @@ class ComputerView:
         run_counter: int | None,
         history_at: datetime | None,
         generated_at: datetime | None = None,
+        last_seen_at: datetime | None = None,
     ) -> ComputerView:
-        """This view once a report of (`run_id`, `seq`), generated at `generated_at`, is
-        applied; `history_at` is the bucket it wrote (None: it wrote none)."""
+        """This view once a report of (`run_id`, `seq`), generated at `generated_at` and
+        received at `last_seen_at`, is applied; `history_at` is the bucket it wrote (None:
+        it wrote none)."""
         return replace(
             self,
             run_id=run_id,
@@ -80,6 +85,7 @@ class ComputerView:
             run_counter=run_counter,
             history_at=history_at or self.history_at,
             generated_at=generated_at,
+            last_seen_at=last_seen_at,
         )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -26,6 +26,7 @@ from rbroker_server.reports.cache import ComputerView
 from rbroker_server.reports.redact import checked_name, checked_text, redacted_state
 from rbroker_server.reports.schema import AckCode, ReportAck
 from rbroker_server.settings import Settings
+from rbroker_server.usage.rollup import usage_rows
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,8 @@ class Write:
     bucket: datetime | None
     """A new history bucket to write (None: the current one was written already)."""
     now: datetime
+    usage: list[dict[str, Any]] = field(default_factory=list)
+    """The `daily_usage` increments since the previous report (`usage.rollup.usage_rows`)."""
 
     def __call__(self, conn: Connection) -> Outcome:
         return write(conn, self)
@@ -172,7 +175,14 @@ class Write:
         env = self.checked.env
         counter = self.checked.report.run_counter if self.new_run else self.view.run_counter
         generated = self.checked.values["v_generated_at"]
-        return self.view.after(env.run_id, env.seq, counter, self.bucket, generated)
+        return self.view.after(
+            env.run_id,
+            env.seq,
+            counter,
+            self.bucket,
+            generated,
+            self.checked.values["v_last_seen_at"],
+        )
 
 
 def parse(body: bytes, settings: Settings) -> Envelope:
@@ -298,8 +308,14 @@ def plan(
         bucket = None
     else:
         params["v_history_at"] = bucket
+    usage: list[dict[str, Any]] = []
     if same_run:
         params.update(w_run=env.run_id, w_seq=env.seq)
+        usage = usage_rows(
+            env.computer_id, checked.state["leases"], view.last_seen_at, now, settings.stale_after_s
+        )
+        if usage:
+            params["w_last_seen"] = view.last_seen_at
     else:
         params["v_run_id"] = env.run_id
         params["v_run_counter"] = report.run_counter
@@ -311,8 +327,9 @@ def plan(
         flagged=bool(checked.flags),
         new_bucket=bucket is not None,
         by_time=by_time and generated is not None,
+        since=bool(usage),
     )
-    return Write(checked, view, not same_run, statement, params, bucket, now)
+    return Write(checked, view, not same_run, statement, params, bucket, now, usage)
 
 
 def _ordered_by_time(report_counter: int | None, current_counter: int | None) -> bool:
@@ -354,6 +371,8 @@ def write(conn: Connection, w: Write) -> Outcome:
             "data": history_data(w.checked.state, w.now),
         }
         conn.execute(st.insert_history(dialect), point)
+    if w.usage:
+        conn.execute(st.add_usage(dialect), w.usage)
     return "applied"
 
 
@@ -362,10 +381,11 @@ def write_many(conn: Connection, writes: list[Any]) -> list[Any]:
     the outcome of each.
 
     Same-run writes of computers that appear once in `writes` share one executemany per
-    statement (and one for their history points) in a savepoint: when fewer rows than
-    writes were updated (a stale cached view), the savepoint is rolled back and that group
-    is written one by one. New runs, and computers with several writes (their order
-    matters), are written one by one (`write`); other works (not a `Write`) are called.
+    statement (and one for their history points, one for their usage increments) in a
+    savepoint: when fewer rows than writes were updated (a stale cached view), the savepoint
+    is rolled back and that group is written one by one. New runs, and computers with
+    several writes (their order matters), are written one by one (`write`); other works
+    (not a `Write`) are called.
 
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database refused a statement.
@@ -415,4 +435,7 @@ def _write_group(conn: Connection, group: list[Write]) -> bool:
         ]
         if points:
             conn.execute(st.insert_history(dialect), points)
+        usage = [row for w in group for row in w.usage]
+        if usage:
+            conn.execute(st.add_usage(dialect), usage)
     return True

@@ -12,11 +12,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from rbroker_server.models import Computer, ComputerRun, HistoryPoint
+from rbroker_server.models import Computer, ComputerRun, DailyUsage, HistoryPoint
 
 COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
 RUNS = ComputerRun.__table__  # type: ignore[attr-defined]
 HISTORY = HistoryPoint.__table__  # type: ignore[attr-defined]
+USAGE = DailyUsage.__table__  # type: ignore[attr-defined]
 
 STATE_COLUMNS = (
     "seq",
@@ -38,6 +39,7 @@ SELECT_COMPUTER = sa.select(
     COMPUTERS.c.seq,
     COMPUTERS.c.history_at,
     COMPUTERS.c.generated_at,
+    COMPUTERS.c.last_seen_at,
 ).where(COMPUTERS.c.id == sa.bindparam("w_id"))
 """What the hot path needs to know about the sender (bind `w_id`)."""
 
@@ -51,7 +53,13 @@ def _bind(column: str) -> sa.BindParameter[Any]:
 
 @functools.cache
 def update_computer(
-    *, same_run: bool, old_run_null: bool, flagged: bool, new_bucket: bool, by_time: bool = False
+    *,
+    same_run: bool,
+    old_run_null: bool,
+    flagged: bool,
+    new_bucket: bool,
+    by_time: bool = False,
+    since: bool = False,
 ) -> Any:
     """The conditional UPDATE that applies a report, for one combination of cases.
 
@@ -64,6 +72,9 @@ def update_computer(
     `STATE_COLUMNS`; `v_flagged_at`, `v_flags` when flagged; `v_history_at` for a new
     history bucket. `by_time` (a new run that run counters do not order): applies only
     while the current run's latest report was generated no later than `v_generated_at`.
+    `since` (a report that adds usage since the previous one): applies only while the
+    previous applied report is the one received at `w_last_seen`, so no interval is counted
+    twice when another write came first.
     """
     where = sa.and_(
         COMPUTERS.c.id == sa.bindparam("w_id"),
@@ -95,6 +106,9 @@ def update_computer(
             )
         values["run_id"] = _bind("run_id")
         values["run_counter"] = _bind("run_counter")
+    if since:
+        last_seen = sa.bindparam("w_last_seen", type_=COMPUTERS.c.last_seen_at.type)
+        where = sa.and_(where, COMPUTERS.c.last_seen_at == last_seen)
     if flagged:
         values.update(flagged=sa.true(), flagged_at=_bind("flagged_at"), flags=_bind("flags"))
     if new_bucket:
@@ -116,3 +130,17 @@ def insert_run(dialect: str) -> Any:
 def insert_history(dialect: str) -> Any:
     """Add a history point unless another coordinator wrote that bucket already."""
     return _insert(dialect, HISTORY).on_conflict_do_nothing()
+
+
+@functools.cache
+def add_usage(dialect: str) -> Any:
+    """Add a report's `daily_usage` increments (`usage.rollup.usage_rows`) to the rows of
+    their day, computer, project and owner, inserting the rows that do not exist yet."""
+    insert = _insert(dialect, USAGE)
+    return insert.on_conflict_do_update(
+        index_elements=[USAGE.c.computer_id, USAGE.c.day, USAGE.c.project, USAGE.c.owner],
+        set_={
+            "granted_mib_hours": USAGE.c.granted_mib_hours + insert.excluded.granted_mib_hours,
+            "used_mib_hours": USAGE.c.used_mib_hours + insert.excluded.used_mib_hours,
+        },
+    )
