@@ -24,6 +24,9 @@ import rbroker
 from rbroker._children import HARD_KILL
 from rbroker.demo.processes import SimulatedBroker
 from rbroker.transport.machine_lock import ENV_LOCK, PER_SOCKET
+from tests.fakes.gpu_scenarios import GPU0 as GPU0
+from tests.fakes.gpu_scenarios import GPU1 as GPU1
+from tests.fakes.gpu_scenarios import gpu, scenario
 from tests.windows.wine import UNDER_WINE
 
 pytest_plugins = ["tests.os_users"]  # the `other_user` fixture (a real second OS account)
@@ -123,15 +126,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xfail(reason=f"Wine gap: {why}", strict=False))
 
 
-GPU0 = "GPU-5a1e0000-0000-0000-0000-000000000001"
-GPU1 = "GPU-5a1e0000-0000-0000-0000-000000000002"
-
-SINGLE_24G = """
-[[gpu]]
-uuid = "GPU-5a1e0000-0000-0000-0000-000000000001"
-name = "Simulated RTX 4090"
-total_mib = 24576
-"""
+SINGLE_24G = scenario(gpu(GPU0, name="Simulated RTX 4090"))
 
 
 @dataclass

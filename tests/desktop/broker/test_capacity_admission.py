@@ -16,22 +16,16 @@ import pytest
 import rbroker
 from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, wait_until
 from tests.desktop.conftest import RawConnection, WorkerProcess
+from tests.fakes.gpu_scenarios import gpu, scenario
 
-UNKNOWN_PROCESS_MEMORY = f"""
-[[gpu]]
-uuid = "{GPU0}"
-name = "Simulated WDDM GPU"
-total_mib = 24576
-per_process_memory = false
-
-[[gpu.process]]
-pid = 4000
-used_mib = 10240
-
-[[gpu.process]]
-pid = 4001
-used_mib = 10240
-"""
+UNKNOWN_PROCESS_MEMORY = scenario(
+    gpu(
+        GPU0,
+        name="Simulated WDDM GPU",
+        per_process_memory=False,
+        processes=[(4000, 10240), (4001, 10240)],
+    )
+)
 
 
 def _acquire_params(mib: int, session: str, wait_s: float) -> dict[str, Any]:
@@ -97,15 +91,16 @@ def test_unknown_process_memory_counts_inside_device_used(
 
 
 def _nvml_scenario(api: str, reserved: int, used: int) -> str:
-    return f"""
-    [[gpu]]
-    uuid = "{GPU0}"
-    name = "Simulated H100 80GB"
-    total_mib = 81920
-    reserved_mib = {reserved}
-    used_mib = {used}
-    memory_api = "{api}"
-    """
+    return scenario(
+        gpu(
+            GPU0,
+            name="Simulated H100 80GB",
+            total_mib=81920,
+            reserved_mib=reserved,
+            used_mib=used,
+            memory_api=api,
+        )
+    )
 
 
 @pytest.mark.parametrize(

@@ -33,10 +33,11 @@ from rbroker.gpu.scenario import SimProcess
 from rbroker_protocol.errors import RpcError
 from tests.conftest import GPU0
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
+from tests.fakes.gpu_scenarios import gpu, scenario
 
 TOTAL, HEADROOM = 24576, 1024
 HOLDERS = 3
-SCENARIO = f'[[gpu]]\nuuid = "{GPU0}"\ntotal_mib = {TOTAL}\n'
+SCENARIO = scenario(gpu(GPU0, total_mib=TOTAL))
 
 
 @dataclass

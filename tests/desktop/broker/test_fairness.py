@@ -21,18 +21,9 @@ from rbroker_protocol.errors import RpcError
 from rbroker_protocol.localapi import AcquireParams
 from tests.conftest import GPU0, GPU1, SINGLE_24G
 from tests.desktop.inprocess import DESCRIPTION, InProcessBroker, SleeperPool
+from tests.fakes.gpu_scenarios import gpu, scenario
 
-TWO_24G = f"""
-[[gpu]]
-uuid = "{GPU0}"
-name = "Simulated 24G"
-total_mib = 24576
-
-[[gpu]]
-uuid = "{GPU1}"
-name = "Simulated 24G"
-total_mib = 24576
-"""
+TWO_24G = scenario(gpu(GPU0, name="Simulated 24G"), gpu(GPU1, name="Simulated 24G"))
 USABLE = 24576 - 1229  # default headroom: max(512, 5 %) = 1 229 MiB
 
 

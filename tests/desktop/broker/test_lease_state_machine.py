@@ -34,16 +34,9 @@ from rbroker.broker.service import Broker
 from rbroker_protocol.errors import RpcError
 from tests.conftest import GPU0, GPU1
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
+from tests.fakes.gpu_scenarios import gpu, scenario
 
-SCENARIO = f"""
-[[gpu]]
-uuid = "{GPU0}"
-total_mib = 24576
-
-[[gpu]]
-uuid = "{GPU1}"
-total_mib = 8192
-"""
+SCENARIO = scenario(gpu(GPU0), gpu(GPU1, total_mib=8192))
 
 HOLDERS = 3
 CONNS = 3

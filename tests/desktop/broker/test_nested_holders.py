@@ -23,18 +23,12 @@ from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease
 from tests.conftest import GPU0, GPU1
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
+from tests.fakes.gpu_scenarios import gpu, scenario
 
-GPUS = f"""
-[[gpu]]
-uuid = "{GPU0}"
-name = "Simulated 20 GB"
-total_mib = 20000
-
-[[gpu]]
-uuid = "{GPU1}"
-name = "Simulated 20 GB"
-total_mib = 20000
-"""
+GPUS = scenario(
+    gpu(GPU0, name="Simulated 20 GB", total_mib=20000),
+    gpu(GPU1, name="Simulated 20 GB", total_mib=20000),
+)
 USABLE = 20000 - 1000  # headroom 1000
 
 

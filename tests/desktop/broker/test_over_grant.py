@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,17 +24,14 @@ from rbroker.uplink.payload import build_payload
 from rbroker_protocol.reports import ReportPayload
 from tests.conftest import GPU0, WORKER, BrokerProcess
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
+from tests.fakes.gpu_scenarios import gpu, scenario
 
-SCENARIO = f"""
-[[gpu]]
-uuid = "{GPU0}"
-total_mib = 24576
-"""
+SCENARIO = scenario(gpu(GPU0))
 
 
 @pytest.fixture
 def h(make_inprocess: Callable[..., InProcessBroker]) -> InProcessBroker:
-    return make_inprocess(textwrap.dedent(SCENARIO))
+    return make_inprocess(SCENARIO)
 
 
 def test_default_grace_is_ten_seconds(tmp_path: Path) -> None:

@@ -25,20 +25,13 @@ from rbroker.broker.leases import Lease
 from rbroker_protocol.errors import RpcError
 from tests.conftest import GPU0, GPU1
 from tests.desktop.inprocess import SLEEPER, InProcessBroker, SleeperPool
+from tests.fakes.gpu_scenarios import gpu, scenario
 
 pytestmark = pytest.mark.unit
 
 USABLE = 24576 - 1229  # 23 347
 
-TWO_GPUS = f"""
-[[gpu]]
-uuid = "{GPU0}"
-total_mib = 24576
-
-[[gpu]]
-uuid = "{GPU1}"
-total_mib = 24576
-"""
+TWO_GPUS = scenario(gpu(GPU0), gpu(GPU1))
 
 #: Starts its arguments as a child, says the child's pid, waits for it.
 _PARENT = (

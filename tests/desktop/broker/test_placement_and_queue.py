@@ -15,18 +15,11 @@ import pytest
 import rbroker
 from tests.conftest import GPU0, GPU1, BrokerProcess, wait_until
 from tests.desktop.conftest import RawConnection, WorkerProcess
+from tests.fakes.gpu_scenarios import gpu, scenario
 
 Worker = Callable[..., WorkerProcess]
 
-TWO_GPUS = f"""
-[[gpu]]
-uuid = "{GPU0}"
-total_mib = 24576
-
-[[gpu]]
-uuid = "{GPU1}"
-total_mib = 24576
-"""
+TWO_GPUS = scenario(gpu(GPU0), gpu(GPU1))
 
 
 def _params(mib: int, session: str, **extra: Any) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,18 +26,15 @@ from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import MAX_MIB
 from tests.conftest import GPU0
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
+from tests.fakes.gpu_scenarios import gpu, scenario
 
-SCENARIO = f"""
-[[gpu]]
-uuid = "{GPU0}"
-total_mib = 24576
-"""
+SCENARIO = scenario(gpu(GPU0))
 USABLE = 24576 - 1229  # total − default headroom: 23 347 MiB
 
 
 @pytest.fixture
 def h(make_inprocess: Callable[..., InProcessBroker]) -> InProcessBroker:
-    return make_inprocess(textwrap.dedent(SCENARIO))
+    return make_inprocess(SCENARIO)
 
 
 def _grant(h: InProcessBroker, holder: Holder, mib: int, **kw: Any) -> Lease:
@@ -223,7 +219,7 @@ class ResizeMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="rbrsm-"))
-        (self.tmp / "scenario.toml").write_text(textwrap.dedent(SCENARIO))
+        (self.tmp / "scenario.toml").write_text(SCENARIO)
         self.pool = SleeperPool()
         self.h = InProcessBroker(self.tmp / "scenario.toml", self.tmp)
         self.acquires: list[asyncio.Task[Lease]] = []

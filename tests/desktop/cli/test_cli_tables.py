@@ -32,18 +32,9 @@ from rbroker.cli.views import broker_view, eta_words, gpu_labels, jobs_table
 from rbroker.display import fmt_mib
 from tests.conftest import GPU0, GPU1, BrokerProcess, start_broker, wait_until
 from tests.desktop.jobhelp import declare
+from tests.fakes.gpu_scenarios import gpu, scenario
 
-TWO_GPUS = f"""
-[[gpu]]
-uuid = "{GPU0}"
-name = "Simulated RTX 4090"
-total_mib = 24576
-
-[[gpu]]
-uuid = "{GPU1}"
-name = "Simulated RTX 4090"
-total_mib = 24576
-"""
+TWO_GPUS = scenario(gpu(GPU0, name="Simulated RTX 4090"), gpu(GPU1, name="Simulated RTX 4090"))
 
 LONG = {
     "project": "computer-vision-experiments",

@@ -21,23 +21,14 @@ from typing import Any
 import pytest
 
 import rbroker
-from tests.conftest import GPU1, WORKER, BrokerProcess, short_tmp
+from tests.conftest import WORKER, BrokerProcess, short_tmp
 from tests.desktop.mig import SLICE_A, SLICE_B
+from tests.fakes.gpu_scenarios import GPU0, GPU1, gpu, scenario
 
 REPORT_ENV = str(Path(WORKER) / "report_env.py")
 ROOT = Path(__file__).resolve().parents[3]
 
-TWO_24G = """
-[[gpu]]
-uuid = "GPU-5a1e0000-0000-0000-0000-000000000001"
-name = "Simulated RTX 4090"
-total_mib = 24576
-
-[[gpu]]
-uuid = "GPU-5a1e0000-0000-0000-0000-000000000002"
-name = "Simulated RTX 4090"
-total_mib = 24576
-"""
+TWO_24G = scenario(gpu(GPU0, name="Simulated RTX 4090"), gpu(GPU1, name="Simulated RTX 4090"))
 
 
 def _env(socket: str) -> dict[str, str]:
