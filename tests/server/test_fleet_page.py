@@ -53,7 +53,16 @@ def _big_report(name: str, leases: int) -> Any:
             )
             for i in range(leases)
         ],
-        queue=[QueueEntry(mib=4096, owner="bob", reason=f"reason-{i}") for i in range(3)],
+        queue=[
+            QueueEntry(
+                mib=4096,
+                owner="bob",
+                reason=f"reason-{i}",
+                eta_s=420.0 if i == 0 else None,
+                eta_reason="1 lease of vision likely ends by then" if i == 0 else "",
+            )
+            for i in range(3)
+        ],
         jobs=[
             JobSnapshot(
                 job_id="j1", state="running", total_items=1000, completed_items=300, failed_items=10
@@ -93,6 +102,9 @@ def test_a_computer_is_one_row_and_its_lists_are_on_its_page(coordinator: Coordi
     assert page.count("<td>owner") == LIST_CAP
     assert "20 more leases not listed here" in page
     assert "reason-2" in page
+    # when a waiting request will likely fit, where its broker said (report version 4)
+    assert "likely in ~7 min (because 1 lease of vision likely ends by then)" in page
+    assert page.count('class="eta"') == 1
 
 
 def test_one_render_per_group_shared_by_its_viewers_never_by_another_group(

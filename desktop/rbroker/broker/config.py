@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,3 +116,35 @@ class BrokerConfig:
         for uuid, mib in self.capacity_overrides_mib.items():
             if mib <= 0:
                 raise ValueError(f"capacity override for {uuid} must be positive, got {mib}")
+
+
+CONFIG_FILE = "broker.toml"
+"""The broker's config file in its data directory, read when it exists."""
+
+
+def read_config_file(path: Path) -> dict[str, float]:
+    """The settings of the broker's config file (TOML) at `path`: today its `[shares]`
+    table, project → weight (docs/operator-guide.md). Unknown tables are refused, so a
+    misspelt one is not silently ignored.
+
+    Raises:
+        ValueError: one line naming the file and the problem (unreadable, not TOML, an
+            unknown table, a weight that is not a positive number).
+    """
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not TOML: {exc}") from None
+    unknown = sorted(set(doc) - {"shares"})
+    if unknown:
+        raise ValueError(f"{path}: unknown setting {unknown[0]!r} (known: [shares])")
+    shares = doc.get("shares", {})
+    if not isinstance(shares, dict):
+        raise ValueError(f"{path}: [shares] must be a table of project = weight")
+    try:
+        Shares(shares)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    return {str(k): float(v) for k, v in shares.items()}

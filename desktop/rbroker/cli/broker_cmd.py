@@ -82,7 +82,7 @@ def run_broker(args: argparse.Namespace) -> int:
     `rbroker_protocol.startup` (10 socket path too long, 11 permission denied, 13 read-only
     file system, 14 no space, 15 lease database, 19 other OS error, 70 unexpected); every
     failure is one line on stderr with the fix."""
-    from rbroker.broker.config import HeadroomTooLarge
+    from rbroker.broker.config import CONFIG_FILE, HeadroomTooLarge, read_config_file
     from rbroker.host import BrokerHost, DataDirLocked, make_config
 
     # the banner: one line per fact whatever the output (a pipe, the journal), never split
@@ -129,6 +129,13 @@ def run_broker(args: argparse.Namespace) -> int:
     outside = _not_a_member(args.allowed_group)
     if outside is not None:
         return _fail(EXIT_PERMISSION, outside)
+    config_file = args.config or data_dir / CONFIG_FILE
+    shares: dict[str, float] = {}
+    if args.config is not None or config_file.is_file():
+        try:
+            shares = read_config_file(config_file)
+        except ValueError as exc:
+            return _fail(EXIT_USAGE, str(exc))
     try:
         config = make_config(
             socket_path,
@@ -150,6 +157,7 @@ def run_broker(args: argparse.Namespace) -> int:
             max_waiting_per_user=args.max_waiting_per_user,
             max_leases_per_user=args.max_leases_per_user,
             max_open_jobs_per_user=args.max_jobs_per_user,
+            shares=shares,
         )
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))

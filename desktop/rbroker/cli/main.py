@@ -131,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="N",
             help=f"per OS user, at most N (default 1024; past it: {code})",
         )
+    b.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the broker's config file, TOML ([shares]: project = weight); default: "
+        "broker.toml in the data directory, when it exists",
+    )
     b.add_argument("-v", "--verbose", action="store_true", help="log every lease")
 
     s = sub.add_parser("status", help="GPU capacity and leases of the local broker")

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.text import Text
 
 import rbroker
-from rbroker.cli.views import broker_view, print_view
+from rbroker.cli.views import broker_view, print_view, shares_table
 from rbroker_protocol.results import BrokerStatus
 
 
@@ -34,6 +34,8 @@ def run_status(args: argparse.Namespace) -> int:
         print(json.dumps({"broker": found, "status": status, "gpus": gpus, **leases}, indent=2))
         return 0
     print_view(console, broker_view(gpus, leases, status_header(status, found)))
+    if status.get("shares"):
+        print_view(console, shares_table(status["shares"]))
     link = status["coordinator"]
     if link.get("warning"):
         console.print(Text(f"warning: {link['warning']}", style="bold yellow"), soft_wrap=True)

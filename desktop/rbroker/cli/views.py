@@ -19,6 +19,7 @@ from rich.text import Text
 
 from rbroker.cli.sheet import Cell, Column, Sheet, bar_column, unique_prefixes
 from rbroker.display import fmt_mib, short_uuid
+from rbroker_protocol.eta import eta_words as protocol_eta_words
 
 BAR_WIDTH = 30
 LEASE_PREFIX = "lease-"
@@ -213,14 +214,9 @@ def lease_table(leases: list[dict[str, Any]], gpus: Sequence[dict[str, Any]] = (
 def eta_words(entry: Mapping[str, Any]) -> str | None:
     """A waiting request's estimate in words: `likely in ~7 min (because …)` from `eta_s`
     (seconds from now) and `eta_reason`, `no estimate yet (…)` when `eta_s` is None, or None
-    when the entry has no `eta_s` (a broker older than the estimate)."""
-    if "eta_s" not in entry:
-        return None
-    eta_s, because = entry["eta_s"], entry.get("eta_reason")
-    if eta_s is None:
-        return "no estimate yet" + (f" ({because})" if because else "")
-    when = "any moment now" if eta_s < 1 else f"likely in ~{_duration(eta_s)}"
-    return when + (f" (because {because})" if because else "")
+    when the entry has no `eta_s` (a broker older than the estimate); the wording of every
+    face, `rbroker_protocol.eta.eta_words`."""
+    return protocol_eta_words(entry)
 
 
 def queue_table(queue: list[dict[str, Any]]) -> Sheet:
@@ -250,6 +246,32 @@ def queue_table(queue: list[dict[str, Any]]) -> Sheet:
             _num(w["mib"]),
             f"{w['waiting_s']:.1f} s",
             " — ".join(x for x in (eta_words(w), w["reason"]) if x),
+        )
+    return sheet
+
+
+def shares_table(shares: Sequence[Mapping[str, Any]]) -> Sheet:
+    """Each project's share of the broker (`[shares]`) and its use now, as `broker.status`
+    gives them (`shares`): weight, share of the projects holding or asking now, MiB granted,
+    requests waiting."""
+    sheet = Sheet(
+        "Shares",
+        [
+            Column("project", free_text=True, min_free=7),
+            Column("weight", "right"),
+            Column("share", "right"),
+            Column("granted MiB", "right"),
+            Column("waiting", "right"),
+        ],
+        empty="no shares set",
+    )
+    for row in shares:
+        sheet.add(
+            "other projects" if row["project"] == "*" else row["project"],
+            f"{row['weight']:g}",
+            f"{100 * row['share']:.0f} %" if row["project"] != "*" else "—",
+            _num(row["granted_mib"]),
+            str(row["waiting"]),
         )
     return sheet
 

@@ -18,6 +18,7 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelInd
 from rbroker.display import fmt_mib, short_uuid
 from rbroker.tray.fleet import freshness_text
 from rbroker.tray.state import age_text
+from rbroker_protocol.eta import eta_words
 
 ROW_ROLE = Qt.ItemDataRole.UserRole
 """The row's record (a dict)."""
@@ -269,10 +270,13 @@ class QueueModel(RequestTableModel):
         return f"{gpus} × {text}" if gpus > 1 else text
 
     def _reason(self, r: dict[str, Any]) -> str:
+        """The estimate of when it will fit (the wording of every face:
+        `rbroker_protocol.eta`), then why it waits, with the GPUs' names."""
         text = str(r.get("reason") or "").removeprefix("waiting: ")
         for uuid, label in self.gpu_labels.items():
             text = text.replace(short_uuid(uuid), label)
-        return text
+        eta = eta_words(r)
+        return f"{eta} — {text}" if eta else text
 
 
 class JobsModel(RecordTableModel):

@@ -93,6 +93,7 @@ def page_context(request: Request[Any, Any, Any], **context: Any) -> dict[str, A
         "colours": COLOURS,
         "fmt_mib": pages.fmt_mib,
         "age_text": fleet_service.age_text,
+        "queue_eta": pages.queue_eta,
         "refresh_ms": REFRESH_MS,
         **context,
     }

@@ -14,7 +14,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from rbroker_protocol.eta import eta_words
 from rbroker_protocol.fleet import ComputerView, FleetGpuView
+from rbroker_protocol.reports import QueueEntry
 from rbroker_server.fleet.service import age_text
 from rbroker_server.models import HistoryPoint
 from rbroker_server.web.schema import (
@@ -182,6 +184,15 @@ def computer_pages(engine: Engine, views: list[ComputerView], now: datetime) -> 
         )
         for v in views
     ]
+
+
+def queue_eta(entry: QueueEntry) -> str:
+    """When a waiting request will likely fit, in the words of every face
+    (`rbroker_protocol.eta`), as of its computer's report; "" from a broker before report
+    version 4 (no `eta_s`, no `eta_reason`)."""
+    if entry.eta_s is None and not entry.eta_reason:
+        return ""
+    return eta_words(entry.model_dump()) or ""
 
 
 def _as_int(value: Any) -> int:

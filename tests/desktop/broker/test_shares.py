@@ -6,17 +6,23 @@ broker with a manual clock; the property test drives random arrivals and release
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
-from rbroker.broker.config import BrokerConfig
+from rbroker.broker.config import BrokerConfig, read_config_file
 from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease
 from rbroker.broker.shares import Shares
+from rbroker.cli.main import main
+from rbroker.cli.views import print_view, shares_table
+from rbroker_protocol.startup import EXIT_USAGE
 from tests.conftest import SINGLE_24G
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
 
@@ -144,3 +150,38 @@ def check(h: InProcessBroker, tasks: list[tuple[str, asyncio.Task[Lease]]]) -> N
             assert project not in waiting, f"granted before an earlier request of {project}"
         elif not task.done():
             waiting.add(project)
+
+
+def test_the_config_file_gives_shares_and_a_bad_one_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "broker.toml"
+    good.write_text('[shares]\nvision = 3\nnlp = 1\n"*" = 0.5\n')
+    assert read_config_file(good) == {"vision": 3.0, "nlp": 1.0, "*": 0.5}
+    for text, words in (
+        ("[shares]\nvision = 0\n", "the weight of 'vision' must be over 0"),
+        ("[share]\nvision = 1\n", "unknown setting 'share'"),
+        ("[shares\n", "not TOML"),
+    ):
+        good.write_text(text)
+        with pytest.raises(ValueError, match=words):
+            read_config_file(good)
+    # `rbroker broker` reads it from its data dir and says what is wrong in one line
+    code = main(["broker", "--simulate", "--data-dir", str(tmp_path), "--socket", "x.sock"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and err.count("\n") == 1 and "not TOML" in err, err
+    assert main(["broker", "--config", str(tmp_path / "none.toml")]) == EXIT_USAGE
+    assert "cannot be read" in capsys.readouterr().err
+
+
+def test_rbroker_status_shows_each_projects_share_and_use(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool
+) -> None:
+    h = make_inprocess(SINGLE_24G, persist=False, shares={"vision": 3, "*": 1})
+    h.acquire(pool.spawn()[1], mib=6000, project="vision").result()
+    h.acquire(pool.spawn()[1], mib=2000, project="nlp").result()
+    console = Console(file=io.StringIO(), width=80, record=True, force_terminal=True)
+    print_view(console, shares_table(h.broker.status()["shares"]))
+    lines = [" ".join(line.split()) for line in console.export_text().splitlines()]
+    assert "vision 3 75 % 6 000 0" in lines and "nlp 1 25 % 2 000 0" in lines, lines
+    assert "other projects 1 — 0 0" in lines, lines

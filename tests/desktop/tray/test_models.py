@@ -206,6 +206,22 @@ def test_queue_model_shows_the_reason_with_gpu_names() -> None:
     assert cell(model, 1, QueueModel.REASON) == "new admissions are paused"
 
 
+def test_queue_model_says_when_it_will_likely_fit_before_the_reason() -> None:
+    model = QueueModel()
+    model.set_gpu_labels({GPU0: "GPU 0"})
+    rows = [
+        {**QUEUE[0], "eta_s": 420.0, "eta_reason": "1 lease of vision likely ends by then"},
+        {**QUEUE[1], "eta_s": None, "eta_reason": "the leases ahead have no history"},
+    ]
+    model.set_rows(rows, NOW)
+    assert cell(model, 0, QueueModel.REASON).startswith(
+        "likely in ~7 min (because 1 lease of vision likely ends by then) — GPU 0 has 7 211 MiB"
+    )
+    assert cell(model, 1, QueueModel.REASON) == (
+        "no estimate yet (the leases ahead have no history) — new admissions are paused"
+    )
+
+
 def test_jobs_model_gives_progress_for_the_bar() -> None:
     model = JobsModel()
     model.set_rows(JOBS, NOW)
