@@ -1,7 +1,8 @@
 """Three brokers (separate processes, data dirs and keys) report to one coordinator process.
 
 The group's fleet shows the three computers with their GPUs and leases; `rbroker fleet`
-prints it with a viewer token and signed by a computer's own key; nothing the workers
+prints it with a viewer token and signed by a computer's own key, and with `--room` where
+there is room; nothing the workers
 carry (command line, environment, pid, process name) reaches the coordinator (architecture.md §8).
 """
 
@@ -254,6 +255,13 @@ def _check_fleet_cli(
         "fine-tune ViT-B",
         4096,
     )
+
+    # where is there room for 30 000 MiB: only lab-b's 48 GiB GPU, signed by lab-b's key
+    done = rbroker_cli("fleet", "--data-dir", str(b.broker.data_dir), "--room", "30000", env=wide)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("lab-")]
+    assert len(rows) == 1 and re.split(r"\s{2,}", rows[0])[:2] == ["lab-b", "online"], rows
+    assert rows[0].endswith("GPU-b0000000-0000-0000-0000-000000000002") and "49152" in rows[0]
 
     done = rbroker_cli("fleet", "--data-dir", str(a.broker.data_dir), env=wide)
     assert done.returncode == 0, done.stderr

@@ -47,6 +47,29 @@ def _demo_seconds(text: str) -> float:
     return value
 
 
+def _whole(text: str, most: int, what: str) -> int:
+    """A whole number from 1 to `most`.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else, with the bounds (a usage error, exit 2).
+    """
+    raw = text.strip()
+    value = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= len(str(most)) else 0
+    if not 1 <= value <= most:
+        raise argparse.ArgumentTypeError(f"must be a whole number of {what} from 1 to {most}")
+    return value
+
+
+def _room_mib(text: str) -> int:
+    """`--room` of `rbroker fleet`: MiB, as the coordinator's room read takes them."""
+    return _whole(text, 2**40, "MiB")
+
+
+def _room_gpus(text: str) -> int:
+    """`--gpus` of `rbroker fleet`: 1 to 64 GPUs, as the coordinator's room read takes them."""
+    return _whole(text, 64, "GPUs")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -260,6 +283,20 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--ca-file", help="PEM CA certificate of a self-signed coordinator")
     f.add_argument("--data-dir", help="the broker's data directory (default: per-user)")
     f.add_argument("--json", action="store_true", help="print the raw JSON")
+    f.add_argument(
+        "--room",
+        type=_room_mib,
+        metavar="MIB",
+        help="only where MIB MiB are available on a GPU at the last report, freshest first "
+        "(a view: nothing is reserved); exit 1 when no computer has the room",
+    )
+    f.add_argument(
+        "--gpus",
+        type=_room_gpus,
+        default=1,
+        metavar="K",
+        help="with --room: on K GPUs of one computer (default 1)",
+    )
 
     d = sub.add_parser(
         "demo",

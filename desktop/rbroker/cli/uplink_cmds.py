@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rbroker.cli.views import fleet_view, print_view
+from rbroker.cli.views import fleet_view, print_view, room_view
 from rbroker.client.paths import default_data_dir
 
 
@@ -54,17 +54,24 @@ def run_enroll(args: argparse.Namespace) -> int:
 
 
 def run_fleet(args: argparse.Namespace) -> int:
-    """Print the fleet; exit 0, or 1 with the reason."""
-    from rbroker.uplink.fleet import FleetError, fetch_fleet
+    """Print the fleet, or with `--room N` where in it N MiB fit; exit 0, or 1 with the
+    reason (with `--room`: also when no computer has the room, a line saying so)."""
+    from rbroker.uplink.fleet import FleetError, fetch_fleet, fetch_room
 
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    auth = {"url": args.url, "token": args.token, "ca_file": args.ca_file}
     try:
-        fleet = fetch_fleet(data_dir, url=args.url, token=args.token, ca_file=args.ca_file)
+        if args.room is not None:
+            answer = fetch_room(data_dir, args.room, args.gpus, **auth)
+        else:
+            answer = fetch_fleet(data_dir, **auth)
     except FleetError as exc:
         Console(stderr=True).print(f"[red]rbroker fleet:[/] {exc}", soft_wrap=True)
         return 1
     if args.json:
-        print(json.dumps(fleet, indent=2))
+        print(json.dumps(answer, indent=2))
+    elif args.room is not None:
+        print_view(Console(), room_view(answer))
     else:
-        print_view(Console(), fleet_view(fleet))
-    return 0
+        print_view(Console(), fleet_view(answer))
+    return 0 if args.room is None or answer["computers"] else 1

@@ -486,3 +486,51 @@ def fleet_view(fleet: dict[str, Any]) -> View:
     if computers.rows:
         parts += [gpus, leases]
     return View(*parts)
+
+
+ROOM_NOTE = (
+    "a view of the last reports: nothing is reserved, and the room may be gone when asked for"
+)
+
+
+def room_view(room: dict[str, Any]) -> View:
+    """Where there is room (`GET /api/v1/fleet/room`'s answer): a row per GPU with room, the
+    computers freshest first, each with its freshness and report age, the GPU's available
+    and total MiB, and the requests waiting on that computer; then `ROOM_NOTE`."""
+    gpus = room.get("gpus", 1)
+    mib = fmt_mib(int(room.get("mib") or 0))
+    where = f"{gpus} GPUs of one computer" if gpus > 1 else "a GPU"
+    sheet = Sheet(
+        f"Room for {mib} MiB on {where} in group {room.get('group', '?')}",
+        [
+            Column("computer", free_text=True),
+            Column("freshness", free_text=True, min_free=9),
+            Column("report age", "right"),
+            Column("GPU"),
+            Column("available", "right"),
+            Column("total", "right"),
+            Column("waiting", "right", optional=True),
+            Column("UUID", optional=True),
+        ],
+        empty=f"no computer has {mib} MiB available on {where} at its last report",
+    )
+    for c in room.get("computers", []):
+        fresh = c.get("freshness", {})
+        state = fresh.get("state", "?")
+        age = fresh.get("age_s")
+        labels = gpu_labels(c.get("gpus", []))
+        for g in c.get("gpus", []):
+            sheet.add(
+                c.get("name", "?"),
+                Cell(Text(state, style=_FRESH_STYLE.get(state, "")), plain=state),
+                Cell(_duration(age), plain="—" if age is None else f"{age:.0f} s"),
+                labels[g["uuid"]],
+                _num(g.get("available_mib"), "bold"),
+                _num(g.get("total_mib")),
+                _num(c.get("waiting")),
+                Cell(short_uuid(g["uuid"]), plain=g["uuid"]),
+            )
+    parts: list[Sheet | Text] = [sheet]
+    if sheet.rows:
+        parts.append(Text(ROOM_NOTE, style="dim"))
+    return View(*parts)

@@ -1,5 +1,6 @@
-"""Read the group's fleet from the coordinator: with a viewer token, or signed by this
-computer's own key (architecture.md §7: every fleet read is scoped to one group)."""
+"""Read the group's fleet from the coordinator, or where in it there is room for N MiB: with a
+viewer token, or signed by this computer's own key (architecture.md §7: every fleet read is
+scoped to one group)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rbroker.uplink.config import UplinkConfig
 from rbroker.uplink.enroll import http_verify, store_for
 from rbroker.uplink.errors import UplinkError, detail_of, network_error
 from rbroker.uplink.keyrings import os_account
 from rbroker.uplink.keys import KeyStoreError, KeyUnreadable
-from rbroker_protocol.fleet import FleetView
+from rbroker_protocol.fleet import FleetView, RoomView
 from rbroker_protocol.signing import sign_request
 
 FRESHNESS = ("online", "stale", "offline")
@@ -69,6 +70,64 @@ def fetch_fleet(
         FleetError: not enrolled and no token, key unavailable, HTTP or network error, an
             answer that is not a `FleetView`.
     """
+    body = _read(data_dir, "/api/v1/fleet", {}, url, token, ca_file, timeout_s)
+    _check(body, FleetView, "fleet view")
+    return body
+
+
+def fetch_room(
+    data_dir: Path,
+    mib: int,
+    gpus: int = 1,
+    url: str | None = None,
+    token: str | None = None,
+    ca_file: str | None = None,
+    timeout_s: float = 10.0,
+) -> dict[str, Any]:
+    """`GET /api/v1/fleet/room?mib=…&gpus=…` (the group's computers with `gpus` GPUs each
+    having `mib` MiB available at their last report, freshest first: a view, never a
+    placement or a reservation) as a JSON object, checked against
+    `rbroker_protocol.fleet.RoomView` and returned as sent. Credentials as `fetch_fleet`.
+
+    Raises:
+        FleetError: as `fetch_fleet`; a query the coordinator refuses (HTTP 400) with its
+            one-line reason; an answer that is not a `RoomView`.
+    """
+    params = {"mib": str(mib), "gpus": str(gpus)}
+    body = _read(data_dir, "/api/v1/fleet/room", params, url, token, ca_file, timeout_s)
+    _check(body, RoomView, "room view")
+    return body
+
+
+def _check(body: dict[str, Any], shape: type[BaseModel], what: str) -> None:
+    """Raises FleetError naming the first field of `body` that does not fit `shape`."""
+    try:
+        shape.model_validate(body)
+    except ValidationError as exc:  # a field missing or of the wrong type
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the view"
+        raise FleetError(
+            f"the coordinator's {what} is not what rbroker expects ({where}: {first['msg']})",
+            "is the URL a rbroker coordinator of this version?",
+        ) from None
+
+
+def _read(
+    data_dir: Path,
+    path: str,
+    params: dict[str, str],
+    url: str | None,
+    token: str | None,
+    ca_file: str | None,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """`GET path?params` of the coordinator (the enrolled one unless `url`) with a viewer
+    `token` or signed by this computer's key: the answer's JSON object.
+
+    Raises:
+        FleetError: not enrolled and no token, key unavailable, HTTP or network error, an
+            answer that is not a JSON object.
+    """
     config = UplinkConfig.load(data_dir)
     base = (url or (config.url if config else "")).rstrip("/")
     if not base:
@@ -86,7 +145,7 @@ def fetch_fleet(
             "pass the coordinator's tls/ca.pem, a PEM certificate",
             "choose the coordinator's tls/ca.pem, a PEM certificate",
         ) from None
-    path = "/api/v1/fleet"
+    target_url = httpx.URL(base + path, params=params)
     if token:
         headers = {"Authorization": f"Bearer {token}"}
     else:
@@ -122,14 +181,19 @@ def fetch_fleet(
             )
         # sign the target as it goes on the wire: the base URL's path (a reverse proxy's
         # prefix, e.g. /rbroker) included, percent-encoded as httpx sends it
-        target = httpx.URL(base + path).raw_path.decode("ascii")
+        target = target_url.raw_path.decode("ascii")
         headers = sign_request(key, config.computer_id, "GET", target, int(time.time()))
     try:
-        response = httpx.get(base + path, headers=headers, verify=verify, timeout=timeout_s)
+        response = httpx.get(target_url, headers=headers, verify=verify, timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise FleetError(*network_error(exc, base)) from None
     if response.status_code in (401, 403):
         raise refusal(response.status_code, detail_of(response), bool(token))
+    if response.status_code == 404:
+        raise FleetError(
+            f"the coordinator has no {path} (HTTP 404: {detail_of(response)})",
+            "is the URL a rbroker coordinator of this version?",
+        )
     if response.status_code != 200:
         raise FleetError(
             f"the coordinator answered HTTP {response.status_code}: {detail_of(response)}"
@@ -143,15 +207,6 @@ def fetch_fleet(
         ) from None
     if not isinstance(body, dict):
         raise FleetError("the coordinator's answer is not a JSON object")
-    try:
-        FleetView.model_validate(body)
-    except ValidationError as exc:  # a field missing or of the wrong type
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "the view"
-        raise FleetError(
-            f"the coordinator's fleet view is not what rbroker expects ({where}: {first['msg']})",
-            "is the URL a rbroker coordinator of this version?",
-        ) from None
     return body
 
 
