@@ -36,6 +36,7 @@ burn the CPU they measure, and the suite runs beside them."""
         ("web_refresh.py", ["--computers", "10", "--requests", "3"]),
         ("fleet_page.py", FLEET_PAGE_SMALL),
         ("abuse.py", ["--busy", "40"]),
+        ("eta.py", ["--requests", "80"]),
     ],
 )
 def test_benchmark_runs_quick(script: str, extra: list[str]) -> None:
