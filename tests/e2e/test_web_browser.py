@@ -175,6 +175,19 @@ def test_fleet_in_a_browser(
             expect(page.get_by_text("Job progress (items done)").first).to_be_visible()
             assert page.locator("#charts figure").count() == 2  # one GPU, one for the jobs
 
+            # the usage page: a row of day bars per project, drawn on the server (no script);
+            # lab-job's "vision" lease has been held across many of its reports by now
+            nav = page.get_by_role("navigation", name="Pages")
+            nav.get_by_role("link", name="Usage").click()
+            expect(page.get_by_role("heading", name="Usage", level=1)).to_be_visible()
+            vision = page.locator(".usage-row", has_text="vision")
+            bars = vision.locator("svg.usage-bars")
+            expect(bars).to_have_attribute("aria-label", re.compile(r"^vision: .* MiB-hours"))
+            expect(bars.locator("rect.granted").first).to_be_visible()
+            expect(bars.locator("rect.used").first).to_be_visible()  # 1 024 MiB in use
+            expect(page.locator("table.usage-totals")).to_contain_text("vision")
+            expect(page.get_by_role("link", name="CSV")).to_be_visible()
+
             # sign out: the session is gone
             page.get_by_role("button", name="Sign out").click()
             expect(page.get_by_label("Viewer token")).to_be_visible()
