@@ -26,7 +26,7 @@ from rich.text import Text
 
 import rbroker
 from rbroker.cli.status import status_header
-from rbroker.cli.views import View, broker_view, jobs_table, print_view
+from rbroker.cli.views import View, broker_view, jobs_table, print_view, shares_table
 
 REFRESH_S = 1.0
 """Seconds between two frames, and between attempts to reach a broker that has gone."""
@@ -86,7 +86,8 @@ def frame(snapshot: Snapshot, now_wall: float | None = None) -> View:
     """One frame: `rbroker status`'s header with the time of the reading and how to quit
     (at the top, so a terminal too short for the frame still shows it), the GPUs with bars,
     the leases, the queue (reason whole; ETA where the entries carry `eta_s`), the jobs (a
-    line saying there are none) and the coordinator's warning if any."""
+    line saying there are none), each project's share and use where `[shares]` is set, and
+    the coordinator's warning if any."""
     clock = time.strftime("%H:%M:%S", time.localtime(now_wall))
     header = (
         f"{status_header(snapshot.status, snapshot.found)}\nread at {clock} — q or Ctrl-C quits"
@@ -94,6 +95,8 @@ def frame(snapshot: Snapshot, now_wall: float | None = None) -> View:
     view = broker_view(snapshot.gpus, snapshot.leases, header, jobs=snapshot.jobs)
     if not snapshot.jobs:
         view.parts.append(jobs_table([]))
+    if snapshot.status.get("shares"):  # [shares] set: each project's share and use
+        view.parts.append(shares_table(snapshot.status["shares"]))
     warning = snapshot.status.get("coordinator", {}).get("warning")
     if warning:
         view.parts.append(Text(f"warning: {warning}", style="bold yellow"))

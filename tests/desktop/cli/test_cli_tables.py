@@ -301,13 +301,17 @@ def test_top_draws_one_frame_of_the_real_broker_within_80_columns(state: dict[st
     assert "q or Ctrl-C quits" in text and f"broker: {state['broker'].socket}" in text
 
 
-def test_top_shows_an_eta_where_the_queue_entries_carry_one(state: dict[str, Any]) -> None:
+def test_top_shows_an_eta_and_the_shares_where_the_broker_gives_them(state: dict[str, Any]) -> None:
     with contextlib.closing(Source(state["broker"].socket)) as source:
         snapshot = source.read()
     assert snapshot is not None
     queue = snapshot.leases["queue"]
     queue[0].update(eta_s=420.0, eta_reason="the lease ahead is held ~7 min in project p")
     queue.append({**queue[0], "request_id": 99, "eta_s": None, "eta_reason": "no history yet"})
+    shares = [
+        {"project": "vision", "weight": 2.0, "share": 0.75, "granted_mib": 20480, "waiting": 1}
+    ]
+    snapshot.status["shares"] = shares  # as a broker with [shares] answers
     console = Console(file=io.StringIO(), width=80, record=True, force_terminal=True)
     console.print(frame(snapshot))
     text = console.export_text()
@@ -317,6 +321,7 @@ def test_top_shows_an_eta_where_the_queue_entries_carry_one(state: dict[str, Any
         f"likely in ~7 min (because the lease ahead is held ~7 min in project p) — {reason} "
         f"no estimate yet (no history yet) — {reason}"
     ), text
+    assert "Shares" in text and re.search(r"vision\s+2\s+75 %\s+20 480\s+1", text), text
 
 
 def test_top_once_prints_plain_rows_and_no_broker_is_one_line(
