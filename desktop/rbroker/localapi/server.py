@@ -240,21 +240,21 @@ class LocalApi:
         request_id: Any = None
         answer: dict[str, Any]
         try:
-            request_id, msg, method, params = decode(
+            request_id, answered, method, params = decode(
                 line, self.methods, self.admin_methods, conn.peer, self.config.admin_group
             )
             if method == "lease.acquire":
                 started = self._begin_acquire(conn, params)
                 if not isinstance(started, dict):
-                    return self._finish(conn, request_id, "id" in msg, started)
+                    return self._finish(conn, request_id, answered, started)
                 value = started
             elif method in _INLINE and conn.can_write_now():
                 value = self.methods[method][1](conn, params)
-            elif method in _VIEWS and "id" in msg:
+            elif method in _VIEWS and answered:
                 return self._send_view(conn, request_id, method, params)
             else:
-                return self._finish(conn, request_id, "id" in msg, self._call(method, conn, params))
-            if "id" not in msg:
+                return self._finish(conn, request_id, answered, self._call(method, conn, params))
+            if not answered:
                 return None
             answer = jsonrpc.result(request_id, value)
         except Refused as refused:
