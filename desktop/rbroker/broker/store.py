@@ -9,7 +9,9 @@ for a lease's end):
   re-attach grace: its memory stays booked a few seconds longer, nothing is granted twice.
   Every read of the store sees the ends not yet written, and `close()` writes them;
 - a holder's baseline on a GPU (memory outside its leases) at every change, one row per
-  holder and GPU (`rbroker.broker.baselines`): lease records are not rewritten then;
+  holder and GPU while it is above 0 (`rbroker.broker.baselines`): lease records are not
+  rewritten then, and a baseline that stays at 0 (a holder using no memory outside its
+  leases, the usual case) writes nothing;
 - a waiting request when it first has to wait, and its removal;
 - a job at its declaration and every change, and each chunk report together with the
   job's new cumulative counts (one transaction, so counts and chunks never disagree).
@@ -29,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from rbroker_protocol.files import private_sqlite
 
@@ -77,6 +81,17 @@ CREATE TABLE IF NOT EXISTS waiters (
 """
 
 
+def record_json(record: Mapping[str, Any]) -> str:
+    """`record` as the JSON text stored in a `record` column (compact; read back with
+    `json.loads`). orjson writes it; what orjson refuses (a key that is not a string, an
+    integer past 64 bits) goes through `json`. Records hold no NaN or infinity (clock
+    readings and validated params), which orjson would write as null."""
+    try:
+        return orjson.dumps(record).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(record)
+
+
 def token_hash(token: str) -> str:
     """SHA-256 hex of a re-attach token (what is stored)."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -104,6 +119,7 @@ class LeaseStore:
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._lock = threading.Lock()
         self._ends: list[tuple[str, float, str, str]] = []  # queued by `end_lease_soon`
+        self._baseline_rows: dict[tuple[int, float, str], int] = {}  # the baselines table
         self._flush_handle: asyncio.TimerHandle | None = None
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -113,6 +129,10 @@ class LeaseStore:
             "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
             (str(SCHEMA_VERSION),),
         )
+        for pid, start, uuid, mib in self._db.execute(
+            "SELECT holder_pid, holder_start, gpu_uuid, mib FROM baselines"
+        ):
+            self._baseline_rows[(int(pid), float(start), str(uuid))] = int(mib)
 
     def meta(self, key: str) -> str | None:
         """A value of the `meta` table (None when not set)."""
@@ -139,7 +159,7 @@ class LeaseStore:
 
     def put_lease(self, lease_id: str, token: str, record: dict[str, Any]) -> None:
         """Write a granted lease, with the queued lease ends (one commit, done on return)."""
-        row = (lease_id, token_hash(token), json.dumps(record))
+        row = (lease_id, token_hash(token), record_json(record))
         sql = (
             "INSERT OR REPLACE INTO leases(lease_id, token_sha256, record, state, ended_at)"
             " VALUES (?, ?, ?, 'active', NULL)"
@@ -160,21 +180,28 @@ class LeaseStore:
             self._db.execute("COMMIT")
 
     def put_baseline(self, holder_pid: int, holder_start: float, gpu_uuid: str, mib: int) -> None:
-        """Write a holder's baseline on a GPU (MiB; 0 or less deletes it), committed on return."""
+        """Write a holder's baseline on a GPU (MiB; 0 or less deletes it), committed on return.
+        A figure the table already holds (or a deletion of a row it does not hold) writes
+        nothing: this store is the table's only writer (one broker per data dir), so the
+        rows it keeps in memory are the table's."""
         key = (holder_pid, holder_start, gpu_uuid)
         with self._lock:
             if mib > 0:
+                if self._baseline_rows.get(key) == mib:
+                    return
                 self._db.execute(
                     "INSERT OR REPLACE INTO baselines(holder_pid, holder_start, gpu_uuid, mib)"
                     " VALUES (?, ?, ?, ?)",
                     (*key, mib),
                 )
-            else:
+                self._baseline_rows[key] = mib
+            elif key in self._baseline_rows:
                 self._db.execute(
                     "DELETE FROM baselines WHERE holder_pid = ? AND holder_start = ?"
                     " AND gpu_uuid = ?",
                     key,
                 )
+                del self._baseline_rows[key]
 
     def baselines(self) -> list[tuple[int, float, str, int]]:
         """Every stored baseline: (holder pid, holder start time, GPU UUID, MiB)."""
@@ -187,7 +214,7 @@ class LeaseStore:
     def end_lease(self, lease_id: str, state: str, ended_at: float, record: dict[str, Any]) -> None:
         """Mark a lease ended (committed on return)."""
         with self._lock:
-            self._db.execute(_END_SQL, (state, ended_at, json.dumps(record), lease_id))
+            self._db.execute(_END_SQL, (state, ended_at, record_json(record), lease_id))
 
     def end_lease_soon(
         self, lease_id: str, state: str, ended_at: float, record: dict[str, Any]
@@ -195,7 +222,7 @@ class LeaseStore:
         """Queue a lease's end: written by `flush()`, the next `put_lease`, or before any
         read (the caller flushes within `END_FLUSH_S`; see the module docstring)."""
         with self._lock:
-            self._ends.append((state, ended_at, json.dumps(record), lease_id))
+            self._ends.append((state, ended_at, record_json(record), lease_id))
 
     def flush(self) -> None:
         """Write the queued lease ends (one commit; nothing when none are queued).
