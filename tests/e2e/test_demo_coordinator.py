@@ -59,6 +59,9 @@ def test_demo_reports_what_the_coordinator_saw() -> None:
     later = re.search(r"its lease was freed (-?\d+) ms later", out)
     assert later and int(later.group(1)) >= 0, out
     assert not re.search(r"-\d+ ms", out), out
+    # a waiting request is told when, not only why: its estimate and how close it came
+    told = re.search(r"broker said likely in ~(\d+) s; it came ([\d.]+) s later", out)
+    assert told, out
     # the embedded coordinator ended with the demo
     with pytest.raises(httpx.HTTPError):
         httpx.get(url + "/healthz", timeout=2)

@@ -184,10 +184,8 @@ def _because(now: float, chosen: tuple[str, ...], freed_by: dict[str, list[str]]
         return "the requests ahead of it are served by then"
     names = sorted(set(projects))
     shown = ", ".join(names[:3]) + (" …" if len(names) > 3 else "")
-    return (
-        f"{_plural(len(projects), 'lease')} of {shown} likely end by then "
-        "(by the lifetimes seen for their projects)"
-    )
+    verb = "ends" if len(projects) == 1 else "end"
+    return f"{_plural(len(projects), 'lease')} of {shown} likely {verb} by then"
 
 
 def _why_none(a: Asking, free: dict[str, int], unknown: dict[str, list[str]]) -> str:

@@ -25,6 +25,9 @@ SESSION_MIN = 3
 
 K = TypeVar("K", bound=Hashable)
 
+STORE_KEY = "lease_lifetimes"
+"""The store's meta key that keeps the history (`rbroker.broker.store.LeaseStore.meta`)."""
+
 
 class Lifetimes:
     """The recent lease lifetimes (seconds) per project and per (project, session)."""

@@ -40,7 +40,7 @@ from rbroker.broker.holders import Holder
 from rbroker.broker.jobs import Job, JobTable
 from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker.broker.lessor import Choice, Lessor
-from rbroker.broker.lifetimes import Lifetimes
+from rbroker.broker.lifetimes import STORE_KEY, Lifetimes
 from rbroker.broker.resize import Resizes
 from rbroker.broker.restore import restore
 from rbroker.broker.sampling import GpuSlot, Sampling
@@ -70,9 +70,6 @@ from rbroker_protocol.results import (
 __all__ = ["Broker", "GpuSlot", "Listener", "check_descriptions"]
 
 log = logging.getLogger(__name__)
-
-LIFETIMES_KEY = "lease_lifetimes"
-"""The store's meta key that keeps the lease lifetimes seen (`rbroker.broker.lifetimes`)."""
 
 ESTIMATE_REFRESH_S = 1.0
 """The longest the queue's estimates are reused while nothing changed (seconds)."""
@@ -133,9 +130,7 @@ class Broker:
         self.queue: list[Waiter] = self.waiting.waiters
         self.shares = Shares(config.shares)
         self.admission = Admission(self.slots, self.lessor, self.clock, config, self.shares)
-        self.lifetimes = Lifetimes.from_json(
-            store.meta(LIFETIMES_KEY) if store is not None else None
-        )
+        self.lifetimes = Lifetimes.from_json(store.meta(STORE_KEY) if store is not None else None)
         self._estimates: dict[int, Estimate] = {}
         self._estimated_at = -math.inf
         self._estimated_for: tuple[object, ...] = ()
@@ -291,7 +286,7 @@ class Broker:
         self.waiting.fail_all(RpcError(ErrorCode.CANCELLED, "broker stopping"))
         self.sampling.close()
         if self.store is not None:
-            self.store.set_meta(LIFETIMES_KEY, self.lifetimes.to_json())
+            self.store.set_meta(STORE_KEY, self.lifetimes.to_json())
             self.store.close()
 
     def mark_shutting_down(self) -> None:

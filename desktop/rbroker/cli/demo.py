@@ -43,6 +43,7 @@ from rbroker.demo.world import (
 )
 from rbroker.display import fmt_mib, short_uuid
 from rbroker.gpu.nvml import real_nvml_available
+from rbroker_protocol.eta import eta_words
 
 WORKER_PART_S = 20.0
 """How long the worker timeline of `world.WORKERS` takes at its own pace (measured: the last
@@ -72,6 +73,19 @@ class DemoState:
     fleet_error: str = ""
     coordinator_ok: bool = True
     keep: bool = False  # --keep: broker and coordinator stay up after the summary
+    # per waiting session: (seconds into its wait, eta_s, reason) of its first estimate
+    etas: dict[str, tuple[float, float | None, str]] = field(default_factory=dict)
+
+    def saw_estimate(self, entry: Mapping[str, Any]) -> None:
+        """Keep a waiting request's first estimate (its first with a figure, when the first
+        had none), and log it."""
+        session, eta_s = entry["session"], entry.get("eta_s")
+        known = self.etas.get(session)
+        if "eta_s" not in entry or (known is not None and (known[1] is not None or eta_s is None)):
+            return
+        self.etas[session] = (entry["waiting_s"], eta_s, str(entry.get("eta_reason") or ""))
+        if eta_s is not None:
+            self.log(f"{session} {eta_words(entry)}")
 
     def log(self, text: str) -> None:
         self.events.append(f"+{time.time() - self.t0:5.1f} s  {text}")
@@ -137,6 +151,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 state.simulated = args.simulate or not real_nvml_available()
                 coordinator = _start_coordinator(ticker, root, procs, state)
                 ticker.step("Starting the broker…")
+                _seed_lifetimes(root / "data", pace)
                 cmd = broker_command(sock, root / "data", scenario if state.simulated else None)
                 broker = procs.spawn(cmd, stdout=broker_log)
                 client = _connect(sock, broker, root)
@@ -154,6 +169,10 @@ def run_demo(args: argparse.Namespace) -> int:
                     )
                     gpus = client.gpus()
                     state.log(f"broker up: {len(gpus)} GPUs, {src}")
+                    state.log(
+                        "the broker knows how long these projects' leases lived in an earlier "
+                        "run (as a broker that ran before does): its queue can say when"
+                    )
                     if not state.simulated:
                         usable = min(g.get("total_mib", 0) - g.get("headroom_mib", 0) for g in gpus)
                         state.scale = max(0.01, usable / 22323)
@@ -291,6 +310,7 @@ def _run_workers(
                 if q["session"] not in seen_queued:
                     seen_queued.add(q["session"])
                     state.log(f"{q['session']} {q['reason']}")
+                state.saw_estimate(q)
             vw = workers.get(victim.session)
             if (
                 state.kill_wall is None
@@ -388,6 +408,42 @@ def _poll_fleet(coordinator: LocalCoordinator, state: DemoState) -> None:
         state.fleet_max_queue = max(state.fleet_max_queue, len(computer.get("queue", [])))
 
 
+def _seed_lifetimes(data_dir: Path, pace: float) -> None:
+    """Give the demo's broker the lease lifetimes of an earlier run of `WORKERS` at `pace`
+    (what its store would hold had the demo run before), so a waiting request's estimate
+    has lifetimes to go by; the broker reads them from its store at start."""
+    from rbroker.broker.lifetimes import STORE_KEY, Lifetimes
+    from rbroker.broker.store import LeaseStore
+
+    lifetimes = Lifetimes()
+    for w in WORKERS:
+        lifetimes.record(
+            w.project, w.session, (KILL_AFTER_GRANT_S if w.victim else w.hold_s) * pace
+        )
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    store = LeaseStore(data_dir / "broker.sqlite3")
+    try:
+        store.set_meta(STORE_KEY, lifetimes.to_json())
+    finally:
+        store.close()
+
+
+def _eta_line(first: tuple[float, float | None, str] | None, waited_s: float) -> str:
+    """How close a waiter's first estimate came: `first` is (seconds into its wait, eta_s,
+    reason) from `DemoState.etas`, `waited_s` its whole wait."""
+    if first is None:
+        return "when: no estimate was shown (the broker gave none)"
+    at_s, eta_s, reason = first
+    if eta_s is None:
+        return f"when: no estimate ({reason})"
+    actual_s = max(0.0, waited_s - at_s)
+    off = actual_s - eta_s
+    return (
+        f"when: {at_s:.1f} s into its wait the broker said likely in ~{eta_s:.0f} s; it came "
+        f"{actual_s:.1f} s later ({abs(off):.1f} s {'later' if off > 0 else 'sooner'})"
+    )
+
+
 def _summary(
     client: rbroker.Client, state: DemoState, coordinator: LocalCoordinator | None
 ) -> Text:
@@ -412,6 +468,7 @@ def _summary(
             f"  waited {lease['waited_s']:5.1f} s  {fmt_mib(lease['granted_mib']):>6} MiB  "
             f"{lease['session']}: {lease['purpose']}"
         )
+        lines.append(f"    {_eta_line(state.etas.get(lease['session']), lease['waited_s'])}")
     victim = next(w for w in WORKERS if w.victim)
     if state.freed_after_s is not None:
         v: Mapping[str, Any] = ended.get(victim.session, {})

@@ -45,7 +45,7 @@ def test_a_request_waits_for_the_ends_that_free_enough_memory_in_queue_order() -
         history({"short": [100.0], "long": [300.0], "p": [50.0]}),
     )
     # 1 needs 12 000: at 100 s 14 000 are free; 2 fits now but FIFO holds it behind 1
-    assert got[1].eta_s == 100.0 and "1 lease of short likely end" in got[1].reason
+    assert got[1].eta_s == 100.0 and "1 lease of short likely ends by then" in got[1].reason
     assert got[2].eta_s == 100.0
     # 3: after 1 and 2 took 14 000 at 100 s, 0 left; 1 and 2 end at 150 s (their project's
     # lifetime, 50 s): 14 000 back
@@ -136,7 +136,7 @@ def test_the_queue_tells_when_from_the_lifetimes_seen(
     waiting = h.acquire(pool.spawn()[1], mib=8000, wait_s=3600, project="nlp")
     entry = h.broker.leases_view()["queue"][0]
     assert entry["eta_s"] == pytest.approx(500, abs=1)
-    assert "1 lease of vision likely end" in entry["eta_reason"]
+    assert "1 lease of vision likely ends by then" in entry["eta_reason"]
     h.clock.advance(0.5)  # nothing changed: the estimate counts down
     assert h.broker.leases_view()["queue"][0]["eta_s"] == pytest.approx(499.5, abs=1)
     h.run(h.broker.stop())  # the history is written to the store when the broker stops
