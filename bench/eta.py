@@ -1,4 +1,4 @@
-"""When will it fit: how close the queue's estimate (`eta_s`, docs/architecture.md §5) comes
+"""When will it fit: how close the queue's estimate (`eta_s`, docs/architecture.md §3) comes
 to the wait that followed, on a synthetic workload.
 
 The broker is the in-process one of the tests (tests/desktop/inprocess.py: the production

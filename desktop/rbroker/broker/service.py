@@ -799,7 +799,7 @@ class Broker:
             view["ended"] = [lease.to_wire(now) for lease in self.ended]
         return view
 
-    # -- when will it fit (docs/architecture.md §5) ---------------------------------------------
+    # -- when will it fit (docs/architecture.md §3) ---------------------------------------------
     def estimates(self) -> dict[int, Estimate]:
         """Each waiting request's estimate (`rbroker.broker.eta`), by request id, with
         `eta_s` from now. Played again when a lease or the queue changed, or after

@@ -1,4 +1,4 @@
-"""When will it fit (docs/architecture.md §5): the estimate of `rbroker.broker.eta` as pure
+"""When will it fit (docs/architecture.md §3): the estimate of `rbroker.broker.eta` as pure
 arithmetic, the lifetimes history it reads, and the broker's queue entries carrying it, on
 the in-process broker with a manual clock (the lifetimes are measured on that clock)."""
 
