@@ -16,21 +16,21 @@ from urllib.parse import quote
 import nacl.signing
 import sqlalchemy as sa
 from _common import short_tmp
+from tests.fakes.reports import GPU_A, gpu_report, payload, signed_body
 
 from rbroker.demo.coordinator import LocalCoordinator, free_port
-from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport, ReportPayload
-from rbroker_protocol.signing import encode_envelope, public_key_b64, sign_report
+from rbroker_protocol.reports import JobSnapshot, LeaseReport
+from rbroker_protocol.signing import public_key_b64
 
 PG_URL = os.environ.get("RBROKER_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-GPU = "GPU-5a1e0000-0000-0000-0000-000000000001"
 
 
-def payload(name: str, run_id: str, seq: int) -> bytes:
+def realistic_payload(name: str, run_id: str, seq: int) -> bytes:
     """A realistic report: one GPU, two leases, one job (≈ 1.3 KB of JSON)."""
     leases = [
         LeaseReport(
             lease_id=f"lease-{seq:06x}{i:06x}",
-            gpu_uuids=[GPU],
+            gpu_uuids=[GPU_A],
             granted_mib=4096,
             owner="alice",
             project="vision",
@@ -38,30 +38,14 @@ def payload(name: str, run_id: str, seq: int) -> bytes:
             purpose="fine-tune a ViT-B on the lab corpus",
             granted_at=time.time() - 60,
             expires_in_s=25.0,
-            observed_mib={GPU: 3900},
+            observed_mib={GPU_A: 3900},
         )
         for i in range(2)
     ]
-    return ReportPayload(
-        computer_name=name,
-        broker_version="0.1.0",
-        telemetry_source="simulated",
-        run_id=run_id,
-        generated_at=time.time(),
-        gpus=[
-            GpuReport(
-                uuid=GPU,
-                index=0,
-                name="Simulated RTX 4090",
-                total_mib=24576,
-                headroom_mib=1229,
-                device_used_mib=8300,
-                outstanding_mib=392,
-                available_mib=14655,
-                leased_in_use_mib=7800,
-                other_in_use_mib=500,
-            )
-        ],
+    return payload(
+        name,
+        run_id,
+        gpus=[gpu_report(leased_in_use_mib=7800, other_in_use_mib=500, outstanding_mib=392)],
         leases=leases,
         jobs=[
             JobSnapshot(
@@ -89,11 +73,9 @@ class Computer:
         return nacl.signing.SigningKey(self.seed)
 
     def bodies(self, seqs: range) -> list[bytes]:
-        key = self.key
+        key, run_id = self.key, self.run_id
         return [
-            encode_envelope(
-                sign_report(key, self.id, self.run_id, seq, payload(self.name, self.run_id, seq))
-            )
+            signed_body(key, self.id, run_id, seq, realistic_payload(self.name, run_id, seq))
             for seq in seqs
         ]
 

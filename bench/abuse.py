@@ -44,15 +44,14 @@ from _common import (
     start_broker,
     timed_lease_cycle,
 )
+from tests.fakes.reports import payload, signed_body
 
 import rbroker
 from rbroker.demo.coordinator import LocalCoordinator
 from rbroker.localapi.connection import MAX_CONNECTIONS_PER_USER, MAX_UNSENT_BYTES
-from rbroker_protocol.reports import GpuReport, ReportPayload
-from rbroker_protocol.signing import encode_envelope, public_key_b64, sign_report
+from rbroker_protocol.signing import public_key_b64
 
 PARAMS: dict[str, Any] = {"project": "bench", "session": "abuse", "purpose": "abuse benchmark"}
-GPU = "GPU-5a1e0000-0000-0000-0000-000000000001"
 _ctx = mp.get_context("fork")
 
 
@@ -199,18 +198,6 @@ def busy_cycles(broker: Any, total: int, seconds: float) -> dict[str, Any]:
 # ---------------------------------------------------------------- the coordinator
 
 
-def _report_body(key: nacl.signing.SigningKey, cid: str, seq: int) -> bytes:
-    p = ReportPayload(
-        computer_name="honest-1",
-        broker_version="0.1.0",
-        telemetry_source="simulated",
-        run_id="run-honest",
-        generated_at=time.time(),
-        gpus=[GpuReport(uuid=GPU, index=0, name="Simulated RTX 4090", total_mib=24576)],
-    ).to_bytes()
-    return encode_envelope(sign_report(key, cid, "run-honest", seq, p))
-
-
 def _hammer(url: str, gate: StartGate, seconds: float, q: Any) -> None:
     key = nacl.signing.SigningKey.generate()
     wrong = {"code": "rbe_" + "a" * 12 + "_" + "b" * 32, "name": "guess",
@@ -242,7 +229,7 @@ def report_latency(
         def one() -> float:
             nonlocal seq
             seq += 1
-            body = _report_body(key, cid, seq)
+            body = signed_body(key, cid, "run-honest", seq, payload("honest-1", "run-honest"))
             t0 = time.perf_counter()
             r = http.post("/api/v1/reports", content=body,
                           headers={"content-type": "application/json"})  # fmt: skip

@@ -31,37 +31,33 @@ import httpx
 import psutil
 from _common import Report, fmt_ms, parser, percentile, verdict
 from _coord_fixture import clone_computers, enroll, start_server
+from tests.fakes.reports import GPU_A, GPU_B, gpu_report, payload, signed_body
 
-from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport, QueueEntry, ReportPayload
-from rbroker_protocol.signing import encode_envelope, sign_report
+from rbroker_protocol.reports import JobSnapshot, LeaseReport, QueueEntry
 
 REFRESH_S = 5.0
 VIEWERS = 4
-GPUS = ("GPU-5a1e0000-0000-0000-0000-000000000001", "GPU-5a1e0000-0000-0000-0000-000000000002")
+GPUS = (GPU_A, GPU_B)
 SLOW_SOURCES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6")
 
 
 def big_payload(name: str, run_id: str, seq: int, leases: int) -> bytes:
     """A busy computer's report: 2 GPUs, `leases` leases, 10 waiting requests, 3 jobs."""
     now = time.time()
-    return ReportPayload(
-        computer_name=name,
-        broker_version="0.1.0",
-        telemetry_source="simulated",
-        run_id=run_id,
+    return payload(
+        name,
+        run_id,
         generated_at=now,
         gpus=[
-            GpuReport(
-                uuid=uuid,
-                index=i,
+            gpu_report(
+                uuid,
+                i,
                 name="Simulated A100",
                 total_mib=81920,
                 headroom_mib=4096,
-                device_used_mib=60000,
-                outstanding_mib=2000,
-                available_mib=15824,
                 leased_in_use_mib=58000,
                 other_in_use_mib=2000,
+                outstanding_mib=2000,
             )
             for i, uuid in enumerate(GPUS)
         ],
@@ -276,15 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         (first,) = enroll(engine, 1, 0)
         with httpx.Client(base_url=server.url, timeout=60) as client:
             for seq in (1, 2):
-                body = encode_envelope(
-                    sign_report(
-                        first.key,
-                        first.id,
-                        first.run_id,
-                        seq,
-                        big_payload(first.name, first.run_id, seq, leases),
-                    )
-                )
+                report = big_payload(first.name, first.run_id, seq, leases)
+                body = signed_body(first.key, first.id, first.run_id, seq, report)
                 client.post(
                     "/api/v1/reports", content=body, headers={"content-type": "application/json"}
                 ).raise_for_status()

@@ -21,10 +21,9 @@ import pytest
 import sqlalchemy as sa
 
 from rbroker.uplink.keys import FileKeyStore
-from rbroker_protocol import signing
-from rbroker_protocol.reports import ReportPayload
 from tests.conftest import SINGLE_24G, start_broker, wait_until
 from tests.e2e.conftest import CoordinatorProcess, UplinkBroker
+from tests.fakes.reports import payload, signed_body
 
 PG_ENV = "RBROKER_TEST_PG_URL"
 
@@ -100,16 +99,16 @@ def _check_run_order(c: CoordinatorProcess, ub: UplinkBroker) -> None:
     # a report of run 1 that was never delivered arrives now, signed by this computer
     key = FileKeyStore(ub.broker.data_dir / "computer.key").load()
     assert key is not None
-    late = ReportPayload(
-        computer_name="lab-1 before the restart",
-        run_id="never-seen-run-1",
+    late = payload(
+        "lab-1 before the restart",
+        "never-seen-run-1",
         run_counter=1,
         generated_at=time.time() - 30,
+        gpus=[],
     )
-    env = signing.sign_report(key, ub.computer_id, "never-seen-run-1", 7, late.to_bytes())
     r = httpx.post(
         f"{c.url}/api/v1/reports",
-        content=signing.encode_envelope(env),
+        content=signed_body(key, ub.computer_id, "never-seen-run-1", 7, late),
         headers={"content-type": "application/json"},
     )
     assert r.status_code == 200

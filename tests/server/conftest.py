@@ -28,54 +28,15 @@ import uvicorn
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
-from rbroker_protocol.reports import GpuReport, LeaseReport, ReportPayload
+from rbroker_protocol.reports import ReportPayload
 from rbroker_server import db
 from rbroker_server.admin import operations as admin
 from rbroker_server.app import create_app
 from rbroker_server.settings import Settings
+from tests.fakes.reports import payload
 from tests.pg import PG_ENV, pg_base_url, pg_url, scratch_schema
 
 __all__ = ["PG_ENV", "pg_base_url", "pg_url"]  # pg_base_url: a fixture for these tests
-
-GPU_A = "GPU-5a1e0000-0000-0000-0000-000000000001"
-
-
-def payload(
-    name: str = "lab-1",
-    run_id: str = "run-1",
-    *,
-    generated_at: float | None = None,
-    gpus: list[GpuReport] | None = None,
-    leases: list[LeaseReport] | None = None,
-    **kw: Any,
-) -> ReportPayload:
-    """A report payload with one free 24 GiB GPU unless told otherwise."""
-    return ReportPayload(
-        computer_name=name,
-        broker_version="0.1.0",
-        telemetry_source="simulated",
-        run_id=run_id,
-        generated_at=time.time() if generated_at is None else generated_at,
-        gpus=gpus
-        if gpus is not None
-        else [
-            GpuReport(
-                uuid=GPU_A,
-                index=0,
-                name="Simulated RTX 4090",
-                telemetry="ok",
-                total_mib=24576,
-                headroom_mib=1229,
-                device_used_mib=500,
-                outstanding_mib=0,
-                available_mib=22847,
-                leased_in_use_mib=0,
-                other_in_use_mib=500,
-            )
-        ],
-        leases=leases or [],
-        **kw,
-    )
 
 
 @dataclass

@@ -28,14 +28,9 @@ import sqlalchemy as sa
 from rbroker_protocol.reports import LeaseReport
 from rbroker_server.models import HealthCheck
 from rbroker_server.settings import Settings
+from tests.fakes.reports import payload
 from tests.private_pg import private_postgres
-from tests.server.conftest import (
-    Coordinator,
-    EnrolledComputer,
-    payload,
-    start_coordinator,
-    wait_until_true,
-)
+from tests.server.conftest import Coordinator, EnrolledComputer, start_coordinator, wait_until_true
 
 
 class _Records(logging.Handler):

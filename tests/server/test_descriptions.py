@@ -7,7 +7,8 @@ import json
 import sqlalchemy as sa
 
 from rbroker_protocol.reports import JobSnapshot, LeaseReport, QueueEntry
-from tests.server.conftest import Coordinator, payload
+from tests.fakes.reports import payload
+from tests.server.conftest import Coordinator
 
 AWS_KEY = "AKIA" + "Z7Q2M4N8P1R5T3V6"
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"

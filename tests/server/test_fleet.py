@@ -12,11 +12,12 @@ import sqlalchemy as sa
 
 from rbroker_protocol import signing
 from rbroker_protocol.fleet import RoomView
-from rbroker_protocol.reports import GpuReport, QueueEntry
+from rbroker_protocol.reports import GpuReport, QueueEntry, TelemetryStateName
 from rbroker_server.admin import operations as admin
 from rbroker_server.db import utcnow
 from rbroker_server.fleet.service import COMPUTERS
-from tests.server.conftest import Coordinator, EnrolledComputer, payload
+from tests.fakes.reports import gpu_report, payload
+from tests.server.conftest import Coordinator, EnrolledComputer
 
 
 @pytest.fixture
@@ -148,20 +149,10 @@ def test_health_and_openapi(coordinator: Coordinator) -> None:
         assert path in schema["paths"], path
 
 
-def _gpu(n: int, available_mib: int, telemetry: str = "ok") -> GpuReport:
-    return GpuReport(
-        uuid=f"GPU-5a1e0000-0000-0000-0000-00000000000{n}",
-        index=n,
-        name="Simulated RTX 4090",
-        telemetry=telemetry,  # type: ignore[arg-type]
-        total_mib=49152,
-        headroom_mib=1229,
-        device_used_mib=0,
-        outstanding_mib=0,
-        available_mib=available_mib,
-        leased_in_use_mib=0,
-        other_in_use_mib=0,
-    )
+def _gpu(n: int, available_mib: int, telemetry: TelemetryStateName = "ok") -> GpuReport:
+    """A 48 GiB GPU reporting `available_mib` whatever its other figures say."""
+    uuid = f"GPU-5a1e0000-0000-0000-0000-00000000000{n}"
+    return gpu_report(uuid, n, telemetry=telemetry, total_mib=49152, available_mib=available_mib)
 
 
 def test_room_lists_where_the_mib_fit_freshest_first_in_the_callers_group(

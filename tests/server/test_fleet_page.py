@@ -16,10 +16,9 @@ from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport, QueueE
 from rbroker_server.web import renders
 from rbroker_server.web.page_models import LIST_CAP
 from rbroker_server.web.renders import SharedRenders
-from tests.server.conftest import GPU_A, Coordinator, payload
+from tests.fakes.reports import GPU_A, GPU_B, gpu_report, payload
+from tests.server.conftest import Coordinator
 from tests.server.test_web import sign_in
-
-GPU_B = "GPU-5a1e0000-0000-0000-0000-000000000002"
 
 
 def _shared(coordinator: Coordinator) -> SharedRenders:
@@ -29,10 +28,9 @@ def _shared(coordinator: Coordinator) -> SharedRenders:
 
 
 def _gpu(uuid: str, index: int, used_mib: int) -> GpuReport:
-    return GpuReport(
-        uuid=uuid, index=index, name="Simulated A100", telemetry="ok", total_mib=40960,
-        headroom_mib=2048, device_used_mib=used_mib, outstanding_mib=0,
-        available_mib=40960 - 2048 - used_mib, leased_in_use_mib=used_mib, other_in_use_mib=0,
+    return gpu_report(
+        uuid, index, name="Simulated A100", total_mib=40960, headroom_mib=2048,
+        leased_in_use_mib=used_mib,
     )  # fmt: skip
 
 

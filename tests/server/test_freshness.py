@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from rbroker_protocol.reports import GpuReport, LeaseReport
-from tests.server.conftest import Coordinator, payload
+from tests.fakes.reports import gpu_report, payload
+from tests.server.conftest import Coordinator
 
 STALE_S = 1.5
 OFFLINE_S = 6.0
@@ -15,18 +17,8 @@ machine (at 3.0 s, a read sent at 1.8 s was answered as offline: 2.5 s late unde
 suite on 2 cores)."""
 
 
-def _gpu(uuid: str, index: int, **kw: object) -> GpuReport:
-    figures: dict[str, object] = {
-        "total_mib": 24576,
-        "headroom_mib": 1229,
-        "device_used_mib": 0,
-        "outstanding_mib": 0,
-        "available_mib": 23347,
-        "leased_in_use_mib": 0,
-        "other_in_use_mib": 0,
-    }
-    figures.update(kw)
-    return GpuReport(uuid=uuid, index=index, name="Sim", **figures)  # type: ignore[arg-type]
+def _gpu(uuid: str, index: int, **kw: Any) -> GpuReport:
+    return gpu_report(uuid, index, name="Sim", **kw)
 
 
 def test_online_stale_offline_by_server_receive_time(

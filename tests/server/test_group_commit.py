@@ -28,7 +28,7 @@ from rbroker_server.reports.cache import load_view
 from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.reports.writer import GroupCommitWriter, WriterClosed
 from rbroker_server.settings import Settings
-from tests.server.conftest import payload
+from tests.fakes.reports import payload, signed_body
 
 HEALTH = HealthCheck.__table__  # type: ignore[attr-defined]
 COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
@@ -194,8 +194,7 @@ def test_two_reports_of_one_computer_in_one_batch_keep_seq_order(
     commits = _count_commits(engine)
 
     def body(seq: int) -> bytes:
-        env = signing.sign_report(key, computer_id, "run-1", seq, payload().to_bytes())
-        return signing.encode_envelope(env)
+        return signed_body(key, computer_id, "run-1", seq, payload())
 
     async def main() -> list[Any]:
         first = await ingest.handle(body(1), db.utcnow())  # the sender is cached from here on
@@ -235,12 +234,7 @@ def test_a_shared_statement_that_misses_a_row_is_written_one_by_one(
     def write_of(
         cid: str, key: nacl.signing.SigningKey, seq: int, stale_key: bool, now: datetime
     ) -> Any:
-        env = service.parse(
-            signing.encode_envelope(
-                signing.sign_report(key, cid, "run-1", seq, payload().to_bytes())
-            ),
-            settings,
-        )
+        env = service.parse(signed_body(key, cid, "run-1", seq, payload()), settings)
         view = load_view(engine, cid)
         assert view is not None
         checked = service.decode(env, service.verify(env, view), now)
@@ -281,8 +275,7 @@ def test_reports_of_one_new_run_in_one_batch_are_decided_as_that_run(
     ingest.writer.submit = counted  # type: ignore[method-assign]
 
     def body(seq: int) -> bytes:
-        raw = payload(run_id="run-f3").to_bytes()
-        return signing.encode_envelope(signing.sign_report(key, computer_id, "run-f3", seq, raw))
+        return signed_body(key, computer_id, "run-f3", seq, payload(run_id="run-f3"))
 
     async def main() -> list[Any]:
         gate = _Gate()
@@ -319,9 +312,9 @@ def test_a_new_run_written_earlier_in_the_transaction_is_current_not_retired(
     settings = Settings(data_dir=tmp_path / "data", database_url=database_url)
 
     def write_of(run_id: str, seq: int) -> Any:
-        raw = payload(run_id=run_id).to_bytes()
-        env = signing.sign_report(key, computer_id, run_id, seq, raw)
-        env = service.parse(signing.encode_envelope(env), settings)
+        env = service.parse(
+            signed_body(key, computer_id, run_id, seq, payload(run_id=run_id)), settings
+        )
         view = load_view(engine, computer_id)
         assert view is not None
         now = db.utcnow()

@@ -11,10 +11,11 @@ import pytest
 import sqlalchemy as sa
 
 from rbroker_protocol import signing
-from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport, ReportPayload
+from rbroker_protocol.reports import JobSnapshot, LeaseReport, ReportPayload, TelemetryStateName
 from rbroker_server.bodies import MAX_JSON_DEPTH, json_depth
 from rbroker_server.reports.redact import REDACTED
-from tests.server.conftest import GPU_A, Coordinator, payload
+from tests.fakes.reports import GPU_A, gpu_report, payload
+from tests.server.conftest import Coordinator
 
 GITHUB = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
 AWS_KEY = "AKIA" + "Z7Q2M4N8P1R5T3V6"
@@ -104,16 +105,11 @@ def _lease(**kw: Any) -> LeaseReport:
     return LeaseReport(**(fields | kw))
 
 
-def _gpu(**kw: Any) -> GpuReport:
-    fields: dict[str, Any] = {"uuid": GPU_A, "index": 0, "name": "RTX 4090", "total_mib": 24576}
-    return GpuReport(**(fields | kw))
-
-
 PLANTED: list[tuple[str, dict[str, Any], str]] = [
     ("broker_version", {"broker_version": f"0.1.0+{GITHUB}"}, "broker_version"),
     ("telemetry_source", {"telemetry_source": AWS_KEY}, "telemetry_source"),
-    ("gpu name", {"gpus": [_gpu(name=f"RTX {GITHUB}")]}, "gpus[0].name"),
-    ("gpu uuid", {"gpus": [_gpu(uuid=f"GPU-{GITHUB}")]}, "gpus[0].uuid"),
+    ("gpu name", {"gpus": [gpu_report(name=f"RTX {GITHUB}")]}, "gpus[0].name"),
+    ("gpu uuid", {"gpus": [gpu_report(uuid=f"GPU-{GITHUB}")]}, "gpus[0].uuid"),
     ("lease id", {"leases": [_lease(lease_id=GITHUB)]}, "leases[0].lease_id"),
     ("lease gpu", {"leases": [_lease(gpu_uuids=[f"GPU-{AWS_KEY}"])]}, "leases[0].gpu_uuids[0]"),
     (
@@ -207,11 +203,11 @@ def test_every_state_name_the_schema_allows_is_accepted(coordinator: Coordinator
     pc = coordinator.enroll("vision")
     states = ["queued", "active", "released", "expired", "holder_exited", "revoked"]
     jobs = ["queued", "running", "succeeded", "failed", "cancelled", "stalled"]
-    telemetry = ["ok", "stale", "unavailable", "lost", "unknown_capacity"]
+    names: list[TelemetryStateName] = ["ok", "stale", "unavailable", "lost", "unknown_capacity"]
     p = ReportPayload.model_validate(
         json.loads(payload().to_bytes())
         | {
-            "gpus": [_gpu(index=i, telemetry=t).model_dump() for i, t in enumerate(telemetry)],
+            "gpus": [gpu_report(index=i, telemetry=t).model_dump() for i, t in enumerate(names)],
             "leases": [
                 _lease(lease_id=f"lease-{i}", state=s).model_dump() for i, s in enumerate(states)
             ],

@@ -28,7 +28,7 @@ from rbroker_server.reports.controller import report_route
 from rbroker_server.reports.gate import ReportGate
 from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.settings import Settings
-from tests.server.conftest import payload
+from tests.fakes.reports import payload, signed_body
 
 
 @pytest.fixture
@@ -53,11 +53,7 @@ def _cases(engine: Engine) -> list[tuple[str, bytes, dict[str, str]]]:
     revoked, revoked_key = _enroll(engine, "lab-2")
 
     def envelope(seq: int, raw: bytes | None = None, k: Any = key, c: str = cid) -> bytes:
-        return signing.encode_envelope(
-            signing.sign_report(
-                k, c, "run-1", seq, raw if raw is not None else payload().to_bytes()
-            )
-        )
+        return signed_body(k, c, "run-1", seq, raw if raw is not None else payload())
 
     forged = envelope(3, k=nacl.signing.SigningKey.generate())
     flipped = json.loads(envelope(4))

@@ -8,7 +8,8 @@ import json
 import nacl.signing
 
 from rbroker_protocol import signing
-from tests.server.conftest import Coordinator, payload
+from tests.fakes.reports import payload
+from tests.server.conftest import Coordinator
 
 
 def test_authentic_report_is_applied(coordinator: Coordinator) -> None:

@@ -10,7 +10,8 @@ import base64
 import time
 from datetime import UTC, datetime
 
-from tests.server.conftest import Coordinator, payload
+from tests.fakes.reports import payload
+from tests.server.conftest import Coordinator
 
 
 def test_a_late_report_of_an_older_run_does_not_replace_the_current_run(

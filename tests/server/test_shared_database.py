@@ -8,7 +8,8 @@ from collections.abc import Callable
 import httpx
 
 from rbroker_protocol import signing
-from tests.server.conftest import Coordinator, EnrolledComputer, payload
+from tests.fakes.reports import payload, signed_body
+from tests.server.conftest import Coordinator, EnrolledComputer
 
 JSON = {"content-type": "application/json"}
 
@@ -51,8 +52,8 @@ def test_concurrent_reports_keep_order_and_never_fail(coordinator: Coordinator) 
         with httpx.Client(base_url=coordinator.url, timeout=30) as http:
             # Two threads per computer race with interleaved seqs.
             for seq in range(1 + offset, per_computer * 2 + 1, 2):
-                env = signing.sign_report(pc.key, pc.id, "run-1", seq, payload().to_bytes())
-                r = http.post("/api/v1/reports", content=signing.encode_envelope(env), headers=JSON)
+                body = signed_body(pc.key, pc.id, "run-1", seq, payload())
+                r = http.post("/api/v1/reports", content=body, headers=JSON)
                 if r.status_code != 200:
                     errors.append(f"{r.status_code} {r.text}")
 

@@ -23,10 +23,10 @@ from rbroker_server import db, maintenance
 from rbroker_server.reports import service
 from rbroker_server.reports.cache import load_view
 from rbroker_server.usage import rollup
-from tests.server.conftest import GPU_A, Coordinator, EnrolledComputer, payload
+from tests.fakes.reports import GPU_A, GPU_B, payload
+from tests.server.conftest import Coordinator, EnrolledComputer
 from tests.server.test_web import sign_in
 
-GPU_B = "GPU-5a1e0000-0000-0000-0000-000000000002"
 HOUR = 3600.0
 
 

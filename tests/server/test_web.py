@@ -15,7 +15,8 @@ from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport
 from rbroker_server.admin import operations as admin
 from rbroker_server.ratelimit import RateLimiter
 from rbroker_server.web.controller import SESSION_COOKIE, SIGNIN_ATTEMPTS
-from tests.server.conftest import GPU_A, Coordinator, payload
+from tests.fakes.reports import GPU_A, gpu_report, payload
+from tests.server.conftest import Coordinator
 
 MIB = 1024 * 1024
 
@@ -138,11 +139,7 @@ def test_rate_limiter_refills_and_bounds_its_keys() -> None:
 
 def _report_with_everything(coordinator: Coordinator, group: str, name: str) -> str:
     computer = coordinator.enroll(group, name)
-    gpu = GpuReport(
-        uuid=GPU_A, index=0, name="Simulated RTX 4090", telemetry="ok", total_mib=24576,
-        headroom_mib=1229, device_used_mib=20000, outstanding_mib=3347, available_mib=0,
-        leased_in_use_mib=15000, other_in_use_mib=5000,
-    )  # fmt: skip
+    gpu = gpu_report(leased_in_use_mib=15000, other_in_use_mib=5000, outstanding_mib=3347)
     lease = LeaseReport(
         lease_id="l1", gpu_uuids=[GPU_A], granted_mib=17000, owner="ana",
         project="<script>alert(1)</script>", session="s-1", purpose="<b>bold</b> & more",

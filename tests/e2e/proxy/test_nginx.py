@@ -18,10 +18,10 @@ import nacl.signing
 import pytest
 
 from rbroker_protocol import signing
-from rbroker_protocol.reports import ReportPayload
 from tests.conftest import wait_until
 from tests.e2e.conftest import CoordinatorProcess, UplinkBroker, by_name, free_port, rbroker_cli
 from tests.e2e.proxy.conftest import PROXY_SECRET, PROXY_SOURCE, ProxyProcess
+from tests.fakes.reports import payload, signed_body
 
 
 def _behind_proxy(
@@ -140,15 +140,7 @@ def _reports(
     run_id = f"run-{path.strip('/').replace('/', '-')}"[:60] or "run-direct"
     times: list[float] = []
     for seq in range(1, count + 1):
-        payload = ReportPayload(
-            computer_name="lab-latency",
-            broker_version="0",
-            telemetry_source="simulated",
-            run_id=run_id,
-            generated_at=time.time(),
-            gpus=[],
-        ).to_bytes()
-        body = signing.encode_envelope(signing.sign_report(key, computer_id, run_id, seq, payload))
+        body = signed_body(key, computer_id, run_id, seq, payload("lab-latency", run_id, gpus=[]))
         start = time.perf_counter()
         r = http.post(path, content=body, headers={"content-type": "application/json"})
         times.append(time.perf_counter() - start)
