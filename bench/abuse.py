@@ -44,11 +44,12 @@ from _common import (
     start_broker,
     timed_lease_cycle,
 )
-from tests.fakes.reports import payload, signed_body
+from tests.fakes.reports import GPU_A, payload, signed_body
 
 import rbroker
 from rbroker.demo.coordinator import LocalCoordinator
 from rbroker.localapi.connection import MAX_CONNECTIONS_PER_USER, MAX_UNSENT_BYTES
+from rbroker_protocol.reports import GpuReport
 from rbroker_protocol.signing import public_key_b64
 
 PARAMS: dict[str, Any] = {"project": "bench", "session": "abuse", "purpose": "abuse benchmark"}
@@ -198,6 +199,10 @@ def busy_cycles(broker: Any, total: int, seconds: float) -> dict[str, Any]:
 # ---------------------------------------------------------------- the coordinator
 
 
+HONEST_GPU = GpuReport(uuid=GPU_A, index=0, name="Simulated RTX 4090", total_mib=24576)
+"""The honest computer's GPU, its name and size only."""
+
+
 def _hammer(url: str, gate: StartGate, seconds: float, q: Any) -> None:
     key = nacl.signing.SigningKey.generate()
     wrong = {"code": "rbe_" + "a" * 12 + "_" + "b" * 32, "name": "guess",
@@ -229,7 +234,8 @@ def report_latency(
         def one() -> float:
             nonlocal seq
             seq += 1
-            body = signed_body(key, cid, "run-honest", seq, payload("honest-1", "run-honest"))
+            report = payload("honest-1", "run-honest", gpus=[HONEST_GPU])
+            body = signed_body(key, cid, "run-honest", seq, report)
             t0 = time.perf_counter()
             r = http.post("/api/v1/reports", content=body,
                           headers={"content-type": "application/json"})  # fmt: skip
