@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any, Final
 
 import orjson
 
-_LONG_DIGITS = re.compile(rb"\d{19}")
+_DIGITS_AS_ZEROS: Final = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+"""A `bytes.translate` table: each ASCII digit becomes `0`, every other byte a space."""
+
+_LONG_DIGITS: Final = b"0" * 19
+"""A run of 19 digits, as `_DIGITS_AS_ZEROS` writes it: an integer orjson may read as a
+float. Looked for in the translated line (about 1 ns a byte: a regular expression took
+about 10 ns a byte, more than orjson's whole reading of the line)."""
 
 MAX_LINE_BYTES: Final = 64 * 1024
 """Longest accepted request line, newline excluded. Longer lines get `request_too_large`."""
@@ -70,7 +75,7 @@ def decode(line: bytes | str) -> Any:
         RecursionError: nested deeper than the interpreter's recursion limit.
     """
     data = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else line
-    if _LONG_DIGITS.search(data) is None:
+    if _LONG_DIGITS not in data.translate(_DIGITS_AS_ZEROS):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
