@@ -42,6 +42,7 @@ from typing import Any, Final
 
 import nacl.exceptions
 import nacl.signing
+import orjson
 
 ENVELOPE_VERSION: Final = 1
 """The `v` field of envelopes this build writes and reads."""
@@ -232,21 +233,34 @@ def encode_envelope(envelope: Mapping[str, Any]) -> bytes:
     return json.dumps(dict(envelope), separators=(",", ":")).encode()
 
 
+def _loads(body: bytes | bytearray) -> Any:
+    """The envelope's JSON. orjson reads it; what orjson refuses (NaN, nesting past 1 024,
+    what is not JSON) is read by `json`, whose verdict stands. orjson reads an integer past
+    64 bits as a float where `json` reads an int: no envelope field takes either (`v` and
+    `seq` are refused alike), so the outcome is `json`'s.
+
+    Raises:
+        EnvelopeError: not JSON, or nested too deeply.
+    """
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise EnvelopeError("envelope is not JSON") from exc
+    except RecursionError as exc:
+        raise EnvelopeError("envelope nested too deeply") from exc
+
+
 def parse_envelope(body: bytes | Mapping[str, Any]) -> Envelope:
     """Check the envelope's structure and decode its fields; the payload stays unparsed.
 
     Raises:
         EnvelopeError: bad JSON, a missing or mistyped field, bad base64, unknown `v`.
     """
-    if isinstance(body, bytes | bytearray):
-        try:
-            obj = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise EnvelopeError("envelope is not JSON") from exc
-        except RecursionError as exc:
-            raise EnvelopeError("envelope nested too deeply") from exc
-    else:
-        obj = body
+    obj = _loads(body) if isinstance(body, bytes | bytearray) else body
     if not isinstance(obj, Mapping):
         raise EnvelopeError("envelope must be a JSON object")
     if obj.get("v") != ENVELOPE_VERSION or type(obj.get("v")) is not int:

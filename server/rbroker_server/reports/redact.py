@@ -48,19 +48,32 @@ def redacted_state(report: ReportPayload) -> tuple[dict[str, Any], list[dict[str
     if report.left_out:
         state["left_out"] = dict(report.left_out)
     flags: list[dict[str, str]] = []
+    # a value's path is written out only for a flag: most reports have none
     for list_name, fields in _CHECKED.items():
         for i, item in enumerate(state[list_name]):
             for field in fields:
                 value = item.get(field)
                 if value:
-                    item[field] = _checked(field, f"{list_name}[{i}].{field}", value, flags)
+                    try:
+                        item[field] = check_description(field, value)
+                    except DescriptionRejected as exc:
+                        flags.append({"field": f"{list_name}[{i}].{field}", "rule": exc.rule})
+                        item[field] = REDACTED
     for i, lease in enumerate(state["leases"]):
         uuids = lease["gpu_uuids"]
         for j, uuid in enumerate(uuids):
-            uuids[j] = _checked("gpu_uuid", f"leases[{i}].gpu_uuids[{j}]", uuid, flags)
+            try:
+                uuids[j] = check_description("gpu_uuid", uuid)
+            except DescriptionRejected as exc:
+                flags.append({"field": f"leases[{i}].gpu_uuids[{j}]", "rule": exc.rule})
+                uuids[j] = REDACTED
         observed: dict[str, int] = {}
         for j, (uuid, mib) in enumerate(lease["observed_mib"].items()):
-            key = _checked("gpu_uuid", f"leases[{i}].observed_mib.key[{j}]", uuid, flags)
+            try:
+                key = check_description("gpu_uuid", uuid)
+            except DescriptionRejected as exc:
+                flags.append({"field": f"leases[{i}].observed_mib.key[{j}]", "rule": exc.rule})
+                key = REDACTED
             observed[key] = observed.get(key, 0) + mib
         lease["observed_mib"] = observed
     return state, flags
