@@ -40,20 +40,24 @@ def day_parts(start: datetime, end: datetime) -> list[tuple[date, float]]:
 
 def lease_mib(leases: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[int, int]]:
     """(project, owner) → (granted MiB, used MiB) summed over the active leases of a report's
-    stored state (`LeaseReport` fields as JSON): granted is `granted_mib` on each of its GPUs,
-    used the MiB observed on all of them. Names with neither are left out."""
+    stored state (`LeaseReport` fields as JSON, as the schema checked them): granted is
+    `granted_mib` on each of its GPUs, used the MiB observed on all of them. Names with
+    neither are left out."""
     sums: dict[tuple[str, str], tuple[int, int]] = {}
     for lease in leases:
         if lease.get("state", "active") != "active":
             continue
-        gpus = max(1, len(lease.get("gpu_uuids") or ()))
-        granted = int(lease.get("granted_mib") or 0) * gpus
-        used = sum(int(v) for v in (lease.get("observed_mib") or {}).values())
+        granted = (lease.get("granted_mib") or 0) * max(1, len(lease.get("gpu_uuids") or ()))
+        observed = lease.get("observed_mib")
+        used = sum(observed.values()) if observed else 0
         if granted <= 0 and used <= 0:
             continue
-        key = (str(lease.get("project") or "")[:NAME_MAX], str(lease.get("owner") or "")[:NAME_MAX])
-        g, u = sums.get(key, (0, 0))
-        sums[key] = (g + granted, u + used)
+        key = ((lease.get("project") or "")[:NAME_MAX], (lease.get("owner") or "")[:NAME_MAX])
+        if key in sums:
+            g, u = sums[key]
+            sums[key] = (g + granted, u + used)
+        else:
+            sums[key] = (granted, used)
     return sums
 
 
@@ -79,18 +83,21 @@ def usage_rows(
     sums = lease_mib(leases)
     if not sums:
         return []
-    rows: list[dict[str, Any]] = []
-    for day, part_s in day_parts(now - timedelta(seconds=seconds), now):
-        hours = part_s / SECONDS_PER_HOUR
-        for (project, owner), (granted, used) in sorted(sums.items()):
-            rows.append(
-                {
-                    "computer_id": computer_id,
-                    "day": day,
-                    "project": project,
-                    "owner": owner,
-                    "granted_mib_hours": granted * hours,
-                    "used_mib_hours": used * hours,
-                }
-            )
-    return rows
+    start = now - timedelta(seconds=seconds)
+    if start.date() == now.date() and now.tzinfo is UTC:  # the usual case: one day
+        parts = [(now.date(), seconds)]
+    else:
+        parts = day_parts(start, now)
+    keys = sorted(sums) if len(sums) > 1 else list(sums)
+    return [
+        {
+            "computer_id": computer_id,
+            "day": day,
+            "project": project,
+            "owner": owner,
+            "granted_mib_hours": sums[project, owner][0] * part_s / SECONDS_PER_HOUR,
+            "used_mib_hours": sums[project, owner][1] * part_s / SECONDS_PER_HOUR,
+        }
+        for day, part_s in parts
+        for project, owner in keys
+    ]
