@@ -17,23 +17,16 @@ from typing import Any
 import pynvml
 
 from rbroker.gpu.fake_nvml import FakeNvml, _Handle
+from tests.fakes.gpu_scenarios import gpu, scenario
 
 PARENT = "GPU-a1000000-0000-0000-0000-000000000001"
 SLICE_A = "MIG-a1000000-0000-0000-0000-00000000000a"
 SLICE_B = "MIG-a1000000-0000-0000-0000-00000000000b"
 
-SLICES = f"""
-[[gpu]]
-uuid = "{SLICE_A}"
-name = "slice 3g.40gb"
-total_mib = 40192
-
-[[gpu]]
-uuid = "{SLICE_B}"
-name = "slice 3g.40gb"
-total_mib = 40192
-used_mib = 10000
-"""
+SLICES = scenario(
+    gpu(SLICE_A, name="slice 3g.40gb", total_mib=40192),
+    gpu(SLICE_B, name="slice 3g.40gb", total_mib=40192, used_mib=10000),
+)
 
 
 class MigNvml(FakeNvml):

@@ -32,34 +32,20 @@ from tests.e2e.conftest import (
     py_env,
     rbroker_cli,
 )
+from tests.fakes.gpu_scenarios import gpu, scenario
 
 PLANTED_CMDLINE = "PLANTED-CMDLINE-7f3a"
 PLANTED_ENV = "PLANTED-ENV-91c2"
 
 SCENARIOS = {
-    "lab-a": """
-[[gpu]]
-uuid = "GPU-a0000000-0000-0000-0000-000000000001"
-name = "Simulated RTX 4090"
-total_mib = 24576
-""",
-    "lab-b": """
-[[gpu]]
-uuid = "GPU-b0000000-0000-0000-0000-000000000001"
-name = "Simulated RTX 4090"
-total_mib = 24576
-
-[[gpu]]
-uuid = "GPU-b0000000-0000-0000-0000-000000000002"
-name = "Simulated A6000"
-total_mib = 49152
-""",
-    "lab-c": """
-[[gpu]]
-uuid = "GPU-c0000000-0000-0000-0000-000000000001"
-name = "Simulated RTX 3060"
-total_mib = 12288
-""",
+    "lab-a": scenario(gpu("GPU-a0000000-0000-0000-0000-000000000001", name="Simulated RTX 4090")),
+    "lab-b": scenario(
+        gpu("GPU-b0000000-0000-0000-0000-000000000001", name="Simulated RTX 4090"),
+        gpu("GPU-b0000000-0000-0000-0000-000000000002", name="Simulated A6000", total_mib=49152),
+    ),
+    "lab-c": scenario(
+        gpu("GPU-c0000000-0000-0000-0000-000000000001", name="Simulated RTX 3060", total_mib=12288)
+    ),
 }
 
 # computer -> leases (MiB, project, session, purpose, MiB the worker really uses)

@@ -20,16 +20,13 @@ import rbroker
 from tests.conftest import wait_until
 from tests.e2e.browser import chromium, sign_in
 from tests.e2e.conftest import CoordinatorProcess, UplinkBroker, Worker, by_name
+from tests.fakes.gpu_scenarios import gpu, scenario
 
 pytestmark = pytest.mark.slow
 
-FULL_GPU = """
-[[gpu]]
-uuid = "GPU-f0000000-0000-0000-0000-000000000001"
-name = "Simulated A100"
-total_mib = 24576
-used_mib = 24000
-"""
+FULL_GPU = scenario(
+    gpu("GPU-f0000000-0000-0000-0000-000000000001", name="Simulated A100", used_mib=24000)
+)
 
 SCRIPT_PURPOSE = '<script>alert("x")</script> & <b>bold</b>'
 

@@ -27,6 +27,7 @@ import rbroker
 from rbroker.gpu.nvml import real_nvml_available
 from tests.conftest import GPU0, WORKER, BrokerProcess, start_broker, wait_until
 from tests.desktop.conftest import WorkerProcess
+from tests.fakes import gpu_scenarios as sim
 
 TOTAL, HEADROOM = 24576, 1024
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -36,15 +37,16 @@ ROOT_ONLY = pytest.mark.skipif(
 )
 
 
-def _gpu_scenario(extra: str = "", *, device_used: int | None = None, top: str = "") -> str:
-    text = top + f'[[gpu]]\nuuid = "{GPU0}"\nname = "Simulated RTX 4090"\ntotal_mib = {TOTAL}\n'
-    if device_used is not None:
-        text += f"device_used_mib = {device_used}\n"
-    return text + extra
-
-
-def _process(pid: int, mib: int) -> str:
-    return f"\n[[gpu.process]]\npid = {pid}\nused_mib = {mib}\n"
+def _gpu_scenario(
+    *processes: tuple[int, int],
+    nvml: dict[str, sim.Value] | None = None,
+    timers: dict[str, sim.Value] | None = None,
+    **fields: sim.Value,
+) -> str:
+    """The scenario of the one GPU (`GPU0`, `TOTAL` MiB) with its other `fields`, the
+    processes the driver lists as (pid, used_mib), and the `[nvml]` and `[timers]` tables."""
+    rtx = sim.gpu(GPU0, name="Simulated RTX 4090", total_mib=TOTAL, processes=processes, **fields)
+    return sim.scenario(rtx, nvml=nvml, timers=timers)
 
 
 def _gpu(c: rbroker.Client) -> dict[str, Any]:
@@ -130,8 +132,8 @@ def test_nvml_init_failure_refuses_with_the_error_in_words(
     broker_factory: Callable[..., BrokerProcess], init_error: str, words: str
 ) -> None:
     """A GPU exists but `nvmlInit` fails: zero admissions, the NVML error in words."""
-    top = f'[nvml]\ninit_error = "{init_error}"\n\n'
-    broker = broker_factory(_gpu_scenario(top=top), headroom_mib=HEADROOM)
+    scenario = _gpu_scenario(nvml={"init_error": init_error})
+    broker = broker_factory(scenario, headroom_mib=HEADROOM)
     with broker.client() as c:
         assert c.gpus() == []
         assert c.status()["nvml_problem"]["device_present"] is True
@@ -144,7 +146,7 @@ def test_nvml_init_failure_waits_then_serves_once_nvml_answers(
     broker_factory: Callable[..., BrokerProcess],
 ) -> None:
     broker = broker_factory(
-        _gpu_scenario(top='[nvml]\ninit_error = "version_mismatch"\n\n'), headroom_mib=HEADROOM
+        _gpu_scenario(nvml={"init_error": "version_mismatch"}), headroom_mib=HEADROOM
     )
     granted: dict[str, Any] = {}
     holder = broker.client()  # the lease lives as long as this connection
@@ -168,7 +170,7 @@ def test_nvml_init_failure_waits_then_serves_once_nvml_answers(
         assert c.status()["nvml_problem"] is None
 
 
-REATTACH_3_S = "[timers]\nlease_reattach_grace_s = 3\n\n"
+REATTACH_3_S: dict[str, sim.Value] = {"lease_reattach_grace_s": 3}
 """A restored lease's holder has 3 s to re-attach (default 10): more than the SDK's longest
 reconnect backoff (1 s) plus a broker start on a loaded machine."""
 
@@ -182,7 +184,7 @@ def test_leases_restored_while_nvml_fails_stay_alive(
         lease_id = holder.read_line().split()[1]
         broker.stop(signal.SIGKILL)
         (short_dir / "scenario.toml").write_text(
-            _gpu_scenario(top=REATTACH_3_S + '[nvml]\ninit_error = "version_mismatch"\n\n')
+            _gpu_scenario(timers=REATTACH_3_S, nvml={"init_error": "version_mismatch"})
         )
         broker = start_broker(
             (short_dir / "scenario.toml").read_text(), headroom_mib=HEADROOM, root=short_dir
@@ -206,14 +208,14 @@ def test_one_sample_without_the_holder_does_not_reset_its_baseline(
     available = 24 576 − 1 024 − 5 000 − 6 144 = 12 408, before, during and after samples
     in which NVML omits the holder. Before: 17 408 after the glitch, for good."""
     me = os.getpid()
-    listed = _gpu_scenario(_process(me, 5000), device_used=5000)
+    listed = _gpu_scenario((me, 5000), device_used_mib=5000)
     broker = broker_factory(listed, headroom_mib=HEADROOM)
     with broker.client() as c:
         _settled(c, device_used_mib=5000)
         c.call("lease.acquire", mib=6144, **PARAMS)
         right = TOTAL - HEADROOM - 5000 - 6144
         _settled(c, available_mib=right)
-        broker.write_scenario(_gpu_scenario(device_used=5000))  # the list omits the holder
+        broker.write_scenario(_gpu_scenario(device_used_mib=5000))  # the list omits the holder
         _samples_pass(c, 2)
         assert _gpu(c)["available_mib"] == right
         broker.write_scenario(listed)  # and lists it again
@@ -252,7 +254,7 @@ def test_a_reused_pid_does_not_inherit_a_dead_processs_memory(
     try:
         for _attempt in range(10):
             pid = _free_pid_above(int(Path("/proc/sys/kernel/ns_last_pid").read_text()) + 400)
-            broker.write_scenario(_gpu_scenario(_process(pid, 6144)))
+            broker.write_scenario(_gpu_scenario((pid, 6144)))
             with broker.client() as c:
                 _settled(c, device_used_mib=6144)
                 _samples_pass(c, 1)
@@ -309,7 +311,7 @@ def test_a_container_with_its_own_proc_never_attributes_host_pids(short_dir: Pat
     namespace (pid 0 for the broker) is told so; before: "the requesting process has
     exited"."""
     scenario = short_dir / "scenario.toml"
-    scenario.write_text(_gpu_scenario(_process(7, 4096)))
+    scenario.write_text(_gpu_scenario((7, 4096)))
     sock = str(short_dir / "b.sock")
     script = short_dir / "container.py"
     script.write_text(textwrap.dedent(CONTAINER_SCRIPT))
@@ -357,7 +359,7 @@ def test_a_process_list_without_permission_leaves_the_gpu_usable(
 ) -> None:
     """NO_PERMISSION on the process list (MIG slices, some containers): per-process memory
     unknown, the device figure counts, the GPU stays usable. Before: GPU unavailable."""
-    scenario = _gpu_scenario('process_list_error = "no_permission"\nused_mib = 3000\n')
+    scenario = _gpu_scenario(process_list_error="no_permission", used_mib=3000)
     broker = broker_factory(scenario, headroom_mib=HEADROOM)
     with broker.client() as c:
         gpu = _settled(c, device_used_mib=3000)
@@ -375,9 +377,7 @@ def test_an_override_with_unknown_used_memory_refuses_instead_of_assuming_zero(
     """Memory query not supported (unified memory) + per-process memory unknown + a capacity
     override: used is unknown. Before: used counted as 0 and a 20 000 MiB lease granted
     next to 12 000 MiB in use."""
-    scenario = _gpu_scenario(
-        'memory_api = "not_supported"\nper_process_memory = false\n' + _process(4242, 12000)
-    )
+    scenario = _gpu_scenario((4242, 12000), memory_api="not_supported", per_process_memory=False)
     broker = broker_factory(
         scenario, headroom_mib=HEADROOM, extra_args=["--capacity-mib", f"{GPU0}={TOTAL}"]
     )

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -29,22 +28,15 @@ import rbroker
 from rbroker.gpu import nvml as nvml_module
 from rbroker.gpu.fake_nvml import FakeNvml
 from rbroker.gpu.nvml import NvmlGateway, TelemetryError
-from tests.conftest import GPU0, GPU1, BrokerProcess, wait_until
+from tests.conftest import GPU0, GPU1, SINGLE_24G, BrokerProcess, wait_until
 from tests.desktop.conftest import RawConnection
+from tests.fakes import gpu_scenarios as sim
 
 PARAMS = {"project": "tests", "session": "faults", "purpose": "driver faults"}
 
-TWO_GPUS = f"""
-[[gpu]]
-uuid = "{GPU0}"
-name = "Simulated RTX 4090"
-total_mib = 24576
-
-[[gpu]]
-uuid = "{GPU1}"
-name = "Simulated RTX 4090"
-total_mib = 24576
-"""
+TWO_GPUS = sim.scenario(
+    sim.gpu(GPU0, name="Simulated RTX 4090"), sim.gpu(GPU1, name="Simulated RTX 4090")
+)
 
 
 def _gpu(c: rbroker.Client, uuid: str = GPU0) -> dict[str, Any]:
@@ -126,14 +118,13 @@ def test_case2_version_mismatch_then_recovery(
     """From some moment every NVML call raises a driver/library version mismatch: existing
     leases keep renewing, a new 1 024 MiB request waits with reason "telemetry unavailable",
     and it is admitted after NVML recovers."""
-    broker = broker_factory()
-    scenario = textwrap.dedent(broker.scenario.read_text())
+    broker = broker_factory(SINGLE_24G)
     with (
         broker.client() as c,
         rbroker.lease(2048, ttl_s=2, socket=broker.socket, **PARAMS) as held,  # type: ignore[arg-type]
     ):
         broker.write_scenario(
-            scenario.replace("total_mib", 'error = "version_mismatch"\ntotal_mib')
+            sim.scenario(sim.gpu(name="Simulated RTX 4090", error="version_mismatch"))
         )
         _telemetry(c, GPU0, "unavailable")
         assert _gpu(c)["telemetry_reason"] == "version_mismatch"
@@ -154,7 +145,7 @@ def test_case2_version_mismatch_then_recovery(
         assert [x["lease_id"] for x in c.leases()["leases"]] == [held.lease_id]
         assert _queued(c, "mismatch") is not None
 
-        broker.write_scenario(scenario)
+        broker.write_scenario(SINGLE_24G)
         answer = waiter.read_answer(request_id)
         assert answer["result"]["lease"]["granted_mib"] == 1024
         assert _gpu(c)["telemetry"] == "ok"
@@ -273,23 +264,6 @@ def case3_hung_memory_query_for_60_s(
 
 
 # -- values real drivers report ----------------------------------------------------------------
-def _scenario(**gpu_fields: object) -> str:
-    lines = [f'uuid = "{GPU0}"', 'name = "Simulated GPU"', "total_mib = 24576"]
-    for key, value in gpu_fields.items():
-        if isinstance(value, bool):
-            lines.append(f"{key} = {str(value).lower()}")
-        elif isinstance(value, str):
-            lines.append(f'{key} = "{value}"')
-        else:
-            lines.append(f"{key} = {value}")
-    return "[[gpu]]\n" + "\n".join(lines) + "\n"
-
-
-def _process(pid: int, used_mib: int | None, kind: str = "compute") -> str:
-    text = f'\n[[gpu.process]]\npid = {pid}\nkind = "{kind}"\n'
-    return text + (f"used_mib = {used_mib}\n" if used_mib is not None else "")
-
-
 def _observed(c: rbroker.Client, lease_id: str, expected: int) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:
         for lease in c.leases()["leases"]:
@@ -322,17 +296,18 @@ def test_per_process_values_real_drivers_report(
     larger than the GPU or WDDM's missing values are unknown (0: the lease stays fully
     outstanding). Garbage records (pid 0, pids ≥ 2^32−1) never break a sample. Graphics
     processes count like compute ones."""
-    broker = broker_factory(_scenario(device_used_mib=9000), headroom_mib=1024)
+    broker = broker_factory(sim.scenario(sim.gpu(device_used_mib=9000)), headroom_mib=1024)
     with broker.client() as c:
         lease = c.call("lease.acquire", mib=4096, **PARAMS)["lease"]
         pid = os.getpid()
         kind = "graphics" if record == "graphics" else "compute"
         used = {"sane": 2048, "graphics": 2048, "none": None, "wddm": 2048}.get(record, 999_999)
         extra = {"per_process_memory": False} if record == "wddm" else {}
-        text = _scenario(device_used_mib=9000, **extra)
-        text += _process(pid, used, kind)
-        text += _process(0, 1000) + _process(2**32 - 1, 1000) + _process(2**32 + 5, 1000)
-        broker.write_scenario(text)
+        garbage = [(0, 1000, "compute"), (2**32 - 1, 1000, "compute"), (2**32 + 5, 1000, "compute")]
+        processes = [(pid, used, kind), *garbage]
+        broker.write_scenario(
+            sim.scenario(sim.gpu(device_used_mib=9000, processes=processes, **extra))
+        )
         seen = _observed(c, lease["lease_id"], observed)
         assert seen["over_grant"] is False
         gpu = _gpu(c)
@@ -344,8 +319,8 @@ def test_per_process_values_real_drivers_report(
 
 def test_memory_v1_gives_the_same_capacity(broker_factory: Callable[..., BrokerProcess]) -> None:
     """An old driver without memory v2: the broker falls back to v1, same arithmetic."""
-    v2 = broker_factory(_scenario(reserved_mib=300, used_mib=700), headroom_mib=1024)
-    v1 = broker_factory(_scenario(used_mib=1000, memory_api="v1"), headroom_mib=1024)
+    v2 = broker_factory(sim.scenario(sim.gpu(reserved_mib=300, used_mib=700)), headroom_mib=1024)
+    v1 = broker_factory(sim.scenario(sim.gpu(used_mib=1000, memory_api="v1")), headroom_mib=1024)
     with v2.client() as a, v1.client() as b:
         ga, gb = _gpu(a), _gpu(b)
     assert (ga["memory_api"], gb["memory_api"]) == ("v2", "v1")
@@ -355,7 +330,7 @@ def test_memory_v1_gives_the_same_capacity(broker_factory: Callable[..., BrokerP
 
 def test_capacity_unknown_without_override(broker_factory: Callable[..., BrokerProcess]) -> None:
     """A GPU whose memory query is not supported: requests refused with that reason."""
-    broker = broker_factory(_scenario(memory_api="not_supported"))
+    broker = broker_factory(sim.scenario(sim.gpu(memory_api="not_supported")))
     with broker.client() as c:
         assert _gpu(c)["telemetry"] == "unknown_capacity"
         for pinned in ({}, {"gpu_uuid": GPU0}):
@@ -369,7 +344,7 @@ def test_capacity_override_for_an_unsupported_memory_query(
     broker_factory: Callable[..., BrokerProcess],
 ) -> None:
     """`--capacity-mib UUID=MIB` makes such a GPU leasable; its use is the per-process sum."""
-    text = _scenario(memory_api="not_supported") + _process(4000, 3000)
+    text = sim.scenario(sim.gpu(memory_api="not_supported", processes=[(4000, 3000)]))
     broker = broker_factory(text, headroom_mib=1024, extra_args=["--capacity-mib", f"{GPU0}=16384"])
     with broker.client() as c:
         gpu = _gpu(c)
@@ -394,7 +369,7 @@ def test_gpu_disappearing_shifts_indices_harmlessly(
     with broker.client() as c:
         on0 = c.call("lease.acquire", mib=2048, gpu_uuid=GPU0, **PARAMS)["lease"]
         on1 = c.call("lease.acquire", mib=4096, gpu_uuid=GPU1, **PARAMS)["lease"]
-        only_gpu1 = "\n[[gpu]]" + TWO_GPUS.split("[[gpu]]")[2]
+        only_gpu1 = sim.scenario(sim.gpu(GPU1, name="Simulated RTX 4090"))
         broker.write_scenario(only_gpu1)
         _telemetry(c, GPU0, "lost")
         gpu1 = _gpu(c, GPU1)
@@ -466,7 +441,7 @@ def test_nvml_error_codes_become_states(
     tmp_path: Path, function: str, code: int, state: str, reason: str
 ) -> None:
     scenario = tmp_path / "scenario.toml"
-    scenario.write_text(_scenario())
+    scenario.write_text(sim.scenario(sim.gpu()))
     gateway = NvmlGateway(_Failing(scenario, function, code), source="simulated")
     with pytest.raises(TelemetryError) as err:
         gateway.read(GPU0)
@@ -480,7 +455,7 @@ def test_nvml_error_codes_become_states(
 def test_graphics_list_missing_is_not_an_error(tmp_path: Path, code: int) -> None:
     """Some GPUs or drivers cannot list graphics processes: the compute list still counts."""
     scenario = tmp_path / "scenario.toml"
-    scenario.write_text(_scenario() + _process(4000, 2048))
+    scenario.write_text(sim.scenario(sim.gpu(processes=[(4000, 2048)])))
     lib = _Failing(scenario, "nvmlDeviceGetGraphicsRunningProcesses", code)
     sample = NvmlGateway(lib, source="simulated").read(GPU0)
     assert [(p.pid, p.used_mib) for p in sample.processes] == [(4000, 2048)]
@@ -508,7 +483,7 @@ def test_per_process_figures_from_another_pid_namespace_are_unknown(
     still counts the memory. The simulated library plays the host's driver: same rule."""
     monkeypatch.setattr(nvml_module, "in_child_pid_namespace", lambda: nested)
     scenario = tmp_path / "scenario.toml"
-    scenario.write_text(_scenario() + _process(4000, 2048))
+    scenario.write_text(sim.scenario(sim.gpu(processes=[(4000, 2048)])))
     sample = NvmlGateway(FakeNvml(scenario), source=source).read(GPU0)
     assert [(p.pid, p.used_mib) for p in sample.processes] == [(4000, expected)]
     assert sample.device_used_mib == 2048

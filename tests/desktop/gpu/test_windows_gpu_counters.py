@@ -31,6 +31,7 @@ from rbroker.gpu.process_counters import (
     parse_instance,
 )
 from tests.desktop.inprocess import InProcessBroker
+from tests.fakes import gpu_scenarios as sim
 
 SAMPLE = Path(__file__).parents[2] / "data" / "windows" / "gpu_process_memory.json"
 NV_LUID = 0x0000D1A2
@@ -140,13 +141,16 @@ def test_observed_mib_leaves_pids_without_a_counter_out(sample: dict[str, Any]) 
 
 
 # -- the counters as observed memory, through the production gateway ----------------------
-WDDM_SCENARIO = """
-[[gpu]]
-uuid = "GPU-5a1e0000-0000-0000-0000-000000000001"
-name = "Simulated RTX A4000 (WDDM)"
-total_mib = 16384
-per_process_memory = false
-"""
+
+
+def _wddm_gpu(uuid: str) -> str:
+    """A GPU in WDDM mode: its driver lists processes but not their memory."""
+    return sim.gpu(
+        uuid, name="Simulated RTX A4000 (WDDM)", total_mib=16384, per_process_memory=False
+    )
+
+
+WDDM_SCENARIO = sim.scenario(_wddm_gpu(GPU1))
 
 
 class RecordedCounters:
@@ -248,7 +252,7 @@ def test_the_mapping_is_made_again_only_when_the_gpus_change(tmp_path: Path) -> 
     gateway.enumerate()
     gateway.enumerate()  # the broker re-enumerates every 10 s: same GPUs, same mapping
     assert seen == [{GPU1: "00000000:01:00.0"}]
-    scenario.write_text(WDDM_SCENARIO + WDDM_SCENARIO.replace("0001", "0002"))
+    scenario.write_text(sim.scenario(_wddm_gpu(GPU1), _wddm_gpu(GPU2)))
     gateway.enumerate()  # a GPU came: the mapping is made again for both
     assert seen[-1] == {GPU1: "00000000:01:00.0", GPU2: "00000000:02:00.0"}
     assert len(seen) == 2

@@ -29,22 +29,15 @@ from rbroker._frameworks import (
 )
 from rbroker.broker.capacity import default_headroom_mib
 from tests.conftest import GPU0, GPU1, WORKER, BrokerProcess
+from tests.fakes.gpu_scenarios import gpu, scenario
 
 FAKES = Path(__file__).parents[2] / "fakes"
 REPORT = str(WORKER / "report_framework_env.py")
 LIMIT = str(WORKER / "limit_framework.py")
 
-TWO_SIZES = """
-[[gpu]]
-uuid = "GPU-5a1e0000-0000-0000-0000-000000000001"
-name = "Simulated RTX 4090"
-total_mib = 24576
-
-[[gpu]]
-uuid = "GPU-5a1e0000-0000-0000-0000-000000000002"
-name = "Simulated A100 80GB"
-total_mib = 81920
-"""
+TWO_SIZES = scenario(
+    gpu(GPU0, name="Simulated RTX 4090"), gpu(GPU1, name="Simulated A100 80GB", total_mib=81920)
+)
 
 
 # -- fractions --------------------------------------------------------------------------------
@@ -310,13 +303,14 @@ def test_limit_torch_without_torch_says_so(broker: BrokerProcess, tmp_path: Path
     assert json.loads(done.stdout)["error"] == "ModuleNotFoundError: No module named 'torch'"
 
 
-UNIFIED = f"""
-[[gpu]]
-uuid = "{GPU0}"
-name = "Simulated GB10 (unified memory)"
-total_mib = 124610
-memory_api = "not_supported"
-"""
+UNIFIED = scenario(
+    gpu(
+        GPU0,
+        name="Simulated GB10 (unified memory)",
+        total_mib=124610,
+        memory_api="not_supported",
+    )
+)
 
 
 def test_a_capacity_override_gets_no_fraction_and_rbroker_run_says_what_is_safe(
