@@ -1,7 +1,7 @@
 """Usage history: the daily rollup the report writes keep (granted and used MiB-hours between
 consecutive reports, capped at the stale limit), `GET /api/v1/usage` as JSON and CSV,
 group-scoped, its refusals, pruning, and the web view's usage page (over HTTP; the chart in
-a browser is tests/server/test_fleet_page.py's)."""
+a browser, fed by real brokers, is tests/e2e/test_web_browser.py's)."""
 
 from __future__ import annotations
 
