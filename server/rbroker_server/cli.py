@@ -306,9 +306,6 @@ def quiet_migrations(log_level: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from rbroker_server.app import create_app
-    from rbroker_server.net import parse_networks
-    from rbroker_server.slow_clients import ConnectionGuard, default_protocol, guarded_protocol
     from rbroker_server.startup import check_database, prepare, raise_fd_limit, run
 
     settings = _load(args)
@@ -323,6 +320,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # database, TLS files and address checked before logging starts, so that a failure to
     # start is one line with its exit code (rbroker_server.startup), never a traceback
     revision = check_database(settings)
+    # the web application (Litestar, about 1 s of imports) only once the configuration and
+    # the database are known good: a coordinator that cannot start says so at once
+    from rbroker_server.app import create_app
+    from rbroker_server.net import parse_networks
+    from rbroker_server.slow_clients import ConnectionGuard, default_protocol, guarded_protocol
+
     guard = ConnectionGuard(
         head_timeout_s=settings.head_timeout_s,
         body_timeout_s=settings.body_timeout_s,
@@ -594,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_MISSING_EXTRA
     if not hasattr(args, "data_dir"):
         args.data_dir = default_data_dir()
-    from rbroker_server.admin.operations import AdminError
+    from rbroker_server.admin.errors import AdminError
     from rbroker_server.startup import StartupFailure
 
     try:

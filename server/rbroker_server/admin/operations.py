@@ -12,13 +12,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from rbroker_server.admin.errors import AdminError
 from rbroker_server.credentials import ENROLL_PREFIX, VIEWER_PREFIX, new_credential
 from rbroker_server.db import utcnow
 from rbroker_server.models import Computer, EnrollCode, Group, ViewerToken
-
-
-class AdminError(Exception):
-    """An administrative request that cannot be done (message says why)."""
 
 
 @dataclass(frozen=True, slots=True)
