@@ -272,8 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         (first,) = enroll(engine, 1, 0)
         with httpx.Client(base_url=server.url, timeout=60) as client:
             for seq in (1, 2):
-                report = big_payload(first.name, first.run_id, seq, leases)
-                body = signed_body(first.key, first.id, first.run_id, seq, report)
+                state = big_payload(first.name, first.run_id, seq, leases)
+                body = signed_body(first.key, first.id, first.run_id, seq, state)
                 client.post(
                     "/api/v1/reports", content=body, headers={"content-type": "application/json"}
                 ).raise_for_status()
