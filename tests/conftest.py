@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import textwrap
 import time
@@ -30,6 +31,14 @@ from tests.fakes.gpu_scenarios import gpu, scenario
 from tests.windows.wine import UNDER_WINE
 
 pytest_plugins = ["tests.os_users"]  # the `other_user` fixture (a real second OS account)
+
+# Bytecode is written, whatever PYTHONDONTWRITEBYTECODE says (container images often set it):
+# the suite starts several hundred Python processes (brokers, coordinators, trays, the command
+# line), and without the checkout's __pycache__ (ignored by git) each compiled rbroker's sources
+# again and every xdist worker rewrote every test module's asserts again (about 4 s of CPU per
+# worker). The virtual environment's packages are compiled by `uv sync` (pyproject's [tool.uv]).
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # Every broker the suite starts, in this process or as a child, takes a machine lock named
 # after its socket instead of the computer's one (`rbroker.transport.machine_lock`): the suite
