@@ -15,6 +15,9 @@ MAX_MIB: int = 16 * 1024 * 1024
 """Largest MiB figure accepted anywhere (16 TiB): larger values are absurd, not infeasible."""
 
 Mib = Annotated[int, Field(ge=1, le=MAX_MIB, strict=True)]
+
+MAX_EXPECTED_S: float = 30 * 24 * 3600.0
+"""Longest declared lease duration accepted (`AcquireParams.expected_s`), 30 days."""
 GpuUuid = Annotated[
     str, Field(min_length=4, max_length=96, pattern=r"^(GPU|MIG)-[A-Za-z0-9/._-]+$")
 ]
@@ -60,6 +63,11 @@ class AcquireParams(_Params):
     `event` notifications of kind `waiting` ({request_id, reason, reason_kind, reason_data,
     ahead, waiting_s}) on this connection each time its reason changes, so the caller can say
     what it waits for."""
+    expected_s: Annotated[float, Field(gt=0.0, le=MAX_EXPECTED_S)] | None = None
+    """How long the caller expects to hold the lease, seconds (its declared duration, > 0, at
+    most 30 days): the queue's estimate of when a request waiting behind it fits counts on
+    it ending that long after its grant, and on the history of lifetimes once that is past
+    (`rbroker.broker.eta`). A hint: nothing ends the lease when it runs over."""
 
 
 class AttachParams(_Params):

@@ -8,8 +8,8 @@ from typing import Literal, Required, TypedDict
 
 class AcquireRequest(TypedDict, total=False):
     """`lease.acquire`'s params (rules and defaults: `AcquireParams`). A key left out takes
-    the model's default; `gpu_uuid`, `request_key` and `job_id` are left out rather than
-    sent as null."""
+    the model's default; `gpu_uuid`, `request_key`, `job_id` and `expected_s` are left out
+    rather than sent as null."""
 
     mib: Required[int]
     gpus: int
@@ -24,6 +24,7 @@ class AcquireRequest(TypedDict, total=False):
     request_key: str
     job_id: str
     notify_waiting: bool
+    expected_s: float
 
 
 __all__ = ["AcquireRequest"]

@@ -13,6 +13,7 @@ History:
     2 (2026-11-30): run_counter (the order of a computer's runs).
     3: left_out (per list, how many entries a trimmed report left out).
     4: queue entries' eta_s and eta_reason (when the request will likely be granted).
+    5: leases' expected_s (the holder's declared duration).
 
 Identifiers (GPU UUIDs, lease and job ids, run id) must match `GPU_UUID_PATTERN` or
 `ID_PATTERN`, and state fields are enumerations (`TelemetryStateName`, `LeaseStateName`,
@@ -28,7 +29,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_VERSION: Final = 4
+REPORT_VERSION: Final = 5
 """The payload version this build writes."""
 
 MAX_REPORT_BYTES: Final = 1024 * 1024
@@ -98,6 +99,9 @@ class LeaseReport(_Model):
     observed_mib: dict[_GPU_UUID, _MIB] = Field(default_factory=dict, max_length=64)
     """MiB attributed to the lease's processes, per GPU UUID."""
     over_grant: bool = False
+    expected_s: Annotated[float, Field(gt=0, le=10 * 365 * 86400)] | None = None
+    """How long its holder declared it would hold it, seconds (None: not declared, or a
+    broker before report version 5)."""
 
 
 class QueueEntry(_Model):

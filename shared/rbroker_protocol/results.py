@@ -45,6 +45,9 @@ class LeaseView(TypedDict):
     ended_at: float
     restored: bool
     job_id: str | None
+    expected_s: NotRequired[float | None]
+    """How long its holder declared it would hold it, seconds (`AcquireParams.expected_s`);
+    None when not declared. Absent from older brokers."""
 
 
 class ListedLease(LeaseView):

@@ -152,12 +152,12 @@ class InProcessBroker:
 
     def tick(self, gap_s: float) -> None:
         """What a tick loop turn does after `gap_s` seconds: grace after a stall, reap
-        dead holders, expire."""
+        dead holders, expire, keep the lease lifetimes."""
         now = self.clock.monotonic()
         if gap_s > self.config.stall_threshold_s:
             self.broker._grace(now, gap_s)
         self.broker._reap_dead_holders()
-        self.broker._expire(now)
+        self.broker._tick(now)
         self.spin()
 
     def acquire(

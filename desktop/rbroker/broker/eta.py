@@ -1,16 +1,19 @@
 """When will it fit: an estimate, for each waiting request, of how long until it is granted.
 
 Pure arithmetic over what the broker knows now (`estimate`). Each active lease is expected
-to end after the lifetimes seen for its session (or its project: `rbroker.broker.lifetimes`)
-given how long it has lived: the median of what those lifetimes leave past its age (a lease
-older than every lifetime seen has no expected end). Then the queue is played forward, in
+to end when its holder declared it would (`expected_s` after its grant, `lease.acquire`'s
+declared duration) while that time has not passed; otherwise after the lifetimes seen for
+its session (or its project: `rbroker.broker.lifetimes`) given how long it has lived: the
+median of what those lifetimes leave past its age (a lease older than every lifetime seen
+has no expected end). Then the queue is played forward, in
 the order admission takes it (FIFO, or by shares: `rbroker.broker.shares`): at each
 expected end the memory it holds on its GPUs comes back, and one admission pass runs as
 the broker's does (a request is granted when enough of its candidate GPUs have room, the
 smallest that fits first; one that does not fit holds its GPUs for the requests after
-it). A request granted on the way holds its memory for its own project's median lifetime.
-A request's estimate is the time of the pass that grants it; its reason names the leases
-whose ends it waited for.
+it). A request granted on the way holds its memory for its own declared duration, or its
+project's median lifetime. A request's estimate is the time of the pass that grants it; its
+reason names the leases whose ends it waited for, and whether those ends were declared
+("1 lease of search declared to end by then") or judged from history ("likely ends").
 
 No estimate (`eta_s` None) when admission cannot run (paused, telemetry), when what it
 waits for has no expected end (no lifetime seen yet for that project, or a lease older
@@ -38,21 +41,25 @@ waiting after them get no estimate (bounds the cost of a long queue)."""
 @dataclass(frozen=True, slots=True)
 class Holding:
     """An active lease as the estimate sees it: what its end gives back on each of its GPUs
-    (`frees_mib`: max(granted, observed) MiB), whose it is and how long it has lived
-    (`age_s`; None for a lease restored after a restart)."""
+    (`frees_mib`: max(granted, observed) MiB), whose it is, how long it has lived (`age_s`;
+    None for a lease restored after a restart) and how long until its declared end
+    (`declared_left_s`, seconds: None when its holder declared no duration; 0 or less when
+    that end has passed)."""
 
     gpu_uuids: tuple[str, ...]
     frees_mib: dict[str, int]
     project: str
     session: str
     age_s: float | None
+    declared_left_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Asking:
     """A waiting request: `key` (its request id), `mib` on each of `gpus` GPUs among
-    `candidates`, whose it is, and `stuck`: why admission cannot grant it now whatever
-    the memory (paused, telemetry), or "" when only memory decides."""
+    `candidates`, whose it is, `stuck`: why admission cannot grant it now whatever the
+    memory (paused, telemetry), or "" when only memory decides, and `expected_s`: how long
+    it will hold its grant by its declaration (seconds; None: not declared)."""
 
     key: int
     mib: int
@@ -61,6 +68,7 @@ class Asking:
     project: str
     session: str
     stuck: str = ""
+    expected_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +90,15 @@ def remaining_s(lifetimes: Sequence[float], age_s: float | None) -> float | None
 
 
 History = Callable[[str, str], Sequence[float]]
+
+
+def expected_end_s(lease: Holding, history: History) -> tuple[float | None, bool]:
+    """When `lease` is expected to end, seconds from now, and whether that is its declared
+    end: its declared end while that has not passed, else what its history leaves past its
+    age (`remaining_s`); (None, False) when neither says."""
+    if lease.declared_left_s is not None and lease.declared_left_s > 0:
+        return lease.declared_left_s, True
+    return remaining_s(history(lease.project, lease.session), lease.age_s), False
 
 
 def history_of(lifetimes: Lifetimes) -> History:
@@ -106,15 +123,16 @@ def estimate(
     """
     free = dict(available_mib)
     use = dict(use_mib or {})
-    ends: list[tuple[float, int, Holding]] = []  # (when, tie, lease): a heap
+    # (when, tie, lease, whether that end was declared): a heap
+    ends: list[tuple[float, int, Holding, bool]] = []
     unknown: dict[str, list[str]] = {}  # GPU → projects of leases with no expected end
     for n, lease in enumerate(holdings):
-        left = remaining_s(history(lease.project, lease.session), lease.age_s)
+        left, declared = expected_end_s(lease, history)
         if left is None:
             for u in lease.gpu_uuids:
                 unknown.setdefault(u, []).append(lease.project)
         else:
-            heapq.heappush(ends, (left, n, lease))
+            heapq.heappush(ends, (left, n, lease, declared))
     tie = len(ends) + len(queue)
     out: dict[int, Estimate] = {}
     waiting = [a for a in queue if not a.stuck]
@@ -122,7 +140,8 @@ def estimate(
         if a.stuck:
             out[a.key] = Estimate(None, a.stuck)
     now = 0.0
-    freed_by: dict[str, list[str]] = {}  # GPU → projects of the leases that ended so far
+    # GPU → (project, declared end?) of the leases that ended on it so far
+    freed_by: dict[str, list[tuple[str, bool]]] = {}
     order = shares or Shares()
     passes = 0
     while waiting and passes < MAX_PASSES:
@@ -142,14 +161,16 @@ def estimate(
                 use[a.project] = use.get(a.project, 0) + a.mib * a.gpus
                 out[a.key] = Estimate(now, _because(now, chosen, freed_by))
                 granted.append(a)
-                lifetime = remaining_s(history(a.project, a.session), None)
-                held = Holding(chosen, {u: a.mib for u in chosen}, a.project, a.session, 0.0)
+                held = Holding(
+                    chosen, {u: a.mib for u in chosen}, a.project, a.session, 0.0, a.expected_s
+                )
+                lifetime, declared = expected_end_s(held, history)
                 if lifetime is None:
                     for u in chosen:
                         unknown.setdefault(u, []).append(a.project)
                 else:
                     tie += 1
-                    heapq.heappush(ends, (now + lifetime, tie, held))
+                    heapq.heappush(ends, (now + lifetime, tie, held, declared))
             else:
                 blocked.update(a.candidates)
         if granted:
@@ -159,11 +180,11 @@ def estimate(
             break
         now = ends[0][0]
         while ends and ends[0][0] <= now:
-            _, _, lease = heapq.heappop(ends)
+            _, _, lease, declared = heapq.heappop(ends)
             for u in lease.gpu_uuids:
                 if u in free:
                     free[u] += lease.frees_mib.get(u, 0)
-                freed_by.setdefault(u, []).append(lease.project)
+                freed_by.setdefault(u, []).append((lease.project, declared))
                 use[lease.project] = max(0, use.get(lease.project, 0) - lease.frees_mib.get(u, 0))
     for a in waiting:
         why = "too far down the queue to estimate" if ends else _why_none(a, free, unknown)
@@ -175,17 +196,32 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
-def _because(now: float, chosen: tuple[str, ...], freed_by: dict[str, list[str]]) -> str:
-    """What a grant at `now` waited for: the leases that ended on its GPUs by then."""
+def _because(
+    now: float, chosen: tuple[str, ...], freed_by: dict[str, list[tuple[str, bool]]]
+) -> str:
+    """What a grant at `now` waited for: the leases that ended on its GPUs by then, those
+    whose end was declared first ("1 lease of search declared to end by then and 2 leases
+    of vision likely end by then")."""
     if now <= 0:
         return "it fits now"
-    projects = [p for u in chosen for p in freed_by.get(u, [])]
-    if not projects:
+    ended = [e for u in chosen for e in freed_by.get(u, [])]
+    if not ended:
         return "the requests ahead of it are served by then"
+    declared = [p for p, d in ended if d]
+    judged = [p for p, d in ended if not d]
+    parts = []
+    if declared:
+        parts.append(f"{_leases_of(declared)} declared to end")
+    if judged:
+        parts.append(f"{_leases_of(judged)} likely {'ends' if len(judged) == 1 else 'end'}")
+    return " and ".join(parts) + " by then"
+
+
+def _leases_of(projects: list[str]) -> str:
+    """ "2 leases of a, b": how many leases, of which projects (the first three named)."""
     names = sorted(set(projects))
     shown = ", ".join(names[:3]) + (" …" if len(names) > 3 else "")
-    verb = "ends" if len(projects) == 1 else "end"
-    return f"{_plural(len(projects), 'lease')} of {shown} likely {verb} by then"
+    return f"{_plural(len(projects), 'lease')} of {shown}"
 
 
 def _why_none(a: Asking, free: dict[str, int], unknown: dict[str, list[str]]) -> str:

@@ -74,6 +74,7 @@ class Lease:
     over_mib: int = 0  # MiB over the grant now (the worst GPU), 0 when inside it
     over_noticed: bool = False  # this episode outlasted the grace and was reported
     granted_at: float = -math.inf  # monotonic; a sample that began before it shows no use of it
+    expected_s: float | None = None  # the holder's declared duration (`AcquireParams.expected_s`)
 
     @property
     def gpu_uuid(self) -> str:
@@ -111,6 +112,7 @@ class Lease:
             "ended_at": self.ended_at_wall,
             "restored": self.restored,
             "job_id": self.job_id,
+            "expected_s": self.expected_s,
         }
 
     def to_record(self) -> dict[str, Any]:
@@ -134,6 +136,7 @@ class Lease:
             "admission": self.admission,
             "request_key": self.request_key,
             "job_id": self.job_id,
+            "expected_s": self.expected_s,
             "state": self.state.value,
             "ended_reason": self.ended_reason,
         }
@@ -163,6 +166,7 @@ class Lease:
         )
         lease.request_key = waiter.request_key
         lease.job_id = waiter.job_id
+        lease.expected_s = waiter.expected_s
         return lease
 
     @classmethod
@@ -192,6 +196,7 @@ class Lease:
             request_key=rec.get("request_key", ""),
             restored=True,
             job_id=rec.get("job_id"),
+            expected_s=declared_s(rec.get("expected_s")),
         )
 
 
@@ -233,6 +238,7 @@ class Waiter:
     wait_until_boot: float = 0.0  # `Clock.boottime()` the wait ends at (same boot only)
     reattach_by: float | None = None  # restored after a restart: its client must come back
     resize_of: str | None = None  # the lease whose growth this is (`broker.resize`)
+    expected_s: float | None = None  # its declared duration, once granted (`Lease.expected_s`)
 
     def to_record(self) -> dict[str, Any]:
         """What is persisted of a waiting request (see `store.LeaseStore`)."""
@@ -254,6 +260,7 @@ class Waiter:
             "wait_until_wall": self.wait_until_wall,
             "wait_until_boot": self.wait_until_boot,
             "job_id": self.job_id,
+            "expected_s": self.expected_s,
         }
 
     def to_wire(self, now: float, ahead: int) -> QueuedRequest:
@@ -275,3 +282,9 @@ class Waiter:
             "reason_data": self.reason_data,
             "resize_of": self.resize_of,
         }
+
+
+def declared_s(value: Any) -> float | None:
+    """A declared duration read back from a record: seconds > 0, else None (a record written
+    before durations were declared has none)."""
+    return float(value) if isinstance(value, int | float) and value > 0 else None

@@ -6,7 +6,9 @@ seen last, and the last `per_session` of each of the `sessions` (project, sessio
 seen last (least recently ended dropped first). A lifetime is measured on the monotonic
 clock, grant to end (a lease restored after a restart has no monotonic grant time and is
 not counted). Kept across a broker restart in the store's meta table (`to_json`,
-`from_json`), written when the broker stops.
+`from_json`), written by the broker's tick at most every `LIFETIMES_SAVE_S` seconds when a
+lifetime was recorded since (`recorded` counts them), and when the broker stops: a crash
+loses at most that much history, and no lease cycle writes it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ SESSION_MIN = 3
 """A session's own lifetimes are used once it has this many; its project's before."""
 
 K = TypeVar("K", bound=Hashable)
+
+LIFETIMES_SAVE_S = 30.0
+"""The broker writes the history to its store at most this often (monotonic seconds)."""
 
 STORE_KEY = "lease_lifetimes"
 """The store's meta key that keeps the history (`rbroker.broker.store.LeaseStore.meta`)."""
@@ -43,6 +48,9 @@ class Lifetimes:
         self.projects, self.sessions = projects, sessions
         self._of_project: OrderedDict[str, deque[float]] = OrderedDict()
         self._of_session: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
+        self.recorded = 0
+        """How many lifetimes `record` took so far (the broker writes the history when it
+        moved)."""
 
     def record(self, project: str, session: str, lifetime_s: float) -> None:
         """A lease of `project`/`session` ended after `lifetime_s` seconds (≥ 0)."""
@@ -50,6 +58,7 @@ class Lifetimes:
             return
         _push(self._of_project, project, lifetime_s, self.per_project, self.projects)
         _push(self._of_session, (project, session), lifetime_s, self.per_session, self.sessions)
+        self.recorded += 1
 
     def of(self, project: str, session: str) -> tuple[Sequence[float], str]:
         """The lifetimes to judge a lease of `project`/`session` by, and whose they are

@@ -27,7 +27,7 @@ from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Holder
 from rbroker.broker.jobs import JobTable
-from rbroker.broker.leases import Lease, LeaseState, Waiter
+from rbroker.broker.leases import Lease, LeaseState, Waiter, declared_s
 from rbroker.broker.lessor import Lessor
 from rbroker.broker.store import LeaseStore
 from rbroker.broker.waiting import WaitQueue, new_future
@@ -126,6 +126,7 @@ def restore(
                 wait_until_boot=boot + remaining,
                 reattach_by=now + config.reattach_grace_s,
                 job_id=rec.get("job_id"),
+                expected_s=declared_s(rec.get("expected_s")),
             )
         )
     for slot in lessor.slots.values():

@@ -40,7 +40,7 @@ from rbroker.broker.holders import Holder
 from rbroker.broker.jobs import Job, JobTable
 from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker.broker.lessor import Choice, Lessor
-from rbroker.broker.lifetimes import STORE_KEY, Lifetimes
+from rbroker.broker.lifetimes import LIFETIMES_SAVE_S, STORE_KEY, Lifetimes
 from rbroker.broker.resize import Resizes
 from rbroker.broker.restore import restore
 from rbroker.broker.sampling import GpuSlot, Sampling
@@ -131,6 +131,7 @@ class Broker:
         self.shares = Shares(config.shares)
         self.admission = Admission(self.slots, self.lessor, self.clock, config, self.shares)
         self.lifetimes = Lifetimes.from_json(store.meta(STORE_KEY) if store is not None else None)
+        self._lifetimes_saved = (0, self.clock.monotonic())  # (`recorded`, when) of the last write
         self._estimates: dict[int, Estimate] = {}
         self._estimated_at = -math.inf
         self._estimated_for: tuple[object, ...] = ()
@@ -160,7 +161,7 @@ class Broker:
         """Enumerate GPUs, take a first sample of each, restore the store, start the
         sampler and tick tasks; fail closed (no GPUs, retried) where NVML does not
         initialise. `background=False` (tests that drive the broker step by step) starts no
-        tasks: the caller then calls `_sample_once`, `_admit`, `_expire` and the rest."""
+        tasks: the caller then calls `_sample_once`, `_admit`, `_tick` and the rest."""
         try:
             await self.sampling.enumerate()
         except TelemetryError as exc:
@@ -180,7 +181,7 @@ class Broker:
         for slot in self.slots.values():
             self._spawn(self.sampling.sample_loop(slot))
         self._spawn(
-            tick_loop(self.clock, self.config, self._grace, self._check_holders, self._expire)
+            tick_loop(self.clock, self.config, self._grace, self._check_holders, self._tick)
         )
         if self.nvml_problem is None:
             self._spawn(self.sampling.enumerate_loop(self._spawn))
@@ -644,6 +645,23 @@ class Broker:
             self._end(lease, LeaseState.HOLDER_EXITED, "the holder process exited")
         self.waiting.reap(is_alive)
 
+    def _tick(self, now: float) -> None:
+        """The tick's turn (`ticks.tick_loop`): expiry, then the lifetimes kept."""
+        self._expire(now)
+        self._keep_lifetimes(now)
+
+    def _keep_lifetimes(self, now: float) -> None:
+        """Write the lease lifetimes to the store when one was recorded since the last write
+        and `LIFETIMES_SAVE_S` have passed since it (one statement, off the lease cycle: a
+        crash loses at most that much history)."""
+        recorded, saved_at = self._lifetimes_saved
+        if self.store is None or self.lifetimes.recorded == recorded:
+            return
+        if now - saved_at < LIFETIMES_SAVE_S:
+            return
+        self.store.set_meta(STORE_KEY, self.lifetimes.to_json())
+        self._lifetimes_saved = (self.lifetimes.recorded, now)
+
     def _expire(self, now: float) -> None:
         for lease in self.lessor.overdue(now):
             self._end(lease, LeaseState.EXPIRED, f"no heartbeat for {lease.ttl_s:g} s")
@@ -823,6 +841,7 @@ class Broker:
             cap = self.lessor.capacity(uuid)
             if cap is not None:
                 available[uuid] = cap.available_mib
+        wall = self.clock.wall()
         holdings = [
             Holding(
                 lease.gpu_uuids,
@@ -830,6 +849,7 @@ class Broker:
                 lease.project,
                 lease.session,
                 None if lease.granted_at == -math.inf else now - lease.granted_at,
+                _declared_left_s(lease, now, wall),
             )
             for lease in self.leases.values()
         ]
@@ -844,6 +864,7 @@ class Broker:
                 "admissions are paused"
                 if self.paused
                 else ("GPU telemetry is unavailable" if w.reason_kind == "telemetry" else ""),
+                w.expected_s,
             )
             for w in self.queue
         ]
@@ -912,6 +933,17 @@ class Broker:
         if self.shares.enabled:
             status["shares"] = self.shares_view()
         return status
+
+
+def _declared_left_s(lease: Lease, now: float, wall: float) -> float | None:
+    """Seconds until `lease`'s declared end (`Lease.expected_s` after its grant), from `now`
+    on the monotonic clock; for a lease restored after a restart, whose monotonic grant time
+    is unknown, from `wall` and its grant's wall time. None when no duration was declared."""
+    if lease.expected_s is None:
+        return None
+    if lease.granted_at > -math.inf:
+        return lease.granted_at + lease.expected_s - now
+    return lease.granted_at_wall + lease.expected_s - wall
 
 
 def _event_loop() -> str | None:

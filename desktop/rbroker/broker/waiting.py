@@ -96,6 +96,7 @@ class WaitQueue:
             wait_until_wall=wall + params.wait_s,
             wait_until_boot=boot + params.wait_s,
             job_id=params.job_id,
+            expected_s=params.expected_s,
         )
 
     def add(self, waiter: Waiter) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rbroker.broker.eta import NO_HISTORY, Asking, Holding, estimate, remaining_s
-from rbroker.broker.lifetimes import Lifetimes
+from rbroker.broker.lifetimes import LIFETIMES_SAVE_S, Lifetimes
 from rbroker.broker.shares import Shares
 from tests.conftest import GPU0, SINGLE_24G
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
@@ -66,6 +66,28 @@ def test_no_estimate_says_why() -> None:
     assert out[4].reason == "admissions are paused"
     assert "memory used outside rbroker's leases" in out[5].reason
     assert estimate({}, [], [ask(6, 1)], history({}))[6].reason.startswith("no GPU")
+
+
+def test_a_declared_end_is_used_until_it_passes_and_the_reason_says_which() -> None:
+    declared = Holding((A,), {A: 6000}, "search", "s", 10.0, declared_left_s=20.0)
+    judged = Holding((A,), {A: 6000}, "vision", "s", 10.0)
+    table = history({"search": [300.0], "vision": [50.0], "p": [1000.0]})
+    got = estimate({A: 0}, [declared], [ask(1, 6000)], table)
+    assert got[1].eta_s == 20.0  # not the 290 s its history would leave
+    assert got[1].reason == "1 lease of search declared to end by then"
+    passed = Holding((A,), {A: 6000}, "search", "s", 100.0, declared_left_s=-5.0)
+    got = estimate({A: 0}, [passed], [ask(1, 6000)], table)
+    assert got[1].eta_s == 200.0 and got[1].reason == "1 lease of search likely ends by then"
+    both = estimate({A: 0}, [declared, judged], [ask(1, 12000)], table)
+    assert both[1].eta_s == 40.0
+    assert both[1].reason == (
+        "1 lease of search declared to end and 1 lease of vision likely ends by then"
+    )
+    # a request granted on the way holds its grant for its own declared duration
+    queue = [Asking(1, 6000, 1, (A,), "p", "s", expected_s=15.0), ask(2, 6000)]
+    got = estimate({A: 0}, [declared], queue, table)
+    assert (got[1].eta_s, got[2].eta_s) == (20.0, 35.0)
+    assert got[2].reason == "2 leases of p, search declared to end by then"
 
 
 def test_a_multi_gpu_request_waits_for_room_on_enough_gpus() -> None:
@@ -146,6 +168,53 @@ def test_the_queue_tells_when_from_the_lifetimes_seen(
     assert list(h.broker.lifetimes.of("vision", "in-process")[0]) == pytest.approx([600.0] * 3)
     h.restart()  # a crash keeps what the last stop wrote
     assert len(h.broker.lifetimes.of("vision", "in-process")[0]) == 3
+
+
+def test_the_queue_tells_when_from_a_declared_duration_then_from_history(
+    hs: InProcessBroker, pool: SleeperPool
+) -> None:
+    h = hs
+    for _ in range(3):  # three leases of vision lived 600 s each
+        lid = hold(h, pool, 20000, project="vision")
+        h.clock.advance(600)
+        h.broker.release(lid, "tester")
+        h.sample()
+    hold(h, pool, 20000, project="vision", expected_s=120, ttl_s=3600)
+    assert h.broker.leases_view()["leases"][0]["expected_s"] == 120
+    h.clock.advance(100)
+    h.acquire(pool.spawn()[1], mib=8000, wait_s=3600, project="nlp", request_key="k1")
+    entry = h.broker.leases_view()["queue"][0]
+    assert entry["eta_s"] == pytest.approx(20, abs=1)
+    assert entry["eta_reason"] == "1 lease of vision declared to end by then"
+    h.clock.advance(10)
+    h.tick(0.5)  # the tick keeps the lifetimes seen
+    h.restart()  # a crash: the restored lease keeps its declaration (its end by wall time)
+    assert [x["expected_s"] for x in h.broker.leases_view()["leases"]] == [120]
+    entry = h.broker.leases_view()["queue"][0]
+    assert entry["eta_s"] == pytest.approx(10, abs=1)
+    assert entry["eta_reason"] == "1 lease of vision declared to end by then"
+    h.clock.advance(50)  # past its declared end: what vision's leases lived decides
+    entry = h.broker.leases_view()["queue"][0]
+    assert entry["eta_s"] == pytest.approx(600, abs=1)  # restored: its age is unknown
+    assert entry["eta_reason"] == "1 lease of vision likely ends by then"
+
+
+def test_the_lifetimes_are_kept_by_the_tick_without_a_clean_stop(
+    hs: InProcessBroker, pool: SleeperPool
+) -> None:
+    h = hs
+    lid = hold(h, pool, 1000, project="vision")
+    h.clock.advance(LIFETIMES_SAVE_S + 1)
+    h.broker.release(lid, "tester")
+    h.sample()
+    h.tick(0.5)  # a lifetime recorded, LIFETIMES_SAVE_S since the start: written
+    lid = hold(h, pool, 1000, project="vision")
+    h.clock.advance(5)
+    h.broker.release(lid, "tester")
+    h.tick(0.5)  # within LIFETIMES_SAVE_S of the last write: not yet
+    h.restart()  # a crash: no stop wrote anything
+    kept = h.broker.lifetimes.of("vision", "in-process")[0]
+    assert list(kept) == pytest.approx([LIFETIMES_SAVE_S + 1])
 
 
 def test_a_request_behind_leases_of_an_unseen_project_says_so(
