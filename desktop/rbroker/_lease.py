@@ -290,6 +290,7 @@ def _acquire(
     socket: str | None,
     job_id: str | None = None,
     on_wait: Callable[[dict[str, Any]], None] | None = None,
+    expected_s: float | None = None,
 ) -> _Holder:
     client = Client(socket)
     socket = client.address  # the broker found holds the lease: reconnect to it, no other
@@ -307,6 +308,8 @@ def _acquire(
         params["gpu_uuid"] = gpu_uuid
     if job_id is not None:
         params["job_id"] = job_id
+    if expected_s is not None:
+        params["expected_s"] = expected_s
     done = threading.Event()
     watcher = None
     if on_wait is not None and wait_s > 0:
@@ -403,6 +406,7 @@ def lease(
     adopt: bool = False,
     socket: str | None = None,
     on_wait: Callable[[dict[str, Any]], None] | None = None,
+    expected_s: float | None = None,
 ) -> Iterator[Lease]:
     """Hold `mib` MiB on `gpus` GPU(s) for the `with` block.
 
@@ -411,7 +415,13 @@ def lease(
     exceptions; a crash or kill frees it through the closed connection). While the request
     waits in the queue, `on_wait` (optional) is called from a helper thread with the queue
     entry each time its reason changes: `{"reason": "waiting: GPU-3f2a… has 6 144 MiB
-    available …", "reason_kind", "reason_data", "ahead", "waiting_s", "request_id", ...}`.
+    available …", "reason_kind", "reason_data", "ahead", "waiting_s", "request_id", "eta_s",
+    "eta_reason", ...}`.
+
+    `expected_s` (optional, seconds, > 0, at most 30 days) declares how long the block will
+    likely hold the lease: requests waiting behind it are told they will likely fit when it
+    ends ("1 lease of nlp declared to end by then") rather than judged from how long earlier
+    leases lived. A hint only: nothing ends the lease when the block runs longer.
 
     The descriptions default as in `rbroker run`: `project="default"`, `session` the
     program's name (`program_name()`), `purpose="run <program name>"`.
@@ -438,6 +448,7 @@ def lease(
         adopt,
         socket,
         on_wait=on_wait,
+        expected_s=expected_s,
     )
     try:
         yield holder.lease
@@ -459,6 +470,7 @@ async def alease(
     ttl_s: float = 30.0,
     adopt: bool = False,
     socket: str | None = None,
+    expected_s: float | None = None,
 ) -> AsyncIterator[Lease]:
     """`async with rbroker.alease(...)`: `lease()` for asyncio code.
 
@@ -467,8 +479,10 @@ async def alease(
     """
     project, session, purpose = _descriptions(project, session, purpose)
     holder = await asyncio.to_thread(
-        _acquire, mib, project, session, purpose, wait_s, gpus, gpu_uuid, ttl_s, adopt, socket
-    )
+        _acquire,
+        mib, project, session, purpose, wait_s, gpus, gpu_uuid, ttl_s, adopt, socket,
+        expected_s=expected_s,
+    )  # fmt: skip
     try:
         yield holder.lease
     finally:

@@ -226,6 +226,14 @@ def build_parser() -> argparse.ArgumentParser:
         "it (default 30)",
     )
     r.add_argument(
+        "--expected",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long the command will likely run: requests waiting behind its lease are told "
+        "they will likely fit when it ends (a hint: nothing stops the command)",
+    )
+    r.add_argument(
         "--cuda-devices",
         choices=("auto", "index", "uuid"),
         default="auto",

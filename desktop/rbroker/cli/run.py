@@ -62,6 +62,7 @@ FLAGS = {
     "purpose": "--purpose",
     "wait_s": "--wait",
     "ttl_s": "--ttl",
+    "expected_s": "--expected",
 }
 """Local API parameter → the `rbroker run` flag that sets it."""
 
@@ -76,7 +77,7 @@ def flag_error(exc: ValidationError) -> str:
     kind = err["type"]
     bound_value = ctx.get("ge", ctx.get("gt", ctx.get("le", ctx.get("lt"))))
     unit = ""
-    if field in ("wait_s", "ttl_s"):
+    if field in ("wait_s", "ttl_s", "expected_s"):
         unit = " second" if bound_value == 1 else " seconds"
     if kind in ("greater_than_equal", "greater_than"):
         bound = ctx.get("ge", ctx.get("gt"))
@@ -101,6 +102,8 @@ def flag_error(exc: ValidationError) -> str:
 
 
 def _n(bound: object) -> str:
+    if isinstance(bound, float) and bound.is_integer():
+        bound = int(bound)  # 2 592 000 seconds, not 2.592e+06
     return fmt_mib(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
@@ -225,6 +228,7 @@ def run_command(args: argparse.Namespace) -> int:
         )
         return EX_USAGE
     program = os.path.basename(cmd[0]) or "command"
+    expected_s: float | None = getattr(args, "expected", None)
     request = {
         "mib": args.mib,
         "project": args.project,
@@ -234,6 +238,7 @@ def run_command(args: argparse.Namespace) -> int:
         "gpus": args.gpus,
         "gpu_uuid": args.gpu_uuid,
         "ttl_s": args.ttl,
+        "expected_s": expected_s,
     }
     try:
         AcquireParams.model_validate(request)
@@ -253,6 +258,7 @@ def run_command(args: argparse.Namespace) -> int:
             ttl_s=args.ttl,
             socket=args.socket,
             on_wait=display.show,
+            expected_s=expected_s,
         )
         lease = ctx.__enter__()
     except rbroker.BrokerUnavailable as exc:

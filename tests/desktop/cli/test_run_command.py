@@ -206,6 +206,19 @@ def test_bad_flags_are_named_in_the_users_words(
         assert c.leases()["leases"] == []
 
 
+def test_a_bad_expected_duration_is_named_by_its_flag() -> None:
+    from pydantic import ValidationError
+
+    from rbroker.cli.run import flag_error
+    from rbroker_protocol.localapi import AcquireParams
+
+    base = {"mib": 64, "project": "p", "session": "s", "purpose": "x"}
+    for value, message in ((0, "more than 0 seconds"), (31 * 86400, "at most 2 592 000 seconds")):
+        with pytest.raises(ValidationError) as caught:
+            AcquireParams.model_validate({**base, "expected_s": value})
+        assert flag_error(caught.value) == f"--expected must be {message}"
+
+
 def test_every_flag_has_help_and_the_default_is_not_to_wait() -> None:
     from rbroker.cli.main import build_parser
 

@@ -149,6 +149,17 @@ def test_out_of_range_mib(conn: RawConnection, mib: int, bound: str) -> None:
     assert "mib" in err["message"] and bound in err["message"], err["message"]
 
 
+@pytest.mark.parametrize(
+    ("expected_s", "bound"),
+    [(0, "greater than 0"), (-60, "greater than 0"), (31 * 86400, "2592000"), ("1h", "number")],
+    ids=["zero", "negative", "over-30-days", "string"],
+)
+def test_bad_declared_duration(conn: RawConnection, expected_s: Any, bound: str) -> None:
+    err = _error(_acquire(conn, expected_s=expected_s), ErrorCode.INVALID_PARAMS)
+    assert err["message"].startswith("invalid params: expected_s: "), err["message"]
+    assert bound in err["message"] and err["data"]["fields"] == ["expected_s"]
+
+
 def test_larger_than_any_gpu_is_infeasible(conn: RawConnection) -> None:
     err = _error(_acquire(conn, mib=MAX_MIB), ErrorCode.INFEASIBLE)
     assert err["data"]["usable_mib"] == 24576 - 1229

@@ -31,13 +31,14 @@ def _try_lease(socket: str, mib: int, **kw: Any) -> None:
 
 
 def test_lease_fields(broker: BrokerProcess) -> None:
-    with _lease(broker.socket, 2048) as lease:
+    with _lease(broker.socket, 2048, expected_s=90) as lease:
         assert lease.gpu_uuid == GPU0
         assert lease.gpu_uuids == [GPU0]
         assert lease.cuda_visible_devices == GPU0
         assert lease.granted_mib == 2048
         assert lease.lease_id.startswith("lease-")
         assert lease.info["state"] == "active"
+        assert lease.info["expected_s"] == 90  # its declared duration
         assert lease.token and lease.token not in repr(lease)
 
 
@@ -101,12 +102,19 @@ def test_a_lease_ended_elsewhere_is_reported_lost(broker: BrokerProcess) -> None
 def test_alease_heartbeats_while_the_event_loop_is_blocked(broker: BrokerProcess) -> None:
     async def main() -> str:
         async with rbroker.alease(
-            1024, project=PROJECT, session=SESSION, purpose=PURPOSE, ttl_s=1.5, socket=broker.socket
+            1024,
+            project=PROJECT,
+            session=SESSION,
+            purpose=PURPOSE,
+            ttl_s=1.5,
+            socket=broker.socket,
+            expected_s=60,
         ) as lease:
             time.sleep(3.0)  # a blocked loop: heartbeats run on their own thread
             lease.check()
             with broker.client() as c:
-                assert [x["lease_id"] for x in c.leases()["leases"]] == [lease.lease_id]
+                held = c.leases()["leases"]
+                assert [(x["lease_id"], x["expected_s"]) for x in held] == [(lease.lease_id, 60)]
             return lease.lease_id
 
     lease_id = asyncio.run(main())
