@@ -15,6 +15,7 @@ the order is the arrival order (`Shares.enabled` is False).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
@@ -63,19 +64,37 @@ class Shares:
     def turns(self, waiting: Sequence[T], use_mib: MutableMapping[str, int]) -> Iterator[T]:
         """`waiting` (in arrival order) in the order of the module docstring, reading
         `use_mib` (project → granted MiB now) at every step: the caller adds a grant's MiB
-        to it before asking for the next request. FIFO when no share is set."""
+        to it (the project just taken) before asking for the next request. FIFO when no
+        share is set.
+
+        The projects wait in a heap by (use / weight, arrival of their first request): a
+        pass over N requests of P projects costs O(N log P), where choosing the lowest
+        project afresh for each request cost O(N × P) (a queue of 1 024 requests of
+        different projects, one user's cap, took 0.15 s a pass and the estimate's passes
+        tens of seconds). An entry whose project's use changed since it was pushed takes
+        its place again by the use now."""
         if not self.enabled:
             yield from waiting
             return
-        heads: dict[str, deque[tuple[int, T]]] = {}
+        lines: dict[str, deque[tuple[int, T]]] = {}
         for i, item in enumerate(waiting):
-            heads.setdefault(item.project, deque()).append((i, item))
-        while heads:
-            project = min(heads, key=lambda p: (use_mib.get(p, 0) / self.weight(p), heads[p][0][0]))
-            line = heads[project]
+            lines.setdefault(item.project, deque()).append((i, item))
+        heap = [(self._load(p, use_mib), line[0][0], p) for p, line in lines.items()]
+        heapq.heapify(heap)
+        while heap:
+            load, first, project = heapq.heappop(heap)
+            now_load = self._load(project, use_mib)
+            if now_load != load:
+                heapq.heappush(heap, (now_load, first, project))
+                continue
+            line = lines[project]
             yield line.popleft()[1]
-            if not line:
-                del heads[project]
+            if line:
+                heapq.heappush(heap, (self._load(project, use_mib), line[0][0], project))
+
+    def _load(self, project: str, use_mib: Mapping[str, int]) -> float:
+        """`project`'s granted MiB now against its weight (lower goes first)."""
+        return use_mib.get(project, 0) / self.weight(project)
 
     def order(self, waiting: Sequence[T], use_mib: Mapping[str, int]) -> list[T]:
         """`waiting` in the order a pass would take them if nothing were granted (the

@@ -48,6 +48,58 @@ def test_turns_serve_the_project_using_least_against_its_weight_fifo_within() ->
     assert Shares({"*": 2}).weight("x") == 2 and Shares({"a": 1}).weight("x") == 1
 
 
+def _reference_turns(shares: Shares, queue: list[Req], use: dict[str, int]) -> Iterator[Req]:
+    """The rule of `Shares.turns` as written in its docstring, choosing afresh each time."""
+    left = list(enumerate(queue))
+    while left:
+        _, first = min(
+            left, key=lambda t: (use.get(t[1].project, 0) / shares.weight(t[1].project), t[0])
+        )
+        left = [t for t in left if t[1] is not first]
+        yield first
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from("abcde"), max_size=30),
+    st.dictionaries(st.sampled_from("abcde*"), st.integers(1, 4), max_size=4),
+    st.dictionaries(st.sampled_from("abcde"), st.integers(0, 30_000), max_size=5),
+    st.lists(st.integers(0, 9_000), min_size=30, max_size=30),
+)
+def test_turns_take_the_order_their_rule_says_while_grants_raise_the_use(
+    projects: list[str], weights: dict[str, int], use: dict[str, int], grants: list[int]
+) -> None:
+    shares = Shares(weights or {"*": 1})
+    queue = [Req(p) for p in projects]
+    orders = []
+    for turns in (shares.turns, lambda q, u: _reference_turns(shares, q, u)):
+        now = dict(use)
+        taken = []
+        for n, item in enumerate(turns(queue, now)):
+            taken.append(next(i for i, q in enumerate(queue) if q is item))
+            now[item.project] = now.get(item.project, 0) + grants[n]  # 0: not granted
+        orders.append(taken)
+    assert orders[0] == orders[1]
+    assert sorted(orders[0]) == list(range(len(queue)))
+
+
+class _CountingUse(dict[str, int]):
+    reads = 0
+
+    def get(self, key, default=None):  # type: ignore[no-untyped-def,override]
+        self.reads += 1
+        return super().get(key, default)
+
+
+def test_a_pass_over_many_projects_reads_each_use_a_bounded_number_of_times() -> None:
+    # one user may keep 1 024 requests waiting, each of its own project: choosing the
+    # lowest project afresh for each request read every project's use each time (N × P)
+    queue = [Req(f"p{i}") for i in range(400)]
+    use = _CountingUse()
+    assert len(list(Shares({"*": 1}).turns(queue, use))) == 400
+    assert use.reads <= 3 * len(queue)
+
+
 @pytest.mark.parametrize("weights", [{"a": 0}, {"a": -1}, {"a": float("inf")}, {"a": "x"}, {"": 1}])
 def test_a_bad_weight_is_refused_with_its_name(weights: dict[str, object], tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=r"\[shares\]"):
