@@ -25,13 +25,23 @@ from __future__ import annotations
 
 import heapq
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rbroker.broker.lifetimes import Lifetimes
 from rbroker.broker.shares import Shares
 
 NO_HISTORY = "the leases ahead have no declared or observed duration yet"
+
+RETELL_FRACTION = 0.2
+RETELL_MAX_S = 30.0
+RETELL_MIN_S = 1.0
+RETELL_EVERY_S = 1.0
+"""A waiter told an estimate is told again (`retell`) when the time it names moves by more
+than `RETELL_FRACTION` of the wait told or `RETELL_MAX_S`, whichever is less (at least
+`RETELL_MIN_S`), at most once every `RETELL_EVERY_S` of its wait (the broker's default
+sample interval: its estimates move no faster)."""
 
 MAX_PASSES = 256
 """The most admission passes one estimate plays (one per expected end); requests still
@@ -238,3 +248,24 @@ def _why_none(a: Asking, free: dict[str, int], unknown: dict[str, list[str]]) ->
         "it does not fit even after every lease ends: memory used outside rbroker's "
         "leases would have to be freed"
     )
+
+
+def retell(told: Mapping[str, Any] | None, entry: Mapping[str, Any]) -> bool:
+    """Whether a waiter last told its queue entry `told` (None: nothing yet) should be told
+    `entry`, its queue entry now (`reason`, `waiting_s`, `eta_s`, `eta_reason`): at once when
+    its reason changed; for its estimate, when one appeared or went away, its `eta_reason`
+    changed, or the grant time it names (waiting_s + eta_s, on the request's own clock)
+    moved by more than the bound of `RETELL_FRACTION`, never within `RETELL_EVERY_S` of
+    the last."""
+    if told is None or entry["reason"] != told["reason"]:
+        return True
+    told_wait_s, wait_s = float(told["waiting_s"]), float(entry["waiting_s"])
+    if wait_s - told_wait_s < RETELL_EVERY_S:
+        return False
+    if entry.get("eta_reason") != told.get("eta_reason"):
+        return True
+    told_eta_s, eta_s = told.get("eta_s"), entry.get("eta_s")
+    if told_eta_s is None or eta_s is None:
+        return (told_eta_s is None) != (eta_s is None)
+    moved_s = abs((wait_s + float(eta_s)) - (told_wait_s + float(told_eta_s)))
+    return moved_s > max(RETELL_MIN_S, min(RETELL_MAX_S, RETELL_FRACTION * float(told_eta_s)))

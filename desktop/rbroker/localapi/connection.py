@@ -14,12 +14,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, cast
 
+from rbroker.broker.eta import retell
 from rbroker.broker.holders import Holder
 from rbroker.broker.launchers import interpreter_of, snapshot_around
 from rbroker.broker.service import Broker
 from rbroker.transport.base import Peer, PeerOf
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
+from rbroker_protocol.results import QueuedRequest
 
 log = logging.getLogger(__name__)
 
@@ -548,14 +550,15 @@ class PerUserLimit:
 
 async def tell_waiting(conn: Connection, broker: Broker, request_key: str) -> None:
     """Send `conn` an `event` notification of kind `waiting` (the queue entry: request_id,
-    reason, reason_kind, reason_data, ahead, waiting_s) each time the reason of its queued
-    request `request_key` changes, checked every `WAITING_POLL_S`; runs until cancelled
-    (when the `lease.acquire` ends) or the connection closes."""
-    last = None
+    reason, reason_kind, reason_data, ahead, waiting_s, eta_s, eta_reason) each time the
+    reason of its queued request `request_key` changes or its estimate moves (`retell`),
+    checked every `WAITING_POLL_S`; runs until cancelled (when the `lease.acquire` ends) or
+    the connection closes."""
+    told: QueuedRequest | None = None  # the entry last sent
     while not conn.closed:
         data = broker.waiting_entry(request_key, conn.id)
-        if data is not None and data["reason"] != last:
-            last = data["reason"]
+        if data is not None and retell(told, data):
+            told = data
             event = {"kind": "waiting", "data": data}
             await conn.send({"jsonrpc": "2.0", "method": "event", "params": event})
         await asyncio.sleep(WAITING_POLL_S)

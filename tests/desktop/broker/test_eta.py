@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rbroker.broker.eta import NO_HISTORY, Asking, Holding, estimate, remaining_s
+from rbroker.broker.eta import NO_HISTORY, Asking, Holding, estimate, remaining_s, retell
 from rbroker.broker.lifetimes import LIFETIMES_SAVE_S, Lifetimes
 from rbroker.broker.shares import Shares
 from tests.conftest import GPU0, SINGLE_24G
@@ -88,6 +88,25 @@ def test_a_declared_end_is_used_until_it_passes_and_the_reason_says_which() -> N
     got = estimate({A: 0}, [declared], queue, table)
     assert (got[1].eta_s, got[2].eta_s) == (20.0, 35.0)
     assert got[2].reason == "2 leases of p, search declared to end by then"
+
+
+def test_a_waiter_is_told_again_when_its_estimate_moves_not_as_it_counts_down() -> None:
+    def entry(
+        wait_s: float, eta_s: float | None, reason: str = "waiting", why: str = "x"
+    ) -> dict[str, object]:
+        return {"reason": reason, "waiting_s": wait_s, "eta_s": eta_s, "eta_reason": why}
+
+    told = entry(0.0, 100.0)
+    assert retell(None, told)
+    assert not retell(told, entry(10.0, 90.0))  # counting down: the same grant time
+    assert not retell(told, entry(10.0, 105.0))  # 15 s later: within 20 % of 100 s
+    assert retell(told, entry(10.0, 111.0))  # 21 s later
+    assert not retell(told, entry(0.5, 300.0))  # within a second of the last: not yet
+    assert retell(told, entry(0.5, 100.0, reason="paused"))  # a new reason: at once
+    assert retell(entry(0.0, 3600.0), entry(10.0, 3621.0))  # 31 s: over 30 s
+    assert not retell(entry(0.0, 3.0), entry(1.0, 2.5))  # 0.5 s: under a second
+    assert retell(told, entry(2.0, None)) and retell(entry(0.0, None), entry(2.0, 50.0))
+    assert retell(told, entry(2.0, 98.0, why="declared"))
 
 
 def test_a_multi_gpu_request_waits_for_room_on_enough_gpus() -> None:
