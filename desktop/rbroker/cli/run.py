@@ -47,6 +47,7 @@ from rbroker._frameworks import (
 )
 from rbroker._lease import LEASE_LOST
 from rbroker.display import fmt_mib
+from rbroker_protocol.eta import eta_words
 from rbroker_protocol.localapi import AcquireParams
 
 EX_USAGE = 2
@@ -109,8 +110,8 @@ def _n(bound: object) -> str:
 
 class WaitDisplay:
     """Says on stderr what `rbroker run` waits for: a spinner line updated in place in a
-    terminal, one line per change of reason otherwise. Thread-safe (`show` is called from
-    the SDK's helper thread)."""
+    terminal, one line per change of reason or estimate otherwise. Thread-safe (`show` is
+    called from the SDK's helper thread)."""
 
     def __init__(self, console: Console, mib: int, wait_s: float) -> None:
         self.console = console
@@ -120,10 +121,13 @@ class WaitDisplay:
         self.closed = False
 
     def show(self, entry: dict[str, Any]) -> None:
-        """One queue entry (`waiting` event data) → the current line."""
+        """One queue entry (`waiting` event data) → the current line: its reason, and when it
+        will likely fit where the broker estimates it (sent again when the estimate moves)."""
         reason = str(entry.get("reason", "")).removeprefix("waiting: ")
         ahead = int(entry.get("ahead") or 0)
         line = f"{self.head}: {reason}" + (f" ({ahead} ahead)" if ahead else "")
+        if entry.get("eta_s") is not None:  # "; likely in ~40 s (because …)"
+            line += f"; {eta_words(entry)}"
         with self.lock:
             if self.closed:
                 return

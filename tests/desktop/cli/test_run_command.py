@@ -219,6 +219,27 @@ def test_a_bad_expected_duration_is_named_by_its_flag() -> None:
         assert flag_error(caught.value) == f"--expected must be {message}"
 
 
+def test_the_wait_line_says_when_it_will_likely_fit() -> None:
+    import io
+
+    from rich.console import Console
+
+    from rbroker.cli.run import WaitDisplay
+
+    out = io.StringIO()
+    display = WaitDisplay(Console(file=out, force_terminal=False, width=300), 8192, 30)
+    entry = {"reason": "waiting: GPU 0 has 3 347 MiB available", "ahead": 1, "eta_s": None}
+    display.show({**entry, "eta_reason": "the leases ahead have no declared … duration yet"})
+    display.show(
+        {**entry, "eta_s": 40.0, "eta_reason": "1 lease of vision declared to end by then"}
+    )
+    first, second = out.getvalue().splitlines()
+    assert first == (
+        "rbroker run: waiting up to 30 s for 8 192 MiB: GPU 0 has 3 347 MiB available (1 ahead)"
+    )
+    assert second == first + "; likely in ~40 s (because 1 lease of vision declared to end by then)"
+
+
 def test_every_flag_has_help_and_the_default_is_not_to_wait() -> None:
     from rbroker.cli.main import build_parser
 
