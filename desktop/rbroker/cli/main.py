@@ -301,7 +301,6 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument(
         "--gpus",
         type=_room_gpus,
-        default=1,
         metavar="K",
         help="with --room: on K GPUs of one computer (default 1)",
     )

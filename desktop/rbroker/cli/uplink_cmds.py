@@ -11,6 +11,7 @@ from rich.console import Console
 
 from rbroker.cli.views import fleet_view, print_view, room_view
 from rbroker.client.paths import default_data_dir
+from rbroker_protocol.startup import EXIT_USAGE
 
 
 def run_enroll(args: argparse.Namespace) -> int:
@@ -55,14 +56,21 @@ def run_enroll(args: argparse.Namespace) -> int:
 
 def run_fleet(args: argparse.Namespace) -> int:
     """Print the fleet, or with `--room N` where in it N MiB fit; exit 0, or 1 with the
-    reason (with `--room`: also when no computer has the room, a line saying so)."""
+    reason (with `--room`: also when no computer has the room, a line saying so); 2
+    (`EXIT_USAGE`) for `--gpus` without `--room`."""
     from rbroker.uplink.fleet import FleetError, fetch_fleet, fetch_room
 
+    if args.gpus is not None and args.room is None:  # else the whole fleet, --gpus unread
+        Console(stderr=True).print(
+            "[red]rbroker fleet:[/] --gpus K needs --room MIB (the MiB to find on each of K GPUs)",
+            soft_wrap=True,
+        )
+        return EXIT_USAGE
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     auth = {"url": args.url, "token": args.token, "ca_file": args.ca_file}
     try:
         if args.room is not None:
-            answer = fetch_room(data_dir, args.room, args.gpus, **auth)
+            answer = fetch_room(data_dir, args.room, args.gpus or 1, **auth)
         else:
             answer = fetch_fleet(data_dir, **auth)
     except FleetError as exc:

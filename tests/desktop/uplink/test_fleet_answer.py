@@ -114,3 +114,7 @@ def test_room_answers_as_sent_and_the_cli_prints_it_or_says_none_fits(
             main([*fleet, "--room", bad])
         assert usage.value.code == 2
     assert "must be a whole number of MiB from 1 to 1099511627776" in capsys.readouterr().err
+    asked = len(coordinator.arrivals)
+    assert main([*fleet, "--gpus", "2"]) == 2  # not the whole fleet, --gpus unread
+    assert "--gpus K needs --room MIB" in capsys.readouterr().err
+    assert len(coordinator.arrivals) == asked
