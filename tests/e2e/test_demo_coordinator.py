@@ -62,6 +62,9 @@ def test_demo_reports_what_the_coordinator_saw() -> None:
     # a waiting request is told when, not only why: its estimate and how close it came
     told = re.search(r"broker said likely in ~(\d+) s; it came ([\d.]+) s later", out)
     assert told, out
+    # from the durations its workers declared (nothing is put in the broker's store first)
+    assert "the queue's estimates come from the holders' declared durations" in out, out
+    assert re.search(r"likely in ~\d+ s \(because \d+ leases? of .* declared to end", out), out
     # the embedded coordinator ended with the demo
     with pytest.raises(httpx.HTTPError):
         httpx.get(url + "/healthz", timeout=2)

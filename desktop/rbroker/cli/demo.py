@@ -151,7 +151,6 @@ def run_demo(args: argparse.Namespace) -> int:
                 state.simulated = args.simulate or not real_nvml_available()
                 coordinator = _start_coordinator(ticker, root, procs, state)
                 ticker.step("Starting the broker…")
-                _seed_lifetimes(root / "data", pace)
                 cmd = broker_command(sock, root / "data", scenario if state.simulated else None)
                 broker = procs.spawn(cmd, stdout=broker_log)
                 client = _connect(sock, broker, root)
@@ -170,8 +169,8 @@ def run_demo(args: argparse.Namespace) -> int:
                     gpus = client.gpus()
                     state.log(f"broker up: {len(gpus)} GPUs, {src}")
                     state.log(
-                        "the broker knows how long these projects' leases lived in an earlier "
-                        "run (as a broker that ran before does): its queue can say when"
+                        "each worker declares how long it will hold its lease (its plan): the "
+                        "queue's estimates come from the holders' declared durations"
                     )
                     if not state.simulated:
                         usable = min(g.get("total_mib", 0) - g.get("headroom_mib", 0) for g in gpus)
@@ -406,26 +405,6 @@ def _poll_fleet(coordinator: LocalCoordinator, state: DemoState) -> None:
     for computer in fleet.get("computers", []):
         state.fleet_max_leases = max(state.fleet_max_leases, len(computer.get("leases", [])))
         state.fleet_max_queue = max(state.fleet_max_queue, len(computer.get("queue", [])))
-
-
-def _seed_lifetimes(data_dir: Path, pace: float) -> None:
-    """Give the demo's broker the lease lifetimes of an earlier run of `WORKERS` at `pace`
-    (what its store would hold had the demo run before), so a waiting request's estimate
-    has lifetimes to go by; the broker reads them from its store at start."""
-    from rbroker.broker.lifetimes import STORE_KEY, Lifetimes
-    from rbroker.broker.store import LeaseStore
-
-    lifetimes = Lifetimes()
-    for w in WORKERS:
-        lifetimes.record(
-            w.project, w.session, (KILL_AFTER_GRANT_S if w.victim else w.hold_s) * pace
-        )
-    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    store = LeaseStore(data_dir / "broker.sqlite3")
-    try:
-        store.set_meta(STORE_KEY, lifetimes.to_json())
-    finally:
-        store.close()
 
 
 def _eta_line(first: tuple[float, float | None, str] | None, waited_s: float) -> str:

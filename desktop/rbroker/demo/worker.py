@@ -3,9 +3,12 @@
 Run by `rbroker demo` and the screenshot world as a real process: `python -m
 rbroker.demo.worker --socket S --mib N --hold-s T --project P --session S --purpose TEXT`
 (and optionally `--gpu-uuid`, `--use-mib` (default: N), `--steps`, `--wait-s`, `--ttl-s`,
-`--announce`, which prints `granted` once the memory is in use). On a simulated broker it
-makes its memory visible with `sim.allocate` (what a CUDA allocation would do), in `steps`
-parts 0.25 s apart like a model loading layer by layer; on real GPUs it only holds the lease.
+`--announce`, which prints `granted` once the memory is in use). It declares its plan, the
+hold, as the lease's expected duration (`expected_s`), so that requests waiting behind it
+are told when it will likely end, as a real worker that knows its plan would. On a simulated
+broker it makes its memory visible with `sim.allocate` (what a CUDA allocation would do), in
+`steps` parts 0.25 s apart like a model loading layer by layer; on real GPUs it only holds
+the lease.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                 wait_s=args.wait_s,
                 ttl_s=args.ttl_s,
                 socket=args.socket,
+                expected_s=args.hold_s if args.hold_s > 0 else None,
             ) as lease,
             rbroker.Client(args.socket) as client,
         ):

@@ -54,7 +54,9 @@ used_mib = 6144          # another user's job, outside rbroker
 
 @dataclass
 class WorkerSpec:
-    """One demo worker: when it starts (s after the demo), what it asks for and holds."""
+    """One demo worker: when it starts (s after the demo), what it asks for and holds
+    (`hold_s`: its plan, which it declares as its lease's expected duration; the victim's
+    plan too, though the demo kills it `KILL_AFTER_GRANT_S` after its grant)."""
 
     start_s: float
     mib: int
