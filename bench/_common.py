@@ -71,10 +71,10 @@ def memory_gib() -> float:
 
 
 def loadavg() -> str:
-    """The 1/5/15-minute load average, or 'n/a'."""
+    """The 1/5/15-minute load average, or 'n/a' (also on Windows, which has none)."""
     try:
         one, five, fifteen = os.getloadavg()
-    except OSError:
+    except (OSError, AttributeError):
         return "n/a"
     return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
 
@@ -226,9 +226,11 @@ def append_results(text: str) -> None:
         RESULTS.write_text(
             "# Benchmark results\n\n"
             "Appended by `python bench/run_all.py --record` (or one benchmark with `--record`);\n"
-            "see bench/README.md for what each figure means.\n\n"
+            "see bench/README.md for what each figure means.\n\n",
+            encoding="utf-8",
+            newline="\n",
         )
-    with RESULTS.open("a", encoding="utf-8") as f:
+    with RESULTS.open("a", encoding="utf-8", newline="\n") as f:  # \n on Windows too
         f.write("\n" + text)
 
 

@@ -28,6 +28,7 @@ burn the CPU they measure, and the suite runs beside them."""
     ("script", "extra"),
     [
         ("lease_cycle.py", ["--clients", "4", "--cycles", "100", "--seconds", "0.5"]),
+        ("transport_cycle.py", ["--cycles", "50", "--warmup", "10"]),
         # 100 timed cycles (--quick's): over 30 the broker's CPU at one live lease, read in
         # the OS's 10 ms ticks, was sometimes 0 and the ratios against it a division by zero
         ("scaling.py", ["--cycles", "100"]),
