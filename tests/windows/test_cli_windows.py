@@ -23,7 +23,7 @@ import pytest
 from rbroker._children import kill_tree, spawn
 from tests.conftest import GPU0, WORKER, BrokerProcess, wait_until
 from tests.desktop.jobhelp import declare
-from tests.windows.cli import rbroker_cli
+from tests.windows.cli import assert_one_line, rbroker_cli
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "win32", reason="Windows only: named pipes, consoles, Job objects"
@@ -118,7 +118,7 @@ def test_a_killed_holder_s_lease_ends_with_its_pipe(broker: BrokerProcess) -> No
     assert ended is not None and ended["state"] in ("released", "holder_exited"), ended
 
 
-def test_status_shows_the_gpu_and_the_leases(broker: BrokerProcess) -> None:
+def test_status_and_top_once_show_the_gpu_and_the_leases(broker: BrokerProcess) -> None:
     proc, lease_id = _holder(broker, 3072, "shown-by-status")
     try:
         done = rbroker_cli("status", "--socket", broker.socket)
@@ -130,17 +130,25 @@ def test_status_shows_the_gpu_and_the_leases(broker: BrokerProcess) -> None:
         assert as_json.returncode == 0, as_json.stderr
         view = json.loads(as_json.stdout)
         assert [lease["lease_id"] for lease in view["leases"]] == [lease_id]
+        # rbroker top --once: one frame of the same reading, plain rows through a pipe
+        top = rbroker_cli("top", "--once", "--socket", broker.socket)
+        assert top.returncode == 0, top.stderr
+        assert "\x1b[" not in top.stdout and "q or Ctrl-C quits" in top.stdout, top.stdout
+        frame = " ".join(top.stdout.split())
+        assert GPU0 in frame and lease_id in frame and "shown-by-status" in frame, frame
     finally:
         kill_tree(proc)
         proc.wait(10)
 
 
-def test_status_without_a_broker_is_one_line_and_exit_69(tmp_path: Path) -> None:
+def test_status_and_top_without_a_broker_are_one_line_and_exit_69(tmp_path: Path) -> None:
     done = rbroker_cli("status", "--socket", r"\\.\pipe\rbroker-nobody-" + tmp_path.name)
     assert done.returncode == 69
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert r"\\.\pipe\rbroker-nobody-" in lines[0]
+    top = rbroker_cli("top", "--once", "--socket", r"\\.\pipe\rbroker-nobody-" + tmp_path.name)
+    assert_one_line(top, 69, "rbroker top: ", r"\\.\pipe\rbroker-nobody-")
 
 
 def _run_args(broker: BrokerProcess, mib: int, session: str, *cmd: str) -> list[str]:
