@@ -22,7 +22,8 @@ from rbroker.uplink.reporter import REJECTED_PAUSE_S, Reporter
 from tests.conftest import SINGLE_24G, wait_until
 from tests.desktop.inprocess import InProcessBroker
 from tests.e2e.conftest import CoordinatorProcess, UplinkBroker, rbroker_cli, server_cli
-from tests.e2e.test_uplink_delivery import DropProxy, FakeCoordinator
+from tests.e2e.test_uplink_delivery import DropProxy
+from tests.fakes.coordinator import Answer, FakeCoordinator
 
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 
@@ -107,7 +108,8 @@ def test_a_repeated_refusal_backs_off_and_is_logged_once(
     scenario = tmp_path / "scenario.toml"
     scenario.write_text(SINGLE_24G)
     h = InProcessBroker(scenario, tmp_path, persist=False)
-    fake = FakeCoordinator(status)
+    detail = f"planted reason for {status}"
+    fake = FakeCoordinator(then=Answer(status, detail=detail))
     url = fake.start()
     config = UplinkConfig(url=url, computer_id="c_refused", group="g", name="lab-refused")
     reporter = Reporter(h.broker, config, nacl.signing.SigningKey.generate())
@@ -128,27 +130,27 @@ def test_a_repeated_refusal_backs_off_and_is_logged_once(
             when = "next try" if status in (401, 403) else "next try on a change, at the latest"
             for _, (_, longest), link in seen:
                 m = re.fullmatch(
-                    rf"rejected: {status} {fake.detail} \(since ({ISO}), {when} ({ISO})\)", link
+                    rf"rejected: {status} {detail} \(since ({ISO}), {when} ({ISO})\)", link
                 )
                 assert m is not None, link
                 assert abs(_epoch(m.group(2)) - _epoch(m.group(1)) - longest) <= 2, link
             errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
             assert len(errors) == 1, [r.getMessage() for r in errors]
-            assert f"rejected the report: {status} {fake.detail}" in errors[0].getMessage()
+            assert f"rejected the report: {status} {detail}" in errors[0].getMessage()
 
             # another refusal is a new episode: said once more, its backoff from the start
-            fake.status = 422
+            fake.then = Answer(422, detail="planted reason for 422")
             caplog.clear()
             assert h.run(tries(2))[1][:2] == ("rejected", (2, 120))
             assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
 
             # accepted again: said once, and the next refusal starts over
-            fake.status = 200
+            fake.then = Answer(200)
             caplog.clear()
             assert h.run(tries(1))[0][0] == "ok" and reporter.link == "ok"
             warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
             assert len(warned) == 1 and "reachable again" in warned[0], warned
-            fake.status = status
+            fake.then = Answer(status, detail=detail)
             assert h.run(tries(1))[0][1] == pauses[0]
     finally:
         fake.stop()
