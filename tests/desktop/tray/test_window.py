@@ -111,13 +111,19 @@ def test_waiting_request_shows_with_its_reason(
         qtbot.waitUntil(lambda: queue.rowCount() == 1, timeout=TIMEOUT_MS)
         qtbot.waitUntil(lambda: tray.state is TrayState.WAITING, timeout=TIMEOUT_MS)
 
-        def reason() -> str:
+        def shown() -> str:
             return str(queue.data(queue.index(0, QueueModel.REASON)))
+
+        def reason() -> str:
+            """Why it waits: the column's text after its estimate (`… — why`)."""
+            return shown().partition(" — ")[2]
 
         # the reason with the numbers (the grant above left the sample usable)
         qtbot.waitUntil(lambda: reason().startswith("GPU 0 has"), timeout=TIMEOUT_MS)
         assert reason().startswith("GPU 0 has 13 347 MiB available (24 576 total − 1 229 headroom")
         assert reason().endswith("20 000 requested")
+        # before it, when: the lease ahead declared no duration and none has ended yet
+        assert shown().startswith("no estimate yet ("), shown()
         assert queue.data(queue.index(0, QueueModel.MIB)) == "20 000"
         assert tray.window.local.queue_box.title() == "Waiting (1)"
         waiter.close()  # the waiter leaves; nothing is left behind
