@@ -5,9 +5,11 @@ layout for the width it is given: numbers and headers are never wrapped or cut (
 column is exactly as wide as its widest cell), long identifiers switch to their short form,
 optional columns drop out from the right, and only free text (owner, project, purpose, a
 queue's reason…) is narrowed to what is left, where it wraps within its column (at spaces,
-a word longer than the column folds): nothing is ever cut, so the arithmetic that explains
-a wait is whole at any width. `plain()` is for pipes and files: every row on one line,
-columns aligned and separated by at least two spaces, no colour, no bars.
+a word longer than the column folds); a terminal narrower than the numbers and headers that
+remain gets each row as a wrapped record instead (`records`): nothing is ever cut, so the
+arithmetic that explains a wait is whole at any width. `plain()` is for pipes and files:
+every row on one line, columns aligned and separated by at least two spaces, no colour, no
+bars.
 """
 
 from __future__ import annotations
@@ -202,8 +204,31 @@ class Sheet:
             yield Text(self.empty, style="dim")
             return
         yield Text(self.title, style="bold")
-        yield self.table(options.max_width)
+        width = options.max_width
+        _, widths, _ = self.layout(width)
+        if sum(widths) + GAP * (len(widths) - 1) > width:
+            yield Text(self.records(width))  # rich would cut numbers to fit: "24 5…"
+        else:
+            yield self.table(width)
         yield from self.notes
+
+    def records(self, width: int) -> str:
+        """Each row as one record, for a terminal narrower than the table's numbers and
+        headers: `GPU 0: total 24 576 · available 3 347 · …` (short forms, no bars), wrapped
+        at `width` with the lines after the first indented; every figure whole."""
+        lines: list[str] = []
+        for row in self.rows:
+            parts: list[str] = []
+            for col, cell in zip(self.columns, row, strict=True):
+                if col.is_bar:
+                    continue
+                shown = cell.shown(True)
+                value = shown.plain if isinstance(shown, Text) else shown
+                parts.append(value if not parts else f"{col.header} {value}")
+            record = (parts[0] + ": " + " · ".join(parts[1:])) if len(parts) > 1 else parts[0]
+            wrapped = str(wrap_free_text(record, max(width - 2, 8))).split("\n")
+            lines.append("\n  ".join(wrapped))
+        return "\n".join(lines)
 
     # -- plain -------------------------------------------------------------------------
     def plain(self) -> str:

@@ -61,9 +61,8 @@ def _column(text: str, header: str, title: str) -> str:
     return " ".join(w for w in words if w)
 
 
-@pytest.mark.parametrize("width", [80, 120])
-def test_the_queue_reason_and_a_long_purpose_are_whole_at_any_width(width: int) -> None:
-    leases = {
+def _leases() -> dict[str, Any]:
+    return {
         "leases": [
             {
                 "lease_id": "lease-3f2a1b4c5d6e",
@@ -91,7 +90,11 @@ def test_the_queue_reason_and_a_long_purpose_are_whole_at_any_width(width: int) 
             }
         ],
     }
-    text = _render(broker_view([_gpu(GPU0, 0), _gpu(GPU1, 1)], leases), width)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_queue_reason_and_a_long_purpose_are_whole_at_any_width(width: int) -> None:
+    text = _render(broker_view([_gpu(GPU0, 0), _gpu(GPU1, 1)], _leases()), width)
     assert all(len(line) <= width for line in text.splitlines()), text
     # the only `…` are the short forms of identifiers (a UUID's head and tail)
     assert "…" not in re.sub(r"GPU-[0-9a-f]+…[0-9a-f]{4}|GPU \d …[0-9a-f]{4}", "", text), text
@@ -104,6 +107,20 @@ def test_the_queue_reason_and_a_long_purpose_are_whole_at_any_width(width: int) 
     assert " ".join(PURPOSE.split()).replace(" ", "") in _column(text, "purpose", "Leases").replace(
         " ", ""
     ), text
+
+
+@pytest.mark.parametrize("width", [40, 60])
+def test_narrower_than_the_numbers_each_row_is_a_record_and_no_figure_is_cut(width: int) -> None:
+    # rbroker top in a 60-column terminal showed "24 5…" for 24 576: rich cut what did not fit
+    text = _render(broker_view([_gpu(GPU0, 0), _gpu(GPU1, 1)], _leases()), width)
+    assert all(len(line) <= width for line in text.splitlines()), text
+    assert "…" not in re.sub(r"GPU-[0-9a-f]+…[0-9a-f]{4}|GPU \d …[0-9a-f]{4}", "", text), text
+    flat = " ".join(text.split())
+    for number in ("24 576", "8 192", "1 229", "2 811", "12 344", "20 000", "11 808", "12 345"):
+        assert number in flat, (number, text)
+    assert "GPU 0: total 24 576 · available 8 192" in flat, text
+    arithmetic = " ".join(REASON.split(GPU1)[1].split())  # the GPU may be in its short form
+    assert arithmetic in flat and " ".join(PURPOSE.split()) in flat, text
 
 
 def test_a_jobs_state_and_purpose_are_never_cut_at_80_columns() -> None:
