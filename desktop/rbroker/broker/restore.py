@@ -99,36 +99,37 @@ def restore(
         if not alive or remaining <= 0 or len(candidates) < int(rec.get("gpus", 1)):
             store.delete_waiter(key)
             continue
-        waiting.add(
-            Waiter(
-                request_id=waiting.next_id(),
-                mib=int(rec["mib"]),
-                gpus=int(rec["gpus"]),
-                candidates=candidates,
-                pinned=bool(rec["pinned"]),
-                owner=rec["owner"],
-                project=rec["project"],
-                session=rec["session"],
-                purpose=rec["purpose"],
-                ttl_s=float(rec["ttl_s"]),
-                adopt=bool(rec["adopt"]),
-                placement=rec["placement"],
-                holder=holder,
-                conn_id=None,
-                # the wait began wait_s before wait_until_wall: its waited time goes on
-                enqueued_at=now
-                - min(max(0.0, float(rec["wait_s"]) - remaining), float(rec["wait_s"])),
-                deadline=now + remaining,
-                wait_s=float(rec["wait_s"]),
-                future=new_future(),
-                request_key=key,
-                wait_until_wall=float(rec.get("wait_until_wall", 0.0)),
-                wait_until_boot=boot + remaining,
-                reattach_by=now + config.reattach_grace_s,
-                job_id=rec.get("job_id"),
-                expected_s=declared_s(rec.get("expected_s")),
-            )
+        restored = Waiter(
+            request_id=waiting.next_id(),
+            mib=int(rec["mib"]),
+            gpus=int(rec["gpus"]),
+            candidates=candidates,
+            pinned=bool(rec["pinned"]),
+            owner=rec["owner"],
+            project=rec["project"],
+            session=rec["session"],
+            purpose=rec["purpose"],
+            ttl_s=float(rec["ttl_s"]),
+            adopt=bool(rec["adopt"]),
+            placement=rec["placement"],
+            holder=holder,
+            conn_id=None,
+            # the wait began wait_s before wait_until_wall: its waited time goes on
+            enqueued_at=now - min(max(0.0, float(rec["wait_s"]) - remaining), float(rec["wait_s"])),
+            deadline=now + remaining,
+            wait_s=float(rec["wait_s"]),
+            future=new_future(),
+            request_key=key,
+            wait_until_wall=float(rec.get("wait_until_wall", 0.0)),
+            wait_until_boot=boot + remaining,
+            reattach_by=now + config.reattach_grace_s,
+            job_id=rec.get("job_id"),
+            expected_s=declared_s(rec.get("expected_s")),
         )
+        waiting.add(restored)
+        # stored again under this run's request number: a request made after the restart
+        # (numbered from 1 again) must stay behind it at the next restart too
+        waiting.persist(restored)
     for slot in lessor.slots.values():
         lessor.update_observed(slot)
     if lessor.leases or waiting.waiters:

@@ -469,11 +469,15 @@ class Broker:
         return waiter
 
     async def await_waiter(self, waiter: Waiter) -> Lease:
-        """The lease a queued request from `begin_acquire` ends with (raises as `acquire`)."""
+        """The lease a queued request from `begin_acquire` ends with (raises as `acquire`).
+
+        A wait cancelled by its caller (its connection gone) leaves the queue, except while
+        the broker is stopping (`begin_stop`): then the request stays in the store, and the
+        restarted broker restores it in its place for its client's re-sent request key."""
         try:
             return await waiter.future
         finally:
-            if waiter in self.queue:  # cancelled by the caller (connection gone)
+            if waiter in self.queue and not self.stopping:  # cancelled: connection gone
                 self.waiting.remove(waiter)
                 self._admit()
 

@@ -299,3 +299,41 @@ def test_lease_of_a_holder_that_died_while_the_broker_was_down_ends_with_the_rea
         assert ended["state"] == "holder_exited"
         assert "exited while the broker was down" in ended["ended_reason"]
         assert _gpu(c)["outstanding_mib"] == 4096
+
+
+def test_graceful_stop_keeps_waiting_requests_in_their_order(
+    restartable: tuple[InProcessBroker, SleeperPool], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: a SIGTERM stop closed every connection, and each waiting request's cancelled
+    wait took it off the queue and out of the store: the restarted broker said "restored 1
+    leases and 0 waiting requests", and the re-sent requests queued in whatever order their
+    clients came back (bob's second before his first). Right (architecture.md §3, graceful
+    stop keeps what a crash keeps): the requests come back in their order, a re-sent key
+    takes its own place, and a request made after a restart stays behind them at the next."""
+    h, pool = restartable
+    big_proc, big = pool.spawn()
+    _, bob = pool.spawn()
+    for i in range(3):  # request numbers 1-3 (numbers start from 1 again at a restart)
+        assert h.acquire(big, mib=6000, request_key=f"big{i}").done()
+    waits = [h.acquire(bob, mib=16000, wait_s=60, request_key=k) for k in ("first", "second")]
+    h.broker.begin_stop()  # SIGTERM: then every connection closes, cancelling its waits
+    for task in waits:
+        task.cancel()
+    h.spin()
+    h.restart()
+    assert "restored 3 leases and 2 waiting requests" in caplog.text
+    assert [w.request_key for w in h.broker.queue] == ["first", "second"]
+    h.acquire(bob, mib=16000, wait_s=60, request_key="second")  # its client back first
+    h.acquire(bob, mib=16000, wait_s=60, request_key="third")  # new after the restart
+    h.restart()  # a crash this time
+    assert [w.request_key for w in h.broker.queue] == ["first", "second", "third"]
+    third, second, first = (
+        h.acquire(bob, mib=16000, wait_s=60, request_key=k) for k in ("third", "second", "first")
+    )
+    assert [w.request_key for w in h.broker.queue] == ["first", "second", "third"]
+    big_proc.kill()
+    big_proc.wait(10)
+    h.tick(0.25)  # the big leases' holder is gone: room for one of bob's requests
+    h.sample()
+    assert first.done() and not second.done() and not third.done()
+    assert first.result().request_key == "first"
