@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from litestar import Controller, Request, get
 from litestar.di import NamedDependency, Provide
-from litestar.exceptions import ClientException, NotFoundException
+from litestar.exceptions import NotFoundException
 from litestar.params import FromPath, QueryParameter
 from sqlalchemy.engine import Engine
 
@@ -16,6 +16,7 @@ from rbroker_server.apidocs import errors
 from rbroker_server.auth.caller import Scope
 from rbroker_server.auth.dependencies import provide_caller
 from rbroker_server.fleet import service
+from rbroker_server.query import checked
 from rbroker_server.settings import Settings
 
 _ONE = errors(400, 401, 403, 404, 429, 503)
@@ -74,10 +75,7 @@ class FleetController(Controller):
         Raises:
             ClientException: 400 (`service.RoomQueryInvalid`).
         """
-        try:
-            query = service.parse_room_query(request.query_params.dict())
-        except service.RoomQueryInvalid as exc:
-            raise ClientException(str(exc)) from exc
+        query = checked(lambda: service.parse_room_query(request.query_params.dict()))
         return service.room(engine, settings, caller, query)
 
     @get("/computers/{computer_id:str}", sync_to_thread=True, responses=_ONE)

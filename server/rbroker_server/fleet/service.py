@@ -26,6 +26,7 @@ from rbroker_protocol.fleet import (
 from rbroker_server.auth.caller import Scope
 from rbroker_server.db import utcnow
 from rbroker_server.models import Computer, Group, HistoryPoint
+from rbroker_server.query import QueryInvalid, QueryRules
 from rbroker_server.settings import Settings
 
 COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
@@ -45,8 +46,11 @@ class ComputerNotFound(Exception):
     """No such computer in the caller's group (other groups' computers look the same)."""
 
 
-class RoomQueryInvalid(ValueError):
+class RoomQueryInvalid(QueryInvalid):
     """A room query the coordinator does not take; the message says why in one line."""
+
+
+_ROOM_RULES = QueryRules(ROOM_QUERY_NAMES, RoomQueryInvalid)
 
 
 @dataclass(frozen=True)
@@ -57,25 +61,6 @@ class RoomQuery:
     gpus: int = 1
 
 
-def _shown(value: str) -> str:
-    """A query value as a message quotes it: repr, cut at 40 characters."""
-    return repr(value if len(value) <= 40 else value[:40] + "…")
-
-
-def _whole(params: Mapping[str, list[str]], name: str, most: int, what: str) -> int | None:
-    if name not in params:
-        return None
-    raw = params[name][0].strip()
-    if not (
-        len(raw) <= len(str(most)) and raw.isascii() and raw.isdigit() and 1 <= int(raw) <= most
-    ):
-        given = _shown(params[name][0])
-        raise RoomQueryInvalid(
-            f"{name} must be a whole number from 1 to {most} ({what}), not {given}"
-        )
-    return int(raw)
-
-
 def parse_room_query(params: Mapping[str, list[str]]) -> RoomQuery:
     """Check a room query given as name → the values sent (a name sent twice has two).
 
@@ -83,18 +68,11 @@ def parse_room_query(params: Mapping[str, list[str]]) -> RoomQuery:
         RoomQueryInvalid: `mib` missing, an unknown or repeated parameter, `mib` not a whole
             number from 1 to `ROOM_MIB_MAX`, `gpus` not one from 1 to `ROOM_GPUS_MAX`.
     """
-    unknown = sorted(set(params) - set(ROOM_QUERY_NAMES))
-    if unknown:
-        raise RoomQueryInvalid(
-            f"unknown query parameter {_shown(unknown[0])} (known: {', '.join(ROOM_QUERY_NAMES)})"
-        )
-    for name, values in params.items():
-        if len(values) > 1:
-            raise RoomQueryInvalid(f"{name} is given {len(values)} times; give it once")
-    mib = _whole(params, "mib", ROOM_MIB_MAX, "MiB on each GPU")
+    _ROOM_RULES.check_names(params)
+    mib = _ROOM_RULES.whole(params, "mib", ROOM_MIB_MAX, "MiB on each GPU")
     if mib is None:
         raise RoomQueryInvalid("mib is missing: the MiB to find room for, e.g. ?mib=20480")
-    gpus = _whole(params, "gpus", ROOM_GPUS_MAX, "GPUs of one computer")
+    gpus = _ROOM_RULES.whole(params, "gpus", ROOM_GPUS_MAX, "GPUs of one computer")
     return RoomQuery(mib=mib, gpus=gpus or 1)
 
 

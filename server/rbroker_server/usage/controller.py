@@ -8,7 +8,6 @@ from typing import Annotated, Any, Final
 
 from litestar import Controller, MediaType, Request, Response, get
 from litestar.di import NamedDependency, Provide
-from litestar.exceptions import ClientException
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Schema
 from litestar.params import QueryParameter
@@ -18,6 +17,7 @@ from rbroker_protocol.usage import UsageView
 from rbroker_server.apidocs import errors
 from rbroker_server.auth.caller import Scope
 from rbroker_server.auth.dependencies import provide_caller
+from rbroker_server.query import checked
 from rbroker_server.settings import Settings
 from rbroker_server.usage import service
 
@@ -64,10 +64,7 @@ def checked_query(request: Request[Any, Any, Any], settings: Settings) -> servic
     Raises:
         ClientException: 400, the problem in one line (`service.UsageQueryInvalid`).
     """
-    try:
-        return service.parse_query(request.query_params.dict(), settings)
-    except service.UsageQueryInvalid as exc:
-        raise ClientException(str(exc)) from exc
+    return checked(lambda: service.parse_query(request.query_params.dict(), settings))
 
 
 class UsageController(Controller):

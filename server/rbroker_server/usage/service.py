@@ -31,6 +31,7 @@ from rbroker_protocol.usage import (
 from rbroker_server.auth.caller import Scope
 from rbroker_server.db import utcnow
 from rbroker_server.models import Computer, DailyUsage, Group
+from rbroker_server.query import QueryInvalid, QueryRules
 from rbroker_server.settings import Settings
 
 USAGE = DailyUsage.__table__  # type: ignore[attr-defined]
@@ -50,8 +51,11 @@ written with a leading `'` (OWASP's advice on CSV injection)."""
 _COLUMN: Final = {"project": USAGE.c.project, "user": USAGE.c.owner}
 
 
-class UsageQueryInvalid(ValueError):
+class UsageQueryInvalid(QueryInvalid):
     """A usage query the read cannot answer: one line naming the parameter (400)."""
+
+
+_RULES: Final = QueryRules(QUERY_NAMES, UsageQueryInvalid, shown_chars=24)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +68,6 @@ class UsageQuery:
     format: UsageFormat = "json"
 
 
-def _shown(value: str) -> str:
-    return repr(value if len(value) <= 24 else value[:24] + "…")
-
-
 def parse_query(params: Mapping[str, list[str]], settings: Settings) -> UsageQuery:
     """Check a usage query given as name → the values sent (a name sent twice has two).
 
@@ -76,33 +76,17 @@ def parse_query(params: Mapping[str, list[str]], settings: Settings) -> UsageQue
             1 to `usage_window_days`, `by` not `project` or `user`, `format` not `json` or
             `csv`.
     """
-    unknown = sorted(set(params) - set(QUERY_NAMES))
-    if unknown:
-        raise UsageQueryInvalid(
-            f"unknown query parameter {_shown(unknown[0])} (known: {', '.join(QUERY_NAMES)})"
-        )
-    for name, values in params.items():
-        if len(values) > 1:
-            raise UsageQueryInvalid(f"{name} is given {len(values)} times; give it once")
+    _RULES.check_names(params)
     most = settings.usage_window_days
-    days = min(DEFAULT_USAGE_DAYS, most)
-    if "days" in params:
-        raw = params["days"][0].strip()
-        if not (len(raw) <= 6 and raw.isascii() and raw.isdigit() and 1 <= int(raw) <= most):
-            raise UsageQueryInvalid(
-                f"days must be a whole number from 1 to {most} (the days kept), "
-                f"not {_shown(params['days'][0])}"
-            )
-        days = int(raw)
-    by = params.get("by", ["project"])[0]
-    if by not in USAGE_BY:
-        raise UsageQueryInvalid(f"by must be one of {', '.join(USAGE_BY)}, not {_shown(by)}")
-    fmt = params.get("format", ["json"])[0]
-    if fmt not in USAGE_FORMATS:
-        raise UsageQueryInvalid(
-            f"format must be one of {', '.join(USAGE_FORMATS)}, not {_shown(fmt)}"
-        )
-    return UsageQuery(days=days, by=by, format=fmt)  # type: ignore[arg-type]
+    # Six digits: `usage_window_days` is at most 100 000 (`Settings`).
+    days = _RULES.whole(params, "days", most, "the days kept", digits=6)
+    by = _RULES.choice(params, "by", USAGE_BY, "project")
+    fmt = _RULES.choice(params, "format", USAGE_FORMATS, "json")
+    return UsageQuery(
+        days=min(DEFAULT_USAGE_DAYS, most) if days is None else days,
+        by=by,  # type: ignore[arg-type]
+        format=fmt,  # type: ignore[arg-type]
+    )
 
 
 def usage(engine: Engine, scope: Scope, query: UsageQuery, today: date | None = None) -> UsageView:
