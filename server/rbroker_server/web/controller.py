@@ -99,11 +99,13 @@ def page_context(request: Request[Any, Any, Any], **context: Any) -> dict[str, A
     }
 
 
-def _session(request: Request[Any, Any, Any], engine: Engine) -> sessions.SignedIn | None:
+def signed_in(request: Request[Any, Any, Any], engine: Engine) -> sessions.SignedIn | None:
+    """The request's session (its cookie's), or None: none sent, unknown or expired."""
     return sessions.lookup(engine, request.cookies.get(SESSION_COOKIE))
 
 
-def _to_signin(request: Request[Any, Any, Any]) -> Redirect:
+def to_signin(request: Request[Any, Any, Any]) -> Redirect:
+    """A page's answer without a session: to the sign-in page (303), the cookie cleared."""
     return Redirect(
         path=f"{base_path(request)}/signin",
         status_code=303,
@@ -118,6 +120,24 @@ def _to_signin(request: Request[Any, Any, Any]) -> Redirect:
                 samesite="strict",
             )
         ],
+    )
+
+
+def message_page(
+    request: Request[Any, Any, Any],
+    signed: sessions.SignedIn,
+    heading: str,
+    message: str,
+    status_code: int,
+) -> Template:
+    """A signed-in page that says only `heading` and `message` (e.g. 404 for a computer
+    the group does not have, 400 for a query a page does not take)."""
+    return Template(
+        template_name="message.html",
+        context=page_context(
+            request, csrf_token=signed.csrf_token, heading=heading, message=message
+        ),
+        status_code=status_code,
     )
 
 
@@ -175,11 +195,11 @@ def _etag_matches(request: Request[Any, Any, Any], etag: str) -> bool:
 def _fleet(
     request: Request[Any, Any, Any], engine: Engine, settings: Settings, *, fragment: bool
 ) -> Template | Redirect | Response[str]:
-    signed = _session(request, engine)
+    signed = signed_in(request, engine)
     if signed is None:
         if fragment:
             raise NotAuthorizedException("signed out")
-        return _to_signin(request)
+        return to_signin(request)
     shared: SharedRenders = request.app.state[renders.STATE_KEY]
     scope = signed.scope
     made = shared.get(
@@ -204,24 +224,17 @@ def _computer(
     *,
     fragment: bool,
 ) -> Template | Redirect:
-    signed = _session(request, engine)
+    signed = signed_in(request, engine)
     if signed is None:
         if fragment:
             raise NotAuthorizedException("signed out")
-        return _to_signin(request)
+        return to_signin(request)
     now = utcnow()
     try:
         view = fleet_service.computer(engine, settings, signed.scope, computer_id)
     except fleet_service.ComputerNotFound:
-        return Template(
-            template_name="message.html",
-            context=page_context(
-                request,
-                csrf_token=signed.csrf_token,
-                heading="No such computer",
-                message="This group has no computer with that id.",
-            ),
-            status_code=404,
+        return message_page(
+            request, signed, "No such computer", "This group has no computer with that id.", 404
         )
     context = page_context(
         request,
@@ -248,7 +261,7 @@ class WebController(Controller):
     @get("/", sync_to_thread=True)
     def index(self, request: Request[Any, Any, Any], engine: NamedDependency[Engine]) -> Redirect:
         """To the fleet when signed in, else to the sign-in page."""
-        target = "/fleet" if _session(request, engine) else "/signin"
+        target = "/fleet" if signed_in(request, engine) else "/signin"
         return Redirect(path=f"{base_path(request)}{target}", status_code=303)
 
     @get("/signin", sync_to_thread=True)
@@ -256,7 +269,7 @@ class WebController(Controller):
         self, request: Request[Any, Any, Any], engine: NamedDependency[Engine]
     ) -> Template | Redirect:
         """The sign-in form (or the fleet when already signed in)."""
-        if _session(request, engine):
+        if signed_in(request, engine):
             return Redirect(path=f"{base_path(request)}/fleet", status_code=303)
         return _signin_page(request)
 
@@ -325,12 +338,12 @@ class WebController(Controller):
         self, request: Request[Any, Any, Any], data: FormData, engine: NamedDependency[Engine]
     ) -> Redirect | Response[str]:
         """End the session (the form's CSRF token must be the session's)."""
-        signed = _session(request, engine)
+        signed = signed_in(request, engine)
         if signed is not None:
             if not sessions.csrf_matches(signed.csrf_token, data.get("csrf_token")):
                 return Response("bad or missing CSRF token", status_code=403)
             sessions.sign_out(engine, request.cookies.get(SESSION_COOKIE))
-        return _to_signin(request)
+        return to_signin(request)
 
     @get("/fleet", sync_to_thread=True)
     def fleet(
@@ -385,7 +398,7 @@ class WebController(Controller):
         settings: NamedDependency[Settings],
     ) -> HistoryView:
         """The computer's downsampled history for the charts (401 without a session)."""
-        signed = _session(request, engine)
+        signed = signed_in(request, engine)
         if signed is None:
             raise NotAuthorizedException("signed out")
         try:

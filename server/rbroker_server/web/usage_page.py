@@ -18,19 +18,10 @@ from rbroker_server.settings import Settings
 from rbroker_server.usage import controller as usage_api
 from rbroker_server.usage import service as usage
 from rbroker_server.web import controller as web
-from rbroker_server.web import sessions
 from rbroker_server.web.usage_chart import fmt_hours, label, usage_chart
 
 DAY_CHOICES = (7, 30, 90, 365)
 """The spans the page offers as links (any `days` the API takes works)."""
-
-
-def _signed(request: Request[Any, Any, Any], engine: Engine) -> sessions.SignedIn | None:
-    return sessions.lookup(engine, request.cookies.get(web.SESSION_COOKIE))
-
-
-def _to_signin(request: Request[Any, Any, Any]) -> Redirect:
-    return Redirect(path=f"{web.base_path(request)}/signin", status_code=303)
 
 
 class UsagePageController(Controller):
@@ -50,22 +41,13 @@ class UsagePageController(Controller):
     ) -> Template | Redirect:
         """The usage chart and totals; `?days=N&by=project|user` as the API takes them
         (a bad query: 400 with the problem in words)."""
-        signed = _signed(request, engine)
+        signed = web.signed_in(request, engine)
         if signed is None:
-            return _to_signin(request)
+            return web.to_signin(request)
         try:
             query = usage.parse_query(request.query_params.dict(), settings)
         except usage.UsageQueryInvalid as exc:
-            return Template(
-                template_name="message.html",
-                context=web.page_context(
-                    request,
-                    csrf_token=signed.csrf_token,
-                    heading="Usage: bad query",
-                    message=f"{exc}.",
-                ),
-                status_code=400,
-            )
+            return web.message_page(request, signed, "Usage: bad query", f"{exc}.", 400)
         view = usage.usage(engine, signed.scope, query)
         context = web.page_context(
             request,
@@ -88,8 +70,8 @@ class UsagePageController(Controller):
         settings: NamedDependency[Settings],
     ) -> Response[Any] | Redirect:
         """The page's figures as CSV (a download); 400 for a bad query."""
-        signed = _signed(request, engine)
+        signed = web.signed_in(request, engine)
         if signed is None:
-            return _to_signin(request)
+            return web.to_signin(request)
         query = usage_api.checked_query(request, settings)
         return usage_api.answer(usage.usage(engine, signed.scope, query), "csv")
