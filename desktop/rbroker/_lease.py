@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from rbroker._cuda import cuda_indices
 from rbroker._exceptions import BrokerUnavailable, LeaseExpired, RBrokerError
@@ -27,6 +27,7 @@ from rbroker_protocol.params import AcquireRequest
 from rbroker_protocol.results import AcquireResult, GpuView
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 LEASE_LOST = "rbroker_lease_lost"
 """Attribute set (True) on the log record that says a lease was lost: a caller that tells
 its user itself (`rbroker run`) filters that record out instead of saying it twice."""
@@ -474,20 +475,69 @@ async def alease(
 ) -> AsyncIterator[Lease]:
     """`async with rbroker.alease(...)`: `lease()` for asyncio code.
 
-    Waiting happens in a worker thread, heartbeats on their own thread, so a busy event loop
-    cannot let the lease expire. Defaults and errors as for `lease()`.
+    Each wait happens on a thread of its own (`_on_own_thread`), never on the event loop's
+    default executor, whose few threads (min(32, CPUs + 4)) would let only that many
+    requests of a process wait at once while the others stalled behind them; heartbeats run
+    on their own thread, so a busy event loop cannot let the lease expire. A task cancelled
+    while it waits releases the lease as soon as it is granted. Defaults and errors as for
+    `lease()`.
     """
     project, session, purpose = _descriptions(project, session, purpose)
-    holder = await asyncio.to_thread(
-        _acquire,
-        mib, project, session, purpose, wait_s, gpus, gpu_uuid, ttl_s, adopt, socket,
-        expected_s=expected_s,
+    granting = _on_own_thread(
+        lambda: _acquire(
+            mib, project, session, purpose, wait_s, gpus, gpu_uuid, ttl_s, adopt, socket,
+            expected_s=expected_s,
+        ),
+        on_abandoned=lambda granted: granted.release(),
     )  # fmt: skip
+    try:
+        holder = await granting
+    except asyncio.CancelledError:  # cancelled just as the grant came: nobody holds it
+        if granting.done() and not granting.cancelled() and granting.exception() is None:
+            threading.Thread(target=granting.result().release, daemon=True).start()
+        raise
     try:
         yield holder.lease
     finally:
-        await asyncio.to_thread(holder.release)
+        await _on_own_thread(holder.release)
     _raise_over_grant(holder.lease)
+
+
+def _on_own_thread(
+    work: Callable[[], T], on_abandoned: Callable[[T], object] | None = None
+) -> asyncio.Future[T]:
+    """Run `work` on a new daemon thread; its result or exception comes back as a future of
+    the running loop. When that future is cancelled first (the awaiting task was), a result
+    that still comes is passed to `on_abandoned` on that thread. A daemon thread, so that a
+    wait still going on never holds up the interpreter's exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: T | None, error: BaseException | None) -> None:
+        if future.cancelled():
+            if error is None and on_abandoned is not None:  # not on the loop: it may block
+                threading.Thread(target=on_abandoned, args=(value,), daemon=True).start()
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            value = work()
+        except BaseException as exc:  # passed to the awaiting task
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, None, exc)
+            return
+        try:
+            loop.call_soon_threadsafe(settle, value, None)
+        except RuntimeError:  # the loop closed: nobody takes the result
+            if on_abandoned is not None:
+                on_abandoned(value)
+
+    threading.Thread(target=run, name="rbroker-alease", daemon=True).start()
+    return future
 
 
 def _raise_over_grant(lease: Lease) -> None:

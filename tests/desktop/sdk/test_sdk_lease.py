@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,11 @@ import pytest
 import rbroker
 from rbroker import Lease
 from rbroker._exceptions import from_rpc_error
+from rbroker.demo.processes import broker_address
+from rbroker.embedded import EmbeddedBroker
+from rbroker.host import make_config
 from rbroker_protocol.errors import ErrorCode, RpcError
-from tests.conftest import GPU0, BrokerProcess, wait_until
+from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, short_tmp, wait_until
 
 PROJECT, SESSION, PURPOSE = "tests", "sdk", "sdk surface"
 
@@ -149,3 +153,45 @@ def test_public_surface_is_sorted_and_importable() -> None:
     assert rbroker.__all__ == sorted(rbroker.__all__)
     for name in rbroker.__all__:
         assert hasattr(rbroker, name), name
+
+
+def test_alease_requests_of_one_process_all_wait_at_once() -> None:
+    """Before: each waiting `alease` took a thread of the event loop's default executor
+    (min(32, CPUs + 4) threads: 6 on a 2-core computer), so only that many requests of a
+    process waited at once and the others stalled behind them, not even queued. Right: 20
+    requests of one process are all queued at the broker together, and all are granted when
+    room frees. The loop's default executor here has 2 threads, as small as any computer's."""
+    root = short_tmp()
+    scenario = root / "s.toml"
+    scenario.write_text(SINGLE_24G)
+    sock = broker_address(root, "b")
+    eb = EmbeddedBroker(make_config(sock, root / "data", True, scenario, 2048))
+    eb.start()
+
+    async def main(c: rbroker.Client) -> list[int]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2))
+
+        async def one(i: int) -> int:
+            async with rbroker.alease(
+                1000, project=PROJECT, session=f"w{i}", purpose=PURPOSE, wait_s=60, socket=sock
+            ) as lease:
+                return lease.granted_mib
+
+        waits = [asyncio.create_task(one(i)) for i in range(20)]
+        for _ in range(250):  # up to 5 s for all 20 to be queued
+            await asyncio.sleep(0.02)
+            if len(c.leases()["queue"]) == 20:
+                break
+        assert len(c.leases()["queue"]) == 20
+        assert not any(w.done() for w in waits)
+        c.sim_free(22000)  # room for all 20 (22 528 MiB available)
+        return await asyncio.wait_for(asyncio.gather(*waits), 20)
+
+    try:
+        assert eb.wait_ready(20), eb.error
+        with rbroker.Client(sock) as c:
+            c.sim_allocate(22000)  # 526 MiB available: none of the requests fits
+            assert asyncio.run(main(c)) == [1000] * 20
+            assert c.leases()["leases"] == [] and c.leases()["queue"] == []
+    finally:
+        eb.stop()
