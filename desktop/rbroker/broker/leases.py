@@ -35,8 +35,10 @@ class Lease:
     """An active (or ended) lease on one or more GPUs, `granted_mib` on each.
 
     Times: `deadline` and `granted_at` are monotonic (`granted_at` is -inf for a restored
-    lease: what a sample after the restart shows is its own); `*_wall` fields are Unix
-    seconds for display.
+    lease: what a sample after the restart shows is its own); `age_from` is the monotonic
+    time its age counts from, for the queue's estimates and the lifetimes history (its
+    grant; for a restored lease, its grant's wall time brought to the monotonic clock);
+    `*_wall` fields are Unix seconds for display.
     `observed_mib` maps GPU UUID → MiB NVML attributes to the holder's process tree for this
     lease (unknown counts 0); `over_grant` is set when that exceeds `granted_mib`, and the
     `over_*` fields follow the episode (`rbroker.broker.overgrant`).
@@ -75,6 +77,7 @@ class Lease:
     over_noticed: bool = False  # this episode outlasted the grace and was reported
     granted_at: float = -math.inf  # monotonic; a sample that began before it shows no use of it
     expected_s: float | None = None  # the holder's declared duration (`AcquireParams.expected_s`)
+    age_from: float = -math.inf  # monotonic: its age counts from here (`rbroker.broker.restore`)
 
     @property
     def gpu_uuid(self) -> str:
@@ -163,6 +166,7 @@ class Lease:
             adopt=waiter.adopt,
             waited_s=now - waiter.enqueued_at,
             granted_at=now,
+            age_from=now,
         )
         lease.request_key = waiter.request_key
         lease.job_id = waiter.job_id

@@ -75,6 +75,12 @@ def restore(
             log.info("lease %s not restored: %s", lease.lease_id, lease.ended_reason)
             continue
         lease.reattach_by = now + config.lease_reattach_grace_s
+        # Its age for the queue's estimates and the lifetimes history: from the grant's wall
+        # time, since its monotonic grant time did not survive the restart. The rule is that
+        # expiry and liveness run on the monotonic (or boot) clock, never the wall clock
+        # (docs/architecture.md §3, Renewal and Persistence); an estimate is neither, only a
+        # hint, so a wall clock that stepped makes one estimate less right and nothing more.
+        lease.age_from = now - max(0.0, wall - lease.granted_at_wall)
         lessor.add(lease)
         lessor.token_sha256[lease.lease_id] = stored.token_sha256
         if lease.job_id is not None:

@@ -516,7 +516,9 @@ class Broker:
             if waiter.request_key == request_key and waiter.conn_id == conn_id:
                 if not waiter.evaluated:
                     return None
-                return self._with_estimate(waiter.to_wire(now, ahead), waiter)
+                played, gone_s = self._played()
+                found = played.get(waiter.request_id)
+                return _with_estimate(waiter.to_wire(now, ahead), found, gone_s)
         return None
 
     # -- attach / renew / release / expiry -----------------------------------------------------
@@ -617,9 +619,9 @@ class Broker:
     def _end(self, lease: Lease, state: LeaseState, reason: str) -> None:
         if self.lessor.revoke(lease, state, reason):
             self.end_count += 1
-            if lease.granted_at > -math.inf:  # a restored lease's grant time is unknown
-                lived_s = self.clock.monotonic() - lease.granted_at
-                self.lifetimes.record(lease.project, lease.session, lived_s)
+            if lease.age_from > -math.inf:
+                lived_s = self.clock.monotonic() - lease.age_from
+                self.lifetimes.record(lease.owner, lease.project, lease.session, lived_s)
             self.resizes.lease_ended(lease.lease_id)
             self.jobs.lease_ended(lease.lease_id, lease.job_id)
             self.emit("lease", {"lease_id": lease.lease_id, "state": state.value})
@@ -798,8 +800,9 @@ class Broker:
         """`{"leases": [...], "queue": [...]}` (plus `"ended"` when asked): active leases with
         the telemetry of their GPUs and flags, the queue with reasons and positions."""
         now = self.clock.monotonic()
+        played, gone_s = self._played()
         queued = [
-            self._with_estimate(w.to_wire(now, ahead), w)
+            _with_estimate(w.to_wire(now, ahead), played.get(w.request_id), gone_s)
             for w, ahead in self.waiting.ahead(self.admission.order(self.queue))
         ]
         leases: list[ListedLease] = []
@@ -826,17 +829,19 @@ class Broker:
         """Each waiting request's estimate (`rbroker.broker.eta`), by request id, with
         `eta_s` from now. Played again when a lease or the queue changed, or after
         `ESTIMATE_REFRESH_S`; in between the last estimates count down."""
+        played, gone_s = self._played()
+        return {k: _count_down(e, gone_s) for k, e in played.items()}
+
+    def _played(self) -> tuple[dict[int, Estimate], float]:
+        """The estimates last played (played again when a lease or the queue changed, or
+        after `ESTIMATE_REFRESH_S`) and the seconds since: one play serves every read of a
+        view, each entry counted down on its own (`_with_estimate`)."""
         now = self.clock.monotonic()
         key = (self.grant_count, self.end_count, self.paused, tuple(id(w) for w in self.queue))
         if key != self._estimated_for or now - self._estimated_at >= ESTIMATE_REFRESH_S:
             self._estimates = self._estimate(now)
             self._estimated_at, self._estimated_for = now, key
-            return self._estimates
-        gone = now - self._estimated_at
-        return {
-            k: e if e.eta_s is None else Estimate(max(0.0, e.eta_s - gone), e.reason)
-            for k, e in self._estimates.items()
-        }
+        return self._estimates, now - self._estimated_at
 
     def _estimate(self, now: float) -> dict[int, Estimate]:
         """The estimates of every waiting request, played from what the broker holds now."""
@@ -852,8 +857,9 @@ class Broker:
                 {u: max(lease.granted_mib, lease.observed_mib.get(u, 0)) for u in lease.gpu_uuids},
                 lease.project,
                 lease.session,
-                None if lease.granted_at == -math.inf else now - lease.granted_at,
+                None if lease.age_from == -math.inf else now - lease.age_from,
                 _declared_left_s(lease, now, wall),
+                lease.owner,
             )
             for lease in self.leases.values()
         ]
@@ -869,21 +875,12 @@ class Broker:
                 if self.paused
                 else ("GPU telemetry is unavailable" if w.reason_kind == "telemetry" else ""),
                 w.expected_s,
+                w.owner,
             )
             for w in self.queue
         ]
         use = self.lessor.granted_by_project() if self.shares.enabled else None
         return estimate(available, holdings, queue, history_of(self.lifetimes), self.shares, use)
-
-    def _with_estimate(self, entry: QueuedRequest, waiter: Waiter) -> QueuedRequest:
-        """`entry` with its request's `eta_s` and `eta_reason`."""
-        found = self.estimates().get(waiter.request_id)
-        if found is None:
-            entry["eta_s"], entry["eta_reason"] = None, "not estimated yet"
-        else:
-            eta_s = None if found.eta_s is None else round(found.eta_s, 1)
-            entry["eta_s"], entry["eta_reason"] = eta_s, found.reason
-        return entry
 
     def shares_view(self) -> list[ShareView]:
         """With `[shares]`: each project's weight, share and use now (`Shares.view`); [] without."""
@@ -937,6 +934,25 @@ class Broker:
         if self.shares.enabled:
             status["shares"] = self.shares_view()
         return status
+
+
+def _count_down(found: Estimate, gone_s: float) -> Estimate:
+    """`found`, played `gone_s` seconds ago, as of now."""
+    if found.eta_s is None:
+        return found
+    return Estimate(max(0.0, found.eta_s - gone_s), found.reason)
+
+
+def _with_estimate(entry: QueuedRequest, found: Estimate | None, gone_s: float) -> QueuedRequest:
+    """`entry` with its request's estimate `found` (None: not estimated yet), played
+    `gone_s` seconds ago, as `eta_s` and `eta_reason`."""
+    if found is None:
+        entry["eta_s"], entry["eta_reason"] = None, "not estimated yet"
+    else:
+        found = _count_down(found, gone_s)
+        eta_s = None if found.eta_s is None else round(found.eta_s, 1)
+        entry["eta_s"], entry["eta_reason"] = eta_s, found.reason
+    return entry
 
 
 def _declared_left_s(lease: Lease, now: float, wall: float) -> float | None:

@@ -4,13 +4,26 @@ the in-process broker with a manual clock (the lifetimes are measured on that cl
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from rbroker.broker.eta import NO_HISTORY, Asking, Holding, estimate, remaining_s, retell
+from rbroker.broker.eta import (
+    ESTIMATED_REQUESTS,
+    TOO_FAR,
+    Asking,
+    Holding,
+    estimate,
+    remaining_s,
+    retell,
+)
+from rbroker.broker.holders import Holder
+from rbroker.broker.leases import Lease
 from rbroker.broker.lifetimes import LIFETIMES_SAVE_S, Lifetimes
 from rbroker.broker.shares import Shares
+from rbroker_protocol.localapi import AcquireParams
 from tests.conftest import GPU0, SINGLE_24G
-from tests.desktop.inprocess import InProcessBroker, SleeperPool
+from tests.desktop.inprocess import DESCRIPTION, InProcessBroker, SleeperPool
 
 A, B = "GPU-a", "GPU-b"
 
@@ -25,7 +38,7 @@ def ask(key: int, mib: int, project: str = "p", gpus: int = 1, *cands: str) -> A
 
 
 def history(table: dict[str, list[float]]):  # type: ignore[no-untyped-def]
-    return lambda project, session: table.get(project, [])
+    return lambda owner, project, session: table.get(project, [])
 
 
 def test_remaining_is_the_median_of_what_the_lifetimes_leave_past_the_age() -> None:
@@ -59,8 +72,10 @@ def test_no_estimate_says_why() -> None:
         [ask(1, 3000), ask(2, 3000, "p", 1, B), ask(3, 30000, "p", 1, B)],
         history({"old": [100.0]}),
     )
-    assert got[1].eta_s is None and got[1].reason == f"{NO_HISTORY} (project new)"
-    assert got[2].eta_s is None and "(project old)" in got[2].reason  # outlived its history
+    assert got[1].eta_s is None
+    assert got[1].reason == "1 lease of new has no declared or observed duration yet"
+    assert got[2].eta_s is None  # its lease outlived the lifetimes seen: its own reason
+    assert got[2].reason == "1 lease of old has outlived every lifetime seen for it"
     stuck = Asking(4, 10, 1, (A,), "p", "s", stuck="admissions are paused")
     out = estimate({A: 0}, [], [stuck, ask(5, 10**6)], history({}))
     assert out[4].reason == "admissions are paused"
@@ -134,23 +149,31 @@ def test_by_shares_the_project_using_less_is_estimated_first() -> None:
 def test_lifetimes_are_bounded_and_survive_json() -> None:
     lt = Lifetimes(per_project=3, per_session=2, projects=2, sessions=2)
     for i in range(5):
-        lt.record("a", "s1", float(i))
-    assert list(lt.of("a", "s1")[0]) == [2.0, 3.0, 4.0] and lt.of("a", "s1")[1] == "project"
-    lt.record("b", "s", 1.0)
-    lt.record("c", "s", 1.0)  # the third project: the least recently ended (a) goes
-    assert lt.of("a", "s1") == ((), "")
+        lt.record("u", "a", "s1", float(i))
+    got = lt.of("u", "a", "s1")
+    assert list(got[0]) == [2.0, 3.0, 4.0] and got[1] == "project"
+    assert lt.of("other", "a", "s1") == ((), "")  # each user's own history
+    lt.record("u", "b", "s", 1.0)
+    lt.record("u", "c", "s", 1.0)  # the user's third project: its least recently ended goes
+    assert lt.of("u", "a", "s1") == ((), "")
     for v in (1.0, 2.0, 3.0):
-        lt.record("c", "own", v)
+        lt.record("u", "c", "own", v)
     again = Lifetimes.from_json(lt.to_json())
     # the session kept its last 2 (< 3: its project's are used); the project its last 3
-    assert list(again.of("c", "own")[0]) == [1.0, 2.0, 3.0]
-    assert again.of("c", "own")[1] == "project"
-    again.record("c", "own", 4.0)  # a fresh history's bounds: 16 per session
-    assert list(again.of("c", "own")[0]) == [2.0, 3.0, 4.0]
-    assert again.of("c", "own")[1] == "session"
-    assert Lifetimes.from_json("not json").of("c", "own") == ((), "")
-    lt.record("d", "s", float("nan"))
-    assert lt.of("d", "s") == ((), "")
+    assert list(again.of("u", "c", "own")[0]) == [1.0, 2.0, 3.0]
+    assert again.of("u", "c", "own")[1] == "project"
+    again.record("u", "c", "own", 4.0)  # a fresh history's bounds: 16 per session
+    assert list(again.of("u", "c", "own")[0]) == [2.0, 3.0, 4.0]
+    assert again.of("u", "c", "own")[1] == "session"
+    assert Lifetimes.from_json("not json").of("u", "c", "own") == ((), "")
+    earlier = '{"projects": {"c": [1.0]}, "sessions": []}'  # the form without users: dropped
+    assert Lifetimes.from_json(earlier).of("u", "c", "own") == ((), "")
+    lt.record("u", "d", "s", float("nan"))
+    assert lt.of("u", "d", "s") == ((), "")
+    few = Lifetimes(users=2)
+    for user in ("x", "y", "z"):  # the third user: the one whose lease ended longest ago goes
+        few.record(user, "p", "s", 1.0)
+    assert [bool(few.of(u, "p", "s")[0]) for u in ("x", "y", "z")] == [False, True, True]
 
 
 @pytest.fixture
@@ -184,9 +207,10 @@ def test_the_queue_tells_when_from_the_lifetimes_seen(
     assert waiting.done()
     h.broker = h._new_broker()
     h.run(h.broker.start(background=False))
-    assert list(h.broker.lifetimes.of("vision", "in-process")[0]) == pytest.approx([600.0] * 3)
+    kept = h.broker.lifetimes.of("tester", "vision", "in-process")[0]
+    assert list(kept) == pytest.approx([600.0] * 3)
     h.restart()  # a crash keeps what the last stop wrote
-    assert len(h.broker.lifetimes.of("vision", "in-process")[0]) == 3
+    assert len(h.broker.lifetimes.of("tester", "vision", "in-process")[0]) == 3
 
 
 def test_the_queue_tells_when_from_a_declared_duration_then_from_history(
@@ -214,8 +238,14 @@ def test_the_queue_tells_when_from_a_declared_duration_then_from_history(
     assert entry["eta_reason"] == "1 lease of vision declared to end by then"
     h.clock.advance(50)  # past its declared end: what vision's leases lived decides
     entry = h.broker.leases_view()["queue"][0]
-    assert entry["eta_s"] == pytest.approx(600, abs=1)  # restored: its age is unknown
+    # restored: its age (160 s) counts from its grant's wall time, not from the restart
+    assert entry["eta_s"] == pytest.approx(440, abs=1)
     assert entry["eta_reason"] == "1 lease of vision likely ends by then"
+    lease_id = h.broker.leases_view()["leases"][0]["lease_id"]
+    h.clock.advance(40)
+    h.broker.release(lease_id, "tester")  # its lifetime is recorded: 200 s since its grant
+    kept = h.broker.lifetimes.of("tester", "vision", "in-process")[0]
+    assert list(kept) == pytest.approx([600.0, 600.0, 600.0, 200.0])
 
 
 def test_the_lifetimes_are_kept_by_the_tick_without_a_clean_stop(
@@ -232,7 +262,7 @@ def test_the_lifetimes_are_kept_by_the_tick_without_a_clean_stop(
     h.broker.release(lid, "tester")
     h.tick(0.5)  # within LIFETIMES_SAVE_S of the last write: not yet
     h.restart()  # a crash: no stop wrote anything
-    kept = h.broker.lifetimes.of("vision", "in-process")[0]
+    kept = h.broker.lifetimes.of("tester", "vision", "in-process")[0]
     assert list(kept) == pytest.approx([LIFETIMES_SAVE_S + 1])
 
 
@@ -243,6 +273,62 @@ def test_a_request_behind_leases_of_an_unseen_project_says_so(
     h.acquire(pool.spawn()[1], mib=8000, wait_s=60)
     entry = h.broker.leases_view()["queue"][0]
     assert entry["eta_s"] is None
-    assert entry["eta_reason"] == f"{NO_HISTORY} (project fresh)"
+    assert entry["eta_reason"] == "1 lease of fresh has no declared or observed duration yet"
     assert h.broker.status().get("shares") is None  # no [shares]: nothing shown
     assert GPU0 in h.broker.slots
+
+
+def test_only_the_first_requests_are_played_however_long_the_queue() -> None:
+    placed: list[str] = []
+
+    def counting(owner: str, project: str, session: str) -> list[float]:
+        placed.append(project)  # once per lease judged: those held and those granted on the way
+        return [10.0]
+
+    queue = [ask(k, 1000, f"p{k % 8}") for k in range(2048)]
+    holding = [lease("x", 64000, 0.0)]
+    started = time.perf_counter()
+    got = estimate({A: 0}, holding, queue, counting)
+    took_s = time.perf_counter() - started
+    played = [k for k, e in got.items() if e.reason != TOO_FAR]
+    assert played == list(range(ESTIMATED_REQUESTS))  # the first in the queue's order
+    assert got[0].eta_s == 10.0 and got[2047].eta_s is None
+    # every request played once cost 2 048 placements (0.24 s, 0.55 s by shares)
+    assert len(placed) <= 1 + ESTIMATED_REQUESTS
+    assert took_s < 0.2  # generous: about 2 ms
+    shares = Shares({f"p{i}": 1 + i % 3 for i in range(8)})
+    by_shares = estimate({A: 0}, holding, queue, counting, shares, {"p0": 5000})
+    assert sum(e.reason != TOO_FAR for e in by_shares.values()) == ESTIMATED_REQUESTS
+    assert by_shares[0].reason == TOO_FAR  # p0 uses the most: its requests come last
+
+
+def acquire_as(h: InProcessBroker, owner: str, holder: Holder, **params: object) -> Lease:
+    """A lease of OS user `owner` (the harness's `acquire` is always "tester"'s)."""
+    p = AcquireParams.model_validate({**DESCRIPTION, **params})
+    task = h.loop.create_task(h.broker.acquire(p, owner, holder, 1))
+    h.spin()
+    return task.result()
+
+
+def test_one_users_churn_evicts_only_that_users_history(
+    hs: InProcessBroker, pool: SleeperPool
+) -> None:
+    h = hs
+    h.broker.lifetimes = Lifetimes(projects=4, sessions=8)  # the caps, per user, made small
+    alice, bob = pool.spawn()[1], pool.spawn()[1]
+    for _ in range(3):  # alice's leases of vision lived 8 s each
+        lid = acquire_as(h, "alice", alice, mib=20000, project="vision").lease_id
+        h.clock.advance(8)
+        h.broker.release(lid, "alice")
+        h.sample()
+    for i in range(20):  # then bob: tiny leases, each of a new project and session
+        lid = acquire_as(h, "bob", bob, mib=1, project=f"churn-{i}", session=f"s-{i}").lease_id
+        h.clock.advance(0.001)
+        h.broker.release(lid, "bob")
+    assert h.broker.lifetimes.of("bob", "churn-0", "s-0") == ((), "")  # bob's own oldest went
+    assert h.broker.lifetimes.of("bob", "churn-19", "s-19")[1] == "project"
+    acquire_as(h, "alice", alice, mib=20000, project="vision")
+    h.acquire(pool.spawn()[1], mib=8000, wait_s=3600, project="nlp")
+    entry = h.broker.leases_view()["queue"][0]
+    assert entry["eta_s"] == pytest.approx(8, abs=0.5)  # alice's history is whole
+    assert entry["eta_reason"] == "1 lease of vision likely ends by then"
