@@ -120,6 +120,32 @@ def spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
     return f"{fmt(median(values))} ({fmt(min(values))}–{fmt(max(values))}, n={len(values)})"
 
 
+def per_round(values: Sequence[float], bases: Sequence[float]) -> list[float]:
+    """Each round's ratio `value / base` (the rounds in the same order in both)."""
+    return [v / b for v, b in zip(values, bases, strict=True)]
+
+
+def interleaved(
+    runs: Mapping[str, Callable[[], None]], n: int, warmup: int, slices: int = 10
+) -> dict[str, list[float]]:
+    """Durations (s) of `n` calls of each of `runs` (kind → one cycle), after `warmup`
+    untimed ones of each; the kinds (in the order of `runs`) take turns in `slices` slices,
+    so that load elsewhere hits them alike."""
+    out: dict[str, list[float]] = {kind: [] for kind in runs}
+    for run in runs.values():
+        for _ in range(warmup):
+            run()
+    clock = time.perf_counter
+    for s in range(slices):
+        for kind, run in runs.items():
+            times = out[kind]
+            for _ in range(n // slices + (1 if s < n % slices else 0)):
+                t0 = clock()
+                run()
+                times.append(clock() - t0)
+    return out
+
+
 def fmt_x(value: float) -> str:
     """A ratio as `1.23×`."""
     return "n/a" if math.isnan(value) else f"{value:.2f}×"

@@ -35,8 +35,10 @@ from _common import (
     fmt_rate,
     fmt_us,
     fmt_x,
+    interleaved,
     median,
     parser,
+    per_round,
     percentile,
     ratio,
     short_tmp,
@@ -185,19 +187,7 @@ def latencies(
     conns = {kind: connect(kind, addr) for kind, addr in address.items()}
     try:
         runs = {kind: cycle_fn(kind, conn, 0) for kind, conn in conns.items()}
-        out: dict[str, list[float]] = {kind: [] for kind in runs}
-        for run in runs.values():
-            for _ in range(warmup):
-                run()
-        clock = time.perf_counter
-        for r in range(rounds):
-            for kind, run in runs.items():
-                times = out[kind]
-                for _ in range(n // rounds + (1 if r < n % rounds else 0)):
-                    t0 = clock()
-                    run()
-                    times.append(clock() - t0)
-        return out
+        return interleaved(runs, n, warmup, rounds)
     finally:
         for conn in conns.values():
             close(conn)
@@ -327,9 +317,6 @@ def main(argv: list[str] | None = None) -> int:
             report.note(stopped)
         echo_proc.kill()
         echo_proc.join(5)
-
-    def per_round(a: list[float], b: list[float]) -> list[float]:
-        return [x / y for x, y in zip(a, b, strict=True)]
 
     has_redis = "redis" in p50
     lat_echo = per_round(p50["broker"], p50["echo"])

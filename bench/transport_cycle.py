@@ -34,8 +34,10 @@ from _common import (
     Report,
     fmt_us,
     fmt_x,
+    interleaved,
     median,
     parser,
+    per_round,
     percentile,
     short_tmp,
     spread,
@@ -174,20 +176,9 @@ def latencies(
         "echo": LineClient(address["echo"]),
     }
     try:
-        runs = {kind: cycle_fn(kind, conns[kind]) for kind in address}
-        out: dict[str, list[float]] = {kind: [] for kind in runs}
-        for run in runs.values():
-            for _ in range(warmup):
-                run()
-        clock = time.perf_counter
-        for s in range(slices):
-            for kind, run in runs.items():
-                times = out[kind]
-                for _ in range(n // slices + (1 if s < n % slices else 0)):
-                    t0 = clock()
-                    run()
-                    times.append(clock() - t0)
-        return out
+        return interleaved(
+            {kind: cycle_fn(kind, conns[kind]) for kind in address}, n, warmup, slices
+        )
     finally:
         for conn in conns.values():
             conn.close()
@@ -246,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         echo_proc.kill()
         echo_proc.wait(10)
 
-    lat_echo = [b / e for b, e in zip(p50["broker"], p50["echo"], strict=True)]
+    lat_echo = per_round(p50["broker"], p50["echo"])
     report.add(
         "lease cycle, 1 client, p50",
         spread(p50["broker"], fmt_us),
@@ -255,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         "≤ 1.5× echo",
         verdict(median(lat_echo) <= TARGET_P50_ECHO),
     )
-    p99_echo = [b / e for b, e in zip(p99["broker"], p99["echo"], strict=True)]
+    p99_echo = per_round(p99["broker"], p99["echo"])
     report.add(
         "lease cycle, 1 client, p99",
         spread(p99["broker"], fmt_us),
