@@ -74,6 +74,10 @@ def lease_result(lease: Lease) -> LeaseResult:
     return {"lease": lease.to_wire()}
 
 
+MethodTable = Mapping[str, tuple[type[BaseModel], Any]]
+"""A local API's methods: name → (its params model, its handler); the readers here look
+only at the model."""
+
 Decoded = tuple[Any, bool, str, Any]
 """`(request_id, answered, method, params)`: `answered` is False for a notification (no
 `id` key), `params` the method's params model."""
@@ -98,7 +102,7 @@ _ENVELOPE: Final = msgspec.json.Decoder(_Envelope)
 
 def decode_fast(
     line: bytes,
-    methods: Mapping[str, tuple[type[BaseModel], Any]],
+    methods: MethodTable,
     admin_methods: frozenset[str],
 ) -> Decoded | None:
     """A request line of one of `FAST_METHODS` that is valid as it stands, read in one pass;
@@ -123,7 +127,7 @@ def decode_fast(
 
 def decode(
     line: bytes,
-    methods: Mapping[str, tuple[type[BaseModel], Any]],
+    methods: MethodTable,
     admin_methods: frozenset[str],
     peer: Peer,
     admin_group: str | None,
@@ -142,7 +146,7 @@ def decode(
 
 def decode_full(
     line: bytes,
-    methods: Mapping[str, tuple[type[BaseModel], Any]],
+    methods: MethodTable,
     admin_methods: frozenset[str],
     peer: Peer,
     admin_group: str | None,
