@@ -133,7 +133,8 @@ def test_status_and_top_once_show_the_gpu_and_the_leases(broker: BrokerProcess) 
         # rbroker top --once: one frame of the same reading, plain rows through a pipe
         top = rbroker_cli("top", "--once", "--socket", broker.socket)
         assert top.returncode == 0, top.stderr
-        assert "\x1b[" not in top.stdout and "q or Ctrl-C quits" in top.stdout, top.stdout
+        assert "\x1b[" not in top.stdout and "read at " in top.stdout, top.stdout
+        assert "q or Ctrl-C quits" not in top.stdout, top.stdout  # one frame: it exits
         frame = " ".join(top.stdout.split())
         assert GPU0 in frame and lease_id in frame and "shown-by-status" in frame, frame
     finally:

@@ -882,6 +882,11 @@ class Broker:
         use = self.lessor.granted_by_project() if self.shares.enabled else None
         return estimate(available, holdings, queue, history_of(self.lifetimes), self.shares, use)
 
+    def queue_order(self) -> str:
+        """How admission orders the queue, in words: "FIFO", or "by [shares]: vision 2,
+        others 1" (the weights, `Shares.words`)."""
+        return f"by [shares]: {self.shares.words()}" if self.shares.enabled else "FIFO"
+
     def shares_view(self) -> list[ShareView]:
         """With `[shares]`: each project's weight, share and use now (`Shares.view`); [] without."""
         if not self.shares.enabled:

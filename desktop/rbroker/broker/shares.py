@@ -57,6 +57,14 @@ class Shares:
         """Whether any share is set (else the queue is FIFO)."""
         return bool(self.weights)
 
+    def words(self) -> str:
+        """The weights in words, for the broker's start-up lines: "vision 2, nlp 1, others
+        1" (projects by name, then `*`'s weight as "others"); "" when no share is set."""
+        if not self.enabled:
+            return ""
+        named = [f"{p} {w:g}" for p, w in sorted(self.weights.items()) if p != DEFAULT_KEY]
+        return ", ".join([*named, f"others {self.default:g}"])
+
     def weight(self, project: str) -> float:
         """The weight of `project` (the `*` weight, or 1, when it is not named)."""
         return float(self.weights.get(project, self.default))

@@ -194,6 +194,8 @@ def run_broker(args: argparse.Namespace) -> int:
                     f"{g.get('total_mib', '?')} MiB total, "
                     f"headroom {g.get('headroom_mib', '?')} MiB, telemetry {g['telemetry']}"
                 )
+            if host.broker.queue_order() != "FIFO":
+                console.print(f"  queue order {host.broker.queue_order()}", markup=False)
             console.print(f"rbroker broker listening on {socket_path}  (Ctrl-C stops)")
         waiter.cancel()
         await task

@@ -418,8 +418,8 @@ def _eta_line(first: tuple[float, float | None, str] | None, waited_s: float) ->
     actual_s = max(0.0, waited_s - at_s)
     off = actual_s - eta_s
     return (
-        f"when: {at_s:.1f} s into its wait the broker said likely in ~{eta_s:.0f} s; it came "
-        f"{actual_s:.1f} s later ({abs(off):.1f} s {'later' if off > 0 else 'sooner'})"
+        f"when: {at_s:.1f} s into its wait the broker said likely in ~{eta_s:.0f} s; granted "
+        f"after {actual_s:.1f} s: {abs(off):.1f} s {'later' if off > 0 else 'sooner'} than told"
     )
 
 

@@ -98,7 +98,7 @@ def flag_error(exc: ValidationError) -> str:
     if kind == "string_pattern_mismatch" and field == "gpu_uuid":
         return f"{flag} must be a GPU UUID as `rbroker status` shows it (GPU-… or MIG-…)"
     if kind == "finite_number":
-        return f"{flag} must be a finite number{unit}"
+        return f"{flag} must be a finite number{' of seconds' if unit else ''}"
     return f"{flag}: {err['msg'].lower()}"
 
 

@@ -82,16 +82,16 @@ class Source:
             self._client = None
 
 
-def frame(snapshot: Snapshot, now_wall: float | None = None) -> View:
+def frame(snapshot: Snapshot, now_wall: float | None = None, once: bool = False) -> View:
     """One frame: `rbroker status`'s header with the time of the reading and how to quit
-    (at the top, so a terminal too short for the frame still shows it), the GPUs with bars,
+    (at the top, so a terminal too short for the frame still shows it; not for `once`, the
+    one frame of `--once`, which quits by itself), the GPUs with bars,
     the leases, the queue (reason whole; ETA where the entries carry `eta_s`), the jobs (a
     line saying there are none), each project's share and use where `[shares]` is set, and
     the coordinator's warning if any."""
     clock = time.strftime("%H:%M:%S", time.localtime(now_wall))
-    header = (
-        f"{status_header(snapshot.status, snapshot.found)}\nread at {clock} — q or Ctrl-C quits"
-    )
+    quits = "" if once else " — q or Ctrl-C quits"
+    header = f"{status_header(snapshot.status, snapshot.found)}\nread at {clock}{quits}"
     view = broker_view(snapshot.gpus, snapshot.leases, header, jobs=snapshot.jobs)
     if not snapshot.jobs:
         view.parts.append(jobs_table([]))
@@ -121,7 +121,7 @@ def run_top(args: argparse.Namespace) -> int:
             Console(stderr=True).print(f"rbroker top: {source.lost}", markup=False, soft_wrap=True)
             return 69
         if getattr(args, "once", False):
-            print_view(console, frame(snapshot))
+            print_view(console, frame(snapshot, once=True))
             return 0
         try:
             if console.is_terminal:

@@ -275,6 +275,7 @@ def test_a_request_behind_leases_of_an_unseen_project_says_so(
     assert entry["eta_s"] is None
     assert entry["eta_reason"] == "1 lease of fresh has no declared or observed duration yet"
     assert h.broker.status().get("shares") is None  # no [shares]: nothing shown
+    assert h.broker.queue_order() == "FIFO"
     assert GPU0 in h.broker.slots
 
 

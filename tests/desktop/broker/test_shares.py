@@ -237,3 +237,5 @@ def test_rbroker_status_shows_each_projects_share_and_use(
     lines = [" ".join(line.split()) for line in console.export_text().splitlines()]
     assert "vision 3 75 % 6 000 0" in lines and "nlp 1 25 % 2 000 0" in lines, lines
     assert "other projects 1 — 0 0" in lines, lines
+    # `rbroker broker` says at start-up that the queue goes by shares, with the weights
+    assert h.broker.queue_order() == "by [shares]: vision 3, others 1"

@@ -37,3 +37,11 @@ def test_demo_seconds_within_bounds_is_taken(given: str, value: float) -> None:
 
     assert build_parser().parse_args(["demo", "--seconds", given]).seconds == value
     assert build_parser().parse_args(["demo"]).seconds == 20.0
+
+
+def test_the_summary_says_how_far_the_estimate_was_from_the_grant() -> None:
+    from rbroker.cli.demo import _eta_line
+
+    line = _eta_line((0.5, 9.0, "1 lease of a declared to end by then"), 2.0)
+    assert line.endswith("likely in ~9 s; granted after 1.5 s: 7.5 s sooner than told"), line
+    assert _eta_line((0.0, 2.0, "x"), 3.0).endswith("granted after 3.0 s: 1.0 s later than told")

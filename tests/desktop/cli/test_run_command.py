@@ -213,7 +213,11 @@ def test_a_bad_expected_duration_is_named_by_its_flag() -> None:
     from rbroker_protocol.localapi import AcquireParams
 
     base = {"mib": 64, "project": "p", "session": "s", "purpose": "x"}
-    for value, message in ((0, "more than 0 seconds"), (31 * 86400, "at most 2 592 000 seconds")):
+    for value, message in (
+        (0, "more than 0 seconds"),
+        (31 * 86400, "at most 2 592 000 seconds"),
+        (float("nan"), "a finite number of seconds"),
+    ):
         with pytest.raises(ValidationError) as caught:
             AcquireParams.model_validate({**base, "expected_s": value})
         assert flag_error(caught.value) == f"--expected must be {message}"
