@@ -31,18 +31,10 @@ from _common import REPO, Report, parser, percentile
 
 sys.path.insert(0, str(REPO))
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
+from tests.fakes.gpu_scenarios import GPU0, GPU1, gpu, scenario
 
-SCENARIO = """
-[[gpu]]
-uuid = "GPU-5a1e0000-0000-0000-0000-000000000001"
-name = "Simulated RTX 4090"
-total_mib = 24576
-
-[[gpu]]
-uuid = "GPU-5a1e0000-0000-0000-0000-000000000002"
-name = "Simulated RTX 4090"
-total_mib = 24576
-"""
+SCENARIO = scenario(gpu(GPU0, name="Simulated RTX 4090"), gpu(GPU1, name="Simulated RTX 4090"))
+"""Two simulated, empty 24 576 MiB GPUs."""
 
 
 @dataclass(frozen=True)

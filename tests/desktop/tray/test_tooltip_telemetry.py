@@ -18,20 +18,11 @@ import rbroker
 from rbroker.tray.app import TrayApp
 from rbroker.tray.state import TrayState
 from tests.conftest import GPU0, GPU1, BrokerProcess
+from tests.fakes.gpu_scenarios import gpu, scenario
 
 TIMEOUT_MS = 10_000
 
-TWO_24G = """
-[[gpu]]
-uuid = "GPU-5a1e0000-0000-0000-0000-000000000001"
-name = "Simulated RTX 4090"
-total_mib = 24576
-
-[[gpu]]
-uuid = "GPU-5a1e0000-0000-0000-0000-000000000002"
-name = "Simulated RTX 4090"
-total_mib = 24576
-"""
+TWO_24G = scenario(gpu(GPU0, name="Simulated RTX 4090"), gpu(GPU1, name="Simulated RTX 4090"))
 
 
 @pytest.fixture
