@@ -186,15 +186,23 @@ def hold(h: InProcessBroker, pool: SleeperPool, mib: int, **kw: object) -> str:
     return lease.lease_id
 
 
+def lived(
+    h: InProcessBroker, pool: SleeperPool, project: str, lifetime_s: float, times: int
+) -> None:
+    """`times` leases of `project` (20 000 MiB each) held for `lifetime_s` each, one after
+    another, then released: the history the broker's estimates read."""
+    for _ in range(times):
+        lid = hold(h, pool, 20000, project=project)
+        h.clock.advance(lifetime_s)
+        h.broker.release(lid, "tester")
+        h.sample()
+
+
 def test_the_queue_tells_when_from_the_lifetimes_seen(
     hs: InProcessBroker, pool: SleeperPool
 ) -> None:
     h = hs
-    for _ in range(3):  # three leases of vision lived 600 s each
-        lid = hold(h, pool, 20000, project="vision")
-        h.clock.advance(600)
-        h.broker.release(lid, "tester")
-        h.sample()
+    lived(h, pool, "vision", 600.0, times=3)  # three leases of vision lived 600 s each
     hold(h, pool, 20000, project="vision")
     h.clock.advance(100)
     waiting = h.acquire(pool.spawn()[1], mib=8000, wait_s=3600, project="nlp")
@@ -217,11 +225,7 @@ def test_the_queue_tells_when_from_a_declared_duration_then_from_history(
     hs: InProcessBroker, pool: SleeperPool
 ) -> None:
     h = hs
-    for _ in range(3):  # three leases of vision lived 600 s each
-        lid = hold(h, pool, 20000, project="vision")
-        h.clock.advance(600)
-        h.broker.release(lid, "tester")
-        h.sample()
+    lived(h, pool, "vision", 600.0, times=3)  # three leases of vision lived 600 s each
     hold(h, pool, 20000, project="vision", expected_s=120, ttl_s=3600)
     assert h.broker.leases_view()["leases"][0]["expected_s"] == 120
     h.clock.advance(100)
