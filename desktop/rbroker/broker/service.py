@@ -135,6 +135,9 @@ class Broker:
         self._estimates: dict[int, Estimate] = {}
         self._estimated_at = -math.inf
         self._estimated_for: tuple[object, ...] = ()
+        self._places_now: dict[tuple[str, int | None], tuple[Waiter, int]] = {}
+        self._placed_at = -math.inf
+        self._placed_for: tuple[int, ...] = ()
         self.end_count = 0
         self.jobs = JobTable(self.clock, store, config.max_open_jobs_per_user)
         self.resizes = Resizes(
@@ -512,14 +515,28 @@ class Broker:
         `request_key` waiting on connection `conn_id`, once admission has given it a reason;
         None when it is not waiting (or has no reason yet)."""
         now = self.clock.monotonic()
-        for waiter, ahead in self.waiting.ahead(self.admission.order(self.queue)):
-            if waiter.request_key == request_key and waiter.conn_id == conn_id:
-                if not waiter.evaluated:
-                    return None
-                played, gone_s = self._played()
-                found = played.get(waiter.request_id)
-                return _with_estimate(waiter.to_wire(now, ahead), found, gone_s)
-        return None
+        place = self._places().get((request_key, conn_id))
+        if place is None or not place[0].evaluated:
+            return None
+        waiter, ahead = place
+        played, gone_s = self._played()
+        found = played.get(waiter.request_id)
+        return _with_estimate(waiter.to_wire(now, ahead), found, gone_s)
+
+    def _places(self) -> dict[tuple[str, int | None], tuple[Waiter, int]]:
+        """Each queued request by (request key, connection) with the number queued before
+        it, in admission's order: worked out once per change of the queue or the leases (or
+        after `ESTIMATE_REFRESH_S`), not per read, since every waiter of every user reads
+        its own entry every `WAITING_POLL_S` (one pass each was O(queue²) a round: 2 048
+        waiters held the event loop for seconds)."""
+        now = self.clock.monotonic()
+        key = (self.waiting.version, self.grant_count, self.end_count)
+        if key != self._placed_for or now - self._placed_at >= ESTIMATE_REFRESH_S:
+            places: dict[tuple[str, int | None], tuple[Waiter, int]] = {}
+            for waiter, ahead in self.waiting.ahead(self.admission.order(self.queue)):
+                places.setdefault((waiter.request_key, waiter.conn_id), (waiter, ahead))
+            self._places_now, self._placed_at, self._placed_for = places, now, key
+        return self._places_now
 
     # -- attach / renew / release / expiry -----------------------------------------------------
     def attach(self, lease_id: str, token: str, owner: str, conn_id: int | None) -> Lease:
@@ -837,7 +854,7 @@ class Broker:
         after `ESTIMATE_REFRESH_S`) and the seconds since: one play serves every read of a
         view, each entry counted down on its own (`_with_estimate`)."""
         now = self.clock.monotonic()
-        key = (self.grant_count, self.end_count, self.paused, tuple(id(w) for w in self.queue))
+        key = (self.grant_count, self.end_count, self.paused, self.waiting.version)
         if key != self._estimated_for or now - self._estimated_at >= ESTIMATE_REFRESH_S:
             self._estimates = self._estimate(now)
             self._estimated_at, self._estimated_for = now, key

@@ -29,6 +29,9 @@ class WaitQueue:
         self._seq = 0
         self._on_gpu: dict[str, int] = {}  # waiters queued per candidate GPU
         self._of_owner: dict[str, int] = {}  # waiters queued per OS user
+        self.version = 0
+        """Changes whenever a waiter joins or leaves the queue or its GPUs change: what a
+        view computed from the queue is cached against (`Broker.waiting_entry`)."""
 
     def waiting_on(self, uuid: str) -> int:
         """How many queued requests may take GPU `uuid`."""
@@ -39,6 +42,7 @@ class WaitQueue:
         return self._of_owner.get(owner, 0)
 
     def _count(self, waiter: Waiter, step: int) -> None:
+        self.version += 1
         for u in waiter.candidates:
             self._on_gpu[u] = self._on_gpu.get(u, 0) + step
         left = self._of_owner.get(waiter.owner, 0) + step
@@ -167,6 +171,7 @@ class WaitQueue:
                 w.future.set_exception(error)
                 w.future.exception()  # retrieved: nobody may be awaiting a restored waiter
         self.waiters.clear()
+        self.version += 1
         self._on_gpu.clear()
         self._of_owner.clear()
 

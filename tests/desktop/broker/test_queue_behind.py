@@ -47,3 +47,36 @@ def test_requests_behind_a_waiting_one_get_reasons_without_passes_and_keep_fifo(
     assert first.done() and isinstance(first.result(), Lease)
     assert all(t.done() and t.result().gpu_uuid == GPU0 for t in behind)
     assert [lease.granted_mib for lease in h.broker.leases.values()] == [8000] + [1000] * 10
+
+
+def test_every_waiter_reading_its_own_entry_costs_one_pass_over_the_queue(
+    h: InProcessBroker, pool: SleeperPool
+) -> None:
+    """Each waiter's connection reads its queue entry every 0.25 s (`tell_waiting`): the
+    places in the queue are worked out once per change of the queue, not once per read (one
+    pass per read was O(queue²) a round: 2 048 waiters held the broker's loop for seconds)."""
+    _, holder = pool.spawn()
+    full = h.acquire(pool.spawn()[1], mib=20000).result()
+    waiting = [
+        h.acquire(holder, conn_id=10 + i, mib=4000, wait_s=60.0, request_key=f"k{i}")
+        for i in range(300)
+    ]
+    passes = []
+    ahead = h.broker.waiting.ahead
+
+    def counted(*args: object, **kwargs: object) -> object:
+        passes.append(1)
+        return ahead(*args, **kwargs)  # type: ignore[arg-type]
+
+    h.broker.waiting.ahead = counted  # type: ignore[method-assign]
+    entries = [h.broker.waiting_entry(f"k{i}", 10 + i) for i in range(300)]
+    assert len(passes) == 1, f"{len(passes)} passes over the queue for 300 reads"
+    assert [e["ahead"] if e else None for e in entries] == list(range(300))
+    assert h.broker.waiting_entry("k0", 11) is None  # another connection's key: not its own
+    waiting[0].cancel()  # the first leaves: everyone behind moves up at the next read
+    h.spin()
+    moved = h.broker.waiting_entry("k299", 309)
+    assert moved is not None and moved["ahead"] == 298 and len(passes) == 2
+    h.broker.release(full.lease_id, full.owner)
+    h.sample()  # 23 347 MiB free: the next five in the queue's order, no one behind them
+    assert [t.done() for t in waiting[1:7]] == [True] * 5 + [False]
