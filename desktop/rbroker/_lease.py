@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
 from rbroker._cuda import cuda_indices
-from rbroker._exceptions import BrokerUnavailable, LeaseExpired, RBrokerError
+from rbroker._exceptions import BrokerUnavailable, Cancelled, LeaseExpired, RBrokerError
 from rbroker._lease_record import Lease, note_over_grant
 from rbroker.client.local import Client
 from rbroker_protocol.params import AcquireRequest
@@ -278,6 +278,71 @@ def _deliver_later(lease: Lease, socket: str | None) -> threading.Thread:
     return thread
 
 
+def _withdrawn() -> Cancelled:
+    return Cancelled("request withdrawn: its task was cancelled", "cancelled")
+
+
+class _Withdrawal:
+    """Lets another thread withdraw a request that waits in the broker's queue.
+
+    The request waits on its own connection, read by a thread blocked in `Client.call`.
+    `withdraw()` closes that connection: the blocked read ends at once on both transports
+    (`rbroker.transport.base.Stream.close`), and the broker drops the connection's waiting
+    request, so the requests behind it move up and nothing is granted to it later; a grant
+    that raced with the close is freed by the close too (a lease is bound to the connection
+    it was granted on). Once the request is granted and handed over (`hand_over`),
+    `withdraw()` does nothing: the lease's holder releases it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._client: Client | None = None
+        self._handed_over = False
+        self.withdrawn = threading.Event()
+        """Set by `withdraw()` before the request was handed over."""
+
+    def watch(self, client: Client) -> None:
+        """`client` is the request's connection now (the first one, or one after a reconnect).
+
+        Raises:
+            Cancelled: the request was withdrawn already (`client` is then closed).
+        """
+        with self._lock:
+            self._client = client
+        if self.withdrawn.is_set():
+            client.close()
+            raise _withdrawn()
+
+    def hand_over(self) -> None:
+        """The request is granted and its lease about to be held: later `withdraw()` calls do
+        nothing.
+
+        Raises:
+            Cancelled: the request was withdrawn first (its connection is then closed, which
+                frees the grant).
+        """
+        with self._lock:
+            if not self.withdrawn.is_set():
+                self._handed_over, self._client = True, None
+                return
+            client = self._client
+        if client is not None:
+            client.close()
+        raise _withdrawn()
+
+    def withdraw(self) -> None:
+        """Withdraw the request, from any thread, without waiting for the thread that waits
+        on it: its connection (if one is open yet) is closed now; a connection opened later is
+        closed as soon as `watch` sees it. Nothing once the request was handed over."""
+        with self._lock:
+            if self._handed_over:
+                return
+            self.withdrawn.set()
+            client = self._client
+        if client is not None:
+            client.close()
+
+
 def _acquire(
     mib: int,
     project: str,
@@ -292,8 +357,19 @@ def _acquire(
     job_id: str | None = None,
     on_wait: Callable[[dict[str, Any]], None] | None = None,
     expected_s: float | None = None,
+    withdrawal: _Withdrawal | None = None,
 ) -> _Holder:
+    """Connect, ask for the lease (waiting up to `wait_s` s), and hold what is granted.
+
+    `withdrawal` (optional) lets another thread withdraw the request while it waits
+    (`_Withdrawal`); it is then not sent again after a broker restart.
+
+    Raises:
+        RBrokerError: as `lease()`; Cancelled: withdrawn through `withdrawal`.
+    """
     client = Client(socket)
+    if withdrawal is not None:
+        withdrawal.watch(client)
     socket = client.address  # the broker found holds the lease: reconnect to it, no other
     params: AcquireRequest = {
         "mib": mib,
@@ -330,9 +406,15 @@ def _acquire(
                 )
                 break
             except BrokerUnavailable:
-                # the broker went away mid-wait (restart): come back with the same request_key
                 client.close()
-                client = _reconnect(socket, time.monotonic() + RECONNECT_WINDOW_S, None)
+                if withdrawal is not None and withdrawal.withdrawn.is_set():
+                    # its connection was closed to withdraw it: not a broker that went away
+                    raise _withdrawn() from None
+                # the broker went away mid-wait (restart): come back with the same request_key
+                stop = withdrawal.withdrawn if withdrawal is not None else None
+                client = _reconnect(socket, time.monotonic() + RECONNECT_WINDOW_S, stop)
+                if withdrawal is not None:
+                    withdrawal.watch(client)
     except BaseException:
         client.close()
         raise
@@ -349,6 +431,8 @@ def _acquire(
     except BaseException:
         client.close()  # the connection closing frees the grant
         raise
+    if withdrawal is not None:
+        withdrawal.hand_over()  # withdrawn while granted: its connection closed, grant freed
     lease = Lease(
         lease_id=info["lease_id"],
         gpu_uuid=info["gpu_uuid"],
@@ -479,20 +563,27 @@ async def alease(
     default executor, whose few threads (min(32, CPUs + 4)) would let only that many
     requests of a process wait at once while the others stalled behind them; heartbeats run
     on their own thread, so a busy event loop cannot let the lease expire. A task cancelled
-    while it waits releases the lease as soon as it is granted. Defaults and errors as for
-    `lease()`.
+    while its request waits withdraws it at once: the request's connection is closed (from
+    the event loop's thread), so the broker drops it from its queue, the requests behind it
+    move up and nothing is granted to it later; a grant that came just before is released.
+    Defaults and errors as for `lease()`.
     """
     project, session, purpose = _descriptions(project, session, purpose)
+    withdrawal = _Withdrawal()
     granting = _on_own_thread(
         lambda: _acquire(
             mib, project, session, purpose, wait_s, gpus, gpu_uuid, ttl_s, adopt, socket,
-            expected_s=expected_s,
+            expected_s=expected_s, withdrawal=withdrawal,
         ),
         on_abandoned=lambda granted: granted.release(),
     )  # fmt: skip
     try:
         holder = await granting
-    except asyncio.CancelledError:  # cancelled just as the grant came: nobody holds it
+    except asyncio.CancelledError:
+        # Still waiting: out of the broker's queue now, not when it would have been granted
+        # (closing a connection never blocks on the broker).
+        withdrawal.withdraw()
+        # Cancelled just as the grant came (handed over, so not withdrawn): nobody holds it.
         if granting.done() and not granting.cancelled() and granting.exception() is None:
             threading.Thread(target=granting.result().release, daemon=True).start()
         raise

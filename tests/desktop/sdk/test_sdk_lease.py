@@ -195,3 +195,48 @@ def test_alease_requests_of_one_process_all_wait_at_once() -> None:
             assert c.leases()["leases"] == [] and c.leases()["queue"] == []
     finally:
         eb.stop()
+
+
+def test_a_cancelled_alease_leaves_the_queue_at_once(broker: BrokerProcess) -> None:
+    """Before: the request of a cancelled `alease` task stayed in the broker's queue until it
+    was granted (the grant was then released): it kept its place ahead of the requests
+    behind it, and briefly took memory nobody used. Right: it leaves the queue within a
+    second of the cancel, the request behind it is next, and nothing is ever granted to it.
+    Each request alone fits the GPU once the others' memory is gone, both together do not."""
+
+    async def one(session: str) -> int:
+        async with rbroker.alease(
+            15000, project=PROJECT, session=session, purpose=PURPOSE, wait_s=60,
+            socket=broker.socket,
+        ) as lease:  # fmt: skip
+            return lease.granted_mib
+
+    async def queue_is(c: rbroker.Client, sessions: list[str], timeout_s: float) -> float:
+        """Seconds until the broker's queue holds the requests of `sessions`, in order."""
+        start = time.monotonic()
+        while [r["session"] for r in c.leases()["queue"]] != sessions:
+            assert time.monotonic() - start < timeout_s, c.leases()["queue"]
+            await asyncio.sleep(0.01)
+        return time.monotonic() - start
+
+    async def main(c: rbroker.Client) -> int:
+        cancelled = asyncio.create_task(one("cancelled"))
+        await queue_is(c, ["cancelled"], 10.0)
+        behind = asyncio.create_task(one("behind"))
+        await queue_is(c, ["cancelled", "behind"], 10.0)
+        assert c.leases()["queue"][1]["ahead"] == 1
+        cancelled.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await cancelled
+        assert await queue_is(c, ["behind"], 1.0) < 1.0  # before: still first in line
+        assert c.leases()["queue"][0]["ahead"] == 0
+        c.sim_set(GPU0, used_mib=0)  # the others' memory goes: room for one request
+        return await asyncio.wait_for(behind, 20)
+
+    with broker.client() as c:
+        c.sim_set(GPU0, used_mib=20000)  # 3 347 MiB available: neither request fits
+        assert asyncio.run(main(c)) == 15000
+        seen = c.leases(include_ended=True)
+        assert seen["leases"] == [] and seen["queue"] == []
+        ended = [(x["session"], x["state"]) for x in seen.get("ended", [])]
+        assert ended == [("behind", "released")]  # the cancelled request: never granted
