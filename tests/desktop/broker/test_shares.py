@@ -1,7 +1,8 @@
 """Shares per project (`[shares]`, `rbroker.broker.shares`): the order of the queue by each
 project's use against its weight, FIFO within a project, never admitting what does not fit,
 and no project with a share waiting for ever once the leases ahead end. On the in-process
-broker with a manual clock; the property test drives random arrivals and releases."""
+broker with a manual clock; the property test drives random arrivals and releases. One
+contract test runs a real broker process with `--config` and reads `rbroker status`."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from rbroker.broker.shares import Shares
 from rbroker.cli.main import main
 from rbroker.cli.views import print_view, shares_table
 from rbroker_protocol.startup import EXIT_USAGE
-from tests.conftest import SINGLE_24G
+from tests.conftest import SINGLE_24G, BrokerProcess, wait_until
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
 
 USABLE_MIB = 24576 - 1229  # SINGLE_24G less its default headroom
@@ -128,6 +129,32 @@ def test_the_project_using_less_goes_first_and_status_shows_shares(
     h.broker.release(held.lease_id, "tester")
     h.sample()
     assert first.done() and first.exception() is None
+
+
+def test_a_real_broker_reads_shares_from_its_config_and_status_prints_them(
+    broker_factory: Callable[..., BrokerProcess],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = tmp_path / "shares.toml"
+    config.write_text('[shares]\nvision = 3\n"*" = 1\n')
+    bp = broker_factory(SINGLE_24G, extra_args=["--config", str(config)])
+    with bp.client() as vision, bp.client() as nlp:  # each lease bound to its connection
+        vision.call("lease.acquire", mib=6000, project="vision", session="s", purpose="p")
+        nlp.call("lease.acquire", mib=2000, project="nlp", session="s", purpose="p")
+        capsys.readouterr()
+        assert main(["status", "--socket", bp.socket]) == 0
+        out = capsys.readouterr().out
+    lines = [" ".join(line.split()) for line in out.splitlines()]
+    at = lines.index("Shares")  # after the leases' table, plain rows (stdout is not a terminal)
+    assert lines[at + 1 : at + 5] == [
+        "project weight share granted MiB waiting",
+        "vision 3 75 % 6000 0",
+        "nlp 1 25 % 2000 0",
+        "other projects 1 — 0 0",
+    ], out
+    wait_until(lambda: "listening on" in bp.log())  # its start-up lines are written
+    assert "  queue order by [shares]: vision 3, others 1\n" in bp.log(), bp.log()
 
 
 # -- the property: random arrivals and releases --------------------------------------------
