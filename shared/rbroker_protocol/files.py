@@ -1,5 +1,6 @@
 """Private files of the broker and the coordinator alike: a data dir 0700 (an existing one
-keeps at most 0750, for a service group) and a SQLite database 0600, whatever the umask.
+keeps at most 0750, for a service group), a SQLite database 0600 and an append-only file
+beside it 0600 (`private_append`: the broker's lease journal), whatever the umask.
 
 SQLite creates a database's `-wal`, `-shm` and `-journal` files with the database file's
 own mode, so the database is created 0600 before SQLite first opens it; files that an
@@ -74,3 +75,31 @@ def private_sqlite(path: Path) -> None:
     os.close(fd)
     for candidate in (path, *(path.with_name(path.name + s) for s in _SIDE_FILES)):
         _tighten(candidate, FILE_MODE)
+
+
+def private_append(path: Path) -> int:
+    """Open file `path` for appending (`O_APPEND`, binary) and return its descriptor: its
+    directory as `private_dir`, the file created `FILE_MODE` when missing and tightened to it
+    when it exists. It may not be a symbolic link (`O_NOFOLLOW`, as `private_sqlite`). The
+    descriptor reads too (from offset 0 after `os.lseek`); writes always go to the end.
+
+    Raises:
+        OSError: the directory or the file cannot be created or opened; ELOOP: the file is a
+            symbolic link (`filename` names it).
+    """
+    path = Path(path)
+    private_dir(path.parent)
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0)
+    if os.name != "posix":
+        return os.open(path, flags, FILE_MODE)
+    if path.is_symlink():
+        raise OSError(errno.ELOOP, _LINK, str(path))
+    nofollow = os.O_NOFOLLOW | os.O_CLOEXEC  # type: ignore[attr-defined,unused-ignore]
+    try:
+        fd = os.open(path, flags | nofollow, FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link put there since the look above
+            raise OSError(errno.ELOOP, _LINK, str(path)) from None
+        raise
+    _tighten(path, FILE_MODE)
+    return fd

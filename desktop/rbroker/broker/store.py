@@ -1,13 +1,16 @@
-"""Persistence of the leases and the queue in SQLite (WAL) in the data dir.
+"""Persistence of the leases and the queue in SQLite (WAL, synchronous=NORMAL) in the data dir.
 
-What is written, and when (each a committed transaction before the answer goes out, but
-for a lease's end):
-- a lease at its grant (with a hash of its re-attach token, never the token);
-- a lease's end within `END_FLUSH_S` of it, in the same transaction as the next grant when
-  one comes sooner (so a lease cycle commits once). A broker killed in that window restores
-  the ended lease at its restart; its holder does not re-attach it, so it expires after the
-  re-attach grace: its memory stays booked a few seconds longer, nothing is granted twice.
-  Every read of the store sees the ends not yet written, and `close()` writes them;
+What is written, and when (each done before the answer goes out):
+- a lease at its grant, re-attach (a fresh token) and resize, and its end: one line each
+  appended to the lease journal beside the database (`<name>.leases.jsonl`, 0600, with a
+  hash of the re-attach token, never the token) by one `os.write` before the call returns,
+  no fsync. The journal is folded into the database in one transaction within `END_FLUSH_S`
+  (the broker's timer, `flush_soon`), before any read of the store and at `close()`, in the
+  order written (a lease granted and ended in one window ends up ended), then truncated. A
+  store opened on a journal left by a crash folds it first (replaying is idempotent: whole
+  rows, in order); a torn last line (a crash mid-write) or an unreadable line is logged and
+  skipped. The guarantee is WAL's with synchronous=NORMAL: a broker killed (even `kill -9`)
+  right after answering loses no grant and no end; a power loss may lose the last ones;
 - a holder's baseline on a GPU (memory outside its leases) at every change, one row per
   holder and GPU while it is above 0 (`rbroker.broker.baselines`): lease records are not
   rewritten then, and a baseline that stays at 0 (a holder using no memory outside its
@@ -15,16 +18,19 @@ for a lease's end):
 - a waiting request when it first has to wait, and its removal;
 - a job at its declaration and every change, and each chunk report together with the
   job's new cumulative counts (one transaction, so counts and chunks never disagree).
-Renewals are not written: after a restart every restored lease gets one TTL from the
-restart, and its holder re-attaches within it. This keeps the heartbeat path free of disk
-writes while a broker crash (even `kill -9`) loses no grant."""
+All but the first are SQLite transactions, committed on return. Renewals are not written:
+after a restart every restored lease gets one TTL from the restart, and its holder
+re-attaches within it. This keeps the heartbeat path free of disk writes, and the lease
+cycle free of SQLite commits."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Mapping
@@ -34,16 +40,30 @@ from typing import Any
 
 import orjson
 
-from rbroker_protocol.files import private_sqlite
+from rbroker_protocol.files import private_append, private_sqlite
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
 END_FLUSH_S = 0.05
-"""Longest time a lease's end waits unwritten (the broker flushes it; see the docstring)."""
+"""Longest time a journaled lease change waits to be folded into the database (the broker's
+timer; see the docstring)."""
 
+JOURNAL_SUFFIX = ".leases.jsonl"
+"""The lease journal's name beside the database: `broker.sqlite3` → `broker.leases.jsonl`."""
+
+_GRANT = "g"  # journal line ["g", lease_id, token_sha256, record JSON text]
+_END = "e"  # journal line ["e", state, ended_at, record JSON text, lease_id]
+_GRANT_SQL = (
+    "INSERT OR REPLACE INTO leases(lease_id, token_sha256, record, state, ended_at)"
+    " VALUES (?, ?, ?, 'active', NULL)"
+)
 _END_SQL = "UPDATE leases SET state = ?, ended_at = ?, record = ? WHERE lease_id = ?"
+_SQL = {_GRANT: _GRANT_SQL, _END: _END_SQL}
+
+#: A journaled change: its kind (`_GRANT`, `_END`) and its statement's parameters.
+_Change = tuple[str, tuple[Any, ...]]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -106,19 +126,50 @@ class StoredLease:
     record: dict[str, Any]
 
 
+def _journal_change(line: bytes) -> _Change | None:
+    """The change a complete journal line holds (without its newline), or None when it is
+    not one."""
+    try:
+        item = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(item, list) or not item:
+        return None
+    kind, args = item[0], tuple(item[1:])
+    grant = kind == _GRANT and len(args) == 3 and all(isinstance(a, str) for a in args)
+    end = (
+        kind == _END
+        and len(args) == 4
+        and isinstance(args[1], (int, float))
+        and all(isinstance(a, str) for a in (args[0], args[2], args[3]))
+    )
+    if not (grant or end):
+        return None
+    try:  # the database holds only records that read back (`active_leases`)
+        return (kind, args) if isinstance(json.loads(args[2]), dict) else None
+    except ValueError:
+        return None
+
+
 class LeaseStore:
-    """The broker's SQLite file (`<data dir>/broker.sqlite3`).
+    """The broker's SQLite file (`<data dir>/broker.sqlite3`) and its lease journal
+    (`<data dir>/broker.leases.jsonl`), folded into it at once when a crash left one.
 
     Raises:
-        sqlite3.Error: the file cannot be opened or is not an rbroker database.
+        sqlite3.Error: the file cannot be opened or is not an rbroker database, or the journal
+            cannot be folded into it.
+        OSError: the journal cannot be opened or read (ELOOP: it is a symbolic link).
     """
 
     def __init__(self, path: Path) -> None:
         private_sqlite(path)  # 0600 in a 0700 dir, whatever the umask
         self.path = path
+        self.journal_path = path.with_name(path.stem + JOURNAL_SUFFIX)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._lock = threading.Lock()
-        self._ends: list[tuple[str, float, str, str]] = []  # queued by `end_lease_soon`
+        self._pending: list[_Change] = []  # journaled, not yet in the database, in order
+        self._journal_bytes = 0  # the journal's length after its last whole line
+        self._journal = -1  # its descriptor (below)
         self._baseline_rows: dict[tuple[int, float, str], int] = {}  # the baselines table
         self._flush_handle: asyncio.TimerHandle | None = None
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -133,10 +184,57 @@ class LeaseStore:
             "SELECT holder_pid, holder_start, gpu_uuid, mib FROM baselines"
         ):
             self._baseline_rows[(int(pid), float(start), str(uuid))] = int(mib)
+        try:
+            self._journal = private_append(self.journal_path)
+            self._replay_journal()
+        except BaseException:
+            if self._journal >= 0:
+                os.close(self._journal)
+            self._db.close()
+            raise
+
+    def _replay_journal(self) -> None:
+        """Fold what a crash left in the journal into the database, truncate it."""
+        os.lseek(self._journal, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(self._journal, 1 << 20):
+            chunks.append(chunk)
+        if not chunks:  # the usual case: the last broker closed its store
+            return
+        lines = b"".join(chunks).split(b"\n")
+        torn = lines.pop()  # b"" after a whole last line
+        if torn:
+            log.warning(
+                "lease journal %s: a torn last line (%d bytes, a write cut by a crash) skipped",
+                self.journal_path,
+                len(torn),
+            )
+        for number, line in enumerate(lines, 1):
+            change = _journal_change(line)
+            if change is None:
+                log.error(
+                    "lease journal %s: line %d unreadable (%d bytes), skipped",
+                    self.journal_path,
+                    number,
+                    len(line),
+                )
+                continue
+            self._pending.append(change)
+        if self._pending:
+            log.info(
+                "lease journal %s: %d lease changes left by a crash folded into the database",
+                self.journal_path,
+                len(self._pending),
+            )
+        self._journal_bytes = -1  # unknown until truncated
+        self._fold_locked()
+        if self._journal_bytes != 0:  # nothing was pending, only skipped lines
+            self._truncate_journal()
 
     def meta(self, key: str) -> str | None:
         """A value of the `meta` table (None when not set)."""
         with self._lock:
+            self._fold_locked()
             row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
@@ -150,34 +248,49 @@ class LeaseStore:
             )
 
     def close(self) -> None:
-        """Write the queued lease ends, close the database."""
+        """Fold the journal into the database, close both (a journal that cannot be folded
+        stays, for the next open)."""
         with self._lock:
             try:
-                self._flush_locked()
+                self._fold_locked()
             finally:
                 self._db.close()
+                if self._journal >= 0:
+                    os.close(self._journal)
+                    self._journal = -1
+
+    def _append_locked(self, change: _Change) -> None:
+        """Journal `change` (one `os.write`, done on return), queue it for the fold.
+
+        Raises:
+            OSError: the write failed (the journal is cut back to its last whole line).
+        """
+        line = orjson.dumps([change[0], *change[1]]) + b"\n"
+        try:
+            written = os.write(self._journal, line)
+            while written < len(line):  # a short write (a full disk): the rest, or an error
+                written += os.write(self._journal, line[written:])
+        except OSError:
+            if self._journal_bytes >= 0:
+                try:
+                    os.ftruncate(self._journal, self._journal_bytes)
+                except OSError:
+                    log.exception("lease journal %s: cutting a failed write", self.journal_path)
+            raise
+        if self._journal_bytes >= 0:
+            self._journal_bytes += len(line)
+        self._pending.append(change)
 
     def put_lease(self, lease_id: str, token: str, record: dict[str, Any]) -> None:
-        """Write a granted lease, with the queued lease ends (one commit, done on return)."""
-        row = (lease_id, token_hash(token), record_json(record))
-        sql = (
-            "INSERT OR REPLACE INTO leases(lease_id, token_sha256, record, state, ended_at)"
-            " VALUES (?, ?, ?, 'active', NULL)"
-        )
+        """Write a granted (re-attached, resized) lease to the journal: done on return, in
+        the database within `END_FLUSH_S` (see the module docstring).
+
+        Raises:
+            OSError: the journal cannot be written (the store keeps nothing of it).
+        """
         with self._lock:
-            if not self._ends:
-                self._db.execute(sql, row)
-                return
-            ends, self._ends = self._ends, []
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(_END_SQL, ends)
-                self._db.execute(sql, row)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                self._ends = ends + self._ends
-                raise
-            self._db.execute("COMMIT")
+            self._append_locked((_GRANT, (lease_id, token_hash(token), record_json(record))))
+        self.flush_soon()
 
     def put_baseline(self, holder_pid: int, holder_start: float, gpu_uuid: str, mib: int) -> None:
         """Write a holder's baseline on a GPU (MiB; 0 or less deletes it), committed on return.
@@ -206,37 +319,44 @@ class LeaseStore:
     def baselines(self) -> list[tuple[int, float, str, int]]:
         """Every stored baseline: (holder pid, holder start time, GPU UUID, MiB)."""
         with self._lock:
+            self._fold_locked()
             rows = self._db.execute(
                 "SELECT holder_pid, holder_start, gpu_uuid, mib FROM baselines"
             ).fetchall()
         return [(int(p), float(s), str(u), int(m)) for p, s, u, m in rows]
 
     def end_lease(self, lease_id: str, state: str, ended_at: float, record: dict[str, Any]) -> None:
-        """Mark a lease ended (committed on return)."""
+        """Mark a lease ended (committed on return, after the journal's changes)."""
         with self._lock:
+            self._fold_locked()
             self._db.execute(_END_SQL, (state, ended_at, record_json(record), lease_id))
 
     def end_lease_soon(
         self, lease_id: str, state: str, ended_at: float, record: dict[str, Any]
     ) -> None:
-        """Queue a lease's end: written by `flush()`, the next `put_lease`, or before any
-        read (the caller flushes within `END_FLUSH_S`; see the module docstring)."""
-        with self._lock:
-            self._ends.append((state, ended_at, record_json(record), lease_id))
-
-    def flush(self) -> None:
-        """Write the queued lease ends (one commit; nothing when none are queued).
+        """Write a lease's end to the journal (done on return; in the database with the next
+        fold: the caller calls `flush_soon`; see the module docstring).
 
         Raises:
-            sqlite3.Error: the write failed (the ends stay queued).
+            OSError: the journal cannot be written.
         """
         with self._lock:
-            self._flush_locked()
+            self._append_locked((_END, (state, ended_at, record_json(record), lease_id)))
+
+    def flush(self) -> None:
+        """Fold the journal's changes into the database (one commit; nothing when none are
+        pending), then truncate it.
+
+        Raises:
+            sqlite3.Error: the write failed (the changes stay pending, the journal whole).
+        """
+        with self._lock:
+            self._fold_locked()
 
     def flush_soon(self) -> None:
-        """Write the queued lease ends within `END_FLUSH_S` (at once when no event loop runs:
-        a broker driven step by step); a failed timed write is logged and retried with the
-        next write."""
+        """Fold the journal into the database within `END_FLUSH_S` (at once when no event
+        loop runs: a broker driven step by step); a failed timed fold is logged and retried
+        with the next one."""
         if self._flush_handle is not None:
             return
         try:
@@ -251,25 +371,45 @@ class LeaseStore:
         try:
             self.flush()
         except sqlite3.Error:
-            log.exception("writing lease ends failed (they are written with the next write)")
+            log.exception("folding the lease journal failed (retried with the next fold)")
 
-    def _flush_locked(self) -> None:
-        if not self._ends:
+    def _fold_locked(self) -> None:
+        """The pending changes into the database in one transaction, in order; then the
+        journal truncated (a failed truncation is logged: replaying is idempotent)."""
+        if not self._pending:
             return
-        ends, self._ends = self._ends, []
-        self._db.execute("BEGIN IMMEDIATE")
+        pending, self._pending = self._pending, []
         try:
-            self._db.executemany(_END_SQL, ends)
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for kind, run in itertools.groupby(pending, key=lambda c: c[0]):
+                    self._db.executemany(_SQL[kind], [args for _, args in run])
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
         except BaseException:
-            self._db.execute("ROLLBACK")
-            self._ends = ends + self._ends
+            self._pending = pending + self._pending
             raise
-        self._db.execute("COMMIT")
+        self._truncate_journal()
+
+    def _truncate_journal(self) -> None:
+        try:
+            os.ftruncate(self._journal, 0)
+        except OSError:
+            log.exception("lease journal %s: truncating after the fold", self.journal_path)
+            try:
+                self._journal_bytes = os.fstat(self._journal).st_size
+            except OSError:
+                self._journal_bytes = -1  # unknown: a failed write is not cut back
+        else:
+            self._journal_bytes = 0
 
     def active_leases(self) -> list[StoredLease]:
         """Leases not yet ended, in grant order."""
         with self._lock:
-            self._flush_locked()
+            self._fold_locked()
             rows = self._db.execute(
                 "SELECT lease_id, token_sha256, record FROM leases WHERE state = 'active' "
                 "ORDER BY rowid"
@@ -292,6 +432,7 @@ class LeaseStore:
     def waiters(self) -> list[dict[str, Any]]:
         """Waiting requests in FIFO order (their records, with `request_key`)."""
         with self._lock:
+            self._fold_locked()
             rows = self._db.execute(
                 "SELECT request_key, record FROM waiters ORDER BY seq"
             ).fetchall()
@@ -300,7 +441,7 @@ class LeaseStore:
     def prune_ended(self, keep: int) -> None:
         """Keep only the `keep` most recently ended leases."""
         with self._lock:
-            self._flush_locked()
+            self._fold_locked()
             self._db.execute(
                 "DELETE FROM leases WHERE state != 'active' AND lease_id NOT IN ("
                 "SELECT lease_id FROM leases WHERE state != 'active' "
@@ -339,6 +480,7 @@ class LeaseStore:
     def jobs(self) -> list[tuple[dict[str, Any], dict[str, tuple[int, int]]]]:
         """Every job's record with its chunks `{chunk_id: (completed, failed)}`."""
         with self._lock:
+            self._fold_locked()
             jobs = self._db.execute("SELECT job_id, record FROM jobs ORDER BY rowid").fetchall()
             chunks = self._db.execute(
                 "SELECT job_id, chunk_id, completed, failed FROM job_chunks"

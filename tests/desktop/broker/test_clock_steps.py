@@ -143,6 +143,7 @@ def test_a_store_from_before_the_boot_clock_keeps_its_live_leases(
     leases = _two_holders(h, pool)
     store = h.broker.store
     assert store is not None
+    store.flush()  # the journal's grants into the database, to be rewritten as of old
     db = sqlite3.connect(store.path)
     with db:
         for x in leases:
