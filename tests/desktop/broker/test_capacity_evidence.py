@@ -224,9 +224,13 @@ def test_one_sample_without_the_holder_does_not_reset_its_baseline(
 
 
 def _free_pid_above(start: int) -> int:
-    pid = start
+    """The first pid from `start` with no process, kept below the kernel's pid_max (past it
+    the kernel wraps to 300, so does this: writing a pid past pid_max to ns_last_pid is
+    EINVAL, which failed this test on a machine whose pids were near the wrap)."""
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    pid = start if start < pid_max - 1 else 300
     while Path(f"/proc/{pid}").exists():
-        pid += 1
+        pid = pid + 1 if pid + 1 < pid_max - 1 else 300
     return pid
 
 
