@@ -117,13 +117,24 @@ def test_client_refuses_a_service_pipe_not_served_by_localsystem() -> None:
         )
     except OSError:
         pytest.skip("an rbroker service runs on this computer")
+    def accept() -> None:
+        # The client checks the server's account and hangs up before it sends a
+        # byte, so the connect may end with "pipe closed" (ERROR_NO_DATA, 232) or
+        # "pipe connected" (535); both are what this squatter expects.
+        try:
+            _winapi.ConnectNamedPipe(handle, False)
+        except OSError as exc:
+            if exc.winerror not in (232, 535):
+                raise
+
+    acceptor = threading.Thread(target=accept, daemon=True)
     try:
-        threading.Thread(
-            target=lambda: _winapi.ConnectNamedPipe(handle, False), daemon=True
-        ).start()
+        acceptor.start()
         with pytest.raises(rbroker.BrokerUnavailable) as err:
             rbroker.Client(SERVICE_PIPE, timeout_s=10)
         assert "not S-1-5-18" in str(err.value) and "nothing was sent" in str(err.value)
+        acceptor.join(timeout=10)
+        assert not acceptor.is_alive(), "the squatter's connect never returned"
     finally:
         _winapi.CloseHandle(handle)
     assert os.name == "nt"
