@@ -19,7 +19,8 @@ RBrokerError                      base: .code (stable name), .message, .data (nu
 ├── ResizePending                 resize_pending (another resize of the lease still waits)
 ├── NotSimulated                  not_simulated (sim.* on a real-GPU broker)
 ├── NotAllowed                    not_allowed (pause/simulation by another user),
-│   │                             too_many_connections (per-user connection cap)
+│   │                             too_many_connections (per-user connection cap),
+│   │                             not_a_member (a project kept to its members)
 │   └── LimitReached              too_many_waiting, too_many_leases, too_many_jobs,
 │                                 unsent_over_limit (a per-user cap of the broker)
 └── Cancelled                     cancelled
@@ -112,8 +113,9 @@ class NotSimulated(RBrokerError):
 
 class NotAllowed(RBrokerError):
     """The caller may not do this: an administrative method (`broker.pause`, `sim.set`,
-    `sim.stall`) from a user other than the broker's own or its admin group, or a connection
-    past the per-user cap (`code` says which)."""
+    `sim.stall`) from a user other than the broker's own or its admin group, a connection
+    past the per-user cap, or a project whose members list in the broker's config does not
+    name this user (`not_a_member`; `data`: `project`, `user`) (`code` says which)."""
 
 
 class LimitReached(NotAllowed):
@@ -179,6 +181,7 @@ _BY_CODE: dict[ErrorCode, type[RBrokerError]] = {
     ErrorCode.TOO_MANY_JOBS: LimitReached,
     ErrorCode.UNSENT_OVER_LIMIT: LimitReached,
     ErrorCode.REQUEST_NOT_FOUND: RequestNotFound,
+    ErrorCode.NOT_A_MEMBER: NotAllowed,
 }
 
 

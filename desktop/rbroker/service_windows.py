@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rbroker._version import __version__
-from rbroker.broker.config import BrokerConfig
+from rbroker.broker.config import CONFIG_FILE, BrokerConfig, ConfigFile, read_config
 from rbroker.transport.pipe_security import SERVICE_PIPE
 from rbroker.transport.system_paths import program_data_dir
 
@@ -65,13 +65,24 @@ class ServiceOptions:
 
 def service_config(environ: Mapping[str, str] | None, options: ServiceOptions) -> BrokerConfig:
     """The service broker's configuration: the fixed service pipe, the service data dir
-    (or the configured one; `environ`: see `service_data_dir`), the configured headroom."""
+    (or the configured one; `environ`: see `service_data_dir`), the configured headroom,
+    and `[shares]` and `[members]` of `broker.toml` in the data dir when it exists.
+
+    Raises:
+        ValueError: one line naming the config file and its problem (`read_config`).
+    """
+    data_dir = options.data_dir or service_data_dir(environ)
+    settings = ConfigFile()
+    if (data_dir / CONFIG_FILE).is_file():
+        settings = read_config(data_dir / CONFIG_FILE)
     return BrokerConfig(
         socket_path=Path(SERVICE_PIPE),
-        data_dir=options.data_dir or service_data_dir(environ),
+        data_dir=data_dir,
         simulate=options.simulate,
         scenario=options.scenario,
         headroom_mib=options.headroom_mib,
+        shares=settings.shares,
+        members=settings.members,
     )
 
 
@@ -192,7 +203,11 @@ if sys.platform == "win32":
                 self._loop.call_soon_threadsafe(self._stop.set)
 
         def SvcDoRun(self) -> None:
-            config = service_config(None, self.options)
+            try:
+                config = service_config(None, self.options)
+            except ValueError as exc:  # a bad broker.toml: one line in the event log
+                servicemanager.LogErrorMsg(f"rbroker broker cannot start: {exc}")
+                raise
 
             async def main() -> None:
                 self._loop = asyncio.get_running_loop()

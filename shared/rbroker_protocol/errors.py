@@ -48,6 +48,7 @@ class ErrorCode(StrEnum):
     TOO_MANY_JOBS = "too_many_jobs"
     UNSENT_OVER_LIMIT = "unsent_over_limit"
     REQUEST_NOT_FOUND = "request_not_found"
+    NOT_A_MEMBER = "not_a_member"
 
 
 ERROR_CODES: dict[ErrorCode, int] = {
@@ -79,6 +80,7 @@ ERROR_CODES: dict[ErrorCode, int] = {
     ErrorCode.TOO_MANY_JOBS: -32084,
     ErrorCode.UNSENT_OVER_LIMIT: -32085,
     ErrorCode.REQUEST_NOT_FOUND: -32024,
+    ErrorCode.NOT_A_MEMBER: -32086,
 }
 """JSON-RPC numeric code for each name. Standard codes from the JSON-RPC 2.0 spec."""
 

@@ -6,6 +6,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rbroker.broker.members import Members
 from rbroker.broker.shares import Shares
 
 
@@ -44,6 +45,9 @@ class BrokerConfig:
 
     `shares`: `[shares]` of the broker's config file, project → weight (`*`: every project
     not named); empty: the queue is FIFO (`rbroker.broker.shares`).
+    `members`: `[members]` of the config file, project → OS user names and `@group`s who
+    may declare it (others are refused, `not_a_member`); a project not named is open to
+    everyone (`rbroker.broker.members`).
     """
 
     socket_path: Path
@@ -81,6 +85,7 @@ class BrokerConfig:
     max_unsent_bytes: int = 4 * 1024 * 1024
     max_unsent_bytes_per_user: int = 32 * 1024 * 1024
     shares: dict[str, float] = field(default_factory=dict)
+    members: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Refuse settings that would admit more than a GPU holds.
@@ -89,9 +94,11 @@ class BrokerConfig:
             ValueError: a negative headroom, a capacity override that is not positive, an
                 over-grant grace that is negative or not finite, a longest wait that is
                 not positive and finite, a per-user cap below 1, or a share whose weight
-                is not a positive number.
+                is not a positive number, or a members list that is not a list of names
+                (`rbroker.broker.members.Members`).
         """
         Shares(self.shares)  # raises ValueError naming the bad weight
+        Members(self.members)  # raises ValueError naming the bad entry
         if not 0 < self.max_wait_s < float("inf"):
             raise ValueError(f"the longest wait must be over 0 seconds, got {self.max_wait_s}")
         for name in (
@@ -122,14 +129,28 @@ CONFIG_FILE = "broker.toml"
 """The broker's config file in its data directory, read when it exists."""
 
 
-def read_config_file(path: Path) -> dict[str, float]:
-    """The settings of the broker's config file (TOML) at `path`: today its `[shares]`
-    table, project → weight (docs/operator-guide.md). Unknown tables are refused, so a
-    misspelt one is not silently ignored.
+@dataclass(frozen=True, slots=True)
+class ConfigFile:
+    """What the broker's config file sets: `shares` (project → weight) and `members`
+    (project → OS user names and `@group`s)."""
+
+    shares: dict[str, float] = field(default_factory=dict)
+    members: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+KNOWN_TABLES = ("shares", "members")
+
+
+def read_config(path: Path) -> ConfigFile:
+    """The settings of the broker's config file (TOML) at `path`: its `[shares]` table,
+    project → weight, and its `[members]` table, project → list of OS user names and
+    `"@group"`s (docs/operator-guide.md). Unknown tables are refused, so a misspelt one is
+    not silently ignored.
 
     Raises:
         ValueError: one line naming the file and the problem (unreadable, not TOML, an
-            unknown table, a weight that is not a positive number).
+            unknown table, a weight that is not a positive number, a members list that is
+            not a list of names, an `@group` on Windows).
     """
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -137,14 +158,31 @@ def read_config_file(path: Path) -> dict[str, float]:
         raise ValueError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not TOML: {exc}") from None
-    unknown = sorted(set(doc) - {"shares"})
+    unknown = sorted(set(doc) - set(KNOWN_TABLES))
     if unknown:
-        raise ValueError(f"{path}: unknown setting {unknown[0]!r} (known: [shares])")
+        known = ", ".join(f"[{t}]" for t in KNOWN_TABLES)
+        raise ValueError(f"{path}: unknown setting {unknown[0]!r} (known: {known})")
     shares = doc.get("shares", {})
     if not isinstance(shares, dict):
         raise ValueError(f"{path}: [shares] must be a table of project = weight")
+    members = doc.get("members", {})
+    if not isinstance(members, dict):
+        raise ValueError(f'{path}: [members] must be a table of project = ["user", "@group"]')
     try:
         Shares(shares)
+        Members(members)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
-    return {str(k): float(v) for k, v in shares.items()}
+    return ConfigFile(
+        {str(k): float(v) for k, v in shares.items()},
+        {str(k): tuple(v) for k, v in members.items()},
+    )
+
+
+def read_config_file(path: Path) -> dict[str, float]:
+    """The `[shares]` of the broker's config file at `path` (`read_config(path).shares`).
+
+    Raises:
+        ValueError: as `read_config`.
+    """
+    return read_config(path).shares

@@ -41,6 +41,7 @@ from rbroker.broker.jobs import Job, JobTable
 from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker.broker.lessor import Choice, Lessor
 from rbroker.broker.lifetimes import LIFETIMES_SAVE_S, STORE_KEY, Lifetimes
+from rbroker.broker.members import Members
 from rbroker.broker.resize import Resizes
 from rbroker.broker.restore import restore
 from rbroker.broker.sampling import GpuSlot, Sampling
@@ -129,6 +130,9 @@ class Broker:
         self.waiting = WaitQueue(store, self.emit)
         self.queue: list[Waiter] = self.waiting.waiters
         self.shares = Shares(config.shares)
+        self.members = Members(config.members)
+        for line in self.members.unknown():  # kept out until the name exists: a warning
+            log.warning("%s: its requests are refused until it exists", line)
         self.admission = Admission(self.slots, self.lessor, self.clock, config, self.shares)
         self.lifetimes = Lifetimes.from_json(store.meta(STORE_KEY) if store is not None else None)
         self._lifetimes_saved = (0, self.clock.monotonic())  # (`recorded`, when) of the last write
@@ -366,19 +370,25 @@ class Broker:
 
     # -- acquire -------------------------------------------------------------------------------
     async def acquire(
-        self, params: AcquireParams, owner: str, holder: Holder, conn_id: int | None
+        self,
+        params: AcquireParams,
+        owner: str,
+        holder: Holder,
+        conn_id: int | None,
+        admin: bool | Callable[[], bool] = False,
     ) -> Lease:
         """Queue a request and wait (up to `params.wait_s`) until it is granted.
 
         Raises:
-            RpcError: `description_rejected`, `job_not_found`, `job_finished` at once;
+            RpcError: `description_rejected`, `not_a_member`, `job_not_found`,
+                `job_finished` at once;
                 `infeasible` at once; `capacity_unavailable` (wait_s=0) or
                 `wait_timeout` when not granted in time; `telemetry_unavailable` when the
                 pinned GPU is lost or every candidate's telemetry failed and wait_s=0;
                 `cancelled` when the connection closes first; the per-user caps and the
                 longest wait as `fairness.check_request`.
         """
-        started = self.begin_acquire(params, owner, holder, conn_id)
+        started = self.begin_acquire(params, owner, holder, conn_id, admin)
         return started if isinstance(started, Lease) else await self.await_waiter(started)
 
     def begin_acquire(
@@ -387,6 +397,7 @@ class Broker:
         owner: str,
         holder: Holder | Callable[[], Holder],
         conn_id: int | None,
+        admin: bool | Callable[[], bool] = False,
     ) -> Lease | Waiter:
         """`acquire` without waiting: the lease when granted (or re-bound) at once, else its
         queue entry for `await_waiter`. Raises `RpcError` as `acquire` for what is refused.
@@ -399,7 +410,9 @@ class Broker:
         acquire stays flat in the length of the queue). One that is not granted at once and
         could only fit after its requester's own leases end is refused (`own_leases`).
         `holder` may be given as a function, read once the descriptions passed (the local
-        API's peer lookup, whose refusals come after a description's).
+        API's peer lookup, whose refusals come after a description's). A project with a
+        members list is refused to `owner` unless a member or `admin` (a flag, or a function
+        asked only then: `rbroker.broker.members`), re-sent request keys too.
         """
         check_descriptions(
             {"project": params.project, "session": params.session, "purpose": params.purpose}
@@ -411,6 +424,7 @@ class Broker:
                 "purpose": params.purpose.strip(),
             }
         )
+        self.members.check(params.project, owner, admin)
         if not isinstance(holder, Holder):
             holder = holder()
         if params.job_id is not None:
@@ -713,13 +727,17 @@ class Broker:
         total_items: int | None,
         workers: int,
         conn_id: int | None,
+        admin: bool | Callable[[], bool] = False,
     ) -> JobView:
-        """Declare a job of `owner` (see `jobs.JobTable.declare`); returns its view.
+        """Declare a job of `owner` (see `jobs.JobTable.declare`); returns its view. A
+        project with a members list is refused to `owner` unless a member or `admin` (as
+        `begin_acquire`).
 
         Raises:
-            RpcError: `description_rejected`, `too_many_jobs`.
+            RpcError: `description_rejected`, `not_a_member`, `too_many_jobs`.
         """
         check_descriptions({"project": project, "purpose": purpose, "handler": handler})
+        self.members.check(project.strip(), owner, admin)
         job = self.jobs.declare(
             owner, project.strip(), purpose.strip(), handler.strip(), total_items, workers, conn_id
         )

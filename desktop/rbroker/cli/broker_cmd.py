@@ -82,7 +82,7 @@ def run_broker(args: argparse.Namespace) -> int:
     `rbroker_protocol.startup` (10 socket path too long, 11 permission denied, 13 read-only
     file system, 14 no space, 15 lease database, 19 other OS error, 70 unexpected); every
     failure is one line on stderr with the fix."""
-    from rbroker.broker.config import CONFIG_FILE, HeadroomTooLarge, read_config_file
+    from rbroker.broker.config import CONFIG_FILE, ConfigFile, HeadroomTooLarge, read_config
     from rbroker.host import BrokerHost, DataDirLocked, make_config
 
     # the banner: one line per fact whatever the output (a pipe, the journal), never split
@@ -130,10 +130,10 @@ def run_broker(args: argparse.Namespace) -> int:
     if outside is not None:
         return _fail(EXIT_PERMISSION, outside)
     config_file = args.config or data_dir / CONFIG_FILE
-    shares: dict[str, float] = {}
+    settings = ConfigFile()
     if args.config is not None or config_file.is_file():
         try:
-            shares = read_config_file(config_file)
+            settings = read_config(config_file)
         except ValueError as exc:
             return _fail(EXIT_USAGE, str(exc))
     try:
@@ -157,7 +157,8 @@ def run_broker(args: argparse.Namespace) -> int:
             max_waiting_per_user=args.max_waiting_per_user,
             max_leases_per_user=args.max_leases_per_user,
             max_open_jobs_per_user=args.max_jobs_per_user,
-            shares=shares,
+            shares=settings.shares,
+            members=settings.members,
         )
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))
@@ -196,6 +197,9 @@ def run_broker(args: argparse.Namespace) -> int:
                 )
             if host.broker.queue_order() != "FIFO":
                 console.print(f"  queue order {host.broker.queue_order()}", markup=False)
+            if settings.members:
+                kept = ", ".join(sorted(settings.members))
+                console.print(f"  projects kept to their [members]: {kept}", markup=False)
             console.print(f"rbroker broker listening on {socket_path}  (Ctrl-C stops)")
         waiter.cancel()
         await task

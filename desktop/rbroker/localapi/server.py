@@ -333,7 +333,9 @@ class LocalApi:
         self, conn: Connection, p: AcquireParams
     ) -> AcquireResult | Awaitable[AcquireResult]:
         """The answer of an acquire granted at once, else an awaitable of it."""
-        started = self.broker.begin_acquire(p, conn.peer.user, conn.holder, conn.id)
+        started = self.broker.begin_acquire(
+            p, conn.peer.user, conn.holder, conn.id, lambda: self._is_admin(conn)
+        )
         if isinstance(started, Lease):
             return granted(started)
         return self._wait_for_grant(conn, p, started)
@@ -356,6 +358,11 @@ class LocalApi:
     def _attach(self, conn: Connection, p: AttachParams) -> AttachResult:
         lease = self.broker.attach(p.lease_id, p.token, conn.peer.user, conn.id)
         return {"lease": lease.to_wire(), "token": lease.token}
+
+    def _is_admin(self, conn: Connection) -> bool:
+        """Whether the connection's OS user is an administrator of this broker (`is_admin`):
+        asked by the broker only when it matters (a project kept to its members)."""
+        return is_admin(conn.peer, self.config.admin_group)
 
     def _release(self, conn: Connection, p: LeaseRef) -> LeaseResult:
         admin = is_admin(conn.peer, self.config.admin_group)
@@ -381,7 +388,14 @@ class LocalApi:
 
     async def _job_declare(self, conn: Connection, p: JobDeclareParams) -> JobResult:
         job = self.broker.declare_job(
-            conn.peer.user, p.project, p.purpose, p.handler, p.total_items, p.workers, conn.id
+            conn.peer.user,
+            p.project,
+            p.purpose,
+            p.handler,
+            p.total_items,
+            p.workers,
+            conn.id,
+            lambda: self._is_admin(conn),
         )
         return {"job": job}
 
