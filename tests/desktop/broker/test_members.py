@@ -19,6 +19,7 @@ from rbroker.broker.config import BrokerConfig, read_config
 from rbroker.broker.holders import Holder
 from rbroker.broker.members import Members
 from rbroker.cli.main import main
+from rbroker.service_windows import ServiceOptions, service_config
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import AcquireParams
 from rbroker_protocol.startup import EXIT_USAGE
@@ -162,7 +163,8 @@ def test_the_config_file_gives_members_and_a_bad_one_is_one_line(
             read_config(good)
         assert words in str(exc.value) and str(good) in str(exc.value), exc.value
     # `rbroker broker` reads it from its data dir and says what is wrong in one line, exit 2
-    code = main(["broker", "--simulate", "--data-dir", str(tmp_path), "--socket", "x.sock"])
+    socket = r"\\.\pipe\rbroker-members-test" if sys.platform == "win32" else "x.sock"
+    code = main(["broker", "--simulate", "--data-dir", str(tmp_path), "--socket", socket])
     err = capsys.readouterr().err
     assert code == EXIT_USAGE and err.count("\n") == 1, err
     assert "unknown setting 'member'" in err and "Traceback" not in err
@@ -184,3 +186,16 @@ def test_an_unknown_user_or_group_is_a_warning_at_start(
     assert "[members] vision: no OS group named 'no-such-group-rbt'" in lines[1], lines
     assert len(lines) == 2, lines
     assert _acquire(h, pool.spawn()[1], "root", "vision").owner == "root"
+
+
+def test_the_windows_service_reads_members_from_its_data_dir(tmp_path: Path) -> None:
+    """The service has no `--config`: it reads `broker.toml` in its data dir when there is
+    one, and refuses a bad one with one line (the event log's, and `rbroker service run`'s
+    exit 2)."""
+    options = ServiceOptions(data_dir=tmp_path, simulate=True)
+    assert service_config({}, options).members == {}
+    (tmp_path / "broker.toml").write_text('[members]\nvision = ["alice", "CORP\\\\bob"]\n')
+    assert service_config({}, options).members == {"vision": ("alice", "CORP\\bob")}
+    (tmp_path / "broker.toml").write_text('[members]\nvision = "alice"\n')
+    with pytest.raises(ValueError, match="must be a list of OS user names"):
+        service_config({}, options)
