@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from rbroker._version import __version__
+from rbroker.client.paths import socket_option
 
 CLIENT_SOCKET_HELP = (
     "the broker's address (default: $RBROKER_SOCKET when set, and only it; else the first "
@@ -23,7 +24,7 @@ BROKER_SOCKET_HELP = (
 
 
 def _add_socket(p: argparse.ArgumentParser, help_text: str = CLIENT_SOCKET_HELP) -> None:
-    p.add_argument("--socket", help=help_text)
+    p.add_argument("--socket", type=socket_option, help=help_text)
 
 
 def _demo_seconds(text: str) -> float:

@@ -158,12 +158,14 @@ class Client:
     Args:
         socket: socket path (or pipe name on Windows); default: the first that answers of
             `RBROKER_SOCKET`, the system broker's address, the per-user address
-            (`rbroker.client.paths.discovery_order`).
+            (`rbroker.client.paths.discovery_order`; an empty `RBROKER_SOCKET` counts as
+            unset).
         timeout_s: per-call timeout for answers (None: wait forever); `call()` may
             override it for long waits.
         hello: send `hello` on connect (checks the protocol version).
 
     Raises:
+        ValueError: `socket` is empty (`""`): given, yet no address.
         BrokerUnavailable: nothing answers at the address; code `not_allowed` when the
             broker refuses this user (the socket's permissions or its allowed group).
         ProtocolVersionError: the broker does not speak this version.

@@ -5,6 +5,10 @@ A client (SDK, CLI, tray) looks in this order: `--socket`, `$RBROKER_SOCKET`, th
 broker's address, the per-user address (`discovery_order`). The system broker's address,
 `/run/rbroker/broker.sock` on Linux and `\\\\.\\pipe\\rbroker` on Windows, is the transport's
 (`rbroker.transport.system_paths`: `$RBROKER_SYSTEM_SOCKET` moves it).
+
+An empty `--socket ''` (or the SDK's `socket=""`) names no address and is refused
+(`socket_option`, `discovery_order`); an empty `$RBROKER_SOCKET` counts as unset, as an empty
+variable does for POSIX shells (`RBROKER_SOCKET= rbroker status` looks as if it were not set).
 """
 
 from __future__ import annotations
@@ -36,6 +40,26 @@ class Candidate:
     found_by: str
 
 
+EMPTY_ADDRESS = (
+    "an empty address: give the broker's socket path (its pipe name on Windows), or leave "
+    "the option out to use the default"
+)
+
+
+def socket_option(text: str) -> str:
+    """The argparse type of every `--socket`: the address as given, when it is not empty.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty address (a usage error, exit 2), which would
+            otherwise read as "not given" and quietly use the default one.
+    """
+    if not text:
+        import argparse  # only the command line needs it; `import rbroker` stays light
+
+        raise argparse.ArgumentTypeError(EMPTY_ADDRESS)
+    return text
+
+
 def per_user_socket_path() -> str:
     """The per-user broker's address: on Windows `\\\\.\\pipe\\rbroker-<user>`; else
     `<user runtime dir>/rbroker/broker.sock`: `$XDG_RUNTIME_DIR` when it is the user's own
@@ -57,7 +81,8 @@ def per_user_socket_path() -> str:
 
 def default_socket_path() -> str:
     """Where a per-user broker (`rbroker broker`, the tray's) listens when no `--socket` is
-    given: `$RBROKER_SOCKET`, else `per_user_socket_path()`."""
+    given: `$RBROKER_SOCKET`, else `per_user_socket_path()` (an empty variable counts as
+    unset)."""
     return os.environ.get(ENV_SOCKET) or per_user_socket_path()
 
 
@@ -66,8 +91,13 @@ def discovery_order(explicit: str | None = None) -> list[Candidate]:
 
     `explicit` (a `--socket` or the SDK's `socket=`) or `$RBROKER_SOCKET` is the only
     candidate when given: nothing else is tried. Otherwise the system broker's address, then
-    the per-user one.
+    the per-user one. An empty `$RBROKER_SOCKET` counts as unset.
+
+    Raises:
+        ValueError: `explicit` is the empty string (`EMPTY_ADDRESS`): given, yet no address.
     """
+    if explicit == "":
+        raise ValueError(f"socket: {EMPTY_ADDRESS}")
     if explicit:
         return [Candidate(explicit, FOUND_OPTION)]
     env = os.environ.get(ENV_SOCKET)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from rbroker._version import __version__
+from rbroker.client.paths import socket_option
 
 MISSING_QT = (
     "rbroker tray needs PySide6, which is not installed.\n"
@@ -26,6 +27,7 @@ def add_tray_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `rbroker tray` (shared by the CLI subcommand and `rbroker-tray`)."""
     p.add_argument(
         "--socket",
+        type=socket_option,
         help="broker socket path (default: RBROKER_SOCKET, else the system broker when it "
         "answers, else per-user)",
     )

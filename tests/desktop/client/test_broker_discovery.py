@@ -197,3 +197,51 @@ def test_the_brokers_socket_help_says_where_it_listens() -> None:
     )
     (line,) = [x for x in done.stdout.splitlines() if x.strip().startswith("--socket")]
     assert "where this broker listens" in line and "$RBROKER_SOCKET, else the per-user" in line
+
+
+EMPTY_SOCKET_COMMANDS = [
+    ["broker", "--simulate"],
+    ["status"],
+    ["status", "--watch"],
+    ["top", "--once"],
+    ["run", "--mib", "100", "--", "true"],
+    ["release", "lease-1"],
+    ["jobs"],
+    ["tray", "--attach-only"],
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("argv", EMPTY_SOCKET_COMMANDS, ids=lambda a: a[0])
+def test_an_empty_socket_option_is_refused_naming_the_option(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: `--socket ''` read as "not given", and the command quietly used the default
+    address (`rbroker broker` even listened there). Right: a usage error naming the option."""
+    from rbroker.cli.main import build_parser
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args([argv[0], "--socket", "", *argv[1:]])
+    assert done.value.code == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "error:" in x]
+    assert "argument --socket: an empty address" in line
+
+
+def test_rbroker_status_with_an_empty_socket_exits_2_with_one_line(clean_env: Path) -> None:
+    done = _status("--socket", "")
+    assert done.returncode == 2
+    assert done.stderr.count("an empty address") == 1 and "Traceback" not in done.stderr
+    assert "broker:" not in done.stdout  # it did not go on to the default address
+
+
+@pytest.mark.unit
+def test_an_empty_socket_in_the_sdk_is_refused_and_an_empty_variable_is_unset(
+    clean_env: Path,
+) -> None:
+    with pytest.raises(ValueError, match="socket: an empty address"):
+        discovery_order("")
+    with pytest.raises(ValueError, match="socket: an empty address"):
+        rbroker.Client(socket="")
+    os.environ[ENV_SOCKET] = ""  # the POSIX convention: an empty variable counts as unset
+    assert [c.found_by for c in discovery_order()] == [FOUND_SYSTEM, FOUND_PER_USER]
+    assert paths.default_socket_path() == paths.per_user_socket_path()
