@@ -12,11 +12,13 @@ Revoked computers are never cached.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final
 
+import anyio.to_thread
 import nacl.signing
 from sqlalchemy.engine import Engine
 
@@ -98,6 +100,106 @@ def load_view(engine: Engine, computer_id: str) -> ComputerView | None:
     with engine.connect() as conn:
         row = conn.execute(st.SELECT_COMPUTER, {"w_id": computer_id}).first()
     return None if row is None else ComputerView.from_row(row)
+
+
+LOAD_CHUNK: Final = 500
+"""Computers read by one statement at most (`load_views`; SQLite's bound-parameter limit is
+999 on old builds)."""
+
+
+def load_views(engine: Engine, computer_ids: list[str]) -> dict[str, ComputerView]:
+    """Read the rows of `computer_ids` in one connection, `LOAD_CHUNK` ids a statement:
+    computer id → view; ids of no computer are left out.
+
+    Raises:
+        sqlalchemy.exc.SQLAlchemyError: the database could not be read.
+    """
+    views: dict[str, ComputerView] = {}
+    with engine.connect() as conn:
+        for i in range(0, len(computer_ids), LOAD_CHUNK):
+            chunk = computer_ids[i : i + LOAD_CHUNK]
+            for row in conn.execute(st.SELECT_COMPUTERS, {"w_ids": chunk}):
+                views[row.id] = ComputerView.from_row(row)
+    return views
+
+
+class ViewLoader:
+    """Reads computers' rows for the requests of one event loop, several senders in one
+    thread hop and one statement: a request that needs a row (`load`) waits for the next
+    read, which takes every id asked for since the previous read started, so each answer
+    is read after it was asked for. Without it a coordinator that has just started, whose
+    senders all miss the cache at once, spent a worker thread, a pooled connection and a
+    SELECT on each of them.
+
+    Args:
+        engine: where the rows are read.
+        cache: where each view read is put (`ComputerCache.put`).
+    """
+
+    def __init__(self, engine: Engine, cache: ComputerCache) -> None:
+        self.engine = engine
+        self.cache = cache
+        self._asked: dict[asyncio.AbstractEventLoop, dict[str, list[asyncio.Future[Any]]]] = {}
+        self._readers: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
+
+    async def load(self, computer_id: str) -> ComputerView | None:
+        """The computer's row, read after this call (None: no such computer).
+
+        Raises:
+            sqlalchemy.exc.SQLAlchemyError: the database could not be read.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        asked = self._asked.get(loop)
+        if asked is None:  # no read running on this loop: start one
+            asked = self._asked[loop] = {}
+            reader = loop.create_task(self._read(loop))
+            self._readers.add(reader)
+            reader.add_done_callback(self._readers.discard)
+        asked.setdefault(computer_id, []).append(future)
+        view: ComputerView | None = await future
+        return view
+
+    async def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read what was asked, batch after batch, until nothing more is (on `loop`)."""
+        batch: dict[str, list[asyncio.Future[Any]]] = {}
+        try:
+            while batch := self._asked.get(loop) or {}:
+                self._asked[loop] = {}
+                try:
+                    views = await anyio.to_thread.run_sync(load_views, self.engine, list(batch))
+                except Exception as exc:
+                    _settle(batch, error=exc)
+                    continue
+                for cid, futures in batch.items():
+                    view = views.get(cid)
+                    self.cache.put(cid, view)
+                    _settle({cid: futures}, view=view)
+                batch = {}
+        except BaseException as exc:  # cancelled (the loop is closing): nobody left hanging
+            _settle(batch, error=exc)
+            _settle(self._asked.get(loop) or {}, error=exc)
+            raise
+        finally:
+            self._asked.pop(loop, None)
+
+
+def _settle(
+    asked: dict[str, list[asyncio.Future[Any]]],
+    *,
+    view: ComputerView | None = None,
+    error: BaseException | None = None,
+) -> None:
+    for futures in asked.values():
+        for future in futures:
+            if future.done():  # its request was cancelled
+                continue
+            if isinstance(error, Exception):
+                future.set_exception(error)
+            elif error is not None:
+                future.cancel()
+            else:
+                future.set_result(view)
 
 
 class ComputerCache:

@@ -7,7 +7,8 @@ sends back the `service.Outcome`), and returns the `ReportAck`.
 
 `ReportIngest.handle` drives it for the HTTP route (and for the benchmark, which calls what
 the route calls): the view comes from a `ComputerCache`, the row is read only on a miss or
-when a write did not apply, and writes go through the app's `GroupCommitWriter`; parsing,
+when a write did not apply (through a `ViewLoader`: the reads asked for meanwhile share one
+statement), and writes go through the app's `GroupCommitWriter`; parsing,
 the signature check and decoding run on the event loop.
 
 Whatever a cached view decides is checked again by the write's conditional UPDATE; an
@@ -24,12 +25,11 @@ from collections.abc import Generator
 from datetime import datetime
 from typing import Any, Final
 
-import anyio.to_thread
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol.signing import Envelope
 from rbroker_server.reports import service
-from rbroker_server.reports.cache import ComputerCache, ComputerView, load_view
+from rbroker_server.reports.cache import ComputerCache, ComputerView, ViewLoader
 from rbroker_server.reports.schema import ReportAck
 from rbroker_server.reports.service import (
     Checked,
@@ -118,6 +118,7 @@ class ReportIngest:
         self.engine = engine
         self.settings = settings
         self.cache = ComputerCache()
+        self.loader = ViewLoader(engine, self.cache)
         self.writer = GroupCommitWriter(engine, apply=service.write_many)
 
     def start(self) -> None:
@@ -148,8 +149,7 @@ class ReportIngest:
                     if reply == "applied":
                         self.cache.put(cid, step.applied_view())
                 else:
-                    reply = await anyio.to_thread.run_sync(load_view, self.engine, cid)
-                    self.cache.put(cid, reply)
+                    reply = await self.loader.load(cid)  # and cached
         except StopIteration as done:
             answer: ReportAck = done.value
             return answer.model_dump_json().encode()

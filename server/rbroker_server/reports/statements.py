@@ -43,6 +43,11 @@ SELECT_COMPUTER = sa.select(
 ).where(COMPUTERS.c.id == sa.bindparam("w_id"))
 """What the hot path needs to know about the sender (bind `w_id`)."""
 
+SELECT_COMPUTERS = sa.select(COMPUTERS.c.id, *SELECT_COMPUTER.selected_columns).where(
+    COMPUTERS.c.id.in_(sa.bindparam("w_ids", expanding=True))
+)
+"""`SELECT_COMPUTER` for several senders at once, with their ids (bind `w_ids`, a list)."""
+
 SELECT_RUN = sa.select(COMPUTERS.c.run_id).where(COMPUTERS.c.id == sa.bindparam("w_id"))
 """The sender's current run (bind `w_id`): read where a new run's row exists already."""
 
