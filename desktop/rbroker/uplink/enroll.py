@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import ssl
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import httpx
 import nacl.signing
@@ -52,7 +54,9 @@ def enroll(
     """Create a key pair, keep the private key, register the public key, save the config.
 
     Never replaces an identity silently: when this data dir is already enrolled, it
-    refuses unless `new_identity` (and then the coordinator shows a second computer).
+    refuses unless `new_identity` (and then the coordinator shows a second computer). A new
+    identity takes what this call gives (URL, name, key store, CA file: `ASKED`) and keeps
+    the previous enrollment's other settings (`report_interval_s`, a newer version's keys).
     The key goes into an accepted OS keyring (see `rbroker.uplink.keyrings.judge`) or, with
     `key_file`, a 0600 file; after success an unencrypted copy of this data dir's old key
     left in a plaintext keyring backend is deleted, and `notes` (when given) says so.
@@ -149,13 +153,25 @@ def enroll(
         name=name,
         key_backend="file" if key_file else "keyring",
         ca_file=str(Path(ca_file).resolve()) if ca_file else None,
-        extra=existing.extra if existing is not None else {},  # a newer version's keys
+        **_kept(existing),
     )
     config.save(data_dir)
     removed = KeyringKeyStore(data_dir).forget_plaintext_copies()
     if removed and notes is not None:
         notes.append(f"removed the old identity's unencrypted key from {', '.join(removed)}")
     return config
+
+
+ASKED = frozenset({"url", "computer_id", "group", "name", "key_backend", "ca_file"})
+"""The settings of `uplink.json` an enrollment sets; a new identity keeps the others."""
+
+
+def _kept(existing: UplinkConfig | None) -> dict[str, Any]:
+    """The previous enrollment's settings that a new identity keeps: those not in `ASKED`
+    (`report_interval_s`, `extra`), by field name; none without a previous enrollment."""
+    if existing is None:
+        return {}
+    return {f.name: getattr(existing, f.name) for f in fields(existing) if f.name not in ASKED}
 
 
 def _undo(store: KeyStore, previous: nacl.signing.SigningKey | None) -> None:

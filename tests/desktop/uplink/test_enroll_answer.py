@@ -5,12 +5,14 @@ and the key made for the enrollment is taken back. A real HTTP server on 127.0.0
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from rbroker.uplink.config import UplinkConfig
 from rbroker.uplink.enroll import EnrollError, enroll
 from tests.fakes.coordinator import Answer, FakeCoordinator
 
@@ -49,3 +51,21 @@ def test_the_declared_answer_enrolls(coordinator: FakeCoordinator, tmp_path: Pat
     config = enroll(coordinator.url, "CODE-1", "lab-1", tmp_path, key_file=True)
     assert (config.computer_id, config.group) == ("c_0123456789abcdef", "vision")
     assert (tmp_path / "computer.key").exists()
+
+
+def test_a_new_identity_keeps_the_settings_enrolling_does_not_ask_for(
+    coordinator: FakeCoordinator, tmp_path: Path
+) -> None:
+    """Before: `--new-identity` wrote a fresh `uplink.json`, so a `report_interval_s` set in
+    the old one fell back to 5 s. Right: what the enrollment gives (URL, name, key store, CA
+    file) is new, the rest is kept."""
+    coordinator.then = Answer(201, b'{"computer_id": "c_0123456789abcdef", "group": "vision"}')
+    first = enroll(coordinator.url, "CODE-1", "lab-1", tmp_path, key_file=True)
+    tuned = dataclasses.replace(first, report_interval_s=2.5, extra={"telemetry_v2": True})
+    tuned.save(tmp_path)
+    coordinator.then = Answer(201, b'{"computer_id": "c_fedcba9876543210", "group": "nlp"}')
+    again = enroll(coordinator.url, "CODE-2", "lab-1b", tmp_path, key_file=True, new_identity=True)
+    assert (again.computer_id, again.group, again.name) == ("c_fedcba9876543210", "nlp", "lab-1b")
+    assert again.report_interval_s == 2.5
+    assert again.extra == {"telemetry_v2": True}
+    assert UplinkConfig.load(tmp_path) == again
