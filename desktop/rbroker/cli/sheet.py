@@ -193,9 +193,9 @@ class Sheet:
                 if self.columns[i].is_bar and cell.bar is not None:
                     cells.append(cell.bar(w))
                 elif self.columns[i].free_text:
-                    cells.append(wrap_free_text(cell.shown(short), w))
+                    cells.append(literal(wrap_free_text(cell.shown(short), w)))
                 else:
-                    cells.append(cell.shown(short))
+                    cells.append(literal(cell.shown(short)))
             table.add_row(*cells)
         return table
 
@@ -262,6 +262,13 @@ def wrap_free_text(value: str | Text, width: int) -> str | Text:
     kept = _GROUPED_DIGITS.sub(_KEPT_SPACE, value)
     lines = textwrap.wrap(kept, width, break_on_hyphens=False) or [""]
     return "\n".join(line.replace(_KEPT_SPACE, " ") for line in lines)
+
+
+def literal(value: str | Text) -> Text:
+    """`value` as text shown as it is: a string becomes a `Text`, so that brackets in what a
+    user wrote (a purpose `eval [data shard 3]`, `[/x]`) are characters, not rich markup that
+    would vanish or raise `MarkupError`; a `Text` is already literal."""
+    return value if isinstance(value, Text) else Text(value)
 
 
 def _align(grid: list[list[str]], justify: Sequence[str]) -> list[str]:

@@ -144,3 +144,39 @@ def test_a_jobs_state_and_purpose_are_never_cut_at_80_columns() -> None:
     assert all(len(line) <= 80 for line in text.splitlines()), text
     assert "succeeded" in text and "succee…" not in text, text
     assert PURPOSE.replace(" ", "") in _column(text, "purpose", "Jobs").replace(" ", ""), text
+
+
+BRACKETED = [
+    "evaluate every checkpoint [data shard 3] of the vision run on the held-out set",
+    "sweep [/lr] and [bold]batch size[/bold] on the support tickets at 80 columns",
+]
+
+
+@pytest.mark.parametrize("purpose", BRACKETED, ids=["tag-like", "closing-tag"])
+def test_a_purpose_with_brackets_is_shown_as_written_at_80_columns(purpose: str) -> None:
+    """Before: a job's or lease's purpose went through rich markup, so `[data shard 3]`
+    vanished from `rbroker jobs` at 80 columns and `[/lr]` stopped `rbroker jobs`, `status`
+    and `top` with a MarkupError traceback. Right: the purpose is whole, brackets and all."""
+    job = {
+        "job_id": "job-1a2b3c",
+        "purpose": purpose,
+        "state": "running",
+        "completed_items": 10,
+        "failed_items": 0,
+        "total_items": 100,
+        "items_per_s": 1.5,
+        "eta_s": 60.0,
+        "project": "vision",
+        "workers": 2,
+        "handler": "eval",
+    }
+    text = _render(jobs_table([job]), 80)
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert purpose.replace(" ", "") in _column(text, "purpose", "Jobs").replace(" ", ""), text
+    leases = _leases()
+    leases["leases"][0]["purpose"] = purpose
+    leases["queue"][0]["reason"] = f"{REASON} [{purpose}]"
+    text = _render(broker_view([_gpu(GPU0, 0), _gpu(GPU1, 1)], leases), 80)
+    assert purpose.replace(" ", "") in _column(text, "purpose", "Leases").replace(" ", ""), text
+    queue_reason = _column(text, "reason", "Queue").replace(" ", "")
+    assert f"[{purpose}]".replace(" ", "") in queue_reason, text
