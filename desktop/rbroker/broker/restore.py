@@ -29,6 +29,7 @@ from rbroker.broker.holders import Holder
 from rbroker.broker.jobs import JobTable
 from rbroker.broker.leases import Lease, LeaseState, Waiter, declared_s
 from rbroker.broker.lessor import Lessor
+from rbroker.broker.members import Members
 from rbroker.broker.store import LeaseStore
 from rbroker.broker.waiting import WaitQueue, new_future
 from rbroker.proctime import CLK_TCK, holder_clock
@@ -46,12 +47,18 @@ def restore(
     jobs: JobTable,
     clock: Clock,
     config: BrokerConfig,
+    members: Members | None = None,
 ) -> None:
     """Fill `lessor` and `waiting` from `store` (GPUs must be enumerated and sampled first).
 
     Unreadable lease records are ended as `revoked`; leases of dead holders end as
     `holder_exited` ("holder exited while the broker was down"); waiters of dead holders,
-    past their wait, or with too few of their GPUs left are dropped.
+    past their wait, or with too few of their GPUs left are dropped, and so are waiters whose
+    owner is no longer a member of their project (`members`: `[members]` of the config the
+    broker starts with may have changed since the request was queued; a restored waiter is
+    granted before its client comes back, so it is checked here, by the lists alone: an
+    administrator who is not listed re-sends the request and queues anew). Restored leases
+    are kept whatever the lists say: they were granted under the lists of their time.
     """
     now, wall, boot = clock.monotonic(), clock.wall(), clock.boottime()
     translate = _start_translation(store.meta("holder_clock"), holder_clock())
@@ -103,6 +110,16 @@ def restore(
         except (KeyError, TypeError, ValueError):
             alive, remaining, candidates = False, 0.0, ()
         if not alive or remaining <= 0 or len(candidates) < int(rec.get("gpus", 1)):
+            store.delete_waiter(key)
+            continue
+        if members is not None and not members.is_member(str(rec["project"]), str(rec["owner"])):
+            log.warning(
+                "waiting request of %s for project %r not restored: %s is not in its "
+                "[members] list",
+                rec["owner"],
+                rec["project"],
+                rec["owner"],
+            )
             store.delete_waiter(key)
             continue
         restored = Waiter(

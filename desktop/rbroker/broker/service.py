@@ -180,7 +180,15 @@ class Broker:
             await self.sampling.sample_all()
             self._check_headroom()
         if self.store is not None:
-            restore(self.store, self.lessor, self.waiting, self.jobs, self.clock, self.config)
+            restore(
+                self.store,
+                self.lessor,
+                self.waiting,
+                self.jobs,
+                self.clock,
+                self.config,
+                self.members,
+            )
         if not background:
             return
         if self.nvml_problem is not None:

@@ -7,6 +7,8 @@ test_members_os_users.py."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable
@@ -84,6 +86,38 @@ def test_a_job_declaring_a_kept_project_is_refused_to_others(
     assert h.broker.declare_job("carol", "vision", "t", "h", None, 1, None, admin=True)
     assert h.broker.declare_job("carol", "nlp", "train", "h", None, 1, None)["project"] == "nlp"
     assert len(h.broker.jobs_view(include_finished=True)) == 3
+
+
+def test_a_restored_waiter_of_a_user_no_longer_listed_is_dropped(
+    make_inprocess: Callable[..., InProcessBroker],
+    pool: SleeperPool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A waiting request is granted after a restart before its client comes back: one queued
+    while `vision` was open, by a user that the lists the broker restarts with leave out, is
+    not restored (and leaves the store); a member's is. Leases are kept as granted."""
+    h = make_inprocess(SINGLE_24G, members={})
+    h.acquire(pool.spawn()[1], mib=20000, request_key="big")  # the GPU is taken
+
+    def wait(owner: str, key: str) -> asyncio.Task[Any]:
+        p = AcquireParams(
+            mib=8192, project="vision", session="s", purpose="p", wait_s=60, request_key=key
+        )
+        task = h.loop.create_task(h.broker.acquire(p, owner, pool.spawn()[1], 1))
+        h.spin()
+        assert not task.done()
+        return task
+
+    tasks = [wait("alice", "alice-waits"), wait("carol", "carol-waits")]
+    h.config = dataclasses.replace(h.config, members={"vision": ("alice",)})
+    caplog.set_level(logging.WARNING)
+    h.restart()
+    assert [w.request_key for w in h.broker.queue] == ["alice-waits"]
+    assert h.broker.store is not None
+    assert [w["request_key"] for w in h.broker.store.waiters()] == ["alice-waits"]
+    assert "waiting request of carol for project 'vision' not restored" in caplog.text
+    assert len(h.broker.leases) == 1  # the lease is kept
+    del tasks
 
 
 @POSIX_ONLY
