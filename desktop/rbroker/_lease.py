@@ -70,6 +70,11 @@ def _descriptions(project: str, session: str | None, purpose: str | None) -> tup
 RECONNECT_WINDOW_S = 30.0
 """How long the SDK keeps trying to reach a broker that went away (e.g. restarting)."""
 
+ANSWER_GRACE_S = 30.0
+"""How long past its wait `lease.acquire`'s answer may take: a peer silent for longer does
+not answer (one line, `BrokerUnavailable`), and with the wait and `RECONNECT_WINDOW_S` past,
+the request is not sent again."""
+
 
 def _reconnect(socket: str | None, give_up_at: float, stop: threading.Event | None) -> Client:
     """Connect again, backing off from 50 ms to 1 s, until `give_up_at` (monotonic).
@@ -402,7 +407,10 @@ def _acquire(
             remaining = max(0.0, wait_until - time.monotonic())
             try:
                 result = client.call(
-                    "lease.acquire", timeout_s=remaining + 30.0, wait_s=remaining, **params
+                    "lease.acquire",
+                    timeout_s=remaining + ANSWER_GRACE_S,
+                    wait_s=remaining,
+                    **params,
                 )
                 break
             except BrokerUnavailable:
@@ -410,6 +418,10 @@ def _acquire(
                 if withdrawal is not None and withdrawal.withdrawn.is_set():
                     # its connection was closed to withdraw it: not a broker that went away
                     raise _withdrawn() from None
+                if time.monotonic() >= wait_until + RECONNECT_WINDOW_S:
+                    # past the wait and the reconnect window: a peer that takes requests
+                    # and never answers them (or drops each connection) is no restart
+                    raise
                 # the broker went away mid-wait (restart): come back with the same request_key
                 stop = withdrawal.withdrawn if withdrawal is not None else None
                 client = _reconnect(socket, time.monotonic() + RECONNECT_WINDOW_S, stop)

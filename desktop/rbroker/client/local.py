@@ -336,6 +336,12 @@ class Client:
                         continue
                     break
                 self._raise_failed()  # a pipelined request read meanwhile was refused
+            except TimeoutError:
+                raise BrokerUnavailable(
+                    f"the broker at {self.address} did not answer {method} within "
+                    f"{self._stream_timeout_words(timeout_s)}",
+                    "broker_unavailable",
+                ) from None
             except (OSError, ValueError) as exc:
                 if isinstance(exc, OSError):  # refused at connect, closed before we wrote
                     self._raise_pending_refusal()
@@ -350,6 +356,11 @@ class Client:
                 "broker_unavailable",
             )
         return msg["result"]
+
+    def _stream_timeout_words(self, timeout_s: float | None) -> str:
+        """`timeout_s` of `call` as words ("33 s")."""
+        seconds = self.timeout_s if timeout_s == -1.0 else timeout_s
+        return f"{seconds:.3g} s" if seconds is not None else "its time"
 
     def _raise_pending_refusal(self) -> None:
         """Raise the connection-level error the broker sent before closing, if it did."""

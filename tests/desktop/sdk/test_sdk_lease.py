@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -88,6 +90,65 @@ def test_no_broker_is_broker_unavailable(tmp_path: Path) -> None:
     with pytest.raises(rbroker.BrokerUnavailable) as unavailable:
         _try_lease(str(tmp_path / "none.sock"), 1024)
     assert "none.sock" in unavailable.value.message
+
+
+class _HelloOnly(asyncio.Protocol):
+    """A peer that answers `hello` as a broker does and never answers anything else."""
+
+    def __init__(self, accepted: list[int]) -> None:
+        self._buf = bytearray()
+        self._accepted = accepted
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self._accepted.append(1)
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        while (end := self._buf.find(b"\n")) >= 0:
+            msg = json.loads(self._buf[:end])
+            del self._buf[: end + 1]
+            if msg.get("method") == "hello" and self._transport is not None:
+                result = {"protocol_version": 1, "broker_version": "0", "user": "x"}
+                answer = {"jsonrpc": "2.0", "id": msg["id"], "result": result}
+                self._transport.write(json.dumps(answer).encode() + b"\n")
+
+
+def test_a_peer_that_never_answers_the_acquire_is_given_up_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: `lease.acquire` to a peer that answers `hello` and nothing else was sent again
+    each time its answer was overdue, for ever (`rbroker run --wait 3` hung). Now the SDK
+    waits the wait plus `ANSWER_GRACE_S` and, with `RECONNECT_WINDOW_S` gone too, says in one
+    line that nothing answered (both shortened here to 0.3 s)."""
+    from rbroker import _lease
+    from rbroker.transport import serve
+
+    monkeypatch.setattr(_lease, "ANSWER_GRACE_S", 0.3)
+    monkeypatch.setattr(_lease, "RECONNECT_WINDOW_S", 0.3)
+    address = broker_address(short_tmp(), "hello-only")
+    accepted: list[int] = []
+    loop = asyncio.new_event_loop()
+    started = loop.run_until_complete(
+        serve(address, lambda _peer_of, _limit: _HelloOnly(accepted), 65536)
+    )
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        began = time.monotonic()
+        with pytest.raises(rbroker.BrokerUnavailable) as unavailable:
+            _try_lease(address, 1024, wait_s=0.2)
+        took_s = time.monotonic() - began
+        assert "did not answer lease.acquire within" in unavailable.value.message
+        assert "\n" not in unavailable.value.message
+        assert took_s < 10, took_s
+        assert len(accepted) <= 2, accepted  # sent once, at most once more: not for ever
+    finally:
+        asyncio.run_coroutine_threadsafe(started.close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
 
 
 def test_a_lease_ended_elsewhere_is_reported_lost(broker: BrokerProcess) -> None:
