@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import weakref
@@ -11,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect, Engine
 
@@ -87,10 +89,25 @@ def write_transaction(engine: Engine) -> Iterator[sa.Connection]:
         yield conn
 
 
+def dumps_json(value: Any) -> str:
+    """JSON text of `value` for the JSON columns: orjson (compact; about a tenth of the
+    standard library's time for a report's state, which the report writer encodes once per
+    applied report), or `json.dumps` for what orjson refuses (e.g. integers past 64 bits).
+
+    Raises:
+        TypeError, ValueError: `value` is not JSON.
+    """
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # orjson.JSONEncodeError is one
+        return json.dumps(value)
+
+
 def make_engine(url: str, **kw: Any) -> Engine:
-    """An engine for `url`. SQLite gets WAL, a busy timeout and foreign keys on every
-    connection; its directory and file are created private (`files.private_sqlite`: 0700,
-    0600). PostgreSQL gets pre-ping."""
+    """An engine for `url`, its JSON columns written by `dumps_json`. SQLite gets WAL, a
+    busy timeout and foreign keys on every connection; its directory and file are created
+    private (`files.private_sqlite`: 0700, 0600). PostgreSQL gets pre-ping."""
+    kw.setdefault("json_serializer", dumps_json)
     if url.startswith("sqlite"):
         db_path = sa.engine.make_url(url).database
         if db_path and db_path != ":memory:":

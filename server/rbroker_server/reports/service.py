@@ -416,12 +416,12 @@ def write_many(conn: Connection, writes: list[Any]) -> list[Any]:
 
 
 def _write_group(conn: Connection, group: list[Write]) -> bool:
-    """One executemany of same-run writes sharing a statement; False (nothing written)
-    unless every one of them applied."""
+    """One executemany of same-run writes sharing a statement (on the driver's cursor:
+    `statements.prepared`); False (nothing written) unless every one of them applied."""
     dialect = conn.dialect.name
     with conn.begin_nested() as savepoint:
-        updated = conn.execute(group[0].statement, [w.params for w in group]).rowcount
-        if updated != len(group):
+        update = st.prepared(conn, group[0].statement)
+        if update.executemany(conn, [w.params for w in group]) != len(group):
             savepoint.rollback()
             return False
         points = [
@@ -434,8 +434,8 @@ def _write_group(conn: Connection, group: list[Write]) -> bool:
             if w.bucket is not None
         ]
         if points:
-            conn.execute(st.insert_history(dialect), points)
+            st.prepared(conn, st.insert_history(dialect), st.HISTORY_KEYS).executemany(conn, points)
         usage = [row for w in group for row in w.usage]
         if usage:
-            conn.execute(st.add_usage(dialect), usage)
+            st.prepared(conn, st.add_usage(dialect), st.USAGE_KEYS).executemany(conn, usage)
     return True
