@@ -14,7 +14,8 @@ _HAS_DIGIT: Final = re.compile(r"[0-9]")
 _HAS_LETTER: Final = re.compile(r"[A-Za-z]")
 
 _PASSWORD_KEYS: Final = (
-    "password", "passwd", "passphrase", "pwd", "passwort", "kennwort", "mot de passe",
+    "password", "pass word", "passwd", "passphrase", "pwd", "pw", "passwort", "kennwort",
+    "mot de passe",
     "contraseña", "contrasena", "senha", "parola d'ordine", "parola dordine", "wachtwoord",
     "hasło", "haslo", "пароль", "パスワード", "密码", "密碼", "口令", "비밀번호", "şifre",
     "lösenord",
@@ -115,6 +116,8 @@ def find_password_assignment(text: str) -> int | None:
         if match.group("pw") is not None:
             if match.group("pw") == "dwp" and value[:1] in "/~.\\":
                 continue  # the working directory, not a password
+            if match.group("pw") == "wp" and prefix[-1:].isalnum():
+                continue  # glued into a word: `bpw=4.65` (bits per weight), not a password
             if len(value) >= 3:
                 return start - len(prefix)
             continue
@@ -162,11 +165,12 @@ def find_authorization(text: str) -> int | None:
 
 _PASSWORD_WORD: Final = re.compile(
     r"(?<![A-Za-z0-9_-])(?P<flag>--?(?:[a-z0-9]+[_-])*)?"
-    r"(?P<key>password|passwd|passphrase|pass)(?![A-Za-z0-9_])",
+    r"(?P<key>password|pass[ \t]word|passwd|passphrase|pass|pwd|pw|secret)(?![A-Za-z0-9_])",
 )
-"""A password key written as a word or a flag (`password`, `passwd`, `--password`,
-`--db-password`, `--pass`), not glued into another word (`passwordless`, `bypass`) and not
-the first half of a compound (`password-reset`: the `-` is checked after the match)."""
+"""A password key written as a word or a flag (`password`, `pass word`, `passwd`, `pw`,
+`--password`, `--db-password`, `--pass`), or `secret` in prose ("my secret is …"), not glued
+into another word (`passwordless`, `bypass`, `4.0bpw`) and not the first half of a compound
+(`password-reset`: the `-` is checked after the match)."""
 _CONNECTOR: Final = re.compile(r"[ \t]*(?:(?:is|was|of|for|to)[ \t]+)?(?:[:=]>?[ \t]*)?")
 _NEXT_TOKEN: Final = re.compile(r"[\"'`]?(?P<value>[^\s\"'`,;()]+)")
 _PASS_ORDINAL: Final = re.compile(
@@ -204,7 +208,7 @@ def find_password_argument(text: str) -> int | None:
     lowered = text.lower()
     if len(lowered) != len(text):
         lowered = text  # lower-casing changed the length (`İ`): match as written
-    if "pass" in lowered:
+    if "pass" in lowered or "pw" in lowered or "secret" in lowered:
         for match in _PASSWORD_WORD.finditer(lowered):
             end = match.end()
             if lowered[end : end + 1] in ("-", "_", "."):
@@ -220,6 +224,18 @@ def find_password_argument(text: str) -> int | None:
             if token is None:
                 continue
             value = token.group("value")
+            if key == "secret":
+                # only "secret is/was X" with X a made-up string: letters and digits or a
+                # symbol, 6+ characters ("the secret is attention", "secret: bf16" pass)
+                if (
+                    not flag
+                    and connector.group(0).strip()[:2] in ("is", "wa")
+                    and len(value) >= 6
+                    and _looks_like_a_password(value)
+                    and _HAS_LETTER.search(value)
+                ):
+                    return match.start()
+                continue
             if flag:
                 if len(value) >= 3 and value[:1] != "-" and not _PLACEHOLDER.fullmatch(value):
                     return match.start()

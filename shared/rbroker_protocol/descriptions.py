@@ -35,8 +35,9 @@ prefixes (`github_token`, `gitlab_token`, `slack_token`, `slack_webhook`, `disco
 `stripe_key`, `anthropic_key`, `openai_key`, `huggingface_token`, `npm_token`, `pypi_token`,
 `replicate_token`, `groq_key`, `databricks_token`, `twilio_key`, `sendgrid_key`,
 `telegram_bot_token`); `jwt`; `authorization_header`; `url_credentials`;
-`password_assignment`; `password_argument` (`--password hunter2`, `mysql -phunter2`,
-"my password is hunter2"); `email_address`; `payment_card` (Luhn); `high_entropy`.
+`password_assignment` (`password=…`, `pw: …`, `pass word = …`); `password_argument`
+(`--password hunter2`, `mysql -phunter2`, "my password is hunter2", "login with pw hunter2!",
+"my secret is hunter22"); `email_address`; `payment_card` (Luhn); `high_entropy`.
 
 What passes on purpose: the bare words ("password-reset model evaluation", "token
 classification"), hexadecimal of up to 64 digits (commit ids, digests), UUIDs, ULIDs,
