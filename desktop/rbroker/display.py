@@ -5,12 +5,28 @@ the SDK's warnings, the command line and the tray; no arithmetic here (that is
 
 from __future__ import annotations
 
+import re
 from typing import Protocol
 
 
 def fmt_mib(value: int) -> str:
     """`24576` → `"24 576"` (thousands grouped by a space, as in architecture.md §2's examples)."""
     return f"{value:,}".replace(",", " ")
+
+
+def fmt_count(value: int) -> str:
+    """A count for people, grouped as MiB are: `1024` → `"1 024"`, `999` → `"999"`."""
+    return fmt_mib(value)
+
+
+def ahead_words(ahead: int) -> str:
+    """`1` → `"1 request ahead"`, `1024` → `"1 024 requests ahead"`: the clause a waiting
+    request's reason ends with (`AHEAD_SAID` finds it)."""
+    return f"{fmt_count(ahead)} request{'s' if ahead != 1 else ''} ahead"
+
+
+AHEAD_SAID = re.compile(r"\brequests? ahead\b")
+"""Matches a reason that already says how many requests are ahead (`ahead_words`)."""
 
 
 def short_uuid(uuid: str) -> str:

@@ -46,7 +46,7 @@ from rbroker._frameworks import (
     substitute,
 )
 from rbroker._lease import LEASE_LOST
-from rbroker.display import fmt_mib
+from rbroker.display import AHEAD_SAID, ahead_words, fmt_mib
 from rbroker_protocol.eta import eta_words
 from rbroker_protocol.localapi import AcquireParams
 
@@ -125,7 +125,9 @@ class WaitDisplay:
         will likely fit where the broker estimates it (sent again when the estimate moves)."""
         reason = str(entry.get("reason", "")).removeprefix("waiting: ")
         ahead = int(entry.get("ahead") or 0)
-        line = f"{self.head}: {reason}" + (f" ({ahead} ahead)" if ahead else "")
+        line = f"{self.head}: {reason}"
+        if ahead and not AHEAD_SAID.search(reason):  # the broker's reason may say it already
+            line += f"; {ahead_words(ahead)}"
         if entry.get("eta_s") is not None:  # "; likely in ~40 s (because …)"
             line += f"; {eta_words(entry)}"
         with self.lock:

@@ -239,7 +239,8 @@ def test_the_wait_line_says_when_it_will_likely_fit() -> None:
     )
     first, second = out.getvalue().splitlines()
     assert first == (
-        "rbroker run: waiting up to 30 s for 8 192 MiB: GPU 0 has 3 347 MiB available (1 ahead)"
+        "rbroker run: waiting up to 30 s for 8 192 MiB: GPU 0 has 3 347 MiB available; "
+        "1 request ahead"
     )
     assert second == first + "; likely in ~40 s (because 1 lease of vision declared to end by then)"
 
