@@ -100,6 +100,24 @@ class _Envelope(msgspec.Struct, forbid_unknown_fields=True):
 _ENVELOPE: Final = msgspec.json.Decoder(_Envelope)
 
 
+class _IdOnly(msgspec.Struct):
+    """A request's `id` alone (`request_id_of`); every other key is skipped."""
+
+    id: int | str | None = None
+
+
+_ID_ONLY: Final = msgspec.json.Decoder(_IdOnly)
+
+
+def request_id_of(line: bytes) -> Any:
+    """The id a request line's answer carries when the line is refused unread (an integer,
+    a string, or None where the line has none, or none `decode_full` would echo)."""
+    try:
+        return _ID_ONLY.decode(line).id
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
 def decode_fast(
     line: bytes,
     methods: MethodTable,
@@ -110,14 +128,14 @@ def decode_fast(
     returns is what `decode_full` returns for the same line."""
     try:
         envelope = _ENVELOPE.decode(line)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested deeper than msgspec reads
         return None
     method = envelope.method
     if method not in FAST_METHODS or method in admin_methods or method not in methods:
         return None
     try:
         params = methods[method][0].model_validate_json(bytes(envelope.params))
-    except ValidationError:
+    except (ValidationError, RecursionError):
         return None
     request_id = envelope.id
     if request_id is msgspec.UNSET:
@@ -156,7 +174,8 @@ def decode_full(
 
     Raises:
         Refused: with the error to answer (`parse_error`, `invalid_request`,
-            `method_not_found`, `invalid_params`, `not_allowed`).
+            `method_not_found`, `invalid_params`, `not_allowed`); a line nested too deeply
+            anywhere is `parse_error` (`too_deep`), never a RecursionError.
     """
     request_id: Any = None
     try:
@@ -164,11 +183,6 @@ def decode_full(
             msg = jsonrpc.decode(line)
         except (ValueError, UnicodeDecodeError) as exc:
             raise RpcError(ErrorCode.PARSE_ERROR, f"not valid JSON: {exc}") from None
-        except RecursionError:
-            raise RpcError(
-                ErrorCode.PARSE_ERROR,
-                f"JSON nested too deeply ({sys.getrecursionlimit()} levels at most)",
-            ) from None
         if not isinstance(msg, dict):
             raise RpcError(ErrorCode.INVALID_REQUEST, "a request must be a JSON object")
         request_id = msg.get("id")
@@ -190,4 +204,15 @@ def decode_full(
             check_admin(peer, method, admin_group)
     except RpcError as err:
         raise Refused(request_id, err) from None
+    except RecursionError:  # reading the JSON, or validating what it holds
+        raise Refused(request_id, too_deep()) from None
     return request_id, "id" in msg, method, params
+
+
+def too_deep() -> RpcError:
+    """The `parse_error` of a request nested deeper than the broker reads, wherever the
+    nesting is (top level, `id`, `params` or anything inside them)."""
+    return RpcError(
+        ErrorCode.PARSE_ERROR,
+        f"JSON nested too deeply ({sys.getrecursionlimit()} levels at most)",
+    )

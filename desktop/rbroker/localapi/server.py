@@ -67,6 +67,7 @@ from rbroker.localapi.connection import (
     raise_open_file_limit,
     tell_waiting,
 )
+from rbroker.localapi.internal_errors import InternalErrors
 from rbroker.localapi.requests import Refused, decode, granted, lease_result
 from rbroker.transport import serve
 from rbroker.transport.base import ListeningServer, PeerOf
@@ -148,6 +149,7 @@ class LocalApi:
         self._per_user = PerUserLimit(MAX_CONNECTIONS_PER_USER)
         self._turns = Turns()
         self.unsent = UnsentBudget(0)  # its cap comes from the broker's config at start()
+        self.internal_errors = InternalErrors()
         self.admin_methods = frozenset({"broker.pause", "sim.set", "sim.stall"})
         self.methods: dict[str, tuple[type[BaseModel], Method]] = {
             "hello": (HelloParams, self._hello),
@@ -238,6 +240,7 @@ class LocalApi:
         """Answer `line` now when nothing has to wait (see the module docstring); else the
         coroutine that serves it (the caller runs it as a task)."""
         request_id: Any = None
+        method: str | None = None
         answer: dict[str, Any]
         try:
             request_id, answered, method, params = decode(
@@ -246,14 +249,15 @@ class LocalApi:
             if method == "lease.acquire":
                 started = self._begin_acquire(conn, params)
                 if not isinstance(started, dict):
-                    return self._finish(conn, request_id, answered, started)
+                    return self._finish(conn, request_id, answered, method, started)
                 value = started
             elif method in _INLINE and conn.can_write_now():
                 value = self.methods[method][1](conn, params)
             elif method in _VIEWS and answered:
                 return self._send_view(conn, request_id, method, params)
             else:
-                return self._finish(conn, request_id, answered, self._call(method, conn, params))
+                pending = self._call(method, conn, params)
+                return self._finish(conn, request_id, answered, method, pending)
             if not answered:
                 return None
             answer = jsonrpc.result(request_id, value)
@@ -261,11 +265,8 @@ class LocalApi:
             answer = jsonrpc.error(refused.request_id, refused.error.to_wire())
         except RpcError as err:
             answer = jsonrpc.error(request_id, err.to_wire())
-        except Exception:
-            log.exception("internal error serving a request")
-            answer = jsonrpc.error(
-                request_id, RpcError(ErrorCode.INTERNAL_ERROR, "internal error").to_wire()
-            )
+        except Exception as exc:
+            answer = self._internal_error(conn, request_id, method, exc)
         if conn.can_write_now():
             conn.write_now(answer)
             return None
@@ -279,8 +280,20 @@ class LocalApi:
                 return jsonrpc.result(request_id, self.methods[method][1](conn, params))
             except RpcError as err:
                 return jsonrpc.error(request_id, err.to_wire())
+            except Exception as exc:
+                return self._internal_error(conn, request_id, method, exc)
 
         await conn.send(build)
+
+    def _internal_error(
+        self, conn: Connection, request_id: Any, method: str | None, exc: Exception
+    ) -> dict[str, Any]:
+        """The `internal_error` answer to a request that failed inside the broker; its
+        traceback logged as `InternalErrors` allows (at most once a minute per user, method
+        and exception type)."""
+        self.internal_errors.report(conn.peer.user, method, exc)
+        error = RpcError(ErrorCode.INTERNAL_ERROR, "internal error")
+        return jsonrpc.error(request_id, error.to_wire())
 
     async def _call(self, method: str, conn: Connection, params: Any) -> Any:
         value = self.methods[method][1](conn, params)
@@ -289,9 +302,15 @@ class LocalApi:
         return value
 
     async def _finish(
-        self, conn: Connection, request_id: Any, answered: bool, pending: Awaitable[Any]
+        self,
+        conn: Connection,
+        request_id: Any,
+        answered: bool,
+        method: str,
+        pending: Awaitable[Any],
     ) -> None:
-        """Await what a request waits for and send its answer (when it has an id)."""
+        """Await what a request of `method` waits for and send its answer (when it has an
+        id)."""
         try:
             value = await pending
             if answered:
@@ -300,13 +319,8 @@ class LocalApi:
             await conn.send(jsonrpc.error(request_id, err.to_wire()))
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("internal error serving a request")
-            await conn.send(
-                jsonrpc.error(
-                    request_id, RpcError(ErrorCode.INTERNAL_ERROR, "internal error").to_wire()
-                )
-            )
+        except Exception as exc:
+            await conn.send(self._internal_error(conn, request_id, method, exc))
 
     # -- methods ---------------------------------------------------------------------------
     def _hello(self, conn: Connection, p: HelloParams) -> HelloResult:
