@@ -15,6 +15,7 @@ RBrokerError                      base: .code (stable name), .message, .data (nu
 ├── LeaseNotFound                 lease_not_found
 ├── LeaseExpired                  lease_expired
 ├── NotLeaseOwner                 not_lease_owner
+│   └── NotJobOwner               not_job_owner (another user's job)
 ├── RequestNotFound               request_not_found (no such waiting request)
 ├── ResizePending                 resize_pending (another resize of the lease still waits)
 ├── NotSimulated                  not_simulated (sim.* on a real-GPU broker)
@@ -99,6 +100,11 @@ class NotLeaseOwner(RBrokerError):
     """The lease belongs to another OS user."""
 
 
+class NotJobOwner(NotLeaseOwner):
+    """The job belongs to another OS user (a `NotLeaseOwner`, which brokers before
+    `not_job_owner` answered for a job, so code catching that catches this too)."""
+
+
 class RequestNotFound(RBrokerError):
     """No waiting request with that id (granted, ended or never queued)."""
 
@@ -172,6 +178,7 @@ _BY_CODE: dict[ErrorCode, type[RBrokerError]] = {
     ErrorCode.CANCELLED: Cancelled,
     ErrorCode.JOB_NOT_FOUND: JobNotFound,
     ErrorCode.JOB_FINISHED: JobFinished,
+    ErrorCode.NOT_JOB_OWNER: NotJobOwner,
     ErrorCode.NOT_ALLOWED: NotAllowed,
     ErrorCode.TOO_MANY_CONNECTIONS: NotAllowed,
     ErrorCode.RESIZE_PENDING: ResizePending,

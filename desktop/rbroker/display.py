@@ -25,6 +25,15 @@ def ahead_words(ahead: int) -> str:
     return f"{fmt_count(ahead)} request{'s' if ahead != 1 else ''} ahead"
 
 
+REQUEST_PREFIX = "req-"
+"""What a waiting request's number is shown after (`req-7`), everywhere people read it."""
+
+
+def request_name(request_id: int) -> str:
+    """`7` → `"req-7"`: a waiting request as the queue shows it and `rbroker release` takes it."""
+    return f"{REQUEST_PREFIX}{request_id}"
+
+
 AHEAD_SAID = re.compile(r"\brequests? ahead\b")
 """Matches a reason that already says how many requests are ahead (`ahead_words`)."""
 

@@ -39,6 +39,7 @@ class ErrorCode(StrEnum):
     CANCELLED = "cancelled"
     JOB_NOT_FOUND = "job_not_found"
     JOB_FINISHED = "job_finished"
+    NOT_JOB_OWNER = "not_job_owner"
     NOT_ALLOWED = "not_allowed"
     TOO_MANY_CONNECTIONS = "too_many_connections"
     RESIZE_PENDING = "resize_pending"
@@ -71,6 +72,7 @@ ERROR_CODES: dict[ErrorCode, int] = {
     ErrorCode.NOT_SIMULATED: -32060,
     ErrorCode.JOB_NOT_FOUND: -32070,
     ErrorCode.JOB_FINISHED: -32071,
+    ErrorCode.NOT_JOB_OWNER: -32072,
     ErrorCode.NOT_ALLOWED: -32080,
     ErrorCode.TOO_MANY_CONNECTIONS: -32081,
     ErrorCode.RESIZE_PENDING: -32023,

@@ -113,7 +113,7 @@ class Job:
 class JobTable:
     """The broker's jobs. All methods run on the broker's event loop.
 
-    Raises `RpcError` with `job_not_found`, `job_finished`, `not_lease_owner` or
+    Raises `RpcError` with `job_not_found`, `job_finished`, `not_job_owner` or
     `invalid_params` (with the numbers) on bad requests; nothing is changed then.
     """
 
@@ -164,7 +164,7 @@ class JobTable:
             raise RpcError(ErrorCode.JOB_NOT_FOUND, f"no job {job_id}", job_id=job_id)
         if job.owner != owner:
             raise RpcError(
-                ErrorCode.NOT_LEASE_OWNER, f"job {job_id} belongs to another user", job_id=job_id
+                ErrorCode.NOT_JOB_OWNER, f"job {job_id} belongs to another user", job_id=job_id
             )
         return job
 

@@ -50,6 +50,7 @@ from rbroker.broker.simulation import Simulation
 from rbroker.broker.store import LeaseStore
 from rbroker.broker.ticks import liveness_memo, tick_loop
 from rbroker.broker.waiting import WaitQueue
+from rbroker.display import request_name
 from rbroker.eventloop import loop_name
 from rbroker.gpu.fake_nvml import FakeNvml
 from rbroker.gpu.nvml import NvmlGateway, TelemetryError, describe
@@ -628,13 +629,13 @@ class Broker:
         if waiter is None or waiter.future.done():
             raise RpcError(
                 ErrorCode.REQUEST_NOT_FOUND,
-                f"no waiting request {request_id} (granted, ended or never queued)",
+                f"no waiting request {request_name(request_id)} (granted, ended or never queued)",
                 request_id=request_id,
             )
         if waiter.owner != user and not admin:
             raise RpcError(
                 ErrorCode.NOT_LEASE_OWNER,
-                f"request {request_id} belongs to another user",
+                f"request {request_name(request_id)} belongs to another user",
                 request_id=request_id,
             )
         who = f"admin {user}" if waiter.owner != user else user

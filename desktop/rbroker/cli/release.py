@@ -3,8 +3,9 @@
 For a holder that cannot release it any more (a hung process, a lost terminal); the lease
 ends at once and its memory is admissible again. Ids are accepted whole
 (`lease-3f2a1b4c5d6e`) or as a prefix with or without `lease-` (`3f2a1b`), as shown by
-`rbroker status` in a narrow terminal; an ambiguous prefix is refused with the candidates.
-A waiting request is named `req-N`, as the queue in `rbroker status` shows it.
+`rbroker status` in a narrow terminal, in any case (`LEASE-3F2A`); an ambiguous prefix is
+refused with the candidates, and `lease-` or the start of it (`l`) names no lease. A waiting
+request is named `req-N`, as the queue in `rbroker status` shows it (`REQ-N` too).
 
 Everyone may end their own leases and requests; the broker's administrators (its own user,
 root and the members of its `--admin-group`) may end anyone's: the lease's reason then says
@@ -20,7 +21,8 @@ from rich.console import Console
 
 import rbroker
 from rbroker.cli.sheet import resolve_prefix
-from rbroker.cli.views import LEASE_PREFIX, REQUEST_PREFIX
+from rbroker.cli.views import LEASE_PREFIX
+from rbroker.display import REQUEST_PREFIX, request_name
 
 EX_USAGE = 2
 EX_UNAVAILABLE = 69
@@ -35,13 +37,14 @@ def resolve_lease_id(client: rbroker.Client, given: str) -> str:
 
 
 def request_number(given: str) -> int | None:
-    """The request id `req-N` names (N ≥ 1), None for anything that is not `req-…`.
+    """The request id `req-N` (or `REQ-N`) names (N ≥ 1), None for anything that is not
+    `req-…`.
 
     Raises:
         ValueError: `req-` followed by something other than a number from 1.
     """
     given = given.strip()
-    if not given.startswith(REQUEST_PREFIX):
+    if not given.lower().startswith(REQUEST_PREFIX):
         return None
     tail = given[len(REQUEST_PREFIX) :]
     if not tail.isdigit() or int(tail) < 1 or len(tail) > 18:
@@ -69,7 +72,7 @@ def run_release(args: argparse.Namespace) -> int:
                 if number is not None:
                     request = client.call("request.cancel", request_id=number)["request"]
                     out.print(
-                        "cancelled " + _said(request, f"{REQUEST_PREFIX}{number}"),
+                        "cancelled " + _said(request, request_name(number)),
                         markup=False,
                         soft_wrap=True,
                     )

@@ -301,12 +301,14 @@ def unique_prefixes(ids: Sequence[str], strip: str = "", min_len: int = 6) -> di
 
 def resolve_prefix(given: str, ids: Iterable[str], strip: str, what: str) -> str:
     """The one id of `ids` that `given` names: the whole id, or a prefix of it with or without
-    `strip` (`"3f2a"` and `"lease-3f2a"` both name `"lease-3f2a1b4c5d6e"`). `strip` alone
-    names no id, even when only one exists: ending someone's lease needs at least one
-    character of its own id.
+    `strip` (`"3f2a"` and `"lease-3f2a"` both name `"lease-3f2a1b4c5d6e"`), in any case
+    (`"LEASE-3F2A"` too). `strip` alone, or the start of it (`"l"`, `"lease"`), names no id,
+    even when only one exists: ending someone's lease needs at least one character of its
+    own id.
 
     Raises:
-        ValueError: `given` is empty (or only spaces), or only `strip`: a usage error.
+        ValueError: `given` is empty (or only spaces), or only `strip` or the start of it: a
+            usage error.
         LookupError: with a message in words: no such id, or an ambiguous prefix (with the
             candidates' short ids, as `unique_prefixes` gives them).
     """
@@ -314,15 +316,19 @@ def resolve_prefix(given: str, ids: Iterable[str], strip: str, what: str) -> str
     if not given:
         raise ValueError(f"empty {what} id: give an id or a prefix of one")
     ids = list(ids)
-    if given in ids:
-        return given
-    tail = given[len(strip) :] if strip and given.startswith(strip) else given
-    if not tail:
+    low = given.lower()
+    whole = [i for i in ids if i.lower() == low]
+    if len(whole) == 1:
+        return whole[0]
+    if strip and strip.lower().startswith(low):
+        start = "" if low == strip.lower() else f"the start of {strip!r}, "
         raise ValueError(
-            f"{given!r} is only the prefix every {what} id has: give at least one character "
-            f"of the id after it"
+            f"{given!r} is only {start}the prefix every {what} id has: give at least one "
+            f"character of the id after it"
         )
-    matches = sorted(i for i in ids if i[len(strip) :].startswith(tail))
+    matches = sorted(
+        i for i in ids if i.lower().startswith(low) or i[len(strip) :].lower().startswith(low)
+    )
     if len(matches) == 1:
         return matches[0]
     if not matches:

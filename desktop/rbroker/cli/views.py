@@ -18,12 +18,11 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
 from rbroker.cli.sheet import Cell, Column, Sheet, bar_column, unique_prefixes
-from rbroker.display import fmt_mib, short_uuid
+from rbroker.display import REQUEST_PREFIX, fmt_mib, short_uuid
 from rbroker_protocol.eta import eta_words as protocol_eta_words
 
 BAR_WIDTH = 30
 LEASE_PREFIX = "lease-"
-REQUEST_PREFIX = "req-"
 """How `rbroker status` names a waiting request (`req-7`) and `rbroker release` takes it."""
 
 

@@ -75,8 +75,11 @@ def test_an_admin_cancels_the_request_that_blocks_everyone(
 
     not_admin = _refused(lambda: h.broker.cancel_request(request_id, "bob"))
     assert not_admin.name == "not_lease_owner"
+    # named as the queue shows it (`req-N`), not by its bare number
+    assert not_admin.message == f"request req-{request_id} belongs to another user"
     unknown = _refused(lambda: h.broker.cancel_request(999, "ops", admin=True))
     assert (unknown.name, unknown.data["request_id"]) == ("request_not_found", 999)
+    assert unknown.message == "no waiting request req-999 (granted, ended or never queued)"
 
     cancelled = h.broker.cancel_request(request_id, "ops", admin=True)
     assert cancelled.owner == "alice"

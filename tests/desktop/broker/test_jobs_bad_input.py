@@ -298,5 +298,5 @@ def test_another_users_job_cannot_be_reported_or_changed(
     os.chmod(Path(broker.socket).parent, 0o755)
     os.chmod(broker.socket, 0o666)
     codes = _as_user(nobody.pw_uid, nobody.pw_gid, broker.socket, job["job_id"])
-    assert codes == ["not_lease_owner"] * 4
+    assert codes == ["not_job_owner"] * 4
     assert _snapshot(job_of(client, job["job_id"])) == _snapshot(job)

@@ -199,6 +199,21 @@ def test_prefixes_are_unique_and_ambiguity_is_an_error() -> None:
     for empty in ("", "  "):
         with pytest.raises(ValueError, match="empty lease id"):
             resolve_prefix(empty, ids, "lease-", "lease")
+    # the start of `lease-` is part of every id, not of one: it names none, even the only one
+    for start in ("l", "LE", "lease"):
+        for some in (ids, ids[:1]):
+            with pytest.raises(ValueError) as only_start:
+                resolve_prefix(start, some, "lease-", "lease")
+            assert str(only_start.value) == (
+                f"{start!r} is only the start of 'lease-', the prefix every lease id has: give "
+                "at least one character of the id after it"
+            )
+    # any case, as someone may type or copy it
+    assert resolve_prefix("LEASE-3F2A1B4C5D6E", ids, "lease-", "lease") == ids[0]
+    assert resolve_prefix("LEASE-3F2A1B9", ids, "lease-", "lease") == ids[1]
+    assert resolve_prefix("AAA", ids, "lease-", "lease") == ids[2]
+    with pytest.raises(ValueError, match="'LEASE-' is only the prefix every lease id has"):
+        resolve_prefix("LEASE-", ids, "lease-", "lease")
 
 
 def _cli(bp: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
@@ -244,6 +259,12 @@ def test_release_takes_a_unique_prefix_and_refuses_an_ambiguous_one() -> None:
             ]["lease_id"]
             wrong = _cli(bp, "release", "zz9")
             assert wrong.returncode == 2 and "no active lease starts with 'zz9'" in wrong.stderr
+            start = _cli(bp, "release", "l")
+            assert start.returncode == 2, start.stderr
+            assert "'l' is only the start of 'lease-', the prefix every" in start.stderr
+            no_request = _cli(bp, "release", "REQ-7")
+            assert no_request.returncode == 2, no_request.stderr
+            assert "no waiting request req-7 (granted" in no_request.stderr
             other = c.call("lease.acquire", mib=1000, project="p", session="s", purpose="y")[
                 "lease"
             ]["lease_id"]
@@ -264,7 +285,7 @@ def test_release_takes_a_unique_prefix_and_refuses_an_ambiguous_one() -> None:
             alone = _cli(bp, "release", "lease-")  # the only lease is not named by `lease-`
             assert alone.returncode == 2 and "only the prefix" in alone.stderr, alone.stderr
             assert len(c.leases()["leases"]) == 1
-            done = _cli(bp, "release", lease_id[len("lease-") :][:6])
+            done = _cli(bp, "release", lease_id[len("lease-") :][:6].upper())
             assert done.returncode == 0, done.stderr
             assert f"released {lease_id}" in done.stdout
             assert c.leases()["leases"] == []

@@ -196,6 +196,7 @@ def test_every_error_code_has_its_exception() -> None:
         ErrorCode.LEASE_NOT_FOUND: rbroker.LeaseNotFound,
         ErrorCode.LEASE_EXPIRED: rbroker.LeaseExpired,
         ErrorCode.NOT_LEASE_OWNER: rbroker.NotLeaseOwner,
+        ErrorCode.NOT_JOB_OWNER: rbroker.NotJobOwner,
         ErrorCode.DESCRIPTION_REJECTED: rbroker.DescriptionRejected,
         ErrorCode.TELEMETRY_UNAVAILABLE: rbroker.TelemetryUnavailable,
         ErrorCode.PROTOCOL_VERSION: rbroker.ProtocolVersionError,
@@ -208,6 +209,8 @@ def test_every_error_code_has_its_exception() -> None:
         if code in expected:
             assert type(exc) is expected[code], code
     assert issubclass(rbroker.WaitTimeout, rbroker.CapacityUnavailable)
+    # brokers before `not_job_owner` answered `not_lease_owner` for another user's job
+    assert issubclass(rbroker.NotJobOwner, rbroker.NotLeaseOwner)
 
 
 def test_public_surface_is_sorted_and_importable() -> None:
