@@ -21,7 +21,7 @@ from rbroker.broker.lessor import Choice, Lessor
 from rbroker.broker.sampling import GpuSlot
 from rbroker.broker.shares import Shares
 from rbroker.broker.waiting import WaitQueue
-from rbroker.display import explain, fmt_mib, short_uuid
+from rbroker.display import ahead_words, explain, fmt_mib, short_uuid
 from rbroker.gpu.nvml import describe
 from rbroker.gpu.types import TelemetryState
 from rbroker_protocol.errors import ErrorCode, RpcError
@@ -316,7 +316,7 @@ class Admission:
         waiter.reason = (
             f"waiting for a GPU sample to confirm {fmt_mib(released)} released on "
             f"{', '.join(short_uuid(u) for u in confirming)}"
-            + (f"; {ahead} request{'s' if ahead != 1 else ''} ahead" if ahead else "")
+            + (f"; {ahead_words(ahead)}" if ahead else "")
         )
         waiter.reason_kind = "sampling"
         waiter.reason_data = {"ahead": ahead, "released_unconfirmed_mib": released}
@@ -382,7 +382,7 @@ class Admission:
     ) -> None:
         """Set the waiter's reason (text, kind and numbers) for this pass."""
         ahead = max((blocked.get(u, 0) for u in waiter.candidates), default=0)
-        ahead_txt = f"; {ahead} request{'s' if ahead != 1 else ''} ahead" if ahead else ""
+        ahead_txt = f"; {ahead_words(ahead)}" if ahead else ""
         if paused:
             waiter.reason, waiter.reason_kind = "waiting: new admissions are paused", "paused"
             waiter.reason_data = {}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rbroker.broker.members import Members
 from rbroker.broker.shares import Shares
+from rbroker.display import fmt_mib
 
 
 class HeadroomTooLarge(ValueError):
@@ -119,7 +120,7 @@ class BrokerConfig:
         ]
         for name, mib in headrooms:
             if mib is not None and mib < 0:
-                raise ValueError(f"{name} must be 0 MiB or more, got {mib}")
+                raise ValueError(f"{name} must be 0 MiB or more, got {fmt_mib(mib)}")
         for uuid, mib in self.capacity_overrides_mib.items():
             if mib <= 0:
                 raise ValueError(f"capacity override for {uuid} must be positive, got {mib}")

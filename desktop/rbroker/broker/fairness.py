@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 from rbroker.broker.config import BrokerConfig
+from rbroker.display import fmt_count
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import AcquireParams
 
@@ -52,7 +53,8 @@ def cap(code: ErrorCode, owner: str, count: int, limit: int, what: str, fix: str
     if count >= limit:
         raise RpcError(
             code,
-            f"user {owner} already has {count} {what} on this broker ({limit} at most); {fix}",
+            f"user {owner} already has {fmt_count(count)} {what} on this broker "
+            f"({fmt_count(limit)} at most); {fix}",
             limit=limit,
             count=count,
         )

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from rbroker.broker.clock import Clock
 from rbroker.broker.fairness import cap
 from rbroker.broker.store import LeaseStore
+from rbroker.display import fmt_count
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.results import JobRecord, JobView
 
@@ -311,9 +312,10 @@ class JobTable:
             if after > job.total_items:
                 raise RpcError(
                     ErrorCode.INVALID_PARAMS,
-                    f"chunk {chunk_id} would bring the job to {after} items "
-                    f"({job.completed_items} completed + {job.failed_items} failed + "
-                    f"{completed + failed} now) but total_items is {job.total_items}",
+                    f"chunk {chunk_id} would bring the job to {fmt_count(after)} items "
+                    f"({fmt_count(job.completed_items)} completed + "
+                    f"{fmt_count(job.failed_items)} failed + {fmt_count(completed + failed)} "
+                    f"now) but total_items is {fmt_count(job.total_items)}",
                     field="completed",
                     total_items=job.total_items,
                     would_be=after,

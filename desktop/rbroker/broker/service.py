@@ -50,7 +50,7 @@ from rbroker.broker.simulation import Simulation
 from rbroker.broker.store import LeaseStore
 from rbroker.broker.ticks import liveness_memo, tick_loop
 from rbroker.broker.waiting import WaitQueue
-from rbroker.display import request_name
+from rbroker.display import fmt_mib, request_name
 from rbroker.eventloop import loop_name
 from rbroker.gpu.fake_nvml import FakeNvml
 from rbroker.gpu.nvml import NvmlGateway, TelemetryError, describe
@@ -219,7 +219,8 @@ class Broker:
             override = slot.headroom_override
             if override is not None and total_mib is not None and override >= total_mib:
                 raise HeadroomTooLarge(
-                    f"headroom {override} MiB is not below the {total_mib} MiB of GPU "
+                    f"headroom {fmt_mib(override)} MiB is not below the {fmt_mib(total_mib)} "
+                    f"MiB of GPU "
                     f"{slot.info.index} ({slot.uuid}, {slot.info.name}): nothing could ever be "
                     "granted there; give a headroom below the GPU's total (--headroom-mib)"
                 )

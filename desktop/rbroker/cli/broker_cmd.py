@@ -15,6 +15,7 @@ from rich.console import Console
 
 from rbroker import eventloop
 from rbroker.client.paths import ENV_SOCKET, default_data_dir, default_socket_path
+from rbroker.display import fmt_mib
 from rbroker.gpu.nvml import TelemetryError
 from rbroker.gpu.scenario import ScenarioError
 from rbroker.startup import os_error_line
@@ -35,6 +36,11 @@ from rbroker_protocol.startup import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _mib(value: object) -> str:
+    """A GPU's MiB as the start-up lines say them (`24 576`), `?` when unknown."""
+    return fmt_mib(value) if isinstance(value, int) else "?"
 
 
 def _fail(code: int, text: str) -> int:
@@ -192,8 +198,8 @@ def run_broker(args: argparse.Namespace) -> int:
             for g in gpus:
                 console.print(
                     f"  GPU {g['index']} {g['uuid']} {g['name']}: "
-                    f"{g.get('total_mib', '?')} MiB total, "
-                    f"headroom {g.get('headroom_mib', '?')} MiB, telemetry {g['telemetry']}"
+                    f"{_mib(g.get('total_mib'))} MiB total, "
+                    f"headroom {_mib(g.get('headroom_mib'))} MiB, telemetry {g['telemetry']}"
                 )
             if host.broker.queue_order() != "FIFO":
                 console.print(f"  queue order {host.broker.queue_order()}", markup=False)

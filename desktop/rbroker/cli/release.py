@@ -22,7 +22,7 @@ from rich.console import Console
 import rbroker
 from rbroker.cli.sheet import resolve_prefix
 from rbroker.cli.views import LEASE_PREFIX
-from rbroker.display import REQUEST_PREFIX, request_name
+from rbroker.display import REQUEST_PREFIX, fmt_mib, request_name
 
 EX_USAGE = 2
 EX_UNAVAILABLE = 69
@@ -56,8 +56,8 @@ def request_number(given: str) -> int | None:
 
 
 def _said(item: dict[str, Any], what: str) -> str:
-    mib = item.get("granted_mib", item.get("mib"))
-    return f"{what} ({mib} MiB, {item['owner']}: {item['project']}/{item['session']})"
+    mib = int(item.get("granted_mib", item.get("mib")) or 0)
+    return f"{what} ({fmt_mib(mib)} MiB, {item['owner']}: {item['project']}/{item['session']})"
 
 
 def run_release(args: argparse.Namespace) -> int:
@@ -89,7 +89,7 @@ def run_release(args: argparse.Namespace) -> int:
         err.print(f"rbroker release: {exc}", markup=False, soft_wrap=True)
         return EX_USAGE
     line = (
-        f"released {lease['lease_id']} ({lease['granted_mib']} MiB, {lease['project']}/"
+        f"released {lease['lease_id']} ({fmt_mib(lease['granted_mib'])} MiB, {lease['project']}/"
         f"{lease['session']})"
     )
     if lease.get("state") == "revoked":

@@ -18,7 +18,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
 from rbroker.cli.sheet import Cell, Column, Sheet, bar_column, unique_prefixes
-from rbroker.display import REQUEST_PREFIX, fmt_mib, short_uuid
+from rbroker.display import REQUEST_PREFIX, fmt_count, fmt_mib, short_uuid
 from rbroker_protocol.eta import eta_words as protocol_eta_words
 
 BAR_WIDTH = 30
@@ -170,7 +170,7 @@ def lease_table(leases: list[dict[str, Any]], gpus: Sequence[dict[str, Any]] = (
     `rbroker release`), owner, project, session, purpose, MiB, in use, GPU, state, age,
     expires (seconds to the TTL's end)."""
     sheet = Sheet(
-        f"Leases ({len(leases)})",
+        f"Leases ({fmt_count(len(leases))})",
         [
             Column("lease"),
             Column("owner", free_text=True, min_free=5),
@@ -224,7 +224,7 @@ def queue_table(queue: list[dict[str, Any]]) -> Sheet:
     of when it will fit where the broker gives one (`eta_words`; whole at any width: it wraps
     within its column in a terminal, one line in plain output)."""
     sheet = Sheet(
-        f"Queue ({len(queue)})",
+        f"Queue ({fmt_count(len(queue))})",
         [
             Column("request"),
             Column("owner", free_text=True, min_free=5),
@@ -362,7 +362,7 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Sheet:
     left; "no total" for jobs that count without one), done and failed items, items/s,
     ETA; project, workers (leases held/allocated) and handler join when the width allows."""
     sheet = Sheet(
-        f"Jobs ({len(jobs)})",
+        f"Jobs ({fmt_count(len(jobs))})",
         [
             Column("job"),
             Column("purpose", free_text=True, min_free=8),

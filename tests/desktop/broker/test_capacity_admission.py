@@ -204,4 +204,4 @@ def test_a_negative_headroom_is_refused_at_start(
     """A negative headroom would admit more than the GPU holds."""
     with pytest.raises(RuntimeError) as refused:
         broker_factory(headroom_mib=-4096)
-    assert "headroom_mib must be 0 MiB or more, got -4096" in str(refused.value)
+    assert "headroom_mib must be 0 MiB or more, got -4 096" in str(refused.value)

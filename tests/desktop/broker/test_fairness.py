@@ -163,9 +163,13 @@ def test_one_user_at_the_waiting_cap_is_refused_and_others_still_queue(
         _begin(h, wait, "alice", holder, 2)
     err = _refused(lambda: _begin(h, wait, "alice", holder, 2))
     assert (err.name, err.data) == ("too_many_waiting", {"limit": 1024, "count": 1024})
-    assert err.message.startswith("user alice already has 1024 waiting requests on this broker")
+    assert err.message.startswith(
+        "user alice already has 1 024 waiting requests on this broker (1 024 at most)"
+    )
     _begin(h, wait, "bob", pool.spawn()[1], 3)  # another user is not held back
     assert len(h.broker.queue) == 1025
+    # counts of a thousand or more are grouped as MiB are, in the reasons too
+    assert h.broker.queue[-1].reason.endswith("1 024 requested; 1 024 requests ahead")
     # a request that does not wait is not held to the cap (the next pass ends it)
     assert _begin(h, AcquireParams(mib=1024, **DESCRIPTION), "alice", holder, 2).wait_s == 0
     h.broker.waiting.connection_closed(2)  # alice's connection goes: her count with it

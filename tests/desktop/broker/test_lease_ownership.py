@@ -108,11 +108,14 @@ def test_an_admin_cancels_another_users_waiter_and_ends_their_lease(
         assert request["owner"] == "nobody"
         cancel = _rbroker("release", "--socket", broker.socket, f"req-{request['request_id']}")
         assert cancel.returncode == 0, cancel.stderr
-        assert cancel.stdout.startswith(f"cancelled req-{request['request_id']}"), cancel.stdout
+        assert cancel.stdout.startswith(
+            f"cancelled req-{request['request_id']} (5 000 MiB, nobody: "
+        ), cancel.stdout
         told = worker.stdout.readline()
         assert told.startswith("waiter cancelled request cancelled by admin root"), told
         end = _rbroker("release", "--socket", broker.socket, lease_id[len("lease-") :][:8])
         assert end.returncode == 0, end.stderr
+        assert end.stdout.startswith(f"released {lease_id} (10 000 MiB, "), end.stdout
         assert end.stdout.strip().endswith("nobody's lease, released by admin root"), end.stdout
         lost = worker.stdout.readline()
         assert lost.startswith("lost ") and "released by admin root" in lost, lost

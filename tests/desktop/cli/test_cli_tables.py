@@ -287,7 +287,7 @@ def test_release_takes_a_unique_prefix_and_refuses_an_ambiguous_one() -> None:
             assert len(c.leases()["leases"]) == 1
             done = _cli(bp, "release", lease_id[len("lease-") :][:6].upper())
             assert done.returncode == 0, done.stderr
-            assert f"released {lease_id}" in done.stdout
+            assert done.stdout.startswith(f"released {lease_id} (1 000 MiB, p/s)"), done.stdout
             assert c.leases()["leases"] == []
     finally:
         bp.stop(signal.SIGKILL)

@@ -163,9 +163,9 @@ def test_a_bad_scenario_file_is_named(root: Path, text: str, words: str) -> None
     assert _one_line(done).startswith(f"rbroker: bad scenario: {missing}: cannot read it")
 
 
-@pytest.mark.parametrize("headroom_mib", ["24576", "999999"])
+@pytest.mark.parametrize(("headroom_mib", "said"), [("24576", "24 576"), ("999999", "999 999")])
 def test_a_headroom_not_below_the_gpus_total_is_refused_with_the_numbers(
-    root: Path, headroom_mib: str
+    root: Path, headroom_mib: str, said: str
 ) -> None:
     """The default scenario's GPUs hold 24 576 MiB each: a headroom of that much or more
     would leave nothing to grant, so the broker refuses to start and says why."""
@@ -183,9 +183,7 @@ def test_a_headroom_not_below_the_gpus_total_is_refused_with_the_numbers(
     )
     assert done.returncode == EXIT_USAGE, done.stderr
     line = _one_line(done)
-    assert line.startswith(
-        f"rbroker: headroom {headroom_mib} MiB is not below the 24576 MiB of GPU 0 "
-    )
+    assert line.startswith(f"rbroker: headroom {said} MiB is not below the 24 576 MiB of GPU 0 ")
     assert "--headroom-mib" in line
 
 
@@ -212,5 +210,5 @@ def test_the_start_banner_keeps_one_line_per_gpu_when_piped(root: Path) -> None:
     gpu_lines = [line for line in lines if line.startswith("  GPU ")]
     assert len(gpu_lines) == 2, lines
     for line in gpu_lines:
-        assert "MiB total, headroom 1229 MiB, telemetry" in line, lines
+        assert "24 576 MiB total, headroom 1 229 MiB, telemetry" in line, lines
     assert lines[-1].startswith("rbroker broker listening on "), lines
