@@ -50,6 +50,7 @@ class ErrorCode(StrEnum):
     UNSENT_OVER_LIMIT = "unsent_over_limit"
     REQUEST_NOT_FOUND = "request_not_found"
     NOT_A_MEMBER = "not_a_member"
+    TOO_MANY_IN_FLIGHT = "too_many_in_flight"
 
 
 ERROR_CODES: dict[ErrorCode, int] = {
@@ -83,6 +84,7 @@ ERROR_CODES: dict[ErrorCode, int] = {
     ErrorCode.UNSENT_OVER_LIMIT: -32085,
     ErrorCode.REQUEST_NOT_FOUND: -32024,
     ErrorCode.NOT_A_MEMBER: -32086,
+    ErrorCode.TOO_MANY_IN_FLIGHT: -32087,
 }
 """JSON-RPC numeric code for each name. Standard codes from the JSON-RPC 2.0 spec."""
 

@@ -18,6 +18,7 @@ from rbroker.broker.eta import retell
 from rbroker.broker.holders import Holder
 from rbroker.broker.launchers import interpreter_of, snapshot_around
 from rbroker.broker.service import Broker
+from rbroker.localapi.requests import request_id_of
 from rbroker.transport.base import Peer, PeerOf
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
@@ -29,9 +30,12 @@ _conn_ids = itertools.count(1)
 
 
 MAX_IN_FLIGHT = 1024
-"""Requests of one connection served at once. Past this the connection is not read until
-one finishes: a client that sends without reading its answers meets backpressure (its own
-writes block) instead of growing the broker's memory without end."""
+"""Requests of one connection served at once (those that wait: a queued `lease.acquire`, a
+job write). Each further line is answered at once `too_many_in_flight` (`data.limit`) until
+one finishes, and reading goes on: so the broker's memory stays bounded, and a peer that
+closes is always seen, its waiting requests cancelled. (Reading used to pause at the cap: a
+client that closed its socket there kept its 1 024 requests queued for as long as its
+process lived.)"""
 
 MAX_UNSENT_BYTES = 4 * 1024 * 1024
 """Answer and event bytes of one connection that the broker keeps unsent, by default
@@ -97,8 +101,9 @@ class LineServer(Protocol):
 class Connection(asyncio.Protocol):
     """One client connection, an `asyncio.Protocol`: its peer, its transport and its in-flight
     request tasks. Request lines are cut in `data_received` and served at once by the
-    `LineServer`; reading pauses while answers wait unsent past `max_unsent` (bytes; the
-    transport's `pause_writing`), while `MAX_IN_FLIGHT` requests are served, and while the
+    `LineServer`, or refused `too_many_in_flight` while `MAX_IN_FLIGHT` requests are served;
+    reading pauses while answers wait unsent past `max_unsent` (bytes; the transport's
+    `pause_writing`: a peer that closes meanwhile fails the pending write) and while the
     server holds it back (`hold`), e.g. until its user's next turn (`turns`). `budget` counts
     its user's unsent bytes; `limit` is the longest request line (bytes)."""
 
@@ -267,6 +272,9 @@ class Connection(asyncio.Protocol):
             self._serving = False
 
     def _serve(self, line: bytes) -> None:
+        if len(self.requests) >= MAX_IN_FLIGHT:
+            self._too_many_in_flight(line)
+            return
         coro = self.server.serve_line(self, line)
         if coro is None:
             return
@@ -274,14 +282,20 @@ class Connection(asyncio.Protocol):
         self.tasks.add(task)
         self.requests.add(task)
         task.add_done_callback(self._request_done)
-        if len(self.requests) >= MAX_IN_FLIGHT:
-            self.hold("in_flight")
 
     def _request_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
         self.requests.discard(task)
-        if len(self.requests) < MAX_IN_FLIGHT:
-            self.release("in_flight")
+
+    def _too_many_in_flight(self, line: bytes) -> None:
+        """Refuse `line` unread: `MAX_IN_FLIGHT` requests of this connection are in flight."""
+        err = RpcError(
+            ErrorCode.TOO_MANY_IN_FLIGHT,
+            f"this connection already has {len(self.requests)} requests in flight "
+            f"({MAX_IN_FLIGHT} at most); wait for their answers or use another connection",
+            limit=MAX_IN_FLIGHT,
+        )
+        self.answer(jsonrpc.error(request_id_of(line), err.to_wire()))
 
     def _end_of_stream(self) -> None:
         """The client sent its last byte: serve an unfinished last line (within the limit),
