@@ -4,7 +4,9 @@
 `rbroker broker` — `rbroker.host.BrokerHost`, which also takes the machine-wide lock — as
 LocalSystem, listening on the fixed pipe `\\\\.\\pipe\\rbroker` (whose access list lets
 Authenticated Users connect: `rbroker.transport.pipe_security`), with its data in
-`%ProgramData%\\rbroker`.
+`%ProgramData%\\rbroker`, which it secures before using it (`secure_data_dir`: only LocalSystem
+and Administrators may read or change it, every user may write the machine lock's identity
+in its `locks\\`; `rbroker.transport.win_acl`).
 
 The Service Control Manager must start the process that calls StartServiceCtrlDispatcher.
 A virtual environment's `python.exe` is a launcher that starts the base interpreter as a
@@ -12,7 +14,8 @@ child, so the service is registered with the *base* interpreter (`sys._base_exec
 and a bootstrap that adds this installation's site-packages (with their `.pth` files, which
 is how pywin32 finds its DLLs) before importing rbroker: `service_command()`.
 
-What is pure here (tested on any OS): the names, `service_data_dir`, `service_config`,
+What is pure here (tested on any OS): the names, `service_data_dir`, `service_locks_dir`,
+`service_config`,
 `service_command`, and `serve_until` (start the host, wait for the stop event, stop it).
 The service class and its install/remove helpers exist on Windows only.
 """
@@ -35,6 +38,7 @@ from rbroker._version import __version__
 from rbroker.broker.config import CONFIG_FILE, BrokerConfig, ConfigFile, read_config
 from rbroker.transport.pipe_security import SERVICE_PIPE
 from rbroker.transport.system_paths import program_data_dir
+from rbroker.transport.win_acl import DataFolderNotTrusted
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,14 @@ def service_data_dir(environ: Mapping[str, str] | None = None) -> Path:
     """`<ProgramData>\\rbroker` (default `C:\\ProgramData\\rbroker`): the service's data;
     ProgramData as `rbroker.transport.system_paths.program_data_dir(environ)` finds it."""
     return program_data_dir(environ) / "rbroker"
+
+
+def service_locks_dir(data_dir: Path, environ: Mapping[str, str] | None = None) -> Path | None:
+    """`<data_dir>\\locks`, where every broker of this computer writes who holds the machine
+    lock (`rbroker.transport.machine_lock_windows`), when `data_dir` is the default
+    `service_data_dir(environ)`; None for another data dir (`--data-dir`), whose folder
+    holds no locks: `<ProgramData>\\rbroker\\locks` is then left as ProgramData makes it."""
+    return data_dir / "locks" if data_dir == service_data_dir(environ) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,8 +216,10 @@ if sys.platform == "win32":
 
         def SvcDoRun(self) -> None:
             try:
+                secure_data_dir(self.options.data_dir or service_data_dir())
                 config = service_config(None, self.options)
-            except ValueError as exc:  # a bad broker.toml: one line in the event log
+            except (ValueError, DataFolderNotTrusted) as exc:
+                # a bad broker.toml, a data folder another account owns: one line in the log
                 servicemanager.LogErrorMsg(f"rbroker broker cannot start: {exc}")
                 raise
 
@@ -226,6 +240,25 @@ if sys.platform == "win32":
                 servicemanager.LogErrorMsg(f"rbroker broker stopped: {type(exc).__name__}: {exc}")
                 raise
 
+    def secure_data_dir(data_dir: Path) -> None:
+        """Check the owners of the service's `data_dir` and of what is in it, then give it
+        (and its `locks\\`: `service_locks_dir`) the service's access lists; makes them
+        where missing (`rbroker.transport.win_acl.secure_service_folder`).
+
+        Raises:
+            DataFolderNotTrusted: one line naming the path, its owner and what to do.
+            OSError, pywintypes.error: the folder cannot be made or its security set.
+        """
+        from rbroker.transport import win_accounts, win_acl
+
+        win_acl.secure_service_folder(
+            data_dir,
+            service_locks_dir(data_dir),
+            own_sid=win_accounts.own_sid(),
+            read_owner=win_acl.read_owner,
+            set_dacl=win_acl.set_dacl,
+        )
+
     def _host_service(options: ServiceOptions) -> None:
         RbrokerService.options = options
         servicemanager.Initialize()
@@ -233,12 +266,17 @@ if sys.platform == "win32":
         servicemanager.StartServiceCtrlDispatcher()
 
     def install(options: Sequence[str], start: str) -> None:
-        """Register the service (`start`: `auto`, `delayed` or `manual`), as LocalSystem.
+        """Secure the service's data folder (`secure_data_dir`, so that it is made by an
+        administrator before any user can make it), then register the service (`start`:
+        `auto`, `delayed` or `manual`), as LocalSystem.
 
         Raises:
+            ValueError: a bad option.
+            DataFolderNotTrusted: the data folder, or something in it, has another owner.
             pywintypes.error: e.g. not run as an administrator, or already installed.
         """
-        parse_service_options(options)  # refuse bad options before registering them
+        parsed = parse_service_options(options)  # refuse bad options before registering them
+        secure_data_dir(parsed.data_dir or service_data_dir())
         exe, args = service_command(*this_installation(), options)
         win32serviceutil.InstallService(
             f"{__name__}.RbrokerService",

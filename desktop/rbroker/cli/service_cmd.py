@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from rbroker.transport.base import BrokerAlreadyRunning, MachineLockHeld
+from rbroker.transport.win_acl import DataFolderNotTrusted
 from rbroker_protocol.startup import (
     EXIT_BROKER_ALREADY_RUNNING,
     EXIT_CANNOT_START,
@@ -77,7 +78,8 @@ def _options(args: argparse.Namespace) -> list[str]:
 
 def run_service(args: argparse.Namespace) -> int:
     """Exit codes: 0 done, 1 Windows refused (not an administrator, not installed, ...: one
-    line from `refusal_text`), 2 not Windows or bad options."""
+    line from `refusal_text`) or the data folder has an owner other than LocalSystem or
+    Administrators (`install` and `run`: one line naming it), 2 not Windows or bad options."""
     if sys.platform != "win32":
         return _fail(EXIT_USAGE, NOT_WINDOWS)
     import pywintypes
@@ -99,6 +101,7 @@ def run_service(args: argparse.Namespace) -> int:
             print("stopped")
         else:
             options = svc.parse_service_options(_options(args))
+            svc.secure_data_dir(options.data_dir or svc.service_data_dir())
             config = svc.service_config(None, options)
             stop = asyncio.Event()
             print(f"rbroker service broker on {svc.SERVICE_PIPE} (Ctrl-C stops)")
@@ -108,6 +111,8 @@ def run_service(args: argparse.Namespace) -> int:
         return _fail(EXIT_BROKER_ALREADY_RUNNING, f"{exc}; not starting a second one")
     except BrokerAlreadyRunning as exc:
         return _fail(EXIT_CANNOT_START, f"{exc}; not starting a second one")
+    except DataFolderNotTrusted as exc:
+        return _fail(EXIT_CANNOT_START, str(exc))
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))
     except pywintypes.error as exc:

@@ -6,7 +6,11 @@ holder exits, or is killed, Windows closes the handle and the name is free again
 already exists (ERROR_ALREADY_EXISTS), or that another user's default security descriptor
 keeps this one from opening (ERROR_ACCESS_DENIED), is held by a live broker: never taken over.
 The holder writes who it is to `<ProgramData>\\rbroker\\locks\\<name>.json` for the message
-of the second broker (best effort: a mutex carries no data).
+of the second broker (best effort: a mutex carries no data). Where the service has secured
+that folder (`rbroker.transport.win_acl.LOCKS_DIR_SDDL`) every user may add a file to
+`locks\\` and read the others', and change or delete only their own: a file left behind by
+another user's broker that crashed is not overwritten (the lock holds without it, and the
+second broker's message may name that stale holder).
 """
 
 from __future__ import annotations
@@ -94,7 +98,8 @@ if sys.platform == "win32":
         path: Path | None = _identity_file(name)
         try:
             assert path is not None
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.parent.is_dir():  # the service's `locks\` lets users add files only
+                path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(
                 json.dumps({"user": user, "pid": os.getpid(), "socket": socket_path}),
                 encoding="utf-8",
