@@ -42,7 +42,9 @@ class BrokerConfig:
     `max_open_jobs_per_user` jobs not yet finished (`too_many_jobs`); answers unsent to one
     connection past `max_unsent_bytes` hold its reading back (and drop it after 10 s),
     and a user whose connections together leave more than `max_unsent_bytes_per_user`
-    unsent loses the connection with the most (`unsent_over_limit`).
+    unsent loses the connection with the most (`unsent_over_limit`). A job stalled with no
+    worker, connection or report for `job_abandon_s` seconds (default 24 h) ends
+    `cancelled`, reason `abandoned: …` (`rbroker.broker.jobs`).
 
     `shares`: `[shares]` of the broker's config file, project → weight (`*`: every project
     not named); empty: the queue is FIFO (`rbroker.broker.shares`).
@@ -83,6 +85,7 @@ class BrokerConfig:
     max_waiting_per_user: int = 1024
     max_leases_per_user: int = 1024
     max_open_jobs_per_user: int = 1024
+    job_abandon_s: float = 24 * 3600.0
     max_unsent_bytes: int = 4 * 1024 * 1024
     max_unsent_bytes_per_user: int = 32 * 1024 * 1024
     shares: dict[str, float] = field(default_factory=dict)
@@ -93,15 +96,19 @@ class BrokerConfig:
 
         Raises:
             ValueError: a negative headroom, a capacity override that is not positive, an
-                over-grant grace that is negative or not finite, a longest wait that is
-                not positive and finite, a per-user cap below 1, or a share whose weight
-                is not a positive number, or a members list that is not a list of names
-                (`rbroker.broker.members.Members`).
+                over-grant grace that is negative or not finite, a longest wait or a
+                `job_abandon_s` that is not positive and finite, a per-user cap below 1, a
+                share whose weight is not a positive number, or a members list that is not
+                a list of names (`rbroker.broker.members.Members`).
         """
         Shares(self.shares)  # raises ValueError naming the bad weight
         Members(self.members)  # raises ValueError naming the bad entry
         if not 0 < self.max_wait_s < float("inf"):
             raise ValueError(f"the longest wait must be over 0 seconds, got {self.max_wait_s}")
+        if not 0 < self.job_abandon_s < float("inf"):
+            raise ValueError(
+                f"job_abandon_s must be over 0 seconds and finite, got {self.job_abandon_s}"
+            )
         for name in (
             "max_waiting_per_user",
             "max_leases_per_user",

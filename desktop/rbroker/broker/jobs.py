@@ -8,11 +8,16 @@ State machine::
     queued ──▶ running ──▶ succeeded | failed(reason) | cancelled(reason)
        │          ▲  │
        │          │  ▼
-       └──────▶ stalled   (no connection attached to it and no linked lease is live)
+       └──────▶ stalled ──▶ cancelled("abandoned: …")   (after `abandon_s` unattended)
 
 A job is attached to the connections that declared it, updated it or reported a chunk
 to it, and to the leases its workers took with its `job_id`; when the last of these is
-gone before the job finished, it becomes `stalled` (visible), never silently done.
+gone before the job finished, it becomes `stalled` (visible), never silently done. A job
+stalled with nothing attached and no report for `abandon_s` (`BrokerConfig.job_abandon_s`,
+default 24 h) was abandoned: it ends `cancelled` with the reason `abandoned: no worker,
+connection or report for 24 h` and is kept with the finished jobs (`check_abandoned`), so
+it no longer shows as stalled in everyone's view for ever nor counts against its user's
+`too_many_jobs`.
 
 Chunk reports are idempotent by `chunk_id`: the same chunk reported again with the same
 counts is acknowledged and not counted; with different counts it is refused. Counts are
@@ -119,14 +124,21 @@ class JobTable:
     """
 
     def __init__(
-        self, clock: Clock, store: LeaseStore | None, max_open_per_user: int = 1024
+        self,
+        clock: Clock,
+        store: LeaseStore | None,
+        max_open_per_user: int = 1024,
+        abandon_s: float = 24 * 3600.0,
     ) -> None:
         self.clock = clock
         self.max_open_per_user = max_open_per_user
+        self.abandon_s = abandon_s
         self.store = store
         self.jobs: dict[str, Job] = {}
         # jobs that may have lost their last connection or lease since `check_stalled`
         self._recheck: set[str] = set()
+        # stalled jobs → since when (wall clock) nothing has been attached to them
+        self._stalled: dict[str, float] = {}
         self._open: dict[str, int] = {}  # jobs not finished, per OS user
         if store is not None:
             for rec, chunks in store.jobs():
@@ -150,6 +162,8 @@ class JobTable:
                 )
                 if job.state in ("queued", "running"):
                     job.state = "stalled"  # nobody is attached after a restart until they report
+                if job.state == "stalled":  # unattended from now on, as far as this broker knows
+                    self._stalled[job.job_id] = self.clock.wall()
                 self.jobs[job.job_id] = job
                 if job.state not in FINISHED:
                     self._open[job.owner] = self._open.get(job.owner, 0) + 1
@@ -381,9 +395,46 @@ class JobTable:
             if job.state in ("queued", "running") and not job.conn_ids and not job.lease_ids:
                 job.state = "stalled"
                 self._save(job)
+                self._stalled[job_id] = self.clock.wall()
                 changed.append(job)
         self._recheck.clear()
         return changed
+
+    def check_abandoned(self) -> list[Job]:
+        """Stalled jobs with no connection attached, no live linked lease and no chunk
+        reported for `abandon_s` seconds (wall clock, counted from the latest of the stall,
+        the last report and the declaration) end `cancelled` with the reason `abandoned: …`
+        and `finished_at` now; returns the jobs that ended. Only stalled jobs are looked at.
+        A job not written to the store stays as it was and is tried again at the next call.
+        """
+        now = self.clock.wall()
+        ended = []
+        for job_id, since in list(self._stalled.items()):
+            job = self.jobs.get(job_id)
+            if job is None or job.state != "stalled":
+                del self._stalled[job_id]  # running again, or finished by its owner
+                continue
+            if job.conn_ids or job.lease_ids:  # attached again, though not yet running
+                self._stalled[job_id] = now
+                continue
+            last = max(since, job.last_report_at or job.declared_at)
+            if now - last < self.abandon_s:
+                continue
+            before = (job.state, job.reason, job.finished_at)
+            job.state = "cancelled"
+            job.reason = (
+                f"abandoned: no worker, connection or report for {_duration(self.abandon_s)}"
+            )
+            job.finished_at = now
+            try:
+                self._save(job)
+            except Exception:  # not written: not ended (tried again at the next tick)
+                job.state, job.reason, job.finished_at = before
+                continue
+            del self._stalled[job_id]
+            self._open[job.owner] -= 1
+            ended.append(job)
+        return ended
 
     def connection_closed(self, conn_id: int) -> None:
         """A connection is gone (finished or crashed): it no longer keeps jobs attached."""
@@ -400,3 +451,12 @@ class JobTable:
             for job in self.jobs.values()
             if include_finished or job.state not in FINISHED
         ]
+
+
+def _duration(seconds: float) -> str:
+    """`86400` → `24 h`, `5400` → `90 min`, `90` → `90 s`: a setting's length in words."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{fmt_count(int(seconds // 3600))} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{fmt_count(int(seconds // 60))} min"
+    return f"{seconds:g} s"

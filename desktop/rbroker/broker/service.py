@@ -144,7 +144,7 @@ class Broker:
         self._placed_at = -math.inf
         self._placed_for: tuple[int, ...] = ()
         self.end_count = 0
-        self.jobs = JobTable(self.clock, store, config.max_open_jobs_per_user)
+        self.jobs = JobTable(self.clock, store, config.max_open_jobs_per_user, config.job_abandon_s)
         self.resizes = Resizes(
             self.lessor, self.waiting, self.admission, self.clock, self.emit, lambda: self._admit()
         )
@@ -693,9 +693,12 @@ class Broker:
         self.waiting.reap(is_alive)
 
     def _tick(self, now: float) -> None:
-        """The tick's turn (`ticks.tick_loop`): expiry, then the lifetimes kept."""
+        """The tick's turn (`ticks.tick_loop`): expiry, the lifetimes kept, then the jobs
+        left unattended for `job_abandon_s` ended (`JobTable.check_abandoned`)."""
         self._expire(now)
         self._keep_lifetimes(now)
+        for job in self.jobs.check_abandoned():
+            self.emit("job", {"job_id": job.job_id, "state": job.state})
 
     def _keep_lifetimes(self, now: float) -> None:
         """Write the lease lifetimes to the store when one was recorded since the last write

@@ -358,13 +358,15 @@ def _progress_plain(job: dict[str, Any]) -> str:
 
 
 def jobs_table(jobs: list[dict[str, Any]]) -> Sheet:
-    """Jobs: id, purpose, state, progress (a bar with the percentage that takes the room
-    left; "no total" for jobs that count without one), done and failed items, items/s,
-    ETA; project, workers (leases held/allocated) and handler join when the width allows."""
+    """Jobs: id, owner (the OS user who declared it), purpose, state, progress (a bar with
+    the percentage that takes the room left; "no total" for jobs that count without one),
+    done and failed items, items/s, ETA; project, workers (leases held/allocated) and
+    handler join when the width allows."""
     sheet = Sheet(
         f"Jobs ({fmt_count(len(jobs))})",
         [
             Column("job"),
+            Column("owner", free_text=True, min_free=5, optional=True),
             Column("purpose", free_text=True, min_free=8),
             Column("state"),
             bar_column("progress", bar_min=14, bar_max=32),
@@ -385,6 +387,7 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Sheet:
         rate = j.get("items_per_s")
         sheet.add(
             Cell(j["job_id"], short=short[j["job_id"]]),
+            str(j.get("owner", "")),
             j["purpose"],
             Cell(Text(state, style=styles.get(j["state"], "")), plain=state),
             Cell(

@@ -159,6 +159,7 @@ def test_jobs_view_keeps_numbers_and_a_progress_bar(state: dict[str, Any], width
     text = _render(jobs_table(state["jobs"]), width)
     assert all(len(line) <= width for line in text.splitlines()), text
     assert "23 456" in text and "789" in text
+    assert " owner " in text and all(j["owner"] in text for j in state["jobs"]), text
     assert "24.2 %" in text and "█" in text  # 24 245 of 100 000 items
     assert "no total" in text
 
@@ -247,7 +248,17 @@ def test_jobs_through_a_pipe_prints_plain_rows(state: dict[str, Any]) -> None:
     assert done.returncode == 0, done.stderr
     row = next(line for line in done.stdout.splitlines() if "photograph archive" in line)
     cells = re.split(r"\s{2,}", row)
-    assert cells[1:6] == ["embed the photograph archive", "running", "24.2 %", "23456", "789"]
+    owner = next(j["owner"] for j in state["jobs"] if "photograph" in j["purpose"])
+    assert cells[1:7] == [
+        owner,  # the OS user who declared it, as `--json` says
+        "embed the photograph archive",
+        "running",
+        "24.2 %",
+        "23456",
+        "789",
+    ]
+    header = next(line for line in done.stdout.splitlines() if line.startswith("job "))
+    assert re.split(r"\s{2,}", header)[:3] == ["job", "owner", "purpose"]
 
 
 def test_release_takes_a_unique_prefix_and_refuses_an_ambiguous_one() -> None:

@@ -64,8 +64,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _row(out: str, job_id: str) -> list[str]:
-    """The plain row's cells for `job_id` (stdout is a pipe): job, purpose, state, progress,
-    done, failed, items/s, ETA, project, workers, handler."""
+    """The plain row's cells for `job_id` (stdout is a pipe): job, owner, purpose, state,
+    progress, done, failed, items/s, ETA, project, workers, handler."""
     for line in out.splitlines():
         if job_id in line:
             return re.split(r"\s{2,}", line.strip())
@@ -75,33 +75,36 @@ def _row(out: str, job_id: str) -> list[str]:
 def test_table_shows_progress_rate_and_eta(broker: BrokerProcess, jobs: dict[str, str]) -> None:
     out = _cli("--socket", broker.socket)
     assert out.returncode == 0, out.stderr
-    for title in ("progress", "items/s", "ETA", "handler", "workers"):
+    for title in ("owner", "progress", "items/s", "ETA", "handler", "workers"):
         assert title in out.stdout
     cells = _row(out.stdout, jobs["with_total"])
-    assert cells[2] == "running"
-    assert cells[9] == "0/3"  # no worker leases, 3 workers allocated
-    assert cells[3] == "20.0 %"
-    assert (cells[4], cells[5]) == ("195", "5")
-    rate = float(cells[6])
+    listed = json.loads(_cli("--socket", broker.socket, "--json").stdout)
+    owner = next(j["owner"] for j in listed if j["job_id"] == jobs["with_total"])
+    assert cells[1] == owner  # the OS user who declared it, as --json says
+    assert cells[3] == "running"
+    assert cells[10] == "0/3"  # no worker leases, 3 workers allocated
+    assert cells[4] == "20.0 %"
+    assert (cells[5], cells[6]) == ("195", "5")
+    rate = float(cells[7])
     assert 5 < rate < 170  # 200 items since the declaration, at least 1.2 s ago
-    eta = re.fullmatch(r"(\d+) (s|min)", cells[7])
-    assert eta is not None, cells[7]
+    eta = re.fullmatch(r"(\d+) (s|min)", cells[8])
+    assert eta is not None, cells[8]
     eta_s = int(eta.group(1)) * (60 if eta.group(2) == "min" else 1)
     assert abs(eta_s - 800 / rate) <= (2 if eta.group(2) == "s" else 31)
 
     cells = _row(out.stdout, jobs["no_total"])
-    assert cells[3:6] == ["no total", "12345", "6"]
-    assert cells[7] == "—"  # no total: no ETA
+    assert cells[4:7] == ["no total", "12345", "6"]
+    assert cells[8] == "—"  # no total: no ETA
 
     cells = _row(out.stdout, jobs["stalled"])
-    assert cells[2] == "stalled"
-    assert cells[3] == "25.0 %"
-    assert cells[7] == "—"  # nothing moves: no ETA
+    assert cells[3] == "stalled"
+    assert cells[4] == "25.0 %"
+    assert cells[8] == "—"  # nothing moves: no ETA
 
     cells = _row(out.stdout, jobs["done"])
-    assert cells[2] == "succeeded"
-    assert cells[3] == "100.0 %"
-    assert cells[7] == "—"  # finished: no ETA
+    assert cells[3] == "succeeded"
+    assert cells[4] == "100.0 %"
+    assert cells[8] == "—"  # finished: no ETA
 
 
 def test_json_has_the_rate_and_an_eta_from_it(broker: BrokerProcess, jobs: dict[str, str]) -> None:
