@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.text import Text
 
 import rbroker
+from rbroker.cli.exits import unusable_exit
 from rbroker.cli.views import jobs_table, print_view
 
 RECONNECT_S = 1.0
@@ -31,6 +32,8 @@ class _Watch:
         self._client: rbroker.Client | None = client
         self.lost: str | None = None
         """Why the broker is not answering now (None while it answers)."""
+        self.lost_exit = 0
+        """The exit code for what `lost` says (`rbroker.cli.exits.unusable_exit`)."""
 
     def fetch(self) -> list[dict[str, Any]] | None:
         """The jobs, or None while the broker cannot be reached (`lost` says why)."""
@@ -38,12 +41,12 @@ class _Watch:
             try:
                 self._client = rbroker.Client(self._socket, timeout_s=5)
             except (rbroker.BrokerUnavailable, rbroker.NotAllowed) as exc:
-                self.lost = str(exc)
+                self.lost, self.lost_exit = str(exc), unusable_exit(exc)
                 return None
         try:
             answer = self._client.call("jobs.list", include_finished=not self._active_only)
         except (rbroker.BrokerUnavailable, rbroker.NotAllowed, OSError) as exc:
-            self.lost = str(exc)
+            self.lost, self.lost_exit = str(exc), unusable_exit(exc)
             self.close()
             return None
         self.lost = None
@@ -61,22 +64,23 @@ def _lost_line(lost: str) -> str:
 
 def run_jobs(args: argparse.Namespace) -> int:
     """Print the jobs once (or live with --watch, reconnecting when the broker restarts).
-    Exit 0, or 69 when no broker answers at the start."""
+    Exit 0, 69 when no broker answers at the start, 2 when the broker refuses this user
+    (`rbroker.cli.exits`)."""
     console = Console()
     try:
         client = rbroker.Client(args.socket, timeout_s=5)
     except (rbroker.BrokerUnavailable, rbroker.NotAllowed) as exc:
-        # NotAllowed: the broker refused this connection (a per-user connection cap, a group
-        # not allowed): for this user no broker answers
+        # a broker that refuses this user (its socket's permissions or allowed group, its
+        # per-user connection cap) is there: a refusal (2), not "no broker" (69)
         Console(stderr=True).print(f"rbroker jobs: {exc}", markup=False, soft_wrap=True)
-        return 69
+        return unusable_exit(exc)
     watch = _Watch(args.socket, args.active, client)
     try:
         jobs = watch.fetch()
         if jobs is None:
             assert watch.lost is not None
             Console(stderr=True).print(f"rbroker jobs: {watch.lost}", markup=False, soft_wrap=True)
-            return 69
+            return watch.lost_exit
         if args.json:
             print(json.dumps(jobs, indent=2))
             return 0

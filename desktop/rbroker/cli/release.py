@@ -20,12 +20,12 @@ from typing import Any
 from rich.console import Console
 
 import rbroker
+from rbroker.cli.exits import unusable_exit
 from rbroker.cli.sheet import resolve_prefix
 from rbroker.cli.views import LEASE_PREFIX
 from rbroker.display import REQUEST_PREFIX, fmt_mib, request_name
 
 EX_USAGE = 2
-EX_UNAVAILABLE = 69
 
 
 def resolve_lease_id(client: rbroker.Client, given: str) -> str:
@@ -61,8 +61,8 @@ def _said(item: dict[str, Any], what: str) -> str:
 
 
 def run_release(args: argparse.Namespace) -> int:
-    """Release or cancel; exit 0, 2 for an unknown, ambiguous or foreign id, 69 without
-    broker."""
+    """Release or cancel; exit 0, 2 for an unknown, ambiguous or foreign id or a broker that
+    refuses this user, 69 without broker."""
     err = Console(stderr=True, highlight=False)
     out = Console(highlight=False)
     try:
@@ -84,7 +84,7 @@ def run_release(args: argparse.Namespace) -> int:
             lease = client.call("lease.release", lease_id=lease_id)["lease"]
     except rbroker.BrokerUnavailable as exc:
         err.print(f"rbroker release: {exc}", markup=False, soft_wrap=True)
-        return EX_UNAVAILABLE
+        return unusable_exit(exc)
     except rbroker.RBrokerError as exc:
         err.print(f"rbroker release: {exc}", markup=False, soft_wrap=True)
         return EX_USAGE

@@ -46,12 +46,12 @@ from rbroker._frameworks import (
     substitute,
 )
 from rbroker._lease import LEASE_LOST
+from rbroker.cli.exits import unusable_exit
 from rbroker.display import AHEAD_SAID, ahead_words, fmt_mib
 from rbroker_protocol.eta import eta_words
 from rbroker_protocol.localapi import AcquireParams
 
 EX_USAGE = 2
-EX_UNAVAILABLE = 69  # sysexits.h: no broker
 EX_TEMPFAIL = 75  # sysexits.h: no room now / within --wait
 
 FLAGS = {
@@ -270,7 +270,7 @@ def run_command(args: argparse.Namespace) -> int:
     except rbroker.BrokerUnavailable as exc:
         display.close()
         console.print(f"rbroker run: {exc}", markup=False, soft_wrap=True)
-        return EX_UNAVAILABLE
+        return unusable_exit(exc)  # 69, or 2 where the broker is there and refuses this user
     except rbroker.CapacityUnavailable as exc:
         display.close()
         hint = "" if args.wait > 0 else " (add --wait SECONDS to queue for room)"

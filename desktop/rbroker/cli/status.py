@@ -12,12 +12,14 @@ from rich.console import Console
 from rich.text import Text
 
 import rbroker
+from rbroker.cli.exits import unusable_exit
 from rbroker.cli.views import broker_view, print_view, shares_table
 from rbroker_protocol.results import BrokerStatus
 
 
 def run_status(args: argparse.Namespace) -> int:
-    """Print the status once. Exit 0, or 69 when no broker answers."""
+    """Print the status once. Exit 0, 69 when no broker answers, 2 when the broker refuses
+    this user (`rbroker.cli.exits`)."""
     console = Console()
     try:
         with rbroker.Client(args.socket, timeout_s=5) as client:
@@ -26,10 +28,10 @@ def run_status(args: argparse.Namespace) -> int:
             leases = client.leases()
             found = {"address": client.address, "found_by": client.found_by}
     except (rbroker.BrokerUnavailable, rbroker.NotAllowed) as exc:
-        # NotAllowed: the broker refused this connection (a per-user connection cap, a group
-        # not allowed): for this user no broker answers
+        # a broker that refuses this user (its socket's permissions or allowed group, its
+        # per-user connection cap) is there: a refusal (2), not "no broker" (69)
         Console(stderr=True).print(f"rbroker status: {exc}", markup=False, soft_wrap=True)
-        return 69
+        return unusable_exit(exc)
     if args.json:
         print(json.dumps({"broker": found, "status": status, "gpus": gpus, **leases}, indent=2))
         return 0

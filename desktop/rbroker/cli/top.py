@@ -25,6 +25,7 @@ from rich.live import Live
 from rich.text import Text
 
 import rbroker
+from rbroker.cli.exits import unusable_exit
 from rbroker.cli.status import status_header
 from rbroker.cli.views import View, broker_view, jobs_table, print_view, shares_table
 
@@ -54,6 +55,8 @@ class Source:
         self._socket = socket
         self._client: rbroker.Client | None = None
         self.lost: str | None = None
+        self.lost_exit = 0
+        """The exit code for what `lost` says (`rbroker.cli.exits.unusable_exit`)."""
 
     def read(self) -> Snapshot | None:
         """A `Snapshot`, or None (and `lost` set) when the broker cannot be reached or
@@ -70,7 +73,7 @@ class Source:
                 found={"address": client.address, "found_by": client.found_by},
             )
         except (rbroker.BrokerUnavailable, rbroker.NotAllowed, OSError) as exc:
-            self.lost = str(exc)
+            self.lost, self.lost_exit = str(exc), unusable_exit(exc)
             self.close()
             return None
         self.lost = None
@@ -112,14 +115,15 @@ def lost_line(lost: str) -> Text:
 
 def run_top(args: argparse.Namespace) -> int:
     """`rbroker top [--once]` and `rbroker status --watch`. Exit 0 (after `q` or Ctrl-C, or
-    after the one frame of `--once`), or 69 when no broker answers at the start."""
+    after the one frame of `--once`), 69 when no broker answers at the start, 2 when the
+    broker refuses this user (`rbroker.cli.exits`)."""
     console = Console()
     source = Source(args.socket)
     try:
         snapshot = source.read()
         if snapshot is None:
             Console(stderr=True).print(f"rbroker top: {source.lost}", markup=False, soft_wrap=True)
-            return 69
+            return source.lost_exit
         if getattr(args, "once", False):
             print_view(console, frame(snapshot, once=True))
             return 0

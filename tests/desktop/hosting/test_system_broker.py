@@ -261,22 +261,26 @@ def test_a_user_outside_the_allowed_group_is_refused_clearly_and_at_once(
         assert as_root.hello()
     assert out["took_s"] < 5
     assert run_as(users["alice"], _try_connect, system_broker.socket) == {"connected": True}
-    # and the command line says it in one line, exit 69 (no broker this user may use)
+    # and the command line says it in one line, exit 2 as for every refusal: the broker is
+    # there and says no (69 is for no broker at all)
     os.chmod(system_broker.socket, 0o660)
     python = python_as(users["carol"].name)
     assert python is not None
-    done = subprocess.run(
-        [
-            *("runuser", "-u", users["carol"].name, "--", "env", f"PYTHONPATH={REPO}"),
-            *(f"{ENV_SYSTEM_SOCKET}={system_broker.socket}", "COLUMNS=1000", *python, "status"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd="/",
-    )
-    assert done.returncode == 69, done.stderr
-    assert f"not allowed to use the broker at {system_broker.socket}" in done.stderr
+    for command in (["status"], ["run", "--mib", "64", "--", "true"]):
+        done = subprocess.run(
+            [
+                *("runuser", "-u", users["carol"].name, "--", "env", f"PYTHONPATH={REPO}"),
+                *(f"{ENV_SYSTEM_SOCKET}={system_broker.socket}", "COLUMNS=1000", *python),
+                *command,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
+        assert done.returncode == 2, (command, done.stderr)
+        assert f"not allowed to use the broker at {system_broker.socket}" in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_another_users_second_system_broker_names_the_running_one_not_the_data_dir(

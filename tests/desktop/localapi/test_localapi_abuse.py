@@ -293,12 +293,23 @@ def test_an_unknown_admin_group_is_refused_at_start(tmp_path: Path) -> None:
     assert "no-such-group-rbt" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("command", ["status", "jobs"])
-def test_status_and_jobs_at_the_connection_cap_say_so_in_one_line(
-    broker: BrokerProcess, command: str
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["jobs"],
+        ["top", "--once"],
+        ["release", "3f2a"],
+        ["run", "--mib", "64", "--", "true"],
+    ],
+    ids=["status", "jobs", "top", "release", "run"],
+)
+def test_commands_at_the_connection_cap_say_so_in_one_line_and_exit_2(
+    broker: BrokerProcess, command: list[str]
 ) -> None:
-    """A user at the per-user connection cap who runs `rbroker status` or `rbroker jobs`
-    is told why in one line, exit 69 (it printed a NotAllowed traceback)."""
+    """A user at the per-user connection cap who runs a command is told why in one line
+    (it printed a NotAllowed traceback), exit 2 as for every refusal: the broker is there
+    and says no, which is not 69, no broker."""
     held = []
     try:
         for _ in range(MAX_CONNECTIONS_PER_USER):
@@ -306,7 +317,15 @@ def test_status_and_jobs_at_the_connection_cap_say_so_in_one_line(
             s.connect(broker.socket)
             held.append(s)
         done = subprocess.run(
-            [sys.executable, "-m", "rbroker", command, "--socket", broker.socket],
+            [
+                sys.executable,
+                "-m",
+                "rbroker",
+                *command[:1],
+                "--socket",
+                broker.socket,
+                *command[1:],
+            ],
             capture_output=True,
             text=True,
             timeout=60,
@@ -315,7 +334,7 @@ def test_status_and_jobs_at_the_connection_cap_say_so_in_one_line(
     finally:
         for s in held:
             s.close()
-    assert done.returncode == 69, done.stderr
+    assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().count("\n") == 0, done.stderr
     assert f"{MAX_CONNECTIONS_PER_USER} at most" in done.stderr
