@@ -165,7 +165,8 @@ class Members:
 def user_in_group(user: str, group: str) -> bool:
     """True when OS user `user` is a member of OS group `group` (primary or supplementary,
     from the group database now); unknown users or groups are not members; False on
-    Windows."""
+    Windows. The one group lookup of the broker: `[members]` here, and the local API's
+    `--admin-group` and `--allowed-group` (`rbroker.localapi.access`)."""
     if sys.platform == "win32":
         return False
     import grp

@@ -17,6 +17,7 @@ import os
 import sys
 from functools import lru_cache
 
+from rbroker.broker.members import user_in_group
 from rbroker.transport.base import Peer
 from rbroker_protocol.errors import ErrorCode, RpcError
 
@@ -35,24 +36,6 @@ def broker_user() -> str:
         return str(os.geteuid())
 
 
-def in_group(user: str, group: str) -> bool:
-    """True when OS user `user` is a member of OS group `group` (primary or supplementary).
-
-    Unknown users or groups are not members. Always False on Windows (no Unix groups).
-    """
-    if sys.platform == "win32":
-        return False
-    import grp
-    import pwd
-
-    try:
-        gid = grp.getgrnam(group).gr_gid
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        return False
-    return gid in os.getgrouplist(user, entry.pw_gid)
-
-
 def is_admin(peer: Peer, admin_group: str | None) -> bool:
     """True when `peer` may pause admissions, change a simulation, end any lease or cancel
     any waiting request on this broker: its own user (on Windows: the same account SID), an
@@ -67,7 +50,7 @@ def is_admin(peer: Peer, admin_group: str | None) -> bool:
             return True
     elif peer.user == broker_user():
         return True
-    return admin_group is not None and in_group(peer.user, admin_group)
+    return admin_group is not None and user_in_group(peer.user, admin_group)
 
 
 def admin_description(admin_group: str | None) -> str:
@@ -108,7 +91,7 @@ def connect_refusal(peer: Peer, allowed_group: str | None, address: str) -> RpcE
         return None
     if peer.uid is not None and peer.uid in (0, os.getuid()):
         return None
-    if in_group(peer.user, allowed_group):
+    if user_in_group(peer.user, allowed_group):
         return None
     own = broker_user()
     who = "root" if own == "root" else f"its own user ({own}), root"
