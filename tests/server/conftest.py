@@ -197,6 +197,15 @@ def database_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -
         yield url
 
 
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    """An engine on `database_url` (each backend), upgraded to the newest revision."""
+    e = db.make_engine(database_url)
+    db.upgrade(e)
+    yield e
+    e.dispose()
+
+
 @pytest.fixture(scope="session")
 def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite file at the newest schema revision, migrated once per pytest process; the

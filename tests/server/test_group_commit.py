@@ -8,12 +8,11 @@ import asyncio
 import dataclasses
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import nacl.signing
-import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
@@ -32,14 +31,6 @@ from tests.fakes.reports import payload, signed_body
 
 HEALTH = HealthCheck.__table__  # type: ignore[attr-defined]
 COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    e = db.make_engine(database_url)
-    db.upgrade(e)
-    yield e
-    e.dispose()
 
 
 def _count_commits(engine: Engine) -> list[int]:

@@ -6,7 +6,6 @@ encoder."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import date
 
 import pytest
@@ -16,14 +15,6 @@ from sqlalchemy.engine import Engine
 from rbroker_server import db
 from rbroker_server.admin import operations as admin
 from rbroker_server.reports import statements as st
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    e = db.make_engine(database_url)
-    db.upgrade(e)
-    yield e
-    e.dispose()
 
 
 def _computer(engine: Engine) -> str:

@@ -7,20 +7,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import nacl.signing
-import pytest
 from litestar import Litestar
 from litestar.exceptions import HTTPException
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
 from rbroker_protocol.enroll import EnrollRequest
-from rbroker_server import db, dbfaults
+from rbroker_server import dbfaults
 from rbroker_server.admin import operations as admin
 from rbroker_server.answers import json_error
 from rbroker_server.enroll import service as enroll_service
@@ -29,14 +27,6 @@ from rbroker_server.reports.gate import ReportGate
 from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.settings import Settings
 from tests.fakes.reports import payload, signed_body
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    e = db.make_engine(database_url)
-    db.upgrade(e)
-    yield e
-    e.dispose()
 
 
 def _enroll(engine: Engine, name: str) -> tuple[str, nacl.signing.SigningKey]:

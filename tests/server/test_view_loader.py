@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import nacl.signing
-import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
@@ -27,14 +25,6 @@ from rbroker_server.settings import Settings
 from tests.fakes.reports import payload, signed_body
 
 COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    e = db.make_engine(database_url)
-    db.upgrade(e)
-    yield e
-    e.dispose()
 
 
 def _enrolled(engine: Engine, n: int) -> list[tuple[str, nacl.signing.SigningKey]]:
