@@ -117,6 +117,7 @@ def test_client_refuses_a_service_pipe_not_served_by_localsystem() -> None:
         )
     except OSError:
         pytest.skip("an rbroker service runs on this computer")
+
     def accept() -> None:
         # The client checks the server's account and hangs up before it sends a
         # byte, so the connect may end with "pipe closed" (ERROR_NO_DATA, 232) or
