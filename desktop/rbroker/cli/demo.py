@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.text import Text
 
 import rbroker
@@ -163,7 +164,7 @@ def run_demo(args: argparse.Namespace) -> int:
                         else f"real GPUs (NVML, driver {status['driver_version']})"
                     )
                     console.print(
-                        f"[bold]rbroker demo[/] — broker on {sock} — {src}",
+                        f"[bold]rbroker demo[/] — broker on {escape(str(sock))} — {escape(src)}",
                         soft_wrap=not console.is_terminal,
                     )
                     gpus = client.gpus()

@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from rbroker.cli.views import fleet_view, print_view, room_view
 from rbroker.client.paths import default_data_dir
@@ -35,7 +36,7 @@ def run_enroll(args: argparse.Namespace) -> int:
             notes=notes,
         )
     except EnrollError as exc:
-        console.print(f"[red]rbroker enroll:[/] {exc}", soft_wrap=True)
+        console.print(f"[red]rbroker enroll:[/] {escape(str(exc))}", soft_wrap=True)
         return 1
     try:
         where = store_for(config, data_dir).where()
@@ -43,14 +44,14 @@ def run_enroll(args: argparse.Namespace) -> int:
         where = f"the OS keyring ({exc})"
     who = "" if config.key_backend == "file" else f" running as OS account {os_account()}"
     console.print(
-        f"enrolled [bold]{config.name}[/] as {config.computer_id} in group {config.group} at "
-        f"{config.url}; private key kept in {where}. A broker{who} using {data_dir} starts "
-        "reporting within seconds.",
+        f"enrolled [bold]{escape(config.name)}[/] as {escape(config.computer_id)} in group "
+        f"{escape(config.group)} at {escape(config.url)}; private key kept in {escape(where)}. "
+        f"A broker{escape(who)} using {escape(str(data_dir))} starts reporting within seconds.",
         highlight=False,
         soft_wrap=not console.is_terminal,
     )
     for note in notes:
-        console.print(note, highlight=False, soft_wrap=not console.is_terminal)
+        console.print(note, markup=False, highlight=False, soft_wrap=not console.is_terminal)
     return 0
 
 
@@ -74,7 +75,7 @@ def run_fleet(args: argparse.Namespace) -> int:
         else:
             answer = fetch_fleet(data_dir, **auth)
     except FleetError as exc:
-        Console(stderr=True).print(f"[red]rbroker fleet:[/] {exc}", soft_wrap=True)
+        Console(stderr=True).print(f"[red]rbroker fleet:[/] {escape(str(exc))}", soft_wrap=True)
         return 1
     if args.json:
         print(json.dumps(answer, indent=2))

@@ -69,3 +69,24 @@ def test_a_new_identity_keeps_the_settings_enrolling_does_not_ask_for(
     assert again.report_interval_s == 2.5
     assert again.extra == {"telemetry_v2": True}
     assert UplinkConfig.load(tmp_path) == again
+
+
+@pytest.mark.parametrize("detail", ["enrollment code [/x] is unknown", "see [red]the docs[/]"])
+def test_a_refusal_with_brackets_is_printed_as_written(
+    coordinator: FakeCoordinator,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    detail: str,
+) -> None:
+    """Before: `rbroker enroll` printed the coordinator's refusal as rich markup, so `[/x]`
+    raised MarkupError (a traceback) and `[red]…[/]` lost its brackets. Right: one line with
+    the text as the coordinator wrote it, exit 1."""
+    from rbroker.cli.main import main
+
+    coordinator.then = Answer(400, json.dumps({"detail": detail}).encode())
+    code = main(["enroll", coordinator.url, "CODE-1", "--data-dir", str(tmp_path), "--key-file"])
+    out = capsys.readouterr()
+    assert code == 1
+    said = (out.out + out.err).strip()
+    assert detail in said and "Traceback" not in said, said
+    assert said.startswith("rbroker enroll:"), said
