@@ -59,7 +59,9 @@ def enroll(
     the previous enrollment's other settings (`report_interval_s`, a newer version's keys).
     The key goes into an accepted OS keyring (see `rbroker.uplink.keyrings.judge`) or, with
     `key_file`, a 0600 file; after success an unencrypted copy of this data dir's old key
-    left in a plaintext keyring backend is deleted, and `notes` (when given) says so.
+    left in a plaintext keyring backend is deleted, and so is the old identity's key in the
+    other store when the new key went elsewhere (the old `computer.key` file, or the old
+    keyring entry); `notes` (when given) says what was removed.
 
     Raises:
         EnrollError: already enrolled, the key cannot be stored, or the coordinator refused.
@@ -159,6 +161,19 @@ def enroll(
     removed = KeyringKeyStore(data_dir).forget_plaintext_copies()
     if removed and notes is not None:
         notes.append(f"removed the old identity's unencrypted key from {', '.join(removed)}")
+    if existing is not None and existing.key_backend != config.key_backend:
+        # the old identity's key lived in the other store: no key of a revoked identity
+        # stays behind (a `computer.key` file when the new key went to the keyring)
+        old_store = store_for(existing, data_dir)
+        where = old_store.where()
+        try:
+            old_store.delete()
+        except KeyStoreError as exc:
+            if notes is not None:
+                notes.append(f"could not remove the old identity's key from {where}: {exc}")
+        else:
+            if notes is not None:
+                notes.append(f"removed the old identity's key from {where}")
     return config
 
 

@@ -9,6 +9,7 @@ import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -90,3 +91,48 @@ def test_a_refusal_with_brackets_is_printed_as_written(
     said = (out.out + out.err).strip()
     assert detail in said and "Traceback" not in said, said
     assert said.startswith("rbroker enroll:"), said
+
+
+class _MemoryKeyring:
+    """An OS keyring stand-in for one data dir (the keyring's own choice is tested in
+    test_key_storage_policy.py and, with a real Secret Service, in tests/e2e)."""
+
+    keys: ClassVar[dict[str, object]] = {}
+
+    def __init__(self, data_dir: Path) -> None:
+        self.name = str(data_dir)
+
+    def load(self) -> object:
+        return self.keys.get(self.name)
+
+    def save(self, key: object) -> None:
+        self.keys[self.name] = key
+
+    def delete(self) -> None:
+        self.keys.pop(self.name, None)
+
+    def where(self) -> str:
+        return "the OS keyring"
+
+    def forget_plaintext_copies(self) -> list[str]:
+        return []
+
+
+def test_a_new_identity_in_the_keyring_removes_the_old_key_file(
+    coordinator: FakeCoordinator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: enrolling again with the key in the keyring left the old identity's
+    `computer.key` (an unencrypted private key of a revoked computer) in the data dir."""
+    from rbroker.uplink import enroll as enroll_module
+
+    monkeypatch.setattr(enroll_module, "KeyringKeyStore", _MemoryKeyring)
+    coordinator.then = Answer(201, b'{"computer_id": "c_0123456789abcdef", "group": "vision"}')
+    enroll(coordinator.url, "CODE-1", "lab-1", tmp_path, key_file=True)
+    assert (tmp_path / "computer.key").exists()
+    notes: list[str] = []
+    coordinator.then = Answer(201, b'{"computer_id": "c_fedcba9876543210", "group": "vision"}')
+    again = enroll(coordinator.url, "CODE-2", "lab-1", tmp_path, new_identity=True, notes=notes)
+    assert again.key_backend == "keyring"
+    assert _MemoryKeyring.keys.get(str(tmp_path)) is not None
+    assert not (tmp_path / "computer.key").exists()
+    assert any("removed the old identity's key from the key file" in n for n in notes), notes
