@@ -137,7 +137,8 @@ class JobTable:
         self.jobs: dict[str, Job] = {}
         # jobs that may have lost their last connection or lease since `check_stalled`
         self._recheck: set[str] = set()
-        # stalled jobs → since when (wall clock) nothing has been attached to them
+        # stalled jobs → since when (monotonic clock) nothing has been attached to them: a
+        # job's end for want of workers is an expiry, never decided on the wall clock
         self._stalled: dict[str, float] = {}
         self._open: dict[str, int] = {}  # jobs not finished, per OS user
         if store is not None:
@@ -163,7 +164,7 @@ class JobTable:
                 if job.state in ("queued", "running"):
                     job.state = "stalled"  # nobody is attached after a restart until they report
                 if job.state == "stalled":  # unattended from now on, as far as this broker knows
-                    self._stalled[job.job_id] = self.clock.wall()
+                    self._stalled[job.job_id] = self.clock.monotonic()
                 self.jobs[job.job_id] = job
                 if job.state not in FINISHED:
                     self._open[job.owner] = self._open.get(job.owner, 0) + 1
@@ -395,19 +396,21 @@ class JobTable:
             if job.state in ("queued", "running") and not job.conn_ids and not job.lease_ids:
                 job.state = "stalled"
                 self._save(job)
-                self._stalled[job_id] = self.clock.wall()
+                self._stalled[job_id] = self.clock.monotonic()
                 changed.append(job)
         self._recheck.clear()
         return changed
 
     def check_abandoned(self) -> list[Job]:
         """Stalled jobs with no connection attached, no live linked lease and no chunk
-        reported for `abandon_s` seconds (wall clock, counted from the latest of the stall,
-        the last report and the declaration) end `cancelled` with the reason `abandoned: …`
-        and `finished_at` now; returns the jobs that ended. Only stalled jobs are looked at.
+        reported for `abandon_s` seconds end `cancelled` with the reason `abandoned: …` and
+        `finished_at` now; returns the jobs that ended. The seconds are counted on the
+        monotonic clock from the stall (a report makes a job running again, so the last
+        report comes before it; after a restart, from the broker's start), so a wall clock
+        that steps ends nothing early. Only stalled jobs are looked at.
         A job not written to the store stays as it was and is tried again at the next call.
         """
-        now = self.clock.wall()
+        now = self.clock.monotonic()
         ended = []
         for job_id, since in list(self._stalled.items()):
             job = self.jobs.get(job_id)
@@ -417,15 +420,14 @@ class JobTable:
             if job.conn_ids or job.lease_ids:  # attached again, though not yet running
                 self._stalled[job_id] = now
                 continue
-            last = max(since, job.last_report_at or job.declared_at)
-            if now - last < self.abandon_s:
+            if now - since < self.abandon_s:
                 continue
             before = (job.state, job.reason, job.finished_at)
             job.state = "cancelled"
             job.reason = (
                 f"abandoned: no worker, connection or report for {_duration(self.abandon_s)}"
             )
-            job.finished_at = now
+            job.finished_at = self.clock.wall()
             try:
                 self._save(job)
             except Exception:  # not written: not ended (tried again at the next tick)

@@ -93,3 +93,17 @@ def test_an_abandoned_end_survives_a_restart_and_a_restart_restarts_the_count(
         "cancelled",
         "abandoned: no worker, connection or report for 1 h",
     )
+
+
+def test_a_wall_clock_step_abandons_nothing(h: InProcessBroker) -> None:
+    """Abandonment is an expiry: the wall clock stepping two days ahead (a fixed RTC, NTP
+    after a long suspend) ends no job; only unattended time on the monotonic clock does."""
+    job_id = _declare(h, conn_id=5)
+    h.broker.connection_closed(5)
+    _turn(h, 1.0)
+    assert _job(h, job_id)["state"] == "stalled"
+    h.clock.wall_s += 2 * DAY_S
+    _turn(h, 1.0)
+    assert _job(h, job_id)["state"] == "stalled"
+    _turn(h, DAY_S)
+    assert _job(h, job_id)["state"] == "cancelled"
