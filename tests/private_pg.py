@@ -12,7 +12,6 @@ import contextlib
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -22,17 +21,12 @@ from pathlib import Path
 import pytest
 
 from tests.os_users import OsUser, create_user, remove_user
+from tests.ports import free_port
 
 
 def _bindir() -> Path | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=os.path.getmtime)
     return Path(found[-1]).parent if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -88,7 +82,7 @@ def private_postgres() -> Iterator[PrivateCluster]:
              "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync"],
             check=True, capture_output=True, timeout=120, cwd="/",
         )  # fmt: skip
-        cluster = PrivateCluster(user, bindir, root, _free_port())
+        cluster = PrivateCluster(user, bindir, root, free_port())
         cluster.start()
         try:
             yield cluster

@@ -18,12 +18,7 @@ import pytest
 
 from rbroker_protocol import signing
 from rbroker_server.cli import main, parse_duration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.ports import free_port
 
 
 def _setup_args(data: Path, backend: str, database_url: str, *extra: str) -> list[str]:
@@ -43,7 +38,7 @@ def test_setup_self_signed_then_serve_https(
     tmp_path: Path, backend: str, database_url: str
 ) -> None:
     data = tmp_path / "srv"
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "rbroker_server"]
     setup = subprocess.run(
         cmd
@@ -217,7 +212,6 @@ class _Prompts:
 def test_interactive_setup_offers_this_machines_name_when_binding_all_addresses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bind: str, loopback: bool
 ) -> None:
-    import socket
 
     data = tmp_path / "asked"
     prompts = _Prompts([str(data), bind, "", "9443", "", "n", ""])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import ssl
 import stat
 import subprocess
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.ports import free_port
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
 
@@ -30,12 +31,6 @@ def _mode(path: Path) -> int:
 
 def _db_files(data: Path) -> list[Path]:
     return [p for p in (data / DB, data / f"{DB}-wal", data / f"{DB}-shm") if p.exists()]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _setup(data: Path, port: int, *extra: str, umask: int = 0o022) -> None:
@@ -84,7 +79,7 @@ def _serve_once(data: Path, port: int, log: Path, umask: int = 0o022) -> None:
 
 def test_setup_and_serve_keep_the_data_private_under_umask_022(tmp_path: Path) -> None:
     data = tmp_path / "srv"
-    port = _free_port()
+    port = free_port()
     _setup(data, port)
     assert _mode(data) == 0o700
     assert _mode(data / "config.toml") == 0o600
@@ -98,7 +93,7 @@ def test_setup_and_serve_keep_the_data_private_under_umask_022(tmp_path: Path) -
 
 def test_serve_tightens_files_an_older_version_left_open(tmp_path: Path) -> None:
     data = tmp_path / "srv"
-    port = _free_port()
+    port = free_port()
     _setup(data, port)
     data.chmod(0o755)
     for p in _db_files(data):
@@ -117,7 +112,7 @@ def test_self_signed_setup_under_umask_000_writes_nothing_others_may_change(
 ) -> None:
     """Before: tls/ca.pem and tls/server.pem were 0666 under umask 000."""
     data = tmp_path / "srv"
-    port = _free_port()
+    port = free_port()
     _setup(data, port, "--self-signed", "--bind", "127.0.0.1", umask=0o000)
     _serve_once(data, port, tmp_path / "serve.log", umask=0o000)
     modes = {p.relative_to(data).as_posix(): _mode(p) for p in (data, *data.rglob("*"))}

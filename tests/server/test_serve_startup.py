@@ -22,6 +22,7 @@ from rbroker_protocol.startup import (
     EXIT_TLS,
 )
 from rbroker_server.settings import Settings
+from tests.ports import free_port
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 NO_PRIVILEGES = [
@@ -31,16 +32,10 @@ NO_PRIVILEGES = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def data(tmp_path: Path) -> Iterator[Path]:
     d = tmp_path / "srv"
-    Settings(data_dir=d, bind_host="127.0.0.1", bind_port=_free_port()).save()
+    Settings(data_dir=d, bind_host="127.0.0.1", bind_port=free_port()).save()
     yield d
     for p in (d, *d.rglob("*")):
         if p.is_dir():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from rbroker_server.maintenance import prune
 from rbroker_server.net import limit_key
 from rbroker_server.ratelimit import SIGNIN_ATTEMPTS, DbHits, Throttle
 from rbroker_server.settings import Settings
+from tests.ports import free_port
 from tests.server.conftest import Coordinator
 
 LINUX = sys.platform == "linux"  # the whole 127.0.0.0/8 is local: any 127.x.y.z is a source
@@ -57,12 +57,6 @@ class _Browser:
 
     def close(self) -> None:
         self.client.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -106,7 +100,7 @@ def test_two_serve_processes_on_one_database_share_the_sign_in_limit(
         token = admin.create_token(engine, "alpha").text
     finally:
         engine.dispose()
-    with _serve(data, _free_port()) as one, _serve(data, _free_port()) as two:
+    with _serve(data, free_port()) as one, _serve(data, free_port()) as two:
         first, second = _Browser(one), _Browser(two)
         try:
             codes = [first.guess().status_code for _ in range(5)]

@@ -25,6 +25,7 @@ import uvicorn
 from rbroker_server.net import parse_networks
 from rbroker_server.settings import Settings
 from rbroker_server.slow_clients import ConnectionGuard, EdgeLog, address_key, guarded_protocol
+from tests.ports import free_port
 
 LINUX = sys.platform == "linux"  # the whole 127.0.0.0/8 is local: 127.0.0.2 is a second client
 
@@ -254,12 +255,6 @@ def test_the_log_sums_events_per_interval(caplog: pytest.LogCaptureFixture) -> N
 # ---------------------------------------------------------------- the real `serve`
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _serve(data: Path) -> Iterator[subprocess.Popen[str]]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -279,7 +274,7 @@ def _serve(data: Path) -> Iterator[subprocess.Popen[str]]:
 
 @pytest.mark.skipif(not LINUX, reason="Linux: 127.0.0.2 is a second local source address")
 def test_serve_answers_healthz_while_slow_clients_flood_it(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     data = tmp_path / "srv"
     Settings(
         data_dir=data,
