@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 
 from rbroker._children import HARD_KILL
-from rbroker.demo.coordinator import LocalCoordinator, free_port, run_module
+from rbroker.demo.coordinator import LocalCoordinator, run_module
 from rbroker.demo.coordinator import server_cli as run_server_cli
 from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, start_broker
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

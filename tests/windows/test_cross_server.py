@@ -20,10 +20,10 @@ import httpx
 import pytest
 
 import rbroker
-from rbroker.demo.coordinator import free_port
 from rbroker_protocol.startup import EXIT_ADDRESS_IN_USE
 from tests.conftest import SINGLE_24G, short_tmp, start_broker, wait_until
 from tests.e2e.conftest import by_name, enroll_cli
+from tests.ports import free_port
 from tests.windows.wine import SKIP_REASON, WINE_READY, unix_to_wine
 from tests.windows.winprocs import WineProcesses, wine_procs
 
