@@ -185,12 +185,3 @@ def read_config(path: Path) -> ConfigFile:
         {str(k): float(v) for k, v in shares.items()},
         {str(k): tuple(v) for k, v in members.items()},
     )
-
-
-def read_config_file(path: Path) -> dict[str, float]:
-    """The `[shares]` of the broker's config file at `path` (`read_config(path).shares`).
-
-    Raises:
-        ValueError: as `read_config`.
-    """
-    return read_config(path).shares

@@ -375,16 +375,17 @@ class LocalApi:
 
     def _is_admin(self, conn: Connection) -> bool:
         """Whether the connection's OS user is an administrator of this broker (`is_admin`):
-        asked by the broker only when it matters (a project kept to its members)."""
+        for ending others' leases and requests, and asked by the broker only when it
+        matters for a project kept to its members."""
         return is_admin(conn.peer, self.config.admin_group)
 
     def _release(self, conn: Connection, p: LeaseRef) -> LeaseResult:
-        admin = is_admin(conn.peer, self.config.admin_group)
+        admin = self._is_admin(conn)
         lease = self.broker.release(p.lease_id, conn.peer.user, conn.id, conn.peer.pid, admin)
         return lease_result(lease)
 
     def _cancel(self, conn: Connection, p: RequestRef) -> CancelResult:
-        admin = is_admin(conn.peer, self.config.admin_group)
+        admin = self._is_admin(conn)
         waiter = self.broker.cancel_request(p.request_id, conn.peer.user, admin)
         return {"request": self.broker.request_view(waiter)}
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from rbroker.broker.config import BrokerConfig, read_config_file
+from rbroker.broker.config import BrokerConfig, read_config
 from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease
 from rbroker.broker.shares import Shares
@@ -236,7 +236,7 @@ def test_the_config_file_gives_shares_and_a_bad_one_is_one_line(
 ) -> None:
     good = tmp_path / "broker.toml"
     good.write_text('[shares]\nvision = 3\nnlp = 1\n"*" = 0.5\n')
-    assert read_config_file(good) == {"vision": 3.0, "nlp": 1.0, "*": 0.5}
+    assert read_config(good).shares == {"vision": 3.0, "nlp": 1.0, "*": 0.5}
     for text, words in (
         ("[shares]\nvision = 0\n", "the weight of 'vision' must be over 0"),
         ("[share]\nvision = 1\n", "unknown setting 'share'"),
@@ -244,7 +244,7 @@ def test_the_config_file_gives_shares_and_a_bad_one_is_one_line(
     ):
         good.write_text(text)
         with pytest.raises(ValueError, match=words):
-            read_config_file(good)
+            read_config(good)
     # `rbroker broker` reads it from its data dir and says what is wrong in one line
     code = main(["broker", "--simulate", "--data-dir", str(tmp_path), "--socket", "x.sock"])
     err = capsys.readouterr().err
