@@ -30,7 +30,10 @@ from tests.fakes.gpu_scenarios import GPU1 as GPU1
 from tests.fakes.gpu_scenarios import gpu, scenario
 from tests.windows.wine import UNDER_WINE
 
-pytest_plugins = ["tests.os_users"]  # the `other_user` fixture (a real second OS account)
+pytest_plugins = [
+    "tests.os_users",  # the `other_user` fixture (a real second OS account)
+    "tests.flaky",  # the FLAKY list: tests that failed once and passed on their rerun
+]
 
 # Bytecode is written, whatever PYTHONDONTWRITEBYTECODE says (container images often set it):
 # the suite starts several hundred Python processes (brokers, coordinators, trays, the command
