@@ -8,13 +8,16 @@ child needs no access to this interpreter's files on disk.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,13 +36,19 @@ class OsUser:
     gid: int
 
 
-def create_user(prefix: str = "rbt") -> OsUser:
-    """`useradd` a system account without a home directory or a login shell."""
+def create_user(prefix: str = "rbt", home: Path | None = None) -> OsUser:
+    """`useradd` a system account named `PREFIX-<6 hex digits>`, without a login shell, its
+    home `home` (not made) or none.
+
+    Raises:
+        subprocess.CalledProcessError: useradd failed.
+    """
     import pwd
 
     name = f"{prefix}-{secrets.token_hex(3)}"
+    where = ["--home-dir", str(home)] if home is not None else ["--no-create-home"]
     subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        ["useradd", "--system", *where, "--shell", "/usr/sbin/nologin", name],
         check=True,
         capture_output=True,
     )
@@ -47,10 +56,80 @@ def create_user(prefix: str = "rbt") -> OsUser:
     return OsUser(name, entry.pw_uid, entry.pw_gid)
 
 
+PROCESSES_EXIT_S = 5.0
+"""How long `remove_user` lets an account's processes end on their own before it kills them."""
+
+
+def processes_of(uid: int) -> dict[int, str]:
+    """Pid → command line (or `[name]`) of every process whose real, effective, saved or
+    file-system uid is `uid`, zombies included (userdel counts them too); Linux's /proc."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:  # ended meanwhile
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if uid in {int(x) for x in fields.get("Uid", "").split()}:
+            name = fields.get("Name", "?").strip()
+            found[int(entry.name)] = (
+                cmdline.replace(b"\0", b" ").decode(errors="replace").strip() or f"[{name}]"
+            )
+    return found
+
+
+def _wait_gone(uid: int, timeout_s: float) -> dict[int, str]:
+    """Wait up to `timeout_s` for `uid`'s processes to end; those left (pid → command line)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = processes_of(uid)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
 def remove_user(user: OsUser) -> None:
-    """`userdel` the account (and its group, where useradd made one)."""
-    subprocess.run(["userdel", user.name], capture_output=True)
-    subprocess.run(["groupdel", user.name], capture_output=True)
+    """Remove the account after its processes are gone, then its group where one is left.
+
+    A process still running as `user` is given `PROCESSES_EXIT_S` to end, then killed and
+    waited for: the account is removed all the same, and the error names what was left.
+
+    Raises:
+        RuntimeError: processes of `user` outlived the test (each named by pid and command
+            line); one outlived SIGKILL for 10 s; or userdel or groupdel failed (with its own
+            message). All in one line.
+    """
+    import grp
+
+    left = _wait_gone(user.uid, PROCESSES_EXIT_S)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    stuck = _wait_gone(user.uid, 10.0) if left else {}
+    problems: list[str] = []
+    if stuck:
+        named = "; ".join(f"pid {pid} {cmd}" for pid, cmd in stuck.items())
+        problems.append(f"processes of {user.name} outlived SIGKILL for 10 s: {named}")
+    else:
+        done = subprocess.run(["userdel", user.name], capture_output=True, text=True)
+        if done.returncode != 0:
+            problems.append(f"userdel {user.name} failed: {done.stderr.strip()}")
+        try:
+            grp.getgrnam(user.name)
+        except KeyError:
+            pass  # userdel removed it with the account (USERGROUPS_ENAB), or there was none
+        else:
+            done = subprocess.run(["groupdel", user.name], capture_output=True, text=True)
+            if done.returncode != 0:
+                problems.append(f"groupdel {user.name} failed: {done.stderr.strip()}")
+    if left:
+        named = "; ".join(f"pid {pid} {cmd}" for pid, cmd in left.items())
+        problems.insert(0, f"processes of {user.name} outlived the test (killed): {named}")
+    if problems:
+        raise RuntimeError(" / ".join(problems))
 
 
 def run_as(user: OsUser, fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0) -> Any:

@@ -12,6 +12,7 @@ as another OS account names that account, the backend it asked and the fix.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import pwd
@@ -30,7 +31,7 @@ import rbroker
 from rbroker.uplink.keys import KeyringKeyStore
 from tests.conftest import SINGLE_24G, short_tmp, start_broker, wait_until
 from tests.e2e.conftest import REPO, CoordinatorProcess, enroll_cli, py_env, rbroker_cli
-from tests.os_users import python_as
+from tests.os_users import create_user, python_as, remove_user
 
 PLAINTEXT = "keyrings.alt.file.PlaintextKeyring"
 ENCRYPTED = "tests.e2e.keyring_backends.EncryptedFileKeyring"
@@ -246,13 +247,9 @@ def test_a_key_left_in_a_plaintext_keyring_is_never_used(coordinator: Coordinato
 def test_a_broker_under_another_account_names_it(coordinator: CoordinatorProcess) -> None:
     root = short_tmp()
     root.chmod(0o755)
-    user = f"rbt-svc-{os.getpid()}"
     home = root / "home"
-    subprocess.run(
-        ["useradd", "--system", "--home-dir", str(home), "--shell", "/usr/sbin/nologin", user],
-        check=True,
-        timeout=60,
-    )
+    account = create_user("rbt-svc", home=home)
+    user = account.name
     procs: list[subprocess.Popen[bytes]] = []
     try:
         python = python_as(user)
@@ -298,7 +295,10 @@ def test_a_broker_under_another_account_names_it(coordinator: CoordinatorProcess
             args = ["runuser", "-u", user, "--", "env", f"PYTHONPATH={REPO}"]
             args += [f"PYTHON_KEYRING_BACKEND={backend}", *python, "broker", "--socket", sock]
             args += ["--simulate", str(root / "scenario.toml"), "--data-dir", str(data_dir)]
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd="/")
+            # runuser forks the broker: a process group of its own, killed whole at the end
+            proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, cwd="/", start_new_session=True
+            )
             log.close()
             procs.append(proc)
             wait_until(lambda s=sock: _answers(s), timeout_s=30)
@@ -334,10 +334,11 @@ def test_a_broker_under_another_account_names_it(coordinator: CoordinatorProcess
             proc.wait(20)
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-        subprocess.run(["userdel", user], check=False, timeout=60)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        remove_user(account)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _answers(sock: str) -> bool:

@@ -8,6 +8,7 @@ the right value and, in its docstring, what the broker gave before.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -455,11 +456,14 @@ def test_a_broker_that_cannot_see_other_users_processes_still_serves_them(
         ]
         inner = "mount -t proc -o hidepid=2 proc /proc && exec " + shlex.join(broker_cmd)
         log = open(short_dir / "broker.log", "wb")  # noqa: SIM115 - closed below
+        # unshare and sh exec; runuser forks the broker and waits: a process group of their
+        # own, killed whole below (killing runuser alone left the broker running)
         proc = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd="/",
+            start_new_session=True,
         )
         log.close()
         wait_until(lambda: Path(sock).exists() or proc.poll() is not None, timeout_s=60)
@@ -472,6 +476,7 @@ def test_a_broker_that_cannot_see_other_users_processes_still_serves_them(
         assert lease["lease_id"] == got["result"]["lease"]["lease_id"]  # not holder_exited
     finally:
         if proc is not None:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         remove_user(broker_user)

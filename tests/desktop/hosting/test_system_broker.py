@@ -8,6 +8,7 @@ the test runs beside a real system broker). Needs root; skips cleanly without it
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import shutil
@@ -59,7 +60,11 @@ class SystemBroker:
 
 
 def _spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/")
+    """`cmd` (runuser, which forks the broker and waits) in a process group of its own, so
+    that `_stop` ends the broker with it."""
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/", start_new_session=True
+    )
 
 
 def _wait_answering(proc: subprocess.Popen[bytes], sock: str, timeout_s: float = 60) -> None:
@@ -77,13 +82,18 @@ def _wait_answering(proc: subprocess.Popen[bytes], sock: str, timeout_s: float =
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (runuser hands it to the broker), SIGKILL after 20 s; then SIGKILL to what is
+    left of a `_spawn`ed command's process group: killing runuser alone (or runuser killed
+    by a test) leaves the broker running."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(20)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(5)
     if proc.stdout:
         proc.stdout.close()
 

@@ -7,6 +7,7 @@ brokers are real processes; the lock is the production one (an abstract Unix soc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import getpass
 import itertools
@@ -304,6 +305,7 @@ def test_a_live_lock_of_another_user_is_never_taken_over(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         cwd="/",
+        start_new_session=True,  # runuser forks the broker: the group is killed at the end
     )
     try:
         deadline = time.monotonic() + 60
@@ -325,6 +327,8 @@ def test_a_live_lock_of_another_user_is_never_taken_over(
             theirs.wait(20)
         except subprocess.TimeoutExpired:
             theirs.kill()
-            theirs.wait(5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(theirs.pid, signal.SIGKILL)  # the broker, were runuser gone before it
+        theirs.wait(5)
         if theirs.stderr:
             theirs.stderr.close()

@@ -13,8 +13,10 @@ touched.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -81,12 +83,14 @@ class Squatter:
             stdout=subprocess.PIPE,
             text=True,
             cwd="/",
+            start_new_session=True,  # runuser forks the squatter: `stop` kills the group
         )
         assert self.proc.stdout is not None
         self.pid = int(self.proc.stdout.readline())
 
     def stop(self) -> None:
-        self.proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
         if self.proc.stdout:
             self.proc.stdout.close()
