@@ -33,6 +33,7 @@ from tests.windows.wine import UNDER_WINE
 pytest_plugins = [
     "tests.os_users",  # the `other_user` fixture (a real second OS account)
     "tests.flaky",  # the FLAKY list: tests that failed once and passed on their rerun
+    "tests.leftovers",  # the run fails when a test leaves a process, account, mount or socket
 ]
 
 # Bytecode is written, whatever PYTHONDONTWRITEBYTECODE says (container images often set it):

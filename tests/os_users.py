@@ -38,12 +38,15 @@ class OsUser:
 
 def create_user(prefix: str = "rbt", home: Path | None = None) -> OsUser:
     """`useradd` a system account named `PREFIX-<6 hex digits>`, without a login shell, its
-    home `home` (not made) or none.
+    home `home` (not made) or none. The name is noted for the run's leftover check
+    (`tests.leftovers.note_account`), with the test that made it.
 
     Raises:
         subprocess.CalledProcessError: useradd failed.
     """
     import pwd
+
+    from tests.leftovers import note_account
 
     name = f"{prefix}-{secrets.token_hex(3)}"
     where = ["--home-dir", str(home)] if home is not None else ["--no-create-home"]
@@ -52,6 +55,7 @@ def create_user(prefix: str = "rbt", home: Path | None = None) -> OsUser:
         check=True,
         capture_output=True,
     )
+    note_account(name)
     entry = pwd.getpwnam(name)
     return OsUser(name, entry.pw_uid, entry.pw_gid)
 
