@@ -8,7 +8,9 @@ For pools, `job.task(fn, mib=...)` wraps a module-level function `fn(items) -> N
 (completed, failed)` into a picklable callable `task(chunk_id, items)` for
 `concurrent.futures` or `multiprocessing`: each worker process connects once, holds its own
 lease linked to the job (when `mib` is given) until it exits, runs `fn` and reports the
-chunk. rbroker never sees the items or the results: only the counts.
+chunk. Run in the declaring process itself (directly or from a thread pool), the task's
+connection and lease last until the job's `with` block ends. rbroker never sees the items
+or the results: only the counts.
 
 When the connection breaks (a broker restart), a report or update connects again (for up
 to `RECONNECT_WINDOW_S`) and is sent once more: reports are idempotent by chunk id, so a
@@ -146,6 +148,23 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_parent_workers)
 
 
+def _end_worker(job_id: str) -> None:
+    """This process's connection and lease for job `job_id` (`_worker`), if it made them, go:
+    the lease is released and the connection closed. The job's block ends here in its
+    declaring process; a task run there (directly, or from a thread pool) would otherwise
+    keep its lease, heartbeats and connection for as long as the process lives."""
+    with _worker_lock:
+        entry = _workers.pop(job_id, None)
+    if entry is None:
+        return
+    client, holder = entry
+    try:
+        if holder is not None:
+            holder.release()
+    finally:
+        client.close()
+
+
 def _worker_report(ref: JobRef, chunk_id: str, completed: int, failed: int) -> None:
     """Report a chunk on this process's connection for `ref` (connecting again if the
     broker restarted)."""
@@ -234,7 +253,9 @@ def job(
 ) -> Iterator[Job]:
     """Declare a job for the `with` block; it ends `succeeded` on a normal exit, `failed`
     (the reason is the exception's type name, never its message) on an exception, and
-    `cancelled` on KeyboardInterrupt.
+    `cancelled` on KeyboardInterrupt. Then the lease and connection that `Job.task` tasks
+    run in this process made for the job are released and closed (those of other processes
+    end with them).
 
     Raises:
         DescriptionRejected: a description broke a rule. BrokerUnavailable: no broker.
@@ -268,4 +289,8 @@ def job(
                 with contextlib.suppress(JobFinished):  # ended from elsewhere: keep that end
                     handle.update("succeeded")
     finally:
-        (handle._client if handle is not None else client).close()
+        try:
+            if handle is not None:
+                _end_worker(handle.job_id)
+        finally:
+            (handle._client if handle is not None else client).close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -170,6 +171,29 @@ def test_chunk_task_keeps_the_callers_exception_when_its_report_is_refused(
             task("c0", [-1] * 10)  # its failure report is refused: the job has ended
         assert any("not reported" in note for note in err.value.__notes__)
         assert counts(job.refresh()) == (0, 0, 0)
+
+
+def test_a_task_run_in_the_declaring_process_lets_its_lease_go_when_the_job_ends(
+    broker: BrokerProcess,
+) -> None:
+    """Before: `job.task(fn, mib=...)` run in the declaring process itself (here from a
+    thread pool) kept its lease, its heartbeats and its connection after the job's block
+    ended, for as long as the process lived (the socket was reported unclosed at exit).
+    Right: the block's end releases that lease and closes that connection."""
+    with rbroker.job(**SPEC, total_items=20, socket=broker.socket) as job:
+        task = job.task(_fails_on_negative, mib=1024)
+        with ThreadPoolExecutor(2) as pool:
+            chunks = pool.map(task, ["c0", "c1"], [[1] * 10, [2] * 10])
+            assert list(chunks) == [(9, 1), (9, 1)]
+        with broker.client() as c:
+            (held,) = [x for x in c.leases()["leases"] if x["job_id"] == job.job_id]
+        assert held["granted_mib"] == 1024  # one lease for the process, whichever thread
+    with broker.client() as c:
+        seen = c.leases(include_ended=True)
+        assert [x for x in seen["leases"] if x["job_id"] == job.job_id] == []
+        (ended,) = [x for x in seen["ended"] if x["lease_id"] == held["lease_id"]]
+        assert (ended["state"], ended["ended_reason"]) == ("released", "released by holder")
+        assert job_of(c, job.job_id)["state"] == "succeeded"
 
 
 def test_job_handle_keeps_reporting_across_a_broker_restart(
