@@ -1,5 +1,7 @@
-"""The Windows test set (tests/windows/SET) names what exists, and every Windows-only test
-file of the suite is in it (a Windows-only file left out would run nowhere)."""
+"""The Windows test set (tests/windows/SET) names what exists, every Windows-only test file of
+the suite is in it (a Windows-only file left out would run nowhere), and what it leaves out as
+platform-neutral (its `# neutral:` lines) is: no process, server or Qt loop started, no Windows
+module imported, and not also in the set."""
 
 from __future__ import annotations
 
@@ -9,9 +11,30 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _set_lines() -> list[str]:
+    return (REPO / "tests" / "windows" / "SET").read_text(encoding="utf-8").splitlines()
+
+
 def _set_paths() -> list[str]:
-    lines = (REPO / "tests" / "windows" / "SET").read_text(encoding="utf-8").splitlines()
-    return [p for p in (line.split("#", 1)[0].strip() for line in lines) if p]
+    return [p for p in (line.split("#", 1)[0].strip() for line in _set_lines()) if p]
+
+
+def _neutral_paths() -> list[str]:
+    """The paths of the set's `# neutral: PATH  (why)` lines."""
+    found = (re.match(r"#\s*neutral:\s*(\S+)", line.strip()) for line in _set_lines())
+    return [m.group(1) for m in found if m]
+
+
+def _files(rel: str) -> list[Path]:
+    path = REPO / rel
+    return sorted(path.rglob("test_*.py")) if path.is_dir() else [path]
+
+
+WINDOWS_MODULES = re.compile(
+    r"\b(pipe_windows|service_windows|win_acl|win_accounts|machine_lock_windows|wddm"
+    r"|nvml_discovery|autostart|keyrings|win32\w*|winreg|msvcrt|_winapi)\b"
+)
+"""Modules whose code exists for Windows: a test importing one is never platform-neutral."""
 
 
 def test_every_path_in_the_set_exists() -> None:
@@ -35,3 +58,35 @@ def test_every_windows_only_test_file_is_in_the_set() -> None:
         and not covered(path.relative_to(REPO).as_posix())
     ]
     assert left_out == []
+
+
+def test_the_neutral_files_start_nothing_import_nothing_of_windows_and_are_left_out() -> None:
+    """A `# neutral:` file must be what the set's header says: in-process (no process, server,
+    socket or Qt loop, by the same signs that make a test `contract` in tests/conftest.py), no
+    Windows module imported, not Windows-only, and not in the set as well."""
+    from tests.conftest import PROCESS_CALLS, PROCESS_FIXTURES
+
+    neutral = _neutral_paths()
+    assert len(neutral) >= 5
+    listed = _set_paths()
+    signature = re.compile(r"\bdef \w+\(([^)]*)\)", re.S)  # parameters name the fixtures
+    wrong: list[str] = []
+    for rel in neutral:
+        if not (REPO / rel).exists():
+            wrong.append(f"{rel}: no such path")
+            continue
+        if any(rel == p or rel.startswith(p.rstrip("/") + "/") for p in listed):
+            wrong.append(f"{rel}: also in the set")
+        for path in _files(rel):
+            source = path.read_text(encoding="utf-8")
+            name = path.relative_to(REPO).as_posix()
+            params = {
+                p.split(":")[0].strip().lstrip("*")
+                for sig in signature.findall(source)
+                for p in sig.split(",")
+            }
+            if PROCESS_CALLS.search(source) or params & PROCESS_FIXTURES:
+                wrong.append(f"{name}: starts a process, server or Qt loop")
+            if WINDOWS_MODULES.search(source) or "win32" in source:
+                wrong.append(f"{name}: names Windows code")
+    assert wrong == []
