@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +34,8 @@ from tests.conftest import BrokerProcess, short_tmp
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """No RBROKER_SOCKET; the system address and the user runtime dir in a fresh directory
-    (nothing listens there yet)."""
+    (nothing listens there yet), removed afterwards. A test that sets a variable sets it
+    through `monkeypatch` too: one set on `os.environ` stays for the tests after it."""
     root = short_tmp()
     runtime = root / "xdg"
     runtime.mkdir(mode=0o700)
@@ -41,6 +43,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv(ENV_SYSTEM_SOCKET, str(root / "system.sock"))
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_system_addresses_are_the_documented_ones(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,7 +57,9 @@ def test_the_system_addresses_are_the_documented_ones(monkeypatch: pytest.Monkey
     assert system_paths.system_socket_path() == expected
 
 
-def test_the_order_is_option_variable_system_per_user(clean_env: Path) -> None:
+def test_the_order_is_option_variable_system_per_user(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     system = str(clean_env / "system.sock")
     per_user = str(clean_env / "xdg" / "rbroker" / "broker.sock")
     assert paths.per_user_socket_path() == per_user
@@ -62,13 +67,13 @@ def test_the_order_is_option_variable_system_per_user(clean_env: Path) -> None:
         Candidate(system, FOUND_SYSTEM),
         Candidate(per_user, FOUND_PER_USER),
     ]
-    os.environ[ENV_SOCKET] = "/from/env.sock"
+    monkeypatch.setenv(ENV_SOCKET, "/from/env.sock")
     assert discovery_order() == [Candidate("/from/env.sock", FOUND_ENV)]
     assert discovery_order("/given.sock") == [Candidate("/given.sock", FOUND_OPTION)]
 
 
 def test_a_client_finds_the_system_broker_before_the_per_user_one(
-    clean_env: Path, broker_factory: object
+    clean_env: Path, broker_factory: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     per_user_root = clean_env / "xdg" / "rbroker"
     per_user_root.mkdir(mode=0o700)
@@ -76,12 +81,13 @@ def test_a_client_finds_the_system_broker_before_the_per_user_one(
     assert mine.socket == paths.per_user_socket_path()
     with rbroker.Client() as c:  # no system broker yet: the per-user one
         assert (c.address, c.found_by) == (mine.socket, FOUND_PER_USER)
-    system_root = short_tmp()
+    system_root = clean_env / "system"
+    system_root.mkdir()
     system: BrokerProcess = broker_factory(root=system_root)  # type: ignore[operator]
-    os.environ[ENV_SYSTEM_SOCKET] = system.socket
+    monkeypatch.setenv(ENV_SYSTEM_SOCKET, system.socket)
     with rbroker.Client() as c:
         assert (c.address, c.found_by) == (system.socket, FOUND_SYSTEM)
-    os.environ[ENV_SOCKET] = mine.socket  # the variable wins over both
+    monkeypatch.setenv(ENV_SOCKET, mine.socket)  # the variable wins over both
     with rbroker.Client() as c:
         assert (c.address, c.found_by) == (mine.socket, FOUND_ENV)
 
@@ -96,9 +102,9 @@ def _status(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_status_says_which_broker_answered_and_how_it_was_found(
-    clean_env: Path, broker: BrokerProcess
+    clean_env: Path, broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    os.environ[ENV_SYSTEM_SOCKET] = broker.socket
+    monkeypatch.setenv(ENV_SYSTEM_SOCKET, broker.socket)
     done = _status()
     assert done.returncode == 0, done.stderr
     assert f"broker: {broker.socket} (the system broker's address)" in done.stdout
@@ -106,7 +112,7 @@ def test_status_says_which_broker_answered_and_how_it_was_found(
     assert found == {"address": broker.socket, "found_by": FOUND_SYSTEM}
     done = _status("--socket", broker.socket)
     assert f"broker: {broker.socket} (--socket)" in done.stdout
-    os.environ[ENV_SOCKET] = broker.socket
+    monkeypatch.setenv(ENV_SOCKET, broker.socket)
     assert f"broker: {broker.socket} (RBROKER_SOCKET)" in _status().stdout
 
 
@@ -124,10 +130,10 @@ def test_with_no_broker_the_error_names_every_address_tried(clean_env: Path) -> 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="uses SIGTERM")
 def test_the_tray_attaches_to_the_system_broker_instead_of_starting_its_own(
-    clean_env: Path, broker: BrokerProcess, tmp_path: Path
+    clean_env: Path, broker: BrokerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("PySide6")
-    os.environ[ENV_SYSTEM_SOCKET] = broker.socket
+    monkeypatch.setenv(ENV_SYSTEM_SOCKET, broker.socket)
     env = {
         **os.environ,
         "QT_QPA_PLATFORM": "offscreen",
@@ -236,12 +242,12 @@ def test_rbroker_status_with_an_empty_socket_exits_2_with_one_line(clean_env: Pa
 
 @pytest.mark.unit
 def test_an_empty_socket_in_the_sdk_is_refused_and_an_empty_variable_is_unset(
-    clean_env: Path,
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with pytest.raises(ValueError, match="socket: an empty address"):
         discovery_order("")
     with pytest.raises(ValueError, match="socket: an empty address"):
         rbroker.Client(socket="")
-    os.environ[ENV_SOCKET] = ""  # the POSIX convention: an empty variable counts as unset
+    monkeypatch.setenv(ENV_SOCKET, "")  # the POSIX convention: an empty variable counts as unset
     assert [c.found_by for c in discovery_order()] == [FOUND_SYSTEM, FOUND_PER_USER]
     assert paths.default_socket_path() == paths.per_user_socket_path()
