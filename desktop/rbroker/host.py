@@ -31,7 +31,7 @@ from rbroker.transport.machine_lock import (
 )
 from rbroker.transport.safe_paths import check_private_path, open_nofollow
 from rbroker.uplink.runner import run_uplink
-from rbroker_protocol.files import private_dir
+from rbroker_protocol.files import private_dir, set_mode
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +55,17 @@ class DataDirLocked(RuntimeError):
 
 
 class DataDirLock:
-    """An exclusive advisory lock on `<data dir>/broker.lock` held while the broker runs.
+    """An exclusive advisory lock on `<data dir>/broker.lock` (mode 0600 whatever the umask)
+    held while the broker runs.
 
     Raises:
         DataDirLocked: another live process holds it.
+        OSError: the file cannot be opened; ELOOP: it is a symbolic link.
     """
 
     def __init__(self, data_dir: Path) -> None:
         fd = open_nofollow(data_dir / "broker.lock", os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        set_mode(fd)  # 0600: the umask may have taken bits from it
         self._file = os.fdopen(fd, "a+b")  # held open; a symlink is refused (ELOOP)
         try:
             if sys.platform == "win32":

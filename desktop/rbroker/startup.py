@@ -6,6 +6,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from rbroker_protocol.files import make_dir
 from rbroker_protocol.startup import (
     EXIT_NO_SPACE,
     EXIT_PATH_TOO_LONG,
@@ -40,7 +41,8 @@ def os_error_line(exc: OSError, socket_path: str, data_dir: Path) -> tuple[int, 
 def check_broker_paths(socket_path: str, data_dir: Path) -> None:
     """Fail before anything starts when a broker could not listen at `socket_path` or keep
     its state in `data_dir`: the path's length, then both directories created (as the broker
-    would: 0700) and a file written and removed in each.
+    would: 0700, and so are parents made for them, whatever the umask) and a file written
+    and removed in each.
 
     Raises:
         OSError: `SocketPathTooLong`, PermissionError, a read-only or full file system, ...
@@ -52,7 +54,8 @@ def check_broker_paths(socket_path: str, data_dir: Path) -> None:
 
 
 def check_data_dir(data_dir: Path) -> None:
-    """Create `data_dir` if needed and write and remove a file in it.
+    """Create `data_dir` if needed (0700, parents made for it too, whatever the umask) and
+    write and remove a file in it.
 
     Raises:
         OSError: PermissionError, a read-only or full file system, ... with the directory
@@ -63,7 +66,7 @@ def check_data_dir(data_dir: Path) -> None:
 
 def _check_writable(directory: Path, mode: int) -> None:
     try:
-        directory.mkdir(parents=True, exist_ok=True, mode=mode)
+        make_dir(directory, mode)
         with tempfile.TemporaryFile(dir=directory):
             pass
     except OSError as exc:  # named after the directory, not the temporary file

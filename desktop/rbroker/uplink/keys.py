@@ -33,6 +33,7 @@ from rbroker.uplink.keyrings import (
     os_account,
     plaintext_stores,
 )
+from rbroker_protocol.files import private_create, unsafe_file
 
 KEYRING_SERVICE = "rbroker"
 
@@ -253,8 +254,17 @@ class FileKeyStore:
         self.description = f"the key file {path} (mode 0600)"
 
     def load(self) -> nacl.signing.SigningKey | None:
+        """The key in the file, or None when there is no file.
+
+        Raises:
+            KeyUnreadable: this OS account may not read it.
+            KeyStoreError: it cannot be read, or is not a key; on POSIX also when another
+                account could have written it (group or others may write it, or another
+                non-root account owns it: `unsafe_file`, one line with the fix) or others
+                may read it.
+        """
         try:
-            text = self.path.read_text(encoding="ascii")
+            f = open(self.path, encoding="ascii")  # noqa: SIM115 (closed below)
         except FileNotFoundError:
             return None
         except PermissionError as exc:
@@ -266,18 +276,35 @@ class FileKeyStore:
             ) from None
         except OSError as exc:
             raise KeyStoreError(f"cannot read {self.path}: {exc.strerror}") from None
-        if os.name == "posix" and self.path.stat().st_mode & 0o077:
-            raise KeyStoreError(f"{self.path} is readable by others; chmod 600 it")
+        with f:
+            st = os.fstat(f.fileno())  # the file read, not whatever the name means later
+            unsafe = unsafe_file(self.path, st)
+            if unsafe is not None:
+                raise KeyStoreError(
+                    f"refusing to read {self.path}: {unsafe.problem}, so it may hold a key "
+                    f"someone else chose; fix: {unsafe.fix}"
+                )
+            if os.name == "posix" and st.st_mode & 0o077:
+                raise KeyStoreError(f"{self.path} is readable by others; chmod 600 it")
+            try:
+                text = f.read()
+            except (OSError, ValueError) as exc:
+                raise KeyStoreError(f"cannot read {self.path}: {exc}") from None
         return _decode(text, self.description)
 
     def save(self, key: nacl.signing.SigningKey) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Create the file, 0600 in a data dir made 0700 when missing, whatever the umask
+        (`private_create`: never replacing a file, never following a link).
+
+        Raises:
+            KeyStoreError: a file is there already, or it cannot be written.
+        """
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            private_create(self.path, (_encode(key) + "\n").encode("ascii"))
         except FileExistsError:
             raise KeyStoreError(f"{self.path} already exists; not replacing it") from None
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(_encode(key) + "\n")
+        except OSError as exc:
+            raise KeyStoreError(f"cannot write {self.path}: {exc.strerror}") from None
 
     def delete(self) -> None:
         self.path.unlink(missing_ok=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rbroker.broker.service import Broker
-from rbroker.uplink.config import UplinkConfig
+from rbroker.uplink.config import UnsafeEnrollment, UplinkConfig
 from rbroker.uplink.keys import KeyStoreError, PlaintextKeyError
 from rbroker.uplink.runs import RunCounter
 
@@ -33,15 +33,26 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
     for its first run. A missing or unreadable key never stops the broker: the link state
     says why, naming the OS account the broker runs as and the store it asked. While
     reporting, `key` says where the key is. A key found in a plaintext keyring backend is
-    not used: the link says so and `warning` carries the fix.
+    not used: the link says so and `warning` carries the fix. An `uplink.json` or key file
+    that another account could have written is refused (`UnsafeEnrollment`, POSIX): the
+    broker keeps leasing, does not report, and its link state and log (once per line) say
+    which file and the fix; one that becomes so while reporting ends the reporter.
     """
     state: dict[str, Any] = {"link": "not enrolled", "last_report_at": None}
     broker.set_uplink_status(lambda: dict(state))
     runs = RunCounter(data_dir)
     first_counter: int | None = await asyncio.to_thread(runs.next)  # one per broker start
+    refused = ""
     while True:
         try:
             config = UplinkConfig.load(data_dir)
+        except UnsafeEnrollment as exc:
+            if str(exc) != refused:
+                refused = str(exc)
+                log.warning("not reporting: %s", exc)
+            state.pop("warning", None)
+            state.update(link=f"config error: {exc}")
+            config = None
         except ValueError as exc:
             state.pop("warning", None)
             state.update(link=f"config error: {exc}")
@@ -121,6 +132,8 @@ async def _report_until_changed(reporter: Reporter, data_dir: Path, config: Upli
             try:
                 if UplinkConfig.load(data_dir) != config:
                     return
+            except UnsafeEnrollment:
+                return  # read again, and refused with the line that says why
             except ValueError:
                 pass  # unreadable: keep reporting as enrolled
     finally:

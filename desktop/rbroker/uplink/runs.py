@@ -4,16 +4,18 @@ Every new run (each broker start, and each new run id the reporter starts) takes
 value and sends it in its reports (`run_counter`, report version 2), so the coordinator can
 refuse a report of an older run that arrives late instead of letting it replace the current
 run (`run_outdated`). The file is `<data dir>/run_counter`: one decimal integer, replaced
-atomically. A missing or unreadable file counts as 0; a value that cannot be written is used
-anyway (the coordinator's `run_outdated` answer then says which value to continue above).
+atomically, mode 0600 whatever the umask (`rbroker_protocol.files.private_replace`). A
+missing or unreadable file counts as 0; a value that cannot be written is used anyway (the
+coordinator's `run_outdated` answer then says which value to continue above).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
+
+from rbroker_protocol.files import private_replace
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +48,8 @@ class RunCounter:
         with self._lock:
             value = max(self.current(), above or 0) + 1
             self._last = value
-            tmp = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                with open(tmp, "w", encoding="ascii") as f:
-                    f.write(f"{value}\n")
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
+                private_replace(self.path, f"{value}\n".encode("ascii"))
             except OSError as exc:
                 log.warning("cannot store run counter %d in %s: %s", value, self.path, exc)
-                tmp.unlink(missing_ok=True)
             return value
