@@ -125,10 +125,14 @@ def _read(
     `token` or signed by this computer's key: the answer's JSON object.
 
     Raises:
-        FleetError: not enrolled and no token, key unavailable, HTTP or network error, an
-            answer that is not a JSON object.
+        FleetError: not enrolled and no token, an enrollment that cannot be read or is
+            refused (`UnsafeEnrollment`: another account could have written it), key
+            unavailable, HTTP or network error, an answer that is not a JSON object.
     """
-    config = UplinkConfig.load(data_dir)
+    try:
+        config = UplinkConfig.load(data_dir)
+    except ValueError as exc:  # its message names the file and the fix
+        raise FleetError(str(exc)) from None
     base = (url or (config.url if config else "")).rstrip("/")
     if not base:
         raise FleetError(

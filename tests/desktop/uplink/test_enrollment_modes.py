@@ -20,6 +20,8 @@ from rbroker.broker.store import LeaseStore
 from rbroker.host import DataDirLock
 from rbroker.startup import check_broker_paths
 from rbroker.uplink.config import FILE_NAME, UnsafeEnrollment, UplinkConfig
+from rbroker.uplink.enroll import EnrollError, enroll
+from rbroker.uplink.fleet import FleetError, fetch_fleet
 from rbroker.uplink.keys import FileKeyStore, KeyStoreError
 from rbroker.uplink.runner import run_uplink
 from rbroker.uplink.runs import RunCounter
@@ -188,3 +190,17 @@ def test_the_broker_refuses_a_group_writable_enrollment(tmp_path: Path) -> None:
     link = asyncio.run(scenario())
     assert link.startswith(f"config error: refusing to read {path}: mode 0664"), link
     assert link.endswith(f"fix: chmod go-w {path}")
+
+
+def test_enroll_and_fleet_refuse_a_group_writable_enrollment(tmp_path: Path) -> None:
+    CONFIG.save(tmp_path)
+    path = tmp_path / FILE_NAME
+    path.chmod(0o664)
+    line = f"refusing to read {path}: mode 0664, owner root: group members can write it"
+    with pytest.raises(EnrollError) as enrolling:  # before any request is sent
+        enroll("https://127.0.0.1:9", "code", "n", tmp_path, new_identity=True)
+    assert enrolling.value.message.startswith(line)
+    with pytest.raises(FleetError) as reading:  # its token never goes to the file's URL
+        fetch_fleet(tmp_path, token="viewer-token")
+    assert reading.value.message.startswith(line)
+    assert reading.value.message.endswith(f"fix: chmod go-w {path}")
