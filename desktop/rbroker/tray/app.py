@@ -34,6 +34,7 @@ from rbroker.tray.fleet_tab import FleetFeed
 from rbroker.tray.icons import app_icon, state_icon
 from rbroker.tray.link import BrokerLink
 from rbroker.tray.notices import Notifier
+from rbroker.tray.plain import clean, clean_lines, menu_text, tool_tip, tray_tip
 from rbroker.tray.settings import TraySettings, settings_path
 from rbroker.tray.settings_tab import EnrollRequest
 from rbroker.tray.single import SingleInstance, instance_name
@@ -179,7 +180,9 @@ class TrayApp(QObject):
             return False
         tray = QSystemTrayIcon(state_icon(self.state), self)
         tray.setContextMenu(self.menu)
-        tray.setToolTip(summary(self.snapshot) if self.link.is_connected else summary(None))
+        tray.setToolTip(
+            tray_tip(summary(self.snapshot) if self.link.is_connected else summary(None))
+        )
         tray.activated.connect(self._on_tray_activated)
         tray.show()
         self.tray = tray
@@ -202,10 +205,12 @@ class TrayApp(QObject):
         self.state = state
         tip = summary(self.snapshot if state is not TrayState.BROKER_DOWN else None)
         line = tip.removeprefix("rbroker: ")
-        self.status_action.setText(line[:1].upper() + line[1:])
+        line = line[:1].upper() + line[1:]
+        self.status_action.setText(menu_text(line))
+        self.status_action.setToolTip(tool_tip(line))
         if self.tray is not None:
             self.tray.setIcon(state_icon(state))
-            self.tray.setToolTip(tip)
+            self.tray.setToolTip(tray_tip(tip))
 
     # -- broker events -----------------------------------------------------------------------
     def on_snapshot(self, snap: Snapshot) -> None:
@@ -237,7 +242,9 @@ class TrayApp(QObject):
 
     def notify(self, title: str, text: str) -> None:
         """A notice (`rbroker.tray.notices`) as a desktop notification from the tray icon;
-        without a tray it is only logged. The last 20 are kept in `notices`."""
+        without a tray it is only logged. The last 20 are kept in `notices`. Both are
+        `clean`ed: they name projects and sessions and repeat the broker's messages."""
+        title, text = clean(title), clean_lines(text)
         self.notices.append((title, text))
         log.info("%s: %s", title, text)
         if self.tray is not None and QSystemTrayIcon.supportsMessages():

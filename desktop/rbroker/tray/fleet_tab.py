@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 from rbroker.tray.fleet import FleetSource, FleetUnavailable, freshness_text
 from rbroker.tray.models import FleetModel, JobsModel, LeasesModel
 from rbroker.tray.panels import GpuList, gpu_labels, make_table, titled
+from rbroker.tray.plain import PlainLabel
 from rbroker.tray.widgets import Badge, BadgeDelegate, ProgressDelegate
 
 
@@ -52,7 +53,7 @@ class FleetTab(QWidget):
         page = QWidget()
         pl = QVBoxLayout(page)
         pl.setContentsMargins(0, 0, 0, 0)
-        self.status_line = QLabel()
+        self.status_line = PlainLabel()
         self.status_line.setWordWrap(True)
         pl.addWidget(self.status_line)
         vsplit = QSplitter(Qt.Orientation.Vertical)
@@ -69,7 +70,7 @@ class FleetTab(QWidget):
         dl = QVBoxLayout(detail)
         dl.setContentsMargins(0, 4, 0, 0)
         head = QHBoxLayout()
-        self.detail_title = QLabel()
+        self.detail_title = PlainLabel()
         font = self.detail_title.font()
         font.setPointSizeF(font.pointSizeF() * 1.2)
         font.setBold(True)

@@ -17,6 +17,7 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelInd
 
 from rbroker.display import fmt_mib, short_uuid
 from rbroker.tray.fleet import freshness_text
+from rbroker.tray.plain import clean, tool_tip
 from rbroker.tray.state import age_text
 from rbroker_protocol.eta import eta_words
 
@@ -157,9 +158,9 @@ class RecordTableModel(QAbstractTableModel):
         record = self._rows[index.row()]
         col = self.columns[index.column()]
         if role == Qt.ItemDataRole.DisplayRole:
-            return col.text(record)
-        if role == Qt.ItemDataRole.ToolTipRole:
-            return col.tooltip(record) if col.tooltip else col.text(record)
+            return clean(col.text(record))
+        if role == Qt.ItemDataRole.ToolTipRole:  # Qt reads tool tips as HTML when they look so
+            return tool_tip(col.tooltip(record) if col.tooltip else col.text(record))
         if role == Qt.ItemDataRole.TextAlignmentRole:
             return int(_RIGHT if col.right else _LEFT)
         if role == ROW_ROLE:

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from rbroker.tray.models import SORT_ROLE, RecordTableModel
+from rbroker.tray.plain import PlainLabel
 from rbroker.tray.widgets import GpuCard
 
 
@@ -51,7 +52,7 @@ def titled(title: str, widget: QWidget, empty_text: str) -> tuple[QGroupBox, QLa
     box = QGroupBox(title)
     layout = QVBoxLayout(box)
     layout.setContentsMargins(8, 6, 8, 8)
-    empty = QLabel(empty_text)
+    empty = PlainLabel(empty_text)
     empty.setStyleSheet("color: palette(mid); padding: 4px;")
     empty.setWordWrap(True)
     empty.setVisible(bool(empty_text))
@@ -70,7 +71,7 @@ class GpuList(QWidget):
         self.grid.setContentsMargins(0, 0, 0, 0)
         self.grid.setSpacing(8)
         self.cards: dict[str, GpuCard] = {}
-        self.empty = QLabel("No GPUs reported.")
+        self.empty = PlainLabel("No GPUs reported.")
         self.empty.setStyleSheet("color: palette(mid);")
         self.grid.addWidget(self.empty, 0, 0)
 

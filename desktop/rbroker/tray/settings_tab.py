@@ -21,7 +21,6 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
-    QLabel,
     QLineEdit,
     QMessageBox,
     QPushButton,
@@ -30,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from rbroker.tray.plain import PlainLabel
 from rbroker.tray.settings import TraySettings
 from rbroker.tray.wording import gui_text
 
@@ -95,7 +95,7 @@ class SettingsTab(QWidget):
 
         coord = QGroupBox("Coordinator")
         form = QFormLayout(coord)
-        self.enrollment = QLabel("Not enrolled.")
+        self.enrollment = PlainLabel("Not enrolled.")
         self.enrollment.setWordWrap(True)
         self.enrollment.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.url = QLineEdit(settings.coordinator_url)
@@ -111,7 +111,7 @@ class SettingsTab(QWidget):
         ca_row.addWidget(self.ca_button)
         self.key_file = QCheckBox("Keep the private key in a file in the broker's data directory")
         self.key_file.setChecked(True)
-        self.key_file_note = QLabel()
+        self.key_file_note = PlainLabel()
         self.key_file_note.setWordWrap(True)
         self.key_file_note.setStyleSheet("color: palette(mid);")
         self.key_file.hide()
@@ -125,10 +125,10 @@ class SettingsTab(QWidget):
         buttons.addWidget(self.enroll_button)
         buttons.addWidget(self.reenroll_button)
         buttons.addStretch(1)
-        self.enroll_state = QLabel("")
+        self.enroll_state = PlainLabel("")
         self.enroll_state.setWordWrap(True)
         self.enroll_state.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.link_state = QLabel("unknown (no broker)")
+        self.link_state = PlainLabel("unknown (no broker)")
         self.link_state.setWordWrap(True)
         self.link_state.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         form.addRow("Enrollment", self.enrollment)
@@ -150,7 +150,7 @@ class SettingsTab(QWidget):
         self.headroom.setSuffix(" MiB")
         self.headroom.setSpecialValueText("default: max(512 MiB, 5 % of the GPU)")
         self.headroom.setValue(settings.headroom_mib or 0)
-        self.headroom_note = QLabel(
+        self.headroom_note = PlainLabel(
             "Memory kept free on every GPU. Applies to the broker this app starts, from its "
             "next start."
         )
@@ -164,7 +164,7 @@ class SettingsTab(QWidget):
         sl = QVBoxLayout(start)
         self.autostart = QCheckBox("Start rbroker at login")
         self.autostart.toggled.connect(self._on_autostart)
-        self.autostart_note = QLabel()
+        self.autostart_note = PlainLabel()
         self.autostart_note.setWordWrap(True)
         self.autostart_note.setStyleSheet("color: palette(mid);")
         sl.addWidget(self.autostart)
@@ -175,7 +175,7 @@ class SettingsTab(QWidget):
         row.addStretch(1)
         self.save_button = QPushButton("Save")
         self.save_button.clicked.connect(self._save)
-        self.message = QLabel()
+        self.message = PlainLabel()
         row.addWidget(self.message)
         row.addWidget(self.save_button)
         outer.addLayout(row)

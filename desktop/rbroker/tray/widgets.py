@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 
 from rbroker.display import fmt_mib, short_uuid
 from rbroker.tray.models import BADGE_ROLE, PROGRESS_ROLE
+from rbroker.tray.plain import PlainLabel, tool_tip
 
 LEASED = QColor("#2f6fdb")
 RESERVED = QColor("#9cbcf2")
@@ -81,7 +82,7 @@ class CapacityBar(QWidget):
         self.total = int(gpu.get("total_mib") or 0)
         self.stale = gpu.get("telemetry") != "ok"
         tip = "\n".join(f"{label}: {fmt_mib(self.parts[key])} MiB" for key, label, _ in SEGMENTS)
-        self.setToolTip(f"{tip}\ntotal: {fmt_mib(self.total)} MiB")
+        self.setToolTip(tool_tip(f"{tip}\ntotal: {fmt_mib(self.total)} MiB"))
         self.update()
 
     def paintEvent(self, event: Any) -> None:
@@ -111,8 +112,8 @@ class CapacityBar(QWidget):
         p.end()
 
 
-class Badge(QLabel):
-    """A small rounded label coloured by a state word (telemetry or freshness)."""
+class Badge(PlainLabel):
+    """A small rounded label coloured by a state word (telemetry or freshness); plain text."""
 
     def set_state(self, word: str, text: str | None = None) -> None:
         color = BADGE_COLORS.get(word, QColor("#7d838c"))
@@ -136,12 +137,12 @@ class GpuCard(QFrame):
         layout.setContentsMargins(10, 8, 10, 8)
         layout.setSpacing(6)
         head = QHBoxLayout()
-        self.title = QLabel()
+        self.title = PlainLabel()
         font = self.title.font()
         font.setBold(True)
         self.title.setFont(font)
         self.badge = Badge()
-        self.summary = QLabel()
+        self.summary = PlainLabel()
         self.summary.setStyleSheet("color: palette(dark);")
         self.summary.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -156,7 +157,7 @@ class GpuCard(QFrame):
         self.legend.setWordWrap(True)
         self.legend.setTextFormat(Qt.TextFormat.RichText)
         layout.addWidget(self.legend)
-        self.reason = QLabel()
+        self.reason = PlainLabel()
         self.reason.setWordWrap(True)
         self.reason.setStyleSheet("color: #b3261e;")
         self.reason.hide()
@@ -166,7 +167,7 @@ class GpuCard(QFrame):
         self.gpu = gpu
         uuid = str(gpu.get("uuid", ""))
         self.title.setText(f"GPU {gpu.get('index', '?')} · {gpu.get('name', '')}")
-        self.title.setToolTip(uuid)
+        self.title.setToolTip(tool_tip(uuid))
         telemetry = str(gpu.get("telemetry", "unknown"))
         self.badge.set_state(telemetry, "telemetry ok" if telemetry == "ok" else telemetry)
         total = gpu.get("total_mib")
@@ -177,7 +178,7 @@ class GpuCard(QFrame):
             bits.append(f"{waiting} waiting")
         bits.append(f"{fmt_mib(int(total))} MiB total" if total is not None else "total unknown")
         self.summary.setText(" · ".join(bits))
-        self.summary.setToolTip(uuid)
+        self.summary.setToolTip(tool_tip(uuid))
         self.bar.set_gpu(gpu)
         self.parts = split(gpu)
         items = [

@@ -14,7 +14,6 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
     QHeaderView,
-    QLabel,
     QMainWindow,
     QSplitter,
     QTabWidget,
@@ -30,6 +29,7 @@ from rbroker.tray.models import (
     QueueModel,
 )
 from rbroker.tray.panels import GpuList, gpu_labels, make_table, titled
+from rbroker.tray.plain import PlainLabel
 from rbroker.tray.settings import TraySettings
 from rbroker.tray.settings_tab import SettingsTab
 from rbroker.tray.state import STATE_TEXT, Snapshot, TrayState, age_text, derive_state
@@ -53,7 +53,7 @@ class LocalTab(QWidget):
         outer.setContentsMargins(10, 10, 10, 10)
         outer.setSpacing(8)
         top = QHBoxLayout()
-        self.broker_line = QLabel("Connecting to the broker…")
+        self.broker_line = PlainLabel("Connecting to the broker…")
         self.broker_line.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.pause_box = QCheckBox("Pause new admissions")
         self.pause_box.setToolTip(
@@ -105,7 +105,7 @@ class LocalTab(QWidget):
             f"Broker {status.get('version', '?')}" + (f" ({self.origin})" if self.origin else "")
         ]
         if snap.simulated:
-            bits.append("<b>simulated GPUs</b>")
+            bits.append("simulated GPUs")
         else:
             bits.append(f"telemetry {status.get('telemetry_source', '?')}")
         bits.append(f"up {age_text(status.get('uptime_s'))}")
@@ -163,7 +163,7 @@ class MainWindow(QMainWindow):
         central = QWidget()
         layout = QVBoxLayout(central)
         layout.setContentsMargins(8, 8, 8, 8)
-        self.banner = QLabel()
+        self.banner = PlainLabel()
         self.banner.setWordWrap(True)
         self.banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.banner.hide()
