@@ -9,7 +9,7 @@ underlined the F. Control characters (terminal escapes) and bidi overrides (U+20
 rest of a line around) never reach the screen either.
 
 - `clean(text)` → the text without control, format (bidi, zero-width), surrogate,
-  private-use or unassigned characters: line breaks and tabs become spaces, the rest goes.
+  private-use or unassigned characters: line breaks and tabs become spaces, the others go.
   The categories are those `rbroker_protocol.descriptions` refuses in declared descriptions;
   here they are dropped on display, since not every string the tray shows went through that
   check (GPU and computer names, reasons, messages, a broker or coordinator of another
@@ -36,25 +36,26 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import Qt as GuiQt
 from PySide6.QtWidgets import QLabel, QWidget
 
-_DROPPED: Final = frozenset({"Cf", "Cs", "Co", "Cn"})
-"""Format (bidi controls, zero-width), surrogate, private-use and unassigned characters."""
+_DROPPED: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
+"""Controls (ESC, NUL…), format (bidi controls, zero-width), surrogate, private-use and
+unassigned characters."""
 
-_SPACED: Final = frozenset({"Cc", "Zl", "Zp"})
-"""Controls (ESC, newline, tab…) and line and paragraph separators: a space each."""
+_SPACED: Final = frozenset("\t\n\v\f\r\x1c\x1d\x1e\x85\u2028\u2029")
+"""White-space controls and line and paragraph separators (what `str.splitlines` splits at,
+and tab): a space each."""
 
 WORD_JOINER: Final = "\u2060"
 
 
 def _shown(ch: str) -> str:
-    category = unicodedata.category(ch)
-    if category in _DROPPED:
-        return ""
-    return " " if category in _SPACED else ch
+    if ch in _SPACED:
+        return " "
+    return "" if unicodedata.category(ch) in _DROPPED else ch
 
 
 def clean(text: object) -> str:
-    """`"\\x1b[31mred\\u202e"` → `" [31mred"`: `text` (any value, as `str()` writes it) with
-    line breaks, tabs and other controls as spaces and format characters dropped (one line)."""
+    """`"\\x1b[31mred\\u202e"` → `"[31mred"`: `text` (any value, as `str()` writes it) on
+    one line: line breaks and tabs as spaces, other controls and format characters dropped."""
     s = str(text)
     if s.isprintable():
         return s  # the usual case: nothing to change

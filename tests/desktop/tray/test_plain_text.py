@@ -298,3 +298,20 @@ def test_names_from_others_reach_every_widget_as_plain_text(
     qtbot.waitExposed(tray.window)
     hint = tray.window.sizeHint()
     assert hint.width() < 5000 and hint.height() < 5000, hint
+
+
+def test_the_helpers_keep_text_as_written_and_drop_only_controls() -> None:
+    from rbroker.tray.plain import WORD_JOINER, clean, clean_lines, menu_text, tool_tip, tray_tip
+
+    assert clean("vision / run-42") == "vision / run-42"  # the usual case, untouched
+    assert clean(ANSI) == "[31mred[0m"  # ESC goes, the rest stays as text
+    assert clean(RLO) == "abcdef" and clean("a\tb\nc") == "a b c"
+    assert clean_lines("GPU 0: a\x1b\nGPU 1: b\u200b") == "GPU 0: a\nGPU 1: b"
+    assert tool_tip("2 048 MiB granted\nGPU 0") == "2 048 MiB granted\nGPU 0"
+    assert tool_tip(BOLD) == "<p style='white-space:pre'>&lt;b&gt;bold&lt;/b&gt;</p>"
+    assert tool_tip("&lt;b&gt;") == "<p style='white-space:pre'>&amp;lt;b&amp;gt;</p>"
+    for text in (IMG, BOLD, LINK, "&lt;b&gt;", "x\n" + IMG):
+        assert not Qt.mightBeRichText(tray_tip(text))
+        assert tray_tip(text).replace(WORD_JOINER, "") == clean_lines(text)
+    assert tray_tip("rbroker: no leases") == "rbroker: no leases"
+    assert menu_text("R&D " + MNEMONIC) == "R&&D &&File"
