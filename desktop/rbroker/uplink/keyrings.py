@@ -19,6 +19,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 KEYRING_TIMEOUT_S = 5.0
+"""How long a keyring call (read, write, delete a key) may take before it is given up: a
+locked or hung OS keyring answers never, and the command says so and names --key-file."""
+
+KEYRING_FIND_TIMEOUT_S = 20.0
+"""How long finding the backend may take: keyring imports every installed backend and asks
+each for its priority (the Secret Service one asks D-Bus), work that took more than 5 s on a
+busy machine (seen under Wine, where imports are slow), so it gets a longer bound than a call
+to the keyring itself."""
 T = TypeVar("T")
 
 
@@ -26,19 +34,23 @@ class KeyStoreError(RuntimeError):
     """The key cannot be stored or read; the message names the store and the fix."""
 
 
-_stuck: tuple[threading.Thread, float] | None = None
-"""The latest keyring call and when it started: while one is past its deadline and still
-running, new calls fail at once instead of piling up threads that never return."""
+_stuck: tuple[threading.Thread, float, float] | None = None
+"""The latest keyring call, when it started (monotonic s) and its bound (s): while one is
+past its bound and still running, new calls fail at once instead of piling up threads that
+never return."""
 _stuck_lock = threading.Lock()
 
 
-def bounded(fn: Callable[[], T], what: str) -> T:
-    """`fn()` on a daemon thread, given up after `KEYRING_TIMEOUT_S`.
+def bounded(fn: Callable[[], T], what: str, timeout_s: float | None = None) -> T:
+    """`fn()` on a daemon thread, given up after `timeout_s` (`KEYRING_TIMEOUT_S` unless
+    given).
 
     A daemon thread, not a pool: a call that never returns must not keep the process
     from exiting (a pool's worker is joined at interpreter exit).
     """
     global _stuck
+    if timeout_s is None:
+        timeout_s = KEYRING_TIMEOUT_S
     outcome: list[tuple[bool, object]] = []
 
     def call() -> None:
@@ -49,21 +61,17 @@ def bounded(fn: Callable[[], T], what: str) -> T:
 
     thread = threading.Thread(target=call, name="keyring", daemon=True)
     with _stuck_lock:
-        if (
-            _stuck is not None
-            and _stuck[0].is_alive()
-            and time.monotonic() - _stuck[1] > KEYRING_TIMEOUT_S
-        ):
+        if _stuck is not None and _stuck[0].is_alive() and time.monotonic() - _stuck[1] > _stuck[2]:
             raise KeyStoreError(
-                f"the OS keyring did not answer within {KEYRING_TIMEOUT_S:g} s and has not "
+                f"the OS keyring did not answer within {_stuck[2]:g} s and has not "
                 f"answered since ({what} not tried); unlock it or use --key-file"
             )
-        _stuck = (thread, time.monotonic())
+        _stuck = (thread, time.monotonic(), timeout_s)
     thread.start()
-    thread.join(KEYRING_TIMEOUT_S)
+    thread.join(timeout_s)
     if not outcome:
         raise KeyStoreError(
-            f"the OS keyring did not answer within {KEYRING_TIMEOUT_S:g} s ({what}); unlock it "
+            f"the OS keyring did not answer within {timeout_s:g} s ({what}); unlock it "
             "or use --key-file"
         )
     ok, value = outcome[0]
@@ -249,11 +257,13 @@ def choose_keyring() -> KeyringChoice:
     highest priority), judged by `judge`; finding and naming it are bounded in time.
 
     Raises:
-        KeyStoreError: keyring did not answer within `KEYRING_TIMEOUT_S`.
+        KeyStoreError: keyring did not answer within `KEYRING_FIND_TIMEOUT_S`.
     """
     import keyring
 
-    return bounded(lambda: judge(keyring.get_keyring()), "finding a backend")
+    return bounded(
+        lambda: judge(keyring.get_keyring()), "finding a backend", KEYRING_FIND_TIMEOUT_S
+    )
 
 
 def plaintext_stores(choice: KeyringChoice | None) -> list[Any]:
