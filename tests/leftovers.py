@@ -309,7 +309,9 @@ class LeftoverCheck:
             )
         else:
             found += self._sockets(ours)
-            found += self._accounts()
+            accounts, others = self._accounts()
+            found += accounts
+            notes += others
             found += self._mounts()
         _end(procs)
         if self.made is not None:
@@ -327,9 +329,15 @@ class LeftoverCheck:
                 lines.append(f"listening socket {what}, held by process {pids} (above)")
         return lines
 
-    def _accounts(self) -> list[str]:
+    def _accounts(self) -> tuple[list[str], list[str]]:
+        """(accounts and groups this run made and left, lines about new ones it did not
+        make). Only `tests.os_users.create_user` makes accounts in the suite (a test says
+        so), and it notes each: a new account it did not note is another run's on this
+        computer (several runs at once are usual on a developer's machine), said, not
+        counted."""
         made = self.accounts_made()
-        lines = []
+        lines: list[str] = []
+        others: list[str] = []
         for kind, path, before in (
             ("account", "/etc/passwd", self.before.accounts),
             ("group", "/etc/group", self.before.groups),
@@ -338,13 +346,16 @@ class LeftoverCheck:
                 maker = made.get(name)
                 if maker is None:  # a group a test named after its account: NAME-suffix
                     maker = next((t for a, t in made.items() if name.startswith(f"{a}-")), None)
-                if maker is not None:
-                    origin = f"made in {maker}" if maker else "made by this run"
-                else:
-                    origin = "new since the run started; not made through tests/os_users"
+                if maker is None:
+                    others.append(
+                        f"{kind} {name} is new since the run started but was not made by it "
+                        "(another run on this computer?): not counted"
+                    )
+                    continue
+                origin = f"made in {maker}" if maker else "made by this run"
                 undo = "userdel" if kind == "account" else "groupdel"
                 lines.append(f"{kind} {name} ({origin}): {undo} {name}")
-        return lines
+        return lines, others
 
     def _mounts(self) -> list[str]:
         now = _mounts()

@@ -60,6 +60,20 @@ def create_user(prefix: str = "rbt", home: Path | None = None) -> OsUser:
     return OsUser(name, entry.pw_uid, entry.pw_gid)
 
 
+def create_group(name: str) -> str:
+    """`groupadd` a system group `name`, noted for the run's leftover check like an account;
+    the test removes it (`groupdel`).
+
+    Raises:
+        subprocess.CalledProcessError: groupadd failed.
+    """
+    from tests.leftovers import note_account
+
+    subprocess.run(["groupadd", "--system", name], check=True, capture_output=True)
+    note_account(name)
+    return name
+
+
 PROCESSES_EXIT_S = 5.0
 """How long `remove_user` lets an account's processes end on their own before it kills them."""
 

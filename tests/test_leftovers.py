@@ -153,3 +153,18 @@ def test_an_account_left_behind_is_named_with_the_test_that_made_it(tmp_path: Pa
 
             entry = pwd.getpwnam(name)
             remove_user(OsUser(name, entry.pw_uid, entry.pw_gid))
+
+
+def test_only_os_users_makes_accounts() -> None:
+    """The check counts only the accounts `create_user` noted (a new account it did not note
+    is another run's); so no other test file makes one."""
+    root = Path(__file__).resolve().parent
+    # a command line's first word: ["useradd", ...] or "useradd -r ..." (not which("useradd"))
+    makers = re.compile(r"[\"'](useradd|groupadd|adduser|addgroup)([\"']\s*,|\s)")
+    elsewhere = [
+        path.relative_to(root.parent).as_posix()
+        for path in sorted(root.rglob("*.py"))
+        if path.name not in ("os_users.py", "test_leftovers.py")
+        and makers.search(path.read_text(encoding="utf-8"))
+    ]
+    assert elsewhere == []

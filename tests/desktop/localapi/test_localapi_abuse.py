@@ -269,8 +269,9 @@ def test_only_the_brokers_own_user_may_pause_or_change_the_simulation(
 def test_members_of_the_admin_group_may_pause(
     broker_factory: Callable[..., BrokerProcess], other_user: OsUser
 ) -> None:
-    group = f"{other_user.name}-adm"
-    subprocess.run(["groupadd", "--system", group], check=True)
+    from tests.os_users import create_group
+
+    group = create_group(f"{other_user.name}-adm")
     try:
         subprocess.run(["usermod", "-aG", group, other_user.name], check=True)
         bp = broker_factory(SINGLE_24G, extra_args=["--admin-group", group])

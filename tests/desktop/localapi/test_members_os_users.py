@@ -40,8 +40,9 @@ def _run(socket: str, project: str) -> tuple[int, str]:
 def test_only_members_and_their_group_lease_for_a_kept_project(
     broker_factory: Callable[..., BrokerProcess], other_user: OsUser, tmp_path: Path
 ) -> None:
-    group = f"{other_user.name}-ml"
-    subprocess.run(["groupadd", "--system", group], check=True)
+    from tests.os_users import create_group
+
+    group = create_group(f"{other_user.name}-ml")
     try:
         config = tmp_path / "broker.toml"
         config.write_text(f'[shares]\nvision = 3\n[members]\nvision = ["nobody", "@{group}"]\n')
