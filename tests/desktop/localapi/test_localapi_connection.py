@@ -174,7 +174,12 @@ def _hung_up(sock: socket.socket) -> bool:
 @pytest.mark.skipif(not hasattr(select, "poll"), reason="needs poll()")
 def test_a_subscriber_that_never_reads_is_dropped(broker: BrokerProcess) -> None:
     """Events for a subscriber that does not read pile up in the broker; past a bound the
-    broker drops that connection instead of growing without end, and serves everyone else."""
+    broker drops that connection instead of growing without end, and serves everyone else.
+
+    Either of two bounds drops it, whichever comes first, and the log names which: the
+    events queued for it (`MAX_EVENT_BACKLOG`), or its unsent bytes held past the limit for
+    `UNSENT_DROP_AFTER_S` (on a busy machine the events come slower than those 10 s: the
+    test asked for the first only and failed there)."""
     sub = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sub.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -188,7 +193,10 @@ def test_a_subscriber_that_never_reads_is_dropped(broker: BrokerProcess) -> None
                     lease = c.call("lease.acquire", mib=1024, wait_s=5, **PARAMS)["lease"]
                     c.call("lease.release", lease_id=lease["lease_id"])
             assert c.hello()["protocol_version"] == 1
-        assert "does not read its events" in broker.log()
+        said = broker.log()
+        backlog = "does not read its events" in said
+        unsent = "answer bytes unsent for" in said and "the client does not read" in said
+        assert backlog or unsent, said[-2000:]
         assert broker.proc.poll() is None
     finally:
         sub.close()
