@@ -113,6 +113,9 @@ def create_app(
         engine: an existing engine (else one is made from `settings.db_url` and disposed of
             at shutdown).
         migrate: bring the schema to the newest revision at startup.
+
+    The application leaves the process's logging as it found it: whoever runs it configures
+    that (`rbroker-server serve` with its `--log-level` and line format).
     """
     owned = engine is None
     eng = engine if engine is not None else db.make_engine(settings.db_url)
@@ -176,6 +179,10 @@ def create_app(
             "settings": Provide(lambda: settings, use_cache=True, sync_to_thread=False),
         },
         lifespan=[lifespan],
+        # Litestar's default logging config took the root logger over when the app was built
+        # (its own queue handler, INFO): `serve --log-level` and serve's line format were
+        # ignored, and an app built inside another program rewrote that program's logging
+        logging_config=None,
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="rbroker coordinator",

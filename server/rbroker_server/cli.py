@@ -348,8 +348,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http=guarded_protocol(default_protocol(), guard),
         **ssl,
     )
+    # --log-level is uvicorn's (its access lines are INFO); the coordinator's own lines are
+    # INFO, or finer with a finer --log-level
+    wanted = logging.getLevelName(args.log_level.upper())
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=min(logging.INFO, wanted) if isinstance(wanted, int) else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger(__name__).info("database schema at revision %s", revision)
     limits = raise_fd_limit()
