@@ -21,6 +21,38 @@ from tests.desktop.inprocess import InProcessBroker, SleeperPool
 #: The event loops a broker may run on (`rbroker.eventloop`): uvloop only where it exists.
 LOOPS = ["asyncio"] if sys.platform == "win32" else ["uvloop", "asyncio"]
 
+#: Environment variables a test may leave changed: pytest's own.
+ENV_OF_PYTEST = frozenset({"PYTEST_CURRENT_TEST"})
+
+
+@pytest.fixture(autouse=True)
+def environment_kept() -> Iterator[None]:
+    """Each test leaves the environment as it found it. A variable set on `os.environ`
+    instead of through `monkeypatch` (or `monkeypatch.delenv` of one that was not set,
+    which records nothing to put back, followed by a plain assignment) stays for every later
+    test of the process, and those pass or fail by what ran before them (seen:
+    RBROKER_SOCKET left by a discovery test). The test that changed it errors at teardown,
+    naming the variables, and the environment is put back."""
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    changed = sorted(
+        name
+        for name in before.keys() | after.keys()
+        if before.get(name) != after.get(name) and name not in ENV_OF_PYTEST
+    )
+    if changed:
+        for name in changed:
+            if name in before:
+                os.environ[name] = before[name]
+            else:
+                os.environ.pop(name, None)
+        pytest.fail(
+            f"the test left the environment changed: {', '.join(changed)} (set variables "
+            "through monkeypatch, which puts them back)",
+            pytrace=False,
+        )
+
 
 class RawConnection:
     """A Unix-socket connection speaking JSON-RPC lines by hand.
