@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -183,8 +185,8 @@ def test_watch_ends_cleanly_on_ctrl_c(
     assert jobs["with_total"] in out
 
 
-def test_no_broker_exits_69() -> None:
-    out = _cli("--socket", str(short_tmp() / "none.sock"))
+def test_no_broker_exits_69(short_dir: Path) -> None:
+    out = _cli("--socket", str(short_dir / "none.sock"))
     assert out.returncode == 69
     assert "no rbroker broker" in out.stderr
 
@@ -241,3 +243,4 @@ def test_watch_reconnects_when_the_broker_restarts() -> None:
         for bp in (first, restarted):
             if bp is not None:
                 bp.stop(signal.SIGKILL)
+        shutil.rmtree(root, ignore_errors=True)

@@ -7,6 +7,7 @@ error) and leaks no socket: warnings are errors in this suite, so an unclosed so
 from __future__ import annotations
 
 import gc
+import shutil
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -23,9 +24,11 @@ def fake_peer() -> Iterator[Callable[[bytes | None], str]]:
     """`fake_peer(reply)` → a socket path whose server reads one line, then answers `reply`
     (None: closes without answering; b"": never answers until the test ends)."""
     servers: list[tuple[socket.socket, threading.Thread, threading.Event]] = []
+    roots: list[Path] = []
 
     def start(reply: bytes | None) -> str:
-        path = str(short_tmp() / "peer.sock")
+        roots.append(short_tmp())
+        path = str(roots[-1] / "peer.sock")
         srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         srv.bind(path)
         srv.listen(4)
@@ -50,6 +53,8 @@ def fake_peer() -> Iterator[Callable[[bytes | None], str]]:
         done.set()
         t.join(10)
         srv.close()
+    for root in roots:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _no_leak() -> None:

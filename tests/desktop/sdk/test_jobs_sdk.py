@@ -8,11 +8,12 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 import rbroker
-from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, start_broker
+from tests.conftest import SINGLE_24G, BrokerProcess, start_broker
 from tests.desktop.jobhelp import counts, job_of
 
 
@@ -112,7 +113,7 @@ def test_update_workers_and_refresh_see_other_reporters(broker: BrokerProcess) -
         assert counts(job.info) == (7, 0, 1)
 
 
-def test_sdk_errors_are_typed(broker: BrokerProcess) -> None:
+def test_sdk_errors_are_typed(broker: BrokerProcess, short_dir: Path) -> None:
     with rbroker.job(**SPEC, total_items=10, socket=broker.socket) as job:
         job.report("a", completed=5)
         with pytest.raises(rbroker.InvalidParams):
@@ -138,7 +139,7 @@ def test_sdk_errors_are_typed(broker: BrokerProcess) -> None:
         assert all("example.com" not in j["purpose"] for j in c.call("jobs.list")["jobs"])
     with (
         pytest.raises(rbroker.BrokerUnavailable),
-        rbroker.job(**SPEC, socket=str(short_tmp() / "none.sock")),
+        rbroker.job(**SPEC, socket=str(short_dir / "none.sock")),
     ):
         pass  # pragma: no cover
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -127,7 +128,8 @@ def test_a_peer_that_never_answers_the_acquire_is_given_up_on(
 
     monkeypatch.setattr(_lease, "ANSWER_GRACE_S", 0.3)
     monkeypatch.setattr(_lease, "RECONNECT_WINDOW_S", 0.3)
-    address = broker_address(short_tmp(), "hello-only")
+    root = short_tmp()
+    address = broker_address(root, "hello-only")
     accepted: list[int] = []
     loop = asyncio.new_event_loop()
     started = loop.run_until_complete(
@@ -149,6 +151,7 @@ def test_a_peer_that_never_answers_the_acquire_is_given_up_on(
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_lease_ended_elsewhere_is_reported_lost(broker: BrokerProcess) -> None:
@@ -259,6 +262,7 @@ def test_alease_requests_of_one_process_all_wait_at_once() -> None:
             assert c.leases()["leases"] == [] and c.leases()["queue"] == []
     finally:
         eb.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_cancelled_alease_leaves_the_queue_at_once(broker: BrokerProcess) -> None:
