@@ -88,6 +88,7 @@ PROCESS_FIXTURES = frozenset(
         "coordinator_factory",
         "qtbot",
         "rbroker_cli",
+        "pool",  # tests/desktop: real sleeping processes that hold leases on the harness
     }
 )
 """Fixtures that start a process, a server or a Qt event loop: a test using one is `contract`."""
