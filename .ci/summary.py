@@ -17,7 +17,7 @@ from pathlib import Path
 
 SETS = ("linux", "windows", "cross")
 CLOSING = re.compile(r"^=+ (.*) in [0-9.]+s")
-COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|rerun)\b")
+COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|rerun|left behind)\b")
 FIRST_FAILURE_LINES = 60
 
 
@@ -72,7 +72,8 @@ def main(logs: Path) -> None:
         for line in row["first_failure"].splitlines()[-FIRST_FAILURE_LINES:]:
             print(f"    {line}")
     print(f"{len(rows)} flaky" if rows else "none")
-    failed = total.get("failed", 0) + total.get("error", 0)
+    # a run that left a process, account, mount or socket behind failed (tests/leftovers.py)
+    failed = total.get("failed", 0) + total.get("error", 0) + total.get("left behind", 0)
     print(
         f"\ntotal: {total.get('passed', 0)} passed, {failed} failed, "
         f"{total.get('skipped', 0)} skipped"

@@ -100,7 +100,7 @@ class Proc:
         return program in WINE_OWN or program.startswith("wineserver")  # also wineserver64
 
     def line(self) -> str:
-        cmd = self.cmdline
+        cmd = " ".join(self.cmdline.split())  # one line, whatever the arguments held
         if len(cmd) > CMDLINE_CHARS:
             cmd = cmd[: CMDLINE_CHARS - 1] + "…"
         where = f", started in {self.test}" if self.test else ""
@@ -368,6 +368,7 @@ def _write(config: pytest.Config, lines: list[str], title: str | None = None) ->
         for line in lines:
             print(f"left behind: {line}" if title else line, file=sys.stderr)
         return
+    reporter.ensure_newline()  # not after the progress dots
     if title:
         reporter.write_sep("=", title, red=True)
         for line in lines:
