@@ -124,7 +124,12 @@ def _timed_get(port: int, source: str = "127.0.0.1") -> tuple[float, str]:
 def test_dribbling_heads_are_cut_at_the_deadline_and_others_are_answered(
     parser: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    guard = ConnectionGuard(head_timeout_s=2.0, max_per_address=1000)
+    """300 connections dribble their heads; a normal request meanwhile is answered well
+    before the head deadline (so not held behind the dribblers, who are cut only there), and
+    every dribbler is cut at it. The deadline is 5 s and "at once" is under half of it: with
+    a 2 s deadline and "under 1 s", a busy machine took 2.5 s (a flake, not a fault)."""
+    head_s = 5.0
+    guard = ConnectionGuard(head_timeout_s=head_s, max_per_address=1000)
     caplog.set_level(logging.WARNING, "rbroker_server.slow_clients")
     with _Server(guard, parser) as server:
         socks = _dribblers(server.port, 300)
@@ -134,12 +139,12 @@ def test_dribbling_heads_are_cut_at_the_deadline_and_others_are_answered(
             # a normal request meanwhile is answered at once
             took, text = _timed_get(server.port)
             assert text == "ok 5"
-            assert took < 1.0, took
+            assert took < head_s / 2, took
             assert guard.open_total >= 300
             time.sleep(1.0)
             for s in socks[:100]:
                 s.sendall(b"y")
-            cut = [_closed(s, 4.0) for s in socks]
+            cut = [_closed(s, head_s + 2.0) for s in socks]
         finally:
             for s in socks:
                 s.close()
@@ -147,13 +152,13 @@ def test_dribbling_heads_are_cut_at_the_deadline_and_others_are_answered(
         assert all(c is not None and c.startswith(b"HTTP/1.1 408 ") for c in cut)
         time.sleep(0.2)
         assert guard.open_total == 0
-        assert guard.events.totals["closed past the 2 s head deadline"] == 300
+        assert guard.events.totals["closed past the 5 s head deadline"] == 300
         took, text = _timed_get(server.port)
-        assert text == "ok 5" and took < 1.0
+        assert text == "ok 5" and took < head_s / 2, took
     lines = [r.getMessage() for r in caplog.records if r.name == "rbroker_server.slow_clients"]
     # one line at once, the rest summed at the end of the interval (60 s): not one per cut
     assert len(lines) == 1, lines
-    assert lines[0].startswith("slow or greedy clients: 1 closed past the 2 s head deadline")
+    assert lines[0].startswith("slow or greedy clients: 1 closed past the 5 s head deadline")
     assert "most from 127.0.0.1" in lines[0]
 
 
