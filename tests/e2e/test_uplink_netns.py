@@ -123,7 +123,10 @@ def _enroll_in(ns: str, url: str, code: str, data: Path, name: str) -> str:
         )  # fmt: skip
         if done.returncode == 0:
             return str(json.loads((data / "uplink.json").read_text())["computer_id"])
-        if "cannot reach" not in done.stderr or time.monotonic() > deadline:
+        # not listening yet: refused ("nothing accepts connections"), or not reached at all
+        # (rbroker.uplink.errors words them apart); any other refusal is the answer
+        starting = ("cannot reach", "nothing accepts connections")
+        if not any(s in done.stderr for s in starting) or time.monotonic() > deadline:
             raise AssertionError(done.stderr)
         time.sleep(0.5)
 
