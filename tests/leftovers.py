@@ -157,8 +157,16 @@ def _names(path: str) -> set[str]:
     return {line.split(":", 1)[0] for line in text.splitlines() if line and line[0] != "#"}
 
 
+IPROUTE2_STATE_DIRS = frozenset({"/run/netns", "/var/run/netns"})
+"""Mount points that are iproute2's, not a test's: the first `ip netns add` on a computer makes
+its state directory a shared bind mount of itself, so that the namespaces mounted under it show
+in every mount namespace, and `ip netns del` leaves it by design (iproute2's ip/ipnetns.c,
+netns_add). The namespaces themselves, `/run/netns/NAME`, are nsfs mounts and are checked."""
+
+
 def _mounts() -> dict[str, str]:
-    """Mount id → "MOUNT POINT (FSTYPE SOURCE)" of this process's mount namespace."""
+    """Mount id → "MOUNT POINT (FSTYPE SOURCE)" of this process's mount namespace, without
+    iproute2's state directories (IPROUTE2_STATE_DIRS)."""
     found: dict[str, str] = {}
     try:
         text = Path("/proc/self/mountinfo").read_text(encoding="utf-8", errors="replace")
@@ -167,7 +175,7 @@ def _mounts() -> dict[str, str]:
     for line in text.splitlines():
         head, _, tail = line.partition(" - ")
         fields, rest = head.split(), tail.split()
-        if len(fields) >= 5 and len(rest) >= 2:
+        if len(fields) >= 5 and len(rest) >= 2 and fields[4] not in IPROUTE2_STATE_DIRS:
             found[fields[0]] = f"{fields[4]} ({rest[0]} {rest[1]})"
     return found
 

@@ -168,3 +168,38 @@ def test_only_os_users_makes_accounts() -> None:
         and makers.search(path.read_text(encoding="utf-8"))
     ]
     assert elsewhere == []
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="mounts in a mount namespace of its own need root and util-linux's unshare",
+)
+def test_a_mount_left_behind_is_counted_and_iproute2s_netns_directory_is_not(
+    tmp_path: Path,
+) -> None:
+    """In a private mount namespace: a tmpfs mounted after the snapshot is a mount left behind,
+    while /run/netns bound on itself (what the first `ip netns add` on a computer makes and
+    keeps) is not, so a first run on a new computer does not fail for it."""
+    (tmp_path / "disk").mkdir()
+    script = textwrap.dedent(
+        f"""
+        import subprocess, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from tests.leftovers import _mounts
+        before = _mounts()
+        subprocess.run(["mkdir", "-p", "/run/netns"], check=True)
+        subprocess.run(["mount", "--bind", "/run/netns", "/run/netns"], check=True)
+        subprocess.run(["mount", "-t", "tmpfs", "rbt-tmpfs", {str(tmp_path / "disk")!r}],
+                       check=True)
+        print("\\n".join(v for k, v in _mounts().items() if k not in before))
+        """
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:-1] == [f"{tmp_path / 'disk'} (tmpfs rbt-tmpfs)"]
