@@ -5,7 +5,8 @@ passed and failed counts of every set added up.
 
 LOGS_DIR holds each set's pytest output (`linux.log`, `windows.log`, `cross.log`, any that
 ran) and `flaky.jsonl` (tests/flaky.py: one JSON object a line, `set`, `nodeid`,
-`first_failure`). The last line is `total: N passed, N failed, N skipped`, every set added up.
+`first_failure`, its last lines as tests/flaky.py keeps them). The last line is
+`total: N passed, N failed, N skipped`, every set added up.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from pathlib import Path
 SETS = ("linux", "windows", "cross")
 CLOSING = re.compile(r"^=+ (.*) in [0-9.]+s")
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|rerun|left behind)\b")
-FIRST_FAILURE_LINES = 60
 
 
 def _lines(path: Path) -> list[str]:
@@ -69,7 +69,7 @@ def main(logs: Path) -> None:
     rows = [json.loads(line) for line in _lines(flaky) if line.strip()] if flaky.exists() else []
     for row in rows:
         print(f"FLAKY [{row['set']}] {row['nodeid']}")
-        for line in row["first_failure"].splitlines()[-FIRST_FAILURE_LINES:]:
+        for line in row["first_failure"].splitlines():  # trimmed by tests/flaky.py
             print(f"    {line}")
     print(f"{len(rows)} flaky" if rows else "none")
     # a run that left a process, account, mount or socket behind failed (tests/leftovers.py)

@@ -108,10 +108,15 @@ def kind_of(item: pytest.Item, rel: str, source: str) -> str:
         return "e2e"
     if rel.startswith("tests/server/"):
         return "contract"
-    fixtures = set(getattr(item, "fixturenames", ()))
-    if fixtures & PROCESS_FIXTURES or PROCESS_CALLS.search(source):
-        return "contract"
-    return "unit"
+    return "contract" if process_signs(set(getattr(item, "fixturenames", ())), source) else "unit"
+
+
+def process_signs(fixtures: set[str], source: str) -> set[str]:
+    """What makes a test `contract`: the `PROCESS_FIXTURES` among the fixture names it uses
+    and the `PROCESS_CALLS` its module's source makes (the matched text). Empty for a test of
+    the in-process harness or of pure functions. The rule `kind_of` and the Windows set's
+    neutral files (tests/windows/test_set.py) share."""
+    return (fixtures & PROCESS_FIXTURES) | {m.group(0) for m in PROCESS_CALLS.finditer(source)}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -25,7 +25,17 @@ FLAKY_FILE_ENV = "RBROKER_FLAKY_FILE"
 """The environment variable naming the file each flake is appended to (JSON lines)."""
 
 FIRST_FAILURE_LINES = 120
-"""How many of the last lines of a flake's first failure the terminal shows."""
+"""How many of the last lines of a flake's first failure are kept, for the terminal and for
+the flaky file that `.ci/run`'s summary prints whole."""
+
+
+def _last_lines(text: str) -> str:
+    """The last FIRST_FAILURE_LINES lines of `text`, after a line counting those left out."""
+    lines = text.splitlines()
+    if len(lines) <= FIRST_FAILURE_LINES:
+        return text
+    left_out = len(lines) - FIRST_FAILURE_LINES
+    return "\n".join([f"... ({left_out} lines above left out)", *lines[-FIRST_FAILURE_LINES:]])
 
 
 class FlakyList:
@@ -45,7 +55,9 @@ class FlakyList:
     def flakes(self) -> list[tuple[str, str]]:
         """(node id, first failure's text) of each test that reran and did not fail again,
         in the order they first failed."""
-        return [(n, text) for n, text in self.first_failure.items() if n not in self.failed]
+        return [
+            (n, _last_lines(text)) for n, text in self.first_failure.items() if n not in self.failed
+        ]
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
@@ -56,10 +68,7 @@ class FlakyList:
         tr.section(f"FLAKY ({len(flakes)}): failed once, passed on the rerun", sep="=")
         for nodeid, text in flakes:
             tr.write_line(f"FLAKY {nodeid}")
-            lines = text.splitlines()
-            if len(lines) > FIRST_FAILURE_LINES:
-                tr.write_line(f"    ... ({len(lines) - FIRST_FAILURE_LINES} lines above left out)")
-            for line in lines[-FIRST_FAILURE_LINES:]:
+            for line in text.splitlines():
                 tr.write_line(f"    {line}")
         path = os.environ.get(FLAKY_FILE_ENV)
         if path:

@@ -80,3 +80,16 @@ def test_a_run_without_flakes_prints_no_flaky_section(tmp_path: Path) -> None:
     rc, out, rows = _run(tmp_path, "-n", "0", "-k", "not always")
     assert rc == 0, out
     assert "FLAKY" not in out and rows == []
+
+
+def test_a_long_first_failure_keeps_its_last_lines_and_says_how_many_were_left_out() -> None:
+    """The terminal and the flaky file (which `.ci/run`'s summary prints whole) get the same
+    trimmed text: the last FIRST_FAILURE_LINES lines after one line counting the rest."""
+    from tests.flaky import FIRST_FAILURE_LINES, _last_lines
+
+    short = "\n".join(f"line {i}" for i in range(FIRST_FAILURE_LINES))
+    assert _last_lines(short) == short
+    long = "\n".join(f"line {i}" for i in range(FIRST_FAILURE_LINES + 5))
+    kept = _last_lines(long).splitlines()
+    assert kept[0] == "... (5 lines above left out)"
+    assert kept[1:] == [f"line {i}" for i in range(5, FIRST_FAILURE_LINES + 5)]

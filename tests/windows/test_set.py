@@ -62,10 +62,10 @@ def test_every_windows_only_test_file_is_in_the_set() -> None:
 
 def test_the_neutral_files_start_nothing_import_nothing_of_windows_and_are_left_out() -> None:
     """A `# neutral:` file must be what the set's header says: no process, server, socket or
-    Qt loop (by the signs that make a test `contract` in tests/conftest.py, but the harness's
+    Qt loop (`process_signs` of tests/conftest.py, the rule of `contract`, but the harness's
     sleeping lease holders, `pool`), no Windows module imported, not Windows-only, and not in
     the set as well."""
-    from tests.conftest import PROCESS_CALLS, PROCESS_FIXTURES
+    from tests.conftest import process_signs
 
     neutral = _neutral_paths()
     assert len(neutral) >= 5
@@ -87,7 +87,7 @@ def test_the_neutral_files_start_nothing_import_nothing_of_windows_and_are_left_
                 for p in sig.split(",")
             }
             # the harness's sleeping lease holders (`pool`) are props, not the subject
-            if PROCESS_CALLS.search(source) or params & (PROCESS_FIXTURES - {"pool"}):
+            if process_signs(params, source) - {"pool"}:
                 wrong.append(f"{name}: starts a process, server or Qt loop")
             if WINDOWS_MODULES.search(source) or "win32" in source:
                 wrong.append(f"{name}: names Windows code")
