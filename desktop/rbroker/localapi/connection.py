@@ -35,7 +35,10 @@ job write). Each further line is answered at once `too_many_in_flight` (`data.li
 one finishes, and reading goes on: so the broker's memory stays bounded, and a peer that
 closes is always seen, its waiting requests cancelled. (Reading used to pause at the cap: a
 client that closed its socket there kept its 1 024 requests queued for as long as its
-process lived.)"""
+process lived.) The lines that keep or end what the connection holds (`LineServer.
+serves_past_cap`: renew, release, cancel) are served past the cap: they are answered as they
+are read and never wait, so they add no request that lasts. (They used to be refused too,
+and a connection with 1 024 waiting requests lost its granted lease for want of a renewal.)"""
 
 MAX_UNSENT_BYTES = 4 * 1024 * 1024
 """Answer and event bytes of one connection that the broker keeps unsent, by default
@@ -93,6 +96,10 @@ class LineServer(Protocol):
     def serve_line(self, conn: Connection, line: bytes) -> Coroutine[Any, Any, None] | None:
         """Serve one request line: answered inline (None), or the coroutine that serves it
         (run as a task of the connection)."""
+
+    def serves_past_cap(self, line: bytes) -> bool:
+        """Whether `line` is served although its connection has `MAX_IN_FLIGHT` requests in
+        flight: a line answered as it is read that keeps or ends what the connection holds."""
 
     def forget(self, conn: Connection) -> None:
         """`conn` closed: count it out everywhere (its tasks are already cancelled)."""
@@ -272,7 +279,7 @@ class Connection(asyncio.Protocol):
             self._serving = False
 
     def _serve(self, line: bytes) -> None:
-        if len(self.requests) >= MAX_IN_FLIGHT:
+        if len(self.requests) >= MAX_IN_FLIGHT and not self.server.serves_past_cap(line):
             self._too_many_in_flight(line)
             return
         coro = self.server.serve_line(self, line)

@@ -109,6 +109,24 @@ class _IdOnly(msgspec.Struct):
 _ID_ONLY: Final = msgspec.json.Decoder(_IdOnly)
 
 
+class _MethodOnly(msgspec.Struct):
+    """A request's `method` alone (`method_of`); every other key is skipped."""
+
+    method: str | None = None
+
+
+_METHOD_ONLY: Final = msgspec.json.Decoder(_MethodOnly)
+
+
+def method_of(line: bytes) -> str | None:
+    """The method a request line names, read without its params; None where the line is not
+    a JSON object or names none (`decode` then says what is wrong)."""
+    try:
+        return _METHOD_ONLY.decode(line).method
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
 def request_id_of(line: bytes) -> Any:
     """The id a request line's answer carries when the line is refused unread (an integer,
     a string, or None where the line has none, or none `decode_full` would echo)."""

@@ -68,7 +68,7 @@ from rbroker.localapi.connection import (
     tell_waiting,
 )
 from rbroker.localapi.internal_errors import InternalErrors
-from rbroker.localapi.requests import Refused, decode, granted, lease_result
+from rbroker.localapi.requests import Refused, decode, granted, lease_result, method_of
 from rbroker.transport import serve
 from rbroker.transport.base import ListeningServer, PeerOf
 from rbroker_protocol import jsonrpc
@@ -132,6 +132,12 @@ _INLINE = frozenset(
     {"lease.renew", "lease.release", "lease.attach", "request.cancel", "broker.pause"} | _VIEWS
 )
 """Methods answered synchronously, as their line is read (their handlers never wait)."""
+
+PAST_THE_CAP = frozenset({"lease.renew", "lease.release", "request.cancel"})
+"""Methods served past a connection's in-flight cap (`MAX_IN_FLIGHT`): the renewal that keeps
+a granted lease and the ends of a lease or a waiting request. All are `_INLINE`, so they add
+no waiting request; a cap meant to protect the broker never costs its user a lease or the
+way out of a queue."""
 
 
 Method = Callable[[Connection, Any], Any]
@@ -226,6 +232,10 @@ class LocalApi:
     def serve_line(self, conn: Connection, line: bytes) -> Coroutine[Any, Any, None] | None:
         """Serve one request line of `conn` (see `_serve_inline`)."""
         return self._serve_inline(conn, line)
+
+    def serves_past_cap(self, line: bytes) -> bool:
+        """Whether `line` is one of `PAST_THE_CAP` (read by its method alone)."""
+        return method_of(line) in PAST_THE_CAP
 
     def forget(self, conn: Connection) -> None:
         """`conn` closed (its tasks cancelled): count it out and end what it held."""

@@ -8,6 +8,7 @@ Revoked computers' usage still counts (it happened); other groups' computers nev
 from __future__ import annotations
 
 import csv
+import re
 import io
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -138,14 +139,28 @@ def usage(engine: Engine, scope: Scope, query: UsageQuery, today: date | None = 
     )
 
 
+_SPLIT_THEN_FORMULA: Final = re.compile(r"""(^|[,;\t|:"'\r\n]|\s)(\s*)([=+\-@])""")
+"""A formula start (`FORMULA_STARTS`) at the start of a name or after a character that some
+reader splits a cell on, or trims, or opens a quote with (`,` `;` tab `|` `:` quotes, line
+breaks, spaces)."""
+
+
 def csv_cell(name: str) -> str:
-    """`name` as a CSV cell no spreadsheet runs as a formula (see `FORMULA_STARTS`)."""
-    return "'" + name if name.startswith(FORMULA_STARTS) else name
+    """`name` as a CSV cell that no spreadsheet runs as a formula, whichever separator it
+    splits the row on: a `'` goes before each formula start (`FORMULA_STARTS`) that begins the
+    name or follows a character a reader may split on (`_SPLIT_THEN_FORMULA`), so that every
+    piece a reader could cut from it starts as text (OWASP's advice on CSV injection names
+    both the first character and the separators)."""
+    return _SPLIT_THEN_FORMULA.sub(r"\1\2'\3", name)
 
 
 def to_csv(view: UsageView) -> str:
     """`view` as CSV (RFC 4180, CRLF line ends): the header `CSV_FIELDS`, then one row per
-    day and name, oldest day first."""
+    day and name, oldest day first. Names are `csv_cell`s, so that no piece a spreadsheet can
+    cut from one starts a formula, whichever separator it reads with (`;` in much of Europe,
+    a tab): a project named `x;=1+1;x` was three cells to a `;` reader, the middle one
+    `=1+1`, a formula; quoting the cell does not help, as a reader splitting on another
+    separator does not honour the quotes."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow([f.format(by=view.by) for f in CSV_FIELDS])

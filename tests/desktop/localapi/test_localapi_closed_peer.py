@@ -73,12 +73,13 @@ def test_past_the_in_flight_cap_lines_are_refused_and_a_close_ends_the_queue() -
             assert error["data"] == {"name": "too_many_in_flight", "limit": MAX_IN_FLIGHT}
             assert str(MAX_IN_FLIGHT) in error["message"] and "\n" not in error["message"]
             assert _queued(served) == MAX_IN_FLIGHT
-            # the connection is still read: a renew is answered at once
+            # the connection is still read, and a renew is served past the cap: its answer
+            # is the lease's own (none such here), not too_many_in_flight
             conn.write(
                 b'{"jsonrpc":"2.0","id":"r","method":"lease.renew","params":'
                 b'{"lease_id":"lease-none"}}\n'
             )
-            assert _read(conn)["error"]["data"]["name"] == "too_many_in_flight"
+            assert _read(conn)["error"]["data"]["name"] != "too_many_in_flight"
 
             conn.close()  # this process lives on
             closed = True
@@ -87,6 +88,46 @@ def test_past_the_in_flight_cap_lines_are_refused_and_a_close_ends_the_queue() -
         finally:
             if not closed:
                 conn.close()
+
+
+def _call(
+    conn: Stream, request_id: str, method: str, params: dict[str, Any], others: list[Any]
+) -> dict[str, Any]:
+    """The answer to this request; answers to earlier ones read meanwhile go to `others`."""
+    msg = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+    conn.write(json.dumps(msg).encode() + b"\n")
+    while (answer := _read(conn))["id"] != request_id:
+        others.append(answer)
+    return answer
+
+
+def test_at_the_in_flight_cap_renew_release_and_cancel_are_still_served() -> None:
+    """A connection with `MAX_IN_FLIGHT` waiting requests keeps its granted lease alive, ends
+    it, and cancels a waiting request: the cap refuses only what would wait (an acquire)."""
+    with served_api(max_waiting_per_user=4 * MAX_IN_FLIGHT) as served:
+        conn = served.connect()
+        try:
+            others: list[Any] = []
+            granted = _call(conn, "g", "lease.acquire", ACQUIRE, others)
+            lease_id = granted["result"]["lease"]["lease_id"]
+            served.call(lambda: served.api.broker.set_paused(True))  # every acquire waits
+            conn.write(b"".join(_acquire(i) for i in range(MAX_IN_FLIGHT)))
+            _wait_for(lambda: _queued(served) == MAX_IN_FLIGHT, 30.0)
+            refused = _call(conn, "over", "lease.acquire", ACQUIRE, others)
+            assert refused["error"]["data"]["name"] == "too_many_in_flight"
+
+            renewed = _call(conn, "renew", "lease.renew", {"lease_id": lease_id}, others)
+            assert renewed["result"]["lease"]["lease_id"] == lease_id, renewed
+            view = served.call(lambda: served.api.broker.leases_view(False))
+            first = view["queue"][0]["request_id"]
+            cancelled = _call(conn, "cancel", "request.cancel", {"request_id": first}, others)
+            assert cancelled["result"]["request"]["request_id"] == first, cancelled
+            released = _call(conn, "release", "lease.release", {"lease_id": lease_id}, others)
+            assert released["result"]["lease"]["lease_id"] == lease_id, released
+            assert _queued(served) == MAX_IN_FLIGHT - 1
+            assert [a["error"]["data"]["name"] for a in others] == ["cancelled"]
+        finally:
+            conn.close()
 
 
 def test_a_peer_that_does_not_read_and_closes_is_noticed() -> None:
