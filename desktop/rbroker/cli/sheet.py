@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
@@ -77,7 +78,9 @@ def bar_column(header: str, bar_min: int = 8, bar_max: int = 30) -> Column:
 
 
 def _len(value: str | Text) -> int:
-    return value.cell_len if isinstance(value, Text) else Text(value).cell_len
+    """Terminal cells `value` takes (a CJK or full-width character two, a combining mark
+    none), not its characters."""
+    return value.cell_len if isinstance(value, Text) else cell_len(value)
 
 
 @dataclass
@@ -256,9 +259,12 @@ _KEPT_SPACE = "\u00a0"  # textwrap splits at ASCII white space only
 def wrap_free_text(value: str | Text, width: int) -> str | Text:
     """`value` broken into lines of at most `width` cells at spaces, never inside a grouped
     number (`24 576` stays on one line); a word longer than `width` is folded. A styled
-    `Text` is left to rich's own wrapping."""
-    if isinstance(value, Text) or width < 1 or len(value) <= width:
+    `Text`, and text whose characters are not one cell each, is left to rich's own wrapping,
+    which counts cells."""
+    if isinstance(value, Text) or width < 1 or cell_len(value) <= width:
         return value
+    if cell_len(value) != len(value):  # wide or zero-width characters: rich wraps by cells
+        return Text(value)
     kept = _GROUPED_DIGITS.sub(_KEPT_SPACE, value)
     lines = textwrap.wrap(kept, width, break_on_hyphens=False) or [""]
     return "\n".join(line.replace(_KEPT_SPACE, " ") for line in lines)
@@ -272,13 +278,16 @@ def literal(value: str | Text) -> Text:
 
 
 def _align(grid: list[list[str]], justify: Sequence[str]) -> list[str]:
-    widths = [max(len(r[c]) for r in grid) for c in range(len(justify))]
+    """The rows of `grid` with each column padded to its widest cell, in terminal cells (a
+    CJK or full-width name takes two a character: padded by characters, `rbroker top --once
+    | cat` pushed the columns after one out of line)."""
+    widths = [max(cell_len(r[c]) for r in grid) for c in range(len(justify))]
     out = []
     for r in grid:
-        cells = [
-            r[c].rjust(widths[c]) if justify[c] == "right" else r[c].ljust(widths[c])
-            for c in range(len(justify))
-        ]
+        cells = []
+        for c in range(len(justify)):
+            pad = " " * (widths[c] - cell_len(r[c]))
+            cells.append(pad + r[c] if justify[c] == "right" else r[c] + pad)
         out.append((" " * GAP).join(cells).rstrip())
     return out
 
