@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 import rbroker
 from rbroker._children import HARD_KILL
@@ -49,6 +50,16 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # runs many simulated brokers at once, and beside any real broker of this computer. The
 # lock's own tests name a shared lock explicitly.
 os.environ[ENV_LOCK] = PER_SOCKET
+
+
+# Property tests (hypothesis) draw the same examples on every CI run (`CI` set, as `.ci/run`
+# and GitHub Actions have it): a change goes red for what it changed, never for an example the
+# search happened to reach that day, and a red run fails again when rerun. Elsewhere the search
+# is random and keeps what it finds in .hypothesis/, so developers' runs go on finding new
+# cases, which become fixed examples or mended rules.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    settings.load_profile("ci")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -405,23 +405,30 @@ class Admission:
             }
             return
         known = [u for u in waiter.candidates if u in caps]
-        if known:
-            best = max(known, key=lambda u: caps[u].available_mib)
-            cap = caps[best]
+        if len(known) >= waiter.gpus:
+            # the GPU that blocks: the K-th roomiest of the K needed at once (the roomiest
+            # alone named, for a 2-GPU request, the GPU that had room)
+            by_room = sorted(known, key=lambda u: caps[u].available_mib, reverse=True)
+            blocking = by_room[waiter.gpus - 1]
+            cap = caps[blocking]
             waiter.reason = (
-                f"waiting: {explain(best, cap)}; {fmt_mib(waiter.mib)} requested" + ahead_txt
+                f"waiting: {explain(blocking, cap)}; {fmt_mib(waiter.mib)} requested" + ahead_txt
             )
             if waiter.gpus > 1:
-                waiter.reason += f"; {waiter.gpus} GPUs needed at once"
+                room = sum(1 for u in known if caps[u].available_mib >= waiter.mib)
+                waiter.reason += f"; {waiter.gpus} GPUs needed at once, {room} with room"
             waiter.reason_kind = "capacity"
             waiter.reason_data = {
-                "gpu_uuid": best,
+                "gpu_uuid": blocking,
                 "requested_mib": waiter.mib,
                 "ahead": ahead,
                 **cap.as_dict(),
             }
             return
-        states = {u: self.slots[u] for u in waiter.candidates}
+        # fewer GPUs with known capacity than the request needs: the unknown ones block
+        states = {u: self.slots[u] for u in waiter.candidates if u not in caps} or {
+            u: self.slots[u] for u in waiter.candidates
+        }
         parts = ", ".join(
             f"{short_uuid(u)} {s.telemetry.value} ({s.telemetry_reason})" for u, s in states.items()
         )

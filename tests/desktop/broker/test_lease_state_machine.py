@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rbroker.broker.capacity import Capacity
+from rbroker.broker.capacity import Capacity, unbacked_mib
 from rbroker.broker.leases import TERMINAL_STATES, Lease, LeaseState, Waiter
 from rbroker.broker.service import Broker
 from rbroker_protocol.errors import RpcError
@@ -101,6 +101,20 @@ class LeaseMachine(RuleBasedStateMachine):
                     if g == u and at >= slot.sample.started_at
                 )
                 total, used = slot.sample.total_mib, slot.sample.device_used_mib
+                # the unbacked rule (docs/architecture.md §2): what the leases' observed use
+                # discounts that device_used cannot hold of their holders' listed processes
+                # stays outstanding (two holders each listed at 6 000 MiB on an 8 192 MiB GPU)
+                on_u = [lease for lease in broker.leases.values() if u in lease.gpu_uuids]
+                holders = {lease.holder for lease in on_u}
+                discount = sum(min(x.granted_mib, x.observed_mib.get(u, 0)) for x in on_u)
+                # every listed process, and those in a lease holder's process tree (once)
+                listed = sum(proc.used_mib or 0 for proc, _ in slot.chains)
+                of_holders = sum(
+                    proc.used_mib or 0
+                    for proc, chain in slot.chains
+                    if any(h in holders for h in chain)
+                )
+                outstanding += unbacked_mib(discount, of_holders, listed, used)
                 assert cap == Capacity(total, slot.headroom_mib, used, outstanding), cap
                 if need > 0:  # need 0: a pure adoption of memory in use, it books nothing new
                     assert used + outstanding + need + slot.headroom_mib <= total, (u, cap, need)

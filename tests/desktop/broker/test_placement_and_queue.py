@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import rbroker
+from rbroker.display import short_uuid
 from tests.conftest import GPU0, GPU1, BrokerProcess, wait_until
 from tests.desktop.conftest import RawConnection, WorkerProcess
 from tests.fakes.gpu_scenarios import gpu, scenario
@@ -75,7 +76,10 @@ def test_multi_gpu_request_is_all_or_nothing(
 
         entry = wait_until(queued)
         assert isinstance(entry, dict)
-        assert "2 GPUs needed at once" in entry["reason"]
+        assert "2 GPUs needed at once, 1 with room" in entry["reason"]
+        # the reason names the GPU that blocks (GPU0, 13 552 MiB left), not the one with room
+        assert entry["reason_data"]["gpu_uuid"] == GPU0, entry
+        assert entry["reason"].startswith(f"waiting: {short_uuid(GPU0)} has 13 552 MiB"), entry
         # Nothing is held on GPU1 while GPU0 has no room: no partial grant.
         assert [x["session"] for x in c.leases()["leases"]] == ["blocker"]
         assert _available(c) == {GPU0: 13552, GPU1: 23552}
