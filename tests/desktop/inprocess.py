@@ -39,6 +39,7 @@ class ManualClock:
         self.mono = 1000.0
         self.wall_s = 1_800_000_000.0
         self.boot = 5000.0
+        self.boot_name = "since-boot 00000000-test-boot-0001"  # a reboot: set another
 
     def monotonic(self) -> float:
         return self.mono
@@ -48,6 +49,9 @@ class ManualClock:
 
     def boottime(self) -> float:
         return self.boot
+
+    def boot_id(self) -> str:
+        return self.boot_name
 
     def advance(self, seconds: float) -> None:
         """Monotonic and boot time move together (no sleep); wall time too."""

@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Protocol
 
+from rbroker.proctime import holder_clock
+
 
 class Clock(Protocol):
     """What the broker reads time from (tests may pass their own)."""
@@ -24,6 +26,11 @@ class Clock(Protocol):
 
     def boottime(self) -> float:
         """Seconds since boot including suspend (monotonic where unavailable)."""
+
+    def boot_id(self) -> str:
+        """What `boottime` readings mean: two readings compare, across processes and broker
+        restarts, only under the same non-empty id (`since-boot <the kernel's boot id>` on
+        Linux, new at every boot); `""` where no reading is known to outlive the process."""
 
 
 class SystemClock:
@@ -41,3 +48,11 @@ class SystemClock:
             if clock is not None:
                 return time.clock_gettime(clock)
         return time.monotonic()
+
+    def boot_id(self) -> str:
+        # Linux's CLOCK_BOOTTIME with the boot's id; elsewhere boottime is the process's
+        # monotonic clock as far as this knows (Windows' is since boot too, but no boot id is
+        # read there): "" keeps every count that has to outlive a restart from the start
+        if sys.platform.startswith("linux") and hasattr(time, "CLOCK_BOOTTIME"):
+            return holder_clock()
+        return ""

@@ -17,7 +17,12 @@ stalled with nothing attached and no report for `abandon_s` (`BrokerConfig.job_a
 default 24 h) was abandoned: it ends `cancelled` with the reason `abandoned: no worker,
 connection or report for 24 h` and is kept with the finished jobs (`check_abandoned`), so
 it no longer shows as stalled in everyone's view for ever nor counts against its user's
-`too_many_jobs`.
+`too_many_jobs`. The unattended time is counted on the monotonic clock, and across a broker
+restart on the boot clock: a stalled job's record keeps when it stalled (`STALL_MARK`), so a
+restart within the same boot goes on counting (it used to count again from every restart,
+so a broker restarted daily never ended one); after a reboot, or where no boot id is read
+(`Clock.boot_id`), it counts from the broker's start. A job running or queued when the broker
+stopped counts from the start too: its workers may have been there until then.
 
 Chunk reports are idempotent by `chunk_id`: the same chunk reported again with the same
 counts is acknowledged and not counted; with different counts it is refused. Counts are
@@ -26,10 +31,12 @@ cumulative and persisted with each chunk in one transaction.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from collections.abc import Container
 from dataclasses import dataclass, field
+from typing import Any
 
 from rbroker.broker.clock import Clock
 from rbroker.broker.fairness import cap
@@ -116,6 +123,11 @@ class Job:
         }
 
 
+STALL_MARK = "unattended_since"
+"""The key of a stalled job's stored record (never in its wire form) that holds when it
+stalled on the boot clock: `{"clock": Clock.boot_id(), "boot_s": Clock.boottime()}`."""
+
+
 class JobTable:
     """The broker's jobs. All methods run on the broker's event loop.
 
@@ -140,6 +152,10 @@ class JobTable:
         # stalled jobs → since when (monotonic clock) nothing has been attached to them: a
         # job's end for want of workers is an expiry, never decided on the wall clock
         self._stalled: dict[str, float] = {}
+        # the same moments on the boot clock, written with the stalled job (STALL_MARK)
+        self._stalled_boot: dict[str, float] = {}
+        boot_id, boot_now = clock.boot_id(), clock.boottime()
+        mono_now = clock.monotonic()
         self._open: dict[str, int] = {}  # jobs not finished, per OS user
         if store is not None:
             for rec, chunks in store.jobs():
@@ -161,17 +177,39 @@ class JobTable:
                     last_report_at=rec["last_report_at"],
                     finished_at=rec["finished_at"],
                 )
-                if job.state in ("queued", "running"):
+                unsaved = job.state in ("queued", "running")
+                if unsaved:
                     job.state = "stalled"  # nobody is attached after a restart until they report
-                if job.state == "stalled":  # unattended from now on, as far as this broker knows
-                    self._stalled[job.job_id] = self.clock.monotonic()
+                if job.state == "stalled":
+                    since_boot = _stalled_at(rec.get(STALL_MARK), boot_id, boot_now)
+                    if since_boot is None:  # unattended from now, as far as this broker knows
+                        since_boot, unsaved = boot_now, True
+                    self._stalled[job.job_id] = mono_now - (boot_now - since_boot)
+                    self._stalled_boot[job.job_id] = since_boot
                 self.jobs[job.job_id] = job
+                if unsaved:  # so that a second restart counts from this one
+                    with contextlib.suppress(Exception):  # not written: counted again later
+                        self._save(job)
                 if job.state not in FINISHED:
                     self._open[job.owner] = self._open.get(job.owner, 0) + 1
 
     def _save(self, job: Job) -> None:
         if self.store is not None:
-            self.store.put_job(job.job_id, job.to_record())
+            self.store.put_job(job.job_id, self._stored(job))
+
+    def _stored(self, job: Job) -> dict[str, Any]:
+        """The record the store keeps: `to_record()`, and a stalled job's `STALL_MARK`."""
+        record: dict[str, Any] = dict(job.to_record())
+        since_boot = self._stalled_boot.get(job.job_id)
+        boot_id = self.clock.boot_id()
+        if job.state == "stalled" and since_boot is not None and boot_id:
+            record[STALL_MARK] = {"clock": boot_id, "boot_s": since_boot}
+        return record
+
+    def _mark_stalled(self, job_id: str) -> None:
+        """`job_id` unattended from now (monotonic and boot clocks)."""
+        self._stalled[job_id] = self.clock.monotonic()
+        self._stalled_boot[job_id] = self.clock.boottime()
 
     def get(self, job_id: str, owner: str) -> Job:
         """The job, checked to belong to `owner`."""
@@ -347,7 +385,7 @@ class JobTable:
             job.state = "running"
         if self.store is not None:
             try:
-                self.store.add_chunk(job.job_id, chunk_id, completed, failed, job.to_record())
+                self.store.add_chunk(job.job_id, chunk_id, completed, failed, self._stored(job))
             except BaseException:  # not written: not counted (a retry counts it once)
                 del job.chunks[chunk_id]
                 job.completed_items, job.failed_items = before[0], before[1]
@@ -395,8 +433,8 @@ class JobTable:
                 continue
             if job.state in ("queued", "running") and not job.conn_ids and not job.lease_ids:
                 job.state = "stalled"
+                self._mark_stalled(job_id)
                 self._save(job)
-                self._stalled[job_id] = self.clock.monotonic()
                 changed.append(job)
         self._recheck.clear()
         return changed
@@ -416,9 +454,12 @@ class JobTable:
             job = self.jobs.get(job_id)
             if job is None or job.state != "stalled":
                 del self._stalled[job_id]  # running again, or finished by its owner
+                self._stalled_boot.pop(job_id, None)
                 continue
             if job.conn_ids or job.lease_ids:  # attached again, though not yet running
-                self._stalled[job_id] = now
+                self._mark_stalled(job_id)
+                with contextlib.suppress(Exception):  # not written: an older mark stays
+                    self._save(job)
                 continue
             if now - since < self.abandon_s:
                 continue
@@ -434,6 +475,7 @@ class JobTable:
                 job.state, job.reason, job.finished_at = before
                 continue
             del self._stalled[job_id]
+            self._stalled_boot.pop(job_id, None)
             self._open[job.owner] -= 1
             ended.append(job)
         return ended
@@ -462,3 +504,14 @@ def _duration(seconds: float) -> str:
     if seconds >= 60 and seconds % 60 == 0:
         return f"{fmt_count(int(seconds // 60))} min"
     return f"{seconds:g} s"
+
+
+def _stalled_at(mark: Any, boot_id: str, boot_now: float) -> float | None:
+    """When a stored job stalled, on this boot's clock (`STALL_MARK`): None when the mark is
+    missing or malformed, from another boot or a clock without an id, or in the future."""
+    if not boot_id or not isinstance(mark, dict) or mark.get("clock") != boot_id:
+        return None
+    at = mark.get("boot_s")
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not 0 <= at <= boot_now:
+        return None
+    return float(at)

@@ -8,7 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from rbroker.broker.config import BrokerConfig
+from rbroker.broker.jobs import _stalled_at
 from tests.conftest import SINGLE_24G
 from tests.desktop.inprocess import InProcessBroker
 
@@ -75,17 +78,23 @@ def test_a_report_or_an_attached_connection_keeps_a_job_from_being_abandoned(
     assert _job(h, attached)["state"] == "queued"
 
 
-def test_an_abandoned_end_survives_a_restart_and_a_restart_restarts_the_count(
+def test_a_restart_goes_on_counting_and_an_abandoned_end_survives_it(
     make_inprocess: Callable[..., InProcessBroker],
 ) -> None:
+    """Within one boot the unattended time goes on across restarts (the stalled job's record
+    keeps when it stalled on the boot clock): a broker restarted more often than
+    `job_abandon_s` used to count again from each restart and never end the job."""
     h = make_inprocess(SINGLE_24G, job_abandon_s=3600.0)
     left = _declare(h, conn_id=None)
-    _turn(h, 1.0)
-    _turn(h, 1800.0)
-    h.restart()  # the stall is counted again from the restart: the broker was not watching
+    _turn(h, 1.0)  # stalled from here
     assert _job(h, left)["state"] == "stalled"
-    _turn(h, 3599.0)
+    _turn(h, 1200.0)
+    h.restart()
+    _turn(h, 1200.0)
+    h.restart()
     assert _job(h, left)["state"] == "stalled"
+    _turn(h, 1199.0)
+    assert _job(h, left)["state"] == "stalled"  # 3 599 s unattended
     _turn(h, 1.0)
     assert _job(h, left)["reason"] == "abandoned: no worker, connection or report for 1 h"
     h.restart()
@@ -93,6 +102,49 @@ def test_an_abandoned_end_survives_a_restart_and_a_restart_restarts_the_count(
         "cancelled",
         "abandoned: no worker, connection or report for 1 h",
     )
+
+
+def test_after_a_reboot_or_a_crash_while_running_the_count_starts_at_the_broker_start(
+    make_inprocess: Callable[..., InProcessBroker],
+) -> None:
+    """Boot-clock readings of another boot do not compare: after a reboot the unattended
+    time counts from the broker's start. A job that was running when the broker stopped
+    counts from the start too (its workers may have been there until then), and a second
+    restart goes on from the first."""
+    h = make_inprocess(SINGLE_24G, job_abandon_s=3600.0)
+    stalled = _declare(h, conn_id=None)
+    running = _declare(h, conn_id=9)  # attached until the broker stops
+    _turn(h, 1.0)
+    _turn(h, 3000.0)
+    assert (_job(h, stalled)["state"], _job(h, running)["state"]) == ("stalled", "queued")
+    h.clock.boot_name, h.clock.boot = "since-boot 00000000-test-boot-0002", 30.0  # a reboot
+    h.restart()
+    _turn(h, 1800.0)
+    h.restart()  # the same boot: both go on from the first restart
+    _turn(h, 1799.0)
+    assert {_job(h, j)["state"] for j in (stalled, running)} == {"stalled"}
+    _turn(h, 1.0)
+    assert {_job(h, j)["state"] for j in (stalled, running)} == {"cancelled"}
+
+
+@pytest.mark.parametrize(
+    ("mark", "found"),
+    [
+        ({"clock": "since-boot b1", "boot_s": 40.0}, 40.0),
+        ({"clock": "since-boot b1", "boot_s": 0}, 0.0),
+        ({"clock": "since-boot b2", "boot_s": 40.0}, None),  # another boot
+        ({"clock": "since-boot b1", "boot_s": 500.0}, None),  # ahead of now
+        ({"clock": "since-boot b1", "boot_s": -1.0}, None),
+        ({"clock": "since-boot b1", "boot_s": True}, None),
+        ({"clock": "since-boot b1", "boot_s": "40"}, None),
+        ({"clock": "since-boot b1"}, None),
+        ("40", None),
+        (None, None),
+    ],
+)
+def test_a_stored_stall_mark_counts_only_from_this_boot(mark: Any, found: float | None) -> None:
+    assert _stalled_at(mark, "since-boot b1", 100.0) == found
+    assert _stalled_at(mark, "", 100.0) is None  # a clock without a boot id: never
 
 
 def test_a_wall_clock_step_abandons_nothing(h: InProcessBroker) -> None:
