@@ -164,12 +164,16 @@ def main(argv: list[str] | None = None) -> int:
             verdict(worst <= TARGET_RATIO) if is_target else "—",
         )
     for level in levels:
-        base = [c / b for c, b in zip(cpu[level], cpu[1], strict=True)]
+        # the process's CPU times tick at the kernel's clock (10 ms on Linux): a quick run's
+        # 100 cycles at one lease can read 0, which has no ratio
+        measured = all(b > 0 for b in cpu[1])
+        base = [c / b for c, b in zip(cpu[level], cpu[1], strict=True)] if measured else []
+        ratio = spread(base, fmt_x) if measured else "— (under the CPU clock's tick)"
         report.add(
             f"{level:,} live leases: broker CPU per cycle",
             spread(cpu[level], fmt_us),
             "1 live lease" if level != 1 else "—",
-            spread(base, fmt_x) if level != 1 else "—",
+            ratio if level != 1 else "—",
         )
     if fill_s:
         most = max(levels) - 1
