@@ -23,7 +23,7 @@ RBrokerError                      base: .code (stable name), .message, .data (nu
 │   │                             too_many_connections (per-user connection cap),
 │   │                             not_a_member (a project kept to its members)
 │   └── LimitReached              too_many_waiting, too_many_leases, too_many_jobs,
-│                                 unsent_over_limit (a per-user cap of the broker),
+│                                 too_many_chunks, unsent_over_limit (a per-user cap),
 │                                 too_many_in_flight (a connection's requests at once)
 └── Cancelled                     cancelled
 
@@ -127,7 +127,8 @@ class NotAllowed(RBrokerError):
 
 class LimitReached(NotAllowed):
     """The caller's OS user is at one of the broker's per-user caps (`code`:
-    `too_many_waiting`, `too_many_leases`, `too_many_jobs`; `data`: `limit`, `count`), or
+    `too_many_waiting`, `too_many_leases`, `too_many_jobs`, `too_many_chunks`; `data`:
+    `limit`, `count`), or
     one connection already has the most requests in flight it may (`too_many_in_flight`;
     `data`: `limit`)."""
 
@@ -189,6 +190,7 @@ _BY_CODE: dict[ErrorCode, type[RBrokerError]] = {
     ErrorCode.TOO_MANY_WAITING: LimitReached,
     ErrorCode.TOO_MANY_LEASES: LimitReached,
     ErrorCode.TOO_MANY_JOBS: LimitReached,
+    ErrorCode.TOO_MANY_CHUNKS: LimitReached,
     ErrorCode.UNSENT_OVER_LIMIT: LimitReached,
     ErrorCode.REQUEST_NOT_FOUND: RequestNotFound,
     ErrorCode.NOT_A_MEMBER: NotAllowed,

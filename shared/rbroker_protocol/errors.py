@@ -51,6 +51,7 @@ class ErrorCode(StrEnum):
     REQUEST_NOT_FOUND = "request_not_found"
     NOT_A_MEMBER = "not_a_member"
     TOO_MANY_IN_FLIGHT = "too_many_in_flight"
+    TOO_MANY_CHUNKS = "too_many_chunks"
 
 
 ERROR_CODES: dict[ErrorCode, int] = {
@@ -85,6 +86,7 @@ ERROR_CODES: dict[ErrorCode, int] = {
     ErrorCode.REQUEST_NOT_FOUND: -32024,
     ErrorCode.NOT_A_MEMBER: -32086,
     ErrorCode.TOO_MANY_IN_FLIGHT: -32087,
+    ErrorCode.TOO_MANY_CHUNKS: -32088,
 }
 """JSON-RPC numeric code for each name. Standard codes from the JSON-RPC 2.0 spec."""
 

@@ -263,9 +263,13 @@ class JobReportResult(TypedDict):
 
 
 class JobsListResult(TypedDict):
-    """`jobs.list`, newest last."""
+    """`jobs.list`, newest last; finished jobs are kept per OS user, the newest
+    `finished_kept_per_user`, and `finished_dropped` older ones were dropped since the
+    broker started."""
 
     jobs: list[JobView]
+    finished_kept_per_user: NotRequired[int]
+    finished_dropped: NotRequired[int]
 
 
 class PauseResult(TypedDict):

@@ -39,7 +39,10 @@ class BrokerConfig:
     longest `wait_s` a request may ask (a longer one is refused, `wait_too_long`; default
     24 h); per OS user at most `max_waiting_per_user` waiting requests
     (`too_many_waiting`), `max_leases_per_user` live leases (`too_many_leases`) and
-    `max_open_jobs_per_user` jobs not yet finished (`too_many_jobs`); answers unsent to one
+    `max_open_jobs_per_user` jobs not yet finished (`too_many_jobs`), the newest
+    `max_finished_jobs_per_user` finished jobs kept (older ones dropped, oldest first), and
+    `max_chunks_per_user` chunk ids kept for its jobs' idempotent reports (past it the oldest
+    finished jobs are dropped, then `too_many_chunks`); answers unsent to one
     connection past `max_unsent_bytes` hold its reading back (and drop it after 10 s),
     and a user whose connections together leave more than `max_unsent_bytes_per_user`
     unsent loses the connection with the most (`unsent_over_limit`). A job stalled with no
@@ -85,6 +88,8 @@ class BrokerConfig:
     max_waiting_per_user: int = 1024
     max_leases_per_user: int = 1024
     max_open_jobs_per_user: int = 1024
+    max_finished_jobs_per_user: int = 100
+    max_chunks_per_user: int = 1_000_000
     job_abandon_s: float = 24 * 3600.0
     max_unsent_bytes: int = 4 * 1024 * 1024
     max_unsent_bytes_per_user: int = 32 * 1024 * 1024
@@ -113,6 +118,8 @@ class BrokerConfig:
             "max_waiting_per_user",
             "max_leases_per_user",
             "max_open_jobs_per_user",
+            "max_finished_jobs_per_user",
+            "max_chunks_per_user",
             "max_unsent_bytes",
             "max_unsent_bytes_per_user",
         ):

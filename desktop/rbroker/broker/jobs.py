@@ -141,9 +141,17 @@ class JobTable:
         store: LeaseStore | None,
         max_open_per_user: int = 1024,
         abandon_s: float = 24 * 3600.0,
+        max_finished_per_user: int = 100,
+        max_chunks_per_user: int = 1_000_000,
     ) -> None:
         self.clock = clock
         self.max_open_per_user = max_open_per_user
+        self.max_finished_per_user = max_finished_per_user
+        self.max_chunks_per_user = max_chunks_per_user
+        # per OS user: finished jobs kept, oldest first, and chunk ids kept over all its jobs
+        self._finished: dict[str, dict[str, None]] = {}
+        self._chunks: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}  # finished jobs dropped per user since the start
         self.abandon_s = abandon_s
         self.store = store
         self.jobs: dict[str, Job] = {}
@@ -187,11 +195,52 @@ class JobTable:
                     self._stalled[job.job_id] = mono_now - (boot_now - since_boot)
                     self._stalled_boot[job.job_id] = since_boot
                 self.jobs[job.job_id] = job
+                self._chunks[job.owner] = self._chunks.get(job.owner, 0) + len(job.chunks)
                 if unsaved:  # so that a second restart counts from this one
                     with contextlib.suppress(Exception):  # not written: counted again later
                         self._save(job)
                 if job.state not in FINISHED:
                     self._open[job.owner] = self._open.get(job.owner, 0) + 1
+            finished = sorted(
+                (j for j in self.jobs.values() if j.state in FINISHED),
+                key=lambda j: j.finished_at or 0.0,  # the order they finished in, for display
+            )
+            for job in finished:
+                self._finished.setdefault(job.owner, {})[job.job_id] = None
+            for owner in list(self._finished):
+                with contextlib.suppress(Exception):  # not written: dropped at its next end
+                    self._drop_finished(owner, self.max_finished_per_user)
+
+    def _ended(self, job: Job) -> None:
+        """`job` has just finished (written): it is kept among its user's finished jobs, and
+        the oldest beyond `max_finished_per_user` are dropped (a store that fails keeps
+        them until the next end)."""
+        self._open[job.owner] -= 1
+        self._finished.setdefault(job.owner, {})[job.job_id] = None
+        with contextlib.suppress(Exception):
+            self._drop_finished(job.owner, self.max_finished_per_user)
+
+    def _drop_finished(self, owner: str, keep: int, chunks_over: int = 0) -> None:
+        """Drop `owner`'s oldest finished jobs until `keep` are left, or, with
+        `chunks_over`, until that many chunk ids are freed (whichever drops more); from the
+        store first (an error raised there drops nothing)."""
+        finished = self._finished.get(owner, {})
+        drop: list[str] = []
+        freed = 0
+        for job_id in finished:
+            if len(finished) - len(drop) <= keep and freed >= chunks_over:
+                break
+            drop.append(job_id)
+            freed += len(self.jobs[job_id].chunks)
+        if not drop:
+            return
+        if self.store is not None:
+            self.store.delete_jobs(drop)
+        for job_id in drop:
+            del finished[job_id]
+            job = self.jobs.pop(job_id)
+            self._chunks[owner] = self._chunks.get(owner, 0) - len(job.chunks)
+        self.dropped[owner] = self.dropped.get(owner, 0) + len(drop)
 
     def _save(self, job: Job) -> None:
         if self.store is not None:
@@ -317,7 +366,7 @@ class JobTable:
             job.workers, job.state, job.reason, job.finished_at = before
             raise
         if job.state in FINISHED:
-            self._open[owner] -= 1
+            self._ended(job)
         if conn_id is not None:
             job.conn_ids.add(conn_id)  # e.g. the declarer came back (SDK reconnect)
         self._recheck.add(job.job_id)
@@ -373,6 +422,7 @@ class JobTable:
                     total_items=job.total_items,
                     would_be=after,
                 )
+        self._room_for_a_chunk(owner)
         now = self.clock.wall()
         before = (job.completed_items, job.failed_items, job.first_report_at, job.last_report_at)
         state_before = job.state
@@ -392,10 +442,33 @@ class JobTable:
                 job.first_report_at, job.last_report_at = before[2], before[3]
                 job.state = state_before
                 raise
+        self._chunks[owner] = self._chunks.get(owner, 0) + 1
         if conn_id is not None:
             job.conn_ids.add(conn_id)
         self._recheck.add(job.job_id)
         return job, False
+
+    def _room_for_a_chunk(self, owner: str) -> None:
+        """Make room for one more of `owner`'s chunk ids: its oldest finished jobs are
+        dropped while it holds `max_chunks_per_user`.
+
+        Raises:
+            RpcError: `too_many_chunks` (with `limit` and `count`) when its open jobs alone
+                hold that many, or the store could not drop the finished ones.
+        """
+        count = self._chunks.get(owner, 0)
+        if count < self.max_chunks_per_user:
+            return
+        with contextlib.suppress(Exception):  # not dropped: refused below
+            self._drop_finished(owner, 0, count - self.max_chunks_per_user + 1)
+        cap(
+            ErrorCode.TOO_MANY_CHUNKS,
+            owner,
+            self._chunks.get(owner, 0),
+            self.max_chunks_per_user,
+            "chunk ids kept for its jobs' reports",
+            "report larger chunks, or finish jobs (their chunk ids go with them)",
+        )
 
     def link_lease(self, job_id: str, owner: str, lease_id: str) -> None:
         """A worker's lease belongs to the job; the job is running while it has one."""
@@ -476,7 +549,7 @@ class JobTable:
                 continue
             del self._stalled[job_id]
             self._stalled_boot.pop(job_id, None)
-            self._open[job.owner] -= 1
+            self._ended(job)
             ended.append(job)
         return ended
 

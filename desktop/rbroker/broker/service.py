@@ -62,6 +62,7 @@ from rbroker_protocol.localapi import AcquireParams
 from rbroker_protocol.results import (
     BrokerStatus,
     GpuView,
+    JobsListResult,
     JobView,
     LeasesListResult,
     ListedLease,
@@ -144,7 +145,14 @@ class Broker:
         self._placed_at = -math.inf
         self._placed_for: tuple[int, ...] = ()
         self.end_count = 0
-        self.jobs = JobTable(self.clock, store, config.max_open_jobs_per_user, config.job_abandon_s)
+        self.jobs = JobTable(
+            self.clock,
+            store,
+            config.max_open_jobs_per_user,
+            config.job_abandon_s,
+            max_finished_per_user=config.max_finished_jobs_per_user,
+            max_chunks_per_user=config.max_chunks_per_user,
+        )
         self.resizes = Resizes(
             self.lessor, self.waiting, self.admission, self.clock, self.emit, lambda: self._admit()
         )
@@ -796,6 +804,15 @@ class Broker:
     def jobs_view(self, include_finished: bool) -> list[JobView]:
         """The jobs (finished ones too when asked), as `jobs.list` answers."""
         return self.jobs.view(include_finished, self.leases)
+
+    def jobs_list(self, include_finished: bool) -> JobsListResult:
+        """`jobs.list`: the jobs, and how many finished ones are kept per user and were
+        dropped since the start (`BrokerConfig.max_finished_jobs_per_user`)."""
+        return {
+            "jobs": self.jobs_view(include_finished),
+            "finished_kept_per_user": self.jobs.max_finished_per_user,
+            "finished_dropped": sum(self.jobs.dropped.values()),
+        }
 
     # -- views (docs/architecture.md §5) -------------------------------------------------------
     def now_wall(self) -> float:

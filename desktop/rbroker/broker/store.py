@@ -477,6 +477,19 @@ class LeaseStore:
                 raise
             self._db.execute("COMMIT")
 
+    def delete_jobs(self, job_ids: list[str]) -> None:
+        """Forget finished jobs and their chunks, in one transaction (committed on return)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for job_id in job_ids:
+                    self._db.execute("DELETE FROM job_chunks WHERE job_id = ?", (job_id,))
+                    self._db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
     def jobs(self) -> list[tuple[dict[str, Any], dict[str, tuple[int, int]]]]:
         """Every job's record with its chunks `{chunk_id: (completed, failed)}`."""
         with self._lock:

@@ -15,7 +15,7 @@ from rich.text import Text
 
 import rbroker
 from rbroker.cli.exits import unusable_exit
-from rbroker.cli.views import jobs_table, print_view
+from rbroker.cli.views import finished_note, jobs_table, print_view
 
 RECONNECT_S = 1.0
 """Pause between attempts to reach the broker again while `--watch` has lost it."""
@@ -33,6 +33,8 @@ class _Watch:
         self.lost: str | None = None
         """Why the broker is not answering now (None while it answers)."""
         self.lost_exit = 0
+        self.note: str | None = None
+        """What the list leaves out (`finished_note`), under the table."""
         """The exit code for what `lost` says (`rbroker.cli.exits.unusable_exit`)."""
 
     def fetch(self) -> list[dict[str, Any]] | None:
@@ -50,6 +52,7 @@ class _Watch:
             self.close()
             return None
         self.lost = None
+        self.note = finished_note(answer)
         return list(answer["jobs"])
 
     def close(self) -> None:
@@ -85,7 +88,7 @@ def run_jobs(args: argparse.Namespace) -> int:
             print(json.dumps(jobs, indent=2))
             return 0
         if not args.watch:
-            print_view(console, jobs_table(jobs))
+            print_view(console, jobs_table(jobs, watch.note))
             return 0
         # "until Ctrl-C" also where the shell started it with SIGINT ignored (a background
         # job of a script), as `rbroker demo` does
@@ -111,7 +114,7 @@ def _watch_plain(console: Console, watch: _Watch, jobs: list[dict[str, Any]] | N
             if said_lost:
                 print("rbroker jobs: the broker answers again", file=sys.stderr, flush=True)
                 said_lost = False
-            print_view(console, jobs_table(jobs))
+            print_view(console, jobs_table(jobs, watch.note))
             time.sleep(2.0)
         else:
             if not said_lost and watch.lost is not None:
@@ -124,13 +127,13 @@ def _watch_plain(console: Console, watch: _Watch, jobs: list[dict[str, Any]] | N
 def _watch_live(console: Console, watch: _Watch, jobs: list[dict[str, Any]]) -> None:
     """A terminal: the table redrawn every 0.5 s; while the broker is lost, the last table
     stays with a line under it saying so."""
-    last = jobs_table(jobs)
+    last = jobs_table(jobs, watch.note)
     with Live(last, console=console, refresh_per_second=4) as live:
         while True:
             time.sleep(0.5 if watch.lost is None else RECONNECT_S)
             fetched = watch.fetch()
             if fetched is not None:
-                last = jobs_table(fetched)
+                last = jobs_table(fetched, watch.note)
                 live.update(last)
             elif watch.lost is not None:
                 live.update(Group(last, Text(_lost_line(watch.lost), style="bold yellow")))

@@ -357,11 +357,22 @@ def _progress_plain(job: dict[str, Any]) -> str:
     return f"{100 * (job['completed_items'] + job['failed_items']) / total:.1f} %"
 
 
-def jobs_table(jobs: list[dict[str, Any]]) -> Sheet:
+def finished_note(answer: dict[str, Any]) -> str | None:
+    """The line under the jobs that says finished jobs were dropped (`jobs.list`'s
+    `finished_dropped` and `finished_kept_per_user`), or None when none were."""
+    dropped = answer.get("finished_dropped") or 0
+    if not dropped:
+        return None
+    kept = answer.get("finished_kept_per_user")
+    each = f"the newest {fmt_count(kept)} of each user are kept" if kept else "not all are kept"
+    return f"finished jobs: {each}; {fmt_count(dropped)} older ones dropped"
+
+
+def jobs_table(jobs: list[dict[str, Any]], note: str | None = None) -> Sheet:
     """Jobs: id, owner (the OS user who declared it), purpose, state, progress (a bar with
     the percentage that takes the room left; "no total" for jobs that count without one),
     done and failed items, items/s, ETA; project, workers (leases held/allocated) and
-    handler join when the width allows."""
+    handler join when the width allows; `note` (what the list leaves out) under them."""
     sheet = Sheet(
         f"Jobs ({fmt_count(len(jobs))})",
         [
@@ -402,6 +413,8 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Sheet:
             f"{len(j.get('lease_ids', []))}/{j['workers']}",
             j["handler"],
         )
+    if note:
+        sheet.notes.append(Text(note, style="dim"))
     return sheet
 
 

@@ -55,3 +55,34 @@ def test_a_terminal_table_lines_up_and_fits_with_wide_names(width: int) -> None:
         if line.startswith(NAMES[n])
     }
     assert len(ends) == 1, out.getvalue()
+
+
+def test_the_jobs_table_says_when_finished_jobs_were_dropped() -> None:
+    """`jobs.list`'s `finished_dropped` is a line under `rbroker jobs`' table (plain and in a
+    terminal); none when nothing was dropped or the broker does not say."""
+    from rbroker.cli.views import finished_note, jobs_table
+
+    assert finished_note({"jobs": []}) is None
+    assert finished_note({"jobs": [], "finished_kept_per_user": 100, "finished_dropped": 0}) is None
+    note = finished_note({"jobs": [], "finished_kept_per_user": 100, "finished_dropped": 2500})
+    assert note == "finished jobs: the newest 100 of each user are kept; 2 500 older ones dropped"
+    job = {
+        "job_id": "job-000000000001",
+        "owner": "alice",
+        "project": "p",
+        "purpose": "embed",
+        "handler": "h",
+        "state": "running",
+        "reason": "",
+        "total_items": 10,
+        "completed_items": 1,
+        "failed_items": 0,
+        "workers": 1,
+        "lease_ids": [],
+        "items_per_s": None,
+        "eta_s": None,
+    }
+    assert jobs_table([job], note).plain().splitlines()[-1] == note
+    out = io.StringIO()
+    Console(file=out, width=100, color_system=None).print(jobs_table([job], note))
+    assert out.getvalue().splitlines()[-1] == note

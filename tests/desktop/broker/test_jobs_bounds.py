@@ -1,0 +1,92 @@
+"""What one user's jobs may keep on a broker others share (docs/architecture.md §4, §5):
+the newest `max_finished_jobs_per_user` finished jobs (older ones dropped, oldest first, and
+said in `jobs.list`), and `max_chunks_per_user` chunk ids for idempotent reports (past it the
+user's oldest finished jobs go first, then `too_many_chunks`). One user declaring and
+cancelling a hundred thousand jobs used to grow `jobs.list` past what any asker may be sent.
+On the in-process harness with the manual clock, with small bounds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from rbroker.broker.config import BrokerConfig
+from rbroker_protocol.errors import RpcError
+from tests.conftest import SINGLE_24G
+from tests.desktop.inprocess import InProcessBroker
+
+Make = Callable[..., InProcessBroker]
+
+
+def _declare(h: InProcessBroker, owner: str, total: int | None = None) -> str:
+    job = h.broker.declare_job(owner, "p", f"{owner}'s job", "tests.embed", total, 1, None)
+    return str(job["job_id"])
+
+
+def _cancel(h: InProcessBroker, owner: str, job_id: str) -> None:
+    h.broker.update_job(job_id, owner, "cancelled", "done with it", None, None)
+
+
+def _ids(h: InProcessBroker, owner: str) -> list[str]:
+    return [j["job_id"] for j in h.broker.jobs_view(True) if j["owner"] == owner]
+
+
+def test_the_defaults_are_stated() -> None:
+    config = BrokerConfig("s", "d")  # type: ignore[arg-type]
+    assert (config.max_finished_jobs_per_user, config.max_chunks_per_user) == (100, 1_000_000)
+
+
+def test_the_newest_finished_jobs_of_each_user_are_kept_across_a_restart(make: Make) -> None:
+    h = make(SINGLE_24G, max_finished_jobs_per_user=3)
+    alice = [_declare(h, "alice") for _ in range(5)]
+    bob = [_declare(h, "bob") for _ in range(2)]
+    for job_id in alice:
+        _cancel(h, "alice", job_id)
+    for job_id in bob:
+        _cancel(h, "bob", job_id)
+    assert _ids(h, "alice") == alice[2:]  # the oldest two dropped
+    assert _ids(h, "bob") == bob  # another user's churn drops none of bob's
+    listed = h.broker.jobs_list(True)
+    assert (listed["finished_kept_per_user"], listed["finished_dropped"]) == (3, 2)
+    open_job = _declare(h, "alice")  # open jobs are not finished ones: never dropped
+    h.restart()
+    assert _ids(h, "alice") == [*alice[2:], open_job]
+    assert _ids(h, "bob") == bob
+    _cancel(h, "alice", open_job)
+    assert _ids(h, "alice") == [*alice[3:], open_job]
+
+
+def test_chunk_ids_past_the_bound_drop_finished_jobs_first_then_are_refused(make: Make) -> None:
+    h = make(SINGLE_24G, max_chunks_per_user=5)
+    old = _declare(h, "alice")
+    for n in range(3):
+        h.broker.report_job(old, "alice", f"old-{n}", 1, 0, None)
+    _cancel(h, "alice", old)
+    live = _declare(h, "alice")
+    for n in range(2):
+        h.broker.report_job(live, "alice", f"c-{n}", 1, 0, None)  # 5 kept now
+    h.broker.report_job(live, "alice", "c-2", 1, 0, None)  # the finished job makes room
+    assert _ids(h, "alice") == [live]
+    h.broker.report_job(live, "alice", "c-3", 1, 0, None)
+    h.broker.report_job(live, "alice", "c-4", 1, 0, None)
+    with pytest.raises(RpcError) as refused:
+        h.broker.report_job(live, "alice", "c-5", 1, 0, None)
+    assert refused.value.name == "too_many_chunks"
+    assert refused.value.data == {"limit": 5, "count": 5}
+    assert "alice" in refused.value.message and "\n" not in refused.value.message
+    # a chunk reported again is acknowledged, not counted, at the bound too
+    job, duplicate = h.broker.report_job(live, "alice", "c-4", 1, 0, None)
+    assert duplicate and job["completed_items"] == 5
+    # another user is not held back by alice's chunks
+    other = _declare(h, "bob")
+    h.broker.report_job(other, "bob", "c-0", 1, 0, None)
+    h.restart()  # the count is the store's: still at the bound
+    with pytest.raises(RpcError) as again:
+        h.broker.report_job(live, "alice", "c-5", 1, 0, None)
+    assert again.value.name == "too_many_chunks"
+
+
+@pytest.fixture
+def make(make_inprocess: Make) -> Make:
+    return make_inprocess
