@@ -163,6 +163,8 @@ def run_broker(args: argparse.Namespace) -> int:
             max_waiting_per_user=args.max_waiting_per_user,
             max_leases_per_user=args.max_leases_per_user,
             max_open_jobs_per_user=args.max_jobs_per_user,
+            max_finished_jobs_per_user=args.max_finished_jobs_per_user,
+            max_chunks_per_user=args.max_chunks_per_user,
             shares=settings.shares,
             members=settings.members,
         )

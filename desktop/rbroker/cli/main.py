@@ -156,6 +156,22 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"per OS user, at most N (default 1024; past it: {code})",
         )
     b.add_argument(
+        "--max-finished-jobs-per-user",
+        type=int,
+        default=100,
+        metavar="N",
+        help="per OS user, the newest N finished jobs are kept (default 100; older ones are "
+        "dropped)",
+    )
+    b.add_argument(
+        "--max-chunks-per-user",
+        type=int,
+        default=1_000_000,
+        metavar="N",
+        help="per OS user, at most N chunk ids kept for its jobs' reports (default 1000000; "
+        "past it the oldest finished jobs are dropped, then: too_many_chunks)",
+    )
+    b.add_argument(
         "--config",
         type=Path,
         metavar="FILE",

@@ -26,7 +26,36 @@ def test_a_job_cap_set_by_flag_is_kept(broker_factory: Callable[..., BrokerProce
     assert "(2 at most)" in refused.value.message
 
 
-@pytest.mark.parametrize("flag", ["--max-waiting-per-user", "--max-leases-per-user"])
+def test_the_job_history_bounds_set_by_flag_are_kept(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker = broker_factory(
+        extra_args=["--max-finished-jobs-per-user", "1", "--max-chunks-per-user", "2"]
+    )
+    with broker.client() as c:
+        for n in range(2):
+            job = c.call("job.declare", project="p", purpose=f"job {n}", handler="h")["job"]
+            c.call("job.update", job_id=job["job_id"], state="cancelled", reason="done")
+        listed = c.call("jobs.list", include_finished=True)
+        assert [j["purpose"] for j in listed["jobs"]] == ["job 1"]
+        assert (listed["finished_kept_per_user"], listed["finished_dropped"]) == (1, 1)
+        job_id = c.call("job.declare", project="p", purpose="chunks", handler="h")["job"]["job_id"]
+        for n in range(2):
+            c.call("job.report", job_id=job_id, chunk_id=f"c{n}", completed=1, failed=0)
+        with pytest.raises(rbroker.RBrokerError) as refused:
+            c.call("job.report", job_id=job_id, chunk_id="c2", completed=1, failed=0)
+    assert refused.value.code == "too_many_chunks"
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--max-waiting-per-user",
+        "--max-leases-per-user",
+        "--max-finished-jobs-per-user",
+        "--max-chunks-per-user",
+    ],
+)
 def test_a_cap_below_one_is_refused_in_one_line(flag: str) -> None:
     root = short_tmp()
     done = subprocess.run(
