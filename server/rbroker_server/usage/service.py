@@ -8,8 +8,8 @@ Revoked computers' usage still counts (it happened); other groups' computers nev
 from __future__ import annotations
 
 import csv
-import re
 import io
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, timedelta
