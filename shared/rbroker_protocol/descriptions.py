@@ -18,6 +18,16 @@ rule                   refused when
                        point (Unicode categories Cc, Cf, Cs, Co, Cn) or a line or paragraph
                        separator (Zl, Zp): newlines, tabs, ESC, U+202E right-to-left
                        override, zero-width space and joiners, the byte order mark
+`shows_nothing`        nothing visible: only spaces, fillers that render as blanks
+                       (`FILLERS`: U+3164 Hangul filler, U+2800 braille blank, …) and
+                       combining marks
+`combining_marks`      more than `MAX_COMBINING_RUN` combining marks (Mn, Me) in a row:
+                       text that smears over its neighbours
+`mixed_scripts`        for a name (`NAME_FIELDS`: project, computer name), letters of
+                       scripts that are not used together, such as Latin with Cyrillic or
+                       Greek (`vіsion` with a Cyrillic `і` passes for `vision`); Latin with
+                       one other script, and Han with Hiragana and Katakana, Hangul or
+                       Bopomofo, are fine (Unicode TR39's moderately restrictive level)
 =====================  ==================================================================
 
 Secrets are looked for first, in the first `SCAN_LIMIT` characters, so that the most
@@ -50,6 +60,10 @@ account (read from the connection, never declared) and directory-backed accounts
 
 A rejection names the field, the rule and roughly where the problem starts: never the
 value or any part of it, so the error can be logged, stored and sent back safely.
+
+Names are compared by `name_key` (NFKC and case folding): `Vision`, `VISION` and the
+full-width `ｖｉｓｉｏｎ` are one project wherever the broker looks a project up
+(`[members]`, `[shares]`).
 """
 
 from __future__ import annotations
@@ -68,6 +82,7 @@ __all__ = [
     "DescriptionRejected",
     "check_description",
     "find_secret",
+    "name_key",
 ]
 
 MAX_LENGTHS: Final[dict[str, int]] = {
@@ -97,6 +112,29 @@ _NOT_SECRETS_IN: Final[dict[str, frozenset[str]]] = {
 and directory-backed accounts are named like addresses (`alice@corp.example.com`)."""
 
 _BAD_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+FILLERS: Final = frozenset("\u115f\u1160\u3164\uffa0\u2800\u17b4\u17b5")
+"""Letters and symbols that render as nothing or a blank (Hangul fillers, the braille blank,
+Khmer's inherent vowels): a name of these and spaces alone looks empty."""
+
+MAX_COMBINING_RUN: Final = 4
+"""Most combining marks (Unicode categories Mn, Me) allowed in a row: enough for stacked
+diacritics in Vietnamese, Hebrew or Tibetan, not for text that smears over its line."""
+
+NAME_FIELDS: Final = frozenset({"project", "computer_name"})
+"""Fields that name something others are shown as the same thing: checked for
+`mixed_scripts` too."""
+
+_SCRIPT_SETS: Final = (
+    frozenset({"LATIN", "CJK", "HIRAGANA", "KATAKANA"}),
+    frozenset({"LATIN", "CJK", "HANGUL"}),
+    frozenset({"LATIN", "CJK", "BOPOMOFO"}),
+)
+"""Scripts written together (TR39 §5.2, moderately restrictive: Japanese, Korean, Chinese
+with Bopomofo, each with Latin)."""
+
+_NOT_WITH_LATIN: Final = frozenset({"CYRILLIC", "GREEK", "CHEROKEE"})
+"""Scripts whose letters pass for Latin ones: never mixed with Latin in a name."""
 
 _SECRET_LABELS: Final[dict[str, str]] = {
     "private_key_block": "a private key block",
@@ -141,7 +179,8 @@ class DescriptionRejected(ValueError):
     Attributes:
         field: which field (`project`, `purpose`, ...).
         rule: the rule's stable name (`not_text`, `empty`, `too_long`,
-            `control_characters`, `secret:<kind>`).
+            `control_characters`, `shows_nothing`, `combining_marks`, `mixed_scripts`,
+            `secret:<kind>`).
         detail: a human explanation, free of the value.
     """
 
@@ -259,4 +298,68 @@ def _check_text(field: str, value: str) -> str:
             f"control or invisible character U+{ord(ch):04X} ({unicodedata.category(ch)}) "
             f"at character {position + 1}; only printable text is allowed",
         )
+    if not text.isascii():
+        _check_shape(field, text)
     return text
+
+
+def _check_shape(field: str, text: str) -> None:
+    """The rules for what non-ASCII text looks like: `shows_nothing`, `combining_marks`, and
+    `mixed_scripts` for `NAME_FIELDS`."""
+    run = longest = 0
+    visible = False
+    for ch in text:
+        category = unicodedata.category(ch)
+        if category in ("Mn", "Me"):
+            run += 1
+            longest = max(longest, run)
+            continue
+        run = 0
+        if category != "Zs" and ch not in FILLERS:
+            visible = True
+    if not visible:
+        raise DescriptionRejected(
+            field, "shows_nothing", "only spaces, blank fillers or combining marks"
+        )
+    if longest > MAX_COMBINING_RUN:
+        raise DescriptionRejected(
+            field,
+            "combining_marks",
+            f"{longest} combining marks in a row, at most {MAX_COMBINING_RUN} allowed",
+        )
+    if field in NAME_FIELDS:
+        scripts = _scripts(text)
+        if not _scripts_go_together(scripts):
+            raise DescriptionRejected(
+                field,
+                "mixed_scripts",
+                f"letters of {' and '.join(sorted(s.title() for s in scripts))} script "
+                "together can pass for another name; write it in one script",
+            )
+
+
+def _scripts(text: str) -> set[str]:
+    """The scripts of the letters of `text` in NFKC form (full-width Latin is Latin), by the
+    first word of each letter's Unicode name (`CYRILLIC SMALL LETTER I` → CYRILLIC);
+    modifier letters (Lm) and non-letters are of no script."""
+    found = set()
+    for ch in unicodedata.normalize("NFKC", text):
+        if unicodedata.category(ch) in ("Lu", "Ll", "Lt", "Lo"):
+            found.add(unicodedata.name(ch, "UNKNOWN").split(" ", 1)[0])
+    return found
+
+
+def _scripts_go_together(scripts: set[str]) -> bool:
+    """Whether a name may be written in `scripts` together (`_SCRIPT_SETS`, or Latin with one
+    other script that does not pass for Latin)."""
+    if len(scripts) <= 1 or any(scripts <= allowed for allowed in _SCRIPT_SETS):
+        return True
+    others = scripts - {"LATIN"}
+    return len(others) == 1 and "LATIN" in scripts and not others & _NOT_WITH_LATIN
+
+
+def name_key(name: str) -> str:
+    """What two names are compared by: NFKC, case folded, NFKC again (folding can undo the
+    normal form), stripped: `Vision`, `VISION` and `ｖｉｓｉｏｎ` → `vision`."""
+    folded = unicodedata.normalize("NFKC", name).casefold()
+    return unicodedata.normalize("NFKC", folded).strip()

@@ -570,3 +570,58 @@ def test_pathological_inputs_scan_in_linear_time(unit: str) -> None:
     """Every pattern is linear, so 300 000 characters take a fraction of a second; one that
     rescans the rest of a run at each candidate (quadratic) takes far beyond the guard."""
     find_secret((unit * 300_000)[:300_000])
+
+
+@pytest.mark.parametrize(
+    ("field", "text", "rule"),
+    [
+        ("purpose", "\u3164", "shows_nothing"),
+        ("purpose", "\u2800 \u2800", "shows_nothing"),
+        ("purpose", "\u0301\u0301", "shows_nothing"),
+        ("session", "\uffa0\u3000\u115f", "shows_nothing"),
+        ("purpose", "z" + "\u0489" * 5, "combining_marks"),
+        ("purpose", "train" + "\u0336\u0337\u0338\u0334\u0335" + " model", "combining_marks"),
+        ("project", "v\u0456sion", "mixed_scripts"),
+        ("project", "\u0430\u0440ple", "mixed_scripts"),
+        ("project", "\u03b1lpha", "mixed_scripts"),
+        ("computer_name", "lab-gpu-\u043e1", "mixed_scripts"),
+        ("project", "\u0432\u0438\u0434\u03b5\u03bf", "mixed_scripts"),  # Cyrillic, Greek
+    ],
+)
+def test_text_that_shows_nothing_smears_or_passes_for_another_name_is_refused(
+    field: str, text: str, rule: str
+) -> None:
+    with pytest.raises(DescriptionRejected) as exc:
+        check_description(field, text)
+    assert exc.value.rule == rule and exc.value.field == field
+    assert text.strip() not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [
+        ("project", "vision"),
+        ("project", "训练llama"),  # Han with Latin
+        ("project", "日本語のプロジェクト"),  # Han, Hiragana, Katakana
+        ("project", "한국어 프로젝트 NLP"),  # Hangul with Latin
+        ("project", "проект"),  # Cyrillic alone
+        ("project", "ελληνικά"),  # Greek alone
+        ("project", "café-ünïcode"),
+        ("project", "Tiếng Việt"),  # stacked diacritics, precomposed
+        ("project", "Tie\u0302\u0301ng Vie\u0323\u0302t"),  # the same decomposed
+        ("project", "ｖｉｓｉｏｎ"),  # full-width Latin is Latin
+        ("purpose", "проект test, αβ-sweep"),  # mixing is a name rule only
+        ("purpose", "a\u0301\u0302\u0303\u0304 four marks"),
+    ],
+)
+def test_names_in_one_script_or_the_usual_pairs_pass(field: str, text: str) -> None:
+    assert check_description(field, text) == text
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [("Vision", "vision"), ("ｖｉｓｉｏｎ", "VISION"), (" nlp ", "NLP"), ("Straße", "STRASSE")],
+)
+def test_name_key_makes_case_and_width_one(a: str, b: str) -> None:
+    assert descriptions.name_key(a) == descriptions.name_key(b)
+    assert descriptions.name_key("v\u0456sion") != descriptions.name_key("vision")

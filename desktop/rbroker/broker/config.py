@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rbroker.broker.members import Members
+from rbroker.broker.project_names import ProjectNames
 from rbroker.broker.shares import Shares
 from rbroker.display import fmt_mib
 
@@ -104,10 +105,12 @@ class BrokerConfig:
                 over-grant grace that is negative or not finite, a longest wait or a
                 `job_abandon_s` that is not positive and finite, a per-user cap below 1, a
                 share whose weight is not a positive number, or a members list that is not
-                a list of names (`rbroker.broker.members.Members`).
+                a list of names (`rbroker.broker.members.Members`), or one project listed
+                in two spellings (`rbroker.broker.project_names`).
         """
         Shares(self.shares)  # raises ValueError naming the bad weight
         Members(self.members)  # raises ValueError naming the bad entry
+        ProjectNames(self.members, self.shares)  # two spellings of one project
         if not 0 < self.max_wait_s < float("inf"):
             raise ValueError(f"the longest wait must be over 0 seconds, got {self.max_wait_s}")
         if not 0 < self.job_abandon_s < float("inf"):
@@ -186,6 +189,7 @@ def read_config(path: Path) -> ConfigFile:
     try:
         Shares(shares)
         Members(members)
+        ProjectNames(members, shares)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     return ConfigFile(

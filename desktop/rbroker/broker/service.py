@@ -42,6 +42,7 @@ from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker.broker.lessor import Choice, Lessor
 from rbroker.broker.lifetimes import LIFETIMES_SAVE_S, STORE_KEY, Lifetimes
 from rbroker.broker.members import Members
+from rbroker.broker.project_names import ProjectNames
 from rbroker.broker.resize import Resizes
 from rbroker.broker.restore import restore
 from rbroker.broker.sampling import GpuSlot, Sampling
@@ -133,6 +134,7 @@ class Broker:
         self.queue: list[Waiter] = self.waiting.waiters
         self.shares = Shares(config.shares)
         self.members = Members(config.members)
+        self.project_names = ProjectNames(config.members, config.shares)
         for line in self.members.unknown():  # kept out until the name exists: a warning
             log.warning("%s: its requests are refused until it exists", line)
         self.admission = Admission(self.slots, self.lessor, self.clock, config, self.shares)
@@ -437,7 +439,7 @@ class Broker:
         )
         params = params.model_copy(
             update={
-                "project": params.project.strip(),
+                "project": self.project_names.canonical(params.project.strip()),
                 "session": params.session.strip(),
                 "purpose": params.purpose.strip(),
             }
@@ -758,9 +760,10 @@ class Broker:
             RpcError: `description_rejected`, `not_a_member`, `too_many_jobs`.
         """
         check_descriptions({"project": project, "purpose": purpose, "handler": handler})
-        self.members.check(project.strip(), owner, admin)
+        project = self.project_names.canonical(project.strip())
+        self.members.check(project, owner, admin)
         job = self.jobs.declare(
-            owner, project.strip(), purpose.strip(), handler.strip(), total_items, workers, conn_id
+            owner, project, purpose.strip(), handler.strip(), total_items, workers, conn_id
         )
         self.emit("job", {"job_id": job.job_id, "state": job.state})
         return self._job_wire(job)
