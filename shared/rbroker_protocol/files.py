@@ -160,10 +160,7 @@ def private_create(path: Path, data: bytes) -> None:
 
 def private_replace(path: Path, data: bytes) -> None:
     """Replace file `path` by one holding `data`, mode `FILE_MODE`, in a `private_dir`,
-    atomically: a new temporary file beside it (`tempfile.mkstemp`: `O_EXCL`, `O_NOFOLLOW`,
-    a name nobody chose in advance) written, flushed to disk and renamed over `path`. A
-    reader sees the old content or the new, never a part; a symbolic link at `path` is
-    replaced, never followed.
+    atomically (`replace_file`).
 
     Raises:
         OSError: the directory or the file cannot be created, written or renamed (the
@@ -171,9 +168,31 @@ def private_replace(path: Path, data: bytes) -> None:
     """
     path = Path(path)
     private_dir(path.parent)
+    _replace(path, data, FILE_MODE)
+
+
+def replace_file(path: Path, data: bytes, mode: int, dir_mode: int = DIR_MODE) -> None:
+    """Replace file `path` by one holding `data` with exactly `mode` (e.g. 0644 for a file
+    others read but must not write, such as a desktop entry run at login), its missing
+    parents made `dir_mode` (`make_dir`; an existing one is left as it is), atomically: a
+    new temporary file beside it (`tempfile.mkstemp`: `O_EXCL`, `O_NOFOLLOW`, a name nobody
+    chose in advance) written, flushed to disk and renamed over `path`. A reader sees the
+    old content or the new, never a part; a symbolic link at `path` is replaced, never
+    followed.
+
+    Raises:
+        OSError: the directory or the file cannot be created, written or renamed (the
+            temporary file is removed).
+    """
+    path = Path(path)
+    make_dir(path.parent, dir_mode)
+    _replace(path, data, mode)
+
+
+def _replace(path: Path, data: bytes, mode: int) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        set_mode(fd)
+        set_mode(fd, mode)
         os.write(fd, data)
         os.fsync(fd)
         os.close(fd)

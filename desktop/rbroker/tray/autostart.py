@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rbroker_protocol.files import replace_file
+
 APP_NAME = "rbroker-tray"
 RUN_KEY = r"Software\Microsoft\Windows\CurrentVersion\Run"
 
@@ -90,10 +92,9 @@ def enable(command: list[str] | None = None) -> None:
             winreg.SetValueEx(key, APP_NAME, 0, winreg.REG_SZ, subprocess.list2cmdline(command))
         return
     path = autostart_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(desktop_entry(command), encoding="utf-8")
-    os.replace(tmp, path)
+    # 0644 whatever the umask: a group-writable entry lets another account choose what runs
+    # at this user's login
+    replace_file(path, desktop_entry(command).encode("utf-8"), 0o644)
 
 
 def disable() -> None:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import platformdirs
+
+from rbroker_protocol.files import private_replace
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +53,8 @@ class TraySettings:
         return out
 
     def save(self, path: Path | None = None) -> None:
-        """Write atomically. Raises `OSError`."""
+        """Write atomically, mode 0600 in a 0700 folder whatever the umask
+        (`rbroker_protocol.files.private_replace`: a umask of 002 left a group-writable
+        settings file, whose coordinator URL another account could change). Raises `OSError`."""
         path = path or settings_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
-        with contextlib.suppress(OSError):
-            os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
+        private_replace(path, (json.dumps(asdict(self), indent=2) + "\n").encode("utf-8"))

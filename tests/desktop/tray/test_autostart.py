@@ -68,3 +68,33 @@ def test_enable_writes_the_run_value_and_disable_removes_it(private_run_key: str
     autostart.disable()
     assert not autostart.is_enabled()
     autostart.disable()  # idempotent
+
+
+@xdg_only
+@pytest.mark.parametrize("umask", [0o002, 0o000, 0o077])
+def test_the_entry_and_the_tray_settings_keep_their_modes_under_any_umask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask: int
+) -> None:
+    """The login entry is 0644 (read by the desktop, written by this user only: a
+    group-writable one lets another account choose what runs at this user's login) and the
+    tray's settings 0600 in a 0700 folder, whatever the umask (a umask of 002 left both
+    group-writable)."""
+    import os
+    import stat
+
+    from rbroker.tray.settings import TraySettings
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    old = os.umask(umask)
+    try:
+        autostart.enable(["/usr/bin/rbroker-tray"])
+        settings = tmp_path / "rbroker" / "tray.json"
+        TraySettings(coordinator_url="https://coordinator.example").save(settings)
+    finally:
+        os.umask(old)
+    entry = autostart.autostart_file()
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o644
+    assert stat.S_IMODE(settings.stat().st_mode) == 0o600
+    assert stat.S_IMODE(settings.parent.stat().st_mode) == 0o700
+    assert TraySettings.load(settings).coordinator_url == "https://coordinator.example"
+    assert sorted(p.name for p in entry.parent.iterdir()) == [entry.name]  # no temporary left
