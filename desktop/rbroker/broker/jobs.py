@@ -72,6 +72,9 @@ class Job:
     finished_at: float | None = None
     conn_ids: set[int] = field(default_factory=set)
     lease_ids: set[str] = field(default_factory=set)
+    account: str = ""
+    """The OS account that declared it beyond its name (`uid 1001`, `sid S-1-5-…`; "" where
+    not known): kept in the store, never shown."""
 
     def to_record(self) -> JobRecord:
         """The persisted and wire form (no connection, no chunk list)."""
@@ -184,6 +187,7 @@ class JobTable:
                     first_report_at=rec["first_report_at"],
                     last_report_at=rec["last_report_at"],
                     finished_at=rec["finished_at"],
+                    account=rec["account"] if isinstance(rec.get("account"), str) else "",
                 )
                 unsaved = job.state in ("queued", "running")
                 if unsaved:
@@ -249,6 +253,8 @@ class JobTable:
     def _stored(self, job: Job) -> dict[str, Any]:
         """The record the store keeps: `to_record()`, and a stalled job's `STALL_MARK`."""
         record: dict[str, Any] = dict(job.to_record())
+        if job.account:
+            record["account"] = job.account
         since_boot = self._stalled_boot.get(job.job_id)
         boot_id = self.clock.boot_id()
         if job.state == "stalled" and since_boot is not None and boot_id:
@@ -260,8 +266,10 @@ class JobTable:
         self._stalled[job_id] = self.clock.monotonic()
         self._stalled_boot[job_id] = self.clock.boottime()
 
-    def get(self, job_id: str, owner: str) -> Job:
-        """The job, checked to belong to `owner`."""
+    def get(self, job_id: str, owner: str, account: str = "") -> Job:
+        """The job, checked to belong to `owner`, and to its account when both the job and
+        the caller know theirs (`Job.account`): an account removed and made again under the
+        same name is another user, and does not take over the old one's jobs."""
         job = self.jobs.get(job_id)
         if job is None:
             raise RpcError(ErrorCode.JOB_NOT_FOUND, f"no job {job_id}", job_id=job_id)
@@ -269,12 +277,19 @@ class JobTable:
             raise RpcError(
                 ErrorCode.NOT_JOB_OWNER, f"job {job_id} belongs to another user", job_id=job_id
             )
+        if job.account and account and job.account != account:
+            raise RpcError(
+                ErrorCode.NOT_JOB_OWNER,
+                f"job {job_id} belongs to another account named {owner} (the account that "
+                "declared it was removed or made again since)",
+                job_id=job_id,
+            )
         return job
 
-    def get_open(self, job_id: str, owner: str) -> Job:
-        """The job, checked to belong to `owner` and not to be finished (a worker may
-        still lease for it)."""
-        job = self.get(job_id, owner)
+    def get_open(self, job_id: str, owner: str, account: str = "") -> Job:
+        """The job, checked to belong to `owner` (and `account`, as `get`) and not to be
+        finished (a worker may still lease for it)."""
+        job = self.get(job_id, owner, account)
         if job.state in FINISHED:
             raise RpcError(
                 ErrorCode.JOB_FINISHED,
@@ -297,8 +312,10 @@ class JobTable:
         total_items: int | None,
         workers: int,
         conn_id: int | None,
+        account: str = "",
     ) -> Job:
-        """Create a job in state `queued`, bound to the declaring connection.
+        """Create a job in state `queued`, bound to the declaring connection, owned by
+        `owner` (and its `account`, when known: `Job.account`).
 
         Raises:
             RpcError: `too_many_jobs` when `owner` already has `max_open_per_user` jobs not
@@ -322,6 +339,7 @@ class JobTable:
             workers=workers,
             declared_at=self.clock.wall(),
             conn_ids=set() if conn_id is None else {conn_id},
+            account=account,
         )
         self.jobs[job.job_id] = job
         self._save(job)
@@ -337,10 +355,11 @@ class JobTable:
         reason: str | None,
         workers: int | None,
         conn_id: int | None,
+        account: str = "",
     ) -> Job:
         """Change state and/or workers. Finished jobs cannot change; failed and cancelled
         need a reason."""
-        job = self.get(job_id, owner)
+        job = self.get(job_id, owner, account)
         if job.state in FINISHED:
             raise RpcError(
                 ErrorCode.JOB_FINISHED,
@@ -380,10 +399,11 @@ class JobTable:
         completed: int,
         failed: int,
         conn_id: int | None = None,
+        account: str = "",
     ) -> tuple[Job, bool]:
         """Count one chunk from connection `conn_id` (which then keeps the job attached).
         Returns `(job, duplicate)`; a duplicate changes no count and no state."""
-        job = self.get(job_id, owner)
+        job = self.get(job_id, owner, account)
         seen = job.chunks.get(chunk_id)
         if seen is not None:
             if seen == (completed, failed):

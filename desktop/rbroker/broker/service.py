@@ -396,6 +396,7 @@ class Broker:
         holder: Holder,
         conn_id: int | None,
         admin: bool | Callable[[], bool] = False,
+        account: str = "",
     ) -> Lease:
         """Queue a request and wait (up to `params.wait_s`) until it is granted.
 
@@ -408,7 +409,7 @@ class Broker:
                 `cancelled` when the connection closes first; the per-user caps and the
                 longest wait as `fairness.check_request`.
         """
-        started = self.begin_acquire(params, owner, holder, conn_id, admin)
+        started = self.begin_acquire(params, owner, holder, conn_id, admin, account)
         return started if isinstance(started, Lease) else await self.await_waiter(started)
 
     def begin_acquire(
@@ -418,6 +419,7 @@ class Broker:
         holder: Holder | Callable[[], Holder],
         conn_id: int | None,
         admin: bool | Callable[[], bool] = False,
+        account: str = "",
     ) -> Lease | Waiter:
         """`acquire` without waiting: the lease when granted (or re-bound) at once, else its
         queue entry for `await_waiter`. Raises `RpcError` as `acquire` for what is refused.
@@ -448,7 +450,7 @@ class Broker:
         if not isinstance(holder, Holder):
             holder = holder()
         if params.job_id is not None:
-            self.jobs.get_open(params.job_id, owner)  # no workers for a finished job
+            self.jobs.get_open(params.job_id, owner, account)  # none for a finished job
         if params.request_key:
             lease = self.lessor.by_request_key(params.request_key, owner, holder)
             if lease is not None:
@@ -751,8 +753,10 @@ class Broker:
         workers: int,
         conn_id: int | None,
         admin: bool | Callable[[], bool] = False,
+        account: str = "",
     ) -> JobView:
-        """Declare a job of `owner` (see `jobs.JobTable.declare`); returns its view. A
+        """Declare a job of `owner` (see `jobs.JobTable.declare`; `account`: the OS account
+        beyond its name, `Job.account`); returns its view. A
         project with a members list is refused to `owner` unless a member or `admin` (as
         `begin_acquire`).
 
@@ -763,7 +767,7 @@ class Broker:
         project = self.project_names.canonical(project.strip())
         self.members.check(project, owner, admin)
         job = self.jobs.declare(
-            owner, project, purpose.strip(), handler.strip(), total_items, workers, conn_id
+            owner, project, purpose.strip(), handler.strip(), total_items, workers, conn_id, account
         )
         self.emit("job", {"job_id": job.job_id, "state": job.state})
         return self._job_wire(job)
@@ -776,6 +780,7 @@ class Broker:
         reason: str | None,
         workers: int | None,
         conn_id: int | None,
+        account: str = "",
     ) -> JobView:
         """Move a job of `owner` (see `jobs.JobTable.update`); returns its view.
 
@@ -784,7 +789,9 @@ class Broker:
         """
         if reason is not None:
             check_descriptions({"reason": reason})
-        job = self.jobs.update(job_id, owner, state, reason and reason.strip(), workers, conn_id)
+        job = self.jobs.update(
+            job_id, owner, state, reason and reason.strip(), workers, conn_id, account
+        )
         self.emit("job", {"job_id": job.job_id, "state": job.state})
         return self._job_wire(job)
 
@@ -796,10 +803,13 @@ class Broker:
         completed: int,
         failed: int,
         conn_id: int | None,
+        account: str = "",
     ) -> tuple[JobView, bool]:
         """A chunk's counts for a job of `owner` (see `jobs.JobTable.report`); returns the
         job's view and whether the chunk was a duplicate (acknowledged, not counted)."""
-        job, duplicate = self.jobs.report(job_id, owner, chunk_id, completed, failed, conn_id)
+        job, duplicate = self.jobs.report(
+            job_id, owner, chunk_id, completed, failed, conn_id, account
+        )
         if not duplicate:
             self.emit("job", {"job_id": job.job_id, "state": job.state})
         return self._job_wire(job), duplicate

@@ -70,7 +70,7 @@ from rbroker.localapi.connection import (
 from rbroker.localapi.internal_errors import InternalErrors
 from rbroker.localapi.requests import Refused, decode, granted, lease_result, method_of
 from rbroker.transport import serve
-from rbroker.transport.base import ListeningServer, PeerOf
+from rbroker.transport.base import ListeningServer, PeerOf, account_of
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import (
@@ -358,7 +358,12 @@ class LocalApi:
     ) -> AcquireResult | Awaitable[AcquireResult]:
         """The answer of an acquire granted at once, else an awaitable of it."""
         started = self.broker.begin_acquire(
-            p, conn.peer.user, conn.holder, conn.id, lambda: self._is_admin(conn)
+            p,
+            conn.peer.user,
+            conn.holder,
+            conn.id,
+            lambda: self._is_admin(conn),
+            account_of(conn.peer),
         )
         if isinstance(started, Lease):
             return granted(started)
@@ -421,18 +426,25 @@ class LocalApi:
             p.workers,
             conn.id,
             lambda: self._is_admin(conn),
+            account_of(conn.peer),
         )
         return {"job": job}
 
     async def _job_update(self, conn: Connection, p: JobUpdateParams) -> JobResult:
         job = self.broker.update_job(
-            p.job_id, conn.peer.user, p.state, p.reason, p.workers, conn.id
+            p.job_id, conn.peer.user, p.state, p.reason, p.workers, conn.id, account_of(conn.peer)
         )
         return {"job": job}
 
     async def _job_report(self, conn: Connection, p: JobReportParams) -> JobReportResult:
         job, duplicate = self.broker.report_job(
-            p.job_id, conn.peer.user, p.chunk_id, p.completed, p.failed, conn.id
+            p.job_id,
+            conn.peer.user,
+            p.chunk_id,
+            p.completed,
+            p.failed,
+            conn.id,
+            account_of(conn.peer),
         )
         return {"job": job, "duplicate": duplicate}
 

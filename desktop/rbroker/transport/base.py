@@ -29,6 +29,17 @@ class Peer:
     elevated_admin: bool = False
 
 
+def account_of(peer: Peer) -> str:
+    """The account behind `peer`'s name, as jobs keep it (`uid 1001` on Unix, `sid S-1-5-…`
+    on Windows; "" where neither was read): a name can be given to a new account, a uid or
+    SID in use is that account's."""
+    if peer.uid is not None:
+        return f"uid {peer.uid}"
+    if peer.sid:
+        return f"sid {peer.sid}"
+    return ""
+
+
 PeerOf = Callable[[asyncio.BaseTransport], Peer]
 """Reads who is on the other end of a connection the transport has just made, from the OS
 (never from a request). Raises OSError when it cannot be read: the connection is then

@@ -90,3 +90,36 @@ def test_chunk_ids_past_the_bound_drop_finished_jobs_first_then_are_refused(make
 @pytest.fixture
 def make(make_inprocess: Make) -> Make:
     return make_inprocess
+
+
+def test_a_new_account_with_an_old_name_does_not_take_over_its_jobs(make: Make) -> None:
+    """Jobs belong to the account, not only its name: an account removed and made again as
+    `alice` (another uid) is refused the old alice's job (`not_job_owner`, one line), also
+    after a restart; the account that declared it goes on."""
+    h = make(SINGLE_24G)
+    job = h.broker.declare_job("alice", "p", "embed", "h", None, 1, None, account="uid 1001")
+    job_id = str(job["job_id"])
+    h.restart()
+    for call in (
+        lambda a: h.broker.report_job(job_id, "alice", "c-1", 1, 0, None, a),
+        lambda a: h.broker.update_job(job_id, "alice", "cancelled", "done", None, None, a),
+    ):
+        with pytest.raises(RpcError) as refused:
+            call("uid 1002")
+        assert refused.value.name == "not_job_owner"
+        assert "another account named alice" in refused.value.message
+        assert "\n" not in refused.value.message
+    assert h.broker.report_job(job_id, "alice", "c-1", 1, 0, None, "uid 1001")[0]["state"] == (
+        "running"
+    )
+    assert "account" not in h.broker.jobs_view(True)[0]  # kept, never shown
+
+
+def test_the_account_is_the_uid_or_the_sid() -> None:
+    from rbroker.transport.base import Peer, account_of
+
+    assert account_of(Peer(pid=1, user="alice", uid=1001)) == "uid 1001"
+    assert account_of(Peer(pid=1, user="LAB\\alice", sid="S-1-5-21-1-2-3-1001")) == (
+        "sid S-1-5-21-1-2-3-1001"
+    )
+    assert account_of(Peer(pid=1, user="alice")) == ""
