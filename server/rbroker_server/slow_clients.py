@@ -13,7 +13,12 @@ subclasses uvicorn's HTTP protocol class (httptools or h11; passed as `http=` to
 - must complete the body within `body_timeout_s` of the end of its head;
 - is refused (a 503 with `Retry-After`, then closed) when its client address already has
   `max_per_address` connections open (IPv4 per address, IPv6 per /64; trusted proxies are
-  exempt) or the server has `max_total` open.
+  exempt) or the server has `max_total` open;
+- is refused as well when the server has all but its last eighth of `max_total` open
+  (`RESERVED_SHARE`) and its address already has `LIGHT_CONNECTIONS` open: that last eighth
+  is kept for clients with few connections, so a health check, a sign-in or a computer's
+  report still gets in while a few greedy addresses hold the rest (17 addresses at the
+  per-address cap used to fill the whole server, and `/healthz` answered 503 to everyone).
 
 A connection past a deadline gets a 408 when it had sent a byte, and is closed. Cuts and
 refusals are counted and logged by `EdgeLog`: one WARNING line at once, then at most one
@@ -43,6 +48,11 @@ LOG_INTERVAL_S = 60.0
 """At most one line of counts per this many seconds (the first event is logged at once)."""
 REFUSED_RETRY_AFTER_S = 5
 """The `Retry-After` of a refused connection's 503."""
+RESERVED_SHARE = 8
+"""The last `max_total // RESERVED_SHARE` connections are kept for light clients."""
+LIGHT_CONNECTIONS = 4
+"""An address with fewer connections open than this is a light client (a health check, a
+browser, a computer's uplink)."""
 
 _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
@@ -123,7 +133,8 @@ class ConnectionGuard:
         head_timeout_s: a request head must be complete within this (the first from the
             connection's opening, later ones from their first byte).
         body_timeout_s: a request body must be complete within this of its head's end.
-        max_total: open connections at most; more are refused with a 503.
+        max_total: open connections at most; more are refused with a 503, and its last
+            eighth is kept for addresses with fewer than `LIGHT_CONNECTIONS` open.
         max_per_address: open connections per client address (IPv6: per /64) at most.
         exempt: networks whose connections the per-address cap does not limit (the
             trusted reverse proxies, from which every client comes).
@@ -149,6 +160,13 @@ class ConnectionGuard:
             return f"refused over {self.max_total} open connections in all"
         if key is not None and not exempt and self.open_by_key[key] >= self.max_per_address:
             return f"refused over {self.max_per_address} open connections per address"
+        reserved = self.max_total // RESERVED_SHARE
+        if (
+            self.open_total >= self.max_total - reserved
+            and not exempt
+            and (key is None or self.open_by_key[key] >= LIGHT_CONNECTIONS)
+        ):
+            return f"refused into the last {reserved} connections, kept for light clients"
         self.open_total += 1
         if key is not None:
             self.open_by_key[key] += 1

@@ -219,6 +219,31 @@ def test_the_per_address_cap_refuses_the_flood_while_another_address_gets_in(
                 s.close()
 
 
+@pytest.mark.skipif(not LINUX, reason="Linux: 127.0.0.x are other local source addresses")
+def test_the_last_eighth_is_kept_for_light_clients_while_greedy_addresses_hold_the_rest(
+    parser: str,
+) -> None:
+    """Two addresses at their per-address cap cannot take the last 10 of 80 connections: a
+    third address with few connections (a health check, a sign-in) still gets in. Before,
+    17 addresses at the cap filled the whole server."""
+    guard = ConnectionGuard(head_timeout_s=30.0, max_per_address=50, max_total=80)
+    with _Server(guard, parser) as server:
+        first = _dribblers(server.port, 50)
+        second = _dribblers(server.port, 25, source="127.0.0.3")
+        try:
+            assert all(_closed(s, 0.01) is None for s in first)
+            kept = [_closed(s, 0.5) for s in second[20:]]
+            assert all(r is not None and r.startswith(b"HTTP/1.1 503 ") for r in kept), kept
+            assert all(_closed(s, 0.01) is None for s in second[:20])  # 70 open: 80 − 10
+            reason = "refused into the last 10 connections, kept for light clients"
+            assert guard.events.totals[reason] == 5
+            took, text = _timed_get(server.port, source="127.0.0.2")
+            assert text == "ok 5" and took < 1.0
+        finally:
+            for s in first + second:
+                s.close()
+
+
 @pytest.mark.skipif(not LINUX, reason="Linux: 127.0.0.2 is a second local source address")
 def test_trusted_proxies_are_not_capped_per_address(parser: str) -> None:
     guard = ConnectionGuard(max_per_address=5, exempt=parse_networks(["127.0.0.1"]))
