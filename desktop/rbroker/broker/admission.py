@@ -10,7 +10,8 @@ checked, so one pass may make several grants from the same sample.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from rbroker.broker.capacity import Capacity
@@ -62,10 +63,25 @@ class Admission:
 
     def order(self, waiters: list[Waiter]) -> list[Waiter]:
         """`waiters` (arrival order) in the order a pass takes them now, nothing granted:
-        FIFO, or by shares (`rbroker.broker.shares`)."""
+        FIFO, or by shares (`rbroker.broker.shares`) after those waiting past the bypass
+        bound (`_turns`)."""
         if not self.shares.enabled:
             return waiters
-        return self.shares.order(waiters, self.lessor.granted_by_project())
+        return list(self._turns(waiters, dict(self.lessor.granted_by_project())))
+
+    def _turns(self, waiters: list[Waiter], use: dict[str, int]) -> Iterator[Waiter]:
+        """A pass's order with `[shares]`: first, in arrival order, the requests that have
+        waited longer than `BrokerConfig.max_share_bypass_s`, so that each holds its GPUs
+        for itself (a request that does not fit blocks its GPUs for those after it); then
+        the rest by shares (`Shares.turns`, reading `use` as grants add to it). Without the
+        bound a stream of small requests of a project using less than its share passed a
+        large request of another for ever (27 s where FIFO took 3 s)."""
+        cutoff = self.clock.monotonic() - self.config.max_share_bypass_s
+        aged = [w for w in waiters if w.enqueued_at <= cutoff]
+        if not aged:
+            return self.shares.turns(waiters, use)
+        rest = [w for w in waiters if w.enqueued_at > cutoff]
+        return itertools.chain(aged, self.shares.turns(rest, use))
 
     # -- at request time -----------------------------------------------------------------------
     def candidates(self, params: AcquireParams) -> tuple[str, ...]:
@@ -234,7 +250,7 @@ class Admission:
                 caps[u] = cap
         blocked: dict[str, int] = {}
         use = self.lessor.granted_by_project() if self.shares.enabled else {}
-        for waiter in self.shares.turns(list(waiting.waiters), use):
+        for waiter in self._turns(list(waiting.waiters), use):
             if waiter.future.done():
                 waiting.remove(waiter)
                 continue

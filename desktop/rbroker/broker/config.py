@@ -51,7 +51,10 @@ class BrokerConfig:
     `cancelled`, reason `abandoned: …` (`rbroker.broker.jobs`).
 
     `shares`: `[shares]` of the broker's config file, project → weight (`*`: every project
-    not named); empty: the queue is FIFO (`rbroker.broker.shares`).
+    not named); empty: the queue is FIFO (`rbroker.broker.shares`). `max_share_bypass_s`:
+    with shares, how long a waiting request may be passed by later requests of projects
+    using less of their share; past it, it is served in arrival order before them (default
+    10 s; `rbroker.broker.admission`).
     `members`: `[members]` of the config file, project → OS user names and `@group`s who
     may declare it (others are refused, `not_a_member`); a project not named is open to
     everyone (`rbroker.broker.members`).
@@ -95,6 +98,7 @@ class BrokerConfig:
     max_unsent_bytes: int = 4 * 1024 * 1024
     max_unsent_bytes_per_user: int = 32 * 1024 * 1024
     shares: dict[str, float] = field(default_factory=dict)
+    max_share_bypass_s: float = 10.0
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -113,6 +117,10 @@ class BrokerConfig:
         ProjectNames(self.members, self.shares)  # two spellings of one project
         if not 0 < self.max_wait_s < float("inf"):
             raise ValueError(f"the longest wait must be over 0 seconds, got {self.max_wait_s}")
+        if not 0 <= self.max_share_bypass_s < float("inf"):
+            raise ValueError(
+                f"max_share_bypass_s must be 0 seconds or more, got {self.max_share_bypass_s}"
+            )
         if not 0 < self.job_abandon_s < float("inf"):
             raise ValueError(
                 f"job_abandon_s must be over 0 seconds and finite, got {self.job_abandon_s}"

@@ -266,3 +266,42 @@ def test_rbroker_status_shows_each_projects_share_and_use(
     assert "other projects 1 — 0 0" in lines, lines
     # `rbroker broker` says at start-up that the queue goes by shares, with the weights
     assert h.broker.queue_order() == "by [shares]: vision 3, others 1"
+
+
+@pytest.mark.parametrize(("bypass_s", "granted_by_s"), [(10.0, 11), (0.0, 1), (1e9, None)])
+def test_a_stream_of_small_requests_passes_a_large_one_only_until_the_bypass_bound(
+    make_inprocess: Callable[..., InProcessBroker],
+    pool: SleeperPool,
+    bypass_s: float,
+    granted_by_s: int | None,
+) -> None:
+    """`big` uses more of its share than `small`, so by shares alone each new small request
+    goes before big's 10 000 MiB and takes the room a small lease's end frees: big would
+    wait for ever (27 s where FIFO took 3 s, before). Past `max_share_bypass_s` it is served
+    in arrival order and the next room is its own; with a bound of 0 it is FIFO."""
+    h = make_inprocess(
+        SINGLE_24G,
+        persist=False,
+        shares={"big": 1, "small": 1},
+        max_share_bypass_s=bypass_s,
+    )
+    h.acquire(pool.spawn()[1], mib=12000, project="big").result()
+    small = h.acquire(pool.spawn()[1], mib=6000, project="small").result()
+    big = h.acquire(pool.spawn()[1], mib=10000, wait_s=600, project="big")
+    h.sample()
+    assert not big.done()
+    granted_at = None
+    for second in range(1, 31):
+        h.clock.advance(1.0)
+        h.broker.release(small.lease_id, "tester")  # a small lease ends, and another asks
+        nxt = h.acquire(pool.spawn()[1], mib=2000, wait_s=600, project="small")
+        h.sample()
+        if big.done():
+            granted_at = second
+            break
+        small = nxt.result()
+    if granted_by_s is None:
+        assert granted_at is None  # by shares alone: passed for ever
+    else:
+        assert granted_at is not None and granted_at <= granted_by_s, granted_at
+        assert big.exception() is None
