@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,7 +86,7 @@ class Asking:
     `candidates`, whose it is (`project`, `session`, OS user `owner`), `stuck`: why
     admission cannot grant it now whatever the memory (paused, telemetry), or "" when only
     memory decides, and `expected_s`: how long it will hold its grant by its declaration
-    (seconds; None: not declared)."""
+    (seconds; None: not declared); `waited_s`: how long it has waited so far (seconds)."""
 
     key: int
     mib: int
@@ -97,6 +97,7 @@ class Asking:
     stuck: str = ""
     expected_s: float | None = None
     owner: str = ""
+    waited_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,13 +144,16 @@ def estimate(
     shares: Shares | None = None,
     use_mib: dict[str, int] | None = None,
     limit: int = ESTIMATED_REQUESTS,
+    bypass_s: float | None = None,
 ) -> dict[int, Estimate]:
     """An estimate for each request of `queue` (in arrival order), by request key.
 
     `available_mib`: each GPU's available MiB now (architecture.md §2; a GPU without a
     capacity yet is absent); `holdings`: the active leases; `history(project, session)`:
     the lifetimes (seconds) to expect of a lease; `shares` and `use_mib` (project → MiB
-    granted now): the order of the queue, as admission's (None: FIFO); `limit`: how many
+    granted now): the order of the queue, as admission's (None: FIFO), with `bypass_s`
+    (`BrokerConfig.max_share_bypass_s`) as admission's too: at each play's time a request
+    that will have waited that long goes first, in arrival order; `limit`: how many
     waiting requests, the first in that order, are played (the others: `TOO_FAR`).
     """
     free = dict(available_mib)
@@ -187,7 +191,7 @@ def estimate(
         passes += 1
         blocked: set[str] = set()
         granted: list[Asking] = []
-        for a in order.turns(waiting, use):
+        for a in _turns(order, waiting, use, bypass_s if shares else None, now):
             room = sorted(
                 (free[u], u)
                 for u in a.candidates
@@ -235,6 +239,20 @@ def estimate(
         why = TOO_FAR if ends else _why_none(a, free, unknown)
         out[a.key] = Estimate(None, why)
     return out
+
+
+def _turns(
+    order: Shares, waiting: list[Asking], use: dict[str, int], bypass_s: float | None, now: float
+) -> Iterator[Asking]:
+    """`waiting` in admission's order `now` seconds from now (`Admission._turns`): those that
+    will have waited `bypass_s` by then first, in arrival order, then `order.turns`."""
+    if bypass_s is None:
+        return order.turns(waiting, use)
+    aged = [a for a in waiting if a.waited_s + now >= bypass_s]
+    if not aged:
+        return order.turns(waiting, use)
+    rest = [a for a in waiting if a.waited_s + now < bypass_s]
+    return itertools.chain(aged, order.turns(rest, use))
 
 
 def _plural(n: int, word: str) -> str:

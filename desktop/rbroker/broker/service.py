@@ -954,11 +954,20 @@ class Broker:
                 else ("GPU telemetry is unavailable" if w.reason_kind == "telemetry" else ""),
                 w.expected_s,
                 w.owner,
+                now - w.enqueued_at,
             )
             for w in self.queue
         ]
         use = self.lessor.granted_by_project() if self.shares.enabled else None
-        return estimate(available, holdings, queue, history_of(self.lifetimes), self.shares, use)
+        return estimate(
+            available,
+            holdings,
+            queue,
+            history_of(self.lifetimes),
+            self.shares,
+            use,
+            bypass_s=self.config.max_share_bypass_s,
+        )
 
     def queue_order(self) -> str:
         """How admission orders the queue, in words: "FIFO", or "by [shares]: vision 2,

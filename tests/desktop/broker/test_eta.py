@@ -146,6 +146,23 @@ def test_by_shares_the_project_using_less_is_estimated_first() -> None:
     assert (shared[2].eta_s, shared[1].eta_s) == (10.0, 110.0)
 
 
+def test_by_shares_a_request_past_the_bypass_bound_is_estimated_first() -> None:
+    """As admission: `heavy` uses more of its share, but its request has waited 8 s of a
+    10 s bypass bound, so by the time the lease ahead ends (10 s) it goes first."""
+    table = history({"x": [10.0], "heavy": [100.0], "light": [100.0]})
+    holding = [lease("x", 6000, 0.0)]
+    shares = Shares({"heavy": 1, "light": 1})
+    queue = [
+        Asking(1, 6000, 1, (A,), "heavy", "s", waited_s=8.0),
+        Asking(2, 6000, 1, (A,), "light", "s", waited_s=1.0),
+    ]
+    bypassed = estimate({A: 0}, holding, queue, table, shares, {"heavy": 9000}, bypass_s=10.0)
+    assert (bypassed[1].eta_s, bypassed[2].eta_s) == (10.0, 110.0)
+    # a bound not reached by then leaves the order by shares
+    later = estimate({A: 0}, holding, queue, table, shares, {"heavy": 9000}, bypass_s=60.0)
+    assert (later[2].eta_s, later[1].eta_s) == (10.0, 110.0)
+
+
 def test_lifetimes_are_bounded_and_survive_json() -> None:
     lt = Lifetimes(per_project=3, per_session=2, projects=2, sessions=2)
     for i in range(5):
