@@ -25,6 +25,8 @@ RBrokerError                      base: .code (stable name), .message, .data (nu
 │   └── LimitReached              too_many_waiting, too_many_leases, too_many_jobs,
 │                                 too_many_chunks, unsent_over_limit (a per-user cap),
 │                                 too_many_in_flight (a connection's requests at once)
+├── StorageUnavailable            storage_unavailable (the broker could not write its data
+│                                 directory, e.g. a full disk: nothing was granted)
 └── Cancelled                     cancelled
 
 OverGrantWarning (a Warning, not an error): the broker saw a lease of this process use more
@@ -141,6 +143,12 @@ class JobFinished(RBrokerError):
     """The job already succeeded, failed or was cancelled."""
 
 
+class StorageUnavailable(RBrokerError):
+    """The broker could not write what a grant must keep (its data directory is full,
+    read-only or failing: `data.reason`); nothing was granted. Try again once the operator
+    has made room."""
+
+
 class Cancelled(RBrokerError):
     """The request was cancelled (connection closed, broker stopping)."""
 
@@ -195,6 +203,7 @@ _BY_CODE: dict[ErrorCode, type[RBrokerError]] = {
     ErrorCode.REQUEST_NOT_FOUND: RequestNotFound,
     ErrorCode.NOT_A_MEMBER: NotAllowed,
     ErrorCode.TOO_MANY_IN_FLIGHT: LimitReached,
+    ErrorCode.STORAGE_UNAVAILABLE: StorageUnavailable,
 }
 
 

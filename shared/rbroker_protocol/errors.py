@@ -52,6 +52,7 @@ class ErrorCode(StrEnum):
     NOT_A_MEMBER = "not_a_member"
     TOO_MANY_IN_FLIGHT = "too_many_in_flight"
     TOO_MANY_CHUNKS = "too_many_chunks"
+    STORAGE_UNAVAILABLE = "storage_unavailable"
 
 
 ERROR_CODES: dict[ErrorCode, int] = {
@@ -87,6 +88,7 @@ ERROR_CODES: dict[ErrorCode, int] = {
     ErrorCode.NOT_A_MEMBER: -32086,
     ErrorCode.TOO_MANY_IN_FLIGHT: -32087,
     ErrorCode.TOO_MANY_CHUNKS: -32088,
+    ErrorCode.STORAGE_UNAVAILABLE: -32090,
 }
 """JSON-RPC numeric code for each name. Standard codes from the JSON-RPC 2.0 spec."""
 

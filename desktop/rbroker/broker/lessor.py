@@ -477,16 +477,23 @@ class Lessor:
         """Enter a granted lease: its claims on memory the holder already uses (adoption),
         the admission record per GPU, the store. The GPUs' samples stay usable: the lease
         books its grant less its claim, and no sample that began before now shows it using
-        more (`_observe`)."""
+        more (`_observe`). The store is written first: a write that fails (a full disk,
+        `OSError`, raised) books nothing (it used to leave a lease in the books that belonged
+        to nobody, and the GPU's room shrank by its grant).
+
+        Raises:
+            OSError: the store could not write the lease (nothing is booked).
+        """
         for u, cap, need in chosen:
-            slot = self.slots[u]
             claim = waiter.mib - need
-            baseline = self.baseline_now(waiter.holder, slot)
-            self.baselines[(waiter.holder, u)] = baseline - claim
-            self.pre_grant.clip((waiter.holder, u), baseline - claim)
-            lease.baseline_mib[u] = baseline - claim
+            lease.baseline_mib[u] = self.baseline_now(waiter.holder, self.slots[u]) - claim
             lease.claimed_mib[u] = claim
             lease.admission[u] = {**cap.as_dict(), "requested_mib": waiter.mib, "extra_mib": need}
+        if self.store is not None:
+            self.store.put_lease(lease.lease_id, lease.token, lease.to_record())
+        for u, mib in lease.baseline_mib.items():
+            self.baselines[(waiter.holder, u)] = mib
+            self.pre_grant.clip((waiter.holder, u), mib)
         # a holder showing no memory and holding none outside its leases on a GPU: no walk
         quiet = {
             u
@@ -497,8 +504,6 @@ class Lessor:
         }
         self.add(lease)
         self.token_sha256[lease.lease_id] = token_hash(lease.token)
-        if self.store is not None:
-            self.store.put_lease(lease.lease_id, lease.token, lease.to_record())
         for u, _, _ in chosen:
             if u in quiet:
                 self._set_observed(lease, u, 0)

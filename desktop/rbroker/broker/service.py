@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sqlite3
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -93,6 +94,23 @@ def check_descriptions(values: dict[str, str]) -> None:
             raise RpcError(
                 ErrorCode.DESCRIPTION_REJECTED, str(exc), field=exc.field, rule=exc.rule
             ) from None
+
+
+STORAGE_ERRORS = (OSError, sqlite3.Error)
+"""What the store raises when its data directory cannot be written (a full disk, EIO, a
+read-only file system): the journal's `OSError`, SQLite's "database or disk is full"."""
+
+
+def storage_unavailable(exc: Exception) -> RpcError:
+    """The refusal of a request whose grant or wait the store could not write (`exc`:
+    ENOSPC, EIO, EROFS…), in one line with the reason the OS or SQLite gave."""
+    reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc).splitlines()[0]
+    return RpcError(
+        ErrorCode.STORAGE_UNAVAILABLE,
+        f"not granted: the broker cannot write its data directory ({reason}); nothing was "
+        "booked, try again once there is room",
+        reason=reason,
+    )
 
 
 class Broker:
@@ -314,8 +332,16 @@ class Broker:
         self.waiting.fail_all(RpcError(ErrorCode.CANCELLED, "broker stopping"))
         self.sampling.close()
         if self.store is not None:
-            self.store.set_meta(STORE_KEY, self.lifetimes.to_json())
-            self.store.close()
+            # a full or failing disk does not stop the stop: the journal keeps what the
+            # database could not take, for the next start to fold
+            try:
+                self.store.set_meta(STORE_KEY, self.lifetimes.to_json())
+            except STORAGE_ERRORS as exc:
+                log.warning("lease lifetimes not kept at stop: %s", exc)
+            try:
+                self.store.close()
+            except STORAGE_ERRORS as exc:
+                log.warning("the lease journal is kept for the next start: %s", exc)
 
     def mark_shutting_down(self) -> None:
         """The host is about to stop the reporter: its last report says the broker stops."""
@@ -503,7 +529,11 @@ class Broker:
                 self.waiting.remove(waiter)
                 raise
             if params.wait_s > 0:
-                self.waiting.persist(waiter)
+                try:
+                    self.waiting.persist(waiter)
+                except STORAGE_ERRORS as exc:  # not kept across a restart: not queued at all
+                    self.waiting.remove(waiter)
+                    raise storage_unavailable(exc) from None
             self.emit("queue", {"request_id": waiter.request_id})
         return waiter
 
@@ -531,7 +561,13 @@ class Broker:
         if waiter.resize_of is not None:  # a lease's growth, not a new lease
             self.resizes.grant(waiter, chosen, now)
             return
-        lease = self.lessor.grant(waiter, chosen, now)
+        try:
+            lease = self.lessor.grant(waiter, chosen, now)
+        except STORAGE_ERRORS as exc:  # the store could not keep it: nothing was booked
+            log.warning("lease not granted: the data directory cannot be written: %s", exc)
+            self.waiting.remove(waiter, storage_unavailable(exc))
+            self.emit("queue", {"request_id": waiter.request_id})
+            return
         if waiter.job_id is not None and waiter.job_id in self.jobs.jobs:
             self.jobs.link_lease(waiter.job_id, waiter.owner, lease.lease_id)
         self.waiting.remove(waiter)

@@ -7,6 +7,7 @@ Which waiter is granted, and why the others wait, is decided in `admission`.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,8 @@ from rbroker.broker.leases import Lease, Waiter
 from rbroker.broker.store import LeaseStore
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import AcquireParams
+
+log = logging.getLogger(__name__)
 
 Emit = Callable[[str, dict[str, Any]], None]
 
@@ -119,7 +122,10 @@ class WaitQueue:
             self.waiters.remove(waiter)
             self._count(waiter, -1)
         if self.store is not None and waiter.request_key:
-            self.store.delete_waiter(waiter.request_key)
+            try:
+                self.store.delete_waiter(waiter.request_key)
+            except Exception:  # a full disk: its row stays, its client gets its answer
+                log.warning("waiting request %s left in the store", waiter.request_id)
         if error is not None and not waiter.future.done():
             waiter.future.set_exception(error)
             if waiter.reattach_by is not None:  # restored, its client not back: nobody awaits
