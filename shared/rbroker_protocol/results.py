@@ -263,11 +263,13 @@ class JobReportResult(TypedDict):
 
 
 class JobsListResult(TypedDict):
-    """`jobs.list`, newest last; finished jobs are kept per OS user, the newest
-    `finished_kept_per_user`, and `finished_dropped` older ones were dropped since the
-    broker started."""
+    """`jobs.list`, newest last: every job of the asking OS user and the newest 2 000 of
+    other users (`others_left_out`: how many older ones were not listed); finished jobs are
+    kept per OS user, the newest `finished_kept_per_user`, and `finished_dropped` older ones
+    were dropped since the broker started."""
 
     jobs: list[JobView]
+    others_left_out: NotRequired[int]
     finished_kept_per_user: NotRequired[int]
     finished_dropped: NotRequired[int]
 

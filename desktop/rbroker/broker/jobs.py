@@ -46,6 +46,10 @@ from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.results import JobRecord, JobView
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+MAX_LISTED_OTHERS = 2000
+"""Jobs of other users in one `jobs.list` answer, the newest (a job is about 600 bytes on the
+wire: about 1.2 MB, well within the 4 MiB one connection may leave unsent); the asker's own
+are all listed."""
 MIN_RATE_WINDOW_S = 1.0
 """A job observed for less than this has no items/s (nor ETA) yet."""
 
@@ -588,6 +592,32 @@ class JobTable:
             for job in self.jobs.values()
             if include_finished or job.state not in FINISHED
         ]
+
+    def listed(
+        self,
+        include_finished: bool,
+        live_lease_ids: Container[str],
+        asker: str,
+        max_others: int = MAX_LISTED_OTHERS,
+    ) -> tuple[list[JobView], int]:
+        """`jobs.list` for OS user `asker`: every job of its own and the newest `max_others`
+        of other users, newest last, and how many others were left out. So an answer stays
+        within what one asker may be sent however many users keep jobs (each user's jobs
+        are bounded; their sum over users is not)."""
+        now = self.clock.wall()
+        chosen = [
+            job for job in self.jobs.values() if include_finished or job.state not in FINISHED
+        ]
+        others = sum(1 for job in chosen if job.owner != asker)
+        skip = max(0, others - max_others)
+        left_out = skip
+        out: list[JobView] = []
+        for job in chosen:
+            if job.owner != asker and skip > 0:
+                skip -= 1  # the oldest of the others go first
+                continue
+            out.append(job.to_wire([lid for lid in job.lease_ids if lid in live_lease_ids], now))
+        return out, left_out
 
 
 def _duration(seconds: float) -> str:

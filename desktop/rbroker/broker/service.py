@@ -854,11 +854,15 @@ class Broker:
         """The jobs (finished ones too when asked), as `jobs.list` answers."""
         return self.jobs.view(include_finished, self.leases)
 
-    def jobs_list(self, include_finished: bool) -> JobsListResult:
-        """`jobs.list`: the jobs, and how many finished ones are kept per user and were
-        dropped since the start (`BrokerConfig.max_finished_jobs_per_user`)."""
+    def jobs_list(self, include_finished: bool, asker: str) -> JobsListResult:
+        """`jobs.list` for OS user `asker`: its jobs and the newest of other users'
+        (`JobTable.listed`: `others_left_out` says how many were not), and how many finished
+        ones are kept per user and were dropped since the start
+        (`BrokerConfig.max_finished_jobs_per_user`)."""
+        jobs, left_out = self.jobs.listed(include_finished, self.leases, asker)
         return {
-            "jobs": self.jobs_view(include_finished),
+            "jobs": jobs,
+            "others_left_out": left_out,
             "finished_kept_per_user": self.jobs.max_finished_per_user,
             "finished_dropped": sum(self.jobs.dropped.values()),
         }

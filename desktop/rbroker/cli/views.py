@@ -358,14 +358,19 @@ def _progress_plain(job: dict[str, Any]) -> str:
 
 
 def finished_note(answer: dict[str, Any]) -> str | None:
-    """The line under the jobs that says finished jobs were dropped (`jobs.list`'s
-    `finished_dropped` and `finished_kept_per_user`), or None when none were."""
+    """The line under the jobs that says what the list leaves out: other users' older jobs
+    (`jobs.list`'s `others_left_out`) and finished jobs dropped (`finished_dropped`,
+    `finished_kept_per_user`); None when nothing is."""
+    parts = []
+    left_out = answer.get("others_left_out") or 0
+    if left_out:
+        parts.append(f"{fmt_count(left_out)} older jobs of other users not listed")
     dropped = answer.get("finished_dropped") or 0
-    if not dropped:
-        return None
-    kept = answer.get("finished_kept_per_user")
-    each = f"the newest {fmt_count(kept)} of each user are kept" if kept else "not all are kept"
-    return f"finished jobs: {each}; {fmt_count(dropped)} older ones dropped"
+    if dropped:
+        kept = answer.get("finished_kept_per_user")
+        each = f"the newest {fmt_count(kept)} of each user are kept" if kept else "not all kept"
+        parts.append(f"finished jobs: {each}; {fmt_count(dropped)} older ones dropped")
+    return "; ".join(parts) or None
 
 
 def jobs_table(jobs: list[dict[str, Any]], note: str | None = None) -> Sheet:

@@ -449,7 +449,7 @@ class LocalApi:
         return {"job": job, "duplicate": duplicate}
 
     def _jobs_list(self, conn: Connection, p: JobsListParams) -> JobsListResult:
-        return self.broker.jobs_list(p.include_finished)
+        return self.broker.jobs_list(p.include_finished, conn.peer.user)
 
     def _pause(self, conn: Connection, p: PauseParams) -> PauseResult:
         paused = self.broker.set_paused(p.paused)

@@ -47,7 +47,7 @@ def test_the_newest_finished_jobs_of_each_user_are_kept_across_a_restart(make: M
         _cancel(h, "bob", job_id)
     assert _ids(h, "alice") == alice[2:]  # the oldest two dropped
     assert _ids(h, "bob") == bob  # another user's churn drops none of bob's
-    listed = h.broker.jobs_list(True)
+    listed = h.broker.jobs_list(True, "alice")
     assert (listed["finished_kept_per_user"], listed["finished_dropped"]) == (3, 2)
     open_job = _declare(h, "alice")  # open jobs are not finished ones: never dropped
     h.restart()
@@ -123,3 +123,17 @@ def test_the_account_is_the_uid_or_the_sid() -> None:
         "sid S-1-5-21-1-2-3-1001"
     )
     assert account_of(Peer(pid=1, user="alice")) == ""
+
+
+def test_a_list_has_all_of_the_askers_jobs_and_the_newest_of_others(make: Make) -> None:
+    """However many users keep jobs, one answer holds the asker's own and the newest
+    `max_others` of the others, and says how many it left out."""
+    h = make(SINGLE_24G, persist=False)
+    mine_first = _declare(h, "alice")
+    others = [_declare(h, f"user{n % 5}") for n in range(8)]
+    mine_last = _declare(h, "alice")
+    jobs, left_out = h.broker.jobs.listed(True, h.broker.leases, "alice", max_others=3)
+    assert [j["job_id"] for j in jobs] == [*[mine_first], *others[-3:], mine_last]
+    assert left_out == 5
+    listed = h.broker.jobs_list(True, "alice")
+    assert len(listed["jobs"]) == 10 and listed["others_left_out"] == 0

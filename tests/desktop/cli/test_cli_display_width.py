@@ -66,6 +66,9 @@ def test_the_jobs_table_says_when_finished_jobs_were_dropped() -> None:
     assert finished_note({"jobs": [], "finished_kept_per_user": 100, "finished_dropped": 0}) is None
     note = finished_note({"jobs": [], "finished_kept_per_user": 100, "finished_dropped": 2500})
     assert note == "finished jobs: the newest 100 of each user are kept; 2 500 older ones dropped"
+    assert finished_note({"jobs": [], "others_left_out": 1500}) == (
+        "1 500 older jobs of other users not listed"
+    )
     job = {
         "job_id": "job-000000000001",
         "owner": "alice",
