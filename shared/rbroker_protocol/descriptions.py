@@ -20,7 +20,7 @@ rule                   refused when
                        override, zero-width space and joiners, the byte order mark
 `shows_nothing`        nothing visible: only spaces, fillers that render as blanks
                        (`FILLERS`: U+3164 Hangul filler, U+2800 braille blank, …) and
-                       combining marks
+                       combining marks; in a name (`NAME_FIELDS`), any such filler
 `combining_marks`      more than `MAX_COMBINING_RUN` combining marks (Mn, Me) in a row:
                        text that smears over its neighbours
 `mixed_scripts`        for a name (`NAME_FIELDS`: project, computer name), letters of
@@ -133,8 +133,14 @@ _SCRIPT_SETS: Final = (
 """Scripts written together (TR39 §5.2, moderately restrictive: Japanese, Korean, Chinese
 with Bopomofo, each with Latin)."""
 
-_NOT_WITH_LATIN: Final = frozenset({"CYRILLIC", "GREEK", "CHEROKEE"})
-"""Scripts whose letters pass for Latin ones: never mixed with Latin in a name."""
+_NOT_WITH_LATIN: Final = frozenset(
+    {"CYRILLIC", "GREEK", "CHEROKEE", "ARMENIAN", "COPTIC", "LISU", "OLD", "GEORGIAN"}
+)
+"""Scripts with letters that pass for Latin ones (Armenian `օ`, Coptic `ⲓ`, Lisu `ꓦ`, Old
+Italic, Georgian `ⴸ`…): never mixed with Latin in a name."""
+
+_LATIN_LOOKALIKES: Final = str.maketrans({"\u0131": "i", "\u0237": "j"})
+"""Latin letters that `name_key` folds to the letter they pass for (dotless `ı`, `ȷ`)."""
 
 _SECRET_LABELS: Final[dict[str, str]] = {
     "private_key_block": "a private key block",
@@ -328,6 +334,14 @@ def _check_shape(field: str, text: str) -> None:
             f"{longest} combining marks in a row, at most {MAX_COMBINING_RUN} allowed",
         )
     if field in NAME_FIELDS:
+        hidden = next((i for i, ch in enumerate(text) if ch in FILLERS), None)
+        if hidden is not None:  # `vision` + U+17B4 draws as `vision`
+            raise DescriptionRejected(
+                field,
+                "shows_nothing",
+                f"a character that shows nothing (U+{ord(text[hidden]):04X}) at character "
+                f"{hidden + 1}; a name must be what it looks like",
+            )
         scripts = _scripts(text)
         if not _scripts_go_together(scripts):
             raise DescriptionRejected(
@@ -360,6 +374,7 @@ def _scripts_go_together(scripts: set[str]) -> bool:
 
 def name_key(name: str) -> str:
     """What two names are compared by: NFKC, case folded, NFKC again (folding can undo the
-    normal form), stripped: `Vision`, `VISION` and `ｖｉｓｉｏｎ` → `vision`."""
+    normal form), Latin lookalikes folded (`_LATIN_LOOKALIKES`), stripped: `Vision`,
+    `VISION`, `ｖｉｓｉｏｎ` and `vısion` → `vision`."""
     folded = unicodedata.normalize("NFKC", name).casefold()
-    return unicodedata.normalize("NFKC", folded).strip()
+    return unicodedata.normalize("NFKC", folded).translate(_LATIN_LOOKALIKES).strip()

@@ -586,6 +586,12 @@ def test_pathological_inputs_scan_in_linear_time(unit: str) -> None:
         ("project", "\u03b1lpha", "mixed_scripts"),
         ("computer_name", "lab-gpu-\u043e1", "mixed_scripts"),
         ("project", "\u0432\u0438\u0434\u03b5\u03bf", "mixed_scripts"),  # Cyrillic, Greek
+        ("project", "visi\u0585n", "mixed_scripts"),  # Armenian օ
+        ("project", "visio\u0578", "mixed_scripts"),  # Armenian ո
+        ("project", "vis\u2c93on", "mixed_scripts"),  # Coptic ⲓ
+        ("project", "\ua4e6ision", "mixed_scripts"),  # Lisu ꓦ
+        ("project", "vision\u17b4", "shows_nothing"),  # a Khmer vowel that draws nothing
+        ("computer_name", "lab\u3164gpu", "shows_nothing"),
     ],
 )
 def test_text_that_shows_nothing_smears_or_passes_for_another_name_is_refused(
@@ -625,3 +631,4 @@ def test_names_in_one_script_or_the_usual_pairs_pass(field: str, text: str) -> N
 def test_name_key_makes_case_and_width_one(a: str, b: str) -> None:
     assert descriptions.name_key(a) == descriptions.name_key(b)
     assert descriptions.name_key("v\u0456sion") != descriptions.name_key("vision")
+    assert descriptions.name_key("v\u0131sion") == "vision"  # dotless ı passes for i

@@ -20,7 +20,7 @@ from rbroker.broker.config import BrokerConfig
 from rbroker.broker.leases import Waiter
 from rbroker.broker.lessor import Choice, Lessor
 from rbroker.broker.sampling import GpuSlot
-from rbroker.broker.shares import Shares
+from rbroker.broker.shares import Shares, aged_heads
 from rbroker.broker.waiting import WaitQueue
 from rbroker.display import ahead_words, explain, fmt_mib, short_uuid
 from rbroker.gpu.nvml import describe
@@ -70,17 +70,20 @@ class Admission:
         return list(self._turns(waiters, dict(self.lessor.granted_by_project())))
 
     def _turns(self, waiters: list[Waiter], use: dict[str, int]) -> Iterator[Waiter]:
-        """A pass's order with `[shares]`: first, in arrival order, the requests that have
-        waited longer than `BrokerConfig.max_share_bypass_s`, so that each holds its GPUs
-        for itself (a request that does not fit blocks its GPUs for those after it); then
-        the rest by shares (`Shares.turns`, reading `use` as grants add to it). Without the
-        bound a stream of small requests of a project using less than its share passed a
-        large request of another for ever (27 s where FIFO took 3 s)."""
+        """A pass's order with `[shares]`: first, in arrival order, each project's first
+        request when it has waited longer than `BrokerConfig.max_share_bypass_s`, so that it
+        holds its GPUs for itself (a request that does not fit blocks its GPUs for those
+        after it); then the rest by shares (`Shares.turns`, reading `use` as grants add to
+        it). Without the bound a stream of small requests of a project using less than its
+        share passed a large request of another for ever (27 s where FIFO took 3 s). Only the
+        head of each project's line goes first, so requests queued early do not turn the
+        whole queue into FIFO: the shares still order everything else."""
         cutoff = self.clock.monotonic() - self.config.max_share_bypass_s
-        aged = [w for w in waiters if w.enqueued_at <= cutoff]
+        aged = aged_heads(waiters, lambda w: w.enqueued_at <= cutoff)
         if not aged:
             return self.shares.turns(waiters, use)
-        rest = [w for w in waiters if w.enqueued_at > cutoff]
+        first = {id(w) for w in aged}
+        rest = [w for w in waiters if id(w) not in first]
         return itertools.chain(aged, self.shares.turns(rest, use))
 
     # -- at request time -----------------------------------------------------------------------

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rbroker.broker.lifetimes import Lifetimes
-from rbroker.broker.shares import Shares
+from rbroker.broker.shares import Shares, aged_heads
 
 NO_HISTORY = "no declared or observed duration yet"
 """Said of the leases ahead whose project has no lifetime seen ("1 lease of new has …")."""
@@ -244,14 +244,16 @@ def estimate(
 def _turns(
     order: Shares, waiting: list[Asking], use: dict[str, int], bypass_s: float | None, now: float
 ) -> Iterator[Asking]:
-    """`waiting` in admission's order `now` seconds from now (`Admission._turns`): those that
-    will have waited `bypass_s` by then first, in arrival order, then `order.turns`."""
+    """`waiting` in admission's order `now` seconds from now (`Admission._turns`): each
+    project's first request that will have waited `bypass_s` by then first, in arrival
+    order, then `order.turns`."""
     if bypass_s is None:
         return order.turns(waiting, use)
-    aged = [a for a in waiting if a.waited_s + now >= bypass_s]
+    aged = aged_heads(waiting, lambda a: a.waited_s + now >= bypass_s)
     if not aged:
         return order.turns(waiting, use)
-    rest = [a for a in waiting if a.waited_s + now < bypass_s]
+    first = {a.key for a in aged}
+    rest = [a for a in waiting if a.key not in first]
     return itertools.chain(aged, order.turns(rest, use))
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Protocol, TypeVar
 
 DEFAULT_KEY = "*"
@@ -126,3 +126,20 @@ class Shares:
         if DEFAULT_KEY in self.weights:
             rows.append((DEFAULT_KEY, self.default, 0.0, 0, 0))
         return rows
+
+
+def aged_heads(waiting: Sequence[T], aged: Callable[[T], bool]) -> list[T]:
+    """The first request of each project in `waiting` (arrival order), where `aged(it)`:
+    those that go before the shares' order once they have waited past the bypass bound
+    (`rbroker.broker.admission`, and the estimates of `rbroker.broker.eta`), in arrival
+    order. Only the head of a project's line, so that requests queued early do not turn the
+    whole queue into FIFO."""
+    seen: set[str] = set()
+    heads: list[T] = []
+    for item in waiting:
+        if item.project in seen:
+            continue
+        seen.add(item.project)
+        if aged(item):
+            heads.append(item)
+    return heads

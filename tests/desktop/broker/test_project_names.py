@@ -20,7 +20,7 @@ from rbroker_protocol.localapi import AcquireParams
 from tests.conftest import SINGLE_24G
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
 
-SAME = ["Vision", "VISION", " vision ", "ｖｉｓｉｏｎ", "Ｖｉｓｉｏｎ"]
+SAME = ["Vision", "VISION", " vision ", "ｖｉｓｉｏｎ", "Ｖｉｓｉｏｎ", "v\u0131sion"]
 
 
 def _acquire(h: InProcessBroker, holder: Holder, owner: str, project: str) -> Any:

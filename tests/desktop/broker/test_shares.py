@@ -305,3 +305,20 @@ def test_a_stream_of_small_requests_passes_a_large_one_only_until_the_bypass_bou
     else:
         assert granted_at is not None and granted_at <= granted_by_s, granted_at
         assert big.exception() is None
+
+
+def test_only_the_head_of_each_projects_line_goes_first_past_the_bound(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool
+) -> None:
+    """Requests queued early do not make the whole queue FIFO: past the bound only each
+    project's first request goes before the shares' order; `a`'s other requests still come
+    after `b`'s, which uses less of its share."""
+    h = make_inprocess(SINGLE_24G, persist=False, shares={"a": 1, "b": 1})
+    h.acquire(pool.spawn()[1], mib=12000, project="a").result()
+    for n in range(3):
+        h.acquire(pool.spawn()[1], mib=20000, wait_s=600, project="a", session=f"a{n}")
+    h.clock.advance(11.0)
+    h.acquire(pool.spawn()[1], mib=20000, wait_s=600, project="b", session="b0")
+    h.sample()
+    queue = h.broker.leases_view()["queue"]
+    assert [q["session"] for q in queue] == ["a0", "b0", "a1", "a2"]
