@@ -10,7 +10,6 @@ checked, so one pass may make several grants from the same sample.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -20,7 +19,7 @@ from rbroker.broker.config import BrokerConfig
 from rbroker.broker.leases import Waiter
 from rbroker.broker.lessor import Choice, Lessor
 from rbroker.broker.sampling import GpuSlot
-from rbroker.broker.shares import Shares, aged_heads
+from rbroker.broker.shares import Shares, turns_bypassing
 from rbroker.broker.waiting import WaitQueue
 from rbroker.display import ahead_words, explain, fmt_mib, short_uuid
 from rbroker.gpu.nvml import describe
@@ -79,12 +78,7 @@ class Admission:
         head of each project's line goes first, so requests queued early do not turn the
         whole queue into FIFO: the shares still order everything else."""
         cutoff = self.clock.monotonic() - self.config.max_share_bypass_s
-        aged = aged_heads(waiters, lambda w: w.enqueued_at <= cutoff)
-        if not aged:
-            return self.shares.turns(waiters, use)
-        first = {id(w) for w in aged}
-        rest = [w for w in waiters if id(w) not in first]
-        return itertools.chain(aged, self.shares.turns(rest, use))
+        return turns_bypassing(self.shares, waiters, use, lambda w: w.enqueued_at <= cutoff)
 
     # -- at request time -----------------------------------------------------------------------
     def candidates(self, params: AcquireParams) -> tuple[str, ...]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rbroker.broker.lifetimes import Lifetimes
-from rbroker.broker.shares import Shares, aged_heads
+from rbroker.broker.shares import Shares, turns_bypassing
 
 NO_HISTORY = "no declared or observed duration yet"
 """Said of the leases ahead whose project has no lifetime seen ("1 lease of new has …")."""
@@ -249,12 +249,7 @@ def _turns(
     order, then `order.turns`."""
     if bypass_s is None:
         return order.turns(waiting, use)
-    aged = aged_heads(waiting, lambda a: a.waited_s + now >= bypass_s)
-    if not aged:
-        return order.turns(waiting, use)
-    first = {a.key for a in aged}
-    rest = [a for a in waiting if a.key not in first]
-    return itertools.chain(aged, order.turns(rest, use))
+    return turns_bypassing(order, waiting, use, lambda a: a.waited_s + now >= bypass_s)
 
 
 def _plural(n: int, word: str) -> str:

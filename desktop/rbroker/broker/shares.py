@@ -16,6 +16,7 @@ the order is the arrival order (`Shares.enabled` is False).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
@@ -128,9 +129,11 @@ class Shares:
         return rows
 
 
-def aged_heads(waiting: Sequence[T], aged: Callable[[T], bool]) -> list[T]:
-    """The first request of each project in `waiting` (arrival order), where `aged(it)`:
-    those that go before the shares' order once they have waited past the bypass bound
+def turns_bypassing(
+    shares: Shares, waiting: Sequence[T], use: MutableMapping[str, int], aged: Callable[[T], bool]
+) -> Iterator[T]:
+    """`shares.turns(waiting, use)` after the requests that bypass it: the first request of
+    each project (arrival order) for which `aged(it)` holds, those past the bypass bound
     (`rbroker.broker.admission`, and the estimates of `rbroker.broker.eta`), in arrival
     order. Only the head of a project's line, so that requests queued early do not turn the
     whole queue into FIFO."""
@@ -142,4 +145,8 @@ def aged_heads(waiting: Sequence[T], aged: Callable[[T], bool]) -> list[T]:
         seen.add(item.project)
         if aged(item):
             heads.append(item)
-    return heads
+    if not heads:
+        return shares.turns(waiting, use)
+    first = {id(item) for item in heads}
+    rest = [item for item in waiting if id(item) not in first]
+    return itertools.chain(heads, shares.turns(rest, use))
