@@ -16,6 +16,7 @@ them (`rbroker.broker.restore`).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -68,10 +69,12 @@ def process_clock_s() -> float:
     return time.time()
 
 
+@functools.cache
 def holder_clock() -> str:
     """What this computer's start times mean, stored beside them so that a restart can tell
     whether they still compare: `since-boot <boot id>` on Linux (the kernel's random boot
-    id, new at every boot), `create-time` elsewhere."""
+    id, new at every boot), `create-time` elsewhere. Read once: a process lives in one boot
+    (it is asked at every connection's authority check and every job write)."""
     if _LINUX:
         try:
             with open("/proc/sys/kernel/random/boot_id") as f:

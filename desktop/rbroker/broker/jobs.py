@@ -260,9 +260,10 @@ class JobTable:
         if job.account:
             record["account"] = job.account
         since_boot = self._stalled_boot.get(job.job_id)
-        boot_id = self.clock.boot_id()
-        if job.state == "stalled" and since_boot is not None and boot_id:
-            record[STALL_MARK] = {"clock": boot_id, "boot_s": since_boot}
+        if job.state == "stalled" and since_boot is not None:
+            boot_id = self.clock.boot_id()
+            if boot_id:
+                record[STALL_MARK] = {"clock": boot_id, "boot_s": since_boot}
         return record
 
     def _mark_stalled(self, job_id: str) -> None:
