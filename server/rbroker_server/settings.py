@@ -11,13 +11,18 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 CONFIG_NAME = "config.toml"
 """File name of the configuration inside the data dir."""
 PORT_MIN, PORT_MAX = 1, 65535
 """The TCP ports `bind_port` and `--port` accept."""
+
+
+USAGE_NAMES_PER_DAY: Final = 256
+"""`usage_names_per_day`'s default: a shared server of 30 users with 8 projects each stays
+under it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,9 @@ class Settings:
         prune_interval_s: how often old history and used nonces are deleted.
         usage_window_days: days of usage history kept (`GET /api/v1/usage` reads at most
             this many, today included).
+        usage_names_per_day: (project, owner) pairs one computer adds `daily_usage` rows
+            for on one UTC day at most; the usage of further pairs is summed under
+            `(other)` (`rbroker_server.usage.bound`; `USAGE_NAMES_PER_DAY`).
         request_window_s: how far a signed request's timestamp may be from server time.
         max_body_bytes: the largest request body (reports included), 1 MiB.
         enroll_code_ttl_s: default lifetime of enrollment codes.
@@ -85,6 +93,7 @@ class Settings:
     history_step_s: float = 60.0
     prune_interval_s: float = 300.0
     usage_window_days: int = 400
+    usage_names_per_day: int = USAGE_NAMES_PER_DAY
     request_window_s: float = 60.0
     max_body_bytes: int = 1024 * 1024
     enroll_code_ttl_s: float = 24 * 3600.0
@@ -109,6 +118,8 @@ class Settings:
             raise ValueError("history_step_s and history_window_s must be positive")
         if not 1 <= self.usage_window_days <= 100_000:
             raise ValueError("usage_window_days must be a whole number from 1 to 100000")
+        if not 2 <= self.usage_names_per_day <= 100_000:
+            raise ValueError("usage_names_per_day must be a whole number from 2 to 100000")
         if self.db_retry_after_s <= 0 or self.min_free_mib < 0:
             raise ValueError("need db_retry_after_s > 0 and min_free_mib >= 0")
         if self.head_timeout_s <= 0 or self.body_timeout_s <= 0:

@@ -31,6 +31,18 @@ USAGE_FORMATS: Final[tuple[UsageFormat, ...]] = ("json", "csv")
 DEFAULT_USAGE_DAYS: Final = 30
 """Days read when the query names none (today included)."""
 
+OTHER_NAME: Final = "(other)"
+"""The name under which usage is summed that no single name's row holds: a computer's
+pairs of project and owner past the coordinator's `usage_names_per_day` on one day (the
+rest of that day's usage of that computer), and in a read the names past its `top`."""
+
+DEFAULT_USAGE_TOP: Final = 50
+"""Names a usage read shows when the query names no `top` (the most granted first; the
+rest summed under `OTHER_NAME`)."""
+
+MAX_USAGE_TOP: Final = 1000
+"""The largest `top` a usage read takes."""
+
 CSV_FIELDS: Final = ("day", "{by}", "granted_mib_hours", "used_mib_hours")
 """The CSV header row, `{by}` being `project` or `user`; one row per day and name, the
 figures with up to three decimals."""
@@ -62,7 +74,8 @@ class UsageTotal(BaseModel):
 class UsageView(BaseModel):
     """The caller's group's usage over `days` days up to today (UTC), `since` to `until`
     inclusive. `usage` lists days and names with usage only, oldest day first and by name
-    within a day; `totals` the same names over the span, the most granted first."""
+    within a day; `totals` the same names over the span, the most granted first and
+    `OTHER_NAME` last."""
 
     group: str
     by: UsageBy
@@ -71,11 +84,17 @@ class UsageView(BaseModel):
     until: date
     usage: list[UsageDay]
     totals: list[UsageTotal]
+    names_left_out: int = 0
+    """Names past the read's `top` (the least granted over the span), whose figures are
+    summed into `OTHER_NAME`'s rows."""
 
 
 __all__ = [
     "CSV_FIELDS",
     "DEFAULT_USAGE_DAYS",
+    "DEFAULT_USAGE_TOP",
+    "MAX_USAGE_TOP",
+    "OTHER_NAME",
     "USAGE_BY",
     "USAGE_FORMATS",
     "UsageBy",

@@ -154,7 +154,10 @@ BAD_QUERIES = [
     ("?days=" + "9" * 5000, "days must be a whole number"),
     ("?by=team", "by must be one of project, user, not 'team'"),
     ("?format=xml", "format must be one of json, csv, not 'xml'"),
-    ("?day=3", "unknown query parameter 'day' (known: days, by, format)"),
+    ("?day=3", "unknown query parameter 'day' (known: days, by, format, top)"),
+    ("?top=0", "top must be a whole number from 1 to 1000 (the names shown), not '0'"),
+    ("?top=1001", "not '1001'"),
+    ("?top=ten", "top must be a whole number from 1 to 1000"),
     ("?days=1&days=2", "days is given 2 times; give it once"),
 ]
 

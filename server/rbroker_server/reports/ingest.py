@@ -21,6 +21,7 @@ another process) is decided again as the current run.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Generator
 from datetime import datetime
 from typing import Any, Final
@@ -41,6 +42,7 @@ from rbroker_server.reports.service import (
 )
 from rbroker_server.reports.writer import GroupCommitWriter
 from rbroker_server.settings import Settings
+from rbroker_server.usage.bound import UsageNames
 
 LOAD: Final = "load"
 """What `steps` yields for the computer's row."""
@@ -119,7 +121,10 @@ class ReportIngest:
         self.settings = settings
         self.cache = ComputerCache()
         self.loader = ViewLoader(engine, self.cache)
-        self.writer = GroupCommitWriter(engine, apply=service.write_many)
+        self.usage_names = UsageNames(settings.usage_names_per_day)
+        self.writer = GroupCommitWriter(
+            engine, apply=functools.partial(service.write_many, names=self.usage_names)
+        )
 
     def start(self) -> None:
         """Start the writer thread."""

@@ -25,7 +25,8 @@ from rbroker_server.reports import statements as st
 from rbroker_server.reports.cache import ComputerView
 from rbroker_server.reports.redact import checked_name, checked_text, redacted_state
 from rbroker_server.reports.schema import AckCode, ReportAck
-from rbroker_server.settings import Settings
+from rbroker_server.settings import USAGE_NAMES_PER_DAY, Settings
+from rbroker_server.usage.bound import UsageNames
 from rbroker_server.usage.rollup import usage_rows
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,8 @@ class Write:
     now: datetime
     usage: list[dict[str, Any]] = field(default_factory=list)
     """The `daily_usage` increments since the previous report (`usage.rollup.usage_rows`)."""
+    usage_names_per_day: int = USAGE_NAMES_PER_DAY
+    """`Settings.usage_names_per_day`, for a write given no `UsageNames`."""
 
     def __call__(self, conn: Connection) -> Outcome:
         return write(conn, self)
@@ -329,7 +332,17 @@ def plan(
         by_time=by_time and generated is not None,
         since=bool(usage),
     )
-    return Write(checked, view, not same_run, statement, params, bucket, now, usage)
+    return Write(
+        checked,
+        view,
+        not same_run,
+        statement,
+        params,
+        bucket,
+        now,
+        usage,
+        settings.usage_names_per_day,
+    )
 
 
 def _ordered_by_time(report_counter: int | None, current_counter: int | None) -> bool:
@@ -341,12 +354,13 @@ def _ordered_by_time(report_counter: int | None, current_counter: int | None) ->
     return report_counter is not None and report_counter == current_counter
 
 
-def write(conn: Connection, w: Write) -> Outcome:
+def write(conn: Connection, w: Write, names: UsageNames | None = None) -> Outcome:
     """Apply `w` inside the caller's write transaction (a new run in a savepoint of its
     own: its run row is kept only with its UPDATE). Writes nothing unless it returns
     "applied". A new run whose row exists is told apart in the same transaction: the
     computer's current run is another ("run_exists": retired) or this one ("run_current":
-    `w.view` predates the run's first report).
+    `w.view` predates the run's first report). Its usage rows are bounded by `names` (the
+    writer's; None: a new one, which reads the computer's pairs).
 
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database refused a statement.
@@ -372,11 +386,12 @@ def write(conn: Connection, w: Write) -> Outcome:
         }
         conn.execute(st.insert_history(dialect), point)
     if w.usage:
-        conn.execute(st.add_usage(dialect), w.usage)
+        usage = (names or UsageNames(w.usage_names_per_day)).bounded(conn, w.usage)
+        conn.execute(st.add_usage(dialect), usage)
     return "applied"
 
 
-def write_many(conn: Connection, writes: list[Any]) -> list[Any]:
+def write_many(conn: Connection, writes: list[Any], names: UsageNames | None = None) -> list[Any]:
     """Apply `writes` inside the caller's write transaction, in effect in their order;
     the outcome of each.
 
@@ -385,7 +400,7 @@ def write_many(conn: Connection, writes: list[Any]) -> list[Any]:
     savepoint: when fewer rows than writes were updated (a stale cached view), the savepoint
     is rolled back and that group is written one by one. New runs, and computers with
     several writes (their order matters), are written one by one (`write`); other works
-    (not a `Write`) are called.
+    (not a `Write`) are called. Usage rows are bounded by `names` (see `write`).
 
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database refused a statement.
@@ -401,21 +416,21 @@ def write_many(conn: Connection, writes: list[Any]) -> list[Any]:
         if not isinstance(w, Write):
             outcomes[i] = w(conn)
         elif w.new_run or seen[w.checked.env.computer_id] > 1:
-            outcomes[i] = write(conn, w)
+            outcomes[i] = write(conn, w, names)
         else:
             groups.setdefault(id(w.statement), []).append(i)
     for members in groups.values():
         group = [writes[i] for i in members]
-        if len(group) > 1 and _write_group(conn, group):
+        if len(group) > 1 and _write_group(conn, group, names):
             for i in members:
                 outcomes[i] = "applied"
         else:
             for i, w in zip(members, group, strict=True):
-                outcomes[i] = write(conn, w)
+                outcomes[i] = write(conn, w, names)
     return outcomes
 
 
-def _write_group(conn: Connection, group: list[Write]) -> bool:
+def _write_group(conn: Connection, group: list[Write], names: UsageNames | None) -> bool:
     """One executemany of same-run writes sharing a statement (on the driver's cursor:
     `statements.prepared`); False (nothing written) unless every one of them applied."""
     dialect = conn.dialect.name
@@ -437,5 +452,6 @@ def _write_group(conn: Connection, group: list[Write]) -> bool:
             st.prepared(conn, st.insert_history(dialect), st.HISTORY_KEYS).executemany(conn, points)
         usage = [row for w in group for row in w.usage]
         if usage:
+            usage = (names or UsageNames(group[0].usage_names_per_day)).bounded(conn, usage)
             st.prepared(conn, st.add_usage(dialect), st.USAGE_KEYS).executemany(conn, usage)
     return True

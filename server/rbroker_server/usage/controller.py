@@ -1,4 +1,4 @@
-"""`GET /api/v1/usage?days=N&by=project|user[&format=csv]`: the caller's group's usage
+"""`GET /api/v1/usage?days=N&by=project|user[&format=csv][&top=N]`: the caller's group's usage
 history, per day, in MiB-hours granted and used (`rbroker_protocol.usage`)."""
 
 from __future__ import annotations
@@ -111,6 +111,15 @@ class UsageController(Controller):
         answer_format: Annotated[
             str | None,
             QueryParameter(name="format", required=False, description="`json` (default) or `csv`."),
+        ] = None,
+        top: Annotated[
+            str | None,
+            QueryParameter(
+                name="top",
+                required=False,
+                description="Names shown: the most granted over the span, 1 to 1000 "
+                "(default 50); the rest are summed per day under `(other)`.",
+            ),
         ] = None,
     ) -> Response[Any]:
         """GPU memory granted and used per day, per project or per user, in MiB-hours, of

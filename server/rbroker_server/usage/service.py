@@ -21,6 +21,9 @@ from sqlalchemy.engine import Engine
 from rbroker_protocol.usage import (
     CSV_FIELDS,
     DEFAULT_USAGE_DAYS,
+    DEFAULT_USAGE_TOP,
+    MAX_USAGE_TOP,
+    OTHER_NAME,
     USAGE_BY,
     USAGE_FORMATS,
     UsageBy,
@@ -39,7 +42,7 @@ USAGE = DailyUsage.__table__  # type: ignore[attr-defined]
 COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
 GROUPS = Group.__table__  # type: ignore[attr-defined]
 
-QUERY_NAMES: Final = ("days", "by", "format")
+QUERY_NAMES: Final = ("days", "by", "format", "top")
 """The query parameters of a usage read."""
 
 DECIMALS: Final = 3
@@ -62,11 +65,13 @@ _RULES: Final = QueryRules(QUERY_NAMES, UsageQueryInvalid, shown_chars=24)
 @dataclass(frozen=True, slots=True)
 class UsageQuery:
     """A checked usage query: `days` (1 to `usage_window_days`, today included), what the
-    figures are summed by, and the answer's format."""
+    figures are summed by, the answer's format, and how many names it shows (`top`: the
+    most granted over the span; the rest summed under `OTHER_NAME`)."""
 
     days: int = DEFAULT_USAGE_DAYS
     by: UsageBy = "project"
     format: UsageFormat = "json"
+    top: int = DEFAULT_USAGE_TOP
 
 
 def parse_query(params: Mapping[str, list[str]], settings: Settings) -> UsageQuery:
@@ -75,7 +80,7 @@ def parse_query(params: Mapping[str, list[str]], settings: Settings) -> UsageQue
     Raises:
         UsageQueryInvalid: an unknown or repeated parameter, `days` not a whole number from
             1 to `usage_window_days`, `by` not `project` or `user`, `format` not `json` or
-            `csv`.
+            `csv`, `top` not a whole number from 1 to `MAX_USAGE_TOP`.
     """
     _RULES.check_names(params)
     most = settings.usage_window_days
@@ -83,50 +88,97 @@ def parse_query(params: Mapping[str, list[str]], settings: Settings) -> UsageQue
     days = _RULES.whole(params, "days", most, "the days kept", digits=6)
     by = _RULES.choice(params, "by", USAGE_BY, "project")
     fmt = _RULES.choice(params, "format", USAGE_FORMATS, "json")
+    top = _RULES.whole(params, "top", MAX_USAGE_TOP, "the names shown")
     return UsageQuery(
         days=min(DEFAULT_USAGE_DAYS, most) if days is None else days,
         by=by,  # type: ignore[arg-type]
         format=fmt,  # type: ignore[arg-type]
+        top=DEFAULT_USAGE_TOP if top is None else top,
     )
 
 
 def usage(engine: Engine, scope: Scope, query: UsageQuery, today: date | None = None) -> UsageView:
-    """The caller's group's usage over the `query.days` days up to `today` (UTC)."""
+    """The caller's group's usage over the `query.days` days up to `today` (UTC): the
+    `query.top` names with the most granted over the span, each per day and in total, and
+    the rest summed per day under `OTHER_NAME` (their count is `names_left_out`). Three
+    statements, each bounded by the answer's size: the top names' totals with the count of
+    all names and the grand totals, the top names per day, and each day's totals."""
     today = today or utcnow().astimezone(UTC).date()
     since = today - timedelta(days=query.days - 1)
-    name = _COLUMN[query.by].label("name")
-    granted = sa.func.sum(USAGE.c.granted_mib_hours).label("granted")
-    used = sa.func.sum(USAGE.c.used_mib_hours).label("used")
-    statement = (
-        sa.select(USAGE.c.day, name, granted, used)
+    column = _COLUMN[query.by]
+    rows = (
+        sa.select(USAGE)
         .join(COMPUTERS, COMPUTERS.c.id == USAGE.c.computer_id)
-        .where(
-            COMPUTERS.c.group_id == scope.group_id,
-            USAGE.c.day >= since,
-            USAGE.c.day <= today,
-        )
-        .group_by(USAGE.c.day, name)
-        .order_by(USAGE.c.day, name)
+        .where(COMPUTERS.c.group_id == scope.group_id, USAGE.c.day >= since, USAGE.c.day <= today)
+        .subquery()
     )
+    name = rows.c[column.name]
+    r_granted, r_used = sa.func.sum(rows.c.granted_mib_hours), sa.func.sum(rows.c.used_mib_hours)
     with engine.connect() as conn:
         group = conn.execute(sa.select(GROUPS.c.name).where(GROUPS.c.id == scope.group_id)).one()
-        rows = conn.execute(statement).all()
+        top = conn.execute(
+            sa.select(name.label("name"), r_granted.label("granted"), r_used.label("used"))
+            .group_by(name)
+            .order_by(r_granted.desc(), name)
+            .limit(query.top + 1)
+        ).all()
+        shown = [r.name for r in top[: query.top]]
+        left_out = 0
+        if len(top) > query.top:
+            left_out = conn.execute(sa.select(sa.func.count(sa.distinct(name)))).scalar_one()
+            left_out -= query.top
+        per_day = conn.execute(
+            sa.select(
+                rows.c.day, name.label("name"), r_granted.label("granted"), r_used.label("used")
+            )
+            .where(name.in_(shown))
+            .group_by(rows.c.day, name)
+            .order_by(rows.c.day, name)
+        ).all()
+        day_sums = (
+            conn.execute(
+                sa.select(rows.c.day, r_granted.label("granted"), r_used.label("used"))
+                .group_by(rows.c.day)
+                .order_by(rows.c.day)
+            ).all()
+            if left_out
+            else []
+        )
+    figures: dict[tuple[date, str], list[float]] = {
+        (r.day, r.name): [float(r.granted), float(r.used)] for r in per_day
+    }
+    if left_out:
+        shown_sums: dict[date, list[float]] = {}
+        for (day, _), (g, u) in figures.items():
+            day_sum = shown_sums.setdefault(day, [0.0, 0.0])
+            day_sum[0] += g
+            day_sum[1] += u
+        for r in day_sums:
+            g0, u0 = shown_sums.get(r.day, [0.0, 0.0])
+            rest = [max(0.0, float(r.granted) - g0), max(0.0, float(r.used) - u0)]
+            if rest[0] <= 0 and rest[1] <= 0:
+                continue
+            kept = figures.setdefault((r.day, OTHER_NAME), [0.0, 0.0])
+            kept[0] += rest[0]
+            kept[1] += rest[1]
     days = [
         UsageDay(
-            day=r.day,
-            name=r.name,
-            granted_mib_hours=round(float(r.granted), DECIMALS),
-            used_mib_hours=round(float(r.used), DECIMALS),
+            day=day,
+            name=n,
+            granted_mib_hours=round(g, DECIMALS),
+            used_mib_hours=round(u, DECIMALS),
         )
-        for r in rows
+        for (day, n), (g, u) in sorted(figures.items())
     ]
     sums: dict[str, tuple[float, float]] = {}
-    for r in rows:
-        g, u = sums.get(r.name, (0.0, 0.0))
-        sums[r.name] = (g + float(r.granted), u + float(r.used))
+    for (_, n), (g, u) in figures.items():
+        g0, u0 = sums.get(n, (0.0, 0.0))
+        sums[n] = (g0 + g, u0 + u)
     totals = [
         UsageTotal(name=n, granted_mib_hours=round(g, DECIMALS), used_mib_hours=round(u, DECIMALS))
-        for n, (g, u) in sorted(sums.items(), key=lambda item: (-item[1][0], item[0]))
+        for n, (g, u) in sorted(
+            sums.items(), key=lambda item: (item[0] == OTHER_NAME, -item[1][0], item[0])
+        )
     ]
     return UsageView(
         group=str(group.name),
@@ -136,6 +188,7 @@ def usage(engine: Engine, scope: Scope, query: UsageQuery, today: date | None = 
         until=today,
         usage=days,
         totals=totals,
+        names_left_out=left_out,
     )
 
 
