@@ -200,11 +200,15 @@ class CancelResult(TypedDict):
 
 class LeasesListResult(TypedDict):
     """`leases.list`: active leases and the queue; `ended` (the latest ended leases) only
-    when asked with `include_ended`."""
+    when asked with `include_ended`. Each list holds the asker's own entries and at most
+    2 000 of other users' (the largest leases; the head of the queue); `leases_left_out`
+    and `queue_left_out` count the others not listed (absent: none)."""
 
     leases: list[ListedLease]
     queue: list[QueuedRequest]
     ended: NotRequired[list[LeaseView]]
+    leases_left_out: NotRequired[int]
+    queue_left_out: NotRequired[int]
 
 
 class ShareView(TypedDict):

@@ -38,6 +38,7 @@ from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
+from rbroker.broker import listing
 from rbroker.broker.clock import Clock
 from rbroker.broker.fairness import cap
 from rbroker.broker.store import LeaseStore
@@ -46,7 +47,7 @@ from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.results import JobRecord, JobView
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
-MAX_LISTED_OTHERS = 2000
+MAX_LISTED_OTHERS = listing.MAX_LISTED_OTHERS
 """Jobs of other users in one `jobs.list` answer, the newest (a job is about 600 bytes on the
 wire: about 1.2 MB, well within the 4 MiB one connection may leave unsent); the asker's own
 are all listed."""
@@ -609,16 +610,13 @@ class JobTable:
         chosen = [
             job for job in self.jobs.values() if include_finished or job.state not in FINISHED
         ]
-        others = sum(1 for job in chosen if job.owner != asker)
-        skip = max(0, others - max_others)
-        left_out = skip
-        out: list[JobView] = []
-        for job in chosen:
-            if job.owner != asker and skip > 0:
-                skip -= 1  # the oldest of the others go first
-                continue
-            out.append(job.to_wire([lid for lid in job.lease_ids if lid in live_lease_ids], now))
-        return out, left_out
+        shown, left_out = listing.for_asker(
+            chosen, asker, lambda job: job.owner, max_others=max_others, newest=True
+        )
+        live = live_lease_ids
+        return [
+            job.to_wire([x for x in job.lease_ids if x in live], now) for job in shown
+        ], left_out
 
 
 def _duration(seconds: float) -> str:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from rbroker._version import __version__
-from rbroker.broker import fairness, overgrant, own_leases, ticks
+from rbroker.broker import fairness, listing, overgrant, own_leases, ticks
 from rbroker.broker.admission import Admission, NvmlProblem
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock, SystemClock
@@ -914,9 +914,15 @@ class Broker:
             out.append(entry)
         return out
 
-    def leases_view(self, include_ended: bool = False) -> LeasesListResult:
+    def leases_view(
+        self, include_ended: bool = False, asker: str | None = None
+    ) -> LeasesListResult:
         """`{"leases": [...], "queue": [...]}` (plus `"ended"` when asked): active leases with
-        the telemetry of their GPUs and flags, the queue with reasons and positions."""
+        the telemetry of their GPUs and flags, the queue with reasons and positions. For an
+        `asker` (the OS user of a `leases.list`) each list holds its own entries and at most
+        `listing.MAX_LISTED_OTHERS` of other users' (the largest leases, the head of the
+        queue), `leases_left_out` and `queue_left_out` counting the rest; without one
+        (the uplink's report, which trims by its own rules), everything."""
         now = self.clock.monotonic()
         played, gone_s = self._played()
         queued = [
@@ -938,6 +944,21 @@ class Broker:
             "leases": leases,
             "queue": queued,
         }
+        if asker is not None:
+            view["leases"], leases_left_out = listing.for_asker(
+                leases,
+                asker,
+                lambda x: x["owner"],
+                keep_first=lambda x: -x["granted_mib"] * len(x["gpu_uuids"]),
+                max_others=listing.MAX_LISTED_OTHERS,
+            )
+            view["queue"], queue_left_out = listing.for_asker(
+                queued, asker, lambda x: x["owner"], max_others=listing.MAX_LISTED_OTHERS
+            )
+            if leases_left_out:
+                view["leases_left_out"] = leases_left_out
+            if queue_left_out:
+                view["queue_left_out"] = queue_left_out
         if include_ended:
             view["ended"] = [lease.to_wire(now) for lease in self.ended]
         return view

@@ -312,6 +312,9 @@ def broker_view(
         parts.append(legend())
     lease_list = [dict(lease) for lease in leases["leases"]]
     parts += [lease_table(lease_list, gpu_list), queue_table([dict(q) for q in leases["queue"]])]
+    note = left_out_note(leases)
+    if note:
+        parts.append(Text(note, style="dim"))
     if jobs:
         parts.append(jobs_table([dict(job) for job in jobs]))
     return View(*parts)
@@ -355,6 +358,18 @@ def _progress_plain(job: dict[str, Any]) -> str:
     if not total:
         return "no total"
     return f"{100 * (job['completed_items'] + job['failed_items']) / total:.1f} %"
+
+
+def left_out_note(answer: Mapping[str, Any]) -> str | None:
+    """The line under the leases and the queue that says what `leases.list` left out of
+    other users' (`leases_left_out`: the smallest leases; `queue_left_out`: the requests
+    furthest back); None when nothing."""
+    parts = []
+    if answer.get("leases_left_out"):
+        parts.append(f"{fmt_count(answer['leases_left_out'])} smaller leases")
+    if answer.get("queue_left_out"):
+        parts.append(f"{fmt_count(answer['queue_left_out'])} requests further back in the queue")
+    return f"Not listed, of other users: {' and '.join(parts)}." if parts else None
 
 
 def finished_note(answer: dict[str, Any]) -> str | None:

@@ -411,7 +411,7 @@ class LocalApi:
         return lease_result(lease)
 
     def _leases_list(self, conn: Connection, p: LeasesListParams) -> LeasesListResult:
-        return self.broker.leases_view(p.include_ended)
+        return self.broker.leases_view(p.include_ended, conn.peer.user)
 
     def _status(self, conn: Connection, p: EmptyParams) -> BrokerStatus:
         return self.broker.status()

@@ -55,6 +55,8 @@ def read_snapshot(client: Client, jobs_supported: bool = True) -> tuple[Snapshot
         queue=[dict(request) for request in view["queue"]],
         status=dict(status),
         jobs=jobs,
+        leases_left_out=view.get("leases_left_out", 0),
+        queue_left_out=view.get("queue_left_out", 0),
     )
     return snap, jobs_supported
 

@@ -61,6 +61,10 @@ class Snapshot:
     status: dict[str, Any] = field(default_factory=dict)
     jobs: list[dict[str, Any]] | None = None
     taken_at: float = field(default_factory=time.time)
+    leases_left_out: int = 0
+    """Leases of other users the broker did not list (`leases.list`'s `leases_left_out`)."""
+    queue_left_out: int = 0
+    """Waiting requests of other users not listed (`queue_left_out`)."""
 
     @property
     def paused(self) -> bool:

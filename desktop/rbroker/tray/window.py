@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from rbroker.display import fmt_count
 from rbroker.tray.fleet_tab import FleetTab
 from rbroker.tray.icons import app_icon
 from rbroker.tray.models import (
@@ -126,8 +127,8 @@ class LocalTab(QWidget):
 
     def _counts(self, snap: Snapshot) -> None:
         n, q = len(snap.leases), len(snap.queue)
-        self.leases_box.setTitle(f"Leases ({n})")
-        self.queue_box.setTitle(f"Waiting ({q})")
+        self.leases_box.setTitle(_title("Leases", n, snap.leases_left_out))
+        self.queue_box.setTitle(_title("Waiting", q, snap.queue_left_out))
         self.leases_empty.setVisible(n == 0)
         self.leases_view.setVisible(n > 0)
         self.queue_empty.setVisible(q == 0)
@@ -244,3 +245,11 @@ class MainWindow(QMainWindow):
         self.showNormal()
         self.raise_()
         self.activateWindow()
+
+
+def _title(what: str, shown: int, left_out: int) -> str:
+    """`Leases (3)`, or with entries of other users the broker did not list
+    `Leases (2,000 shown, 1,500 more of other users)`."""
+    if not left_out:
+        return f"{what} ({fmt_count(shown)})"
+    return f"{what} ({fmt_count(shown)} shown, {fmt_count(left_out)} more of other users)"
