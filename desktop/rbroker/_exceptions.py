@@ -26,7 +26,8 @@ RBrokerError                      base: .code (stable name), .message, .data (nu
 │                                 too_many_chunks, unsent_over_limit (a per-user cap),
 │                                 too_many_in_flight (a connection's requests at once)
 ├── StorageUnavailable            storage_unavailable (the broker could not write its data
-│                                 directory, e.g. a full disk: nothing was granted)
+│                                 directory, e.g. a full disk: nothing was granted
+│                                 or changed)
 └── Cancelled                     cancelled
 
 OverGrantWarning (a Warning, not an error): the broker saw a lease of this process use more
@@ -144,9 +145,9 @@ class JobFinished(RBrokerError):
 
 
 class StorageUnavailable(RBrokerError):
-    """The broker could not write what a grant must keep (its data directory is full,
-    read-only or failing: `data.reason`); nothing was granted. Try again once the operator
-    has made room."""
+    """The broker could not write what a grant, re-attach, resize or job call must keep (its
+    data directory is full, read-only or failing: `data.reason`); nothing was granted or
+    changed. Try again once the operator has made room."""
 
 
 class Cancelled(RBrokerError):

@@ -20,7 +20,13 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
 from rbroker._cuda import cuda_indices
-from rbroker._exceptions import BrokerUnavailable, Cancelled, LeaseExpired, RBrokerError
+from rbroker._exceptions import (
+    BrokerUnavailable,
+    Cancelled,
+    LeaseExpired,
+    RBrokerError,
+    StorageUnavailable,
+)
 from rbroker._lease_record import Lease, note_over_grant
 from rbroker.client.local import Client
 from rbroker_protocol.params import AcquireRequest
@@ -193,12 +199,22 @@ class _Holder:
             except BrokerUnavailable:
                 client.close()
                 continue
+            except StorageUnavailable as exc:
+                # the broker cannot write the fresh token (a full disk): the lease lives on
+                # there with its old token, try again until the window closes
+                client.close()
+                if time.monotonic() + STORAGE_RETRY_S > give_up_at:
+                    self._lose(exc)
+                    return False
+                self._stop.wait(STORAGE_RETRY_S)
+                continue
             except RBrokerError as exc:
                 client.close()
                 self._lose(exc)
                 return False
             self.lease.token = result["token"]
             client.on_event = self._on_event
+            client.on_failed = self._on_failed  # a refused renewal marks the lease lost
             self.client = client
             log.info("lease %s re-attached after a reconnect", self.lease.lease_id)
             return True
@@ -233,6 +249,10 @@ class _Holder:
         finally:
             self.client.close()
 
+
+STORAGE_RETRY_S = 0.5
+"""How long a re-attach the broker could not write (`storage_unavailable`) waits before it
+tries again."""
 
 RENEWAL_ANSWER_WAIT_S = 1.0
 """How long a release waits for the answer to the last (pipelined) renewal; past it the broker

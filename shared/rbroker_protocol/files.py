@@ -239,8 +239,9 @@ def private_sqlite(path: Path) -> None:
         _tighten(candidate, FILE_MODE)
 
 
-def private_append(path: Path) -> int:
-    """Open file `path` for appending (`O_APPEND`, binary) and return its descriptor: its
+def private_append(path: Path, append: bool = True) -> int:
+    """Open file `path` for appending (`O_APPEND`, binary; with `append` False for writes at
+    any offset) and return its descriptor: its
     directory as `private_dir`, the file created `FILE_MODE` when missing and given exactly
     that mode when it exists (this account's file). It may not be a symbolic link
     (`O_NOFOLLOW`, as `private_sqlite`). The descriptor reads too (from offset 0 after
@@ -252,7 +253,7 @@ def private_append(path: Path) -> int:
     """
     path = Path(path)
     private_dir(path.parent)
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0)
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0) | (os.O_APPEND if append else 0)
     if os.name != "posix":
         return os.open(path, flags, FILE_MODE)
     if path.is_symlink():

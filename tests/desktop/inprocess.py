@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -179,7 +180,8 @@ class InProcessBroker:
         old = self.broker
         old.sampler.close()
         if old.store is not None:
-            old.store.close()
+            with contextlib.suppress(sqlite3.Error):  # a full disk: the journal stays
+                old.store.close()
         abandoned, old.queue[:] = list(old.queue), []
         for w in abandoned:  # their clients' connections broke with the old broker
             if not w.future.done():

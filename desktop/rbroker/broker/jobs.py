@@ -32,6 +32,7 @@ cumulative and persisted with each chunk in one transaction.
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 import time
 from collections.abc import Container
@@ -45,6 +46,8 @@ from rbroker.broker.store import LeaseStore
 from rbroker.display import fmt_count
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.results import JobRecord, JobView
+
+log = logging.getLogger(__name__)
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 MAX_LISTED_OTHERS = listing.MAX_LISTED_OTHERS
@@ -326,6 +329,7 @@ class JobTable:
         Raises:
             RpcError: `too_many_jobs` when `owner` already has `max_open_per_user` jobs not
                 finished (queued, running or stalled), with `limit` and `count`.
+            sqlite3.Error: the store cannot write it (nothing is kept).
         """
         cap(
             ErrorCode.TOO_MANY_JOBS,
@@ -347,8 +351,8 @@ class JobTable:
             conn_ids=set() if conn_id is None else {conn_id},
             account=account,
         )
+        self._save(job)  # first: a job the store cannot keep is not declared
         self.jobs[job.job_id] = job
-        self._save(job)
         self._open[owner] = self._open.get(owner, 0) + 1
         self._recheck.add(job.job_id)
         return job
@@ -501,8 +505,13 @@ class JobTable:
         job = self.get(job_id, owner)
         job.lease_ids.add(lease_id)
         if job.state in ("queued", "stalled"):
+            before = job.state
             job.state = "running"
-            self._save(job)
+            try:
+                self._save(job)
+            except Exception as exc:  # a full disk: as it was, running from its next report
+                job.state = before
+                log.warning("job %s not marked running: %s", job_id, exc)
         self._recheck.add(job_id)
 
     def restore_link(self, job_id: str, lease_id: str) -> None:
@@ -526,16 +535,26 @@ class JobTable:
         connection or a lease, or changed, since the last check are looked at, so the cost
         is flat in the number of leases and jobs."""
         changed = []
+        retry: set[str] = set()
         for job_id in self._recheck:
             job = self.jobs.get(job_id)
             if job is None:
                 continue
             if job.state in ("queued", "running") and not job.conn_ids and not job.lease_ids:
+                before = job.state
                 job.state = "stalled"
                 self._mark_stalled(job_id)
-                self._save(job)
+                try:
+                    self._save(job)
+                except Exception as exc:  # a full disk: as it was, checked again later
+                    job.state = before
+                    self._stalled.pop(job_id, None)
+                    self._stalled_boot.pop(job_id, None)
+                    retry.add(job_id)
+                    log.warning("job %s not marked stalled: %s", job_id, exc)
+                    continue
                 changed.append(job)
-        self._recheck.clear()
+        self._recheck = retry
         return changed
 
     def check_abandoned(self) -> list[Job]:

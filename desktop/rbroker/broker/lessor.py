@@ -42,6 +42,7 @@ import hmac
 import logging
 import math
 import secrets
+import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -584,14 +585,21 @@ class Lessor:
         return self.rebind(lease, conn_id)
 
     def rebind(self, lease: Lease, conn_id: int | None) -> Lease:
-        """Bind a lease to the holder's new connection, renew it, give it a fresh token."""
+        """Bind a lease to the holder's new connection, renew it, give it a fresh token. The
+        fresh token is written first: a write that fails changes nothing (the old token
+        still re-attaches).
+
+        Raises:
+            OSError: the store could not write the fresh token (the lease is unchanged).
+        """
+        token = secrets.token_urlsafe(24)
+        if self.store is not None:
+            self.store.put_lease(lease.lease_id, token, lease.to_record())
         lease.conn_id = conn_id
         lease.reattach_by = None
         lease.deadline = self.clock.monotonic() + lease.ttl_s
-        lease.token = secrets.token_urlsafe(24)
-        self.token_sha256[lease.lease_id] = token_hash(lease.token)
-        if self.store is not None:
-            self.store.put_lease(lease.lease_id, lease.token, lease.to_record())
+        lease.token = token
+        self.token_sha256[lease.lease_id] = token_hash(token)
         log.info("lease %s re-attached by its holder", lease.lease_id)
         return lease
 
@@ -602,8 +610,19 @@ class Lessor:
         outstanding sums: what a shrink frees of its outstanding MiB stays booked as
         unconfirmed until a sample that started after now, as a release's does (§2), and
         each of its GPUs' samplers is asked for one. A growth's admission `records` (per
-        GPU) are kept with the lease; its figures are attributed anew and stored."""
+        GPU) are kept with the lease; its figures are attributed anew and stored. The new
+        size is written first: a write that fails changes nothing.
+
+        Raises:
+            OSError: the store could not write the new size (the lease is unchanged).
+        """
         old = lease.granted_mib
+        admission = dict(lease.admission)
+        for uuid, record in (records or {}).items():
+            admission[uuid] = {**record, "resized_from_mib": old}
+        if self.store is not None:
+            resized = {**lease.to_record(), "granted_mib": mib, "admission": admission}
+            self.store.put_lease(lease.lease_id, lease.token, resized)
         now = self.clock.monotonic()
         for u in lease.gpu_uuids:
             before, after = _owed(lease, u), max(0, mib - lease.observed_mib.get(u, 0))
@@ -617,14 +636,11 @@ class Lessor:
                 if slot is not None:
                     slot.sample_soon(self.config.release_sample_gap_s)
         lease.granted_mib = mib
-        for uuid, record in (records or {}).items():
-            lease.admission[uuid] = {**record, "resized_from_mib": old}
+        lease.admission = admission
         for uuid in lease.gpu_uuids:
             slot = self.slots.get(uuid)
             if slot is not None:
                 self.update_observed(slot)
-        if self.store is not None:
-            self.store.put_lease(lease.lease_id, lease.token, lease.to_record())
         log.info("lease %s resized: %d → %d MiB", lease.lease_id, old, mib)
 
     # -- expiry ------------------------------------------------------------------------------
@@ -656,7 +672,8 @@ class Lessor:
         sample showed in use stays booked as unconfirmed until a sample that started after
         now (docs/architecture.md §2), so admission need not wait for that sample; the
         GPU's sampler is asked for one (coalesced); what the lease's processes still hold
-        becomes the holder's baseline; the end is recorded."""
+        becomes the holder's baseline; the end is recorded (never refused: an end a full disk
+        cannot journal is kept in the store's reserve, `LeaseStore.end_lease_soon`)."""
         if lease.lease_id not in self.leases:
             return False
         self._unindex(lease)
@@ -703,7 +720,10 @@ class Lessor:
             self._ends_since_prune += 1
             if self._ends_since_prune >= 200:
                 self._ends_since_prune = 0
-                self.store.prune_ended(self.config.ended_history)
+                try:
+                    self.store.prune_ended(self.config.ended_history)
+                except sqlite3.Error as exc:  # a full disk: pruned at a later end
+                    log.warning("ended leases not pruned: %s", exc)
         log.info("lease %s %s: %s", lease.lease_id, state.value, reason)
         return True
 

@@ -15,6 +15,8 @@ owner, descriptions and token; only `granted_mib` changes, on each of its GPUs.
   is not granted within `wait_s`. When granted, the growth is booked at once (the new grant
   less what the lease already shows using, which device_used holds), so, as after any grant,
   the next admission may use the same sample.
+- A resize the store cannot write (a full disk) is refused, `storage_unavailable`, with the
+  lease unchanged; a growth granted in an admission pass is refused alone, the pass goes on.
 - Bad input — a size below 1 MiB or above `MAX_MIB`, another user's lease, an ended lease, a
   resize while another of the same lease waits — is an `RpcError` with a stable name and the
   numbers; the lease is unchanged.
@@ -32,6 +34,7 @@ from rbroker.broker.clock import Clock
 from rbroker.broker.fairness import check_wait
 from rbroker.broker.leases import Lease, Waiter
 from rbroker.broker.lessor import Choice, Lessor
+from rbroker.broker.store import STORAGE_ERRORS, storage_unavailable
 from rbroker.broker.waiting import WaitQueue, new_future
 from rbroker.display import fmt_mib
 from rbroker_protocol.errors import ErrorCode, RpcError
@@ -71,7 +74,8 @@ class Resizes:
             RpcError: `invalid_params` (size out of range), `lease_not_found`,
                 `lease_expired`, `not_lease_owner`, `resize_pending`, `infeasible`,
                 `capacity_unavailable`, `wait_timeout`, `cancelled` (connection closed),
-                `wait_too_long` (a growth's `wait_s` past the broker's longest wait).
+                `wait_too_long` (a growth's `wait_s` past the broker's longest wait),
+                `storage_unavailable` (the store cannot write the new size).
         """
         if not 1 <= mib <= MAX_MIB:
             raise RpcError(
@@ -100,7 +104,10 @@ class Resizes:
         if mib == old:
             return lease
         if mib < old:
-            self._apply(lease, mib, {})
+            try:
+                self._apply(lease, mib, {})
+            except STORAGE_ERRORS as exc:
+                raise _not_resized(exc) from None
             self.admit()
             return lease
         self._check_can_ever_fit(lease, mib)
@@ -163,7 +170,9 @@ class Resizes:
             raise _refused(lease, err) from None
 
     def grant(self, waiter: Waiter, chosen: list[Choice], now: float) -> None:
-        """The admission pass granted a growth (`waiter.resize_of`): apply it."""
+        """The admission pass granted a growth (`waiter.resize_of`): apply it, or, when the
+        store cannot write it (a full disk), refuse it (`storage_unavailable`) with the lease
+        unchanged."""
         self.waiting.remove(waiter)
         lease = self.lessor.leases.get(waiter.resize_of or "")
         if lease is None:  # ended while its growth waited (normally cancelled first)
@@ -174,7 +183,13 @@ class Resizes:
         records = {}
         for uuid, cap, need in chosen:
             records[uuid] = {**cap.as_dict(), "requested_mib": waiter.mib, "extra_mib": need}
-        self._apply(lease, lease.granted_mib + waiter.mib, records)
+        try:
+            self._apply(lease, lease.granted_mib + waiter.mib, records)
+        except STORAGE_ERRORS as exc:  # only this request is refused, the pass goes on
+            log.warning("lease %s not resized: %s", lease.lease_id, exc)
+            waiter.future.set_exception(_not_resized(exc))
+            self.emit("queue", {"request_id": waiter.request_id})
+            return
         waiter.future.set_result(lease)
 
     def _apply(self, lease: Lease, mib: int, records: dict[str, dict[str, Any]]) -> None:
@@ -190,6 +205,10 @@ class Resizes:
             self.waiting.remove(
                 waiter, RpcError(ErrorCode.LEASE_EXPIRED, f"lease {lease_id} ended")
             )
+
+
+def _not_resized(exc: Exception) -> RpcError:
+    return storage_unavailable(exc, "not resized", "the lease is unchanged")
 
 
 def _refused(lease: Lease, err: RpcError) -> RpcError:

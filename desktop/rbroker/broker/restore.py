@@ -30,7 +30,7 @@ from rbroker.broker.jobs import JobTable
 from rbroker.broker.leases import Lease, LeaseState, Waiter, declared_s
 from rbroker.broker.lessor import Lessor
 from rbroker.broker.members import Members
-from rbroker.broker.store import LeaseStore
+from rbroker.broker.store import STORAGE_ERRORS, LeaseStore
 from rbroker.broker.waiting import WaitQueue, new_future
 from rbroker.proctime import CLK_TCK, holder_clock
 
@@ -62,7 +62,10 @@ def restore(
     """
     now, wall, boot = clock.monotonic(), clock.wall(), clock.boottime()
     translate = _start_translation(store.meta("holder_clock"), holder_clock())
-    store.set_meta("holder_clock", holder_clock())
+    try:
+        store.set_meta("holder_clock", holder_clock())
+    except STORAGE_ERRORS as exc:  # a full disk: written at the next start
+        log.warning("the store's holder clock not written: %s", exc)
     baselines = store.baselines()  # before the leases' own (older) figures are set
     for stored in store.active_leases():
         try:
@@ -71,13 +74,13 @@ def restore(
             lease = Lease.from_record(record, now + float(stored.record["ttl_s"]), wall)
         except (KeyError, TypeError, ValueError, AttributeError):
             log.error("lease %s: unreadable record, dropped", stored.lease_id)
-            store.end_lease(stored.lease_id, LeaseState.REVOKED.value, wall, stored.record)
+            store.end_lease_soon(stored.lease_id, LeaseState.REVOKED.value, wall, stored.record)
             continue
         if start is None or not lease.holder.alive():
             lease.state = LeaseState.HOLDER_EXITED
             lease.ended_reason = "holder exited while the broker was down"
             lease.ended_at_wall = wall
-            store.end_lease(lease.lease_id, lease.state.value, wall, lease.to_record())
+            store.end_lease_soon(lease.lease_id, lease.state.value, wall, lease.to_record())
             lessor.ended.append(lease)
             log.info("lease %s not restored: %s", lease.lease_id, lease.ended_reason)
             continue
@@ -152,7 +155,11 @@ def restore(
         waiting.add(restored)
         # stored again under this run's request number: a request made after the restart
         # (numbered from 1 again) must stay behind it at the next restart too
-        waiting.persist(restored)
+        try:
+            waiting.persist(restored)
+        except STORAGE_ERRORS as exc:  # a full disk: its row of the last run stays
+            log.warning("waiting request %s not stored again: %s", restored.request_id, exc)
+    store.flush_soon()  # the ends written above (a full disk: retried by the tick)
     for slot in lessor.slots.values():
         lessor.update_observed(slot)
     if lessor.leases or waiting.waiters:

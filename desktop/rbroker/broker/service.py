@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import sqlite3
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -49,7 +48,7 @@ from rbroker.broker.restore import restore
 from rbroker.broker.sampling import GpuSlot, Sampling
 from rbroker.broker.shares import Shares
 from rbroker.broker.simulation import Simulation
-from rbroker.broker.store import LeaseStore
+from rbroker.broker.store import STORAGE_ERRORS, LeaseStore, storage_unavailable
 from rbroker.broker.ticks import liveness_memo, tick_loop
 from rbroker.broker.waiting import WaitQueue
 from rbroker.display import fmt_mib, request_name
@@ -94,23 +93,6 @@ def check_descriptions(values: dict[str, str]) -> None:
             raise RpcError(
                 ErrorCode.DESCRIPTION_REJECTED, str(exc), field=exc.field, rule=exc.rule
             ) from None
-
-
-STORAGE_ERRORS = (OSError, sqlite3.Error)
-"""What the store raises when its data directory cannot be written (a full disk, EIO, a
-read-only file system): the journal's `OSError`, SQLite's "database or disk is full"."""
-
-
-def storage_unavailable(exc: Exception) -> RpcError:
-    """The refusal of a request whose grant or wait the store could not write (`exc`:
-    ENOSPC, EIO, EROFS…), in one line with the reason the OS or SQLite gave."""
-    reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc).splitlines()[0]
-    return RpcError(
-        ErrorCode.STORAGE_UNAVAILABLE,
-        f"not granted: the broker cannot write its data directory ({reason}); nothing was "
-        "booked, try again once there is room",
-        reason=reason,
-    )
 
 
 class Broker:
@@ -480,7 +462,7 @@ class Broker:
         if params.request_key:
             lease = self.lessor.by_request_key(params.request_key, owner, holder)
             if lease is not None:
-                return self.lessor.rebind(lease, conn_id)
+                return self._rebind(lease, conn_id)
             found = self.waiting.find(params.request_key, owner, holder)
             if found is not None:
                 found.conn_id, found.reattach_by = conn_id, None
@@ -617,9 +599,21 @@ class Broker:
 
         Raises:
             RpcError: `lease_not_found`, `lease_expired`, `not_lease_owner` (also for a
-                wrong token: the holder is not the one the lease was granted to).
+                wrong token: the holder is not the one the lease was granted to);
+                `storage_unavailable` when its fresh token cannot be written (the lease is
+                unchanged: its token still re-attaches).
         """
-        return self.lessor.attach(lease_id, token, owner, conn_id)
+        try:
+            return self.lessor.attach(lease_id, token, owner, conn_id)
+        except STORAGE_ERRORS as exc:
+            raise _not_reattached(exc) from None
+
+    def _rebind(self, lease: Lease, conn_id: int | None) -> Lease:
+        """`Lessor.rebind`, refused as `storage_unavailable` when it cannot be written."""
+        try:
+            return self.lessor.rebind(lease, conn_id)
+        except STORAGE_ERRORS as exc:
+            raise _not_reattached(exc) from None
 
     def renew(self, lease_id: str, owner: str) -> Lease:
         """Extend an active lease by its TTL from now (monotonic). Raises `RpcError`:
@@ -744,6 +738,8 @@ class Broker:
         """The tick's turn (`ticks.tick_loop`): expiry, the lifetimes kept, then the jobs
         left unattended for `job_abandon_s` ended (`JobTable.check_abandoned`)."""
         self._expire(now)
+        if self.store is not None:
+            self.store.retry(now)  # what a full disk kept back, once there is room
         self._keep_lifetimes(now)
         for job in self.jobs.check_abandoned():
             self.emit("job", {"job_id": job.job_id, "state": job.state})
@@ -757,7 +753,12 @@ class Broker:
             return
         if now - saved_at < LIFETIMES_SAVE_S:
             return
-        self.store.set_meta(STORE_KEY, self.lifetimes.to_json())
+        try:
+            self.store.set_meta(STORE_KEY, self.lifetimes.to_json())
+        except STORAGE_ERRORS as exc:  # a full disk: kept in memory, tried again later
+            self._lifetimes_saved = (recorded, now)
+            log.warning("lease lifetimes not written: %s", exc)
+            return
         self._lifetimes_saved = (self.lifetimes.recorded, now)
 
     def _expire(self, now: float) -> None:
@@ -802,9 +803,19 @@ class Broker:
         check_descriptions({"project": project, "purpose": purpose, "handler": handler})
         project = self.project_names.canonical(project.strip())
         self.members.check(project, owner, admin)
-        job = self.jobs.declare(
-            owner, project, purpose.strip(), handler.strip(), total_items, workers, conn_id, account
-        )
+        try:
+            job = self.jobs.declare(
+                owner,
+                project,
+                purpose.strip(),
+                handler.strip(),
+                total_items,
+                workers,
+                conn_id,
+                account,
+            )
+        except STORAGE_ERRORS as exc:
+            raise storage_unavailable(exc, "job not declared", "nothing was kept") from None
         self.emit("job", {"job_id": job.job_id, "state": job.state})
         return self._job_wire(job)
 
@@ -825,9 +836,12 @@ class Broker:
         """
         if reason is not None:
             check_descriptions({"reason": reason})
-        job = self.jobs.update(
-            job_id, owner, state, reason and reason.strip(), workers, conn_id, account
-        )
+        try:
+            job = self.jobs.update(
+                job_id, owner, state, reason and reason.strip(), workers, conn_id, account
+            )
+        except STORAGE_ERRORS as exc:
+            raise storage_unavailable(exc, "job not changed", "it is as it was") from None
         self.emit("job", {"job_id": job.job_id, "state": job.state})
         return self._job_wire(job)
 
@@ -843,9 +857,14 @@ class Broker:
     ) -> tuple[JobView, bool]:
         """A chunk's counts for a job of `owner` (see `jobs.JobTable.report`); returns the
         job's view and whether the chunk was a duplicate (acknowledged, not counted)."""
-        job, duplicate = self.jobs.report(
-            job_id, owner, chunk_id, completed, failed, conn_id, account
-        )
+        try:
+            job, duplicate = self.jobs.report(
+                job_id, owner, chunk_id, completed, failed, conn_id, account
+            )
+        except STORAGE_ERRORS as exc:
+            raise storage_unavailable(
+                exc, f"chunk {chunk_id} not counted", "the job's counts are as they were"
+            ) from None
         if not duplicate:
             self.emit("job", {"job_id": job.job_id, "state": job.state})
         return self._job_wire(job), duplicate
@@ -1125,3 +1144,7 @@ def _event_loop() -> str | None:
         return loop_name(asyncio.get_running_loop())
     except RuntimeError:
         return None
+
+
+def _not_reattached(exc: Exception) -> RpcError:
+    return storage_unavailable(exc, "not re-attached", "the lease is unchanged")

@@ -122,10 +122,8 @@ class WaitQueue:
             self.waiters.remove(waiter)
             self._count(waiter, -1)
         if self.store is not None and waiter.request_key:
-            try:
-                self.store.delete_waiter(waiter.request_key)
-            except Exception:  # a full disk: its row stays, its client gets its answer
-                log.warning("waiting request %s left in the store", waiter.request_id)
+            # never refused: a full disk keeps the removal in the store's reserve
+            self.store.delete_waiter(waiter.request_key)
         if error is not None and not waiter.future.done():
             waiter.future.set_exception(error)
             if waiter.reattach_by is not None:  # restored, its client not back: nobody awaits
