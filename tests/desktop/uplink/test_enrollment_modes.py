@@ -95,6 +95,7 @@ def test_lease_store_journal_and_lock_are_0600(tmp_path: Path, open_umask: int) 
         "broker.sqlite3-wal": 0o600,
         "broker.sqlite3-shm": 0o600,
         "broker.leases.jsonl": 0o600,
+        "broker.owed": 0o600,  # the reserve for ends a full disk could not journal
     }
     assert _mode(data) == 0o700
 
@@ -107,6 +108,7 @@ def test_a_lease_database_made_under_umask_0277_stays_writable(tmp_path: Path) -
         os.umask(old)
     assert _mode(tmp_path / "rbroker" / "broker.sqlite3") == 0o600
     assert _mode(tmp_path / "rbroker" / "broker.leases.jsonl") == 0o600
+    assert _mode(tmp_path / "rbroker" / "broker.owed") == 0o600
     assert _mode(tmp_path / "rbroker") == 0o700  # not 0400 either: the dir the store made
 
 
