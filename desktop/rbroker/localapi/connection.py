@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import logging
 import sys
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, cast
@@ -19,6 +20,7 @@ from rbroker.broker.holders import Holder
 from rbroker.broker.launchers import interpreter_of, snapshot_around
 from rbroker.broker.service import Broker
 from rbroker.localapi.requests import request_id_of
+from rbroker.transport import peer_hung_up
 from rbroker.transport.base import Peer, PeerOf
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
@@ -135,6 +137,7 @@ class Connection(asyncio.Protocol):
         self.lock = asyncio.Lock()
         self.unsubscribe: Callable[[], None] | None = None
         self.closed = False
+        self.bound = False  # it sent a request that may leave a lease, request or job on it
         self.event_backlog = 0
         self._holder: Holder | None = None
         self.max_unsent = max_unsent
@@ -257,8 +260,12 @@ class Connection(asyncio.Protocol):
                     self._too_long()
                 elif not line.strip():
                     pass
-                elif self.turns is None or self.turns.take(self):
+                elif self.turns is None:
                     self._serve(line)
+                elif self.turns.take(self):
+                    started_s = self.turns.clock()
+                    self._serve(line)
+                    self.turns.charge(self, self.turns.clock() - started_s)
                 else:  # its user's share of this turn is spent: served in a later turn
                     start = begin
                     break
@@ -410,10 +417,13 @@ class Connection(asyncio.Protocol):
         if drained is not None and not drained.done():
             drained.set_result(None)
 
-    async def send(self, message: dict[str, Any] | Callable[[], Awaitable[dict[str, Any]]]) -> None:
-        """Write one message, or build it with `message()` and write it, once fewer than
-        `MAX_UNSENT_BYTES` wait unsent on this connection (so a client that does not read
-        holds up only its own answers, and no answer is built before it can be written)."""
+    async def send(
+        self, message: dict[str, Any] | Callable[[], Awaitable[dict[str, Any] | None]]
+    ) -> None:
+        """Write one message, or build it with `message()` and write it (nothing when it
+        builds None), once fewer than `MAX_UNSENT_BYTES` wait unsent on this connection (so
+        a client that does not read holds up only its own answers, and no answer is built
+        before it can be written)."""
         async with self.lock:
             if self.closed:
                 return
@@ -421,7 +431,10 @@ class Connection(asyncio.Protocol):
             if self.closed:
                 return
             if callable(message):
-                message = await message()
+                built = await message()
+                if built is None:
+                    return
+                message = built
             self.write_now(message)
 
     def answer(self, message: dict[str, Any]) -> None:
@@ -449,6 +462,12 @@ class Connection(asyncio.Protocol):
         if self.budget is not None:
             self.budget.wrote(self)
 
+    def peer_gone(self) -> bool:
+        """Whether nobody can read an answer on this connection any more: it is closed or
+        closing here, or the peer closed its end (`rbroker.transport.peer_hung_up`; a peer
+        that only shut down its sending side still reads, and is not gone)."""
+        return self.closed or self.transport.is_closing() or peer_hung_up(self.transport)
+
     def unsent_bytes(self) -> int:
         """Bytes written to this connection that the peer has not taken yet."""
         return self.transport.get_write_buffer_size()
@@ -464,44 +483,77 @@ class Connection(asyncio.Protocol):
 LINES_PER_TURN = 16
 """Request lines of one OS user served in one turn of the event loop (`Turns`)."""
 
+SERVE_PER_TURN_S = 0.005
+"""Seconds of serving one OS user's request lines may take in one turn of the event loop
+(`Turns`): past it, that user's next line waits for the next turn. A line is measured from
+its decoding to its answer written (a `jobs.list` of 2 000 jobs took about 30 ms, a lease
+cycle's line about 0.05 ms), so a user asking for large answers gets one of them per turn,
+not `LINES_PER_TURN`."""
+
 
 class Turns:
     """Serves the OS users in turn, so one user's load bounds only that user's latency.
 
-    Each user's connections get at most `per_turn` request lines served in one turn of the
-    event loop. A connection with a line past its user's share is held back (`hold`; its
-    line stays in its buffer) and waits in its user's queue; at the start of the next turn
-    the queues are served user by user, each up to its share again, before what the loop
-    read meanwhile. So a user who
-    keeps 500 connections busy has 500 requests queued behind each other, while another
-    user's request waits at most for one turn: `per_turn` lines of each busy user.
+    Each user's connections get at most `per_turn` request lines, and at most `per_turn_s`
+    seconds of serving (`clock`), in one turn of the event loop; the line that passes the
+    time is finished, and the user's next one waits. A connection with a line past its
+    user's share is held back (`hold`; its line stays in its buffer) and waits in its
+    user's queue; at the start of the next turn the queues are served user by user, each up
+    to its share again, before what the loop read meanwhile. So a user who keeps 500
+    connections busy has 500 requests queued behind each other, while another user's
+    request waits at most for one turn: for each busy user, `per_turn` lines or
+    `per_turn_s` seconds of its lines and the one line that passed them.
     """
 
-    def __init__(self, per_turn: int = LINES_PER_TURN) -> None:
+    def __init__(
+        self,
+        per_turn: int = LINES_PER_TURN,
+        per_turn_s: float = SERVE_PER_TURN_S,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.per_turn = per_turn
+        self.per_turn_s = per_turn_s
+        self.clock = clock
         self._served: dict[int | str, int] = {}
+        self._spent_s: dict[int | str, float] = {}
         self._waiting: dict[int | str, deque[Connection]] = {}
         self._next: asyncio.Handle | None = None
+
+    def _has_share(self, key: int | str) -> bool:
+        return (
+            self._served.get(key, 0) < self.per_turn
+            and self._spent_s.get(key, 0.0) < self.per_turn_s
+        )
+
+    def _turn_ends(self) -> None:
+        if self._next is None:
+            self._next = asyncio.get_running_loop().call_soon(self._new_turn)
 
     def take(self, conn: Connection) -> bool:
         """Whether `conn` may serve a line now; False: it was queued for a later turn (and
         is held back until then)."""
         key = conn.user_key
-        served = self._served.get(key, 0)
-        if self._next is None:
-            self._next = asyncio.get_running_loop().call_soon(self._new_turn)
-        if served >= self.per_turn:
+        self._turn_ends()
+        if not self._has_share(key):
             conn.hold("turn")
             self._waiting.setdefault(key, deque()).append(conn)
             return False
-        self._served[key] = served + 1
+        self._served[key] = self._served.get(key, 0) + 1
         return True
+
+    def charge(self, conn: Connection, seconds: float) -> None:
+        """Count `seconds` of serving against `conn`'s user in this turn (a line served
+        after `take`, or an answer built later for that user)."""
+        key = conn.user_key
+        self._turn_ends()
+        self._spent_s[key] = self._spent_s.get(key, 0.0) + seconds
 
     def _new_turn(self) -> None:
         self._next = None
         self._served.clear()
+        self._spent_s.clear()
         for key, queue in list(self._waiting.items()):
-            while queue and self._served.get(key, 0) < self.per_turn:
+            while queue and self._has_share(key):
                 queue.popleft().release("turn")  # serves its lines (queued again past the share)
             if not queue and self._waiting.get(key) is queue:
                 del self._waiting[key]
@@ -529,26 +581,29 @@ class PerUserLimit:
         self._count: dict[int | str, int] = {}
         self._warned: set[str] = set()
 
-    def admit(self, conn: Connection) -> RpcError | None:
-        """Count `conn` in; `too_many_connections` (not counted) when its user is at the
-        limit."""
+    def over(self, conn: Connection) -> RpcError | None:
+        """`too_many_connections` when `conn`'s user is at the limit, else None (nothing
+        counted: a check by uid alone, made before any lookup in the OS's databases)."""
+        count = self._count.get(conn.user_key, 0)
+        if count < self.limit:
+            return None
+        return RpcError(
+            ErrorCode.TOO_MANY_CONNECTIONS,
+            f"user {conn.peer.user} already has {count} connections to this broker "
+            f"({self.limit} at most); close some and try again",
+            limit=self.limit,
+        )
+
+    def count_in(self, conn: Connection) -> None:
+        """Count `conn` in (it was admitted)."""
         key = conn.user_key
-        count = self._count.get(key, 0)
-        if count >= self.limit:
-            return RpcError(
-                ErrorCode.TOO_MANY_CONNECTIONS,
-                f"user {conn.peer.user} already has {count} connections to this broker "
-                f"({self.limit} at most); close some and try again",
-                limit=self.limit,
-            )
-        self._count[key] = count + 1
+        self._count[key] = self._count.get(key, 0) + 1
         self._warned.discard(conn.peer.user)
-        return None
 
     def refuse(self, conn: Connection, refused: RpcError) -> None:
-        """Answer `refused` and close `conn` (aborted if the answer is not taken within 1 s);
-        the refusal is logged once per user until one of that user's connections is
-        admitted again."""
+        """Answer `refused` and close `conn` (aborted if the answer is not taken within 1 s;
+        no timer when the socket took it at once, as it nearly always does); the refusal is
+        logged once per user until one of that user's connections is admitted again."""
         transport = conn.transport
         with contextlib.suppress(Exception):
             transport.write(jsonrpc.encode(jsonrpc.error(None, refused.to_wire())))
@@ -557,6 +612,9 @@ class PerUserLimit:
             self._warned.add(conn.peer.user)
         with contextlib.suppress(Exception):
             transport.close()
+        with contextlib.suppress(Exception):
+            if not transport.get_write_buffer_size():
+                return
         asyncio.get_running_loop().call_later(1.0, _abort, transport)
 
     def forget(self, conn: Connection) -> None:

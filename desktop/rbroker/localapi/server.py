@@ -126,7 +126,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _VIEWS = frozenset({"hello", "gpus.list", "leases.list", "broker.status", "jobs.list"})
-"""Methods whose answer is a view of the broker's state: built only when it can be written."""
+"""Methods whose answer is a view of the broker's state: built only when it can be written,
+and not at all for a peer that is gone (`Connection.peer_gone`): they change nothing, so a
+view nobody will read is skipped (`LocalApi.views_skipped`)."""
 
 _INLINE = frozenset(
     {"lease.renew", "lease.release", "lease.attach", "request.cancel", "broker.pause"} | _VIEWS
@@ -138,6 +140,14 @@ PAST_THE_CAP = frozenset({"lease.renew", "lease.release", "request.cancel"})
 a granted lease and the ends of a lease or a waiting request. All are `_INLINE`, so they add
 no waiting request; a cap meant to protect the broker never costs its user a lease or the
 way out of a queue."""
+
+
+_BINDS_NOTHING = _VIEWS | {"lease.renew", "lease.release", "request.cancel", "broker.pause"}
+"""Methods that leave nothing on their connection (no lease, waiting request, job or
+simulated memory is bound to it): a connection that sent only these is closed without the
+broker's look for what it held (`Broker.connection_closed`, which goes through every job,
+lease and waiting request), so a user opening and closing connections in a loop costs the
+broker the same whatever it holds."""
 
 
 Method = Callable[[Connection, Any], Any]
@@ -156,6 +166,8 @@ class LocalApi:
         self._turns = Turns()
         self.unsent = UnsentBudget(0)  # its cap comes from the broker's config at start()
         self.internal_errors = InternalErrors()
+        self.views_skipped = 0
+        """Views (`_VIEWS`) not built because their peer was gone when their turn came."""
         self.admin_methods = frozenset({"broker.pause", "sim.set", "sim.stall"})
         self.methods: dict[str, tuple[type[BaseModel], Method]] = {
             "hello": (HelloParams, self._hello),
@@ -222,10 +234,11 @@ class LocalApi:
         """Admit `conn` (its peer read), or refuse it (`too_many_connections`, or a user
         outside the allowed group) and close it: False."""
         allowed = self.config.allowed_group
-        refused = connect_refusal(conn.peer, allowed, self.address) or self._per_user.admit(conn)
+        refused = self._per_user.over(conn) or connect_refusal(conn.peer, allowed, self.address)
         if refused is not None:
             self._per_user.refuse(conn, refused)
             return False
+        self._per_user.count_in(conn)
         self._connections.add(conn)
         return True
 
@@ -244,7 +257,8 @@ class LocalApi:
         self.unsent.forget(conn)
         if conn.unsubscribe is not None:
             conn.unsubscribe()
-        self.broker.connection_closed(conn.id)
+        if conn.bound:
+            self.broker.connection_closed(conn.id)
 
     def _serve_inline(self, conn: Connection, line: bytes) -> Coroutine[Any, Any, None] | None:
         """Answer `line` now when nothing has to wait (see the module docstring); else the
@@ -256,6 +270,11 @@ class LocalApi:
             request_id, answered, method, params = decode(
                 line, self.methods, self.admin_methods, conn.peer, self.config.admin_group
             )
+            if method not in _BINDS_NOTHING:
+                conn.bound = True
+            elif method in _VIEWS and conn.peer_gone():
+                self.views_skipped += 1  # asked and closed at once: nobody reads it
+                return None
             if method == "lease.acquire":
                 started = self._begin_acquire(conn, params)
                 if not isinstance(started, dict):
@@ -283,15 +302,22 @@ class LocalApi:
         return conn.send(answer)
 
     async def _send_view(self, conn: Connection, request_id: Any, method: str, params: Any) -> None:
-        """Answer a view once it can be written, building it only then."""
+        """Answer a view once it can be written, building it only then, and only when its
+        peer is still there; the time it takes counts in its user's turn (`Turns.charge`)."""
 
-        async def build() -> dict[str, Any]:
+        async def build() -> dict[str, Any] | None:
+            if conn.peer_gone():
+                self.views_skipped += 1
+                return None
+            started_s = self._turns.clock()
             try:
                 return jsonrpc.result(request_id, self.methods[method][1](conn, params))
             except RpcError as err:
                 return jsonrpc.error(request_id, err.to_wire())
             except Exception as exc:
                 return self._internal_error(conn, request_id, method, exc)
+            finally:
+                self._turns.charge(conn, self._turns.clock() - started_s)
 
         await conn.send(build)
 

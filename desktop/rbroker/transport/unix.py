@@ -63,6 +63,28 @@ def peer_of(sock: socket.socket) -> Peer:
     return Peer(pid=pid, user=user, uid=uid)
 
 
+_HUNG_UP = select.POLLHUP | select.POLLERR | select.POLLNVAL
+
+
+def hung_up(transport: asyncio.BaseTransport) -> bool:
+    """Whether the peer of `transport` (an accepted Unix socket) closed its end: the socket
+    polls as hung up (POLLHUP: both directions shut, which a peer's close gives; its
+    `shutdown(SHUT_WR)` alone does not, so a client that half-closes after its request
+    still gets its answer), or is in error. False when the socket is not there any more
+    (the transport is closed: see `is_closing`). One `poll` with no wait."""
+    sock = transport.get_extra_info("socket")
+    fd = sock.fileno() if sock is not None else -1
+    if fd < 0:
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    try:
+        events = poller.poll(0)
+    except OSError:
+        return False
+    return any(mask & _HUNG_UP for _fd, mask in events)
+
+
 def _live_broker_at(path: str) -> bool:
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)

@@ -72,3 +72,48 @@ def test_a_busy_user_gets_its_share_each_turn_until_all_is_served() -> None:
     assert all(turn.count("a") <= 4 for turn in by_turn)
     assert sum(turn.count("a") for turn in by_turn) == 150  # nothing lost, nothing twice
     assert all(turn for turn in by_turn[1:])  # a turn with lines waiting always serves some
+
+
+class _Clock:
+    """A clock that moves only when told (seconds)."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_a_user_whose_lines_take_long_gets_one_per_turn_and_another_is_not_held() -> None:
+    """The time share (`per_turn_s`): lines of 30 ms (a large `jobs.list`) are served one a
+    turn, not `per_turn` of them; another user's cheap line is served in its first turn."""
+
+    async def scenario() -> list[list[str]]:
+        clock = _Clock()
+        turns = Turns(per_turn=16, per_turn_s=0.005, clock=clock)
+        served: list[str] = []
+
+        class _Costly(_Lines):
+            def pump(self) -> None:
+                while self.left and not self.held and self.turns.take(cast(Connection, self)):
+                    started = clock()
+                    clock.now_s += 0.030 if self.user_key == "a" else 0.0001
+                    self.left -= 1
+                    self.served.append(self.user_key)
+                    self.turns.charge(cast(Connection, self), clock() - started)
+
+        busy: list[Any] = [_Costly(turns, "a", 1, served) for _ in range(40)]
+        for conn in busy:
+            conn.pump()
+        _Costly(turns, "b", 3, served).pump()
+        by_turn = [list(served)]
+        while any(c.left for c in busy):
+            served.clear()
+            await asyncio.sleep(0)
+            by_turn.append(list(served))
+        return by_turn
+
+    by_turn = asyncio.run(scenario())
+    assert by_turn[0].count("b") == 3
+    assert all(turn.count("a") == 1 for turn in by_turn)  # one 30 ms line a turn
+    assert sum(turn.count("a") for turn in by_turn) == 40
