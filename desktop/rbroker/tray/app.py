@@ -28,13 +28,20 @@ from rbroker.client.local import Client
 from rbroker.client.paths import default_data_dir, default_socket_path
 from rbroker.embedded import EmbeddedBroker
 from rbroker.startup import check_broker_paths, os_error_line
-from rbroker.tray import autostart
+from rbroker.tray import autostart, notification_server
 from rbroker.tray.fleet import FleetSource, NotEnrolled, UplinkFleet
 from rbroker.tray.fleet_tab import FleetFeed
 from rbroker.tray.icons import app_icon, state_icon
 from rbroker.tray.link import BrokerLink
 from rbroker.tray.notices import Notifier
-from rbroker.tray.plain import clean, clean_lines, menu_text, tool_tip, tray_tip
+from rbroker.tray.plain import (
+    clean,
+    clean_lines,
+    menu_text,
+    notification_body,
+    tool_tip,
+    tray_tip,
+)
 from rbroker.tray.settings import TraySettings, settings_path
 from rbroker.tray.settings_tab import EnrollRequest
 from rbroker.tray.single import SingleInstance, instance_name
@@ -103,6 +110,7 @@ class TrayApp(QObject):
         self.link.disconnected.connect(self.on_disconnected)
         self.link.command_failed.connect(self.on_command_failed)
         self.notices: collections.deque[tuple[str, str]] = collections.deque(maxlen=20)
+        self._markup: bool | None = None  # the notification server reads markup: asked once
         self.notifier = Notifier(parent=self)
         self.link.snapshot.connect(self.notifier.on_snapshot)
         self.link.disconnected.connect(self.notifier.on_disconnected)
@@ -247,14 +255,23 @@ class TrayApp(QObject):
         title, text = clean(title), clean_lines(text)
         self.notices.append((title, text))
         log.info("%s: %s", title, text)
-        if self.tray is not None and QSystemTrayIcon.supportsMessages():
-            self.tray.showMessage(title, text, state_icon(self.state), 8000)
+        self._show_message(title, text, 8000)
+
+    def _show_message(self, title: str, text: str, shown_ms: int) -> None:
+        """A desktop notification from the tray icon (none without a tray), its body written
+        for the notification server that shows it (`plain.notification_body`; whether that
+        server reads markup is asked once)."""
+        if self.tray is None or not QSystemTrayIcon.supportsMessages():
+            return
+        if self._markup is None:
+            self._markup = notification_server.reads_markup()
+        body = notification_body(text, self._markup)
+        self.tray.showMessage(title, body, state_icon(self.state), shown_ms)
 
     def copy_snippet(self) -> None:
         text = run_snippet(self.snapshot, self.snippet_socket)
         QGuiApplication.clipboard().setText(text)
-        if self.tray is not None and QSystemTrayIcon.supportsMessages():
-            self.tray.showMessage("rbroker", f"Copied:\n{text}", state_icon(self.state), 4000)
+        self._show_message("rbroker", f"Copied:\n{text}", 4000)
 
     # -- settings ----------------------------------------------------------------------------
     def _show_autostart(self) -> None:

@@ -22,6 +22,12 @@ rest of a line around) never reach the screen either.
   and desktop-bus trays but Qt's own (rich-text-detecting) tool tip on an X11 tray: after each
   `<` and `&` a word joiner (U+2060, invisible) so `Qt::mightBeRichText` finds no tag.
 - `menu_text(text)` → a menu entry's text with each `&` doubled.
+- `notification_body(text, markup)` → a desktop notification's body: escaped (`&lt;`) for a
+  freedesktop notification server that reads markup in bodies (it advertises `body-markup`:
+  GNOME Shell, KDE Plasma, dunst, xfce4-notifyd, mako; `<b>`, `<a href>` and `<img src>`
+  would render), else with `tray_tip`'s word joiners (a server without markup shows them as
+  nothing; Qt's own balloon, used when there is no server, detects rich text like a tool
+  tip). The summary (title) is plain text to every server: `clean`ed only.
 
 Each line of a multi-line text is cleaned on its own: line breaks the tray writes itself stay.
 """
@@ -94,6 +100,14 @@ def tray_tip(text: object) -> str:
     the module's doc)."""
     s = clean_lines(text)
     return s.replace("<", "<" + WORD_JOINER).replace("&", "&" + WORD_JOINER)
+
+
+def notification_body(text: object, markup: bool) -> str:
+    """`"a <b>&"` → `"a &lt;b&gt;&amp;"` when the notification server reads markup
+    (`markup`), else `tray_tip(text)` (see the module's doc); line breaks kept."""
+    if markup:
+        return html.escape(clean_lines(text), quote=False)
+    return tray_tip(text)
 
 
 def menu_text(text: object) -> str:

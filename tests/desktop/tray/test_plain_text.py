@@ -11,6 +11,7 @@ action and table cell is read back.
 
 from __future__ import annotations
 
+import html
 import time
 import unicodedata
 from collections.abc import Iterator
@@ -24,9 +25,11 @@ from PySide6.QtGui import QAction, Qt, QTextDocument, QTextFormat
 from PySide6.QtWidgets import QAbstractItemView, QApplication, QLabel, QSystemTrayIcon, QWidget
 from pytestqt.qtbot import QtBot
 
+from rbroker.tray import notification_server
 from rbroker.tray.app import TrayApp
 from rbroker.tray.fleet import StaticFleet
 from rbroker.tray.notices import my_user
+from rbroker.tray.plain import WORD_JOINER
 from rbroker.tray.settings import TraySettings
 from rbroker.tray.state import Snapshot
 
@@ -281,15 +284,17 @@ def test_names_from_others_reach_every_widget_as_plain_text(
 
     seen: set[str] = set()
     _walk(tray, seen)
-    for title, text in [*shown, *tray.notices]:
-        _no_controls(title + text, "notice")
+    for title, text in [*shown, *tray.notices]:  # but the word joiners that keep tags inert
+        _no_controls(title + text.replace(WORD_JOINER, ""), "notice")
     assert len(shown) >= 2
-    assert any("<img src=x width=20000" in text for _, text in shown)
+    # no notification server reads markup here: the tags reach it inert (word joiners)
+    assert any(f"<{WORD_JOINER}img src=x width=20000" in text for _, text in shown)
+    assert not any(Qt.mightBeRichText(text) for _, text in shown)
 
     tray.link.disconnected.emit(f"{IMG} {ANSI} {RLO}")  # the broker went away
     _walk(tray, seen)
-    for title, text in [*shown, *tray.notices]:
-        _no_controls(title + text, "notice")
+    for title, text in [*shown, *tray.notices]:  # but the word joiners that keep tags inert
+        _no_controls(title + text.replace(WORD_JOINER, ""), "notice")
     # the names got there, as the text they are
     assert any(IMG in s for s in seen) and any(BOLD in s for s in seen)
     assert any(LINK in s for s in seen) and any("red" in s for s in seen)
@@ -315,3 +320,18 @@ def test_the_helpers_keep_text_as_written_and_drop_only_controls() -> None:
         assert tray_tip(text).replace(WORD_JOINER, "") == clean_lines(text)
     assert tray_tip("rbroker: no leases") == "rbroker: no leases"
     assert menu_text("R&D " + MNEMONIC) == "R&&D &&File"
+
+
+def test_a_notification_server_that_reads_markup_gets_the_body_escaped(
+    tray: TrayApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert tray.tray is not None
+    shown: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        tray.tray, "showMessage", lambda title, text, *_: shown.append((title, text))
+    )
+    monkeypatch.setattr(notification_server, "reads_markup", lambda: True)
+    tray._markup = None  # asked again
+    tray.notify(f"lease of {IMG}", f"{IMG} & {BOLD}")
+    assert shown == [(f"lease of {IMG}", html.escape(f"{IMG} & {BOLD}", quote=False))]
+    assert tray.notices[-1] == (f"lease of {IMG}", f"{IMG} & {BOLD}")  # kept as written
