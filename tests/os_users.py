@@ -194,6 +194,36 @@ def run_as(user: OsUser, fn: Callable[..., Any], *args: Any, timeout_s: float = 
     return value
 
 
+def recreate_user(user: OsUser) -> OsUser:
+    """Remove `user` (`remove_user`) and make an account of the same name with another uid,
+    as an administrator who re-creates a departed colleague's login for a newcomer would.
+
+    Raises:
+        RuntimeError: as `remove_user`; subprocess.CalledProcessError: useradd failed.
+    """
+    import pwd
+
+    remove_user(user)
+    taken = {entry.pw_uid for entry in pwd.getpwall()}
+    uid = next(u for u in range(user.uid + 17, user.uid + 10_000) if u not in taken)
+    subprocess.run(
+        [
+            "useradd",
+            "--system",
+            "--no-create-home",
+            "--uid",
+            str(uid),
+            "--shell",
+            "/usr/sbin/nologin",
+            user.name,
+        ],
+        check=True,
+        capture_output=True,
+    )
+    entry = pwd.getpwnam(user.name)
+    return OsUser(user.name, entry.pw_uid, entry.pw_gid)
+
+
 def open_to_everyone(*paths: str | os.PathLike[str]) -> None:
     """Let any local user reach a broker socket: its directories 0755, the socket 0666."""
     for path in paths:
