@@ -81,6 +81,40 @@ def test_names_that_pass_for_others_or_show_nothing_are_refused(
 
 
 @pytest.mark.parametrize(
+    ("project", "listed"),
+    [
+        ("\ua4e6\ua4f2\ua4e2\ua4f2\ua4f3\ua4e0", "vision"),  # all Lisu: ꓦꓲꓢꓲꓳꓠ, "VISION"
+        ("\u0455\u0441\u043e\u0440\u0435", "scope"),  # all Cyrillic: ѕсоре
+        ("n1p", "nlp"),  # a digit for a letter
+        ("nIp", "nlp"),  # a capital I for an l
+    ],
+)
+def test_a_name_that_looks_like_a_listed_project_is_refused(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool, project: str, listed: str
+) -> None:
+    """A name in one script (no `mixed_scripts`) that a reader could take for a listed
+    project (UTS #39's skeleton, in either case) would be another project shown as it."""
+    h = make_inprocess(SINGLE_24G, persist=False, members={listed: ("alice",)})
+    refused = _acquire(h, pool.spawn()[1], "carol", project)
+    assert isinstance(refused, RpcError) and refused.name is ErrorCode.DESCRIPTION_REJECTED
+    assert refused.data == {"field": "project", "rule": "confusable"}
+    assert f"could be taken for {listed!r}" in refused.message and "\n" not in refused.message
+    with pytest.raises(RpcError) as job_refused:
+        h.broker.declare_job("carol", project, "train", "h", None, 1, None)
+    assert job_refused.value.data["rule"] == "confusable"
+    assert not h.broker.leases
+    # the listed name itself, and names that only share letters, pass
+    assert _acquire(h, pool.spawn()[1], "alice", listed).project == listed
+    assert _acquire(h, pool.spawn()[1], "carol", "vlslon").project == "vlslon"
+
+
+def test_two_listed_projects_that_look_alike_are_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'nlp' and 'n1p' look alike") as exc:
+        BrokerConfig(tmp_path / "s", tmp_path, members={"nlp": ["a"]}, shares={"n1p": 1.0})
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
     ("members", "shares"),
     [
         ({"vision": ["alice"], "Vision": ["bob"]}, {}),
