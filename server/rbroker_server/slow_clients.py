@@ -19,6 +19,9 @@ subclasses uvicorn's HTTP protocol class (httptools or h11; passed as `http=` to
   is kept for clients with few connections, so a health check, a sign-in or a computer's
   report still gets in while a few greedy addresses hold the rest (17 addresses at the
   per-address cap used to fill the whole server, and `/healthz` answered 503 to everyone).
+  An IPv6 client is light only while its /48 (`site_key`: one site's allocation, 65 536
+  /64s) has fewer than `LIGHT_SITE_CONNECTIONS` open too: a /48 opening three connections
+  from each of its /64s used to take the whole reserve.
 
 A connection past a deadline gets a 408 when it had sent a byte, and is closed. Cuts and
 refusals are counted and logged by `EdgeLog`: one WARNING line at once, then at most one
@@ -53,6 +56,9 @@ RESERVED_SHARE = 8
 LIGHT_CONNECTIONS = 4
 """An address with fewer connections open than this is a light client (a health check, a
 browser, a computer's uplink)."""
+LIGHT_SITE_CONNECTIONS = 16
+"""An IPv6 address is a light client only while its /48 has fewer connections open than
+this as well."""
 
 _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
@@ -74,6 +80,15 @@ def address_key(host: str) -> str:
     if isinstance(addr, ipaddress.IPv6Address):
         return str(ipaddress.IPv6Network((addr, 64), strict=False))
     return str(addr)
+
+
+def site_key(host: str) -> str | None:
+    """The /48 of an IPv6 address (a site: RFC 6177 allocations are /48 to /56, so one
+    holder can use every /64 of it), None for anything else (IPv4, IPv4-mapped IPv6)."""
+    addr = peer_ip(host)
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is None:
+        return str(ipaddress.IPv6Network((addr, 48), strict=False))
+    return None
 
 
 class EdgeLog:
@@ -148,14 +163,15 @@ class ConnectionGuard:
     events: EdgeLog = field(default_factory=EdgeLog)
     open_total: int = 0
     open_by_key: Counter[str] = field(default_factory=Counter)
+    open_by_site: Counter[str] = field(default_factory=Counter)
 
     def exempted(self, host: str) -> bool:
         addr = peer_ip(host)
         return addr is not None and in_networks(addr, self.exempt)
 
-    def admit(self, key: str | None, exempt: bool) -> str | None:
-        """Count one new connection of `key` (None: no address) and return None, or say
-        why it is refused (nothing counted then)."""
+    def admit(self, key: str | None, exempt: bool, site: str | None = None) -> str | None:
+        """Count one new connection of `key` (None: no address) in `site` (an IPv6 /48,
+        `site_key`) and return None, or say why it is refused (nothing counted then)."""
         if self.open_total >= self.max_total:
             return f"refused over {self.max_total} open connections in all"
         if key is not None and not exempt and self.open_by_key[key] >= self.max_per_address:
@@ -164,20 +180,30 @@ class ConnectionGuard:
         if (
             self.open_total >= self.max_total - reserved
             and not exempt
-            and (key is None or self.open_by_key[key] >= LIGHT_CONNECTIONS)
+            and (
+                key is None
+                or self.open_by_key[key] >= LIGHT_CONNECTIONS
+                or (site is not None and self.open_by_site[site] >= LIGHT_SITE_CONNECTIONS)
+            )
         ):
             return f"refused into the last {reserved} connections, kept for light clients"
         self.open_total += 1
         if key is not None:
             self.open_by_key[key] += 1
+        if site is not None:
+            self.open_by_site[site] += 1
         return None
 
-    def release(self, key: str | None) -> None:
+    def release(self, key: str | None, site: str | None = None) -> None:
         self.open_total -= 1
         if key is not None:
             self.open_by_key[key] -= 1
             if self.open_by_key[key] <= 0:
                 del self.open_by_key[key]
+        if site is not None:
+            self.open_by_site[site] -= 1
+            if self.open_by_site[site] <= 0:
+                del self.open_by_site[site]
 
 
 class _Guarded:
@@ -192,6 +218,7 @@ class _Guarded:
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # type: ignore[misc]
         self._key: str | None = None
+        self._site: str | None = None
         self._counted = False
         self._seen_cycle: Any = None
         self._bytes = False
@@ -200,7 +227,9 @@ class _Guarded:
         peer = transport.get_extra_info("peername")
         host = peer[0] if isinstance(peer, tuple | list) and peer else None
         self._key = address_key(str(host)) if host else None
-        refusal = self.guard.admit(self._key, bool(host) and self.guard.exempted(str(host)))
+        self._site = site_key(str(host)) if host else None
+        exempt = bool(host) and self.guard.exempted(str(host))
+        refusal = self.guard.admit(self._key, exempt, self._site)
         if refusal is not None:
             self.guard.events.count(refusal, self._key or "?")
             text = b"too many connections from your address or in all; try again later\n"
@@ -214,7 +243,7 @@ class _Guarded:
         self._cancel_timers()
         if self._counted:
             self._counted = False
-            self.guard.release(self._key)
+            self.guard.release(self._key, self._site)
         super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:

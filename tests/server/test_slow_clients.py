@@ -24,7 +24,14 @@ import uvicorn
 
 from rbroker_server.net import parse_networks
 from rbroker_server.settings import Settings
-from rbroker_server.slow_clients import ConnectionGuard, EdgeLog, address_key, guarded_protocol
+from rbroker_server.slow_clients import (
+    LIGHT_SITE_CONNECTIONS,
+    ConnectionGuard,
+    EdgeLog,
+    address_key,
+    guarded_protocol,
+    site_key,
+)
 from tests.ports import free_port
 
 LINUX = sys.platform == "linux"  # the whole 127.0.0.0/8 is local: 127.0.0.2 is a second client
@@ -254,6 +261,34 @@ def test_trusted_proxies_are_not_capped_per_address(parser: str) -> None:
         finally:
             for s in socks:
                 s.close()
+
+
+def test_a_site_of_many_light_ipv6_addresses_does_not_take_the_reserve() -> None:
+    """An IPv6 /48 holds 65 536 /64s: three connections from each of many of them (each
+    /64 "light") used to take the whole reserve. A /64 is light only while its /48 has fewer
+    than `LIGHT_SITE_CONNECTIONS` open; another site and IPv4 clients still get in. (The
+    rule, on the guard every connection goes through: one host has no hundreds of IPv6
+    source addresses to test it over sockets.)"""
+    guard = ConnectionGuard(max_per_address=200, max_total=80)  # the reserve: the last 10
+
+    def admit(host: str) -> str | None:
+        return guard.admit(address_key(host), False, site_key(host))
+
+    for _ in range(60):
+        assert admit("10.0.0.1") is None  # a greedy address: 60 open
+    attacker = [f"2001:db8:a:{n:x}::1" for n in range(1, 40)]  # 39 /64s of one /48
+    taken = [host for host in attacker for _ in range(3) if admit(host) is None]
+    assert len(taken) == LIGHT_SITE_CONNECTIONS  # 10 before the reserve, 6 in it
+    assert guard.open_by_site["2001:db8:a::/48"] == LIGHT_SITE_CONNECTIONS
+    assert guard.open_total == 76  # 4 of the reserve left, and light clients get them
+    assert admit("2001:db8:b::1") is None  # another site
+    assert admit("192.0.2.1") is None
+    assert admit("2001:db8:a:99::1") is not None  # the site is not light any more
+    for host in taken:
+        guard.release(address_key(host), site_key(host))
+    assert "2001:db8:a::/48" not in guard.open_by_site
+    assert site_key("10.1.2.3") is None and site_key("::ffff:10.1.2.3") is None
+    assert site_key("2001:db8:a:ffff:1::9") == "2001:db8:a::/48"
 
 
 def test_address_keys() -> None:
