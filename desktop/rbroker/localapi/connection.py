@@ -231,10 +231,7 @@ class Connection(asyncio.Protocol):
         self._held.discard(why)
         if self._held or self.closed:
             return
-        if self._reading_paused:
-            self._reading_paused = False
-            self.transport.resume_reading()
-        self._serve_lines()
+        self._serve_lines()  # reads on once the lines already read are served
 
     def _pause_reading(self) -> None:
         if not self._reading_paused and not self.closed:
@@ -274,6 +271,9 @@ class Connection(asyncio.Protocol):
                 self._cancel_line_timer()
             if self.closed or self._held:
                 return
+            if self._reading_paused:  # what was read is served: read on
+                self._reading_paused = False
+                self.transport.resume_reading()
             if self._eof:
                 self._end_of_stream()
             elif len(buf) > self.limit:  # no newline within the limit: skip to the next one
