@@ -31,9 +31,13 @@ from tests.os_users import OsUser, open_to_everyone, run_as
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="a Unix socket")
 
 JOBS = 3000
-ANSWER_WITHIN_S = 2.0
+ANSWER_WITHIN_S = {"uvloop": 2.0, "asyncio": 10.0}
 """How long another user's hello and `broker.status`, connect included, may take while one
-user churns (measured after the change: 0.12 to 0.3 s on a loaded 2-core machine)."""
+user churns, by event loop. uvloop (the broker's loop on Linux): 0.12 to 0.3 s measured after
+the change on a loaded 2-core machine, 7.8 to 13.7 s before. asyncio pays a task and a
+transport for every connection it accepts, so the churn costs it more: 1 to 3 s measured,
+2.0 s seen once in a full CI run (and 4 s before the change); its bound says only that the
+answer comes."""
 
 CHURN_S = 4.0
 CHURN_THREADS = 6
@@ -145,7 +149,7 @@ def test_another_users_status_is_answered_within_a_bound_while_one_user_churns(
     assert "failed" not in box, box.get("failed")
     assert box["sent"] > 100, box  # the other user did churn
     assert took, "the churn ended before a status was asked"
-    assert max(took) < ANSWER_WITHIN_S, (quiet_s, took)
+    assert max(took) < ANSWER_WITHIN_S[loop], (quiet_s, took)
     # and once it stops, the broker answers at once (no answers left to build)
     assert _status_s(bp.socket) < 0.5
 
