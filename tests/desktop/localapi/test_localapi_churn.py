@@ -183,8 +183,12 @@ def test_an_answer_for_a_peer_that_closed_is_not_built() -> None:
         while served.call(lambda: list(served.api._connections)):
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        assert built[0] == 0
-        assert served.call(lambda: getattr(served.api, "views_skipped", 0)) == asked + 1
+        assert built[0] == 0  # none of the 21 answers was built
+        # each line served while the connection was open was skipped; lines left for the
+        # user's next turn (16 lines a turn) go with the connection when it is cleaned up
+        # first, unread: how many of each depends on when the loop saw the close
+        skipped = served.call(lambda: getattr(served.api, "views_skipped", 0))
+        assert 1 <= skipped <= asked + 1, skipped
 
         # a peer that only shut down its sending side still reads: it gets its answers
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
