@@ -1,5 +1,5 @@
-"""What the broker keeps of one connection's unread request lines: at most about one line's
-limit plus one read, however many lines a client pipelines while it reads the answers.
+"""What the broker keeps of one connection's unread request lines: at most about the line
+limit plus two reads, however many lines a client pipelines while it reads the answers.
 
 Before, each turn of a busy user resumed reading before the lines already read were served:
 a client pipelining renewals (each answered at once) grew its connection's buffer by a
@@ -68,4 +68,6 @@ def test_a_pipelining_client_s_unread_lines_stay_bounded(monkeypatch: pytest.Mon
             answered += 1
         sender.join(60)
         assert answered == RENEWALS  # every line served, none refused or lost
-        assert most[0] <= jsonrpc.MAX_LINE_BYTES + READ_CHUNK_BYTES, most[0]
+        # a turn may end inside a read (its rest stays) and one more read comes before
+        # reading pauses: the line limit plus two reads (354 808 bytes seen once; 9 MB before)
+        assert most[0] <= jsonrpc.MAX_LINE_BYTES + 2 * READ_CHUNK_BYTES, most[0]
