@@ -143,6 +143,42 @@ def in_child_pid_namespace(ns_path: str = "/proc/self/ns/pid") -> bool:
         return True
 
 
+_PROCESS_CALLS = {
+    "compute": (
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetComputeRunningProcesses_v2",
+    ),
+    "graphics": (
+        "nvmlDeviceGetGraphicsRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    ),
+}
+"""pynvml's process-list calls, newest first (`NvmlGateway._process_records`)."""
+
+_NO_INSTANCE = 0xFFFFFFFF
+_MAX_INSTANCE_ID = 0xFF
+
+
+def records_garbled(records: Iterable[Any]) -> bool:
+    """True when a process list cannot be NVML's records as this pynvml reads them.
+
+    When the driver writes records of another size than pynvml's `nvmlProcessInfo_v2_t`
+    (24 bytes: pid, usedGpuMemory, gpuInstanceId, computeInstanceId), every record after the
+    first is read across two of the driver's (nvitop#75): instance ids that are neither
+    "none" (0xFFFFFFFF) nor a MIG id (< 256: NVML counts GPU and compute instances in single
+    digits) come out, since they hold the next record's pid or memory. One such record makes
+    the whole list suspect, as a shifted record may also look plausible. (Bad pids alone, 0
+    or past 2^32 − 2, are skipped one by one in `_processes`: drivers report such records
+    beside sane ones.)
+    """
+    for rec in records:
+        for name in ("gpuInstanceId", "computeInstanceId"):
+            value = getattr(rec, name, _NO_INSTANCE)
+            if isinstance(value, int) and value != _NO_INSTANCE and value > _MAX_INSTANCE_ID:
+                return True
+    return False
+
+
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -177,6 +213,9 @@ class NvmlGateway:
         self._initialised = False
         self._handles: dict[str, Any] = {}
         self._v2_missing: set[str] = set()
+        # per list kind, the process-list calls still to use, newest first
+        self._process_calls: dict[str, list[str]] = {}
+        self._garbled_logged: set[str] = set()
         # NVML seen from another pid namespace than the initial one: its pids are foreign
         # (the simulated driver plays the host's driver, so the rule holds for it too)
         self.foreign_pids = in_child_pid_namespace()
@@ -282,19 +321,45 @@ class NvmlGateway:
             self._handles[uuid] = handle
         return handle
 
+    def _process_records(self, kind: str, handle: Any) -> list[Any]:
+        """The records of one process list, through the newest of pynvml's calls that this
+        driver has: pynvml's unversioned call asks for the `_v3` function, which a driver
+        before R510 lacks (pynvml then raises `NVMLLibraryMismatchError`, not an NVMLError,
+        or FUNCTION_NOT_FOUND); the `_v2` call is tried next and, once it answers, kept.
+
+        Raises:
+            NVMLError: the driver's error, or FUNCTION_NOT_FOUND when it has no such call.
+        """
+        lib = self.lib
+        names = self._process_calls.setdefault(kind, list(_PROCESS_CALLS[kind]))
+        mismatch = getattr(lib, "NVMLLibraryMismatchError", None)
+        missing: tuple[type[BaseException], ...] = (mismatch,) if mismatch else ()
+        while names:
+            fn = getattr(lib, names[0], None)
+            try:
+                if fn is None:
+                    raise lib.NVMLError(_ERR_FUNCTION_NOT_FOUND)
+                return list(fn(handle))
+            except missing:
+                pass
+            except lib.NVMLError as exc:
+                if _nvml_code(exc) != _ERR_FUNCTION_NOT_FOUND or len(names) == 1:
+                    raise
+            log.info("NVML has no %s; using the next version", names[0])
+            names.pop(0)
+        raise lib.NVMLError(_ERR_FUNCTION_NOT_FOUND)
+
     def _processes(self, handle: Any) -> tuple[dict[int, ProcessSample], bool]:
         """The processes listed on `handle` and whether the list is known at all: a compute
         list that is not supported or not permitted (MIG slices, some containers) leaves
-        per-process memory unknown, while the GPU itself stays usable."""
+        per-process memory unknown, while the GPU itself stays usable; so does a list whose
+        records do not look like NVML's (`records_garbled`)."""
         lib = self.lib
         out: dict[int, ProcessSample] = {}
         known = True
-        for kind, fn in (
-            ("compute", lib.nvmlDeviceGetComputeRunningProcesses),
-            ("graphics", lib.nvmlDeviceGetGraphicsRunningProcesses),
-        ):
+        for kind in ("compute", "graphics"):
             try:
-                records = fn(handle)
+                records = self._process_records(kind, handle)
             except lib.NVMLError as exc:
                 code = _nvml_code(exc)
                 if code in (_ERR_NOT_SUPPORTED, _ERR_FUNCTION_NOT_FOUND, _ERR_NO_PERMISSION):
@@ -302,6 +367,17 @@ class NvmlGateway:
                         known = False  # graphics lists are often absent: that is no doubt
                     continue
                 raise
+            if records_garbled(records):
+                if kind not in self._garbled_logged:
+                    self._garbled_logged.add(kind)
+                    log.warning(
+                        "NVML's %s process list does not look like NVML's records (a driver "
+                        "whose record size this pynvml does not know): per-process memory "
+                        "is unknown",
+                        kind,
+                    )
+                known = False
+                continue
             for rec in records:
                 pid = getattr(rec, "pid", 0)
                 raw = getattr(rec, "usedGpuMemory", None)

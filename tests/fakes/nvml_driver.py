@@ -1,0 +1,235 @@
+"""The fake NVIDIA driver library (`tests/fakes/nvml_driver/fake_nvml.c`): built here, its
+state written here, loaded by the real pynvml.
+
+`gpu/fake_nvml.py` replaces the library *above* pynvml; this one sits *below* it, where a
+real driver does: pynvml's ctypes calls, the versioned structs and functions, the `nvml.dll`
+search on Windows. It answers from a state file (the path in `RBROKER_FAKE_NVML_STATE`,
+re-read on every call) that `write_state` makes from the same scenario TOML the Python fake
+reads, plus the driver behaviours only a library can have (`DriverSwitches`).
+
+- `linux_library(old=False)`: builds `libnvidia-ml.so.1` with `cc` (once per source hash,
+  shared by the test workers) and returns its folder, for `LD_LIBRARY_PATH` or `load`.
+  `old=True` builds a driver before R510: no `_v3` process lists, no memory `_v2`.
+- `windows_library(old=False)`: builds `nvml.dll` with `x86_64-w64-mingw32-gcc` (on Linux, for
+  the Windows half under Wine); on Windows the path comes from `RBROKER_FAKE_NVML_DLL`.
+- `load(path)`: a private copy of the pynvml module bound to that library, for a gateway in
+  this process (the global `pynvml` is left alone, so no other test sees a "driver").
+
+What it cannot show (only a real GPU can): real memory figures, real MIG layouts, real WDDM
+counters, driver timing (docs/development.md, "The fake driver").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from rbroker.gpu.scenario import SimGpu, init_error, parse_scenario
+
+SOURCE = Path(__file__).with_name("nvml_driver") / "fake_nvml.c"
+STATE_ENV = "RBROKER_FAKE_NVML_STATE"
+DLL_ENV = "RBROKER_FAKE_NVML_DLL"
+
+# NVML return codes (nvml.h) for the scenario's error names
+CODES = {
+    "": 0,
+    "not_supported": 3,
+    "no_permission": 4,
+    "driver_not_loaded": 9,
+    "library_not_found": 12,
+    "function_not_found": 13,
+    "gpu_lost": 15,
+    "version_mismatch": 18,
+    "argument_version_mismatch": 25,
+    "unknown": 999,
+}
+
+
+@dataclass(frozen=True)
+class MigGpu:
+    """A GPU in MIG mode: `positions` slice positions, the `slices` (scenario GPUs with
+    `MIG-` UUIDs) in the first ones."""
+
+    uuid: str
+    name: str
+    positions: int
+    slices: tuple[SimGpu, ...]
+
+
+@dataclass(frozen=True)
+class DriverSwitches:
+    """What only a driver library can do wrong, on top of a scenario.
+
+    `process_struct`: the record size the library writes for the `_v2`/`_v3` process lists:
+    `v2` (what pynvml reads), `v1` (16 bytes, an older library) or `wide` (32, a newer one).
+    `memory_v2_error`: `{uuid: name}` what `nvmlDeviceGetMemoryInfo_v2` alone answers there.
+    `count_error`: what `nvmlDeviceGetCount` answers. `delay_ms`: `{uuid: ms}` each memory
+    and process query sleeps. `mig`: GPUs in MIG mode, listed after the scenario's GPUs.
+    """
+
+    process_struct: str = "v2"
+    memory_v2_error: dict[str, str] = field(default_factory=dict)
+    count_error: str = ""
+    delay_ms: dict[str, int] = field(default_factory=dict)
+    mig: tuple[MigGpu, ...] = ()
+    driver_version: str = "550.54.14"
+
+
+def _gpu_lines(gpu: SimGpu, switches: DriverSwitches) -> list[str]:
+    """The state lines of one GPU (after its `gpu`/`slice` line), with the Python fake's rule
+    for device used memory (`FakeNvml._used_mib`: reserved included)."""
+    listed = sum(p.used_mib or 0 for p in gpu.processes)
+    used = gpu.device_used_mib
+    if used is None:
+        used = min(gpu.total_mib, gpu.reserved_mib + gpu.used_mib + listed)
+    memory = CODES["not_supported"] if gpu.memory_api == "not_supported" else 0
+    v2_error = CODES["function_not_found"] if gpu.memory_api == "v1" else 0
+    v2_error = CODES[switches.memory_v2_error.get(gpu.uuid, "")] or v2_error
+    delay_ms = switches.delay_ms.get(gpu.uuid, round(gpu.delay_s * 1000))
+    lines = [
+        f"name {gpu.name}",
+        f"total_mib {gpu.total_mib}",
+        f"used_mib {used}",
+        f"reserved_mib {gpu.reserved_mib}",
+        f"memory {memory}",
+        f"memory_v2_error {v2_error}",
+        f"error {CODES[gpu.error]}",
+        f"process_list_error {CODES[gpu.process_list_error]}",
+        f"delay_ms {delay_ms}",
+        f"per_process_memory {int(gpu.per_process_memory)}",
+    ]
+    for p in gpu.processes:
+        mib = -1 if p.used_mib is None else p.used_mib
+        lines.append(f"process {p.pid} {mib} {p.kind}")
+    return lines
+
+
+def state_text(scenario_text: str, switches: DriverSwitches | None = None) -> str:
+    """The driver's state for a scenario (TOML, as `FakeNvml` reads it) and switches.
+
+    Raises:
+        ScenarioError: the scenario is not valid.
+    """
+    switches = switches or DriverSwitches()
+    gpus = parse_scenario(scenario_text)
+    lines = [
+        "# rbroker fake NVML driver state (tests/fakes/nvml_driver/fake_nvml.c)",
+        f"init_error {CODES[init_error(scenario_text)]}",
+        f"count_error {CODES[switches.count_error]}",
+        f"driver_version {switches.driver_version}",
+        f"process_struct {switches.process_struct}",
+    ]
+    for gpu in gpus:
+        lines += [f"gpu {gpu.uuid}", *_gpu_lines(gpu, switches)]
+    for mig in switches.mig:
+        lines += [f"gpu {mig.uuid}", f"name {mig.name}", f"mig {mig.positions}"]
+        for part in mig.slices:
+            lines += [f"slice {part.uuid}", *_gpu_lines(part, switches)]
+    return "\n".join(lines) + "\n"
+
+
+def write_state(path: Path, scenario_text: str, switches: DriverSwitches | None = None) -> Path:
+    """Write the state atomically (the library may read it at any moment); returns `path`."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(state_text(scenario_text, switches), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _source_key(old: bool) -> str:
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    return f"{digest}-{'old' if old else 'current'}"
+
+
+def _compiler(name: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        reason = f"the fake NVML driver needs a C compiler ({name}) on PATH"
+        if os.environ.get("CI"):
+            pytest.fail(reason + " (.ci/run installs it)")
+        pytest.skip(reason)
+    return found
+
+
+def _build(compiler: str, flags: list[str], out: Path, old: bool) -> Path:
+    """Compile into `out` unless it is there; concurrent workers each build to a private
+    name and rename (the last rename wins, all are the same)."""
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    cmd = [compiler, "-O2", "-Wall", "-Werror", *flags, "-o", str(tmp), str(SOURCE)]
+    if old:
+        cmd.insert(1, "-DRBROKER_OLD_DRIVER")
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"building the fake NVML driver failed:\n{done.stderr}")
+    os.replace(tmp, out)
+    return out
+
+
+def _cache() -> Path:
+    return Path(tempfile.gettempdir()) / "rbroker-fake-nvml"
+
+
+def linux_library(old: bool = False) -> Path:
+    """The folder holding a built `libnvidia-ml.so.1` (Linux; skips where there is no cc)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the Linux fake driver is built and loaded on Linux")
+    cc = _compiler("cc")
+    folder = _cache() / _source_key(old)
+    _build(cc, ["-shared", "-fPIC", "-fvisibility=hidden"], folder / "libnvidia-ml.so.1", old)
+    return folder
+
+
+def windows_library(old: bool = False) -> Path:
+    """A built `nvml.dll`: on Windows the one named by `RBROKER_FAKE_NVML_DLL` (or
+    `RBROKER_FAKE_NVML_OLD_DLL`), which `.ci/wine` builds; elsewhere built here with mingw."""
+    if sys.platform == "win32":
+        env = "RBROKER_FAKE_NVML_OLD_DLL" if old else DLL_ENV
+        named = os.environ.get(env, "")
+        if not named or not Path(named).is_file():
+            reason = f"{env} names no built fake nvml.dll (.ci/wine builds it)"
+            if os.environ.get("CI"):
+                pytest.fail(reason)
+            pytest.skip(reason)
+        return Path(named)
+    gcc = _compiler("x86_64-w64-mingw32-gcc")
+    return _build(gcc, ["-shared"], _cache() / _source_key(old) / "nvml.dll", old)
+
+
+def library_file(old: bool = False) -> Path:
+    """This platform's built library file."""
+    if sys.platform == "win32":
+        return windows_library(old)
+    return linux_library(old) / "libnvidia-ml.so.1"
+
+
+def load(library: Path) -> ModuleType:
+    """A private copy of the pynvml module whose `nvmlLib` is `library` (loaded by path, as
+    `rbroker.gpu.nvml_discovery` does on Windows)."""
+    found = importlib.util.find_spec("pynvml")
+    assert found is not None and found.origin is not None
+    # its own name in sys.modules: pynvml makes its error classes on `sys.modules[__name__]`
+    name = f"pynvml_on_{library.parent.name}_{library.stem}".replace("-", "_").replace(".", "_")
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    spec = importlib.util.spec_from_file_location(name, found.origin)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    module.nvmlLib = ctypes.CDLL(str(library))  # type: ignore[attr-defined]
+    return module
