@@ -25,29 +25,30 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rbroker._exceptions import BrokerUnavailable, JobFinished, JobNotFound, RBrokerError
 from rbroker._lease import RECONNECT_WINDOW_S, _acquire, _Holder, _reconnect
 from rbroker.client.local import Client
-from rbroker_protocol.results import JobReportResult, JobResult, JobsListResult
+
+_T = TypeVar("_T")
 
 
 def _call_again(
-    client: Client, socket: str | None, method: str, params: dict[str, Any]
-) -> tuple[Client, Any]:
-    """`client.call(method)`; if the connection broke, once more on a new connection.
-    Returns the client to use from now on and the result.
+    client: Client, socket: str | None, call: Callable[[Client], _T]
+) -> tuple[Client, _T]:
+    """`call(client)` (one typed client call); if the connection broke, once more on a new
+    connection. Returns the client to use from now on and the result.
 
     Raises:
         BrokerUnavailable: the broker did not come back within `RECONNECT_WINDOW_S`.
     """
     try:
-        return client, client.call(method, **params)
+        return client, call(client)
     except BrokerUnavailable:
         client.close()
     fresh = _reconnect(socket, time.monotonic() + RECONNECT_WINDOW_S, None)
-    return fresh, fresh.call(method, **params)
+    return fresh, call(fresh)
 
 
 class Job:
@@ -66,10 +67,7 @@ class Job:
             InvalidParams: negative counts, beyond total_items, a chunk id re-used with
                 other counts. JobFinished: the job already ended.
         """
-        result: JobReportResult = self._call(
-            "job.report",
-            {"job_id": self.job_id, "chunk_id": chunk_id, "completed": completed, "failed": failed},
-        )
+        result = self._call(lambda c: c.job_report(self.job_id, chunk_id, completed, failed))
         self.info = dict(result["job"])
         return dict(self.info)
 
@@ -79,29 +77,22 @@ class Job:
         Raises:
             JobNotFound: the broker no longer knows the job.
         """
-        listed: JobsListResult = self._call("jobs.list", {"include_finished": True})
+        listed = self._call(lambda c: c.jobs_list(include_finished=True))
         for info in listed["jobs"]:
             if info["job_id"] == self.job_id:
                 self.info = dict(info)
                 return dict(info)
         raise JobNotFound(f"no job {self.job_id}", "job_not_found", job_id=self.job_id)
 
-    def _call(self, method: str, params: dict[str, Any]) -> Any:
-        self._client, result = _call_again(self._client, self._socket, method, params)
+    def _call(self, call: Callable[[Client], _T]) -> _T:
+        self._client, result = _call_again(self._client, self._socket, call)
         return result
 
     def update(
         self, state: str | None = None, reason: str | None = None, workers: int | None = None
     ) -> dict[str, Any]:
         """Change the state (`running`, `succeeded`, `failed`, `cancelled`) or workers."""
-        params: dict[str, Any] = {"job_id": self.job_id}
-        if state is not None:
-            params["state"] = state
-        if reason is not None:
-            params["reason"] = reason
-        if workers is not None:
-            params["workers"] = workers
-        result: JobResult = self._call("job.update", params)
+        result = self._call(lambda c: c.job_update(self.job_id, state, reason, workers))
         self.info = dict(result["job"])
         return dict(self.info)
 
@@ -168,8 +159,11 @@ def _end_worker(job_id: str) -> None:
 def _worker_report(ref: JobRef, chunk_id: str, completed: int, failed: int) -> None:
     """Report a chunk on this process's connection for `ref` (connecting again if the
     broker restarted)."""
-    params = {"job_id": ref.job_id, "chunk_id": chunk_id, "completed": completed, "failed": failed}
-    client, _ = _call_again(_worker(ref), ref.socket, "job.report", params)
+    client, _ = _call_again(
+        _worker(ref),
+        ref.socket,
+        lambda c: c.job_report(ref.job_id, chunk_id, completed, failed),
+    )
     with _worker_lock:
         entry = _workers.get(ref.job_id)
         if entry is not None and entry[0] is not client:
@@ -263,16 +257,14 @@ def job(
     client = Client(socket)
     handle: Job | None = None
     try:
-        params: dict[str, Any] = {
-            "project": project,
-            "purpose": purpose,
-            "handler": handler,
-            "workers": workers,
-        }
-        if total_items is not None:
-            params["total_items"] = total_items
         # the job lives on the broker found: its workers report there, to no other
-        declared: JobResult = client.call("job.declare", **params)
+        declared = client.job_declare(
+            project=project,
+            purpose=purpose,
+            handler=handler,
+            workers=workers,
+            total_items=total_items,
+        )
         handle = Job(client, dict(declared["job"]), client.address)
         try:
             yield handle

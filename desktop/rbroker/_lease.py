@@ -28,7 +28,7 @@ from rbroker._exceptions import (
     StorageUnavailable,
 )
 from rbroker._lease_record import Lease, note_over_grant
-from rbroker.client.local import Client
+from rbroker.client.local import RENEW, Client
 from rbroker_protocol.params import AcquireRequest
 from rbroker_protocol.results import AcquireResult, GpuView
 
@@ -140,7 +140,7 @@ class _Holder:
     def _on_failed(self, method: str, exc: RBrokerError) -> None:
         # a pipelined renewal was refused (the lease expired or was ended): lost, whichever
         # thread read the answer
-        if method == "lease.renew" and not self._stop.is_set():
+        if method == RENEW and not self._stop.is_set():
             self._lose(exc)
 
     def _lose(self, exc: RBrokerError) -> None:
@@ -173,7 +173,7 @@ class _Holder:
                 # stalled broker (it grants a TTL of grace), not a lost one: nothing here
                 # gives up on it; a broker that dies closes the connection, and that is what
                 # starts a re-attach.
-                self.client.call_nowait("lease.renew", lease_id=self.lease.lease_id)
+                self.client.renew_nowait(self.lease.lease_id)
             except BrokerUnavailable:
                 if self._stop.is_set() or not self._reattach():
                     return
@@ -193,9 +193,7 @@ class _Holder:
                     self._lose(exc)
                 return False
             try:
-                result = client.call(
-                    "lease.attach", lease_id=self.lease.lease_id, token=self.lease.token
-                )
+                result = client.attach(self.lease.lease_id, self.lease.token)
             except BrokerUnavailable:
                 client.close()
                 continue
@@ -233,7 +231,7 @@ class _Holder:
             self.client.close()
             return
         try:
-            self.client.call("lease.release", lease_id=self.lease.lease_id, timeout_s=5.0)
+            self.client.release(self.lease.lease_id, timeout_s=5.0)
         except BrokerUnavailable as exc:
             # The broker is down (restarting): a release is never lost. Deliver it, with the
             # lease's token, as soon as a broker answers again.
@@ -283,8 +281,8 @@ def _deliver_later(lease: Lease, socket: str | None) -> threading.Thread:
                     log.error("release of %s could not be delivered: no broker", lease.lease_id)
                     return
                 try:
-                    client.call("lease.attach", lease_id=lease.lease_id, token=lease.token)
-                    client.call("lease.release", lease_id=lease.lease_id)
+                    client.attach(lease.lease_id, lease.token)
+                    client.release(lease.lease_id)
                     log.info("lease %s released now that the broker is back", lease.lease_id)
                     return
                 except BrokerUnavailable:
@@ -426,12 +424,8 @@ def _acquire(
         while True:
             remaining = max(0.0, wait_until - time.monotonic())
             try:
-                result = client.call(
-                    "lease.acquire",
-                    timeout_s=remaining + ANSWER_GRACE_S,
-                    wait_s=remaining,
-                    **params,
-                )
+                params["wait_s"] = remaining
+                result = client.acquire(params, timeout_s=remaining + ANSWER_GRACE_S)
                 break
             except BrokerUnavailable:
                 client.close()

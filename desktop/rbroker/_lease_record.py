@@ -98,13 +98,7 @@ class Lease(FrameworkLimits):
                 `resize_pending`): another resize of it is still waiting.
         """
         with Client(self.socket) as client:
-            result = client.call(
-                "lease.resize",
-                timeout_s=wait_s + 30.0,
-                lease_id=self.lease_id,
-                mib=mib,
-                wait_s=wait_s,
-            )
+            result = client.resize(self.lease_id, mib, wait_s=wait_s, timeout_s=wait_s + 30.0)
         self.info = dict(result["lease"])
         self.granted_mib = int(self.info["granted_mib"])
         return self

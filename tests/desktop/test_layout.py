@@ -281,3 +281,47 @@ def test_the_coordinator_is_served_from_one_place() -> None:
 
 def test_demo_workers_are_started_from_one_place() -> None:
     assert _files_running("rbroker.demo.worker") == {"desktop/rbroker/demo/processes.py"}
+
+
+CLIENT = DESKTOP / "client" / "local.py"
+
+
+def _named_calls(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """`x.call("method", ...)` / `x.call_nowait("method", ...)`: (line, method name)."""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("call", "call_nowait")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            yield node.lineno, node.args[0].value
+
+
+def test_the_local_api_is_called_through_the_typed_client_only() -> None:
+    """Issue 40: the SDK, the command line and the tray reach each local-API method through
+    its typed method on `rbroker.client.local.Client` (`acquire`, `release`, `jobs_list`,
+    `pause`, ...), never by its name as a string: the method's name, parameters and result
+    type are written in one place."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {method}"
+        for path in sorted(DESKTOP.rglob("*.py"))
+        if path != CLIENT
+        for line, method in _named_calls(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("source", "caught"),
+    [
+        ('client.call("lease.release", lease_id=x)', True),
+        ('self._client.call_nowait("lease.renew")', True),
+        ("client.release(x)", False),
+        ("call(method)", False),
+    ],
+)
+def test_the_named_call_check_catches_what_it_should(source: str, caught: bool) -> None:
+    assert bool(list(_named_calls(ast.parse(source)))) is caught

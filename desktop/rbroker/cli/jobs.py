@@ -7,7 +7,6 @@ import json
 import signal
 import sys
 import time
-from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -16,6 +15,7 @@ from rich.text import Text
 import rbroker
 from rbroker.cli.exits import unusable_exit
 from rbroker.cli.views import finished_note, jobs_table, print_view
+from rbroker_protocol.results import JobView
 
 RECONNECT_S = 1.0
 """Pause between attempts to reach the broker again while `--watch` has lost it."""
@@ -37,7 +37,7 @@ class _Watch:
         """What the list leaves out (`finished_note`), under the table."""
         """The exit code for what `lost` says (`rbroker.cli.exits.unusable_exit`)."""
 
-    def fetch(self) -> list[dict[str, Any]] | None:
+    def fetch(self) -> list[JobView] | None:
         """The jobs, or None while the broker cannot be reached (`lost` says why)."""
         if self._client is None:
             try:
@@ -46,7 +46,7 @@ class _Watch:
                 self.lost, self.lost_exit = str(exc), unusable_exit(exc)
                 return None
         try:
-            answer = self._client.call("jobs.list", include_finished=not self._active_only)
+            answer = self._client.jobs_list(include_finished=not self._active_only)
         except (rbroker.BrokerUnavailable, rbroker.NotAllowed, OSError) as exc:
             self.lost, self.lost_exit = str(exc), unusable_exit(exc)
             self.close()
@@ -105,7 +105,7 @@ def run_jobs(args: argparse.Namespace) -> int:
         watch.close()
 
 
-def _watch_plain(console: Console, watch: _Watch, jobs: list[dict[str, Any]] | None) -> None:
+def _watch_plain(console: Console, watch: _Watch, jobs: list[JobView] | None) -> None:
     """A pipe or file: plain tables, one every 2 s; a lost broker is one line on stderr
     when it goes and one when it is back."""
     said_lost = False
@@ -124,7 +124,7 @@ def _watch_plain(console: Console, watch: _Watch, jobs: list[dict[str, Any]] | N
         jobs = watch.fetch()
 
 
-def _watch_live(console: Console, watch: _Watch, jobs: list[dict[str, Any]]) -> None:
+def _watch_live(console: Console, watch: _Watch, jobs: list[JobView]) -> None:
     """A terminal: the table redrawn every 0.5 s; while the broker is lost, the last table
     stays with a line under it saying so."""
     last = jobs_table(jobs, watch.note)

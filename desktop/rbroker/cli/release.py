@@ -15,6 +15,7 @@ root and the members of its `--admin-group`) may end anyone's: the lease's reaso
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
@@ -55,7 +56,7 @@ def request_number(given: str) -> int | None:
     return int(tail)
 
 
-def _said(item: dict[str, Any], what: str) -> str:
+def _said(item: Mapping[str, Any], what: str) -> str:
     mib = int(item.get("granted_mib", item.get("mib")) or 0)
     return f"{what} ({fmt_mib(mib)} MiB, {item['owner']}: {item['project']}/{item['session']})"
 
@@ -70,7 +71,7 @@ def run_release(args: argparse.Namespace) -> int:
             try:
                 number = request_number(args.lease)
                 if number is not None:
-                    request = client.call("request.cancel", request_id=number)["request"]
+                    request = client.cancel_request(number)["request"]
                     out.print(
                         "cancelled " + _said(request, request_name(number)),
                         markup=False,
@@ -81,7 +82,7 @@ def run_release(args: argparse.Namespace) -> int:
             except (LookupError, ValueError) as exc:
                 err.print(f"rbroker release: {exc}", markup=False, soft_wrap=True)
                 return EX_USAGE
-            lease = client.call("lease.release", lease_id=lease_id)["lease"]
+            lease = client.release(lease_id)["lease"]
     except rbroker.BrokerUnavailable as exc:
         err.print(f"rbroker release: {exc}", markup=False, soft_wrap=True)
         return unusable_exit(exc)

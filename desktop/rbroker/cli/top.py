@@ -69,7 +69,7 @@ class Source:
                 status=client.status(),
                 gpus=list(client.gpus()),
                 leases=client.leases(),
-                jobs=list(client.call("jobs.list", include_finished=False)["jobs"]),
+                jobs=list(client.jobs_list(include_finished=False)["jobs"]),
                 found={"address": client.address, "found_by": client.found_by},
             )
         except (rbroker.BrokerUnavailable, rbroker.NotAllowed, OSError) as exc:

@@ -20,6 +20,7 @@ from rich.text import Text
 from rbroker.cli.sheet import Cell, Column, Sheet, bar_column, unique_prefixes
 from rbroker.display import REQUEST_PREFIX, fmt_count, fmt_mib, short_uuid
 from rbroker_protocol.eta import eta_words as protocol_eta_words
+from rbroker_protocol.results import JobsListResult
 
 BAR_WIDTH = 30
 LEASE_PREFIX = "lease-"
@@ -330,7 +331,7 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def progress_bar(job: dict[str, Any], width: int = 24) -> Text:
+def progress_bar(job: Mapping[str, Any], width: int = 24) -> Text:
     """Completed █ (green) and failed █ (red) items out of total_items, then the percentage
     (`width` cells in all); counts only when there is no total."""
     total = job.get("total_items")
@@ -353,7 +354,7 @@ def _no_total(width: int) -> Text:
     return Text("no total", style="dim")
 
 
-def _progress_plain(job: dict[str, Any]) -> str:
+def _progress_plain(job: Mapping[str, Any]) -> str:
     total = job.get("total_items")
     if not total:
         return "no total"
@@ -372,7 +373,7 @@ def left_out_note(answer: Mapping[str, Any]) -> str | None:
     return f"Not listed, of other users: {' and '.join(parts)}." if parts else None
 
 
-def finished_note(answer: dict[str, Any]) -> str | None:
+def finished_note(answer: JobsListResult) -> str | None:
     """The line under the jobs that says what the list leaves out: other users' older jobs
     (`jobs.list`'s `others_left_out`) and finished jobs dropped (`finished_dropped`,
     `finished_kept_per_user`); None when nothing is."""
@@ -388,7 +389,7 @@ def finished_note(answer: dict[str, Any]) -> str | None:
     return "; ".join(parts) or None
 
 
-def jobs_table(jobs: list[dict[str, Any]], note: str | None = None) -> Sheet:
+def jobs_table(jobs: Sequence[Mapping[str, Any]], note: str | None = None) -> Sheet:
     """Jobs: id, owner (the OS user who declared it), purpose, state, progress (a bar with
     the percentage that takes the room left; "no total" for jobs that count without one),
     done and failed items, items/s, ETA; project, workers (leases held/allocated) and

@@ -29,14 +29,22 @@ from rbroker.transport import connect
 from rbroker.transport.base import Stream
 from rbroker_protocol import jsonrpc
 from rbroker_protocol.errors import ErrorCode, RpcError
+from rbroker_protocol.params import AcquireRequest
 from rbroker_protocol.results import (
+    AcquireResult,
+    AttachResult,
     BrokerStatus,
+    CancelResult,
     GpusListResult,
     GpuView,
     HelloResult,
+    JobReportResult,
+    JobResult,
     JobsListResult,
     JobView,
+    LeaseResult,
     LeasesListResult,
+    PauseResult,
     SimMemoryResult,
     SimSetResult,
 )
@@ -46,6 +54,10 @@ log = logging.getLogger(__name__)
 
 if sys.platform != "win32":
     import grp  # here, not when needed: a client dropped to another user may not reach it
+
+
+RENEW = "lease.renew"
+"""The method name `on_failed` gets for a refused pipelined renewal (`Client.renew_nowait`)."""
 
 
 def _group_of(address: str) -> str | None:
@@ -509,9 +521,125 @@ class Client:
         return result
 
     def jobs(self) -> list[JobView]:
-        """`jobs.list` (parallel jobs; architecture.md §4)."""
-        result: JobsListResult = self.call("jobs.list")
-        return result["jobs"]
+        """`jobs.list` (parallel jobs; architecture.md §4), finished ones included."""
+        return self.jobs_list()["jobs"]
+
+    def jobs_list(self, include_finished: bool = True) -> JobsListResult:
+        """`jobs.list`: the jobs (the asker's and the others' the list bound lets through),
+        with how many were left out; `include_finished` adds the ended ones."""
+        result: JobsListResult = self.call("jobs.list", include_finished=include_finished)
+        return result
+
+    # -- leases ------------------------------------------------------------------------------
+    def acquire(self, request: AcquireRequest, timeout_s: float | None = -1.0) -> AcquireResult:
+        """`lease.acquire` with `request` (the keys of `rbroker_protocol.localapi.
+        AcquireParams`; a key left out takes the model's default). The lease is bound to
+        this connection: closing it releases the lease.
+
+        Args:
+            timeout_s: how long to wait for the answer (past the request's `wait_s`): -1
+                the client's default, None for ever.
+
+        Raises:
+            CapacityUnavailable, WaitTimeout, Infeasible, InvalidParams, DescriptionRejected
+            and the other refusals of docs/architecture.md §5; BrokerUnavailable.
+        """
+        result: AcquireResult = self.call("lease.acquire", timeout_s=timeout_s, **request)
+        return result
+
+    def renew(self, lease_id: str) -> LeaseResult:
+        """`lease.renew`: the lease's TTL starts again. Raises LeaseExpired, LeaseNotFound,
+        NotLeaseOwner, BrokerUnavailable."""
+        result: LeaseResult = self.call("lease.renew", lease_id=lease_id)
+        return result
+
+    def renew_nowait(self, lease_id: str) -> None:
+        """`lease.renew`, pipelined (`call_nowait`): a refusal reaches `on_failed` with
+        `RENEW` as the method and is raised by the next call."""
+        self.call_nowait(RENEW, lease_id=lease_id)
+
+    def attach(self, lease_id: str, token: str) -> AttachResult:
+        """`lease.attach`: bind a lease to this connection with the token of its grant (after
+        a reconnect); answers a fresh token. Raises LeaseNotFound, NotLeaseOwner (a wrong
+        token), StorageUnavailable (the token could not be written), BrokerUnavailable."""
+        result: AttachResult = self.call("lease.attach", lease_id=lease_id, token=token)
+        return result
+
+    def release(self, lease_id: str, timeout_s: float | None = -1.0) -> LeaseResult:
+        """`lease.release`: the lease as it ended. Raises LeaseNotFound, NotLeaseOwner,
+        BrokerUnavailable."""
+        result: LeaseResult = self.call("lease.release", timeout_s=timeout_s, lease_id=lease_id)
+        return result
+
+    def resize(
+        self, lease_id: str, mib: int, wait_s: float = 0.0, timeout_s: float | None = -1.0
+    ) -> LeaseResult:
+        """`lease.resize`: the lease's grant becomes `mib` MiB on each of its GPUs; a growth
+        waits up to `wait_s`. Raises InvalidParams, CapacityUnavailable, WaitTimeout,
+        Infeasible, LeaseExpired, LeaseNotFound, NotLeaseOwner, ResizePending."""
+        result: LeaseResult = self.call(
+            "lease.resize", timeout_s=timeout_s, lease_id=lease_id, mib=mib, wait_s=wait_s
+        )
+        return result
+
+    def cancel_request(self, request_id: int) -> CancelResult:
+        """`request.cancel`: withdraw a waiting request (its number in `leases.list`'s
+        queue). Raises RequestNotFound, NotLeaseOwner."""
+        result: CancelResult = self.call("request.cancel", request_id=request_id)
+        return result
+
+    def pause(self, paused: bool) -> PauseResult:
+        """`broker.pause` (administrators): pause or resume new admissions."""
+        result: PauseResult = self.call("broker.pause", paused=paused)
+        return result
+
+    # -- parallel jobs (docs/architecture.md §4) ---------------------------------------------
+    def job_declare(
+        self,
+        *,
+        project: str,
+        purpose: str,
+        handler: str,
+        workers: int = 1,
+        total_items: int | None = None,
+    ) -> JobResult:
+        """`job.declare`: a parallel job, owned by this connection's user. Raises
+        DescriptionRejected, InvalidParams, a per-user bound's refusal."""
+        params: dict[str, Any] = {
+            "project": project,
+            "purpose": purpose,
+            "handler": handler,
+            "workers": workers,
+        }
+        if total_items is not None:
+            params["total_items"] = total_items
+        result: JobResult = self.call("job.declare", **params)
+        return result
+
+    def job_update(
+        self,
+        job_id: str,
+        state: str | None = None,
+        reason: str | None = None,
+        workers: int | None = None,
+    ) -> JobResult:
+        """`job.update`: the job's state or allocated workers (None: unchanged, not sent)."""
+        params: dict[str, Any] = {"job_id": job_id}
+        for name, value in (("state", state), ("reason", reason), ("workers", workers)):
+            if value is not None:
+                params[name] = value
+        result: JobResult = self.call("job.update", **params)
+        return result
+
+    def job_report(
+        self, job_id: str, chunk_id: str, completed: int = 0, failed: int = 0
+    ) -> JobReportResult:
+        """`job.report`: one chunk's counts (idempotent by `chunk_id`). Raises InvalidParams,
+        JobFinished, JobNotFound."""
+        result: JobReportResult = self.call(
+            "job.report", job_id=job_id, chunk_id=chunk_id, completed=completed, failed=failed
+        )
+        return result
 
     def subscribe(self) -> None:
         """`events.subscribe`: lease/queue/capacity changes arrive as events."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
@@ -118,27 +119,29 @@ class BrokerLink(QObject):
         self._dirty.set()
 
     # -- commands ------------------------------------------------------------------------------
-    def call(self, method: str, **params: Any) -> None:
-        """Run one local API call on a short-lived thread; the answer comes back as
-        `command_done` or `command_failed`, and a refresh follows."""
+    def run_command(self, name: str, command: Callable[[Client], object]) -> None:
+        """Run `command` (one typed client call, e.g. `lambda c: c.pause(True)`) on a
+        short-lived thread and connection; the answer comes back as `command_done` or
+        `command_failed` with `name` (the local-API method, for messages), and a refresh
+        follows."""
 
         def run() -> None:
             try:
                 with Client(self.socket, timeout_s=10) as c:
-                    result = c.call(method, **params)
+                    result = command(c)
             except RBrokerError as exc:
-                self.command_failed.emit(method, exc.message)
+                self.command_failed.emit(name, exc.message)
             else:
-                self.command_done.emit(method, result)
+                self.command_done.emit(name, result)
             self._dirty.set()
 
-        t = threading.Thread(target=run, name=f"rbroker-tray-{method}", daemon=True)
+        t = threading.Thread(target=run, name=f"rbroker-tray-{name}", daemon=True)
         self._threads = [x for x in self._threads if x.is_alive()] + [t]
         t.start()
 
     def set_paused(self, paused: bool) -> None:
         """Pause or resume new admissions (`broker.pause`)."""
-        self.call("broker.pause", paused=paused)
+        self.run_command("broker.pause", lambda c: c.pause(paused))
 
     # -- threads -------------------------------------------------------------------------------
     def _set_client(self, which: str, client: Client | None) -> bool:
