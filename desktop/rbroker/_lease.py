@@ -30,7 +30,7 @@ from rbroker._exceptions import (
 from rbroker._lease_record import Lease, note_over_grant
 from rbroker.client.local import RENEW, Client
 from rbroker_protocol.params import AcquireRequest
-from rbroker_protocol.results import AcquireResult, GpuView
+from rbroker_protocol.results import AcquireResult, GrantedGpu
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -450,13 +450,27 @@ def _acquire(
             watcher.join()
     info = result["lease"]
     gpu_uuids = list(info["gpu_uuids"])
-    try:
-        listed = client.gpus()
-    except RBrokerError:  # the lease is granted: without the list, the UUID form still works
-        listed = []
-    except BaseException:
-        client.close()  # the connection closing frees the grant
-        raise
+    granted = result.get("gpus")
+    indices = result.get("cuda_indices")
+    if granted is None:  # a broker whose grant does not carry its GPUs: ask for them
+        try:
+            listed = client.gpus()
+        except RBrokerError:  # granted: without the list, the UUID form still works
+            listed = []
+        except BaseException:
+            client.close()  # the connection closing frees the grant
+            raise
+        indices = cuda_indices(gpu_uuids, listed) if listed else None
+        granted = [
+            {
+                "uuid": g["uuid"],
+                "index": g["index"],
+                "total_mib": g.get("total_mib"),
+                "memory_api": g.get("memory_api"),
+            }
+            for g in listed
+            if g.get("uuid") in gpu_uuids
+        ]
     if withdrawal is not None:
         withdrawal.hand_over()  # withdrawn while granted: its connection closed, grant freed
     lease = Lease(
@@ -467,21 +481,17 @@ def _acquire(
         cuda_visible_devices=result["cuda_visible_devices"],
         info=dict(info),
         token=result.get("token", ""),
-        gpu_indices=cuda_indices(gpu_uuids, listed) if listed else None,
-        gpu_total_mib=_totals(gpu_uuids, listed),
-        gpu_total_override=[
-            g["uuid"]
-            for g in listed
-            if g.get("uuid") in gpu_uuids and g.get("memory_api") == "override"
-        ],
+        gpu_indices=indices,
+        gpu_total_mib=_totals(gpu_uuids, granted),
+        gpu_total_override=[g["uuid"] for g in granted if g["memory_api"] == "override"],
         socket=socket,
     )
     return _Holder(client, lease, ttl_s, socket)
 
 
-def _totals(gpu_uuids: list[str], listed: list[GpuView]) -> list[int] | None:
-    """Each granted GPU's `total_mib` from `gpus.list`, in order; None if any is unknown."""
-    by_uuid = {g.get("uuid"): g.get("total_mib") for g in listed}
+def _totals(gpu_uuids: list[str], granted: list[GrantedGpu]) -> list[int] | None:
+    """Each granted GPU's `total_mib`, in order; None if any is unknown."""
+    by_uuid = {g["uuid"]: g["total_mib"] for g in granted}
     totals = [by_uuid.get(u) for u in gpu_uuids]
     if not all(isinstance(t, int) and t > 0 for t in totals):
         return None

@@ -170,13 +170,33 @@ class GpusListResult(TypedDict):
     gpus: list[GpuView]
 
 
+class GrantedGpu(TypedDict):
+    """One GPU of a granted lease, in the lease's order: what the SDK sets frameworks up
+    with, so that a grant takes one round trip (no `gpus.list` after it)."""
+
+    uuid: str
+    index: int
+    """NVML's index (a MIG slice: its parent GPU's)."""
+    total_mib: int | None
+    """NVML's total memory, MiB; None while the GPU's capacity is unknown."""
+    memory_api: str | None
+    """How its memory was read: `v2`, `v1`, `override` (a configured total), None before
+    the first sample."""
+
+
 class AcquireResult(TypedDict):
     """`lease.acquire`, granted: the lease, the token that re-attaches it and a value for
-    `CUDA_VISIBLE_DEVICES` (the granted UUIDs, comma separated)."""
+    `CUDA_VISIBLE_DEVICES` (the granted UUIDs, comma separated); `gpus`, the granted GPUs
+    (`GrantedGpu`), and `cuda_indices`, their NVML indices when these name the same GPUs to
+    CUDA under `CUDA_DEVICE_ORDER=PCI_BUS_ID` (None when they may not:
+    `rbroker._cuda.cuda_indices`). Both are absent from older brokers (fields are only
+    added: `rbroker_protocol.versions`)."""
 
     lease: LeaseView
     token: str
     cuda_visible_devices: str
+    gpus: NotRequired[list[GrantedGpu]]
+    cuda_indices: NotRequired[list[int] | None]
 
 
 class LeaseResult(TypedDict):

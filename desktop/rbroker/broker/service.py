@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from rbroker._cuda import cuda_indices
 from rbroker._version import __version__
 from rbroker.broker import fairness, listing, overgrant, own_leases, ticks
 from rbroker.broker.admission import Admission, NvmlProblem
@@ -63,6 +64,7 @@ from rbroker_protocol.localapi import AcquireParams
 from rbroker_protocol.results import (
     BrokerStatus,
     GpuView,
+    GrantedGpu,
     JobsListResult,
     JobView,
     LeasesListResult,
@@ -890,6 +892,26 @@ class Broker:
     def now_wall(self) -> float:
         """The broker's wall clock (seconds since the epoch)."""
         return self.clock.wall()
+
+    def granted_gpus(self, lease: Lease) -> tuple[list[GrantedGpu], list[int] | None]:
+        """The GPUs of `lease` in its order (`GrantedGpu`: index, NVML total, memory API) and
+        their CUDA indices (`rbroker._cuda.cuda_indices` over every GPU of this broker, None
+        when they may not name the same GPUs to CUDA): what a grant's answer carries."""
+        gpus: list[GrantedGpu] = []
+        for uuid in lease.gpu_uuids:
+            slot = self.slots.get(uuid)
+            cap = self.lessor.capacity(uuid)
+            sample = slot.sample if slot is not None else None
+            gpus.append(
+                {
+                    "uuid": uuid,
+                    "index": slot.info.index if slot is not None else -1,
+                    "total_mib": cap.total_mib if cap is not None else None,
+                    "memory_api": sample.memory_api if sample is not None else None,
+                }
+            )
+        every = [{"uuid": s.uuid, "index": s.info.index} for s in self.slots.values()]
+        return gpus, cuda_indices(lease.gpu_uuids, every)
 
     def gpus_view(self) -> list[GpuView]:
         """Per GPU, by index: identity, telemetry (`stale` when the latest sample is older

@@ -20,6 +20,7 @@ import msgspec
 from pydantic import BaseModel, ValidationError
 
 from rbroker.broker.leases import Lease
+from rbroker.broker.service import Broker
 from rbroker.localapi.access import check_admin
 from rbroker.transport.base import Peer
 from rbroker_protocol import jsonrpc
@@ -60,12 +61,16 @@ def parse_params(model: type[BaseModel], params: Any) -> Any:
         raise RpcError(ErrorCode.INVALID_PARAMS, _validation_message(exc), fields=fields) from None
 
 
-def granted(lease: Lease) -> AcquireResult:
-    """The result of a granted `lease.acquire`."""
+def granted(lease: Lease, broker: Broker) -> AcquireResult:
+    """The result of a granted `lease.acquire`, with the granted GPUs' figures
+    (`Broker.granted_gpus`) so that the SDK needs no second call."""
+    gpus, indices = broker.granted_gpus(lease)
     return {
         "lease": lease.to_wire(),
         "token": lease.token,
         "cuda_visible_devices": ",".join(lease.gpu_uuids),
+        "gpus": gpus,
+        "cuda_indices": indices,
     }
 
 

@@ -12,7 +12,8 @@ Methods (params → result; the results' shapes are `rbroker_protocol.results`):
     hello {protocol_version, client}          → {protocol_version, broker_version, simulated,
                                                   telemetry_source, owner}
     gpus.list {}                              → {gpus: [...capacity split per GPU...]}
-    lease.acquire AcquireParams               → {lease: {...}, token, cuda_visible_devices}
+    lease.acquire AcquireParams               → {lease: {...}, token, cuda_visible_devices,
+                                                  gpus, cuda_indices}
                                                 (with notify_waiting: `event` notifications
                                                 of kind `waiting` while it queues)
     lease.renew {lease_id}                    → {lease: {...}}
@@ -392,7 +393,7 @@ class LocalApi:
             account_of(conn.peer),
         )
         if isinstance(started, Lease):
-            return granted(started)
+            return granted(started, self.broker)
         return self._wait_for_grant(conn, p, started)
 
     async def _wait_for_grant(
@@ -402,7 +403,7 @@ class LocalApi:
         if p.notify_waiting and p.wait_s > 0 and p.request_key:
             watch = asyncio.create_task(tell_waiting(conn, self.broker, p.request_key))
         try:
-            return granted(await self.broker.await_waiter(waiter))
+            return granted(await self.broker.await_waiter(waiter), self.broker)
         finally:
             if watch is not None:
                 watch.cancel()
