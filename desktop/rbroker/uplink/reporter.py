@@ -48,12 +48,14 @@ from typing import Any
 
 import httpx
 import nacl.signing
+from pydantic import ValidationError
 
 from rbroker.broker.service import Broker
 from rbroker.uplink.config import UplinkConfig
 from rbroker.uplink.enroll import http_verify
 from rbroker.uplink.payload import build_payload
 from rbroker.uplink.runs import RunCounter
+from rbroker_protocol.reports import ReportAck
 from rbroker_protocol.signing import encode_envelope, sign_report
 
 log = logging.getLogger(__name__)
@@ -212,14 +214,14 @@ class Reporter:
                 )
             if response.is_success:
                 ack = _ack(response)
-                if ack.get("code") == "run_retired":
+                if ack is not None and ack.code == "run_retired":
                     # another run of this computer replaced ours (e.g. a replayed old run):
                     # start a new run; the next snapshot goes out at once under it
                     self._new_run()
                     log.warning("coordinator retired this run; reporting under a new run id")
-                elif ack.get("code") == "run_outdated":
-                    current = ack.get("current_run_counter")
-                    self._new_run(above=current if isinstance(current, int) else None)
+                elif ack is not None and ack.code == "run_outdated":
+                    current = ack.current_run_counter
+                    self._new_run(above=current)
                     log.warning(
                         "coordinator's current run has run counter %s, above ours; "
                         "reporting under a new run with counter %s",
@@ -404,13 +406,14 @@ def retry_after_s(response: httpx.Response, now: float | None = None) -> float |
     return min(RETRY_AFTER_MAX_S, max(MIN_GAP_S, seconds))
 
 
-def _ack(response: httpx.Response) -> dict[str, Any]:
-    """A `ReportAck` answer as a dict (empty when the body is not one)."""
+def _ack(response: httpx.Response) -> ReportAck | None:
+    """The coordinator's `ReportAck`; None when a successful answer's body is not one (a
+    proxy's page, an older coordinator): the report counts as delivered, as HTTP says."""
     try:
-        body = response.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
+        return ReportAck.model_validate_json(response.content)
+    except ValidationError:
+        log.debug("report answer is not a ReportAck: %.200r", response.content)
+        return None
 
 
 def _reason(response: httpx.Response) -> str:
