@@ -14,6 +14,7 @@ reads, plus the driver behaviours only a library can have (`DriverSwitches`).
   the Windows half under Wine); on Windows the path comes from `RBROKER_FAKE_NVML_DLL`.
 - `load(path)`: a private copy of the pynvml module bound to that library, for a gateway in
   this process (the global `pynvml` is left alone, so no other test sees a "driver").
+  `unbound()`: a new copy bound to none, for the Windows `nvml.dll` search to bind.
 
 What it cannot show (only a real GPU can): real memory figures, real MIG layouts, real WDDM
 counters, driver timing (docs/development.md, "The fake driver").
@@ -24,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib.util
+import itertools
 import os
 import shutil
 import subprocess
@@ -216,20 +218,38 @@ def library_file(old: bool = False) -> Path:
     return linux_library(old) / "libnvidia-ml.so.1"
 
 
-def load(library: Path) -> ModuleType:
-    """A private copy of the pynvml module whose `nvmlLib` is `library` (loaded by path, as
-    `rbroker.gpu.nvml_discovery` does on Windows)."""
+def _private_pynvml(name: str) -> ModuleType:
+    """A new copy of the pynvml module under `name` (its own entry in `sys.modules`: pynvml
+    makes its error classes on `sys.modules[__name__]`), bound to no library yet."""
     found = importlib.util.find_spec("pynvml")
     assert found is not None and found.origin is not None
-    # its own name in sys.modules: pynvml makes its error classes on `sys.modules[__name__]`
-    name = f"pynvml_on_{library.parent.name}_{library.stem}".replace("-", "_").replace(".", "_")
-    module = sys.modules.get(name)
-    if module is not None:
-        return module
     spec = importlib.util.spec_from_file_location(name, found.origin)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+    return module
+
+
+def load(library: Path) -> ModuleType:
+    """A private copy of the pynvml module whose `nvmlLib` is `library` (loaded by path, as
+    `rbroker.gpu.nvml_discovery` does on Windows)."""
+    name = f"pynvml_on_{library.parent.name}_{library.stem}".replace("-", "_").replace(".", "_")
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    module = _private_pynvml(name)
     module.nvmlLib = ctypes.CDLL(str(library))  # type: ignore[attr-defined]
+    return module
+
+
+_unbound = itertools.count()
+
+
+def unbound() -> ModuleType:
+    """A new private copy of pynvml bound to no library (`nvmlLib` is None) on every call:
+    what `rbroker.gpu.nvml_discovery.preload_windows_nvml` finds a library for, as it does
+    for the global pynvml of a broker (which no test may bind)."""
+    module = _private_pynvml(f"pynvml_unbound_{next(_unbound)}")
+    assert module.nvmlLib is None
     return module
