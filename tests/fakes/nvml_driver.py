@@ -15,6 +15,10 @@ reads, plus the driver behaviours only a library can have (`DriverSwitches`).
 - `load(path)`: a private copy of the pynvml module bound to that library, for a gateway in
   this process (the global `pynvml` is left alone, so no other test sees a "driver").
   `unbound()`: a new copy bound to none, for the Windows `nvml.dll` search to bind.
+- `python -m tests.fakes.nvml_driver STATE [--old] [--scenario TOML]`: builds the Linux
+  library, writes STATE (by default `GPU_CHECK_SCENARIO`: two whole GPUs and an A100 in MIG
+  mode) and prints the library's folder, for a process started with `LD_LIBRARY_PATH` and
+  `RBROKER_FAKE_NVML_STATE` (`bench/gpu_check.sh --fake-driver`).
 
 What it cannot show (only a real GPU can): real memory figures, real MIG layouts, real WDDM
 counters, driver timing (docs/development.md, "The fake driver").
@@ -22,6 +26,7 @@ counters, driver timing (docs/development.md, "The fake driver").
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import hashlib
 import importlib.util
@@ -253,3 +258,84 @@ def unbound() -> ModuleType:
     module = _private_pynvml(f"pynvml_unbound_{next(_unbound)}")
     assert module.nvmlLib is None
     return module
+
+
+GPU_CHECK_SCENARIO = """
+[[gpu]]
+uuid = "GPU-5a1e0000-0000-0000-0000-000000000001"
+name = "Fake RTX 4090"
+total_mib = 24576
+used_mib = 1000
+
+[[gpu.process]]
+pid = 4000
+used_mib = 2048
+
+[[gpu.process]]
+pid = 4001
+kind = "graphics"
+
+[[gpu]]
+uuid = "GPU-5a1e0000-0000-0000-0000-000000000002"
+name = "Fake H100 80GB"
+total_mib = 81920
+reserved_mib = 726
+used_mib = 8
+"""
+"""The driver `bench/gpu_check.sh --fake-driver` runs the real-GPU check on (with
+`GPU_CHECK_MIG`): a GPU with a compute and a graphics process, one whose memory v2 reports
+reserved memory."""
+
+GPU_CHECK_MIG = MigGpu(
+    uuid="GPU-a1000000-0000-0000-0000-000000000001",
+    name="Fake A100-SXM4-80GB",
+    positions=7,
+    slices=tuple(
+        parse_scenario(
+            '[[gpu]]\nuuid = "MIG-a1000000-0000-0000-0000-00000000000a"\nname = "slice"\n'
+            "total_mib = 40192\nused_mib = 12\n"
+            '[[gpu]]\nuuid = "MIG-a1000000-0000-0000-0000-00000000000b"\nname = "slice"\n'
+            'total_mib = 19968\nused_mib = 6000\nprocess_list_error = "not_supported"\n'
+        )
+    ),
+)
+"""An A100 in MIG mode, two of its seven positions used (a slice without process lists)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tests.fakes.nvml_driver STATE [--old] [--scenario TOML]`: build the Linux
+    library, write STATE and print the library's folder. Exit 0; 2 with one line on stderr
+    when the library cannot be built or the scenario is not valid."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.fakes.nvml_driver",
+        description="build the fake NVIDIA driver (libnvidia-ml.so.1), write its state, print "
+        "its folder (for LD_LIBRARY_PATH; the state file for RBROKER_FAKE_NVML_STATE)",
+    )
+    parser.add_argument("state", type=Path, help="the state file to write")
+    parser.add_argument("--old", action="store_true", help="a driver before R510")
+    parser.add_argument(
+        "--scenario",
+        type=Path,
+        help="a scenario TOML (as `rbroker broker --simulate` reads; default: two GPUs and an "
+        "A100 in MIG mode)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        folder = linux_library(old=args.old)
+        if args.scenario is None:
+            write_state(args.state, GPU_CHECK_SCENARIO, DriverSwitches(mig=(GPU_CHECK_MIG,)))
+        else:
+            write_state(args.state, args.scenario.read_text(encoding="utf-8"))
+    except (pytest.skip.Exception, pytest.fail.Exception) as exc:
+        print(f"fake NVML driver: {exc.msg}", file=sys.stderr)
+        return 2
+    except (OSError, RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"fake NVML driver: {first}", file=sys.stderr)
+        return 2
+    print(folder)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
