@@ -23,21 +23,25 @@ Rewriting the state changes the GPUs under the running broker.
 
 A broker on real NVML takes the computer's lock (an abstract Unix socket): as root each
 broker here gets a network namespace of its own, so the lock is its own and no real broker
-of this computer, nor a test standing for one, is in its way. The tests share one xdist
-worker and start one broker at a time where they cannot (not root).
+of this computer, nor a test standing for one, is in its way. Elsewhere the brokers of these
+tests run one at a time, whichever xdist worker starts them (`one_at_a_time`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +60,9 @@ from tests.fakes import gpu_scenarios as sim
 from tests.fakes import nvml_driver
 from tests.fakes.nvml_driver import DriverSwitches
 
-pytestmark = [
-    pytest.mark.skipif(
-        not sys.platform.startswith("linux"), reason="the fake driver's broker runs on Linux"
-    ),
-    pytest.mark.xdist_group("fake-driver"),
-]
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the fake driver's broker runs on Linux"
+)
 
 REPO = Path(__file__).resolve().parents[3]
 HEADROOM = 1024
@@ -77,6 +78,35 @@ def own_network() -> tuple[str, ...]:
     return ("unshare", "--net") if done.returncode == 0 else ()
 
 
+@contextlib.contextmanager
+def one_at_a_time(timeout_s: float = 180.0) -> Iterator[None]:
+    """Held while a broker on the driver runs where it has no network namespace of its own
+    (`own_network`): such brokers take the computer's lock, so the test workers start them one
+    after another (a lock file in the temporary directory); nothing where they have one.
+
+    Raises:
+        TimeoutError: another worker's broker kept it `timeout_s` seconds.
+    """
+    if own_network():
+        yield
+        return
+    path = Path(tempfile.gettempdir()) / "rbroker-fake-driver-broker.lock"
+    with open(path, "a") as held:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{path} held for {timeout_s:g} s") from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
 @dataclass
 class DriverBroker(BrokerProcess):
     """A `python -m rbroker broker` process (no `--simulate`) on the fake driver library.
@@ -84,6 +114,7 @@ class DriverBroker(BrokerProcess):
     (as a simulated broker's scenario), with `switches`."""
 
     switches: DriverSwitches | None = None
+    turn: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def write_scenario(self, text: str) -> None:
         nvml_driver.write_state(self.scenario, textwrap.dedent(text), self.switches)
@@ -102,6 +133,8 @@ def start_on_driver(
         RuntimeError: it exited or did not answer within 30 s (with its log).
     """
     folder = nvml_driver.linux_library()
+    turn = contextlib.ExitStack()
+    turn.enter_context(one_at_a_time())
     root = short_tmp()
     state = nvml_driver.write_state(root / "driver.state", textwrap.dedent(scenario_text), switches)
     sock = broker_address(root)
@@ -111,17 +144,21 @@ def start_on_driver(
     env.update({"LD_LIBRARY_PATH": library_path, nvml_driver.STATE_ENV: str(state)})
     cmd = [*own_network(), *broker_command(sock, root / "data", None), *args, *(extra_args or [])]
     log_path = root / "broker.log"
-    with open(log_path, "ab") as log:
+    with turn, open(log_path, "ab") as log:  # the turn ends here only when the start fails
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    broker = DriverBroker(
-        proc, sock, root / "data", state, log_path, extra_args or [], True, switches
-    )
-    broker.wait_answering(30)
+        broker = DriverBroker(
+            proc, sock, root / "data", state, log_path, extra_args or [], True, switches
+        )
+        broker.wait_answering(30)
+        broker.turn = turn.pop_all()
     return broker
 
 
 def _stop(broker: DriverBroker) -> None:
-    broker.stop()
+    try:
+        broker.stop()
+    finally:
+        broker.turn.close()
     print(broker.log()[-3000:])
     shutil.rmtree(broker.scenario.parent, ignore_errors=True)
 
@@ -361,12 +398,13 @@ def test_the_real_gpu_check_passes_on_the_fake_driver(tmp_path: Path) -> None:
     JUnit XML, not its text)."""
     nvml_driver.linux_library()  # skips, or fails under CI, where there is no cc
     report = tmp_path / "gpu.xml"
-    done = subprocess.run(
-        ["bash", str(REPO / "bench" / "gpu_check.sh"), "--fake-driver", "-n0",
-         f"--junitxml={report}"],
-        capture_output=True, text=True, timeout=240, check=False,
-        env={**os.environ, "PYTHON": sys.executable},
-    )  # fmt: skip
+    with one_at_a_time():  # its broker takes the computer's lock unless it runs as root
+        done = subprocess.run(
+            ["bash", str(REPO / "bench" / "gpu_check.sh"), "--fake-driver", "-n0",
+             f"--junitxml={report}"],
+            capture_output=True, text=True, timeout=240, check=False,
+            env={**os.environ, "PYTHON": sys.executable},
+        )  # fmt: skip
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert "fake NVIDIA driver: " in done.stdout
     outcomes: dict[str, str] = {}
