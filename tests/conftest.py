@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import coerce_node_id
 from hypothesis import settings
 
 import rbroker
@@ -130,10 +131,11 @@ def process_signs(fixtures: set[str], source: str) -> set[str]:
     return (fixtures & PROCESS_FIXTURES) | {m.group(0) for m in PROCESS_CALLS.finditer(source)}
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test gets its kind's marker (`kind_of`, unless it carries one), and tests of an
-    `ALONE` file share one worker. Under Wine, a `wine_gap` test is an expected failure that
-    names the gap; a pass is reported (XPASS) so a gap Wine closes is noticed."""
+    `ALONE` file share one worker (`_group_ids`). Under Wine, a `wine_gap` test is an expected
+    failure that names the gap; a pass is reported (XPASS) so a gap Wine closes is noticed."""
     root = Path(str(config.rootpath))
     sources: dict[Path, str] = {}
     kinds = {"unit", "contract", "e2e"}
@@ -147,6 +149,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if path not in sources:
                 sources[path] = path.read_text(encoding="utf-8")
             item.add_marker(getattr(pytest.mark, kind_of(item, rel, sources[path])))
+    _group_ids(config, items)
     if not UNDER_WINE:
         return
     for item in items:
@@ -154,6 +157,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if gap is not None:
             why = gap.args[0] if gap.args else gap.kwargs.get("reason", "")
             item.add_marker(pytest.mark.xfail(reason=f"Wine gap: {why}", strict=False))
+
+
+def _group_ids(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker with `--dist loadgroup`, give each test with `xdist_group` marks the
+    id `…@group` that the scheduler groups by. pytest-xdist does it by setting
+    `item._nodeid`, which pytest 9.2's structured node ids no longer read
+    (pytest-dev/pytest-xdist#1386): the groups were silently ignored. Here the id is set
+    itself, after every mark is on (this hook runs last), and left alone where it already
+    ends with the group (a pytest that still reads `_nodeid`)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = sorted(
+            {
+                str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                for mark in item.iter_markers("xdist_group")
+            }
+        )
+        if not names:
+            continue
+        suffix = "@" + "_".join(names)
+        if item.nodeid.endswith(suffix):
+            continue
+        item._id = coerce_node_id(item.nodeid + suffix)  # type: ignore[attr-defined]
 
 
 SINGLE_24G = scenario(gpu(GPU0, name="Simulated RTX 4090"))
