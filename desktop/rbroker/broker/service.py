@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Container, Coroutine, Iterator
 from typing import Any
 
 from rbroker._cuda import cuda_indices
@@ -52,6 +52,7 @@ from rbroker.broker.simulation import Simulation
 from rbroker.broker.store import STORAGE_ERRORS, LeaseStore, storage_unavailable
 from rbroker.broker.ticks import liveness_memo, tick_loop
 from rbroker.broker.waiting import WaitQueue
+from rbroker.broker.waiting_news import WaitingNews
 from rbroker.display import fmt_mib, request_name
 from rbroker.eventloop import loop_name
 from rbroker.gpu.fake_nvml import FakeNvml
@@ -145,9 +146,8 @@ class Broker:
         self._estimates: dict[int, Estimate] = {}
         self._estimated_at = -math.inf
         self._estimated_for: tuple[object, ...] = ()
-        self._places_now: dict[tuple[str, int | None], tuple[Waiter, int]] = {}
-        self._placed_at = -math.inf
-        self._placed_for: tuple[int, ...] = ()
+        self.news = WaitingNews(self._waiting_entries, self.clock, ESTIMATE_REFRESH_S)
+        self.events.subscribe(lambda _kind, _data: self.news.changed())
         self.end_count = 0
         self.jobs = JobTable(
             self.clock,
@@ -537,6 +537,7 @@ class Broker:
     def _admit(self) -> None:
         """One atomic admission pass over the queue (see `admission`)."""
         self.admission.run(self.waiting, self.paused, self._grant_hook, self.emit)
+        self.news.changed()  # reasons are set by the pass
 
     def _grant_hook(self, waiter: Waiter, chosen: list[Choice], now: float) -> None:
         self._grant(waiter, chosen, now)  # looked up at call time (tests wrap `_grant`)
@@ -566,33 +567,25 @@ class Broker:
         self._admit()
         return self.paused
 
-    def waiting_entry(self, request_key: str, conn_id: int) -> QueuedRequest | None:
-        """The queue entry (as in `leases_view`, with its position) of the request keyed
-        `request_key` waiting on connection `conn_id`, once admission has given it a reason;
-        None when it is not waiting (or has no reason yet)."""
-        now = self.clock.monotonic()
-        place = self._places().get((request_key, conn_id))
-        if place is None or not place[0].evaluated:
-            return None
-        waiter, ahead = place
-        played, gone_s = self._played()
-        found = played.get(waiter.request_id)
-        return _with_estimate(waiter.to_wire(now, ahead), found, gone_s)
+    def watch_waiting(
+        self, waiter: Waiter, tell: Callable[[QueuedRequest], None]
+    ) -> Callable[[], None]:
+        """Tell `tell` the queue entry of `waiter` (as in `leases_view`, with its place and
+        estimate) once admission has given it a reason, and again after each change it may
+        rest on (`waiting_news`); returns the function that stops it."""
+        return self.news.watch(waiter, tell)
 
-    def _places(self) -> dict[tuple[str, int | None], tuple[Waiter, int]]:
-        """Each queued request by (request key, connection) with the number queued before
-        it, in admission's order: worked out once per change of the queue or the leases (or
-        after `ESTIMATE_REFRESH_S`), not per read, since every waiter of every user reads
-        its own entry every `WAITING_POLL_S` (one pass each was O(queue²) a round: 2 048
-        waiters held the event loop for seconds)."""
+    def _waiting_entries(
+        self, watched: Container[Waiter]
+    ) -> Iterator[tuple[Waiter, QueuedRequest]]:
+        """The queue entries of the `watched` waiters that admission has evaluated, in one
+        pass over the queue in admission's order."""
         now = self.clock.monotonic()
-        key = (self.waiting.version, self.grant_count, self.end_count)
-        if key != self._placed_for or now - self._placed_at >= ESTIMATE_REFRESH_S:
-            places: dict[tuple[str, int | None], tuple[Waiter, int]] = {}
-            for waiter, ahead in self.waiting.ahead(self.admission.order(self.queue)):
-                places.setdefault((waiter.request_key, waiter.conn_id), (waiter, ahead))
-            self._places_now, self._placed_at, self._placed_for = places, now, key
-        return self._places_now
+        played, gone_s = self._played()
+        for waiter, ahead in self.waiting.ahead(self.admission.order(self.queue)):
+            if waiter in watched and waiter.evaluated:
+                found = played.get(waiter.request_id)
+                yield waiter, _with_estimate(waiter.to_wire(now, ahead), found, gone_s)
 
     # -- attach / renew / release / expiry -----------------------------------------------------
     def attach(self, lease_id: str, token: str, owner: str, conn_id: int | None) -> Lease:
@@ -743,6 +736,7 @@ class Broker:
         if self.store is not None:
             self.store.retry(now)  # what a full disk kept back, once there is room
         self._keep_lifetimes(now)
+        self.news.tick(now)
         for job in self.jobs.check_abandoned():
             self.emit("job", {"job_id": job.job_id, "state": job.state})
 

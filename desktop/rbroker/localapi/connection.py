@@ -18,6 +18,7 @@ from typing import Any, Protocol, cast
 from rbroker.broker.eta import retell
 from rbroker.broker.holders import Holder
 from rbroker.broker.launchers import interpreter_of, snapshot_around
+from rbroker.broker.leases import Waiter
 from rbroker.broker.service import Broker
 from rbroker.localapi.requests import request_id_of
 from rbroker.transport import peer_hung_up
@@ -65,9 +66,6 @@ MAX_EVENT_BACKLOG = 10_000
 """Events queued for one subscriber that is not reading them. Past this the connection is
 dropped (as Redis drops pub/sub clients over their output buffer limit): without a bound, a
 local client that subscribes and never reads grows the broker's memory without end."""
-
-WAITING_POLL_S = 0.25
-"""How often a waiting `lease.acquire` with `notify_waiting` looks for a changed reason."""
 
 
 def raise_open_file_limit() -> tuple[int, int] | None:
@@ -627,20 +625,32 @@ class PerUserLimit:
             self._count.pop(key, None)
 
 
-async def tell_waiting(conn: Connection, broker: Broker, request_key: str) -> None:
+async def tell_waiting(conn: Connection, broker: Broker, waiter: Waiter) -> None:
     """Send `conn` an `event` notification of kind `waiting` (the queue entry: request_id,
     reason, reason_kind, reason_data, ahead, waiting_s, eta_s, eta_reason) each time the
-    reason of its queued request `request_key` changes or its estimate moves (`retell`),
-    checked every `WAITING_POLL_S`; runs until cancelled (when the `lease.acquire` ends) or
-    the connection closes."""
+    broker tells a new entry of its queued request `waiter` (`Broker.watch_waiting`: pushed
+    on each change) and its reason changed or its estimate moved (`retell`); runs until
+    cancelled (when the `lease.acquire` ends) or the connection closes."""
+    latest: list[QueuedRequest] = []
+    news = asyncio.Event()
+
+    def tell(entry: QueuedRequest) -> None:
+        latest[:] = [entry]
+        news.set()
+
     told: QueuedRequest | None = None  # the entry last sent
-    while not conn.closed:
-        data = broker.waiting_entry(request_key, conn.id)
-        if data is not None and retell(told, data):
-            told = data
-            event = {"kind": "waiting", "data": data}
-            await conn.send({"jsonrpc": "2.0", "method": "event", "params": event})
-        await asyncio.sleep(WAITING_POLL_S)
+    stop = broker.watch_waiting(waiter, tell)
+    try:
+        while not conn.closed:
+            await news.wait()
+            news.clear()
+            data = latest[0]
+            if retell(told, data):
+                told = data
+                event = {"kind": "waiting", "data": data}
+                await conn.send({"jsonrpc": "2.0", "method": "event", "params": event})
+    finally:
+        stop()
 
 
 # -- answer bytes a user's connections leave unsent, together ---------------------------------

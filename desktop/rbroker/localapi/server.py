@@ -401,7 +401,7 @@ class LocalApi:
     ) -> AcquireResult:
         watch = None
         if p.notify_waiting and p.wait_s > 0 and p.request_key:
-            watch = asyncio.create_task(tell_waiting(conn, self.broker, p.request_key))
+            watch = asyncio.create_task(tell_waiting(conn, self.broker, waiter))
         try:
             return granted(await self.broker.await_waiter(waiter), self.broker)
         finally:

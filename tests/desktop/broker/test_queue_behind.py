@@ -52,9 +52,10 @@ def test_requests_behind_a_waiting_one_get_reasons_without_passes_and_keep_fifo(
 def test_every_waiter_reading_its_own_entry_costs_one_pass_over_the_queue(
     h: InProcessBroker, pool: SleeperPool
 ) -> None:
-    """Each waiter's connection reads its queue entry every 0.25 s (`tell_waiting`): the
-    places in the queue are worked out once per change of the queue, not once per read (one
-    pass per read was O(queue²) a round: 2 048 waiters held the broker's loop for seconds)."""
+    """Each waiter whose client asked to be told (`notify_waiting`) is told its queue entry
+    when something changed (`Broker.watch_waiting`, pushed): one pass over the queue tells
+    them all, not one pass per waiter (one pass each was O(queue²) a round: 2 048 waiters
+    held the broker's loop for seconds), and nothing is worked out while nothing changed."""
     _, holder = pool.spawn()
     full = h.acquire(pool.spawn()[1], mib=20000).result()
     waiting = [
@@ -69,14 +70,23 @@ def test_every_waiter_reading_its_own_entry_costs_one_pass_over_the_queue(
         return ahead(*args, **kwargs)  # type: ignore[arg-type]
 
     h.broker.waiting.ahead = counted  # type: ignore[method-assign]
-    entries = [h.broker.waiting_entry(f"k{i}", 10 + i) for i in range(300)]
-    assert len(passes) == 1, f"{len(passes)} passes over the queue for 300 reads"
-    assert [e["ahead"] if e else None for e in entries] == list(range(300))
-    assert h.broker.waiting_entry("k0", 11) is None  # another connection's key: not its own
-    waiting[0].cancel()  # the first leaves: everyone behind moves up at the next read
+    told: dict[str, list[dict[str, object]]] = {}
+    queued = list(h.broker.queue)
+
+    async def watch_all() -> None:
+        for w in queued:
+            h.broker.watch_waiting(w, lambda e, k=w.request_key: told.setdefault(k, []).append(e))
+
+    h.run(watch_all())
     h.spin()
-    moved = h.broker.waiting_entry("k299", 309)
-    assert moved is not None and moved["ahead"] == 298 and len(passes) == 2
+    assert len(passes) == 1, f"{len(passes)} passes over the queue to tell 300 waiters"
+    assert [told[f"k{i}"][-1]["ahead"] for i in range(300)] == list(range(300))
+    h.spin()
+    assert len(passes) == 1  # nothing changed: nobody told again
+    waiting[0].cancel()  # the first leaves: everyone behind moves up, told in one pass
+    h.spin()
+    assert len(passes) == 2
+    assert told["k299"][-1]["ahead"] == 298 and len(told["k299"]) == 2
     h.broker.release(full.lease_id, full.owner)
     h.sample()  # 23 347 MiB free: the next five in the queue's order, no one behind them
     assert [t.done() for t in waiting[1:7]] == [True] * 5 + [False]
