@@ -23,6 +23,7 @@ from rich.console import Console
 
 from rbroker.cli.views import fleet_view
 from rbroker.display import fmt_mib
+from rbroker_protocol.fleet import FleetView
 from tests.conftest import wait_until
 from tests.e2e.conftest import (
     CoordinatorProcess,
@@ -266,7 +267,7 @@ def _check_fleet_cli(
     for width in (80, 120):  # in a terminal: every number whole, every line within the width
         out = io.StringIO()
         Console(file=out, width=width, force_terminal=True, color_system=None).print(
-            fleet_view(signed)
+            fleet_view(FleetView.model_validate(signed))
         )
         text = out.getvalue()
         assert all(len(line) <= width for line in text.splitlines()), text

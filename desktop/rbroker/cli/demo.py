@@ -45,6 +45,7 @@ from rbroker.demo.world import (
 from rbroker.display import fmt_mib, short_uuid
 from rbroker.gpu.nvml import real_nvml_available
 from rbroker_protocol.eta import eta_words
+from rbroker_protocol.results import GpuView, ListedLease, QueuedRequest
 
 WORKER_PART_S = 20.0
 """How long the worker timeline of `world.WORKERS` takes at its own pace (measured: the last
@@ -60,7 +61,7 @@ class DemoState:
     t0: float = field(default_factory=time.time)
     events: list[str] = field(default_factory=list)
     kill_wall: float | None = None
-    victim_lease: dict[str, Any] | None = None
+    victim_lease: ListedLease | None = None
     freed_after_s: float | None = None
     snapshots: int = 0
     min_margin_mib: int | None = None
@@ -77,7 +78,7 @@ class DemoState:
     # per waiting session: (seconds into its wait, eta_s, reason) of its first estimate
     etas: dict[str, tuple[float, float | None, str]] = field(default_factory=dict)
 
-    def saw_estimate(self, entry: Mapping[str, Any]) -> None:
+    def saw_estimate(self, entry: QueuedRequest) -> None:
         """Keep a waiting request's first estimate (its first with a figure, when the first
         had none), and log it."""
         session, eta_s = entry["session"], entry.get("eta_s")
@@ -98,7 +99,7 @@ def ms_text(seconds: float) -> str:
     return f"{max(0, round(seconds * 1000))} ms"
 
 
-def _check_snapshot(state: DemoState, gpus: Sequence[Mapping[str, Any]]) -> None:
+def _check_snapshot(state: DemoState, gpus: Sequence[GpuView]) -> None:
     """granted + others' use + headroom must never exceed total on any GPU."""
     state.snapshots += 1
     for g in gpus:
@@ -321,7 +322,7 @@ def _run_workers(
                 state.kill_wall = time.time()  # before the signal: the lease may end at once
                 kill_tree(vw)
                 state.victim_lease = next(
-                    (dict(x) for x in view["leases"] if x["session"] == victim.session),
+                    (x.copy() for x in view["leases"] if x["session"] == victim.session),
                     None,
                 )
                 state.log(f"killed worker {victim.session} with {HARD_KILL_NAME} mid-run")

@@ -27,6 +27,7 @@ import os
 import signal
 import subprocess
 import threading
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
@@ -74,7 +75,7 @@ def flag_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     field = str(err["loc"][0]) if err["loc"] else ""
     flag = FLAGS.get(field, field)
-    ctx: dict[str, Any] = dict(err.get("ctx") or {})
+    ctx: dict[str, object] = dict(err.get("ctx") or {})  # the failed constraint's bounds
     kind = err["type"]
     bound_value = ctx.get("ge", ctx.get("gt", ctx.get("le", ctx.get("lt"))))
     unit = ""
@@ -120,8 +121,9 @@ class WaitDisplay:
         self.lock = threading.Lock()
         self.closed = False
 
-    def show(self, entry: dict[str, Any]) -> None:
-        """One queue entry (`waiting` event data) → the current line: its reason, and when it
+    def show(self, entry: Mapping[str, Any]) -> None:
+        """One queue entry (`waiting` event data, a `QueuedRequest`; the SDK's `on_wait`
+        hands it over as a plain dict) → the current line: its reason, and when it
         will likely fit where the broker estimates it (sent again when the estimate moves)."""
         reason = str(entry.get("reason", "")).removeprefix("waiting: ")
         ahead = int(entry.get("ahead") or 0)

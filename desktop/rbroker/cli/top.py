@@ -28,6 +28,7 @@ import rbroker
 from rbroker.cli.exits import unusable_exit
 from rbroker.cli.status import status_header
 from rbroker.cli.views import View, broker_view, jobs_table, print_view, shares_table
+from rbroker_protocol.results import BrokerStatus, GpuView, JobView, LeasesListResult
 
 REFRESH_S = 1.0
 """Seconds between two frames, and between attempts to reach a broker that has gone."""
@@ -39,10 +40,10 @@ class Snapshot:
     """One reading of the broker: the answers of `broker.status`, `gpus.list`, `leases.list`
     and `jobs.list` (active jobs only), and `found` (`{"address", "found_by"}`)."""
 
-    status: Any
-    gpus: list[Any]
-    leases: Any
-    jobs: list[Any]
+    status: BrokerStatus
+    gpus: list[GpuView]
+    leases: LeasesListResult
+    jobs: list[JobView]
     found: dict[str, str]
 
 

@@ -60,6 +60,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     reason (with `--room`: also when no computer has the room, a line saying so); 2
     (`EXIT_USAGE`) for `--gpus` without `--room`."""
     from rbroker.uplink.fleet import FleetError, fetch_fleet, fetch_room
+    from rbroker_protocol.fleet import FleetView, RoomView
 
     if args.gpus is not None and args.room is None:  # else the whole fleet, --gpus unread
         Console(stderr=True).print(
@@ -80,7 +81,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answer, indent=2))
     elif args.room is not None:
-        print_view(Console(), room_view(answer))
+        print_view(Console(), room_view(RoomView.model_validate(answer)))
     else:
-        print_view(Console(), fleet_view(answer))
+        print_view(Console(), fleet_view(FleetView.model_validate(answer)))
     return 0 if args.room is None or answer["computers"] else 1

@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
@@ -20,7 +20,18 @@ from rich.text import Text
 from rbroker.cli.sheet import Cell, Column, Sheet, bar_column, unique_prefixes
 from rbroker.display import REQUEST_PREFIX, fmt_count, fmt_mib, short_uuid
 from rbroker_protocol.eta import eta_words as protocol_eta_words
-from rbroker_protocol.results import JobsListResult
+from rbroker_protocol.results import (
+    GpuView,
+    JobsListResult,
+    JobView,
+    LeasesListResult,
+    ListedLease,
+    QueuedRequest,
+    ShareView,
+)
+
+if TYPE_CHECKING:  # pydantic models: `rbroker fleet` validates the answer, `status` loads none
+    from rbroker_protocol.fleet import FleetView, RoomView
 
 BAR_WIDTH = 30
 LEASE_PREFIX = "lease-"
@@ -62,7 +73,7 @@ def _num(value: int | float | None, style: str = "") -> Cell:
     return Cell(Text(fmt_mib(n), style=style), plain=str(n))
 
 
-def _in_use(observed: int, lease: dict[str, Any]) -> Cell:
+def _in_use(observed: int, lease: ListedLease) -> Cell:
     """A lease's observed MiB; over its grant it is red and says by how much:
     `6 000 (+1 904 over)` (plain: `6000 (+1904 over)`)."""
     over = int(lease.get("over_grant_mib") or 0)
@@ -74,21 +85,25 @@ def _in_use(observed: int, lease: dict[str, Any]) -> Cell:
     )
 
 
-def gpu_labels(gpus: Sequence[dict[str, Any]]) -> dict[str, str]:
+def gpu_labels(gpus: Sequence[GpuView]) -> dict[str, str]:
     """`{uuid: "GPU 0"}`; where an index is shared (MIG slices of one GPU) or unknown the
     label ends with the UUID's last characters: `GPU 0 …0002`."""
-    counts = Counter(g.get("index") for g in gpus)
+    return _labels([(g["uuid"], g.get("index")) for g in gpus])
+
+
+def _labels(gpus: Sequence[tuple[str, int | None]]) -> dict[str, str]:
+    """`gpu_labels` of (uuid, index) pairs (the local API's GPUs, or the fleet's)."""
+    counts = Counter(index for _, index in gpus)
     labels = {}
-    for g in gpus:
-        index = g.get("index")
+    for uuid, index in gpus:
         label = f"GPU {index}" if index is not None else "GPU"
         if index is None or counts[index] > 1:
-            label += f" …{g['uuid'][-4:]}"
-        labels[g["uuid"]] = label
+            label += f" …{uuid[-4:]}"
+        labels[uuid] = label
     return labels
 
 
-def capacity_bar(gpu: dict[str, Any], width: int = BAR_WIDTH) -> Text:
+def capacity_bar(gpu: GpuView, width: int = BAR_WIDTH) -> Text:
     """One GPU as a bar: leases in use █ (green), granted not yet allocated ▒ (cyan),
     others ▓ (magenta), headroom ░ (yellow), available · (dim)."""
     total = gpu.get("total_mib") or 0
@@ -111,7 +126,7 @@ def capacity_bar(gpu: dict[str, Any], width: int = BAR_WIDTH) -> Text:
     return bar
 
 
-def gpu_table(gpus: list[dict[str, Any]]) -> Sheet:
+def gpu_table(gpus: Sequence[GpuView]) -> Sheet:
     """Per GPU: the capacity split of architecture.md §2 in MiB, with a bar. At 80 columns: label,
     bar, total, available, leases' use, granted, others' use; headroom, waiting, telemetry
     and UUID join when the width allows (a GPU whose telemetry is not ok
@@ -166,7 +181,7 @@ def _age(since_wall: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-def lease_table(leases: list[dict[str, Any]], gpus: Sequence[dict[str, Any]] = ()) -> Sheet:
+def lease_table(leases: Sequence[ListedLease], gpus: Sequence[GpuView] = ()) -> Sheet:
     """Active leases: id (a short unique prefix when the width is tight, accepted by
     `rbroker release`), owner, project, session, purpose, MiB, in use, GPU, state, age,
     expires (seconds to the TTL's end)."""
@@ -219,7 +234,7 @@ def eta_words(entry: Mapping[str, Any]) -> str | None:
     return protocol_eta_words(entry)
 
 
-def queue_table(queue: list[dict[str, Any]]) -> Sheet:
+def queue_table(queue: Sequence[QueuedRequest]) -> Sheet:
     """Waiting requests, FIFO order: id (`req-N`, accepted by `rbroker release`), owner,
     project, purpose, MiB, time waiting and the reason with its numbers, after the estimate
     of when it will fit where the broker gives one (`eta_words`; whole at any width: it wraps
@@ -250,7 +265,7 @@ def queue_table(queue: list[dict[str, Any]]) -> Sheet:
     return sheet
 
 
-def shares_table(shares: Sequence[Mapping[str, Any]]) -> Sheet:
+def shares_table(shares: Sequence[ShareView]) -> Sheet:
     """Each project's share of the broker (`[shares]`) and its use now, as `broker.status`
     gives them (`shares`): weight, share of the projects holding or asking now, MiB granted,
     requests waiting."""
@@ -297,27 +312,25 @@ def legend() -> Text:
 
 
 def broker_view(
-    gpus: Sequence[Mapping[str, Any]],
-    leases: Mapping[str, Any],
+    gpus: Sequence[GpuView],
+    leases: LeasesListResult,
     header: str = "",
-    jobs: Sequence[Mapping[str, Any]] | None = None,
+    jobs: Sequence[JobView] | None = None,
 ) -> View:
     """Everything in one renderable (`View.plain()` for pipes): `gpus`, `leases` and `jobs`
     as `gpus.list`, `leases.list` and `jobs.list` answer them."""
-    gpu_list = [dict(gpu) for gpu in gpus]
     parts: list[Sheet | Text] = []
     if header:
         parts.append(Text(header, style="bold"))
-    parts.append(gpu_table(gpu_list))
+    parts.append(gpu_table(gpus))
     if gpus:
         parts.append(legend())
-    lease_list = [dict(lease) for lease in leases["leases"]]
-    parts += [lease_table(lease_list, gpu_list), queue_table([dict(q) for q in leases["queue"]])]
+    parts += [lease_table(leases["leases"], gpus), queue_table(leases["queue"])]
     note = left_out_note(leases)
     if note:
         parts.append(Text(note, style="dim"))
     if jobs:
-        parts.append(jobs_table([dict(job) for job in jobs]))
+        parts.append(jobs_table(jobs))
     return View(*parts)
 
 
@@ -331,7 +344,7 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def progress_bar(job: Mapping[str, Any], width: int = 24) -> Text:
+def progress_bar(job: JobView, width: int = 24) -> Text:
     """Completed █ (green) and failed █ (red) items out of total_items, then the percentage
     (`width` cells in all); counts only when there is no total."""
     total = job.get("total_items")
@@ -354,14 +367,14 @@ def _no_total(width: int) -> Text:
     return Text("no total", style="dim")
 
 
-def _progress_plain(job: Mapping[str, Any]) -> str:
+def _progress_plain(job: JobView) -> str:
     total = job.get("total_items")
     if not total:
         return "no total"
     return f"{100 * (job['completed_items'] + job['failed_items']) / total:.1f} %"
 
 
-def left_out_note(answer: Mapping[str, Any]) -> str | None:
+def left_out_note(answer: LeasesListResult) -> str | None:
     """The line under the leases and the queue that says what `leases.list` left out of
     other users' (`leases_left_out`: the smallest leases; `queue_left_out`: the requests
     furthest back); None when nothing."""
@@ -389,7 +402,7 @@ def finished_note(answer: JobsListResult) -> str | None:
     return "; ".join(parts) or None
 
 
-def jobs_table(jobs: Sequence[Mapping[str, Any]], note: str | None = None) -> Sheet:
+def jobs_table(jobs: Sequence[JobView], note: str | None = None) -> Sheet:
     """Jobs: id, owner (the OS user who declared it), purpose, state, progress (a bar with
     the percentage that takes the room left; "no total" for jobs that count without one),
     done and failed items, items/s, ETA; project, workers (leases held/allocated) and
@@ -442,10 +455,10 @@ def jobs_table(jobs: Sequence[Mapping[str, Any]], note: str | None = None) -> Sh
 _FRESH_STYLE = {"online": "green", "stale": "yellow", "offline": "red"}
 
 
-def fleet_view(fleet: dict[str, Any]) -> View:
+def fleet_view(fleet: FleetView) -> View:
     """The fleet: computers with freshness, then their GPUs and leases."""
     computers = Sheet(
-        f"Fleet of group {fleet.get('group', '?')}",
+        f"Fleet of group {fleet.group}",
         [
             Column("computer", free_text=True),
             Column("freshness", free_text=True, min_free=9),
@@ -455,7 +468,7 @@ def fleet_view(fleet: dict[str, Any]) -> View:
             Column("jobs", "right"),
             Column("telemetry", optional=True),
         ],
-        empty=f"no computers in group {fleet.get('group', '?')} yet",
+        empty=f"no computers in group {fleet.group} yet",
     )
     gpus = Sheet(
         "GPUs (MiB)",
@@ -483,39 +496,39 @@ def fleet_view(fleet: dict[str, Any]) -> View:
         ],
         empty="no leases",
     )
-    for c in fleet.get("computers", []):
-        fresh = c.get("freshness", {})
-        name = c.get("name", "?")
-        text = fresh.get("text") or fresh.get("state", "?")
+    for c in fleet.computers:
+        fresh = c.freshness
+        name = c.name
+        text = fresh.text or fresh.state
         computers.add(
             name,
-            Cell(Text(text, style=_FRESH_STYLE.get(fresh.get("state", ""), "")), plain=text),
-            _num(len(c.get("gpus", []))),
-            _num(len(c.get("leases", []))),
-            _num(len(c.get("queue", []))),
-            _num(len(c.get("jobs", []))),
-            c.get("telemetry_source") or "?",
+            Cell(Text(text, style=_FRESH_STYLE.get(fresh.state, "")), plain=text),
+            _num(len(c.gpus)),
+            _num(len(c.leases)),
+            _num(len(c.queue)),
+            _num(len(c.jobs)),
+            c.telemetry_source or "?",
         )
-        labels = gpu_labels(c.get("gpus", []))
-        for g in c.get("gpus", []):
+        labels = _labels([(g.uuid, g.index) for g in c.gpus])
+        for g in c.gpus:
             gpus.add(
                 name,
-                labels[g["uuid"]],
-                str(g.get("state", "?")),
-                _num(g.get("total_mib")),
-                _num(g.get("available_mib")),
-                _num(g.get("leases")),
-                Cell(short_uuid(g["uuid"]), plain=g["uuid"]),
+                labels[g.uuid],
+                g.state,
+                _num(g.total_mib),
+                _num(g.available_mib),
+                _num(g.leases),
+                Cell(short_uuid(g.uuid), plain=g.uuid),
             )
-        for lease in c.get("leases", []):
-            uuids = lease.get("gpu_uuids", [])
+        for lease in c.leases:
+            uuids = lease.gpu_uuids
             leases.add(
                 name,
-                lease.get("owner", ""),
-                lease.get("project", ""),
-                lease.get("session", ""),
-                lease.get("purpose", ""),
-                _num(lease.get("granted_mib")),
+                lease.owner,
+                lease.project,
+                lease.session,
+                lease.purpose,
+                _num(lease.granted_mib),
                 Cell(",".join(labels.get(u, short_uuid(u)) for u in uuids), plain=",".join(uuids)),
             )
     parts: list[Sheet | Text] = [computers]
@@ -529,15 +542,15 @@ ROOM_NOTE = (
 )
 
 
-def room_view(room: dict[str, Any]) -> View:
+def room_view(room: RoomView) -> View:
     """Where there is room (`GET /api/v1/fleet/room`'s answer): a row per GPU with room, the
     computers freshest first, each with its freshness and report age, the GPU's available
     and total MiB, and the requests waiting on that computer; then `ROOM_NOTE`."""
-    gpus = room.get("gpus", 1)
-    mib = fmt_mib(int(room.get("mib") or 0))
+    gpus = room.gpus
+    mib = fmt_mib(room.mib)
     where = f"{gpus} GPUs of one computer" if gpus > 1 else "a GPU"
     sheet = Sheet(
-        f"Room for {mib} MiB on {where} in group {room.get('group', '?')}",
+        f"Room for {mib} MiB on {where} in group {room.group}",
         [
             Column("computer", free_text=True),
             Column("freshness", free_text=True, min_free=9),
@@ -550,21 +563,20 @@ def room_view(room: dict[str, Any]) -> View:
         ],
         empty=f"no computer has {mib} MiB available on {where} at its last report",
     )
-    for c in room.get("computers", []):
-        fresh = c.get("freshness", {})
-        state = fresh.get("state", "?")
-        age = fresh.get("age_s")
-        labels = gpu_labels(c.get("gpus", []))
-        for g in c.get("gpus", []):
+    for c in room.computers:
+        state = c.freshness.state
+        age = c.freshness.age_s
+        labels = _labels([(g.uuid, g.index) for g in c.gpus])
+        for g in c.gpus:
             sheet.add(
-                c.get("name", "?"),
+                c.name,
                 Cell(Text(state, style=_FRESH_STYLE.get(state, "")), plain=state),
                 Cell(_duration(age), plain="—" if age is None else f"{age:.0f} s"),
-                labels[g["uuid"]],
-                _num(g.get("available_mib"), "bold"),
-                _num(g.get("total_mib")),
-                _num(c.get("waiting")),
-                Cell(short_uuid(g["uuid"]), plain=g["uuid"]),
+                labels[g.uuid],
+                _num(g.available_mib, "bold"),
+                _num(g.total_mib),
+                _num(c.waiting),
+                Cell(short_uuid(g.uuid), plain=g.uuid),
             )
     parts: list[Sheet | Text] = [sheet]
     if sheet.rows:
