@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from rbroker.tray.fleet import FleetSource, FleetUnavailable, freshness_text
+from rbroker.tray.fleet import FleetComputer, FleetSource, FleetUnavailable, freshness_text
 from rbroker.tray.models import FleetModel, JobsModel, LeasesModel
 from rbroker.tray.panels import GpuList, gpu_labels, make_table, titled
 from rbroker.tray.plain import PlainLabel
@@ -120,7 +120,7 @@ class FleetTab(QWidget):
     def set_not_enrolled(self) -> None:
         self.stack.setCurrentIndex(0)
 
-    def set_computers(self, computers: list[dict[str, Any]]) -> None:
+    def set_computers(self, computers: list[FleetComputer]) -> None:
         self.stack.setCurrentIndex(1)
         online = sum(1 for c in computers if c.get("freshness") == "online")
         self.status_line.setText(

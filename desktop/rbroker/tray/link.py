@@ -19,13 +19,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
 from rbroker._exceptions import BrokerUnavailable, InvalidParams, RBrokerError
 from rbroker.client.local import Client
 from rbroker.tray.state import Snapshot
+from rbroker_protocol.results import JobView
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +42,19 @@ def read_snapshot(client: Client, jobs_supported: bool = True) -> tuple[Snapshot
     gpus = client.gpus()
     view = client.leases()
     status = client.status()
-    jobs: list[dict[str, Any]] | None = None
+    jobs: list[JobView] | None = None
     if jobs_supported:
         try:
-            jobs = [dict(job) for job in client.jobs()]
+            jobs = [job.copy() for job in client.jobs()]
         except InvalidParams as exc:
             if exc.code != "method_not_found":
                 raise
             jobs_supported = False
     snap = Snapshot(
-        gpus=[dict(gpu) for gpu in gpus],
-        leases=[dict(lease) for lease in view["leases"]],
-        queue=[dict(request) for request in view["queue"]],
-        status=dict(status),
+        gpus=[gpu.copy() for gpu in gpus],
+        leases=[lease.copy() for lease in view["leases"]],
+        queue=[request.copy() for request in view["queue"]],
+        status=status.copy(),
         jobs=jobs,
         leases_left_out=view.get("leases_left_out", 0),
         queue_left_out=view.get("queue_left_out", 0),

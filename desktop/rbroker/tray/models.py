@@ -1,25 +1,40 @@
 """Qt table models of the tray: leases, the queue, jobs and the fleet's computers.
 
-Each model holds plain dicts as the local API (or the fleet source) gives them, has one
-column list, and is updated with `set_rows()`: when the same records come back in the same
-order only the changed cells are announced (`dataChanged`, so selections survive the live
-updates); otherwise the model is reset (`beginResetModel`/`endResetModel`).
+Each model holds plain dicts as the local API (or the fleet source) gives them, typed by its
+row type (`RecordTableModel[R]`: `rbroker_protocol.results`'s TypedDicts, and the fleet's
+mirrors in `rbroker.tray.fleet`), has one column list, and is updated with `set_rows()`: when
+the same records come back in the same order only the changed cells are announced
+(`dataChanged`, so selections survive the live updates); otherwise the model is reset
+(`beginResetModel`/`endResetModel`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 
 from rbroker.display import fmt_mib, short_uuid
-from rbroker.tray.fleet import freshness_text
+from rbroker.tray.fleet import FleetComputer, FleetGpu, FleetJob, FleetLease, freshness_text
 from rbroker.tray.plain import clean, tool_tip
 from rbroker.tray.state import age_text
 from rbroker_protocol.eta import eta_words
+from rbroker_protocol.results import GpuView, JobView, ListedLease, QueuedRequest
+
+GpuRow = GpuView | FleetGpu
+"""A GPU as the tray shows it: the local broker's (`gpus.list`) or a fleet computer's."""
+LeaseRow = ListedLease | FleetLease
+"""A lease as `LeasesModel` shows it: the local broker's (`leases.list`) or a fleet
+computer's."""
+JobRow = JobView | FleetJob
+"""A job as `JobsModel` shows it: the local broker's (`jobs.list`) or a fleet computer's."""
+
+R = TypeVar("R", bound=Mapping[str, Any])
+"""A model's row type."""
+R_contra = TypeVar("R_contra", bound=Mapping[str, Any], contravariant=True)
 
 ROW_ROLE = Qt.ItemDataRole.UserRole
 """The row's record (a dict)."""
@@ -37,17 +52,18 @@ Index = QModelIndex | QPersistentModelIndex
 
 
 @dataclass(frozen=True)
-class Column:
+class Column(Generic[R_contra]):
     """One column: its header, how a record shows in it, and how it sorts."""
 
     header: str
-    text: Callable[[dict[str, Any]], str]
-    sort: Callable[[dict[str, Any]], Any] | None = None
+    text: Callable[[R_contra], str]
+    sort: Callable[[R_contra], Any] | None = None
     right: bool = False
-    tooltip: Callable[[dict[str, Any]], str] | None = None
+    tooltip: Callable[[R_contra], str] | None = None
 
 
-def _s(key: str) -> Callable[[dict[str, Any]], str]:
+def _s(key: str) -> Callable[[Mapping[str, Any]], str]:
+    """A column's text: the record's `key` as text (any record that may have it)."""
     return lambda r: str(r.get(key) or "")
 
 
@@ -57,15 +73,15 @@ def _mib(value: Any) -> str:
 
 def _right(
     header: str,
-    text: Callable[[dict[str, Any]], str],
-    sort: Callable[[dict[str, Any]], Any],
-    tooltip: Callable[[dict[str, Any]], str] | None = None,
-) -> Column:
+    text: Callable[[R], str],
+    sort: Callable[[R], Any],
+    tooltip: Callable[[R], str] | None = None,
+) -> Column[R]:
     """A right-aligned (numeric) column that sorts by `sort`."""
     return Column(header, text, sort=sort, right=True, tooltip=tooltip)
 
 
-REQUEST_COLUMNS: tuple[Column, ...] = (
+REQUEST_COLUMNS: tuple[Column[Mapping[str, Any]], ...] = (
     Column("Owner", _s("owner")),
     Column("Project", _s("project")),
     Column("Session", _s("session")),
@@ -75,38 +91,38 @@ REQUEST_COLUMNS: tuple[Column, ...] = (
 (the description fields of `lease.acquire`)."""
 
 
-class RecordTableModel(QAbstractTableModel):
-    """A read-only table of records (dicts) with a fixed column list."""
+class RecordTableModel(QAbstractTableModel, Generic[R]):
+    """A read-only table of records (dicts of type `R`) with a fixed column list."""
 
-    columns: tuple[Column, ...] = ()
+    columns: tuple[Column[R], ...] = ()
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
-        self._rows: list[dict[str, Any]] = []
+        self._rows: list[R] = []
         self._keys: list[Hashable] = []
         self.now = time.time()
         self.gpu_labels: dict[str, str] = {}
 
     # -- updates -----------------------------------------------------------------------------
-    def key(self, row: dict[str, Any]) -> Hashable:
+    def key(self, row: R) -> Hashable:
         """What identifies a record across updates."""
         return id(row)
 
-    def set_rows(self, rows: list[dict[str, Any]], now: float | None = None) -> None:
+    def set_rows(self, rows: Sequence[R], now: float | None = None) -> None:
         """Replace the records; `now` (Unix seconds) is the time ages are measured against."""
         self.now = time.time() if now is None else now
-        rows = list(rows)
-        keys = [self.key(r) for r in rows]
-        if keys == self._keys and rows:
+        new = list(rows)
+        keys = [self.key(r) for r in new]
+        if keys == self._keys and new:
             old = self._rows
-            self._rows = rows
+            self._rows = new
             last = len(self.columns) - 1
-            for i, (a, b) in enumerate(zip(old, rows, strict=True)):
+            for i, (a, b) in enumerate(zip(old, new, strict=True)):
                 if a != b or self._time_dependent:
                     self.dataChanged.emit(self.index(i, 0), self.index(i, last))
             return
         self.beginResetModel()
-        self._rows = rows
+        self._rows = new
         self._keys = keys
         self.endResetModel()
 
@@ -126,11 +142,11 @@ class RecordTableModel(QAbstractTableModel):
             return "any"
         return self.gpu_labels.get(uuid) or short_uuid(uuid)
 
-    def row(self, i: int) -> dict[str, Any]:
+    def row(self, i: int) -> R:
         return self._rows[i]
 
     @property
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[R]:
         return list(self._rows)
 
     # -- QAbstractTableModel --------------------------------------------------------------------
@@ -169,12 +185,12 @@ class RecordTableModel(QAbstractTableModel):
             return col.sort(record) if col.sort else col.text(record)
         return self.extra_data(record, index.column(), role)
 
-    def extra_data(self, record: dict[str, Any], column: int, role: int) -> Any:
+    def extra_data(self, record: R, column: int, role: int) -> Any:
         """Model-specific roles (progress, badges)."""
         return None
 
 
-class RequestTableModel(RecordTableModel):
+class RequestTableModel(RecordTableModel[R]):
     """A table of requests for GPU memory: `REQUEST_COLUMNS`, then the model's own
     (`own_columns()`); ages and expiries move with the clock."""
 
@@ -185,17 +201,17 @@ class RequestTableModel(RecordTableModel):
         super().__init__(parent)
         self.columns = (*REQUEST_COLUMNS, *self.own_columns())
 
-    def own_columns(self) -> tuple[Column, ...]:
+    def own_columns(self) -> tuple[Column[R], ...]:
         """The columns after the shared ones."""
         return ()
 
 
-class LeasesModel(RequestTableModel):
+class LeasesModel(RequestTableModel[LeaseRow]):
     """Active leases: owner, project, session, purpose, MiB, GPU, state, age, expires in."""
 
     MIB, GPU, STATE, AGE, EXPIRES = range(len(REQUEST_COLUMNS), len(REQUEST_COLUMNS) + 5)
 
-    def own_columns(self) -> tuple[Column, ...]:
+    def own_columns(self) -> tuple[Column[LeaseRow], ...]:
         return (
             _right(
                 "MiB",
@@ -225,26 +241,26 @@ class LeasesModel(RequestTableModel):
             ),
         )
 
-    def key(self, row: dict[str, Any]) -> Hashable:
+    def key(self, row: LeaseRow) -> Hashable:
         return row.get("lease_id") or id(row)
 
-    def _age(self, r: dict[str, Any]) -> float | None:
+    def _age(self, r: LeaseRow) -> float | None:
         granted = r.get("granted_at")
         return max(0.0, self.now - float(granted)) if granted else None
 
     @staticmethod
-    def _mib_tooltip(r: dict[str, Any]) -> str:
+    def _mib_tooltip(r: LeaseRow) -> str:
         observed = r.get("observed_mib") or {}
         used = sum(int(v) for v in observed.values())
         return f"{_mib(r.get('granted_mib'))} MiB granted, {fmt_mib(used)} MiB in use now"
 
 
-class QueueModel(RequestTableModel):
+class QueueModel(RequestTableModel[QueuedRequest]):
     """Waiting requests with the reason (and the numbers) they wait."""
 
     MIB, GPU, WAITING, AHEAD, REASON = range(len(REQUEST_COLUMNS), len(REQUEST_COLUMNS) + 5)
 
-    def own_columns(self) -> tuple[Column, ...]:
+    def own_columns(self) -> tuple[Column[QueuedRequest], ...]:
         return (
             _right(
                 "MiB",
@@ -261,16 +277,16 @@ class QueueModel(RequestTableModel):
             Column("Reason", self._reason, tooltip=lambda r: str(r.get("reason") or "")),
         )
 
-    def key(self, row: dict[str, Any]) -> Hashable:
+    def key(self, row: QueuedRequest) -> Hashable:
         return row.get("request_id") or id(row)
 
     @staticmethod
-    def _mib_text(r: dict[str, Any]) -> str:
+    def _mib_text(r: QueuedRequest) -> str:
         gpus = int(r.get("gpus") or 1)
         text = _mib(r.get("mib"))
         return f"{gpus} × {text}" if gpus > 1 else text
 
-    def _reason(self, r: dict[str, Any]) -> str:
+    def _reason(self, r: QueuedRequest) -> str:
         """The estimate of when it will fit (the wording of every face:
         `rbroker_protocol.eta`), then why it waits, with the GPUs' names."""
         text = str(r.get("reason") or "").removeprefix("waiting: ")
@@ -280,7 +296,7 @@ class QueueModel(RequestTableModel):
         return f"{eta} — {text}" if eta else text
 
 
-class JobsModel(RecordTableModel):
+class JobsModel(RecordTableModel[JobRow]):
     """Parallel jobs (docs/architecture.md §4) with their progress (drawn as bars by the
     view)."""
 
@@ -314,28 +330,28 @@ class JobsModel(RecordTableModel):
             Column("Progress", self._progress_text, sort=self._fraction, tooltip=self._done_text),
         )
 
-    def key(self, row: dict[str, Any]) -> Hashable:
+    def key(self, row: JobRow) -> Hashable:
         return row.get("job_id") or id(row)
 
     @staticmethod
-    def _fraction(r: dict[str, Any]) -> float:
+    def _fraction(r: JobRow) -> float:
         total = r.get("total_items")
         done = int(r.get("completed_items") or 0) + int(r.get("failed_items") or 0)
         return min(1.0, done / total) if total else 0.0
 
     @staticmethod
-    def _done_text(r: dict[str, Any]) -> str:
+    def _done_text(r: JobRow) -> str:
         done = int(r.get("completed_items") or 0)
         total = r.get("total_items")
         return f"{fmt_mib(done)} / {fmt_mib(int(total))}" if total else fmt_mib(done)
 
     @classmethod
-    def _progress_text(cls, r: dict[str, Any]) -> str:
+    def _progress_text(cls, r: JobRow) -> str:
         if not r.get("total_items"):
             return "total unknown"
         return f"{cls._fraction(r):.0%}"
 
-    def extra_data(self, record: dict[str, Any], column: int, role: int) -> Any:
+    def extra_data(self, record: JobRow, column: int, role: int) -> Any:
         if role == PROGRESS_ROLE and column == self.PROGRESS:
             total = record.get("total_items")
             return (
@@ -346,11 +362,11 @@ class JobsModel(RecordTableModel):
         return None
 
 
-def _fleet_available(r: dict[str, Any]) -> int:
+def _fleet_available(r: FleetComputer) -> int:
     return sum(int(g.get("available_mib") or 0) for g in r.get("gpus") or [])
 
 
-class FleetModel(RecordTableModel):
+class FleetModel(RecordTableModel[FleetComputer]):
     """The group's computers with a freshness badge and what each is doing."""
 
     NAME, FRESHNESS, GPUS, LEASES, JOBS, AVAILABLE = range(6)
@@ -397,10 +413,10 @@ class FleetModel(RecordTableModel):
             ),
         )
 
-    def key(self, row: dict[str, Any]) -> Hashable:
+    def key(self, row: FleetComputer) -> Hashable:
         return row.get("computer_id") or id(row)
 
-    def extra_data(self, record: dict[str, Any], column: int, role: int) -> Any:
+    def extra_data(self, record: FleetComputer, column: int, role: int) -> Any:
         if role == BADGE_ROLE and column == self.FRESHNESS:
             return str(record.get("freshness") or "offline")
         return None

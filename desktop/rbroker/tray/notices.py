@@ -24,6 +24,7 @@ from PySide6.QtCore import QObject, Signal
 
 from rbroker.display import fmt_mib
 from rbroker.tray.state import Snapshot
+from rbroker_protocol.results import ListedLease
 
 GRANT_NOTICE_MIN_WAIT_S = 1.0
 """A grant is announced when its request waited at least this long (seconds)."""
@@ -51,7 +52,7 @@ def _mib(value: Any) -> str:
     return fmt_mib(int(value or 0))
 
 
-def _who(lease: dict[str, Any]) -> str:
+def _who(lease: ListedLease) -> str:
     return f"{lease.get('project', '')} / {lease.get('session', '')}"
 
 

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from PySide6.QtCore import QSortFilterProxyModel, Qt
 from PySide6.QtWidgets import (
@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from rbroker.tray.models import SORT_ROLE, RecordTableModel
+from rbroker.tray.models import SORT_ROLE, GpuRow, RecordTableModel
 from rbroker.tray.plain import PlainLabel
 from rbroker.tray.widgets import GpuCard
 
@@ -75,7 +75,7 @@ class GpuList(QWidget):
         self.empty.setStyleSheet("color: palette(mid);")
         self.grid.addWidget(self.empty, 0, 0)
 
-    def set_gpus(self, gpus: list[dict[str, Any]]) -> None:
+    def set_gpus(self, gpus: Sequence[GpuRow]) -> None:
         uuids = [str(g.get("uuid")) for g in gpus]
         if uuids != list(self.cards):
             for card in self.cards.values():
@@ -91,5 +91,5 @@ class GpuList(QWidget):
         self.empty.setVisible(not gpus)
 
 
-def gpu_labels(gpus: list[dict[str, Any]]) -> dict[str, str]:
+def gpu_labels(gpus: Sequence[GpuRow]) -> dict[str, str]:
     return {str(g.get("uuid")): f"GPU {g.get('index', '?')}" for g in gpus}

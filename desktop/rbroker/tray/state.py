@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import cast
 
 from rbroker.display import fmt_mib
+from rbroker_protocol.results import BrokerStatus, GpuView, JobView, ListedLease, QueuedRequest
 
 COORDINATOR_PROBLEM_LINKS = (
     "retrying",
@@ -52,14 +53,15 @@ STATE_TEXT: dict[TrayState, str] = {
 class Snapshot:
     """One consistent read of the local broker through the local API.
 
-    `jobs` is None when the broker has no `jobs.list` method (older brokers).
+    `jobs` is None when the broker has no `jobs.list` method (older brokers). `status` is
+    `{}` until set (a snapshot built by hand, in tests and screenshots): read it with `.get`.
     """
 
-    gpus: list[dict[str, Any]] = field(default_factory=list)
-    leases: list[dict[str, Any]] = field(default_factory=list)
-    queue: list[dict[str, Any]] = field(default_factory=list)
-    status: dict[str, Any] = field(default_factory=dict)
-    jobs: list[dict[str, Any]] | None = None
+    gpus: list[GpuView] = field(default_factory=list)
+    leases: list[ListedLease] = field(default_factory=list)
+    queue: list[QueuedRequest] = field(default_factory=list)
+    status: BrokerStatus = field(default_factory=lambda: cast(BrokerStatus, {}))
+    jobs: list[JobView] | None = None
     taken_at: float = field(default_factory=time.time)
     leases_left_out: int = 0
     """Leases of other users the broker did not list (`leases.list`'s `leases_left_out`)."""
@@ -80,12 +82,12 @@ class Snapshot:
         return str(coord.get("link") or "not enrolled")
 
 
-def gpu_full(gpu: dict[str, Any]) -> bool:
+def gpu_full(gpu: GpuView) -> bool:
     """No room left for any new lease on this GPU (available is 0 with a good sample)."""
     return gpu.get("total_mib") is not None and int(gpu.get("available_mib", 0)) <= 0
 
 
-def telemetry_ok(gpu: dict[str, Any]) -> bool:
+def telemetry_ok(gpu: GpuView) -> bool:
     """This GPU's figures come from a current sample (`telemetry` is `ok`).
 
     A `stale`, `unavailable` or `lost` GPU keeps showing its last known values, but nothing can

@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from rbroker.display import fmt_mib, short_uuid
-from rbroker.tray.models import BADGE_ROLE, PROGRESS_ROLE
+from rbroker.tray.models import BADGE_ROLE, PROGRESS_ROLE, GpuRow
 from rbroker.tray.plain import PlainLabel, tool_tip
 
 LEASED = QColor("#2f6fdb")
@@ -49,7 +49,7 @@ SEGMENTS: tuple[tuple[str, str, QColor], ...] = (
 )
 
 
-def split(gpu: dict[str, Any]) -> dict[str, int]:
+def split(gpu: GpuRow) -> dict[str, int]:
     """The bar's segments in MiB: leased, reserved (outstanding), others, available, headroom.
 
     They add up to total, except on an over-committed GPU, where the bar is scaled."""
@@ -77,7 +77,7 @@ class CapacityBar(QWidget):
     def sizeHint(self) -> QSize:
         return QSize(420, 24)
 
-    def set_gpu(self, gpu: dict[str, Any]) -> None:
+    def set_gpu(self, gpu: GpuRow) -> None:
         self.parts = split(gpu)
         self.total = int(gpu.get("total_mib") or 0)
         self.stale = gpu.get("telemetry") != "ok"
@@ -131,7 +131,7 @@ class GpuCard(QFrame):
         super().__init__(parent)
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self.setObjectName("gpuCard")
-        self.gpu: dict[str, Any] = {}
+        self.gpu: GpuRow | None = None
         self.parts: dict[str, int] = {}
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 8, 10, 8)
@@ -163,7 +163,7 @@ class GpuCard(QFrame):
         self.reason.hide()
         layout.addWidget(self.reason)
 
-    def set_gpu(self, gpu: dict[str, Any]) -> None:
+    def set_gpu(self, gpu: GpuRow) -> None:
         self.gpu = gpu
         uuid = str(gpu.get("uuid", ""))
         self.title.setText(f"GPU {gpu.get('index', '?')} · {gpu.get('name', '')}")
