@@ -7,7 +7,7 @@ the order the broker writes them. MiB figures are integers, times are seconds (`
 time, wall clock; `*_s`: durations).
 """
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, Required, TypedDict
 
 # -- records ---------------------------------------------------------------------------------
 
@@ -246,6 +246,28 @@ class ShareView(TypedDict):
     """Its requests waiting now."""
 
 
+class CoordinatorLink(TypedDict, total=False):
+    """`broker.status`'s `coordinator`: the uplink's state. `link` is always there: `ok`,
+    `not enrolled`, `retrying: …`, `rejected: …`, `config error: …`, `key unavailable: …`,
+    `error: …`; the rest once the broker is enrolled."""
+
+    link: Required[str]
+    last_report_at: float | None
+    """When a report was last delivered (seconds since the epoch)."""
+    url: str
+    computer_id: str
+    group: str
+    reports_sent: int
+    detail: str
+    """More on the link's state (e.g. what a report left out to fit its size limit)."""
+    left_out: dict[str, int]
+    """What the last report left out to fit, by kind: how many."""
+    key: str
+    """Where the computer's private key lives."""
+    warning: str
+    """A problem the link's state alone does not say (a plaintext keyring), with the fix."""
+
+
 class BrokerStatus(TypedDict):
     """`broker.status`."""
 
@@ -262,8 +284,8 @@ class BrokerStatus(TypedDict):
     queued_requests: int
     leases_granted_total: int
     paused: bool
-    coordinator: dict[str, Any]
-    """The uplink's state (`link`, `last_report_at`, ...)."""
+    coordinator: CoordinatorLink
+    """The uplink's state (`CoordinatorLink`)."""
     socket: str
     event_loop: str | None
     """`uvloop` or `asyncio`."""

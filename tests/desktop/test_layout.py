@@ -330,12 +330,7 @@ def test_the_named_call_check_catches_what_it_should(source: str, caught: bool) 
 FACES = (DESKTOP / "cli", DESKTOP / "tray")
 """The command line and the tray: what a person reads the broker and the fleet through."""
 
-UNTYPED_FOR_A_REASON: dict[tuple[str, str], str] = {
-    ("tray/settings_tab.py", "SettingsTab.set_link(coordinator)"): (
-        "`BrokerStatus.coordinator`, the uplink's state, which rbroker_protocol.results itself "
-        "declares as dict[str, Any]: typed here when the protocol types it"
-    ),
-}
+UNTYPED_FOR_A_REASON: dict[tuple[str, str], str] = {}
 """`dict[str, Any]` annotations in the faces that stay, by file (under `desktop/rbroker`)
 and place, with why."""
 

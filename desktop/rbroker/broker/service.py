@@ -63,6 +63,7 @@ from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import AcquireParams
 from rbroker_protocol.results import (
     BrokerStatus,
+    CoordinatorLink,
     GpuView,
     GrantedGpu,
     JobsListResult,
@@ -173,7 +174,7 @@ class Broker:
         self.started_wall = self.clock.wall()
         self.grant_count = 0
         self.paused = False
-        self.uplink_status: Callable[[], dict[str, Any]] | None = None
+        self.uplink_status: Callable[[], CoordinatorLink] | None = None
         self.driver_version = "unknown"
         self.nvml_problem: NvmlProblem | None = None
         self.stopping = False
@@ -348,7 +349,7 @@ class Broker:
         """Whether the host has begun to shut the broker down (`mark_shutting_down`)."""
         return self.shutting_down
 
-    def set_uplink_status(self, status: Callable[[], dict[str, Any]] | None) -> None:
+    def set_uplink_status(self, status: Callable[[], CoordinatorLink] | None) -> None:
         """Where `status()` reads the coordinator link's state from (the uplink runner)."""
         self.uplink_status = status
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 from rbroker.tray.plain import PlainLabel
 from rbroker.tray.settings import TraySettings
 from rbroker.tray.wording import gui_text
+from rbroker_protocol.results import CoordinatorLink
 
 if TYPE_CHECKING:
     from rbroker.uplink.config import UplinkConfig
@@ -182,7 +183,7 @@ class SettingsTab(QWidget):
         outer.addStretch(1)
         self._updating = False
 
-    def set_link(self, coordinator: dict[str, Any]) -> None:
+    def set_link(self, coordinator: CoordinatorLink) -> None:
         """Show the broker's coordinator link state (`broker.status().coordinator`)."""
         link = str(coordinator.get("link") or "not enrolled")
         bits = [link]

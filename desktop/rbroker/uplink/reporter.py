@@ -44,7 +44,6 @@ import random
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import Any
 
 import httpx
 import nacl.signing
@@ -56,6 +55,7 @@ from rbroker.uplink.enroll import http_verify
 from rbroker.uplink.payload import build_payload
 from rbroker.uplink.runs import RunCounter
 from rbroker_protocol.reports import ReportAck
+from rbroker_protocol.results import CoordinatorLink
 from rbroker_protocol.signing import encode_envelope, sign_report
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class Reporter:
         self._changed = asyncio.Event()
         self._unsubscribe = broker.subscribe(lambda kind, data: self._changed.set())
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> CoordinatorLink:
         """The link state (see the class docstring)."""
         return {
             "link": self.link,

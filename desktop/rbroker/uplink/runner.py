@@ -8,12 +8,13 @@ import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rbroker.broker.service import Broker
 from rbroker.uplink.config import UnsafeEnrollment, UplinkConfig
 from rbroker.uplink.keys import KeyStoreError, PlaintextKeyError
 from rbroker.uplink.runs import RunCounter
+from rbroker_protocol.results import CoordinatorLink
 
 if TYPE_CHECKING:
     from rbroker.uplink.reporter import Reporter
@@ -38,8 +39,9 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
     broker keeps leasing, does not report, and its link state and log (once per line) say
     which file and the fix; one that becomes so while reporting ends the reporter.
     """
+    # the link's state while no reporter runs, changed in place (`CoordinatorLink`'s keys)
     state: dict[str, Any] = {"link": "not enrolled", "last_report_at": None}
-    broker.set_uplink_status(lambda: dict(state))
+    broker.set_uplink_status(lambda: _link(state))
     runs = RunCounter(data_dir)
     first_counter: int | None = await asyncio.to_thread(runs.next)  # one per broker start
     refused = ""
@@ -94,7 +96,7 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
                     await _report_until_changed(reporter, data_dir, config)
                 except Exception as exc:  # the broker goes on; the link says why
                     log.exception("reporting to %s stopped", config.url)
-                    broker.set_uplink_status(lambda: dict(state))
+                    broker.set_uplink_status(lambda: _link(state))
                     state.pop("warning", None)
                     state.update(
                         link=f"error: {type(exc).__name__}: {exc}"[:300]
@@ -106,12 +108,17 @@ async def run_uplink(broker: Broker, data_dir: Path) -> None:
                 log.info("the enrollment in %s changed; reading it again", data_dir)
                 state.clear()
                 state.update(link="not enrolled", last_report_at=None)
-                broker.set_uplink_status(lambda: dict(state))
+                broker.set_uplink_status(lambda: _link(state))
                 continue
         await asyncio.sleep(CONFIG_POLL_S)
 
 
-def _with_key(status: Callable[[], dict[str, Any]], where: str) -> Callable[[], dict[str, Any]]:
+def _link(state: dict[str, Any]) -> CoordinatorLink:
+    """A copy of the link's `state`, whose keys are `CoordinatorLink`'s."""
+    return cast(CoordinatorLink, dict(state))
+
+
+def _with_key(status: Callable[[], CoordinatorLink], where: str) -> Callable[[], CoordinatorLink]:
     """`status` with `key`: where the private key in use lives."""
     return lambda: {**status(), "key": where}
 
