@@ -251,7 +251,7 @@ class Admission:
             if waiter.future.done():
                 waiting.remove(waiter)
                 continue
-            never = self.never_fits(waiter.mib, waiter.gpus, waiter.candidates)
+            never = self.never_fits(waiter.asked_mib, waiter.gpus, waiter.candidates)
             if never is not None:  # a GPU shrank while it waited: refuse, never wait forever
                 waiting.remove(waiter, never)
                 emit("queue", {"request_id": waiter.request_id})
@@ -264,11 +264,12 @@ class Admission:
             fits: list[Choice] = []
             for u in waiter.candidates:
                 if u in caps and u not in blocked:
-                    need = waiter.mib - self.claim(waiter, self.slots[u])
-                    if caps[u].fits(need):
-                        fits.append((u, caps[u], need))
+                    claim_mib = self.claim(waiter, self.slots[u])
+                    extra_mib = waiter.asked_mib - claim_mib
+                    if caps[u].fits(extra_mib):
+                        fits.append(Choice(u, caps[u], claim_mib, extra_mib))
             reverse = waiter.placement == "spread"
-            fits.sort(key=lambda t: self.rank(t[0], t[1]), reverse=reverse)
+            fits.sort(key=lambda c: self.rank(c.gpu_uuid, c.cap), reverse=reverse)
             if (
                 len(fits) >= waiter.gpus
                 and not paused
@@ -276,8 +277,10 @@ class Admission:
             ):
                 grant(waiter, fits[: waiter.gpus], now)
                 if self.shares.enabled:
-                    use[waiter.project] = use.get(waiter.project, 0) + waiter.mib * waiter.gpus
-                for u, _, _ in fits[: waiter.gpus]:
+                    use[waiter.project] = (
+                        use.get(waiter.project, 0) + waiter.asked_mib * waiter.gpus
+                    )
+                for u, *_ in fits[: waiter.gpus]:
                     cap = self.lessor.capacity(u)
                     if cap is not None:
                         caps[u] = cap
@@ -301,7 +304,7 @@ class Admission:
         it then waits for that sample instead of being refused or told there is no room,
         also with `wait_s` 0 — once: a sample that started after it began waiting decides.
         Empty otherwise."""
-        chosen = {u for u, _, _ in fits}
+        chosen = {c.gpu_uuid for c in fits}
         since = waiter.release_wait_since
         confirming = []
         for u in waiter.candidates:
@@ -312,8 +315,10 @@ class Admission:
             sample = self.slots[u].sample
             if since is not None and sample is not None and sample.started_at > since:
                 continue  # the sample it waited for came: it decides
-            need = waiter.mib - self.claim(waiter, self.slots[u])
-            if replace(cap, outstanding_mib=max(0, cap.outstanding_mib - unconfirmed)).fits(need):
+            extra_mib = waiter.asked_mib - self.claim(waiter, self.slots[u])
+            if replace(cap, outstanding_mib=max(0, cap.outstanding_mib - unconfirmed)).fits(
+                extra_mib
+            ):
                 confirming.append(u)
         return confirming if len(fits) + len(confirming) >= waiter.gpus else []
 
@@ -360,7 +365,7 @@ class Admission:
         """MiB of the holder's existing use that an adopting request takes over on `slot`."""
         if not waiter.adopt:
             return 0
-        return min(waiter.mib, self.lessor.baseline_now(waiter.holder, slot))
+        return min(waiter.asked_mib, self.lessor.baseline_now(waiter.holder, slot))
 
     def rank(self, uuid: str, cap: Capacity) -> tuple[int, int]:
         """Placement order: `pack` takes the smallest, `spread` the largest."""
@@ -377,7 +382,7 @@ class Admission:
             cap = self.lessor.capacity(u)
             if u in blocked or cap is None:
                 continue
-            if not cap.fits(waiter.mib - self.claim(waiter, self.slots[u])):
+            if not cap.fits(waiter.asked_mib - self.claim(waiter, self.slots[u])):
                 continue
             key = self.rank(u, cap)
             if (key > worst) if waiter.placement == "spread" else (key < worst):
@@ -425,15 +430,16 @@ class Admission:
             blocking = by_room[waiter.gpus - 1]
             cap = caps[blocking]
             waiter.reason = (
-                f"waiting: {explain(blocking, cap)}; {fmt_mib(waiter.mib)} requested" + ahead_txt
+                f"waiting: {explain(blocking, cap)}; {fmt_mib(waiter.asked_mib)} requested"
+                + ahead_txt
             )
             if waiter.gpus > 1:
-                room = sum(1 for u in known if caps[u].available_mib >= waiter.mib)
+                room = sum(1 for u in known if caps[u].available_mib >= waiter.asked_mib)
                 waiter.reason += f"; {waiter.gpus} GPUs needed at once, {room} with room"
             waiter.reason_kind = "capacity"
             waiter.reason_data = {
                 "gpu_uuid": blocking,
-                "requested_mib": waiter.mib,
+                "requested_mib": waiter.asked_mib,
                 "ahead": ahead,
                 **cap.as_dict(),
             }

@@ -152,7 +152,7 @@ class Lease:
             lease_id="lease-" + secrets.token_hex(6),
             token=secrets.token_urlsafe(24),
             gpu_uuids=gpu_uuids,
-            granted_mib=waiter.mib,
+            granted_mib=waiter.asked_mib,
             owner=waiter.owner,
             project=waiter.project,
             session=waiter.session,
@@ -210,7 +210,9 @@ class Waiter:
     Waiters compare by identity (the queue finds and removes them)."""
 
     request_id: int
-    mib: int
+    asked_mib: int
+    """MiB asked for on each GPU: a new lease's size; for a resize's waiter (`resize_of`),
+    the growth (the lease's grant plus it is the size asked for)."""
     gpus: int
     candidates: tuple[str, ...]
     pinned: bool
@@ -247,7 +249,7 @@ class Waiter:
     def to_record(self) -> dict[str, Any]:
         """What is persisted of a waiting request (see `store.LeaseStore`)."""
         return {
-            "mib": self.mib,
+            "mib": self.asked_mib,
             "gpus": self.gpus,
             "candidates": list(self.candidates),
             "pinned": self.pinned,
@@ -272,7 +274,7 @@ class Waiter:
         return {
             "request_id": self.request_id,
             "state": LeaseState.QUEUED.value,
-            "mib": self.mib,
+            "mib": self.asked_mib,
             "gpus": self.gpus,
             "gpu_uuid": self.candidates[0] if self.pinned else None,
             "owner": self.owner,

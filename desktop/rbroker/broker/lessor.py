@@ -44,7 +44,7 @@ import math
 import secrets
 import sqlite3
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from rbroker.broker.capacity import Capacity, unbacked_mib
 from rbroker.broker.clock import Clock
@@ -57,8 +57,17 @@ from rbroker_protocol.errors import ErrorCode, RpcError
 
 log = logging.getLogger(__name__)
 
-#: `(gpu_uuid, capacity checked, extra MiB needed)` for each GPU an admission chose.
-Choice = tuple[str, Capacity, int]
+
+class Choice(NamedTuple):
+    """A GPU an admission pass chose for a request, with the figures it decided on."""
+
+    gpu_uuid: str
+    cap: Capacity
+    """The GPU's capacity split the request was checked against."""
+    claim_mib: int
+    """MiB of the holder's own memory on the GPU the lease takes over (`adopt`; else 0)."""
+    extra_mib: int
+    """MiB the request needed free there: asked less the claim."""
 
 
 # -- attribution: whose tree a process's memory counts in ---------------------------------
@@ -470,7 +479,7 @@ class Lessor:
     # -- grant, lookup, renew, attach, resize ------------------------------------------------
     def grant(self, waiter: Waiter, chosen: list[Choice], now: float) -> Lease:
         """A new lease for `waiter` on the chosen GPUs (a fresh id and token), booked."""
-        lease = Lease.granted(waiter, tuple(u for u, _, _ in chosen), now, self.clock.wall())
+        lease = Lease.granted(waiter, tuple(c.gpu_uuid for c in chosen), now, self.clock.wall())
         self._book(lease, waiter, chosen)
         return lease
 
@@ -485,11 +494,15 @@ class Lessor:
         Raises:
             OSError: the store could not write the lease (nothing is booked).
         """
-        for u, cap, need in chosen:
-            claim = waiter.mib - need
-            lease.baseline_mib[u] = self.baseline_now(waiter.holder, self.slots[u]) - claim
-            lease.claimed_mib[u] = claim
-            lease.admission[u] = {**cap.as_dict(), "requested_mib": waiter.mib, "extra_mib": need}
+        for c in chosen:
+            u = c.gpu_uuid
+            lease.baseline_mib[u] = self.baseline_now(waiter.holder, self.slots[u]) - c.claim_mib
+            lease.claimed_mib[u] = c.claim_mib
+            lease.admission[u] = {
+                **c.cap.as_dict(),
+                "requested_mib": waiter.asked_mib,
+                "extra_mib": c.extra_mib,
+            }
         if self.store is not None:
             self.store.put_lease(lease.lease_id, lease.token, lease.to_record())
         for u, mib in lease.baseline_mib.items():
@@ -498,14 +511,14 @@ class Lessor:
         # a holder showing no memory and holding none outside its leases on a GPU: no walk
         quiet = {
             u
-            for u, _, _ in chosen
+            for u, *_ in chosen
             if lease.holder not in self._touched.get(u, ())
             and self.baselines.get((lease.holder, u), 0) == 0
             and tree_mib(self.slots[u], lease.holder, self._leased(u))[0] == 0
         }
         self.add(lease)
         self.token_sha256[lease.lease_id] = token_hash(lease.token)
-        for u, _, _ in chosen:
+        for u, *_ in chosen:
             if u in quiet:
                 self._set_observed(lease, u, 0)
                 self._touched[u].discard(lease.holder)

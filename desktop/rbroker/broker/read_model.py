@@ -232,7 +232,7 @@ class ReadModel:
         queue = [
             Asking(
                 w.request_id,
-                w.mib,
+                w.asked_mib,
                 w.gpus,
                 w.candidates,
                 w.project,

@@ -90,7 +90,7 @@ class Resizes:
         lease = self.lessor.lookup(lease_id, owner)
         pending = self.pending.get(lease_id)
         if pending is not None:
-            target = lease.granted_mib + pending.mib
+            target = lease.granted_mib + pending.asked_mib  # its growth
             raise RpcError(
                 ErrorCode.RESIZE_PENDING,
                 f"lease {lease_id} already waits to grow to {fmt_mib(target)} MiB; "
@@ -115,7 +115,7 @@ class Resizes:
         now = self.clock.monotonic()
         waiter = Waiter(
             request_id=self.waiting.next_id(),
-            mib=mib - old,
+            asked_mib=mib - old,  # the growth
             gpus=len(lease.gpu_uuids),
             candidates=lease.gpu_uuids,
             pinned=True,
@@ -180,11 +180,13 @@ class Resizes:
                 RpcError(ErrorCode.LEASE_EXPIRED, f"lease {waiter.resize_of} ended")
             )
             return
-        records = {}
-        for uuid, cap, need in chosen:
-            records[uuid] = {**cap.as_dict(), "requested_mib": waiter.mib, "extra_mib": need}
+        growth_mib = waiter.asked_mib
+        records = {
+            c.gpu_uuid: {**c.cap.as_dict(), "requested_mib": growth_mib, "extra_mib": c.extra_mib}
+            for c in chosen
+        }
         try:
-            self._apply(lease, lease.granted_mib + waiter.mib, records)
+            self._apply(lease, lease.granted_mib + growth_mib, records)
         except STORAGE_ERRORS as exc:  # only this request is refused, the pass goes on
             log.warning("lease %s not resized: %s", lease.lease_id, exc)
             waiter.future.set_exception(_not_resized(exc))

@@ -127,7 +127,7 @@ def restore(
             continue
         restored = Waiter(
             request_id=waiting.next_id(),
-            mib=int(rec["mib"]),
+            asked_mib=int(rec["mib"]),
             gpus=int(rec["gpus"]),
             candidates=candidates,
             pinned=bool(rec["pinned"]),

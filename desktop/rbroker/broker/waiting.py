@@ -82,7 +82,7 @@ class WaitQueue:
         `Clock.boottime()`); not queued."""
         return Waiter(
             request_id=self.next_id(),
-            mib=params.mib,
+            asked_mib=params.mib,
             gpus=params.gpus,
             candidates=candidates,
             pinned=params.gpu_uuid is not None,

@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rbroker.broker.capacity import Capacity
 from rbroker.broker.leases import Lease, Waiter
+from rbroker.broker.lessor import Choice
 from rbroker.gpu.scenario import SimProcess
 from rbroker_protocol.errors import RpcError
 from tests.conftest import GPU0
@@ -100,18 +100,16 @@ class EvidenceMachine(RuleBasedStateMachine):
         broker = self.h.broker
         grant = broker._grant
 
-        def checked_grant(
-            waiter: Waiter, chosen: list[tuple[str, Capacity, int]], now: float
-        ) -> None:
+        def checked_grant(waiter: Waiter, chosen: list[Choice], now: float) -> None:
             truth = self.truth_at_sample
             leases = [lease for lease in broker.leases.values() if GPU0 in lease.gpu_uuids]
             booked = sum(
                 max(lease.granted_mib, truth.lease_used.get(lease.lease_id, 0)) for lease in leases
             )
-            assert HEADROOM + truth.outside_any_lease() + booked + waiter.mib <= TOTAL, (
+            assert HEADROOM + truth.outside_any_lease() + booked + waiter.asked_mib <= TOTAL, (
                 truth,
                 booked,
-                waiter.mib,
+                waiter.asked_mib,
                 chosen,
             )
             before = set(broker.leases)

@@ -30,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from rbroker.broker.capacity import Capacity, unbacked_mib
 from rbroker.broker.leases import TERMINAL_STATES, Lease, LeaseState, Waiter
+from rbroker.broker.lessor import Choice
 from rbroker.broker.service import Broker
 from rbroker_protocol.errors import RpcError
 from tests.conftest import GPU0, GPU1
@@ -79,11 +80,9 @@ class LeaseMachine(RuleBasedStateMachine):
             )
             admit()
 
-        def checked_grant(
-            waiter: Waiter, chosen: list[tuple[str, Capacity, int]], now: float
-        ) -> None:
-            assert len({u for u, _, _ in chosen}) == len(chosen) == waiter.gpus
-            for u, cap, need in chosen:
+        def checked_grant(waiter: Waiter, chosen: list[Choice], now: float) -> None:
+            assert len({c.gpu_uuid for c in chosen}) == len(chosen) == waiter.gpus
+            for u, cap, claim, need in chosen:
                 assert u in waiter.candidates
                 slot = broker.slots[u]
                 assert u in fresh_at_pass_start, (u, slot)
@@ -118,7 +117,10 @@ class LeaseMachine(RuleBasedStateMachine):
                 assert cap == Capacity(total, slot.headroom_mib, used, outstanding), cap
                 if need > 0:  # need 0: a pure adoption of memory in use, it books nothing new
                     assert used + outstanding + need + slot.headroom_mib <= total, (u, cap, need)
-                assert need == waiter.mib if not waiter.adopt else 0 <= need <= waiter.mib
+                assert (
+                    need == waiter.asked_mib if not waiter.adopt else 0 <= need <= waiter.asked_mib
+                )
+                assert claim + need == waiter.asked_mib  # the two parts of what was asked
             if waiter.request_key:
                 assert not any(
                     lease.request_key == waiter.request_key for lease in broker.leases.values()
@@ -127,7 +129,7 @@ class LeaseMachine(RuleBasedStateMachine):
             grant(waiter, chosen, now)
             (new_id,) = set(broker.leases) - before
             lease = broker.leases[new_id]
-            for u, _, need in chosen:  # what the grant books is what was checked, no more
+            for u, _, _, need in chosen:  # what the grant books is what was checked, no more
                 assert max(0, lease.granted_mib - lease.observed_mib.get(u, 0)) <= need
             assert new_id not in self.latest, f"lease id {new_id} reused"
             self.latest[new_id] = broker.leases[new_id]
