@@ -8,7 +8,6 @@ Windows).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import sys
@@ -64,6 +63,8 @@ if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(UnitStartsNothing(), "rbroker-unit-starts-nothing")
+    config.pluginmanager.register(GroupIds(), "rbroker-group-ids")
     config.addinivalue_line(
         "markers",
         "wine_gap(reason): fails under Wine only, because Wine lacks what the reason names; "
@@ -105,39 +106,79 @@ PROCESS_FIXTURES = frozenset(
 )
 """Fixtures that start a process, a server or a Qt event loop: a test using one is `contract`."""
 
-PROCESS_CALLS = re.compile(
-    r"start_broker\(|SimulatedBroker|subprocess|Popen|uvicorn|start_coordinator|run_as\(|QApplication"
-)
-"""What, in a test module's source, starts a process or a server: its tests are `contract`."""
 
-
-def kind_of(item: pytest.Item, rel: str, source: str) -> str:
-    """`unit`, `contract` or `e2e` (the markers of pyproject.toml) for one collected test:
-    e2e for tests/e2e and tests/windows; contract for tests/server (a real HTTP server) and
-    for a test that uses a `PROCESS_FIXTURES` fixture or whose module starts a process
-    (`PROCESS_CALLS`); unit otherwise (the in-process harness, pure functions)."""
+def kind_of(item: pytest.Item, rel: str) -> str:
+    """`unit`, `contract` or `e2e` (the markers of pyproject.toml) for one collected test that
+    carries none itself (a test or its module marks itself `contract` when it starts a
+    process, server or Qt loop of its own): e2e for tests/e2e and tests/windows; contract for
+    tests/server (a real HTTP server) and for a test that uses a `PROCESS_FIXTURES` fixture;
+    unit otherwise (the in-process harness, pure functions). What a test uses decides, not
+    the text of its file; a `unit` test that starts a process all the same fails
+    (`UnitStartsNothing`)."""
     if rel.startswith(("tests/e2e/", "tests/windows/")):
         return "e2e"
     if rel.startswith("tests/server/"):
         return "contract"
-    return "contract" if process_signs(set(getattr(item, "fixturenames", ())), source) else "unit"
+    return "contract" if set(getattr(item, "fixturenames", ())) & PROCESS_FIXTURES else "unit"
 
 
-def process_signs(fixtures: set[str], source: str) -> set[str]:
-    """What makes a test `contract`: the `PROCESS_FIXTURES` among the fixture names it uses
-    and the `PROCESS_CALLS` its module's source makes (the matched text). Empty for a test of
-    the in-process harness or of pure functions. The rule `kind_of` and the Windows set's
-    neutral files (tests/windows/test_set.py) share."""
-    return (fixtures & PROCESS_FIXTURES) | {m.group(0) for m in PROCESS_CALLS.finditer(source)}
+PROP_PROCESSES: set[tuple[str, ...]] = set()
+"""Command lines a `unit` test may start: the in-process harness's sleeping lease holders
+(`tests.desktop.inprocess.SLEEPER`), props of its subject, not the subject (registered there)."""
+
+PROCESS_EVENTS = frozenset(
+    {"subprocess.Popen", "os.posix_spawn", "os.fork", "os.forkpty", "os.exec", "os.spawn"}
+)
+"""The audit events (`sys.addaudithook`) of a process being started."""
 
 
-@pytest.hookimpl(trylast=True)
+class UnitStartsNothing:
+    """Checks the `unit` mark against what a test does: while a `unit` test is set up, run
+    and torn down, an audit hook notes each process it starts (`PROCESS_EVENTS`), and the
+    test then fails naming it (mark the test or its module `contract`). One hook for the
+    worker's life (audit hooks cannot be removed); it does nothing outside a unit test."""
+
+    def __init__(self) -> None:
+        self.watching = False
+        self.started: list[str] = []
+        sys.addaudithook(self._audit)
+
+    def _audit(self, event: str, args: tuple[object, ...]) -> None:
+        if not self.watching or event not in PROCESS_EVENTS:
+            return
+        argv = args[1] if event == "subprocess.Popen" and len(args) > 1 else None
+        if isinstance(argv, list | tuple) and tuple(map(str, argv)) in PROP_PROCESSES:
+            return
+        self.started.append(f"{event} {str(args[:2])[:160]}")
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> object:
+        unit = item.get_closest_marker("unit") is not None
+        self.watching, self.started = unit, []
+        try:
+            return (yield)
+        finally:
+            self.watching = False
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> object:
+        result = yield
+        if self.started:
+            first = self.started[0]
+            pytest.fail(
+                f"marked unit, but it started a process ({first}): a test that starts a "
+                "process is a contract test (mark it or its module `contract`)",
+                pytrace=False,
+            )
+        return result
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test gets its kind's marker (`kind_of`, unless it carries one), and tests of an
-    `ALONE` file share one worker (`_group_ids`). Under Wine, a `wine_gap` test is an expected
-    failure that names the gap; a pass is reported (XPASS) so a gap Wine closes is noticed."""
+    """Each test gets its kind's marker (`kind_of`, unless it carries one; before `-m`
+    selects by it), and tests of an `ALONE` file share one worker (`GroupIds`). Under Wine, a
+    `wine_gap` test is an expected failure that names the gap; a pass is reported (XPASS) so
+    a gap Wine closes is noticed."""
     root = Path(str(config.rootpath))
-    sources: dict[Path, str] = {}
     kinds = {"unit", "contract", "e2e"}
     for item in items:
         path = Path(str(item.path))
@@ -146,10 +187,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
         if not any(m.name in kinds for m in item.iter_markers()):
-            if path not in sources:
-                sources[path] = path.read_text(encoding="utf-8")
-            item.add_marker(getattr(pytest.mark, kind_of(item, rel, sources[path])))
-    _group_ids(config, items)
+            item.add_marker(getattr(pytest.mark, kind_of(item, rel)))
     if not UNDER_WINE:
         return
     for item in items:
@@ -159,15 +197,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xfail(reason=f"Wine gap: {why}", strict=False))
 
 
-def _group_ids(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker with `--dist loadgroup`, give each test with `xdist_group` marks the
-    id `…@group` that the scheduler groups by. pytest-xdist does it by setting
+class GroupIds:
+    """On an xdist worker with `--dist loadgroup`, gives each test with `xdist_group` marks
+    the id `…@group` that the scheduler groups by. pytest-xdist does it by setting
     `item._nodeid`, which pytest 9.2's structured node ids no longer read
     (pytest-dev/pytest-xdist#1386): the groups were silently ignored. Here the id is set
     itself, after every mark is on (this hook runs last), and left alone where it already
     ends with the group (a pytest that still reads `_nodeid`)."""
-    if not getattr(config.option, "loadgroup", False):
-        return
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        if getattr(config.option, "loadgroup", False):
+            _group_ids(items)
+
+
+def _group_ids(items: list[pytest.Item]) -> None:
     for item in items:
         names = sorted(
             {

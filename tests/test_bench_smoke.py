@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 TABLE_HEADER = "| figure | value | floor / anchor | ratio | target | verdict |"
 COORDINATOR_SMALL = ["--repeats", "1", "--computers", "5", "--fleet", "10", "--rounds", "4"]

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 ROOT = Path(__file__).resolve().parents[1]
 
 TESTS = textwrap.dedent(

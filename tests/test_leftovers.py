@@ -90,6 +90,7 @@ def _gone(pid: int) -> bool:
 
 
 pytestmark = [
+    pytest.mark.contract,
     pytest.mark.slow,  # each case is a pytest run of its own, 3 to 18 s on a busy machine
     pytest.mark.skipif(
         not sys.platform.startswith("linux"), reason="the leftover check reads Linux's /proc"

@@ -27,6 +27,8 @@ import pytest
 from rbroker.gpu.scenario import parse_scenario
 from tests.conftest import GPU0, BrokerProcess
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"

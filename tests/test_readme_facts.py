@@ -15,6 +15,8 @@ import pytest
 from rbroker._frameworks import fraction_text, memory_fraction
 from rbroker.cli.main import build_parser
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 ROOT = Path(__file__).resolve().parents[1]
 USER_GUIDE = ROOT / "docs" / "user-guide.md"  # the command table and the rounding examples
 DEVELOPMENT = ROOT / "docs" / "development.md"  # the test count

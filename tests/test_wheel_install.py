@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 WHEEL_NAME = f"rbroker-{VERSION}-py3-none-any.whl"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.contract, pytest.mark.slow]
 
 # package source dir -> where its files land in the wheel
 PACKAGES = {

@@ -27,6 +27,7 @@ from rbroker.broker.store import LeaseStore
 from rbroker.gpu.fake_nvml import FakeNvml
 from rbroker.gpu.nvml import NvmlGateway
 from rbroker_protocol.localapi import AcquireParams
+from tests.conftest import PROP_PROCESSES
 
 T = TypeVar("T")
 
@@ -67,6 +68,7 @@ SLEEPER = (
     if shutil.which("sleep")
     else [sys.executable, "-c", "import time; time.sleep(600)"]
 )
+PROP_PROCESSES.add(tuple(SLEEPER))  # a prop of a unit test, not its subject
 
 
 #: Windows' ERROR_INTERNAL_ERROR: under Wine, CreateProcess of the next sleeper fails with it

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {
     "rbroker_protocol": ROOT / "shared" / "rbroker_protocol",

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from tests.conftest import PROCESS_FIXTURES
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -60,12 +62,25 @@ def test_every_windows_only_test_file_is_in_the_set() -> None:
     assert left_out == []
 
 
+PROCESS_CALLS = re.compile(
+    r"start_broker\(|SimulatedBroker|subprocess|Popen|uvicorn|start_coordinator|run_as\(|QApplication"
+)
+"""What, in a test file's text, starts a process or a server."""
+
+
+def process_signs(fixtures: set[str], source: str) -> set[str]:
+    """The `PROCESS_FIXTURES` (tests/conftest.py) among `fixtures` and the `PROCESS_CALLS` in
+    `source`: empty for a file of the in-process harness or of pure functions. A static look
+    at a file's text, for the set's neutral files only: a test's kind mark comes from what it
+    uses (`kind_of`) and is checked by what it does (`UnitStartsNothing`)."""
+    return (fixtures & PROCESS_FIXTURES) | {m.group(0) for m in PROCESS_CALLS.finditer(source)}
+
+
 def test_the_neutral_files_start_nothing_import_nothing_of_windows_and_are_left_out() -> None:
     """A `# neutral:` file must be what the set's header says: no process, server, socket or
-    Qt loop (`process_signs` of tests/conftest.py, the rule of `contract`, but the harness's
+    Qt loop (`process_signs`: what the file's tests use or its text calls, but the harness's
     sleeping lease holders, `pool`), no Windows module imported, not Windows-only, and not in
     the set as well."""
-    from tests.conftest import process_signs
 
     neutral = _neutral_paths()
     assert len(neutral) >= 5

@@ -17,6 +17,8 @@ import pytest
 import rbroker
 from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, wait_until
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 TOTAL, HEADROOM, GRAPHICS, HELD = 24576, 1024, 153, 16384
 
 HOLDER = """

@@ -43,6 +43,7 @@ def _restart_and_sample(h: InProcessBroker) -> None:
     h.sample()
 
 
+@pytest.mark.contract  # it starts processes of its own
 def test_a_childs_kept_memory_stays_outside_the_parents_lease_after_a_restart(
     h: InProcessBroker,
     tree: list[Holder],  # noqa: F811 - the imported fixture
@@ -62,6 +63,7 @@ def test_a_childs_kept_memory_stays_outside_the_parents_lease_after_a_restart(
     assert task.done() and task.exception() is not None, "over-admitted"
 
 
+@pytest.mark.contract  # it starts processes of its own
 def test_memory_held_before_a_grant_stays_outside_the_new_lease_after_a_restart(
     h: InProcessBroker,
     tree: list[Holder],  # noqa: F811 - the imported fixture
@@ -80,6 +82,7 @@ def test_memory_held_before_a_grant_stays_outside_the_new_lease_after_a_restart(
     assert _available(h) == USABLE - 6000 - 4000
 
 
+@pytest.mark.contract  # it starts processes of its own
 def test_the_stored_baseline_goes_with_the_holders_last_lease(
     h: InProcessBroker,
     tree: list[Holder],  # noqa: F811 - the imported fixture

@@ -27,6 +27,8 @@ from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, wait_until
 from tests.desktop.conftest import RawConnection, WorkerProcess
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 HEADROOM = 1024
 CAPACITY_KEYS = ("total_mib", "headroom_mib", "device_used_mib", "outstanding_mib", "available_mib")
 

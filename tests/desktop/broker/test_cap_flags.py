@@ -14,6 +14,8 @@ import rbroker
 from rbroker.demo.processes import broker_address
 from tests.conftest import BrokerProcess, short_tmp
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 
 def test_a_job_cap_set_by_flag_is_kept(broker_factory: Callable[..., BrokerProcess]) -> None:
     broker = broker_factory(extra_args=["--max-jobs-per-user", "2"])

@@ -30,6 +30,8 @@ from tests.conftest import GPU0, WORKER, BrokerProcess, start_broker, wait_until
 from tests.desktop.conftest import WorkerProcess
 from tests.fakes import gpu_scenarios as sim
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 TOTAL, HEADROOM = 24576, 1024
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PARAMS: dict[str, Any] = {"project": "tests", "session": "evidence", "purpose": "capacity rules"}

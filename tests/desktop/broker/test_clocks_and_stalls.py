@@ -38,6 +38,8 @@ from tests.desktop.conftest import RawConnection, WorkerProcess
 from tests.desktop.gpu.test_gpu_faults import case3_hung_memory_query_for_60_s
 from tests.desktop.inprocess import InProcessBroker
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 PARAMS = {"project": "tests", "session": "clocks", "purpose": "time jumps"}
 
 

@@ -31,10 +31,13 @@ from rbroker_protocol.errors import ErrorCode, RpcError
 from tests.conftest import SINGLE_24G
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or os.geteuid() != 0 or shutil.which("mount") is None,
-    reason="mounts a small tmpfs: Linux, as root (CI is)",
-)
+pytestmark = [
+    pytest.mark.contract,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux") or os.geteuid() != 0 or shutil.which("mount") is None,
+        reason="mounts a small tmpfs: Linux, as root (CI is)",
+    ),
+]
 
 
 @pytest.fixture

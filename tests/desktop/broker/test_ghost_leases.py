@@ -14,7 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import SINGLE_24G, WORKER, start_broker, wait_until
+
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
 
 
 def test_a_release_made_while_the_broker_is_down_is_delivered_when_it_returns(

@@ -16,6 +16,8 @@ import rbroker
 from tests.conftest import SINGLE_24G, BrokerProcess, start_broker
 from tests.desktop.jobhelp import declare, job_of
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 TOTAL = 100
 SECRET = "ghp_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gI3kM5"  # a GitHub token's shape
 

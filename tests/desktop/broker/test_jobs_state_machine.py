@@ -29,6 +29,8 @@ from hypothesis.stateful import (
 import rbroker
 from tests.conftest import SINGLE_24G, BrokerProcess, start_broker
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 FINISHED = {"succeeded", "failed", "cancelled"}
 LEGAL = {
     ("queued", "running"),

@@ -23,6 +23,8 @@ from rbroker.broker.launchers import (
     snapshot_around,
 )
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 TREES = Path(__file__).parents[2] / "data" / "windows" / "process_trees.json"
 
 

@@ -21,9 +21,12 @@ from tests.conftest import WORKER, BrokerProcess
 
 NOBODY = 65534
 
-pytestmark = pytest.mark.skipif(
-    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to act as another user"
-)
+pytestmark = [
+    pytest.mark.contract,
+    pytest.mark.skipif(
+        not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to act as another user"
+    ),
+]
 
 
 def _as_nobody(broker: BrokerProcess, lease_id: str) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from tests.conftest import GPU0, GPU1
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
 from tests.fakes.gpu_scenarios import gpu, scenario
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 GPUS = scenario(
     gpu(GPU0, name="Simulated 20 GB", total_mib=20000),
     gpu(GPU1, name="Simulated 20 GB", total_mib=20000),

@@ -26,6 +26,8 @@ from tests.conftest import GPU0, WORKER, BrokerProcess
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
 from tests.fakes.gpu_scenarios import gpu, scenario
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 SCENARIO = scenario(gpu(GPU0))
 
 

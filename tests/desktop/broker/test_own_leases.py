@@ -27,8 +27,6 @@ from tests.conftest import GPU0, GPU1
 from tests.desktop.inprocess import SLEEPER, InProcessBroker, SleeperPool
 from tests.fakes.gpu_scenarios import gpu, scenario
 
-pytestmark = pytest.mark.unit
-
 USABLE = 24576 - 1229  # 23 347
 
 TWO_GPUS = scenario(gpu(GPU0), gpu(GPU1))
@@ -104,6 +102,7 @@ def test_the_same_process_is_refused_at_once_with_the_numbers(
     assert _grant(h, me, 3000).granted_mib == 3000
 
 
+@pytest.mark.contract  # it starts a child of its own
 def test_a_child_of_the_holder_is_refused(
     h: InProcessBroker, family: tuple[Holder, Holder]
 ) -> None:

@@ -21,6 +21,8 @@ from rbroker_protocol.localapi import MAX_MIB
 from tests.conftest import WORKER, BrokerProcess
 from tests.desktop.conftest import RawConnection, WorkerProcess
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 DESCRIPTION = {"project": "tests", "session": "resize", "purpose": "resize over the API"}
 
 

@@ -34,6 +34,8 @@ from tests.conftest import GPU0, GPU1, BrokerProcess, start_broker, wait_until
 from tests.desktop.jobhelp import declare
 from tests.fakes.gpu_scenarios import gpu, scenario
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 TWO_GPUS = scenario(gpu(GPU0, name="Simulated RTX 4090"), gpu(GPU1, name="Simulated RTX 4090"))
 
 LONG = {

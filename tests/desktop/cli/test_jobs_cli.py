@@ -20,6 +20,8 @@ import pytest
 from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, start_broker
 from tests.desktop.jobhelp import declare, job_of
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 ENV = dict(os.environ)
 
 

@@ -21,6 +21,8 @@ import pytest
 from tests.conftest import GPU0, WORKER, BrokerProcess, wait_until
 from tests.desktop.conftest import WorkerProcess
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 REPORT_ENV = str(Path(WORKER) / "report_env.py")
 
 

@@ -30,6 +30,8 @@ from rbroker.transport import system_paths
 from rbroker.transport.system_paths import ENV_SYSTEM_SOCKET
 from tests.conftest import BrokerProcess, short_tmp
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:

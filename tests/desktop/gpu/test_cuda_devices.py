@@ -25,6 +25,8 @@ from tests.conftest import WORKER, BrokerProcess, short_tmp
 from tests.desktop.mig import SLICE_A, SLICE_B
 from tests.fakes.gpu_scenarios import GPU0, GPU1, gpu, scenario
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 REPORT_ENV = str(Path(WORKER) / "report_env.py")
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -60,9 +60,12 @@ from tests.fakes import gpu_scenarios as sim
 from tests.fakes import nvml_driver
 from tests.fakes.nvml_driver import DriverSwitches
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="the fake driver's broker runs on Linux"
-)
+pytestmark = [
+    pytest.mark.contract,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="the fake driver's broker runs on Linux"
+    ),
+]
 
 REPO = Path(__file__).resolve().parents[3]
 HEADROOM = 1024

@@ -29,6 +29,8 @@ from rbroker.gpu.scenario import ScenarioError
 from rbroker.gpu.types import GpuSample, TelemetryState
 from tests.conftest import GPU0, GPU1
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 MISSING_UUID = "GPU-00000000-0000-0000-0000-0000000000ff"
 
 

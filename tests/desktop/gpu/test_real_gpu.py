@@ -33,6 +33,7 @@ from rbroker.gpu.nvml import real_nvml_available
 from tests.conftest import WORKER, short_tmp, wait_until
 
 pytestmark = [
+    pytest.mark.contract,
     pytest.mark.gpu,
     pytest.mark.skipif(not real_nvml_available(), reason="no NVIDIA driver answers here"),
 ]

@@ -12,6 +12,8 @@ import pytest
 from rbroker.demo.processes import broker_address
 from tests.conftest import short_tmp
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 
 @pytest.mark.parametrize(
     ("text", "says"),

@@ -14,6 +14,8 @@ from rbroker._children import HARD_KILL
 from rbroker.gpu.scenario import TIMERS, ScenarioError, parse_scenario, scenario_timers
 from tests.conftest import SINGLE_24G, short_tmp, start_broker, wait_until
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 
 @pytest.mark.parametrize(
     ("table", "says"),

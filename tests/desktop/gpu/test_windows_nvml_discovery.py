@@ -46,6 +46,8 @@ from rbroker_protocol.localapi import AcquireParams
 from tests.conftest import GPU0, SINGLE_24G, BrokerProcess
 from tests.fakes import nvml_driver
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 
 def _windows(tmp_path: Path) -> tuple[Path, Path]:
     windir = tmp_path / "Windows"

@@ -16,6 +16,8 @@ import pytest
 
 from rbroker.cli.main import build_parser
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 ROOT = Path(__file__).resolve().parents[3]
 SYSTEM_UNIT = ROOT / "packaging" / "linux" / "rbroker-broker.service"
 USER_UNIT = ROOT / "packaging" / "linux" / "rbroker-broker-user.service"

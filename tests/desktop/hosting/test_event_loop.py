@@ -13,6 +13,8 @@ from rbroker import eventloop
 from tests.conftest import SINGLE_24G, start_broker
 from tests.desktop.conftest import start_simulated_broker
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 
 def test_the_factory_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(eventloop.ENV, "asyncio")

@@ -12,8 +12,12 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import SINGLE_24G, BrokerProcess, start_broker, wait_until
 from tests.desktop.conftest import RawConnection, WorkerProcess
+
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
 
 HEADROOM = 1024
 

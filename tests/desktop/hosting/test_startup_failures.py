@@ -26,6 +26,8 @@ from rbroker_protocol.startup import (
 )
 from tests.conftest import short_tmp
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 NO_DAC = [
     "setpriv",

@@ -33,13 +33,17 @@ from rbroker.transport.unix import LISTEN_BACKLOG
 from tests.conftest import short_tmp
 from tests.os_users import REPO, OsUser, create_user, python_as, remove_user, run_as
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux")
-    or os.geteuid() != 0
-    or shutil.which("useradd") is None
-    or shutil.which("runuser") is None,
-    reason="needs Linux, root, useradd and runuser to create the broker's and the users' accounts",
-)
+pytestmark = [
+    pytest.mark.contract,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux")
+        or os.geteuid() != 0
+        or shutil.which("useradd") is None
+        or shutil.which("runuser") is None,
+        reason="needs Linux, root, useradd and runuser to create the broker's and the users' "
+        "accounts",
+    ),
+]
 
 
 @dataclass

@@ -32,6 +32,8 @@ from rbroker.service_windows import (
 )
 from rbroker.transport.machine_lock import PER_SOCKET
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 
 def test_names_and_data_dir() -> None:
     assert SERVICE_NAME == "rbroker"

@@ -15,6 +15,8 @@ import rbroker
 from tests.conftest import SINGLE_24G, BrokerProcess
 from tests.os_users import OsUser, create_user, open_to_everyone, recreate_user, remove_user, run_as
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 
 def _declare(socket: str) -> str:
     with rbroker.Client(socket) as c:

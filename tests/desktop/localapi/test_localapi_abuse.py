@@ -37,6 +37,8 @@ from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, wait_until
 from tests.desktop.conftest import LOOPS, RawConnection, start_simulated_broker
 from tests.os_users import OsUser, open_to_everyone, run_as
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 PARAMS: dict[str, Any] = {"project": "tests", "session": "abuse", "purpose": "hostile clients"}
 
 

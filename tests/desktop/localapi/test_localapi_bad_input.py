@@ -23,6 +23,8 @@ from rbroker_protocol.localapi import MAX_MIB
 from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, start_broker
 from tests.desktop.conftest import LOOPS, RawConnection
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 GOOD = {"mib": 1024, "project": "tests", "session": "bad-input", "purpose": "check errors"}
 
 

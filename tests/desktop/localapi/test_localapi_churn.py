@@ -28,7 +28,10 @@ from tests.desktop.conftest import LOOPS
 from tests.desktop.localapi.served import served_api
 from tests.os_users import OsUser, open_to_everyone, run_as
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="a Unix socket")
+pytestmark = [
+    pytest.mark.contract,
+    pytest.mark.skipif(sys.platform == "win32", reason="a Unix socket"),
+]
 
 JOBS = 3000
 ANSWER_WITHIN_S = {"uvloop": 2.0, "asyncio": 10.0}

@@ -21,6 +21,8 @@ import rbroker
 from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, start_broker, wait_until
 from tests.desktop.conftest import RawConnection, WorkerProcess
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 PARAMS: dict[str, Any] = {"project": "tests", "session": "conn", "purpose": "connection behaviour"}
 
 

@@ -12,10 +12,14 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 import rbroker
 from rbroker.cli.main import main
 from tests.conftest import SINGLE_24G, BrokerProcess
 from tests.os_users import OsUser, open_to_everyone, run_as
+
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
 
 
 def _lease(socket: str, project: str) -> tuple[str, str]:

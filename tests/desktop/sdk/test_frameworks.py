@@ -31,6 +31,8 @@ from rbroker.broker.capacity import default_headroom_mib
 from tests.conftest import GPU0, GPU1, WORKER, BrokerProcess
 from tests.fakes.gpu_scenarios import gpu, scenario
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 FAKES = Path(__file__).parents[2] / "fakes"
 REPORT = str(WORKER / "report_framework_env.py")
 LIMIT = str(WORKER / "limit_framework.py")

@@ -16,6 +16,8 @@ import rbroker
 from tests.conftest import SINGLE_24G, BrokerProcess, start_broker
 from tests.desktop.jobhelp import counts, job_of
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[BrokerProcess]:

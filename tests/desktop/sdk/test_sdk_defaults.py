@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import BrokerProcess
+
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
 
 SHOW = """
 import json, rbroker

@@ -41,9 +41,12 @@ from rbroker_protocol.startup import EXIT_BROKER_ALREADY_RUNNING
 from tests.conftest import SINGLE_24G, short_tmp
 from tests.os_users import REPO, OsUser, python_as
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="the abstract-socket lock is Linux's"
-)
+pytestmark = [
+    pytest.mark.contract,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="the abstract-socket lock is Linux's"
+    ),
+]
 
 _counter = itertools.count()
 

@@ -28,7 +28,10 @@ from rbroker.transport.system_paths import ENV_SYSTEM_SOCKET
 from rbroker_protocol.files import private_sqlite
 from tests.conftest import short_tmp
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="Unix sockets and modes")
+pytestmark = [
+    pytest.mark.contract,
+    pytest.mark.skipif(sys.platform == "win32", reason="Unix sockets and modes"),
+]
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's authority")
 as_root = pytest.mark.skipif(
     sys.platform == "win32" or os.geteuid() != 0, reason="the checks of a broker run as root"

@@ -42,13 +42,17 @@ from tests.desktop.hosting.test_system_broker import (
 )
 from tests.os_users import REPO, OsUser, python_as
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux")
-    or os.geteuid() != 0
-    or shutil.which("useradd") is None
-    or shutil.which("runuser") is None,
-    reason="needs Linux, root, useradd and runuser to create the broker's and the users' accounts",
-)
+pytestmark = [
+    pytest.mark.contract,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux")
+        or os.geteuid() != 0
+        or shutil.which("useradd") is None
+        or shutil.which("runuser") is None,
+        reason="needs Linux, root, useradd and runuser to create the broker's and the users' "
+        "accounts",
+    ),
+]
 
 _SQUAT = (
     "import os, socket, sys, time; s = socket.socket(socket.AF_UNIX); s.bind('\\0' + sys.argv[1])"

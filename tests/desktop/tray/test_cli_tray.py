@@ -14,7 +14,10 @@ import pytest
 import rbroker
 from tests.conftest import short_tmp, wait_until
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="uses SIGTERM")
+pytestmark = [
+    pytest.mark.contract,
+    pytest.mark.skipif(sys.platform == "win32", reason="uses SIGTERM"),
+]
 
 
 def test_rbroker_tray_starts_the_broker_and_is_single_instance(tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ import pytest
 
 from rbroker.tray.plain import WORD_JOINER, notification_body
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 CHECK = (
     "from PySide6.QtCore import QCoreApplication; app = QCoreApplication([]); "
     "from rbroker.tray.notification_server import reads_markup; print(reads_markup())"

@@ -33,6 +33,8 @@ from rbroker.tray.plain import WORD_JOINER
 from rbroker.tray.settings import TraySettings
 from rbroker.tray.state import Snapshot
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 TIMEOUT_MS = 10_000
 
 IMG = "<img src=x width=20000 height=20000>"

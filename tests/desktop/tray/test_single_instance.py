@@ -9,9 +9,12 @@ import subprocess
 import sys
 import uuid
 
+import pytest
 from pytestqt.qtbot import QtBot
 
 from rbroker.tray.single import SingleInstance, instance_name
+
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
 
 SECOND = """
 import sys

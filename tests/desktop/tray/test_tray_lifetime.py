@@ -23,7 +23,10 @@ import pytest
 import rbroker
 from tests.conftest import short_tmp
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="stops the tray with SIGTERM")
+pytestmark = [
+    pytest.mark.contract,
+    pytest.mark.skipif(sys.platform == "win32", reason="stops the tray with SIGTERM"),
+]
 
 OFFSCREEN_NOTE = "This plugin does not support propagateSizeHints()"
 """What Qt's offscreen platform (the tests' display) says about every top-level window: not

@@ -19,6 +19,8 @@ import pytest
 
 from rbroker.tray import xcb
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 ROOT = Path(__file__).resolve().parents[3]
 
 linux_only = pytest.mark.skipif(

@@ -24,6 +24,8 @@ from keyrings.alt.file import EncryptedKeyring, PlaintextKeyring
 
 from rbroker.uplink.keyrings import backend_name, judge
 
+pytestmark = pytest.mark.contract  # it starts processes or servers of its own
+
 _ACTIVE = False
 """The doubles below are viable only inside a test: keyring registers every backend class
 it sees, and one of priority 10 must never become this process's default keyring."""
