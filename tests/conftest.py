@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -148,6 +149,11 @@ class UnitStartsNothing:
             return
         argv = args[1] if event == "subprocess.Popen" and len(args) > 1 else None
         if isinstance(argv, list | tuple) and tuple(map(str, argv)) in PROP_PROCESSES:
+            return
+        # on Windows the event carries the command line as one string
+        if isinstance(argv, str) and any(
+            argv == subprocess.list2cmdline(prop) for prop in PROP_PROCESSES
+        ):
             return
         self.started.append(f"{event} {str(args[:2])[:160]}")
 

@@ -46,3 +46,15 @@ def test_a_process_started_while_watching_is_noticed_and_a_prop_is_not() -> None
     assert len(check.started) == 1 and check.started[0].startswith("subprocess.Popen")
     subprocess.run([sys.executable, "-c", "pass"], check=True)  # not watching: not noticed
     assert len(check.started) == 1
+
+
+def test_a_prop_is_known_by_its_command_line_as_windows_gives_it() -> None:
+    """On Windows the audit event carries the command line as one string."""
+    check = UnitStartsNothing()
+    check.watching = True
+    try:
+        check._audit("subprocess.Popen", (None, subprocess.list2cmdline(SLEEPER), None, None))
+        check._audit("subprocess.Popen", (None, "python.exe -c pass", None, None))
+    finally:
+        check.watching = False
+    assert check.started == ["subprocess.Popen (None, 'python.exe -c pass')"]
