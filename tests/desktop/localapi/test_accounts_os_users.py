@@ -1,7 +1,7 @@
 """A job belongs to the OS account that declared it, not to its name: with real OS users on
 a broker process, an account removed and re-created under the same name (another uid) can
 neither change nor report to the old account's job, which every view still shows under the
-name. The rule itself: tests/desktop/broker/test_jobs_bounds.py."""
+name. The rule itself: tests/desktop/broker/jobs/test_jobs_bounds.py."""
 
 from __future__ import annotations
 

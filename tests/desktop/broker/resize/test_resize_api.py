@@ -2,8 +2,8 @@
 process (docs/architecture.md §3, §5): the lease keeps its id, owner and descriptions; a
 shrink admits another process's waiting request at once; bad input is a JSON-RPC error with
 a stable name, its number and the figures, and the lease is unchanged. (Another user's lease:
-tests/desktop/broker/test_lease_ownership.py; the admission rules:
-tests/desktop/broker/test_resize.py.)
+tests/desktop/broker/lessor/test_lease_ownership.py; the admission rules:
+tests/desktop/broker/resize/test_resize.py.)
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ and real holder processes: a shrink admits a waiter at once, a growth waits behi
 earlier waiter (FIFO), a growth that can never fit is refused as infeasible, bad input is a
 stable error with the numbers and leaves the lease unchanged, and — a stateful test mixing
 resizes with acquires, releases, allocations and time — the capacity invariant holds at
-every step. The same method over the local API and the SDK: tests/desktop/broker/test_resize_api.py.
+every step. The same method over the local API and the SDK:
+tests/desktop/broker/resize/test_resize_api.py.
 """
 
 from __future__ import annotations

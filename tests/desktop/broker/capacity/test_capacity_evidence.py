@@ -33,7 +33,7 @@ from tests.fakes import gpu_scenarios as sim
 pytestmark = pytest.mark.contract  # it starts processes or servers of its own
 
 TOTAL, HEADROOM = 24576, 1024
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[4]
 PARAMS: dict[str, Any] = {"project": "tests", "session": "evidence", "purpose": "capacity rules"}
 ROOT_ONLY = pytest.mark.skipif(
     sys.platform != "linux" or os.geteuid() != 0, reason="needs root on Linux"

@@ -17,7 +17,7 @@ import pytest
 from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease
 from tests.conftest import GPU0
-from tests.desktop.broker.test_nested_holders import GPUS, USABLE, tree  # noqa: F401 - a fixture
+from tests.desktop.broker.lessor.test_nested_holders import GPUS, USABLE, tree  # noqa: F401 - a fixture
 from tests.desktop.inprocess import InProcessBroker
 
 
