@@ -438,3 +438,109 @@ def test_the_faces_name_the_shapes_they_read() -> None:
 def test_the_untyped_dict_check_catches_what_it_should(source: str, caught: str | None) -> None:
     found = [place for _, place in untyped_dict_annotations(ast.parse(source))]
     assert found == ([caught] if caught else [])
+
+
+# -- the broker's tests mirror its modules (issue 40) ----------------------------------------
+BROKER = DESKTOP / "broker"
+BROKER_TESTS = ROOT / "tests" / "desktop" / "broker"
+
+MODULES_WITH_RULES = (
+    "admission",
+    "capacity",
+    "config",
+    "eta",
+    "fairness",
+    "holders",
+    "jobs",
+    "launchers",
+    "lessor",
+    "listing",
+    "members",
+    "overgrant",
+    "own_leases",
+    "project_names",
+    "resize",
+    "restore",
+    "sampling",
+    "service",
+    "shares",
+    "store",
+)
+"""The broker's modules whose rules have tests of their own: `test_<module>.py` beside the
+others in tests/desktop/broker/, or the folder `<module>/` where there are several files."""
+
+TESTED_THROUGH: dict[str, str] = {
+    "clock": "service/test_clocks_and_stalls.py (expiry on the monotonic clock, sleep gaps)",
+    "events": "the bus; its events are asserted where they are sent (test_overgrant.py, jobs/)",
+    "leases": "the lessor's records: lessor/",
+    "lifetimes": "test_eta.py (the lifetimes the estimate reads)",
+    "read_model": "test_eta.py and test_listing.py (queue entries, places, what a list holds)",
+    "simulation": "the `sim.*` methods the broker-process tests use as props",
+    "ticks": "lessor/test_crash_release.py, service/test_clocks_and_stalls.py",
+    "waiting": "admission/ (the FIFO queue: test_placement_and_queue.py, test_queue_behind.py)",
+    "waiting_news": "admission/test_queue_behind.py (`notify_waiting`)",
+}
+"""The broker's other modules, each with where its behaviour is tested: a module with rules
+of its own moves to `MODULES_WITH_RULES` with its tests."""
+
+
+def broker_test_place(rel: str, modules: tuple[str, ...]) -> str | None:
+    """The module whose tests the file at `rel` (a path under tests/desktop/broker/) holds:
+    `test_<module>.py` at the top, or any file in the folder `<module>/`; None for a file in
+    no such place. The packages' `__init__.py` belong to their folder ("" at the top)."""
+    parts = rel.split("/")
+    if parts == ["__init__.py"]:
+        return ""
+    if len(parts) == 1:
+        stem = parts[0].removesuffix(".py")
+        module = stem.removeprefix("test_")
+        return module if stem != module and module in modules else None
+    if len(parts) == 2 and parts[0] in modules:
+        return parts[0]
+    return None
+
+
+def test_every_broker_module_is_either_tested_beside_its_name_or_says_where() -> None:
+    modules = {p.stem for p in BROKER.glob("*.py") if p.name != "__init__.py"}
+    assert not set(MODULES_WITH_RULES) & set(TESTED_THROUGH)
+    assert modules == set(MODULES_WITH_RULES) | set(TESTED_THROUGH)
+
+
+def test_the_broker_tests_mirror_the_broker_modules() -> None:
+    """Issue 40: a newcomer finds a broker module's tests from its name, `lessor.py`'s in
+    tests/desktop/broker/lessor/ (or `test_lessor.py`): every module with rules has its tests
+    in exactly one such place, and no test file sits anywhere else."""
+    files = sorted(
+        p.relative_to(BROKER_TESTS).as_posix()
+        for p in BROKER_TESTS.rglob("*.py")
+        if "__pycache__" not in p.parts
+    )
+    placed = {rel: broker_test_place(rel, MODULES_WITH_RULES) for rel in files}
+    assert [rel for rel, module in placed.items() if module is None] == []
+    for module in MODULES_WITH_RULES:
+        single = (BROKER_TESTS / f"test_{module}.py").is_file()
+        folder = any(
+            rel.startswith(f"{module}/test_") for rel, found in placed.items() if found == module
+        )
+        assert single != folder, f"{module}: tests in one place, test_{module}.py or {module}/"
+        if folder:
+            assert (BROKER_TESTS / module / "__init__.py").is_file(), f"{module}/ is a package"
+
+
+@pytest.mark.parametrize(
+    ("rel", "module"),
+    [
+        ("__init__.py", ""),
+        ("test_lessor.py", "lessor"),
+        ("lessor/__init__.py", "lessor"),
+        ("lessor/test_release_rule.py", "lessor"),
+        ("test_release_rule.py", None),
+        ("test_waiting.py", None),
+        ("lessor.py", None),
+        ("waiting/test_queue.py", None),
+        ("lessor/more/test_release_rule.py", None),
+        ("test_.py", None),
+    ],
+)
+def test_the_broker_test_place_check_catches_a_misplaced_file(rel: str, module: str | None) -> None:
+    assert broker_test_place(rel, ("admission", "lessor")) == module
