@@ -26,7 +26,7 @@ from hypothesis import settings
 import rbroker
 from rbroker._children import HARD_KILL
 from rbroker.demo.processes import SimulatedBroker
-from rbroker.transport.machine_lock import ENV_LOCK, PER_SOCKET
+from rbroker.hosting.machine_lock import ENV_LOCK, PER_SOCKET
 from tests.fakes.gpu_scenarios import GPU0 as GPU0
 from tests.fakes.gpu_scenarios import GPU1 as GPU1
 from tests.fakes.gpu_scenarios import gpu, scenario
@@ -47,7 +47,7 @@ sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # Every broker the suite starts, in this process or as a child, takes a machine lock named
-# after its socket instead of the computer's one (`rbroker.transport.machine_lock`): the suite
+# after its socket instead of the computer's one (`rbroker.hosting.machine_lock`): the suite
 # runs many simulated brokers at once, and beside any real broker of this computer. The
 # lock's own tests name a shared lock explicitly.
 os.environ[ENV_LOCK] = PER_SOCKET

@@ -115,7 +115,7 @@ def unsafe_file(path: Path, st: os.stat_result) -> UnsafeFile | None:
     """Why file `path`, whose `os.stat`/`os.fstat` is `st`, could have been written by an
     account other than root and this process's own (its group or others may write it, or it
     belongs to another non-root account), or None when only those could. POSIX only: always
-    None on Windows, where the data folder's ACL (`rbroker.transport.win_acl`) decides."""
+    None on Windows, where the data folder's ACL (`rbroker.hosting.win_acl`) decides."""
     if sys.platform == "win32":
         return None
     mode = stat.S_IMODE(st.st_mode)

@@ -42,7 +42,7 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("localapi", ("rbroker.localapi",)),
     ("sdk", ("rbroker", "rbroker._lease", "rbroker._lease_record", "rbroker._job")),
     ("uplink", ("rbroker.uplink",)),
-    ("hosting", ("rbroker.host", "rbroker.embedded", "rbroker.service_windows")),
+    ("hosting", ("rbroker.hosting",)),
     ("demo", ("rbroker.demo",)),
     ("tray", ("rbroker.tray",)),
     ("cli", ("rbroker.cli", "rbroker.__main__")),

@@ -113,7 +113,7 @@ def no_service() -> Iterator[None]:
 
 
 def test_install_start_talk_stop_remove(no_service: None) -> None:
-    from rbroker.service_windows import service_data_dir
+    from rbroker.hosting.service_windows import service_data_dir
     from rbroker.transport.win_accounts import process_account
 
     # not installed: start, stop and remove say so in one line (exit 1)

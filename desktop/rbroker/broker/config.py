@@ -32,7 +32,7 @@ class BrokerConfig:
     `shared_socket`: the socket is for every local user (a system broker; §5).
     `machine_lock`: the name of the machine-wide broker lock (None: `$RBROKER_BROKER_LOCK`,
     else `rbroker-broker` on real GPUs and a lock of its own, `per-socket`, for a simulated
-    broker; `rbroker.transport.machine_lock`).
+    broker; `rbroker.hosting.machine_lock`).
     `over_grant_grace_s`: how long a lease's observed memory may stay above its grant before
     the broker reports it (the `over_grant` event, docs/architecture.md §2).
 

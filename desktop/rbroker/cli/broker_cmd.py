@@ -18,9 +18,9 @@ from rbroker.client.paths import ENV_SOCKET, default_data_dir, default_socket_pa
 from rbroker.display import fmt_mib
 from rbroker.gpu.nvml import TelemetryError
 from rbroker.gpu.scenario import ScenarioError
+from rbroker.hosting.machine_lock import lock_name
 from rbroker.startup import os_error_line
 from rbroker.transport.base import BrokerAlreadyRunning, MachineLockHeld
-from rbroker.transport.machine_lock import lock_name
 from rbroker.transport.pipe_windows import pipe_name_problem
 from rbroker.transport.system_paths import SYSTEM_DATA_DIR_LINUX, system_socket_path
 from rbroker.uplink import quiet_http_client_logs
@@ -89,7 +89,7 @@ def run_broker(args: argparse.Namespace) -> int:
     file system, 14 no space, 15 lease database, 19 other OS error, 70 unexpected); every
     failure is one line on stderr with the fix."""
     from rbroker.broker.config import CONFIG_FILE, ConfigFile, HeadroomTooLarge, read_config
-    from rbroker.host import BrokerHost, DataDirLocked, make_config
+    from rbroker.hosting.host import BrokerHost, DataDirLocked, make_config
 
     # the banner: one line per fact whatever the output (a pipe, the journal), never split
     console = Console(stderr=True, soft_wrap=True)

@@ -2,7 +2,7 @@
 
 On a shared Windows workstation one service broker (LocalSystem, pipe `\\\\.\\pipe\\rbroker`,
 data in `%ProgramData%\\rbroker`) admits every user's leases; see
-`rbroker.service_windows`. On any other OS the command refuses and names what to use.
+`rbroker.hosting.service_windows`. On any other OS the command refuses and names what to use.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import contextlib
 import sys
 from pathlib import Path
 
+from rbroker.hosting.win_acl import DataFolderNotTrusted
 from rbroker.transport.base import BrokerAlreadyRunning, MachineLockHeld
-from rbroker.transport.win_acl import DataFolderNotTrusted
 from rbroker_protocol.startup import (
     EXIT_BROKER_ALREADY_RUNNING,
     EXIT_CANNOT_START,
@@ -84,7 +84,7 @@ def run_service(args: argparse.Namespace) -> int:
         return _fail(EXIT_USAGE, NOT_WINDOWS)
     import pywintypes
 
-    from rbroker import service_windows as svc
+    from rbroker.hosting import service_windows as svc
 
     try:
         if args.action == "install":

@@ -128,9 +128,9 @@ def _system_broker_without_socket() -> str | None:
     if sys.platform == "win32" or not sys.platform.startswith("linux"):
         return None
     try:
-        from rbroker.transport import authority
+        from rbroker.transport import system_holder
 
-        holder = authority.read_system_holder()
+        holder = system_holder.read_system_holder()
     except Exception:  # nothing to add: the plain message stands
         return None
     if holder is None:

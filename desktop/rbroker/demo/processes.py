@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from rbroker._children import HARD_KILL, bind_to_parent, signal_tree, spawn
-from rbroker.transport.machine_lock import PER_SOCKET
+from rbroker.hosting.machine_lock import PER_SOCKET
 
 
 def broker_address(root: Path, name: str = "broker") -> str:

@@ -28,8 +28,8 @@ from typing import Literal
 from rbroker._exceptions import RBrokerError
 from rbroker.client.local import Client
 from rbroker.demo.processes import ProcessGroup, broker_address, worker_command
-from rbroker.embedded import EmbeddedBroker
-from rbroker.transport.machine_lock import PER_SOCKET
+from rbroker.hosting.embedded import EmbeddedBroker
+from rbroker.hosting.machine_lock import PER_SOCKET
 
 # -- `rbroker demo`: the timeline -------------------------------------------------------------
 
@@ -183,7 +183,7 @@ class DemoBroker:
         Raises:
             RuntimeError: the broker did not start or the world not settle in `timeout_s`.
         """
-        from rbroker.host import make_config
+        from rbroker.hosting.host import make_config
 
         scenario = self.root / "scenario.toml"
         scenario.write_text(SCENARIO)

@@ -1,14 +1,14 @@
 """The transport of the local API: both ends of the OS channel a broker and its clients talk
-over (architecture.md §5), and the machine-wide locks that keep one broker per computer.
+over (architecture.md §5).
 
 One file per OS serves both ends: `unix.py` (Unix socket: the listening server and the
 client's stream) and `pipe_windows.py` (named pipe, with its pure rules in
 `pipe_security.py`); `serve()` and `connect()` pick the one for this OS. What they share is
-in `base.py`. The locks: `machine_lock.py` (its names, and `acquire_machine_lock` picking
-`machine_lock_linux.py` with the system broker's `authority.py`, or
-`machine_lock_windows.py`). Also here: the system broker's fixed places (`system_paths.py`),
-the directories a privileged broker can trust (`safe_paths.py`) and Windows' accounts
-(`win_accounts.py`). Nothing here imports the broker.
+in `base.py`, the errors that say another broker is there included. Also here: the system
+broker's fixed places (`system_paths.py`), who holds the Linux system broker's authority as
+any user reads it (`system_holder.py`), the directories a privileged broker can trust
+(`safe_paths.py`) and Windows' accounts (`win_accounts.py`). The machine-wide locks a broker
+takes are hosting's (`rbroker.hosting.machine_lock`). Nothing here imports the broker.
 """
 
 from __future__ import annotations

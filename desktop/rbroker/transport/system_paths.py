@@ -4,7 +4,8 @@ OS, `/run/rbroker/broker.sock` on Linux and `\\\\.\\pipe\\rbroker` on Windows
 system broker's data dir and Windows' machine-wide data folder.
 
 Clients look here last but one (`rbroker.client.paths.discovery_order`); the system
-broker's authority lives in its address's directory (`authority.py`).
+broker's authority lives in its address's directory (`rbroker.hosting.authority`; who holds
+it, as any user reads it: `system_holder.py`).
 """
 
 from __future__ import annotations

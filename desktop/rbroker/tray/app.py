@@ -26,7 +26,7 @@ from PySide6.QtWidgets import QApplication, QMenu, QSystemTrayIcon
 from rbroker._exceptions import RBrokerError
 from rbroker.client.local import Client
 from rbroker.client.paths import default_data_dir, default_socket_path
-from rbroker.embedded import EmbeddedBroker
+from rbroker.hosting.embedded import EmbeddedBroker
 from rbroker.startup import check_broker_paths, os_error_line
 from rbroker.tray import autostart, notification_server
 from rbroker.tray.fleet import FleetSource, NotEnrolled, UplinkFleet
@@ -467,7 +467,7 @@ def run(args: argparse.Namespace) -> int:
         origin = "attached"
         log.info("attached to the broker at %s", socket)
     else:
-        from rbroker.host import make_config
+        from rbroker.hosting.host import make_config
 
         headroom = args.headroom_mib if args.headroom_mib is not None else settings.headroom_mib
         config = make_config(

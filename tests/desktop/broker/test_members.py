@@ -21,7 +21,7 @@ from rbroker.broker.config import BrokerConfig, read_config
 from rbroker.broker.holders import Holder
 from rbroker.broker.members import Members
 from rbroker.cli.main import main
-from rbroker.service_windows import ServiceOptions, service_config
+from rbroker.hosting.service_windows import ServiceOptions, service_config
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import AcquireParams
 from rbroker_protocol.startup import EXIT_USAGE

@@ -51,7 +51,7 @@ import rbroker
 from rbroker.cli.main import main
 from rbroker.demo.processes import broker_address, broker_command
 from rbroker.gpu.presence import nvidia_device_present
-from rbroker.transport.machine_lock import ENV_LOCK
+from rbroker.hosting.machine_lock import ENV_LOCK
 from tests.conftest import GPU0, GPU1, BrokerProcess, short_tmp, wait_until
 from tests.desktop.broker.capacity import test_capacity_admission as capacity_admission
 from tests.desktop.conftest import RawConnection

@@ -27,7 +27,7 @@ import pytest
 
 import rbroker
 from rbroker.client.paths import ENV_SOCKET, FOUND_SYSTEM
-from rbroker.transport.machine_lock import acquire_machine_lock
+from rbroker.hosting.machine_lock import acquire_machine_lock
 from rbroker.transport.system_paths import ENV_SYSTEM_SOCKET
 from rbroker.transport.unix import LISTEN_BACKLOG
 from tests.conftest import short_tmp
@@ -468,8 +468,8 @@ def test_a_tray_hosted_broker_refuses_while_the_system_broker_runs(
 ) -> None:
     import dataclasses
 
-    from rbroker.embedded import EmbeddedBroker
-    from rbroker.host import make_config
+    from rbroker.hosting.embedded import EmbeddedBroker
+    from rbroker.hosting.host import make_config
     from rbroker.transport.base import MachineLockHeld
 
     root = short_tmp()

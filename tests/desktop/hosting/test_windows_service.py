@@ -18,7 +18,8 @@ import pytest
 
 import rbroker
 from rbroker.cli.main import main
-from rbroker.service_windows import (
+from rbroker.hosting.machine_lock import PER_SOCKET
+from rbroker.hosting.service_windows import (
     BOOTSTRAP,
     SERVICE_NAME,
     SERVICE_PIPE,
@@ -30,7 +31,6 @@ from rbroker.service_windows import (
     service_data_dir,
     this_installation,
 )
-from rbroker.transport.machine_lock import PER_SOCKET
 
 pytestmark = pytest.mark.contract  # it starts processes or servers of its own
 
@@ -74,7 +74,7 @@ def test_registered_command_line() -> None:
 @pytest.mark.skipif(sys.platform == "win32", reason="on Windows dispatch hosts the service")
 def test_base_interpreter_finds_this_installation_through_the_bootstrap() -> None:
     """What the SCM would run, run here: the *base* interpreter (outside any venv) with the
-    bootstrap reaches `rbroker.service_windows.dispatch` of this installation — which, off
+    bootstrap reaches `rbroker.hosting.service_windows.dispatch` of this installation — which, off
     Windows, refuses with exit 2 and names where it was imported from."""
     base, dirs = this_installation()
     assert dirs, "no site-packages dir found"

@@ -21,10 +21,10 @@ from rbroker.broker.config import BrokerConfig
 from rbroker.broker.service import Broker
 from rbroker.gpu.fake_nvml import FakeNvml
 from rbroker.gpu.nvml import NvmlGateway
+from rbroker.hosting.machine_lock import PER_SOCKET
 from rbroker.localapi.server import LocalApi
 from rbroker.transport import connect
 from rbroker.transport.base import Stream
-from rbroker.transport.machine_lock import PER_SOCKET
 from tests.conftest import SINGLE_24G, short_tmp
 
 T = TypeVar("T")

@@ -18,8 +18,8 @@ import rbroker
 from rbroker import Lease
 from rbroker._exceptions import from_rpc_error
 from rbroker.demo.processes import broker_address
-from rbroker.embedded import EmbeddedBroker
-from rbroker.host import make_config
+from rbroker.hosting.embedded import EmbeddedBroker
+from rbroker.hosting.host import make_config
 from rbroker_protocol.errors import ErrorCode, RpcError
 from tests.conftest import GPU0, SINGLE_24G, BrokerProcess, short_tmp, wait_until
 

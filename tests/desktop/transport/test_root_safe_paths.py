@@ -239,13 +239,9 @@ def test_a_removed_socket_file_is_back_within_2_s(root: Path) -> None:
 def test_the_system_authority_names_its_holder_and_comes_back_when_removed(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rbroker.transport.authority import (
-        HOLDER_FILE,
-        LOCK_FILE,
-        SystemAuthority,
-        read_system_holder,
-    )
+    from rbroker.hosting.authority import LOCK_FILE, SystemAuthority
     from rbroker.transport.base import MachineLockHeld
+    from rbroker.transport.system_holder import HOLDER_FILE, read_system_holder
 
     run = root / "run"
     monkeypatch.setenv(ENV_SYSTEM_SOCKET, str(run / "broker.sock"))
@@ -279,7 +275,7 @@ def test_a_holder_file_of_a_dead_process_names_nobody(
     import subprocess
 
     from rbroker.proctime import holder_clock
-    from rbroker.transport.authority import HOLDER_FILE, read_system_holder
+    from rbroker.transport.system_holder import HOLDER_FILE, read_system_holder
 
     child = subprocess.Popen(["sleep", "30"])
     try:
@@ -308,7 +304,7 @@ def test_a_client_that_finds_no_socket_but_a_live_system_broker_says_it_runs(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before: "no rbroker broker ...; start one with `rbroker broker`", which then exited 3."""
-    from rbroker.transport.authority import SystemAuthority, user_name
+    from rbroker.hosting.authority import SystemAuthority, user_name
 
     sock = str(root / "run" / "broker.sock")
     monkeypatch.setenv(ENV_SYSTEM_SOCKET, sock)

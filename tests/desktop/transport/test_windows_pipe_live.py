@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 import rbroker
-from rbroker.service_windows import ServiceOptions, serve_until, service_config
-from rbroker.transport.machine_lock import PER_SOCKET
+from rbroker.hosting.machine_lock import PER_SOCKET
+from rbroker.hosting.service_windows import ServiceOptions, serve_until, service_config
 from rbroker.transport.pipe_security import SERVICE_PIPE
 
 pytestmark = pytest.mark.skipif(sys.platform != "win32", reason="needs Windows named pipes")

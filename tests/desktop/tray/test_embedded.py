@@ -11,8 +11,8 @@ import pytest
 
 import rbroker
 from rbroker.demo.processes import broker_address
-from rbroker.embedded import EmbeddedBroker
-from rbroker.host import make_config
+from rbroker.hosting.embedded import EmbeddedBroker
+from rbroker.hosting.host import make_config
 from rbroker.transport.base import BrokerAlreadyRunning
 from rbroker.tray.link import read_snapshot
 from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp

@@ -2,7 +2,7 @@
 umask (0002 and 0000 here: a group-writable or world-writable default), and the enrollment
 (`uplink.json`, `computer.key`) is refused when another account could have written it: one
 line naming the file, its mode and owner, and the fix. POSIX only: on Windows the data
-folder's ACL (`rbroker.transport.win_acl`) keeps others out."""
+folder's ACL (`rbroker.hosting.win_acl`) keeps others out."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import nacl.signing
 import pytest
 
 from rbroker.broker.store import LeaseStore
-from rbroker.host import DataDirLock
+from rbroker.hosting.host import DataDirLock
 from rbroker.startup import check_broker_paths
 from rbroker.uplink.config import FILE_NAME, UnsafeEnrollment, UplinkConfig
 from rbroker.uplink.enroll import EnrollError, enroll

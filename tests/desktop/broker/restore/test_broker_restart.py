@@ -156,7 +156,7 @@ def test_second_broker_on_a_live_socket_refuses_and_leaves_it_alone(
             (str(other / "b.sock"), str(broker.data_dir)),  # same data dir, another socket
         ):
             # a lock of its own: past the machine lock
-            # (tests/desktop/transport/test_machine_lock.py) to the socket's and the data dir's
+            # (tests/desktop/hosting/test_machine_lock.py) to the socket's and the data dir's
             # own checks
             lock = ["--machine-lock", f"rbroker-test-{os.getpid()}-second"]
             second = subprocess.run(

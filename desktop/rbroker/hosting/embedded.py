@@ -64,7 +64,7 @@ class EmbeddedBroker:
                 self.on_failed(exc)
 
     async def _main(self) -> None:
-        from rbroker.host import BrokerHost  # builds the NVML gateway: keep it off the GUI
+        from rbroker.hosting.host import BrokerHost  # builds the NVML gateway: keep it off the GUI
 
         host = BrokerHost(self.config)
         self.simulated = host.simulated

@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 import rbroker
-from rbroker.transport.authority import LOCK_FILE
-from rbroker.transport.machine_lock import ENV_LOCK
+from rbroker.hosting.authority import LOCK_FILE
+from rbroker.hosting.machine_lock import ENV_LOCK
 from rbroker.transport.system_paths import ENV_SYSTEM_SOCKET
 from tests.conftest import short_tmp
 from tests.desktop.hosting.test_system_broker import (

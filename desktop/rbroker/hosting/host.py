@@ -17,10 +17,7 @@ from rbroker.broker.service import Broker
 from rbroker.broker.store import LeaseStore
 from rbroker.gpu.scenario import scenario_timers
 from rbroker.gpu.select import open_gateway
-from rbroker.localapi.access import broker_user
-from rbroker.localapi.server import LocalApi
-from rbroker.startup import check_data_dir
-from rbroker.transport.machine_lock import (
+from rbroker.hosting.machine_lock import (
     DEFAULT_LOCK_NAME,
     ENV_LOCK,
     MachineLock,
@@ -29,6 +26,9 @@ from rbroker.transport.machine_lock import (
     lock_name,
     sees_system_broker,
 )
+from rbroker.localapi.access import broker_user
+from rbroker.localapi.server import LocalApi
+from rbroker.startup import check_data_dir
 from rbroker.transport.safe_paths import check_private_path, open_nofollow
 from rbroker.uplink.runner import run_uplink
 from rbroker_protocol.files import private_dir, set_mode

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from rbroker.transport.win_acl import (
+from rbroker.hosting.win_acl import (
     DATA_DIR_SDDL,
     LOCKS_DIR_SDDL,
     DataFolderNotTrusted,
@@ -80,7 +80,7 @@ def expected(sddl: str) -> list[Ace]:
 
 
 def secure(folder: Path, locks: Path | None) -> None:
-    from rbroker.transport.win_acl import read_owner, set_dacl
+    from rbroker.hosting.win_acl import read_owner, set_dacl
 
     secure_service_folder(
         folder, locks, own_sid=own_sid(), read_owner=read_owner, set_dacl=set_dacl
@@ -88,7 +88,7 @@ def secure(folder: Path, locks: Path | None) -> None:
 
 
 def test_the_owner_of_a_real_file_is_read(tmp_path: Path) -> None:
-    from rbroker.transport.win_acl import read_owner
+    from rbroker.hosting.win_acl import read_owner
 
     (tmp_path / "broker.toml").write_text("[shares]\n")
     owner = read_owner(tmp_path / "broker.toml")
@@ -111,7 +111,7 @@ def test_the_service_folder_is_made_and_secured_with_pywin32(tmp_path: Path) -> 
 
 @pytest.mark.wine_gap(NO_FILE_ACLS)
 def test_the_access_lists_read_back_protected_and_exact(tmp_path: Path) -> None:
-    from rbroker.transport.win_acl import read_owner
+    from rbroker.hosting.win_acl import read_owner
 
     folder = tmp_path / "rbroker"
     folder.mkdir()
@@ -137,7 +137,7 @@ def test_the_access_lists_read_back_protected_and_exact(tmp_path: Path) -> None:
 def test_a_folder_owned_by_another_account_is_refused_untouched() -> None:
     """System32 belongs to TrustedInstaller: the service would refuse it as its data folder,
     naming that owner, before setting anything."""
-    from rbroker.transport.win_acl import read_owner
+    from rbroker.hosting.win_acl import read_owner
 
     system32 = Path(os.environ.get("SYSTEMROOT", "C:\\Windows")) / "System32"
     owner = read_owner(system32)

@@ -5,7 +5,7 @@ broker) takes this lock before it opens its data dir or listens; a second one, o
 user, fails with `MachineLockHeld` naming the holder's user, pid and socket, and `rbroker
 broker` exits 3.
 
-Linux has two levels. The system broker's authority (`rbroker.transport.authority`): a lock
+Linux has two levels. The system broker's authority (`rbroker.hosting.authority`): a lock
 file in the system socket's directory, which only root or the broker's account can hold and
 every user can see; a per-user broker refuses while it is held. Below it, the abstract Unix
 socket `\\0<name>` (`machine_lock_linux`) keeps two per-user brokers apart; the system
@@ -104,7 +104,7 @@ def acquire_machine_lock(
 ) -> MachineLock:
     """Take the machine-wide lock `name` for the broker of `user` listening at `socket_path`.
 
-    Linux: `system` takes the system broker's authority first (`rbroker.transport.authority`)
+    Linux: `system` takes the system broker's authority first (`rbroker.hosting.authority`)
     and then `name` where it is free; otherwise `name`, then, with `check_system`, a look at
     the system broker's authority (before taking the name, to name the system broker even where
     another process holds the name, and after, so that a per-user broker and a system broker
@@ -118,12 +118,13 @@ def acquire_machine_lock(
         OSError: the lock could not be created for another reason.
     """
     if sys.platform == "win32":
-        from rbroker.transport.machine_lock_windows import acquire_windows_lock
+        from rbroker.hosting.machine_lock_windows import acquire_windows_lock
 
         return acquire_windows_lock(name, socket_path, user)
     if sys.platform.startswith("linux"):
-        from rbroker.transport.authority import SystemAuthority, read_system_holder
-        from rbroker.transport.machine_lock_linux import AbstractSocketLock
+        from rbroker.hosting.authority import SystemAuthority
+        from rbroker.hosting.machine_lock_linux import AbstractSocketLock
+        from rbroker.transport.system_holder import read_system_holder
 
         if system:
             authority = SystemAuthority.acquire(socket_path)

@@ -7,7 +7,7 @@ from SO_PEERCRED and its socket from one JSON line the holder answers. A live ho
 user is never taken over: the name cannot be bound while it lives.
 
 Any user can bind the name first, so it only keeps per-user brokers apart: the system broker's
-authority is a lock only root or its account can hold (`rbroker.transport.authority`). A holder
+authority is a lock only root or its account can hold (`rbroker.hosting.authority`). A holder
 that does not answer as a broker (bound without listening, or silent) is named by user and
 pid where /proc shows it (`ss -xlp` finds it otherwise), never as a running broker.
 """
@@ -27,7 +27,7 @@ import time
 
 from rbroker.transport.base import LockHolder, MachineLockHeld
 
-assert sys.platform.startswith("linux"), "rbroker.transport.machine_lock_linux is for Linux"
+assert sys.platform.startswith("linux"), "rbroker.hosting.machine_lock_linux is for Linux"
 
 
 class AbstractSocketLock:

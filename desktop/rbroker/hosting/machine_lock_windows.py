@@ -7,7 +7,7 @@ already exists (ERROR_ALREADY_EXISTS), or that another user's default security d
 keeps this one from opening (ERROR_ACCESS_DENIED), is held by a live broker: never taken over.
 The holder writes who it is to `<ProgramData>\\rbroker\\locks\\<name>.json` for the message
 of the second broker (best effort: a mutex carries no data). Where the service has secured
-that folder (`rbroker.transport.win_acl.LOCKS_DIR_SDDL`) every user may add a file to
+that folder (`rbroker.hosting.win_acl.LOCKS_DIR_SDDL`) every user may add a file to
 `locks\\` and read the others', and change or delete only their own: a file left behind by
 another user's broker that crashed is not overwritten (the lock holds without it, and the
 second broker's message may name that stale holder).

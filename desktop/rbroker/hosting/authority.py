@@ -15,8 +15,9 @@ file there:
   it counts only while the named process lives with that start time, so one left by a
   killed broker names nobody.
 
-A per-user broker (and every client that finds no socket) reads the holder: while the system
-broker lives, a per-user broker refuses to start, naming it.
+A per-user broker (and every client that finds no socket) reads the holder
+(`rbroker.transport.system_holder`, where a client reads it without this module): while the
+system broker lives, a per-user broker refuses to start, naming it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import fcntl
 import json
 import logging
 import os
-import stat
 import sys
 from pathlib import Path
 
@@ -36,19 +36,13 @@ import psutil
 from rbroker.proctime import holder_clock, start_s
 from rbroker.transport.base import SYSTEM_LOCK_NAME, LockHolder, MachineLockHeld
 from rbroker.transport.safe_paths import check_private_path, open_nofollow
-from rbroker.transport.system_paths import system_socket_path
+from rbroker.transport.system_holder import HOLDER_FILE, authority_dir, read_system_holder
 
-assert sys.platform.startswith("linux"), "rbroker.transport.authority is for Linux"
+assert sys.platform.startswith("linux"), "rbroker.hosting.authority is for Linux"
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "broker.lock"
-HOLDER_FILE = "broker.holder"
-
-
-def authority_dir() -> Path:
-    """Where the system broker's authority lives: the system socket's directory."""
-    return Path(os.path.dirname(os.path.abspath(system_socket_path())))
 
 
 def user_name(uid: int) -> str:
@@ -71,41 +65,6 @@ def _identity(socket_path: str) -> dict[str, object]:
         "boot_id": holder_clock(),
         "socket": socket_path,
     }
-
-
-def read_system_holder(directory: Path | None = None) -> LockHolder | None:
-    """The live system broker named by `directory/broker.holder` (default `authority_dir()`),
-    or None: no file, a file another user could have written (the directory or the file not
-    root's or the directory owner's), or a process that no longer lives with that start."""
-    directory = directory or authority_dir()
-    try:
-        dir_st = os.stat(directory)
-        fd = open_nofollow(directory / HOLDER_FILE, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        trusted = {0, dir_st.st_uid}
-        if st.st_uid not in trusted or dir_st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return None
-        data = os.read(fd, 4096)
-    finally:
-        os.close(fd)
-    try:
-        said = json.loads(data)
-        pid, started = int(said["pid"]), float(said["start_s"])
-        user, sock = str(said["user"]), str(said["socket"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    if said.get("boot_id") != holder_clock():
-        return None  # written before this boot
-    try:
-        alive = abs(start_s(psutil.Process(pid)) - started) < 0.05
-    except psutil.AccessDenied:  # hidepid: alive, its start unknown
-        alive = psutil.pid_exists(pid)
-    except (psutil.NoSuchProcess, ValueError):
-        alive = False
-    return LockHolder(user, pid, sock) if alive else None
 
 
 class SystemAuthority:

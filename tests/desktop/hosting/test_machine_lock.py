@@ -25,10 +25,9 @@ import pytest
 
 import rbroker
 from rbroker.demo.processes import SimulatedBroker
-from rbroker.embedded import EmbeddedBroker
-from rbroker.host import make_config
-from rbroker.transport.base import MachineLockHeld
-from rbroker.transport.machine_lock import (
+from rbroker.hosting.embedded import EmbeddedBroker
+from rbroker.hosting.host import make_config
+from rbroker.hosting.machine_lock import (
     DEFAULT_LOCK_NAME,
     ENV_LOCK,
     PER_SOCKET,
@@ -37,6 +36,7 @@ from rbroker.transport.machine_lock import (
     lock_name,
     sees_system_broker,
 )
+from rbroker.transport.base import MachineLockHeld
 from rbroker_protocol.startup import EXIT_BROKER_ALREADY_RUNNING
 from tests.conftest import SINGLE_24G, short_tmp
 from tests.os_users import REPO, OsUser, python_as
@@ -160,7 +160,7 @@ def test_the_cli_refuses_another_name_without_simulate_with_exit_2(roots: list[P
 
 _HOLD_THEN_START = """
 import json, subprocess, sys
-from rbroker.transport.machine_lock import acquire_machine_lock
+from rbroker.hosting.machine_lock import acquire_machine_lock
 held = acquire_machine_lock("rbroker-broker", "/holder.sock", "holder")
 done = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=60, cwd="/")
 print(json.dumps({"rc": done.returncode, "stderr": done.stderr}))

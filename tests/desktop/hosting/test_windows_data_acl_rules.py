@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rbroker.service_windows import service_data_dir, service_locks_dir
-from rbroker.transport.win_acl import (
+from rbroker.hosting.service_windows import service_data_dir, service_locks_dir
+from rbroker.hosting.win_acl import (
     ADMINISTRATORS_SID,
     DATA_DIR_SDDL,
     LOCAL_SYSTEM_SID,

@@ -1,12 +1,12 @@
 """The broker as a Windows service: one admission authority for every user of a workstation.
 
 `RbrokerService` (pywin32's `win32serviceutil.ServiceFramework`) hosts the same broker as
-`rbroker broker` — `rbroker.host.BrokerHost`, which also takes the machine-wide lock — as
+`rbroker broker` — `rbroker.hosting.host.BrokerHost`, which also takes the machine-wide lock — as
 LocalSystem, listening on the fixed pipe `\\\\.\\pipe\\rbroker` (whose access list lets
 Authenticated Users connect: `rbroker.transport.pipe_security`), with its data in
 `%ProgramData%\\rbroker`, which it secures before using it (`secure_data_dir`: only LocalSystem
 and Administrators may read or change it, every user may write the machine lock's identity
-in its `locks\\`; `rbroker.transport.win_acl`).
+in its `locks\\`; `rbroker.hosting.win_acl`).
 
 The Service Control Manager must start the process that calls StartServiceCtrlDispatcher.
 A virtual environment's `python.exe` is a launcher that starts the base interpreter as a
@@ -36,9 +36,9 @@ from typing import Any, ClassVar
 
 from rbroker._version import __version__
 from rbroker.broker.config import CONFIG_FILE, BrokerConfig, ConfigFile, read_config
+from rbroker.hosting.win_acl import DataFolderNotTrusted
 from rbroker.transport.pipe_security import SERVICE_PIPE
 from rbroker.transport.system_paths import program_data_dir
-from rbroker.transport.win_acl import DataFolderNotTrusted
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def service_data_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 def service_locks_dir(data_dir: Path, environ: Mapping[str, str] | None = None) -> Path | None:
     """`<data_dir>\\locks`, where every broker of this computer writes who holds the machine
-    lock (`rbroker.transport.machine_lock_windows`), when `data_dir` is the default
+    lock (`rbroker.hosting.machine_lock_windows`), when `data_dir` is the default
     `service_data_dir(environ)`; None for another data dir (`--data-dir`), whose folder
     holds no locks: `<ProgramData>\\rbroker\\locks` is then left as ProgramData makes it."""
     return data_dir / "locks" if data_dir == service_data_dir(environ) else None
@@ -100,7 +100,7 @@ def service_config(environ: Mapping[str, str] | None, options: ServiceOptions) -
 
 BOOTSTRAP = (
     "import site, sys; [site.addsitedir(d) for d in {dirs!r}]; "
-    "from rbroker.service_windows import dispatch; sys.exit(dispatch(sys.argv[1:]))"
+    "from rbroker.hosting.service_windows import dispatch; sys.exit(dispatch(sys.argv[1:]))"
 )
 
 
@@ -131,7 +131,7 @@ async def serve_until(
         Whatever `BrokerHost.start` raises (MachineLockHeld, TelemetryError, ...): the
         service reports it and stops.
     """
-    from rbroker.host import BrokerHost
+    from rbroker.hosting.host import BrokerHost
 
     host = BrokerHost(config)
     await host.start()
@@ -243,13 +243,14 @@ if sys.platform == "win32":
     def secure_data_dir(data_dir: Path) -> None:
         """Check the owners of the service's `data_dir` and of what is in it, then give it
         (and its `locks\\`: `service_locks_dir`) the service's access lists; makes them
-        where missing (`rbroker.transport.win_acl.secure_service_folder`).
+        where missing (`rbroker.hosting.win_acl.secure_service_folder`).
 
         Raises:
             DataFolderNotTrusted: one line naming the path, its owner and what to do.
             OSError, pywintypes.error: the folder cannot be made or its security set.
         """
-        from rbroker.transport import win_accounts, win_acl
+        from rbroker.hosting import win_acl
+        from rbroker.transport import win_accounts
 
         win_acl.secure_service_folder(
             data_dir,
