@@ -8,7 +8,7 @@ Measures, in one run on one machine, one client:
 - the floor: the same three requests as bare JSON-line round trips to an echo server in its
   own process, served by the broker's transport code (`rbroker.transport.serve`: on Windows
   the same pipe instances, access list and proactor transport) on the broker's event loop
-  (`rbroker.eventloop`), from a client on `rbroker.transport.connect` (the stream
+  (`rbroker.base.eventloop`), from a client on `rbroker.transport.connect` (the stream
   `rbroker.Client` reads its answers from).
 
 bench/lease_cycle.py is the Unix figure with its 50-client and Redis rows; this one exists so
@@ -46,8 +46,9 @@ from _common import (
 )
 
 import rbroker
-from rbroker import eventloop, transport
-from rbroker._children import spawn
+from rbroker import transport
+from rbroker.base import eventloop
+from rbroker.base.children import spawn
 from rbroker.demo.processes import broker_address
 from rbroker.transport.base import PeerOf
 

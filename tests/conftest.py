@@ -24,7 +24,7 @@ from _pytest.nodeid import coerce_node_id
 from hypothesis import settings
 
 import rbroker
-from rbroker._children import HARD_KILL
+from rbroker.base.children import HARD_KILL
 from rbroker.demo.processes import SimulatedBroker
 from rbroker.hosting.machine_lock import ENV_LOCK, PER_SOCKET
 from tests.fakes.gpu_scenarios import GPU0 as GPU0

@@ -8,7 +8,9 @@
 Importing this package loads no NVML, Qt or server code (architecture.md §1).
 """
 
-from rbroker._exceptions import (
+from rbroker._job import ChunkTask, Job, JobRef, job
+from rbroker._lease import Lease, alease, lease
+from rbroker.base.exceptions import (
     BrokerUnavailable,
     Cancelled,
     CapacityUnavailable,
@@ -35,9 +37,7 @@ from rbroker._exceptions import (
     WaitTimeout,
     WaitTooLong,
 )
-from rbroker._job import ChunkTask, Job, JobRef, job
-from rbroker._lease import Lease, alease, lease
-from rbroker._version import __version__
+from rbroker.base.version import __version__
 from rbroker.client.local import Client
 
 __all__ = [

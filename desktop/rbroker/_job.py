@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rbroker._exceptions import BrokerUnavailable, JobFinished, JobNotFound, RBrokerError
 from rbroker._lease import RECONNECT_WINDOW_S, _acquire, _Holder, _reconnect
+from rbroker.base.exceptions import BrokerUnavailable, JobFinished, JobNotFound, RBrokerError
 from rbroker.client.local import Client
 
 _T = TypeVar("_T")

@@ -19,15 +19,15 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
-from rbroker._cuda import cuda_indices
-from rbroker._exceptions import (
+from rbroker._lease_record import Lease, note_over_grant
+from rbroker.base.cuda import cuda_indices
+from rbroker.base.exceptions import (
     BrokerUnavailable,
     Cancelled,
     LeaseExpired,
     RBrokerError,
     StorageUnavailable,
 )
-from rbroker._lease_record import Lease, note_over_grant
 from rbroker.client.local import RENEW, Client
 from rbroker_protocol.params import AcquireRequest
 from rbroker_protocol.results import AcquireResult, GrantedGpu

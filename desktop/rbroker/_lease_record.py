@@ -9,11 +9,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from rbroker._cuda import cuda_env
-from rbroker._exceptions import OverGrantWarning, RBrokerError
 from rbroker._frameworks import FrameworkLimits
+from rbroker.base.cuda import cuda_env
+from rbroker.base.display import fmt_mib
+from rbroker.base.exceptions import OverGrantWarning, RBrokerError
 from rbroker.client.local import Client
-from rbroker.display import fmt_mib
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Lease(FrameworkLimits):
             tools parse that variable as integers: prefer `cuda_env()`).
         gpu_indices: the granted GPUs' NVML indices when they name the same GPUs to CUDA under
             `CUDA_DEVICE_ORDER=PCI_BUS_ID`; None for MIG slices or when unknown (see
-            `rbroker._cuda`).
+            `rbroker.base.cuda`).
         gpu_total_mib: each granted GPU's total MiB (NVML's), in order; None when unknown.
         gpu_total_override: the granted GPUs whose total is a capacity override
             (`--capacity-mib`, unified memory): they get no memory fraction.

@@ -189,7 +189,7 @@ class AcquireResult(TypedDict):
     `CUDA_VISIBLE_DEVICES` (the granted UUIDs, comma separated); `gpus`, the granted GPUs
     (`GrantedGpu`), and `cuda_indices`, their NVML indices when these name the same GPUs to
     CUDA under `CUDA_DEVICE_ORDER=PCI_BUS_ID` (None when they may not:
-    `rbroker._cuda.cuda_indices`). Both are absent from older brokers (fields are only
+    `rbroker.base.cuda.cuda_indices`). Both are absent from older brokers (fields are only
     added: `rbroker_protocol.versions`)."""
 
     lease: LeaseView

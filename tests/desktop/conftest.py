@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import SINGLE_24G, WORKER, short_tmp
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
 
-#: The event loops a broker may run on (`rbroker.eventloop`): uvloop only where it exists.
+#: The event loops a broker may run on (`rbroker.base.eventloop`): uvloop only where it exists.
 LOOPS = ["asyncio"] if sys.platform == "win32" else ["uvloop", "asyncio"]
 
 #: Environment variables a test may leave changed: pytest's own.

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from rbroker.base.startup import check_broker_paths
 from rbroker.broker.store import LeaseStore
-from rbroker.startup import check_broker_paths
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
 

@@ -21,26 +21,22 @@ FACADE = DESKTOP / "broker" / "service.py"
 
 ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("protocol", ("rbroker_protocol",)),
-    (
-        "base",
-        (
-            "rbroker._version",
-            "rbroker._exceptions",
-            "rbroker._children",
-            "rbroker._cuda",
-            "rbroker._frameworks",
-            "rbroker.proctime",
-            "rbroker.eventloop",
-            "rbroker.startup",
-            "rbroker.display",
-        ),
-    ),
+    ("base", ("rbroker.base",)),
     ("transport", ("rbroker.transport",)),
     ("client", ("rbroker.client",)),
     ("gpu", ("rbroker.gpu",)),
     ("broker", ("rbroker.broker",)),
     ("localapi", ("rbroker.localapi",)),
-    ("sdk", ("rbroker", "rbroker._lease", "rbroker._lease_record", "rbroker._job")),
+    (
+        "sdk",
+        (
+            "rbroker",
+            "rbroker._lease",
+            "rbroker._lease_record",
+            "rbroker._job",
+            "rbroker._frameworks",
+        ),
+    ),
     ("uplink", ("rbroker.uplink",)),
     ("hosting", ("rbroker.hosting",)),
     ("demo", ("rbroker.demo",)),

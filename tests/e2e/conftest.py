@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from rbroker._children import HARD_KILL
+from rbroker.base.children import HARD_KILL
 from rbroker.demo.coordinator import LocalCoordinator, run_module
 from rbroker.demo.coordinator import server_cli as run_server_cli
 from tests.conftest import SINGLE_24G, BrokerProcess, short_tmp, start_broker

@@ -21,8 +21,8 @@ from typing import Any
 
 from rich.console import Console
 
+from rbroker.base.display import fmt_mib
 from rbroker.cli.views import fleet_view
-from rbroker.display import fmt_mib
 from rbroker_protocol.fleet import FleetView
 from tests.conftest import wait_until
 from tests.e2e.conftest import (

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from rbroker._children import kill_tree, spawn
+from rbroker.base.children import kill_tree, spawn
 from tests.conftest import GPU0, WORKER, BrokerProcess, wait_until
 from tests.desktop.jobhelp import declare
 from tests.windows.cli import assert_one_line, rbroker_cli

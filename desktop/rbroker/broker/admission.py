@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from rbroker.base.display import ahead_words, explain, fmt_mib, short_uuid
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
@@ -21,7 +22,6 @@ from rbroker.broker.lessor import Choice, Lessor
 from rbroker.broker.sampling import GpuSlot
 from rbroker.broker.shares import Shares, turns_bypassing
 from rbroker.broker.waiting import WaitQueue
-from rbroker.display import ahead_words, explain, fmt_mib, short_uuid
 from rbroker.gpu.nvml import describe
 from rbroker.gpu.types import TelemetryState
 from rbroker_protocol.errors import ErrorCode, RpcError

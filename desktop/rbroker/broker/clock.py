@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Protocol
 
-from rbroker.proctime import holder_clock
+from rbroker.base.proctime import holder_clock
 
 
 class Clock(Protocol):

@@ -6,10 +6,10 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rbroker.base.display import fmt_mib
 from rbroker.broker.members import Members
 from rbroker.broker.project_names import ProjectNames
 from rbroker.broker.shares import Shares
-from rbroker.display import fmt_mib
 
 
 class HeadroomTooLarge(ValueError):

@@ -17,8 +17,8 @@
 
 from __future__ import annotations
 
+from rbroker.base.display import fmt_count
 from rbroker.broker.config import BrokerConfig
-from rbroker.display import fmt_count
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import AcquireParams
 

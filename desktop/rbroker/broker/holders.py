@@ -3,7 +3,7 @@
 A lease's holder is the process on the other end of its connection; memory NVML lists for
 that process or any of its descendants belongs to the lease. A pid alone is not an
 identity (pids are reused), so every check compares the process start time too, read on
-a clock that no wall-clock step moves (`rbroker.proctime.start_s`).
+a clock that no wall-clock step moves (`rbroker.base.proctime.start_s`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from rbroker.proctime import start_s
+from rbroker.base.proctime import start_s
 
 
 def signal_says_alive(pid: int) -> bool | None:
@@ -39,7 +39,7 @@ def signal_says_alive(pid: int) -> bool | None:
 
 @dataclass(frozen=True, slots=True)
 class Holder:
-    """A process identity: `pid` plus its start time (`rbroker.proctime.start_s`, s)."""
+    """A process identity: `pid` plus its start time (`rbroker.base.proctime.start_s`, s)."""
 
     pid: int
     start_time: float

@@ -39,11 +39,11 @@ from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
+from rbroker.base.display import fmt_count
 from rbroker.broker import listing
 from rbroker.broker.clock import Clock
 from rbroker.broker.fairness import cap
 from rbroker.broker.store import LeaseStore
-from rbroker.display import fmt_count
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.results import JobRecord, JobView
 

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rbroker.base.display import fmt_mib, short_uuid
 from rbroker.broker.holders import Holder, lineage
 from rbroker.broker.leases import Lease
 from rbroker.broker.lessor import Lessor
-from rbroker.display import fmt_mib, short_uuid
 from rbroker_protocol.errors import ErrorCode, RpcError
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Container, Iterator
 
-from rbroker._cuda import cuda_indices
+from rbroker.base.cuda import cuda_indices
 from rbroker.broker import listing
 from rbroker.broker.admission import Admission
 from rbroker.broker.clock import Clock
@@ -80,7 +80,7 @@ class ReadModel:
 
     def granted_gpus(self, lease: Lease) -> tuple[list[GrantedGpu], list[int] | None]:
         """The GPUs of `lease` in its order (`GrantedGpu`: index, NVML total, memory API) and
-        their CUDA indices (`rbroker._cuda.cuda_indices` over every GPU of this broker, None
+        their CUDA indices (`rbroker.base.cuda.cuda_indices` over every GPU of this broker, None
         when they may not name the same GPUs to CUDA): what a grant's answer carries."""
         gpus: list[GrantedGpu] = []
         for uuid in lease.gpu_uuids:

@@ -28,6 +28,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from rbroker.base.display import fmt_mib
 from rbroker.broker import own_leases
 from rbroker.broker.admission import Admission
 from rbroker.broker.clock import Clock
@@ -36,7 +37,6 @@ from rbroker.broker.leases import Lease, Waiter
 from rbroker.broker.lessor import Choice, Lessor
 from rbroker.broker.store import STORAGE_ERRORS, storage_unavailable
 from rbroker.broker.waiting import WaitQueue, new_future
-from rbroker.display import fmt_mib
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import MAX_MIB
 

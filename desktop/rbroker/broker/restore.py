@@ -8,7 +8,7 @@ token within `lease_reattach_grace_s` (seconds, not the TTL), or the lease ends 
 holder process lives on: a holder that left its lease while the broker was down must not
 keep memory booked for a whole TTL.
 
-Holder start times are stored as `rbroker.proctime` reads them, with what they mean
+Holder start times are stored as `rbroker.base.proctime` reads them, with what they mean
 (`holder_clock`, in the store's meta table): on Linux seconds since boot, with the boot's id.
 Figures of another boot belong to processes that no longer exist (a pid and start ticks
 repeat across boots, so they are never compared); a store written before the meta key
@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import psutil
 
+from rbroker.base.proctime import CLK_TCK, holder_clock
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Holder
@@ -32,7 +33,6 @@ from rbroker.broker.lessor import Lessor
 from rbroker.broker.members import Members
 from rbroker.broker.store import STORAGE_ERRORS, LeaseStore
 from rbroker.broker.waiting import WaitQueue, new_future
-from rbroker.proctime import CLK_TCK, holder_clock
 
 #: A stored start time → the one to compare with live processes; None: that process is gone.
 StartTranslation = Callable[[float], float | None]
@@ -172,7 +172,7 @@ def restore(
 
 def _start_translation(stored: str | None, current: str) -> StartTranslation:
     """How to read a stored holder start time, given the store's `holder_clock` and this
-    computer's now (`rbroker.proctime.holder_clock`): as it is (the same clock and boot);
+    computer's now (`rbroker.base.proctime.holder_clock`): as it is (the same clock and boot);
     as gone (another boot, or another kind of figure); or, for a store from before the key
     (Unix start times; on Linux only: elsewhere those were already the OS's creation
     times), less this boot's start, rounded to /proc's clock ticks."""

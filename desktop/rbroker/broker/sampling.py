@@ -52,7 +52,7 @@ def own_identity(chain: Chain, pid: int) -> Holder | None:
 class Listing:
     """What the broker remembers of one pid the driver lists on a GPU.
 
-    `since_proc_s` is the time, on the clock of process start times (`rbroker.proctime`), of
+    `since_proc_s` is the time, on the clock of process start times (`rbroker.base.proctime`), of
     the sample that began the pid's current, unbroken listing and `first_mib` what it showed
     then; `absent_samples` and `absent_since` (monotonic) count a pid missing from the
     latest samples while it is carried forward.

@@ -28,7 +28,9 @@ import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from rbroker._version import __version__
+from rbroker.base.display import fmt_mib, request_name
+from rbroker.base.eventloop import loop_name
+from rbroker.base.version import __version__
 from rbroker.broker import fairness, overgrant, own_leases, ticks
 from rbroker.broker.admission import Admission, NvmlProblem
 from rbroker.broker.capacity import Capacity
@@ -53,8 +55,6 @@ from rbroker.broker.store import STORAGE_ERRORS, LeaseStore, storage_unavailable
 from rbroker.broker.ticks import liveness_memo, tick_loop
 from rbroker.broker.waiting import WaitQueue
 from rbroker.broker.waiting_news import WaitingNews
-from rbroker.display import fmt_mib, request_name
-from rbroker.eventloop import loop_name
 from rbroker.gpu.fake_nvml import FakeNvml
 from rbroker.gpu.nvml import NvmlGateway, TelemetryError, describe
 from rbroker.gpu.presence import nvidia_device_present

@@ -13,13 +13,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rbroker import eventloop
+from rbroker.base import eventloop
+from rbroker.base.display import fmt_mib
+from rbroker.base.startup import os_error_line
 from rbroker.client.paths import ENV_SOCKET, default_data_dir, default_socket_path
-from rbroker.display import fmt_mib
 from rbroker.gpu.nvml import TelemetryError
 from rbroker.gpu.scenario import ScenarioError
 from rbroker.hosting.machine_lock import lock_name
-from rbroker.startup import os_error_line
 from rbroker.transport.base import BrokerAlreadyRunning, MachineLockHeld
 from rbroker.transport.pipe_windows import pipe_name_problem
 from rbroker.transport.system_paths import SYSTEM_DATA_DIR_LINUX, system_socket_path

@@ -29,7 +29,8 @@ from rich.markup import escape
 from rich.text import Text
 
 import rbroker
-from rbroker._children import HARD_KILL_NAME, STOP_SIGNALS, kill_tree
+from rbroker.base.children import HARD_KILL_NAME, STOP_SIGNALS, kill_tree
+from rbroker.base.display import fmt_mib, short_uuid
 from rbroker.cli.setup_ticker import SetupTicker
 from rbroker.cli.views import broker_view
 from rbroker.demo.coordinator import CoordinatorError, LocalCoordinator, server_available
@@ -42,7 +43,6 @@ from rbroker.demo.world import (
     WORKERS,
     job_command,
 )
-from rbroker.display import fmt_mib, short_uuid
 from rbroker.gpu.nvml import real_nvml_available
 from rbroker_protocol.eta import eta_words
 from rbroker_protocol.results import GpuView, ListedLease, QueuedRequest

@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from rbroker._version import __version__
+from rbroker.base.version import __version__
 from rbroker.client.paths import socket_option
 
 CLIENT_SOCKET_HELP = (

@@ -21,10 +21,10 @@ from typing import Any
 from rich.console import Console
 
 import rbroker
+from rbroker.base.display import REQUEST_PREFIX, fmt_mib, request_name
 from rbroker.cli.exits import unusable_exit
 from rbroker.cli.sheet import resolve_prefix
 from rbroker.cli.views import LEASE_PREFIX
-from rbroker.display import REQUEST_PREFIX, fmt_mib, request_name
 
 EX_USAGE = 2
 

@@ -1,7 +1,7 @@
 """`rbroker run --mib N -- CMD...`: hold a lease while CMD runs (architecture.md §3).
 
 Sets `CUDA_VISIBLE_DEVICES` (an index with `CUDA_DEVICE_ORDER=PCI_BUS_ID`, or the UUID for
-MIG slices; `--cuda-devices` chooses, see `rbroker._cuda`), `RBROKER_LEASE_ID` and what keeps
+MIG slices; `--cuda-devices` chooses, see `rbroker.base.cuda`), `RBROKER_LEASE_ID` and what keeps
 frameworks inside the grant (`rbroker._frameworks.framework_env`: `RBROKER_GRANTED_MIB`,
 `RBROKER_GPU_TOTAL_MIB`, `XLA_PYTHON_CLIENT_MEM_FRACTION`, `TF_FORCE_GPU_ALLOW_GROWTH`) in
 CMD's environment, replaces `{mib}`, `{fraction}` and `{gpu}` in CMD's arguments (no
@@ -9,7 +9,7 @@ other `{` is touched), forwards SIGINT/SIGTERM/SIGHUP to it, releases the lease 
 exits, and exits with its code (128 + N when it was killed by signal N). On Windows the
 console itself gives Ctrl-C and Ctrl-Break to CMD (it runs in `rbroker run`'s console process
 group): `rbroker run` outlives CMD to release the lease; CMD runs in a Job object that ends it
-when `rbroker run` ends (`rbroker._children`). The command line
+when `rbroker run` ends (`rbroker.base.children`). The command line
 itself never leaves this process: the lease's session and purpose default to the program's
 name only.
 
@@ -36,7 +36,6 @@ from rich.console import Console
 from rich.status import Status
 
 import rbroker
-from rbroker._children import STOP_SIGNALS, forward_signal, spawn
 from rbroker._frameworks import (
     PLACEHOLDER,
     fraction_text,
@@ -47,8 +46,9 @@ from rbroker._frameworks import (
     substitute,
 )
 from rbroker._lease import LEASE_LOST
+from rbroker.base.children import STOP_SIGNALS, forward_signal, spawn
+from rbroker.base.display import AHEAD_SAID, ahead_words, fmt_mib
 from rbroker.cli.exits import unusable_exit
-from rbroker.display import AHEAD_SAID, ahead_words, fmt_mib
 from rbroker_protocol.eta import eta_words
 from rbroker_protocol.localapi import AcquireParams
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
+from rbroker.base.display import REQUEST_PREFIX, fmt_count, fmt_mib, short_uuid
 from rbroker.cli.sheet import Cell, Column, Sheet, bar_column, unique_prefixes
-from rbroker.display import REQUEST_PREFIX, fmt_count, fmt_mib, short_uuid
 from rbroker_protocol.eta import eta_words as protocol_eta_words
 from rbroker_protocol.results import (
     GpuView,

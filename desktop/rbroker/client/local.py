@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rbroker._exceptions import BrokerUnavailable, InvalidParams, RBrokerError, from_rpc_error
+from rbroker.base.exceptions import BrokerUnavailable, InvalidParams, RBrokerError, from_rpc_error
 from rbroker.client.paths import ENV_SOCKET, FOUND_ENV, FOUND_OPTION, Candidate, discovery_order
 from rbroker.transport import connect
 from rbroker.transport.base import Stream

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from rbroker._children import spawn
+from rbroker.base.children import spawn
 
 
 def server_available() -> bool:
@@ -178,7 +178,7 @@ class LocalCoordinator:
         """Serve (again, after `stop()`) as a child process and, with `wait`, wait until
         `/healthz` answers (not with a `prefix`: the caller knows where it runs). With
         `bind` it leads its own process group and ends with this process
-        (`rbroker._children.spawn(new_group=True)`, what `ProcessGroup.adopt` expects).
+        (`rbroker.base.children.spawn(new_group=True)`, what `ProcessGroup.adopt` expects).
 
         Raises:
             CoordinatorError: already running; or the process exited or did not answer

@@ -18,7 +18,7 @@ import sys
 import time
 
 import rbroker
-from rbroker._children import die_with_parent
+from rbroker.base.children import die_with_parent
 
 CHUNKS = 24
 ITEMS_PER_CHUNK = 50

@@ -1,7 +1,7 @@
 """The processes of a demo world: brokers, lease-holding workers and jobs, started as real
 child processes that never outlive the demo.
 
-Every child leads its own process group and ends with the demo (`rbroker._children.spawn`:
+Every child leads its own process group and ends with the demo (`rbroker.base.children.spawn`:
 PR_SET_PDEATHSIG on Linux, a kill-on-close Job object on Windows), so a demo killed without
 cleanup leaves nothing behind; `ProcessGroup` stops them all (the group first, so a job's
 pool workers go too). A broker's address is `broker_address(root)`: a Unix socket in its
@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from rbroker._children import HARD_KILL, bind_to_parent, signal_tree, spawn
+from rbroker.base.children import HARD_KILL, bind_to_parent, signal_tree, spawn
 from rbroker.hosting.machine_lock import PER_SOCKET
 
 
@@ -106,7 +106,7 @@ class SimulatedBroker:
         Raises:
             RuntimeError: it exited or did not answer within `timeout_s` (with its log).
         """
-        from rbroker._exceptions import BrokerUnavailable
+        from rbroker.base.exceptions import BrokerUnavailable
         from rbroker.client.local import Client
 
         deadline = time.monotonic() + timeout_s
@@ -188,7 +188,7 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
 class ProcessGroup:
     """The children of one demo: `spawn()` them, and on exit (also on Ctrl-C) SIGTERM each
     child's process group, wait up to `grace_s` in all, then SIGKILL what is left (Windows:
-    each child's Job object is ended at once, `rbroker._children.signal_tree`)."""
+    each child's Job object is ended at once, `rbroker.base.children.signal_tree`)."""
 
     def __init__(self, grace_s: float = 5.0) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -215,7 +215,7 @@ class ProcessGroup:
 
     def adopt(self, proc: subprocess.Popen[bytes]) -> None:
         """Stop `proc` with the others (it must have been started by
-        `rbroker._children.spawn(new_group=True)`, as `spawn` does)."""
+        `rbroker.base.children.spawn(new_group=True)`, as `spawn` does)."""
         self.procs.append(proc)
 
     def stop(self) -> None:

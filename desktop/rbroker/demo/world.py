@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from rbroker._exceptions import RBrokerError
+from rbroker.base.exceptions import RBrokerError
 from rbroker.client.local import Client
 from rbroker.demo.processes import ProcessGroup, broker_address, worker_command
 from rbroker.hosting.embedded import EmbeddedBroker

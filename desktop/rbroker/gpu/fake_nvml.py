@@ -20,8 +20,8 @@ from typing import Any
 import psutil
 import pynvml
 
+from rbroker.base.proctime import start_s
 from rbroker.gpu.scenario import ScenarioError, SimGpu, init_error, load_scenario
-from rbroker.proctime import start_s
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,9 @@ from typing import Any
 
 import pynvml
 
+from rbroker.base.proctime import process_clock_s
 from rbroker.gpu.nvml_discovery import NvmlNotFound, preload_windows_nvml
 from rbroker.gpu.types import GpuInfo, GpuSample, ProcessSample, TelemetryState
-from rbroker.proctime import process_clock_s
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ class GpuSample:
     the memory read, so a process allocating or freeing mid-sample is never under-counted.
     `started_at` is the monotonic time the first NVML call of the sample began,
     `started_proc_s` the same instant on the clock of process start times
-    (`rbroker.proctime.process_clock_s`, so that the two compare).
+    (`rbroker.base.proctime.process_clock_s`, so that the two compare).
     `processes_known` is False when the driver's process list could not be read (not
     supported, not permitted, another pid namespace): per-process memory is then unknown.
     """

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import psutil
 
-from rbroker.proctime import holder_clock, start_s
+from rbroker.base.proctime import holder_clock, start_s
 from rbroker.transport.base import SYSTEM_LOCK_NAME, LockHolder, MachineLockHeld
 from rbroker.transport.safe_paths import check_private_path, open_nofollow
 from rbroker.transport.system_holder import HOLDER_FILE, authority_dir, read_system_holder

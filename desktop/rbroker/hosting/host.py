@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from rbroker.base.startup import check_data_dir
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.service import Broker
 from rbroker.broker.store import LeaseStore
@@ -28,7 +29,6 @@ from rbroker.hosting.machine_lock import (
 )
 from rbroker.localapi.access import broker_user
 from rbroker.localapi.server import LocalApi
-from rbroker.startup import check_data_dir
 from rbroker.transport.safe_paths import check_private_path, open_nofollow
 from rbroker.uplink.runner import run_uplink
 from rbroker_protocol.files import private_dir, set_mode

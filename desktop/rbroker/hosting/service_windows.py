@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rbroker._version import __version__
+from rbroker.base.version import __version__
 from rbroker.broker.config import CONFIG_FILE, BrokerConfig, ConfigFile, read_config
 from rbroker.hosting.win_acl import DataFolderNotTrusted
 from rbroker.transport.pipe_security import SERVICE_PIPE

@@ -48,7 +48,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from rbroker._version import __version__
+from rbroker.base.version import __version__
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.leases import Lease, Waiter
 from rbroker.broker.service import Broker

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from rbroker.proctime import holder_clock, start_s
+from rbroker.base.proctime import holder_clock, start_s
 from rbroker.transport.base import LockHolder
 from rbroker.transport.safe_paths import open_nofollow
 from rbroker.transport.system_paths import system_socket_path

@@ -12,7 +12,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from rbroker._version import __version__
+from rbroker.base.version import __version__
 from rbroker.client.paths import socket_option
 
 MISSING_QT = (

@@ -23,11 +23,11 @@ from PySide6.QtCore import QEvent, QObject, QTimer, Signal
 from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QApplication, QMenu, QSystemTrayIcon
 
-from rbroker._exceptions import RBrokerError
+from rbroker.base.exceptions import RBrokerError
+from rbroker.base.startup import check_broker_paths, os_error_line
 from rbroker.client.local import Client
 from rbroker.client.paths import default_data_dir, default_socket_path
 from rbroker.hosting.embedded import EmbeddedBroker
-from rbroker.startup import check_broker_paths, os_error_line
 from rbroker.tray import autostart, notification_server
 from rbroker.tray.fleet import FleetSource, NotEnrolled, UplinkFleet
 from rbroker.tray.fleet_tab import FleetFeed

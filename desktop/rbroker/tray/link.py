@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Signal
 
-from rbroker._exceptions import BrokerUnavailable, InvalidParams, RBrokerError
+from rbroker.base.exceptions import BrokerUnavailable, InvalidParams, RBrokerError
 from rbroker.client.local import Client
 from rbroker.tray.state import Snapshot
 from rbroker_protocol.results import JobView

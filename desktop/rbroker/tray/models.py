@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 
-from rbroker.display import fmt_mib, short_uuid
+from rbroker.base.display import fmt_mib, short_uuid
 from rbroker.tray.fleet import FleetComputer, FleetGpu, FleetJob, FleetLease, freshness_text
 from rbroker.tray.plain import clean, tool_tip
 from rbroker.tray.state import age_text

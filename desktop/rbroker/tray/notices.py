@@ -22,7 +22,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from rbroker.display import fmt_mib
+from rbroker.base.display import fmt_mib
 from rbroker.tray.state import Snapshot
 from rbroker_protocol.results import ListedLease
 

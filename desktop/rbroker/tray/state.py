@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import cast
 
-from rbroker.display import fmt_mib
+from rbroker.base.display import fmt_mib
 from rbroker_protocol.results import BrokerStatus, GpuView, JobView, ListedLease, QueuedRequest
 
 COORDINATOR_PROBLEM_LINKS = (

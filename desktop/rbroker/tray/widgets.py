@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from rbroker.display import fmt_mib, short_uuid
+from rbroker.base.display import fmt_mib, short_uuid
 from rbroker.tray.models import BADGE_ROLE, PROGRESS_ROLE, GpuRow
 from rbroker.tray.plain import PlainLabel, tool_tip
 

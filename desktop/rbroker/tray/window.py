@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from rbroker.display import fmt_count
+from rbroker.base.display import fmt_count
 from rbroker.tray.fleet_tab import FleetTab
 from rbroker.tray.icons import app_icon
 from rbroker.tray.models import (

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rbroker._version import __version__
+from rbroker.base.version import __version__
 from rbroker.broker.service import Broker
 from rbroker_protocol.reports import MAX_REPORT_BYTES, ReportPayload
 from rbroker_protocol.signing import ENVELOPE_VERSION, MAX_SEQ, encode_envelope

@@ -25,11 +25,11 @@ import pytest
 from rich.console import Console
 
 import rbroker
+from rbroker.base.display import fmt_mib
 from rbroker.cli.main import main
 from rbroker.cli.sheet import resolve_prefix, unique_prefixes
 from rbroker.cli.top import Source, frame, lost_line
 from rbroker.cli.views import broker_view, eta_words, gpu_labels, jobs_table
-from rbroker.display import fmt_mib
 from tests.conftest import GPU0, GPU1, BrokerProcess, start_broker, wait_until
 from tests.desktop.jobhelp import declare
 from tests.fakes.gpu_scenarios import gpu, scenario

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rbroker._children import HARD_KILL
+from rbroker.base.children import HARD_KILL
 from rbroker.gpu.scenario import TIMERS, ScenarioError, parse_scenario, scenario_timers
 from tests.conftest import SINGLE_24G, short_tmp, start_broker, wait_until
 

@@ -26,7 +26,7 @@ from types import ModuleType
 import pytest
 
 import rbroker
-from rbroker._children import HARD_KILL, spawn
+from rbroker.base.children import HARD_KILL, spawn
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Holder
 from rbroker.broker.service import Broker

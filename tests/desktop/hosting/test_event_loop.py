@@ -1,4 +1,4 @@
-"""The broker's event loop (`rbroker.eventloop`, docs/architecture.md §5): uvloop where it is
+"""The broker's event loop (`rbroker.base.eventloop`, docs/architecture.md §5): uvloop where it is
 installed, the standard asyncio loop elsewhere or when asked, a clear refusal for a loop
 that does not exist. The local API's hostile-input tests run on both loops."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rbroker import eventloop
+from rbroker.base import eventloop
 from tests.conftest import SINGLE_24G, start_broker
 from tests.desktop.conftest import start_simulated_broker
 

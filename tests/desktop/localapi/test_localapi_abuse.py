@@ -6,7 +6,7 @@ Figures measured before the bounds existed (issue "hostile clients"): one client
 while other clients' lease cycles took 7–9 s; 1 030 connections that each sent half a line
 made the broker refuse everyone at a 1 024-file limit; any local user could pause
 admissions; a lone surrogate in a request id left the request unanswered. The tests on
-the `broker` fixture run on both event loops the broker may use (`rbroker.eventloop`).
+the `broker` fixture run on both event loops the broker may use (`rbroker.base.eventloop`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every case gets a JSON-RPC error whose `data.name` is a stable code of
 `rbroker_protocol.errors`, with the numbers in the message; the same connection keeps
 answering and the broker process stays alive. Every case runs on both event loops the broker
-may use (uvloop where installed, the standard asyncio loop: `rbroker.eventloop`).
+may use (uvloop where installed, the standard asyncio loop: `rbroker.base.eventloop`).
 """
 
 from __future__ import annotations

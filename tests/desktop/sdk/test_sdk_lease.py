@@ -16,7 +16,7 @@ import pytest
 
 import rbroker
 from rbroker import Lease
-from rbroker._exceptions import from_rpc_error
+from rbroker.base.exceptions import from_rpc_error
 from rbroker.demo.processes import broker_address
 from rbroker.hosting.embedded import EmbeddedBroker
 from rbroker.hosting.host import make_config

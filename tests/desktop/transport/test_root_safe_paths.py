@@ -274,14 +274,14 @@ def test_a_holder_file_of_a_dead_process_names_nobody(
     import json
     import subprocess
 
-    from rbroker.proctime import holder_clock
+    from rbroker.base.proctime import holder_clock
     from rbroker.transport.system_holder import HOLDER_FILE, read_system_holder
 
     child = subprocess.Popen(["sleep", "30"])
     try:
         import psutil
 
-        from rbroker.proctime import start_s
+        from rbroker.base.proctime import start_s
 
         started = start_s(psutil.Process(child.pid))
         run = root / "run"

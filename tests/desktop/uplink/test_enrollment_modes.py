@@ -16,9 +16,9 @@ from typing import Any
 import nacl.signing
 import pytest
 
+from rbroker.base.startup import check_broker_paths
 from rbroker.broker.store import LeaseStore
 from rbroker.hosting.host import DataDirLock
-from rbroker.startup import check_broker_paths
 from rbroker.uplink.config import FILE_NAME, UnsafeEnrollment, UplinkConfig
 from rbroker.uplink.enroll import EnrollError, enroll
 from rbroker.uplink.fleet import FleetError, fetch_fleet

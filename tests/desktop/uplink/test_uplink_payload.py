@@ -11,7 +11,7 @@ from typing import Any
 import nacl.signing
 import pytest
 
-from rbroker._version import __version__
+from rbroker.base.version import __version__
 from rbroker.uplink.payload import build_payload, fair_order, keep_fairly, max_payload_bytes
 from rbroker_protocol.reports import MAX_REPORT_BYTES, ReportPayload
 from rbroker_protocol.signing import MAX_SEQ, encode_envelope, sign_report

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import rbroker
-from rbroker.display import short_uuid
+from rbroker.base.display import short_uuid
 from tests.conftest import GPU0, GPU1, BrokerProcess, wait_until
 from tests.desktop.conftest import RawConnection, WorkerProcess
 from tests.fakes.gpu_scenarios import gpu, scenario

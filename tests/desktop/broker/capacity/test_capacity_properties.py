@@ -5,13 +5,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rbroker.base.display import explain, fmt_mib
 from rbroker.broker.capacity import (
     HEADROOM_MIN_MIB,
     Capacity,
     default_headroom_mib,
     outstanding_mib,
 )
-from rbroker.display import explain, fmt_mib
 
 MIB_MAX = 16 * 1024 * 1024
 totals = st.integers(min_value=1, max_value=MIB_MAX)

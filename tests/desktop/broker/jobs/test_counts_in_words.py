@@ -1,5 +1,5 @@
 """Counts of a thousand or more in the broker's refusals are grouped as MiB are
-(`rbroker.display.fmt_mib`: `1 024`), on the in-process harness."""
+(`rbroker.base.display.fmt_mib`: `1 024`), on the in-process harness."""
 
 from __future__ import annotations
 
