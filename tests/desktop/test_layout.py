@@ -1,7 +1,8 @@
-"""The package layout stays easy to hold (issues 11 and 30): the broker is reached only
+"""The package layout stays easy to hold (issues 11, 30 and 40): the broker is reached only
 through the methods of its one façade, imports run one way (no import circle between
-modules, no arrow from a lower room to a higher one), every module says what it is for, and
-the embedded coordinator and the demo world are started in one place each.
+modules, no arrow from a lower room to a higher one), every room is a folder and every
+module sits in its room's (the package top holds the SDK alone), every module says what it
+is for, and the embedded coordinator and the demo world are started in one place each.
 
 Module sizes are not capped: a cohesive owner may be long (issue 30)."""
 
@@ -19,6 +20,16 @@ ROOT = Path(__file__).resolve().parents[2]
 DESKTOP = ROOT / "desktop" / "rbroker"
 FACADE = DESKTOP / "broker" / "service.py"
 
+SDK: tuple[str, ...] = (
+    "rbroker",
+    "rbroker._lease",
+    "rbroker._lease_record",
+    "rbroker._job",
+    "rbroker._frameworks",
+)
+"""The SDK, the only modules at the package top (`rbroker` is its `__init__`) but the command
+line's door, `rbroker.__main__` (`python -m rbroker`)."""
+
 ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("protocol", ("rbroker_protocol",)),
     ("base", ("rbroker.base",)),
@@ -27,16 +38,7 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gpu", ("rbroker.gpu",)),
     ("broker", ("rbroker.broker",)),
     ("localapi", ("rbroker.localapi",)),
-    (
-        "sdk",
-        (
-            "rbroker",
-            "rbroker._lease",
-            "rbroker._lease_record",
-            "rbroker._job",
-            "rbroker._frameworks",
-        ),
-    ),
+    ("sdk", SDK),
     ("uplink", ("rbroker.uplink",)),
     ("hosting", ("rbroker.hosting",)),
     ("demo", ("rbroker.demo",)),
@@ -44,7 +46,9 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cli", ("rbroker.cli", "rbroker.__main__")),
 )
 """The rooms of the desktop package, lowest first: a module imports only from its own room
-or a lower one (docs/architecture.md §1). `rbroker` alone is the SDK's `__init__`."""
+or a lower one (docs/architecture.md §1). Every room but the SDK is a folder (`rbroker.X`:
+`desktop/rbroker/X/`, and the protocol `shared/rbroker_protocol/`); the SDK and the command
+line's `__main__` are named module by module, the files at the package top."""
 
 BACK_ARROWS_FOR_NOW: set[tuple[str, str]] = set()
 """Imports from a lower room to a higher one not yet undone (issue 30; this set only shrinks)."""
@@ -235,6 +239,87 @@ def test_the_graph_checks_are_not_vacuous() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
     assert room_of("rbroker") == room_of("rbroker._lease") != room_of("rbroker.tray.app")
     assert room_of("rbroker.gpu.nvml") < room_of("rbroker.broker.service")  # type: ignore[operator]
+
+
+# -- every room a folder ---------------------------------------------------------------------
+AT_THE_TOP = (*SDK, "rbroker.__main__")
+"""The modules ROOMS may name one by one: the files at the package top."""
+
+
+def room_by_place(path: str) -> str | None:
+    """The room a file of `desktop/rbroker/` sits in by its place (`path` under it,
+    `/`-separated): a file at the top is the module ROOMS names exactly (the SDK, or the
+    command line's `__main__`); a file in a folder (at any depth) is in the room whose prefix
+    is that folder. None: misplaced (a file at the top that is no SDK module, or a folder that
+    is no room)."""
+    parts = path.removesuffix(".py").split("/")
+    if len(parts) == 1:
+        module = "rbroker" if parts[0] == "__init__" else f"rbroker.{parts[0]}"
+        if module not in AT_THE_TOP:
+            return None
+    else:
+        module = f"rbroker.{parts[0]}"
+    for name, prefixes in ROOMS:
+        if module in prefixes:
+            return name
+    return None
+
+
+def test_every_room_is_a_folder_and_the_top_holds_the_sdk() -> None:
+    """Each room's prefix is one folder of `desktop/rbroker/` (a package), the SDK's modules
+    and `__main__` aside, and no two rooms name the same place."""
+    named = [p for _, prefixes in ROOMS for p in prefixes]
+    assert len(named) == len(set(named)), "a place in two rooms"
+    for name, prefixes in ROOMS:
+        for prefix in prefixes:
+            if name == "protocol":
+                assert (ROOT / "shared" / prefix / "__init__.py").is_file()
+            elif prefix in AT_THE_TOP:
+                module = "__init__" if prefix == "rbroker" else prefix.split(".")[1]
+                assert (DESKTOP / f"{module}.py").is_file(), prefix
+            else:
+                folder = prefix.removeprefix("rbroker.")
+                assert "." not in folder, f"{prefix}: a room is a whole folder"
+                assert (DESKTOP / folder / "__init__.py").is_file(), f"{prefix}: no such folder"
+
+
+def test_every_module_sits_in_its_rooms_folder() -> None:
+    """Issue 40: a module's folder is its room (`room_by_place`), and the room its place says
+    is the one the import checks give it (`room_of`)."""
+    misplaced = []
+    for path in sorted(DESKTOP.rglob("*.py")):
+        rel = path.relative_to(DESKTOP).as_posix()
+        module = _module_name("rbroker", DESKTOP, path)
+        room = room_by_place(rel)
+        if room is None:
+            misplaced.append(f"desktop/rbroker/{rel}: in no room's folder")
+        elif room_of(module) != [n for n, _ in ROOMS].index(room):
+            misplaced.append(f"desktop/rbroker/{rel}: its place says {room}, ROOMS another")
+    assert misplaced == []
+
+
+@pytest.mark.parametrize(
+    ("path", "room"),
+    [
+        ("__init__.py", "sdk"),
+        ("_lease.py", "sdk"),
+        ("_frameworks.py", "sdk"),
+        ("__main__.py", "cli"),
+        ("base/display.py", "base"),
+        ("base/__init__.py", "base"),
+        ("hosting/host.py", "hosting"),
+        ("hosting/service_windows.py", "hosting"),
+        ("broker/deeper/part.py", "broker"),
+        ("startup.py", None),  # a base module back at the top
+        ("host.py", None),  # hosting's
+        ("_exceptions.py", None),
+        ("base.py", None),  # a room's name, but a file at the top
+        ("helpers/util.py", None),  # a folder that is no room
+        ("sdk/lease.py", None),  # the SDK is named module by module, not a folder
+    ],
+)
+def test_the_place_check_catches_what_it_should(path: str, room: str | None) -> None:
+    assert room_by_place(path) == room
 
 
 # -- what every module says, and where things start -----------------------------------------
