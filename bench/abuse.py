@@ -48,7 +48,8 @@ from tests.fakes.reports import GPU_A, payload, signed_body
 
 import rbroker
 from rbroker.demo.coordinator import LocalCoordinator
-from rbroker.localapi.connection import MAX_CONNECTIONS_PER_USER, MAX_UNSENT_BYTES
+from rbroker.localapi.connection import MAX_UNSENT_BYTES
+from rbroker.localapi.limits import MAX_CONNECTIONS_PER_USER
 from rbroker_protocol.reports import GpuReport
 from rbroker_protocol.signing import public_key_b64
 

@@ -12,7 +12,7 @@
 - **Per-user caps**, each refused at once with its own name and the numbers (`limit`,
   `count`): waiting requests (`too_many_waiting`), live leases (`too_many_leases`) and jobs
   not yet finished (`too_many_jobs`, checked by `rbroker.broker.jobs`). The caps on unsent
-  answer bytes are the local API's (`rbroker.localapi.connection.UnsentBudget`).
+  answer bytes are the local API's (`rbroker.localapi.limits.UnsentBudget`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ as an `event` notification `{kind, data}` whether or not that connection subscri
 `over_grant` (the SDK turns it into a Python warning) and `lease_ended` (`{lease_id, state,
 ended_reason}`: the lease was ended by someone other than its holder, e.g. "released by
 admin <user>"; the SDK marks the lease lost). A subscribed connection already gets them with
-every other event, not twice.
+every other event, not twice. And to the connection of a `lease.acquire` that waits, its
+place in the queue as it changes (`tell_waiting`: the `waiting` event).
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Any
 
+from rbroker.broker.eta import retell
+from rbroker.broker.leases import Waiter
 from rbroker.broker.service import Broker
 from rbroker.localapi.connection import MAX_EVENT_BACKLOG, Connection
+from rbroker_protocol.results import QueuedRequest
 
 log = logging.getLogger(__name__)
 
@@ -74,3 +78,31 @@ def subscribe(broker: Broker, conn: Connection) -> None:
         conn.event_backlog -= 1
 
     conn.unsubscribe = broker.subscribe(push)
+
+
+async def tell_waiting(conn: Connection, broker: Broker, waiter: Waiter) -> None:
+    """Send `conn` an `event` notification of kind `waiting` (the queue entry: request_id,
+    reason, reason_kind, reason_data, ahead, waiting_s, eta_s, eta_reason) each time the
+    broker tells a new entry of its queued request `waiter` (`Broker.watch_waiting`: pushed
+    on each change) and its reason changed or its estimate moved (`retell`); runs until
+    cancelled (when the `lease.acquire` ends) or the connection closes."""
+    latest: list[QueuedRequest] = []
+    news = asyncio.Event()
+
+    def tell(entry: QueuedRequest) -> None:
+        latest[:] = [entry]
+        news.set()
+
+    told: QueuedRequest | None = None  # the entry last sent
+    stop = broker.watch_waiting(waiter, tell)
+    try:
+        while not conn.closed:
+            await news.wait()
+            news.clear()
+            data = latest[0]
+            if retell(told, data):
+                told = data
+                event = {"kind": "waiting", "data": data}
+                await conn.send({"jsonrpc": "2.0", "method": "event", "params": event})
+    finally:
+        stop()

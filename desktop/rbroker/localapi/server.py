@@ -56,19 +56,20 @@ from rbroker.localapi import holder_events
 from rbroker.localapi.access import connect_refusal, is_admin
 from rbroker.localapi.connection import (
     LINE_TIMEOUT_S,
-    MAX_CONNECTIONS_PER_USER,
     MAX_EVENT_BACKLOG,
     MAX_IN_FLIGHT,
     MAX_UNSENT_BYTES,
     UNSENT_DROP_AFTER_S,
     Connection,
+)
+from rbroker.localapi.internal_errors import InternalErrors
+from rbroker.localapi.limits import (
+    MAX_CONNECTIONS_PER_USER,
     PerUserLimit,
     Turns,
     UnsentBudget,
     raise_open_file_limit,
-    tell_waiting,
 )
-from rbroker.localapi.internal_errors import InternalErrors
 from rbroker.localapi.requests import Refused, decode, granted, lease_result, method_of
 from rbroker.transport import serve
 from rbroker.transport.base import ListeningServer, PeerOf, account_of
@@ -401,7 +402,7 @@ class LocalApi:
     ) -> AcquireResult:
         watch = None
         if p.notify_waiting and p.wait_s > 0 and p.request_key:
-            watch = asyncio.create_task(tell_waiting(conn, self.broker, waiter))
+            watch = asyncio.create_task(holder_events.tell_waiting(conn, self.broker, waiter))
         try:
             return granted(await self.broker.await_waiter(waiter), self.broker)
         finally:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from rbroker.localapi.connection import Connection, Turns
+from rbroker.localapi.connection import Connection
+from rbroker.localapi.limits import Turns
 
 
 class _Lines:
