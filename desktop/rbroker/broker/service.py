@@ -950,7 +950,7 @@ class Broker:
 
 
 def _event_loop() -> str | None:
-    """`uvloop` or `asyncio` (see `rbroker.eventloop`); None outside a running loop."""
+    """`uvloop` or `asyncio` (see `rbroker.base.eventloop`); None outside a running loop."""
     try:
         return loop_name(asyncio.get_running_loop())
     except RuntimeError:
