@@ -131,7 +131,7 @@ def clone_computers(engine: sa.Engine, source_id: str, n: int) -> None:
     enrolling and reporting each (not part of any timed figure)."""
     if n <= 0:
         return
-    from rbroker_server.models import Computer as ComputerRow
+    from rbroker_server.db.models import Computer as ComputerRow
 
     table = ComputerRow.__table__  # type: ignore[attr-defined]
     with engine.begin() as conn:

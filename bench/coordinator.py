@@ -87,7 +87,7 @@ def ingest_rate(engine: sa.Engine, per_computer: list[list[bytes]]) -> float:
     computers at once (as the HTTP load sends them)."""
     import anyio
 
-    from rbroker_server.db import utcnow
+    from rbroker_server.db.engine import utcnow
     from rbroker_server.reports.ingest import ReportIngest
     from rbroker_server.settings import Settings
 
@@ -221,7 +221,7 @@ def rotated(kinds: Sequence[str], round_no: int) -> list[str]:
 def run_backend(database_url: str | None, args: Any, processes: int) -> Figures:
     """All rounds on one database (None: SQLite in the data dir) with up to `processes`
     `serve` processes, then the fleet read."""
-    from rbroker_server import db
+    from rbroker_server.db import engine as db
     from rbroker_server.settings import Settings
 
     server = start_server(database_url)

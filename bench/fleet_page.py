@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server = start_server(None)
     try:
-        from rbroker_server import db
+        from rbroker_server.db import engine as db
 
         engine = db.make_engine(f"sqlite:///{(server.data_dir / 'rbroker-server.db').as_posix()}")
         (first,) = enroll(engine, 1, 0)

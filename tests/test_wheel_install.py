@@ -132,11 +132,11 @@ def test_wheel_carries_icons_migrations_and_package_data(built_wheel: Path) -> N
     assert "tray-idle.svg" in icons and "rbroker.png" in icons
     for icon in icons:
         assert f"rbroker/tray/assets/{icon}" in names, f"icon {icon} missing from the wheel"
-    migrations = ROOT / "server" / "rbroker_server" / "migrations"
+    migrations = ROOT / "server" / "rbroker_server" / "db" / "migrations"
     revisions = sorted(p.name for p in (migrations / "versions").glob("*.py"))
     assert revisions, "no migration revisions in the source tree"
     for name in ["env.py", "script.py.mako", *(f"versions/{r}" for r in revisions)]:
-        assert f"rbroker_server/migrations/{name}" in names, f"migration {name} missing"
+        assert f"rbroker_server/db/migrations/{name}" in names, f"migration {name} missing"
     # every file of every package (templates, static files, data) travels in the wheel
     for src, dest in PACKAGES.items():
         for path in src.rglob("*"):

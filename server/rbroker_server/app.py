@@ -24,9 +24,12 @@ from litestar.template import TemplateConfig
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
-from rbroker_server import __version__, db, dbfaults, maintenance
+from rbroker_server import __version__
 from rbroker_server.answers import json_error
 from rbroker_server.apidocs import DocsRenderPlugin, errors
+from rbroker_server.db import engine as db
+from rbroker_server.db import faults as dbfaults
+from rbroker_server.db import maintenance
 from rbroker_server.edge import HeadAsGet
 from rbroker_server.enroll.controller import EnrollController
 from rbroker_server.fleet.controller import FleetController

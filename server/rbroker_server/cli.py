@@ -134,7 +134,7 @@ def open_database(url: str, where: str, *, migrate: bool = True) -> Engine:
     """
     import sqlalchemy as sa
 
-    from rbroker_server import db
+    from rbroker_server.db import engine as db
     from rbroker_server.startup import database_failure
 
     engine = None
@@ -200,8 +200,9 @@ def _ask(prompt: str, default: str, interactive: bool) -> str:
 def cmd_setup(args: argparse.Namespace) -> int:
     import sqlalchemy as sa
 
-    from rbroker_server import db, tls
+    from rbroker_server import tls
     from rbroker_server.admin import operations as admin
+    from rbroker_server.db import engine as db
 
     interactive = not args.non_interactive and sys.stdin.isatty()
     data_dir = Path(_ask("Data directory", str(args.data_dir), interactive)).resolve()
@@ -472,7 +473,7 @@ def cmd_computer(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from rbroker_server import db
+    from rbroker_server.db import engine as db
 
     engine = _engine(args)  # upgraded
     try:

@@ -139,9 +139,9 @@ class DbHits:
     ) -> None:
         if limit < 1 or window_s <= 0:
             raise ValueError("need limit >= 1 and window_s > 0")
-        from rbroker_server.models import RateLimitHit
+        from rbroker_server.db.tables import RATE_LIMIT_HITS
 
-        self.table: sa.Table = RateLimitHit.__table__  # type: ignore[attr-defined]
+        self.table: sa.Table = RATE_LIMIT_HITS
         self.engine = engine
         self.kind = kind
         self.limit = limit
@@ -172,7 +172,7 @@ class DbHits:
     def hit(self, key: str) -> float:
         """Count one hit for `key` (whatever its wait); returns the wait after it (0.0:
         another hit is allowed now)."""
-        from rbroker_server.db import write_lock
+        from rbroker_server.db.engine import write_lock
 
         t = self.table
         now = self._clock()
@@ -187,7 +187,7 @@ class DbHits:
 
     def reset(self, key: str) -> None:
         """Forget `key`'s hits."""
-        from rbroker_server.db import write_lock
+        from rbroker_server.db.engine import write_lock
 
         t = self.table
         with write_lock(self.engine), self.engine.begin() as conn:
@@ -196,10 +196,9 @@ class DbHits:
 
 def prune_hits(engine: Engine, *, older_than_s: float, now: float | None = None) -> int:
     """Delete every counted hit older than `older_than_s` (the longest window); returns how
-    many (`rbroker_server.maintenance.prune`)."""
-    from rbroker_server.models import RateLimitHit
+    many (`rbroker_server.db.maintenance.prune`)."""
+    from rbroker_server.db.tables import RATE_LIMIT_HITS as t
 
-    t = RateLimitHit.__table__  # type: ignore[attr-defined]
     cutoff = (time.time() if now is None else now) - older_than_s
     with engine.begin() as conn:
         return int(conn.execute(sa.delete(t).where(t.c.at < cutoff)).rowcount or 0)

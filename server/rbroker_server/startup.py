@@ -54,7 +54,7 @@ def check_database(settings: Settings) -> str:
     """
     import sqlalchemy as sa
 
-    from rbroker_server import db
+    from rbroker_server.db import engine as db
 
     url = settings.db_url
     where = f"database_url in {settings.data_dir / CONFIG_NAME}"

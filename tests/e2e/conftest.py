@@ -64,8 +64,8 @@ class CoordinatorProcess(LocalCoordinator):
         return other
 
     def _admin(self, action: Callable[[Any, Any], str]) -> str:
-        from rbroker_server import db
         from rbroker_server.admin import operations as admin
+        from rbroker_server.db import engine as db
 
         engine = db.make_engine(self.database_url or f"sqlite:///{self.db_path.as_posix()}")
         try:

@@ -29,9 +29,9 @@ from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
 from rbroker_protocol.reports import ReportPayload
-from rbroker_server import db
 from rbroker_server.admin import operations as admin
 from rbroker_server.app import create_app
+from rbroker_server.db import engine as db
 from rbroker_server.settings import Settings
 from tests.fakes.reports import payload
 from tests.pg import PG_ENV, pg_base_url, pg_url, scratch_schema
@@ -127,7 +127,7 @@ class Coordinator:
         return r.json()
 
     def row(self, computer_id: str) -> Any:
-        from rbroker_server.models import Computer
+        from rbroker_server.db.models import Computer
 
         table = Computer.__table__  # type: ignore[attr-defined]
         with self.engine.connect() as conn:

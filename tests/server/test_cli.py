@@ -148,7 +148,7 @@ def test_admin_commands(
 
     # Enroll through the service, then list and revoke through the CLI.
     from rbroker_protocol.enroll import EnrollRequest
-    from rbroker_server import db
+    from rbroker_server.db import engine as db
     from rbroker_server.enroll.service import enroll
     from rbroker_server.settings import Settings
 
@@ -257,7 +257,7 @@ def test_enroll_code_list_and_revoke(tmp_path: Path, capsys: pytest.CaptureFixtu
 
     from rbroker_protocol import signing
     from rbroker_protocol.enroll import EnrollRequest
-    from rbroker_server import db
+    from rbroker_server.db import engine as db
     from rbroker_server.enroll.service import EnrollRefused, enroll
     from rbroker_server.settings import Settings
 

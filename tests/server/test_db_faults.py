@@ -26,7 +26,7 @@ import pytest
 import sqlalchemy as sa
 
 from rbroker_protocol.reports import LeaseReport
-from rbroker_server.models import HealthCheck
+from rbroker_server.db.models import HealthCheck
 from rbroker_server.settings import Settings
 from tests.fakes.reports import payload
 from tests.private_pg import private_postgres
@@ -50,8 +50,8 @@ class _Records(logging.Handler):
 
 @pytest.fixture
 def fault_log() -> Iterator[_Records]:
-    """The lines of `rbroker_server.dbfaults` (a handler on its own logger)."""
-    logger = logging.getLogger("rbroker_server.dbfaults")
+    """The lines of `rbroker_server.db.faults` (a handler on its own logger)."""
+    logger = logging.getLogger("rbroker_server.db.faults")
     records = _Records()
     logger.addHandler(records)
     old = logger.level
@@ -246,7 +246,7 @@ def test_full_disk_gives_503_one_line_and_healthz_fails(fault_log: _Records) -> 
 
 
 def test_fault_reasons_never_show_the_error_text() -> None:
-    from rbroker_server.dbfaults import reason
+    from rbroker_server.db.faults import reason
 
     secret_host = "db.internal.example.org"
     exc: Any = sa.exc.OperationalError(

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from rbroker_protocol import signing
 from rbroker_server.admin import operations as admin
-from rbroker_server.models import EnrollCode
+from rbroker_server.db.models import EnrollCode
 from tests.server.conftest import Coordinator
 
 

@@ -14,8 +14,8 @@ from rbroker_protocol import signing
 from rbroker_protocol.fleet import RoomView
 from rbroker_protocol.reports import GpuReport, QueueEntry, TelemetryStateName
 from rbroker_server.admin import operations as admin
-from rbroker_server.db import utcnow
-from rbroker_server.fleet.service import COMPUTERS
+from rbroker_server.db.engine import utcnow
+from rbroker_server.db.tables import COMPUTERS
 from tests.fakes.reports import gpu_report, payload
 from tests.server.conftest import Coordinator, EnrolledComputer
 

@@ -18,19 +18,16 @@ from sqlalchemy.engine import Connection, Engine
 
 from rbroker_protocol import signing
 from rbroker_protocol.enroll import EnrollRequest
-from rbroker_server import db
 from rbroker_server.admin import operations as admin
+from rbroker_server.db import engine as db
+from rbroker_server.db.tables import COMPUTERS, HEALTH
 from rbroker_server.enroll import service as enroll_service
-from rbroker_server.models import Computer, HealthCheck
 from rbroker_server.reports import service
 from rbroker_server.reports.cache import load_view
 from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.reports.writer import GroupCommitWriter, WriterClosed
 from rbroker_server.settings import Settings
 from tests.fakes.reports import payload, signed_body
-
-HEALTH = HealthCheck.__table__  # type: ignore[attr-defined]
-COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
 
 
 def _count_commits(engine: Engine) -> list[int]:

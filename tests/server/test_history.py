@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
-from rbroker_server import maintenance
-from rbroker_server.db import utcnow
+from rbroker_server.db import maintenance
+from rbroker_server.db.engine import utcnow
 from tests.server.conftest import Coordinator, wait_until_true
 
 

@@ -9,8 +9,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from rbroker_server import db
-from rbroker_server.models import metadata
+from rbroker_server.db import engine as db
+from rbroker_server.db.models import metadata
 
 
 def test_revision_files_are_dated() -> None:

@@ -72,4 +72,4 @@ def test_wheel_carries_the_web_view(tmp_path: Path) -> None:
         for path in (web / sub).iterdir():
             assert f"rbroker_server/web/{sub}/{path.name}" in names, path.name
     assert "rbroker_server/web/static/uPlot.LICENSE.txt" in names
-    assert "rbroker_server/migrations/versions/2026_11_30_0002_web_sessions.py" in names
+    assert "rbroker_server/db/migrations/versions/2026_11_30_0002_web_sessions.py" in names

@@ -12,8 +12,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from rbroker_server import db
 from rbroker_server.admin import operations as admin
+from rbroker_server.db import engine as db
 from rbroker_server.reports import statements as st
 
 

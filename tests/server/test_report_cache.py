@@ -18,12 +18,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
-from rbroker_server import db
 from rbroker_server.admin import operations as admin
-from rbroker_server.models import Computer
+from rbroker_server.db import engine as db
+from rbroker_server.db.tables import COMPUTERS
 from tests.server.conftest import Coordinator
 
-COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
 JSON = {"content-type": "application/json"}
 
 

@@ -143,8 +143,8 @@ def test_a_newer_report_written_by_another_process_is_checked_by_the_write(
     and the fresh read answers `run_outdated`."""
     import sqlalchemy as sa
 
-    from rbroker_server.db import write_transaction
-    from rbroker_server.models import Computer
+    from rbroker_server.db.engine import write_transaction
+    from rbroker_server.db.models import Computer
 
     coordinator.group("vision")
     pc = coordinator.enroll("vision")

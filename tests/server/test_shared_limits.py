@@ -21,9 +21,9 @@ import pytest
 import sqlalchemy as sa
 
 from rbroker_protocol import signing
-from rbroker_server import db
 from rbroker_server.admin import operations as admin
-from rbroker_server.maintenance import prune
+from rbroker_server.db import engine as db
+from rbroker_server.db.maintenance import prune
 from rbroker_server.net import limit_key
 from rbroker_server.ratelimit import SIGNIN_ATTEMPTS, DbHits, Throttle
 from rbroker_server.settings import Settings

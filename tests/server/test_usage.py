@@ -19,7 +19,8 @@ import sqlalchemy as sa
 from rbroker_protocol import signing
 from rbroker_protocol.reports import LeaseReport
 from rbroker_protocol.usage import UsageView
-from rbroker_server import db, maintenance
+from rbroker_server.db import engine as db
+from rbroker_server.db import maintenance
 from rbroker_server.reports import service
 from rbroker_server.reports.cache import load_view
 from rbroker_server.usage import rollup

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from rbroker_protocol.reports import LeaseReport
 from rbroker_protocol.usage import OTHER_NAME, UsageView
-from rbroker_server import db
+from rbroker_server.db import engine as db
 from rbroker_server.usage.bound import UsageNames
 from tests.fakes.reports import GPU_A, payload
 from tests.server.conftest import Coordinator, EnrolledComputer

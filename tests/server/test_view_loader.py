@@ -15,16 +15,14 @@ from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
 from rbroker_protocol.enroll import EnrollRequest
-from rbroker_server import db
 from rbroker_server.admin import operations as admin
+from rbroker_server.db import engine as db
+from rbroker_server.db.tables import COMPUTERS
 from rbroker_server.enroll import service as enroll_service
-from rbroker_server.models import Computer
 from rbroker_server.reports.cache import ComputerCache, ViewLoader
 from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.settings import Settings
 from tests.fakes.reports import payload, signed_body
-
-COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
 
 
 def _enrolled(engine: Engine, n: int) -> list[tuple[str, nacl.signing.SigningKey]]:

@@ -14,8 +14,8 @@ from sqlmodel import Session, col, select
 
 from rbroker_server.admin.errors import AdminError
 from rbroker_server.credentials import ENROLL_PREFIX, VIEWER_PREFIX, new_credential
-from rbroker_server.db import utcnow
-from rbroker_server.models import Computer, EnrollCode, Group, ViewerToken
+from rbroker_server.db.engine import utcnow
+from rbroker_server.db.models import Computer, EnrollCode, Group, ViewerToken
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,13 +22,9 @@ from rbroker_protocol.signing import (
     verify_request,
 )
 from rbroker_server.credentials import VIEWER_PREFIX, parse_credential, secret_matches
-from rbroker_server.db import utcnow, write_lock
-from rbroker_server.models import Computer, RequestNonce, ViewerToken
+from rbroker_server.db.engine import utcnow, write_lock
+from rbroker_server.db.tables import COMPUTERS, NONCES, TOKENS
 from rbroker_server.settings import Settings
-
-TOKENS = ViewerToken.__table__  # type: ignore[attr-defined]
-COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
-NONCES = RequestNonce.__table__  # type: ignore[attr-defined]
 
 
 class Unauthenticated(Exception):

@@ -12,14 +12,10 @@ from rbroker_protocol.descriptions import DescriptionRejected, check_description
 from rbroker_protocol.enroll import EnrollRequest, EnrollResponse
 from rbroker_protocol.signing import EnvelopeError, load_verify_key
 from rbroker_server.credentials import ENROLL_PREFIX, parse_credential, secret_matches
-from rbroker_server.db import utcnow, write_lock
-from rbroker_server.models import Computer, EnrollCode, Group
+from rbroker_server.db.engine import utcnow, write_lock
+from rbroker_server.db.tables import CODES, COMPUTERS, GROUPS
 
 log = logging.getLogger(__name__)
-
-CODES = EnrollCode.__table__  # type: ignore[attr-defined]
-COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
-GROUPS = Group.__table__  # type: ignore[attr-defined]
 
 
 class EnrollRefused(Exception):

@@ -24,15 +24,10 @@ from rbroker_protocol.fleet import (
     RoomView,
 )
 from rbroker_server.auth.caller import Scope
-from rbroker_server.db import utcnow
-from rbroker_server.models import Computer, Group, HistoryPoint
+from rbroker_server.db.engine import utcnow
+from rbroker_server.db.tables import COMPUTERS, GROUPS, HISTORY
 from rbroker_server.query import QueryInvalid, QueryRules
 from rbroker_server.settings import Settings
-
-COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
-GROUPS = Group.__table__  # type: ignore[attr-defined]
-HISTORY = HistoryPoint.__table__  # type: ignore[attr-defined]
-
 
 ROOM_MIB_MAX = 2**40
 """The largest `mib` a room query takes: a report's largest MiB figure (`GpuReport`)."""

@@ -26,7 +26,7 @@ from litestar.openapi.datastructures import ResponseSpec
 
 from rbroker_server.apidocs import EnvelopeBodyOperation, errors
 from rbroker_server.bodies import NestedTooDeeply, json_body
-from rbroker_server.db import utcnow
+from rbroker_server.db.engine import utcnow
 from rbroker_server.net import client_address
 from rbroker_server.reports import service
 from rbroker_server.reports.ingest import ReportIngest
@@ -99,7 +99,7 @@ def report_route(ingest: ReportIngest) -> HTTPRouteHandler:
         except Exception as exc:
             refused = refusal(exc, lambda: client_address(request))
             if refused is None:
-                raise  # a database fault (503 from `dbfaults`) or a fault of ours
+                raise  # a database fault (503 from `db.faults`) or a fault of ours
             raise refused from exc
         return Response(answer, media_type=MediaType.JSON)
 

@@ -18,12 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Dialect
 
-from rbroker_server.models import Computer, ComputerRun, DailyUsage, HistoryPoint
-
-COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
-RUNS = ComputerRun.__table__  # type: ignore[attr-defined]
-HISTORY = HistoryPoint.__table__  # type: ignore[attr-defined]
-USAGE = DailyUsage.__table__  # type: ignore[attr-defined]
+from rbroker_server.db.tables import COMPUTERS, HISTORY, RUNS, USAGE
 
 STATE_COLUMNS = (
     "seq",

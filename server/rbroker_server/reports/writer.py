@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from sqlalchemy.engine import Connection, Engine
 
-from rbroker_server.db import write_transaction
+from rbroker_server.db.engine import write_transaction
 
 log = logging.getLogger(__name__)
 

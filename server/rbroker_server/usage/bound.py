@@ -29,9 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from rbroker_protocol.usage import OTHER_NAME
-from rbroker_server.models import DailyUsage
-
-USAGE = DailyUsage.__table__  # type: ignore[attr-defined]
+from rbroker_server.db.tables import USAGE
 
 MAX_PAIRS_KEPT: Final = 500_000
 """Pairs `UsageNames` keeps in memory at most, over all computers and days (≈ 150 B each,

@@ -33,14 +33,10 @@ from rbroker_protocol.usage import (
     UsageView,
 )
 from rbroker_server.auth.caller import Scope
-from rbroker_server.db import utcnow
-from rbroker_server.models import Computer, DailyUsage, Group
+from rbroker_server.db.engine import utcnow
+from rbroker_server.db.tables import COMPUTERS, GROUPS, USAGE
 from rbroker_server.query import QueryInvalid, QueryRules
 from rbroker_server.settings import Settings
-
-USAGE = DailyUsage.__table__  # type: ignore[attr-defined]
-COMPUTERS = Computer.__table__  # type: ignore[attr-defined]
-GROUPS = Group.__table__  # type: ignore[attr-defined]
 
 QUERY_NAMES: Final = ("days", "by", "format", "top")
 """The query parameters of a usage read."""

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Engine
 from rbroker_protocol.fleet import HistoryView
 from rbroker_server import ratelimit
 from rbroker_server.auth.caller import Scope, Unauthenticated
-from rbroker_server.db import utcnow
+from rbroker_server.db.engine import utcnow
 from rbroker_server.fleet import service as fleet_service
 from rbroker_server.ratelimit import Throttles, client_address
 from rbroker_server.settings import Settings

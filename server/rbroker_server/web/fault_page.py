@@ -1,6 +1,6 @@
 """The web view's answer to a database fault: a 503 page a person can read.
 
-The API keeps its JSON 503 (`dbfaults.DatabaseFaults.answer`); a browser on one of the
+The API keeps its JSON 503 (`db.faults.DatabaseFaults.answer`); a browser on one of the
 web view's pages gets the same status, `Retry-After` and reason as an HTML page in the
 site's layout instead of a JSON body.
 """
@@ -23,7 +23,7 @@ def is_page(request: Request[Any, Any, Any]) -> bool:
 
 def fault_page(request: Request[Any, Any, Any], why: str, retry_after_s: int) -> Response[str]:
     """503 with `Retry-After: retry_after_s` (whole seconds) and `message.html` saying
-    `why` (a `dbfaults.reason`, never the database's own error text)."""
+    `why` (a `db.faults.reason`, never the database's own error text)."""
     engine = request.app.template_engine
     assert engine is not None  # the app is always built with its templates (app.py)
     html = engine.get_template("message.html").render(

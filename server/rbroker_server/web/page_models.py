@@ -17,8 +17,8 @@ from sqlalchemy.engine import Engine
 from rbroker_protocol.eta import eta_words
 from rbroker_protocol.fleet import ComputerView, FleetGpuView
 from rbroker_protocol.reports import QueueEntry
+from rbroker_server.db.tables import HISTORY
 from rbroker_server.fleet.service import age_text
-from rbroker_server.models import HistoryPoint
 from rbroker_server.web.schema import (
     ComputerPage,
     FleetRow,
@@ -28,8 +28,6 @@ from rbroker_server.web.schema import (
     LeaseRow,
     Segment,
 )
-
-HISTORY = HistoryPoint.__table__  # type: ignore[attr-defined]
 
 RATE_WINDOW_S = 600.0
 """Items per second are measured over (at most) the last ten minutes of history."""

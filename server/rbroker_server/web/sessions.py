@@ -19,12 +19,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from rbroker_server.auth.caller import Scope, Unauthenticated, authenticate
-from rbroker_server.db import utcnow, write_lock
-from rbroker_server.models import ViewerToken, WebSession
+from rbroker_server.db.engine import utcnow, write_lock
+from rbroker_server.db.tables import SESSIONS, TOKENS
 from rbroker_server.settings import Settings
-
-SESSIONS = WebSession.__table__  # type: ignore[attr-defined]
-TOKENS = ViewerToken.__table__  # type: ignore[attr-defined]
 
 SESSION_TTL_S = 12 * 3600.0
 """Longest life of a sign-in (a working day); signing in again makes a new session."""

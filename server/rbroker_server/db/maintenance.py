@@ -10,15 +10,11 @@ from datetime import UTC, datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from rbroker_server.db import utcnow, write_lock
-from rbroker_server.models import DailyUsage, HistoryPoint, RequestNonce
+from rbroker_server.db.engine import utcnow, write_lock
+from rbroker_server.db.tables import HISTORY, NONCES, USAGE
 from rbroker_server.settings import Settings
 
 log = logging.getLogger(__name__)
-
-HISTORY = HistoryPoint.__table__  # type: ignore[attr-defined]
-NONCES = RequestNonce.__table__  # type: ignore[attr-defined]
-USAGE = DailyUsage.__table__  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)

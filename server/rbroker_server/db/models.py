@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from rbroker_server.db import UtcDateTime
+from rbroker_server.db.engine import UtcDateTime
 
 JsonType = sa.JSON().with_variant(JSONB(), "postgresql")
 

@@ -1,4 +1,4 @@
-"""Alembic environment: runs on the connection `rbroker_server.db.upgrade` hands in.
+"""Alembic environment: runs on the connection `rbroker_server.db.engine.upgrade` hands in.
 
 `rbroker-server db upgrade` (and the app at start) call `db.upgrade`; there is no
 alembic.ini. New revisions are dated: `versions/YYYY_MM_DD_NNNN_<slug>.py`.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from rbroker_server.models import metadata
+from rbroker_server.db.models import metadata
 
 connection = context.config.attributes.get("connection")
 if connection is None:  # pragma: no cover - only reached when run without db.upgrade

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
 
-from rbroker_server.db import UtcDateTime
+from rbroker_server.db.engine import UtcDateTime
 
 revision = "2026_11_30_0001"
 down_revision = None

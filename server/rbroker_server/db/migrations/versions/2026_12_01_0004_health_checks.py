@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from rbroker_server.db import UtcDateTime
+from rbroker_server.db.engine import UtcDateTime
 
 revision = "2026_12_01_0004"
 down_revision = "2026_11_30_0003"

@@ -27,8 +27,8 @@ from litestar import Request, Response
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from rbroker_server.db import utcnow
-from rbroker_server.models import HealthCheck
+from rbroker_server.db.engine import utcnow
+from rbroker_server.db.tables import HEALTH
 from rbroker_server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,6 @@ FAULTS: Final[tuple[type[Exception], ...]] = (
 
 STATE_KEY: Final = "db_faults"
 """Key of the app's `DatabaseFaults` in its `state`."""
-
-HEALTH = HealthCheck.__table__  # type: ignore[attr-defined]
 
 
 class DiskFull(sa.exc.OperationalError):
