@@ -30,12 +30,12 @@ from rbroker_server.apidocs import DocsRenderPlugin, errors
 from rbroker_server.db import engine as db
 from rbroker_server.db import faults as dbfaults
 from rbroker_server.db import maintenance
-from rbroker_server.edge import HeadAsGet
+from rbroker_server.edge.asgi import HeadAsGet
+from rbroker_server.edge.net import STATE_PROXY_SECRET, STATE_TRUSTED, PrefixStrip, parse_networks
+from rbroker_server.edge.ratelimit import ThrottleGate, Throttles
 from rbroker_server.enroll.controller import EnrollController
 from rbroker_server.fleet.controller import FleetController
 from rbroker_server.metrics.controller import MetricsController
-from rbroker_server.net import STATE_PROXY_SECRET, STATE_TRUSTED, PrefixStrip, parse_networks
-from rbroker_server.ratelimit import ThrottleGate, Throttles
 from rbroker_server.reports.controller import report_route
 from rbroker_server.reports.gate import ReportGate
 from rbroker_server.reports.ingest import ReportIngest

@@ -200,9 +200,9 @@ def _ask(prompt: str, default: str, interactive: bool) -> str:
 def cmd_setup(args: argparse.Namespace) -> int:
     import sqlalchemy as sa
 
-    from rbroker_server import tls
     from rbroker_server.admin import operations as admin
     from rbroker_server.db import engine as db
+    from rbroker_server.edge import tls
 
     interactive = not args.non_interactive and sys.stdin.isatty()
     data_dir = Path(_ask("Data directory", str(args.data_dir), interactive)).resolve()
@@ -324,8 +324,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # the web application (Litestar, about 1 s of imports) only once the configuration and
     # the database are known good: a coordinator that cannot start says so at once
     from rbroker_server.app import create_app
-    from rbroker_server.net import parse_networks
-    from rbroker_server.slow_clients import ConnectionGuard, default_protocol, guarded_protocol
+    from rbroker_server.edge.net import parse_networks
+    from rbroker_server.edge.slow_clients import ConnectionGuard, default_protocol, guarded_protocol
 
     guard = ConnectionGuard(
         head_timeout_s=settings.head_timeout_s,
@@ -340,12 +340,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=port,
         log_level=args.log_level,
         # access logs name the client behind the configured proxies only (the same rule
-        # as rbroker_server.net.client_address); no proxy configured: the peer itself
+        # as rbroker_server.edge.net.client_address); no proxy configured: the peer itself
         proxy_headers=bool(trusted),
         forwarded_allow_ips=trusted or None,
         server_header=False,
         # deadlines for a request's head and body, caps on open connections per address
-        # and in all (uvicorn has neither; rbroker_server.slow_clients)
+        # and in all (uvicorn has neither; rbroker_server.edge.slow_clients)
         http=guarded_protocol(default_protocol(), guard),
         **ssl,
     )

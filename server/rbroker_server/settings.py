@@ -69,7 +69,7 @@ class Settings:
             every process that connects from a trusted address is believed like the proxy.
         head_timeout_s: a connection must send a complete request head within this
             (from its opening; a later request on a kept-alive connection from its first
-            byte), else it is closed (`rbroker_server.slow_clients`).
+            byte), else it is closed (`rbroker_server.edge.slow_clients`).
         body_timeout_s: a request body must be complete within this of its head.
         max_connections: open connections at most (lowered at `serve` to what the
             open-files limit allows); more are refused with a 503.

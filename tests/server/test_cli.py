@@ -173,7 +173,7 @@ def test_admin_commands(
 
 
 def test_setup_with_own_tls_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from rbroker_server import tls
+    from rbroker_server.edge import tls
     from rbroker_server.settings import Settings
 
     files = tls.generate_self_signed(tmp_path / "pki", "hub.example.org")

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from rbroker_protocol import signing
 from rbroker_protocol.reports import JobSnapshot, LeaseReport, ReportPayload, TelemetryStateName
-from rbroker_server.bodies import MAX_JSON_DEPTH, json_depth
+from rbroker_server.edge.bodies import MAX_JSON_DEPTH, json_depth
 from rbroker_server.reports.redact import REDACTED
 from tests.fakes.reports import GPU_A, gpu_report, payload
 from tests.server.conftest import Coordinator

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from rbroker_server.net import forwarded_client, parse_networks
+from rbroker_server.edge.net import forwarded_client, parse_networks
 from rbroker_server.settings import Settings
 from tests.server.conftest import Coordinator
 

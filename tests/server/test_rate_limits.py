@@ -15,7 +15,7 @@ import pytest
 
 from rbroker_protocol import signing
 from rbroker_server.admin import operations as admin
-from rbroker_server.ratelimit import CREDENTIAL_FAILURES, ENROLL_FAILURES, Throttle
+from rbroker_server.edge.ratelimit import CREDENTIAL_FAILURES, ENROLL_FAILURES, Throttle
 from tests.conftest import wait_until
 from tests.server.conftest import Coordinator
 
@@ -37,7 +37,7 @@ class _Lines(logging.Handler):
 
 @pytest.fixture
 def limit_log() -> Iterator[_Lines]:
-    logger = logging.getLogger("rbroker_server.ratelimit")
+    logger = logging.getLogger("rbroker_server.edge.ratelimit")
     lines = _Lines()
     logger.addHandler(lines)
     old = logger.level

@@ -24,8 +24,8 @@ from rbroker_protocol import signing
 from rbroker_server.admin import operations as admin
 from rbroker_server.db import engine as db
 from rbroker_server.db.maintenance import prune
-from rbroker_server.net import limit_key
-from rbroker_server.ratelimit import SIGNIN_ATTEMPTS, DbHits, Throttle
+from rbroker_server.edge.net import limit_key
+from rbroker_server.edge.ratelimit import SIGNIN_ATTEMPTS, DbHits, Throttle
 from rbroker_server.settings import Settings
 from tests.ports import free_port
 from tests.server.conftest import Coordinator

@@ -1,4 +1,4 @@
-"""Slow and greedy clients (architecture.md §7 "Slow clients", `rbroker_server.slow_clients`):
+"""Slow and greedy clients (architecture.md §7 "Slow clients", `rbroker_server.edge.slow_clients`):
 real sockets against a real uvicorn server, with both of uvicorn's HTTP parsers, and a real
 `rbroker-server serve` process. Before: a few hundred connections that dribbled header bytes
 held every file descriptor for ever, every other request failed and nothing was logged.
@@ -22,9 +22,8 @@ import httpx
 import pytest
 import uvicorn
 
-from rbroker_server.net import parse_networks
-from rbroker_server.settings import Settings
-from rbroker_server.slow_clients import (
+from rbroker_server.edge.net import parse_networks
+from rbroker_server.edge.slow_clients import (
     LIGHT_SITE_CONNECTIONS,
     ConnectionGuard,
     EdgeLog,
@@ -32,6 +31,7 @@ from rbroker_server.slow_clients import (
     guarded_protocol,
     site_key,
 )
+from rbroker_server.settings import Settings
 from tests.ports import free_port
 
 LINUX = sys.platform == "linux"  # the whole 127.0.0.0/8 is local: 127.0.0.2 is a second client
@@ -137,7 +137,7 @@ def test_dribbling_heads_are_cut_at_the_deadline_and_others_are_answered(
     a 2 s deadline and "under 1 s", a busy machine took 2.5 s (a flake, not a fault)."""
     head_s = 5.0
     guard = ConnectionGuard(head_timeout_s=head_s, max_per_address=1000)
-    caplog.set_level(logging.WARNING, "rbroker_server.slow_clients")
+    caplog.set_level(logging.WARNING, "rbroker_server.edge.slow_clients")
     with _Server(guard, parser) as server:
         socks = _dribblers(server.port, 300)
         try:
@@ -162,7 +162,7 @@ def test_dribbling_heads_are_cut_at_the_deadline_and_others_are_answered(
         assert guard.events.totals["closed past the 5 s head deadline"] == 300
         took, text = _timed_get(server.port)
         assert text == "ok 5" and took < head_s / 2, took
-    lines = [r.getMessage() for r in caplog.records if r.name == "rbroker_server.slow_clients"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "rbroker_server.edge.slow_clients"]
     # one line at once, the rest summed at the end of the interval (60 s): not one per cut
     assert len(lines) == 1, lines
     assert lines[0].startswith("slow or greedy clients: 1 closed past the 5 s head deadline")
@@ -302,7 +302,7 @@ def test_address_keys() -> None:
 def test_the_log_sums_events_per_interval(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
     events = EdgeLog(interval_s=60, clock=lambda: now[0])
-    caplog.set_level(logging.WARNING, "rbroker_server.slow_clients")
+    caplog.set_level(logging.WARNING, "rbroker_server.edge.slow_clients")
     events.count("closed past the 10 s head deadline", "10.0.0.5")
     for _ in range(99):
         events.count("closed past the 10 s head deadline", "10.0.0.5")

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport
 from rbroker_server.admin import operations as admin
-from rbroker_server.ratelimit import RateLimiter
+from rbroker_server.edge.ratelimit import RateLimiter
 from rbroker_server.web.controller import SESSION_COOKIE, SIGNIN_ATTEMPTS
 from tests.fakes.reports import GPU_A, gpu_report, payload
 from tests.server.conftest import Coordinator

@@ -12,8 +12,8 @@ from sqlalchemy.engine import Engine
 
 from rbroker_protocol.signing import external_target
 from rbroker_server.auth.caller import Forbidden, Scope, Unauthenticated, authenticate
-from rbroker_server.net import client_address
-from rbroker_server.ratelimit import Throttles
+from rbroker_server.edge.net import client_address
+from rbroker_server.edge.ratelimit import Throttles
 from rbroker_server.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ def prune(engine: Engine, settings: Settings, now: datetime | None = None) -> Pr
         history = conn.execute(sa.delete(HISTORY).where(HISTORY.c.at < cutoff)).rowcount
         usage = conn.execute(sa.delete(USAGE).where(USAGE.c.day < first_day)).rowcount
         nonces = conn.execute(sa.delete(NONCES).where(NONCES.c.expires_at < now)).rowcount
-    from rbroker_server.ratelimit import WINDOW_S, prune_hits
+    from rbroker_server.edge.ratelimit import WINDOW_S, prune_hits
 
     with write_lock(engine):
         hits = prune_hits(engine, older_than_s=WINDOW_S, now=now.timestamp())

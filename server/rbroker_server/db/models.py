@@ -175,7 +175,7 @@ class WebSession(SQLModel, table=True):
 
 
 class RateLimitHit(SQLModel, table=True):
-    """One attempt that a rate limit counts (`rbroker_server.ratelimit.DbHits`): its kind
+    """One attempt that a rate limit counts (`rbroker_server.edge.ratelimit.DbHits`): its kind
     (`signin`, `enroll`, `credentials`), the client's network (`203.0.113.0/24`,
     `2001:db8:1:2::/64`) and when (Unix seconds). Shared by every coordinator process on
     the database; rows older than the window are deleted as they are counted and pruned."""

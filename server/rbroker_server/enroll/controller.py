@@ -14,10 +14,10 @@ from sqlalchemy.engine import Engine
 
 from rbroker_protocol.enroll import EnrollRequest, EnrollResponse
 from rbroker_server.apidocs import errors
-from rbroker_server.bodies import json_body
+from rbroker_server.edge.bodies import json_body
+from rbroker_server.edge.net import client_address
+from rbroker_server.edge.ratelimit import Throttles
 from rbroker_server.enroll import service
-from rbroker_server.net import client_address
-from rbroker_server.ratelimit import Throttles
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 
 from rbroker_server.apidocs import EnvelopeBodyOperation, errors
-from rbroker_server.bodies import NestedTooDeeply, json_body
 from rbroker_server.db.engine import utcnow
-from rbroker_server.net import client_address
+from rbroker_server.edge.bodies import NestedTooDeeply, json_body
+from rbroker_server.edge.net import client_address
 from rbroker_server.reports import service
 from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.reports.schema import ReportAck

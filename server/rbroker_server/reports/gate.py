@@ -23,10 +23,10 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from rbroker_server.answers import INTERNAL
-from rbroker_server.bodies import check_depth, check_media_type
 from rbroker_server.db import faults as dbfaults
 from rbroker_server.db.engine import utcnow
-from rbroker_server.net import Network, scope_client
+from rbroker_server.edge.bodies import check_depth, check_media_type
+from rbroker_server.edge.net import Network, scope_client
 from rbroker_server.reports.controller import PATH, refusal
 from rbroker_server.reports.ingest import ReportIngest
 

@@ -26,11 +26,11 @@ from markupsafe import Markup
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol.fleet import HistoryView
-from rbroker_server import ratelimit
 from rbroker_server.auth.caller import Scope, Unauthenticated
 from rbroker_server.db.engine import utcnow
+from rbroker_server.edge import ratelimit
+from rbroker_server.edge.ratelimit import Throttles, client_address
 from rbroker_server.fleet import service as fleet_service
-from rbroker_server.ratelimit import Throttles, client_address
 from rbroker_server.settings import Settings
 from rbroker_server.web import page_models as pages
 from rbroker_server.web import renders, sessions

@@ -131,7 +131,7 @@ def nginx_proxy(tmp_path: Path) -> Iterator[Callable[..., ProxyProcess]]:
     binary = nginx_binary()
     if binary is None:
         pytest.skip("nginx is not installed (Debian: apt-get install nginx)")
-    from rbroker_server import tls
+    from rbroker_server.edge import tls
 
     started: list[ProxyProcess] = []
 

@@ -54,7 +54,7 @@ def caddy_proxy(tmp_path: Path) -> Iterator[Callable[[CoordinatorProcess, int], 
     binary = shutil.which("caddy")
     if binary is None:
         pytest.skip("Caddy is not installed (Debian: apt-get install caddy)")
-    from rbroker_server import tls
+    from rbroker_server.edge import tls
 
     started: list[ProxyProcess] = []
 

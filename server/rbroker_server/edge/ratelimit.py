@@ -1,6 +1,6 @@
 """Per-client rate limits, shared by every coordinator process on one database.
 
-Every limit is keyed by the network of `rbroker_server.net.client_address(request)`, the one
+Every limit is keyed by the network of `rbroker_server.edge.net.client_address(request)`, the one
 place that decides who a client is (X-Forwarded-For believed only from trusted proxies that
 send the proxy secret, when one is set): `net.limit_key`, its /24 for IPv4 and its /64 for
 IPv6, so rotating addresses inside one network does not escape a limit. `Throttle` puts a
@@ -35,7 +35,7 @@ from litestar.types import (
 )
 from sqlalchemy.engine import Engine
 
-from rbroker_server.net import Network, client_address, limit_key, scope_client
+from rbroker_server.edge.net import Network, client_address, limit_key, scope_client
 
 __all__ = ["DbHits", "RateLimiter", "Throttle", "ThrottleGate", "Throttles", "client_address"]
 

@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rbroker_server.net import Network, in_networks, peer_ip
+from rbroker_server.edge.net import Network, in_networks, peer_ip
 
 log = logging.getLogger(__name__)
 
