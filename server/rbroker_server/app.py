@@ -25,8 +25,8 @@ from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
 from rbroker_server import __version__
-from rbroker_server.answers import json_error
-from rbroker_server.apidocs import DocsRenderPlugin, errors
+from rbroker_server.api.answers import json_error
+from rbroker_server.api.docs import DocsRenderPlugin, errors
 from rbroker_server.db import engine as db
 from rbroker_server.db import faults as dbfaults
 from rbroker_server.db import maintenance

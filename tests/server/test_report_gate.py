@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 from rbroker_protocol import signing
 from rbroker_protocol.enroll import EnrollRequest
 from rbroker_server.admin import operations as admin
-from rbroker_server.answers import json_error
+from rbroker_server.api.answers import json_error
 from rbroker_server.db import faults as dbfaults
 from rbroker_server.enroll import service as enroll_service
 from rbroker_server.reports.controller import report_route

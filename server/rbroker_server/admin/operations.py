@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from rbroker_server.admin.errors import AdminError
-from rbroker_server.credentials import ENROLL_PREFIX, VIEWER_PREFIX, new_credential
+from rbroker_server.auth.credentials import ENROLL_PREFIX, VIEWER_PREFIX, new_credential
 from rbroker_server.db.engine import utcnow
 from rbroker_server.db.models import Computer, EnrollCode, Group, ViewerToken
 

@@ -21,7 +21,7 @@ from rbroker_protocol.signing import (
     parse_request_headers,
     verify_request,
 )
-from rbroker_server.credentials import VIEWER_PREFIX, parse_credential, secret_matches
+from rbroker_server.auth.credentials import VIEWER_PREFIX, parse_credential, secret_matches
 from rbroker_server.db.engine import utcnow, write_lock
 from rbroker_server.db.tables import COMPUTERS, NONCES, TOKENS
 from rbroker_server.settings import Settings

@@ -13,7 +13,7 @@ from litestar.params import JSONBody
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol.enroll import EnrollRequest, EnrollResponse
-from rbroker_server.apidocs import errors
+from rbroker_server.api.docs import errors
 from rbroker_server.edge.bodies import json_body
 from rbroker_server.edge.net import client_address
 from rbroker_server.edge.ratelimit import Throttles

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 from rbroker_protocol.descriptions import DescriptionRejected, check_description
 from rbroker_protocol.enroll import EnrollRequest, EnrollResponse
 from rbroker_protocol.signing import EnvelopeError, load_verify_key
-from rbroker_server.credentials import ENROLL_PREFIX, parse_credential, secret_matches
+from rbroker_server.auth.credentials import ENROLL_PREFIX, parse_credential, secret_matches
 from rbroker_server.db.engine import utcnow, write_lock
 from rbroker_server.db.tables import CODES, COMPUTERS, GROUPS
 

@@ -12,11 +12,11 @@ from litestar.params import FromPath, QueryParameter
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol.fleet import ComputerView, FleetView, HistoryView, RoomView
-from rbroker_server.apidocs import errors
+from rbroker_server.api.docs import errors
+from rbroker_server.api.query import checked
 from rbroker_server.auth.caller import Scope
 from rbroker_server.auth.dependencies import provide_caller
 from rbroker_server.fleet import service
-from rbroker_server.query import checked
 from rbroker_server.settings import Settings
 
 _ONE = errors(400, 401, 403, 404, 429, 503)

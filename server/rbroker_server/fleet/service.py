@@ -23,10 +23,10 @@ from rbroker_protocol.fleet import (
     RoomGpuView,
     RoomView,
 )
+from rbroker_server.api.query import QueryInvalid, QueryRules
 from rbroker_server.auth.caller import Scope
 from rbroker_server.db.engine import utcnow
 from rbroker_server.db.tables import COMPUTERS, GROUPS, HISTORY
-from rbroker_server.query import QueryInvalid, QueryRules
 from rbroker_server.settings import Settings
 
 ROOM_MIB_MAX = 2**40

@@ -6,7 +6,7 @@ from litestar import Controller, Response, get
 from litestar.di import NamedDependency, Provide
 from sqlalchemy.engine import Engine
 
-from rbroker_server.apidocs import errors
+from rbroker_server.api.docs import errors
 from rbroker_server.auth.caller import Scope
 from rbroker_server.auth.dependencies import provide_caller
 from rbroker_server.fleet import service as fleet_service

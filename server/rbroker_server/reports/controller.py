@@ -24,7 +24,7 @@ from litestar.exceptions import (
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 
-from rbroker_server.apidocs import EnvelopeBodyOperation, errors
+from rbroker_server.api.docs import EnvelopeBodyOperation, errors
 from rbroker_server.db.engine import utcnow
 from rbroker_server.edge.bodies import NestedTooDeeply, json_body
 from rbroker_server.edge.net import client_address

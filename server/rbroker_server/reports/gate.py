@@ -22,7 +22,7 @@ from litestar.exceptions import HTTPException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from rbroker_server.answers import INTERNAL
+from rbroker_server.api.answers import INTERNAL
 from rbroker_server.db import faults as dbfaults
 from rbroker_server.db.engine import utcnow
 from rbroker_server.edge.bodies import check_depth, check_media_type

@@ -14,10 +14,10 @@ from litestar.params import QueryParameter
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol.usage import UsageView
-from rbroker_server.apidocs import errors
+from rbroker_server.api.docs import errors
+from rbroker_server.api.query import checked
 from rbroker_server.auth.caller import Scope
 from rbroker_server.auth.dependencies import provide_caller
-from rbroker_server.query import checked
 from rbroker_server.settings import Settings
 from rbroker_server.usage import service
 

@@ -32,10 +32,10 @@ from rbroker_protocol.usage import (
     UsageTotal,
     UsageView,
 )
+from rbroker_server.api.query import QueryInvalid, QueryRules
 from rbroker_server.auth.caller import Scope
 from rbroker_server.db.engine import utcnow
 from rbroker_server.db.tables import COMPUTERS, GROUPS, USAGE
-from rbroker_server.query import QueryInvalid, QueryRules
 from rbroker_server.settings import Settings
 
 QUERY_NAMES: Final = ("days", "by", "format", "top")

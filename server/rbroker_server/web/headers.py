@@ -1,5 +1,5 @@
 """Safety headers on every response: a Content-Security-Policy without inline script (the
-API documentation under `/schema` included: it is plain HTML, `rbroker_server.apidocs`),
+API documentation under `/schema` included: it is plain HTML, `rbroker_server.api.docs`),
 no framing, no referrer, no MIME sniffing; `Cache-Control: no-store` on everything that
 does not set its own caching (fleet data, authenticated or not, is never kept by a cache;
 the static files say `max-age`); a `WWW-Authenticate` challenge on a 401 that has none; and
