@@ -2,6 +2,6 @@
 
 import sys
 
-from rbroker_server.cli import main
+from rbroker_server.cli.main import main
 
 sys.exit(main())

@@ -17,7 +17,8 @@ import nacl.signing
 import pytest
 
 from rbroker_protocol import signing
-from rbroker_server.cli import main, parse_duration
+from rbroker_server.cli.common import parse_duration
+from rbroker_server.cli.main import main
 from tests.ports import free_port
 
 

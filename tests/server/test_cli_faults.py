@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rbroker_protocol.startup import EXIT_DATABASE, EXIT_USAGE
-from rbroker_server.cli import main
+from rbroker_server.cli.main import main
 from rbroker_server.settings import Settings
 from tests.server.conftest import Coordinator
 
@@ -133,7 +133,7 @@ def test_a_bad_port_in_the_config_is_one_line(tmp_path: Path) -> None:
 
 
 def test_the_listening_socket_refuses_a_port_past_65535() -> None:
-    from rbroker_server.startup import StartupFailure, bind
+    from rbroker_server.cli.startup import StartupFailure, bind
 
     with pytest.raises(StartupFailure) as failed:
         bind("127.0.0.1", 99999)

@@ -92,7 +92,7 @@ def test_a_port_bound_but_not_yet_listened_on_is_in_use() -> None:
     """Before: two coordinators started at the same moment both bound the port (SO_REUSEADDR
     lets a second socket bind while nobody listens yet); the second then served nothing,
     said nothing and stayed up. Right: `bind` listens, so the second fails at once."""
-    from rbroker_server.startup import StartupFailure, bind
+    from rbroker_server.cli.startup import StartupFailure, bind
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -222,7 +222,7 @@ def test_serve_raises_its_soft_fd_limit_to_the_hard_one() -> None:
         pytest.skip(f"the hard limit here is {hard}: nothing to raise")
     code = (
         "import resource\n"
-        "from rbroker_server.startup import raise_fd_limit\n"
+        "from rbroker_server.cli.startup import raise_fd_limit\n"
         "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))\n"
         "print(raise_fd_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"

@@ -47,7 +47,7 @@ def test_app_module_reads_nothing_at_import() -> None:
 
     code = (
         "import os; os.environ.pop('RBROKER_SERVER_DATA_DIR', None); "
-        "import rbroker_server.app, rbroker_server.cli; print('ok')"
+        "import rbroker_server.app, rbroker_server.cli.main; print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
