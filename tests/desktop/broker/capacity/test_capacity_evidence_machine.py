@@ -22,13 +22,13 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from rbroker.broker.leases import Lease, Waiter
-from rbroker.broker.lessor import Choice
 from rbroker.gpu.scenario import SimProcess
 from rbroker_protocol.errors import RpcError
 from tests.conftest import GPU0
@@ -100,7 +100,7 @@ class EvidenceMachine(RuleBasedStateMachine):
         broker = self.h.broker
         grant = broker._grant
 
-        def checked_grant(waiter: Waiter, chosen: list[Choice], now: float) -> None:
+        def checked_grant(waiter: Waiter, chosen: list[Any], now: float) -> None:
             truth = self.truth_at_sample
             leases = [lease for lease in broker.leases.values() if GPU0 in lease.gpu_uuids]
             booked = sum(

@@ -30,7 +30,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from rbroker.broker.capacity import Capacity, unbacked_mib
 from rbroker.broker.leases import TERMINAL_STATES, Lease, LeaseState, Waiter
-from rbroker.broker.lessor import Choice
 from rbroker.broker.service import Broker
 from rbroker_protocol.errors import RpcError
 from tests.conftest import GPU0, GPU1
@@ -80,7 +79,7 @@ class LeaseMachine(RuleBasedStateMachine):
             )
             admit()
 
-        def checked_grant(waiter: Waiter, chosen: list[Choice], now: float) -> None:
+        def checked_grant(waiter: Waiter, chosen: list[Any], now: float) -> None:
             assert len({c.gpu_uuid for c in chosen}) == len(chosen) == waiter.gpus
             for u, cap, claim, need in chosen:
                 assert u in waiter.candidates
