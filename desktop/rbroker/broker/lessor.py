@@ -102,6 +102,16 @@ def tree_mib(slot: GpuSlot, holder: Holder, leased: Leased) -> tuple[int, bool]:
     return mib, known
 
 
+def sample_unlisted_mib(slot: GpuSlot) -> int:
+    """MiB of the latest sample of `slot` that no process in it is listed with: the device's
+    used memory less what its listed processes report (unknown = 0; its own list, not the
+    listings carried forward)."""
+    sample = slot.sample
+    if sample is None:
+        return 0
+    return max(0, sample.device_used_mib - sum(p.used_mib or 0 for p in sample.processes))
+
+
 def owners(slot: GpuSlot, leased: Leased) -> set[Holder]:
     """The holders with a lease on `slot` that own some listed process there."""
     found = {nearest(chain, leased) for _, chain in slot.chains}
@@ -398,7 +408,21 @@ class Lessor:
         key = (holder, uuid)
         held, known = tree_mib(slot, holder, self._leased(uuid))
         baseline = self.baselines.get(key, 0)
-        if known:
+        listed = any(_mine(chain, holder, self._leased(uuid)) for _, chain in slot.chains)
+        if not listed and slot.sample is not None:
+            # No process of its tree is listed: NVML omits a running process now and then,
+            # and when several are missing at once `Sampling._track` keeps some of them, not
+            # always the right ones. Such a sample says only that the holder holds no more
+            # than the device's memory that no listed process holds; its baseline comes down
+            # to that and no further (it came down to 0, and when the holder was listed again
+            # the memory it held before its grant counted as its lease's use, and the next
+            # grant over-admitted). A sample that lists it with less lowers it further.
+            unlisted = sample_unlisted_mib(slot)
+            if baseline > unlisted:
+                baseline = unlisted
+                self.pre_grant.clip(key, baseline)
+                self.set_baseline(holder, uuid, baseline, leases)
+        elif known:
             # the holder freed memory it held outside its leases: that much is gone
             less = max(baseline - self.pre_grant.freed(key, held), 0)
             if less != baseline or held < baseline:

@@ -80,12 +80,19 @@ def subscribe(broker: Broker, conn: Connection) -> None:
     conn.unsubscribe = broker.subscribe(push)
 
 
+WAITING_SETTLE_S = 0.25
+"""How long a waiting request's news settles before it is told: the entry told is the last
+one after it (a sample asked for by a change of memory turns "waiting for a fresh GPU
+sample" into the new figures within it, and the caller hears the figures, not both)."""
+
+
 async def tell_waiting(conn: Connection, broker: Broker, waiter: Waiter) -> None:
     """Send `conn` an `event` notification of kind `waiting` (the queue entry: request_id,
-    reason, reason_kind, reason_data, ahead, waiting_s, eta_s, eta_reason) each time the
-    broker tells a new entry of its queued request `waiter` (`Broker.watch_waiting`: pushed
-    on each change) and its reason changed or its estimate moved (`retell`); runs until
-    cancelled (when the `lease.acquire` ends) or the connection closes."""
+    reason, reason_kind, reason_data, ahead, waiting_s, eta_s, eta_reason) when the broker
+    tells a new entry of its queued request `waiter` (`Broker.watch_waiting`: pushed on each
+    change; the last one after `WAITING_SETTLE_S`) and its reason changed or its estimate
+    moved (`retell`); runs until cancelled (when the `lease.acquire` ends) or the connection
+    closes."""
     latest: list[QueuedRequest] = []
     news = asyncio.Event()
 
@@ -98,6 +105,7 @@ async def tell_waiting(conn: Connection, broker: Broker, waiter: Waiter) -> None
     try:
         while not conn.closed:
             await news.wait()
+            await asyncio.sleep(WAITING_SETTLE_S)
             news.clear()
             data = latest[0]
             if retell(told, data):

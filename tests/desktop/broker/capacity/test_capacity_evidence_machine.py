@@ -256,3 +256,28 @@ def test_an_older_lease_s_use_beyond_its_grant_never_discounts_a_newer_lease() -
         assert outstanding is not None and outstanding.outstanding_mib == 6144
     finally:
         m.teardown()
+
+
+def test_a_holder_missing_from_a_sample_keeps_what_it_held_before_its_grant() -> None:
+    """Holder 2 holds 5 000 MiB outside leases, is granted 2 048, and one sample omits it
+    while another process without a lease freed its 1 000: the device's figure then fits
+    either missing listing, and the stale one was kept. Its baseline must not come down on
+    that sample (nothing listed says it freed anything): when it is listed again with its
+    5 000, they are still held before its grant, not its lease's use, and a request for
+    16 384 MiB still does not fit (1 024 + 5 000 + 2 048 + 1 024 + 16 384 > 24 576)."""
+    m = EvidenceMachine()
+    try:
+        m.hold_outside_leases(holder=1, mib=1000)
+        m.hold_outside_leases(holder=2, mib=5000)
+        m.acquire(holder=2, mib=2048)
+        m.nvml_omits_a_holder(holder=2)
+        m.acquire(holder=0, mib=1024)
+        m.acquire(holder=0, mib=16384)  # waits: 14 480 MiB available
+        m.nvml_omits_a_holder(holder=0)
+        m.hold_outside_leases(holder=1, mib=0)  # sampled: holder 2 is not listed
+        m.sample(0.5)  # listed again with its 5 000 (checked_grant asserts any grant)
+        assert len(m._active()) == 2
+        cap = m.h.broker.capacity(GPU0)
+        assert cap is not None and cap.outstanding_mib == 2048 + 1024
+    finally:
+        m.teardown()
