@@ -27,7 +27,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rbroker.broker.capacity import default_headroom_mib
@@ -235,9 +235,10 @@ class Sampling:
 
         Evidence that lasts: a pid missing from one sample keeps its last reading (NVML's
         process list is known to omit a running process for a sample or two); it is dropped
-        only once its process is gone, the device's own used figure no longer holds its
+        only once its process is gone, the device's own used figure holds none of its
         memory, or it has been missing for `absence_confirm_samples` samples spanning
-        `absence_confirm_s`. Pid reuse: see `Listing.attributable`.
+        `absence_confirm_s`; while the device holds only part of it, it keeps that part
+        (the largest missing listings first). Pid reuse: see `Listing.attributable`.
         """
         if not sample.processes_known:
             slot.listings.clear()  # per-process memory unknown: attribute nothing
@@ -261,9 +262,11 @@ class Sampling:
         # forward only while the device still holds its memory (a process that really
         # freed everything leaves the device's own figure lower: that is evidence too).
         room = max(0, sample.device_used_mib - sum(p.used_mib or 0 for p in listed.values()))
-        for pid, entry in list(slot.listings.items()):
-            if pid in listed:
-                continue
+        missing = [(pid, e) for pid, e in slot.listings.items() if pid not in listed]
+        # the largest first: when the device's memory cannot hold every missing listing, the
+        # one whose memory would otherwise count as use elsewhere is the larger one kept
+        missing.sort(key=lambda item: -(item[1].process.used_mib or 0))
+        for pid, entry in missing:
             if entry.absent_samples == 0:
                 entry.absent_since = sample.started_at
             entry.absent_samples += 1
@@ -273,10 +276,12 @@ class Sampling:
                 and sample.started_at - entry.absent_since >= self.config.absence_confirm_s
             )
             held = entry.process.used_mib or 0
-            if me is None or lasting or held > room or not me.alive():
+            if me is None or lasting or not me.alive() or (held > 0 and room == 0):
                 del slot.listings[pid]
             else:
-                room -= held
+                if held > room:  # the device holds no more than that of it now
+                    entry.process = replace(entry.process, used_mib=room)
+                room -= min(held, room)
         slot.chains = [(entry.attributable(), entry.chain) for entry in slot.listings.values()]
 
     async def sample_loop(self, slot: GpuSlot) -> None:

@@ -281,3 +281,33 @@ def test_a_holder_missing_from_a_sample_keeps_what_it_held_before_its_grant() ->
         assert cap is not None and cap.outstanding_mib == 2048 + 1024
     finally:
         m.teardown()
+
+
+def test_a_holder_missing_when_granted_keeps_what_the_device_still_holds_of_it() -> None:
+    """Holder 0 holds 3 000 MiB outside leases (listed at 3 256 while a lease of it used 256),
+    and the sample before its next grant omits it while a dead pid's 6 144 and two other
+    holders are listed: the device then holds 3 000 that no listed process does, less than
+    its last reading. Its listing is kept at what the device still holds (it was dropped,
+    and the grant took a baseline of 0: when it was listed again its 3 000 counted as the
+    new lease's use and the next request was granted past the GPU)."""
+    m = EvidenceMachine()
+    try:
+        m.hold_outside_leases(holder=0, mib=3000)
+        m.acquire(holder=0, mib=1024)
+        (first,) = m._active()
+        m.truth.lease_used[first.lease_id] = 256
+        m.hold_outside_leases(holder=1, mib=3000)  # sampled: holder 0 at 3 256
+        m.h.broker.release(first.lease_id, first.owner)
+        m.truth.lease_used.pop(first.lease_id)
+        m.truth.dead_listings = {4_000_000: 6144}
+        m.nvml_omits_a_holder(holder=0)
+        m.hold_outside_leases(holder=2, mib=5000)  # sampled without holder 0
+        m.acquire(holder=0, mib=6144)
+        assert len(m._active()) == 1
+        m.sample(0.5)  # holder 0 listed again at 3 000: not the new lease's use
+        m.acquire(holder=0, mib=1024)  # 264 MiB available: waits (checked_grant asserts)
+        assert len(m._active()) == 1
+        cap = m.h.broker.capacity(GPU0)
+        assert cap is not None and cap.outstanding_mib == 6144
+    finally:
+        m.teardown()
