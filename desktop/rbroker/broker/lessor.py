@@ -51,7 +51,7 @@ from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.holders import Chain, Holder
 from rbroker.broker.leases import Lease, LeaseState, Waiter
-from rbroker.broker.sampling import GpuSlot
+from rbroker.broker.sampling import GpuSlot, unlisted_mib
 from rbroker.broker.store import LeaseStore, token_hash
 from rbroker_protocol.errors import ErrorCode, RpcError
 
@@ -100,16 +100,6 @@ def tree_mib(slot: GpuSlot, holder: Holder, leased: Leased) -> tuple[int, bool]:
             mib += p.used_mib or 0
             known = known and p.used_mib is not None
     return mib, known
-
-
-def sample_unlisted_mib(slot: GpuSlot) -> int:
-    """MiB of the latest sample of `slot` that no process in it is listed with: the device's
-    used memory less what its listed processes report (unknown = 0; its own list, not the
-    listings carried forward)."""
-    sample = slot.sample
-    if sample is None:
-        return 0
-    return max(0, sample.device_used_mib - sum(p.used_mib or 0 for p in sample.processes))
 
 
 def owners(slot: GpuSlot, leased: Leased) -> set[Holder]:
@@ -417,7 +407,7 @@ class Lessor:
             # to that and no further (it came down to 0, and when the holder was listed again
             # the memory it held before its grant counted as its lease's use, and the next
             # grant over-admitted). A sample that lists it with less lowers it further.
-            unlisted = sample_unlisted_mib(slot)
+            unlisted = unlisted_mib(slot.sample)
             if baseline > unlisted:
                 baseline = unlisted
                 self.pre_grant.clip(key, baseline)

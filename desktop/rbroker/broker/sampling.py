@@ -48,6 +48,12 @@ def own_identity(chain: Chain, pid: int) -> Holder | None:
     return next((h for h in chain if h.pid == pid), None)
 
 
+def unlisted_mib(sample: GpuSample) -> int:
+    """MiB of `sample`'s used memory that none of its listed processes reports (unknown
+    figures count 0): what a process missing from its list may still hold."""
+    return max(0, sample.device_used_mib - sum(p.used_mib or 0 for p in sample.processes))
+
+
 @dataclass(slots=True)
 class Listing:
     """What the broker remembers of one pid the driver lists on a GPU.
@@ -261,7 +267,7 @@ class Sampling:
         # What the device holds beyond the listed processes: a missing pid is carried
         # forward only while the device still holds its memory (a process that really
         # freed everything leaves the device's own figure lower: that is evidence too).
-        room = max(0, sample.device_used_mib - sum(p.used_mib or 0 for p in listed.values()))
+        room = unlisted_mib(sample)
         missing = [(pid, e) for pid, e in slot.listings.items() if pid not in listed]
         # the largest first: when the device's memory cannot hold every missing listing, the
         # one whose memory would otherwise count as use elsewhere is the larger one kept

@@ -59,7 +59,11 @@ class WaitingNews:
         self._loop = asyncio.get_running_loop()
         self._watched[waiter] = tell
         self.changed()
-        return lambda: self._watched.pop(waiter, None) and None
+
+        def stop() -> None:
+            self._watched.pop(waiter, None)
+
+        return stop
 
     def changed(self) -> None:
         """What a waiting request's entry rests on may have changed: tell every watched
