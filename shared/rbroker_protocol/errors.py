@@ -53,6 +53,14 @@ class ErrorCode(StrEnum):
     TOO_MANY_IN_FLIGHT = "too_many_in_flight"
     TOO_MANY_CHUNKS = "too_many_chunks"
     STORAGE_UNAVAILABLE = "storage_unavailable"
+    BOOKING_NOT_FOUND = "booking_not_found"
+    NOT_BOOKING_OWNER = "not_booking_owner"
+    BOOKING_CONFLICT = "booking_conflict"
+    TOO_MANY_BOOKINGS = "too_many_bookings"
+    BOOKING_TOO_FAR = "booking_too_far"
+    BOOKING_TOO_LONG = "booking_too_long"
+    BOOKING_NOT_STARTED = "booking_not_started"
+    BOOKING_ENDED = "booking_ended"
 
 
 ERROR_CODES: dict[ErrorCode, int] = {
@@ -89,6 +97,14 @@ ERROR_CODES: dict[ErrorCode, int] = {
     ErrorCode.TOO_MANY_IN_FLIGHT: -32087,
     ErrorCode.TOO_MANY_CHUNKS: -32088,
     ErrorCode.STORAGE_UNAVAILABLE: -32090,
+    ErrorCode.BOOKING_NOT_FOUND: -32091,
+    ErrorCode.NOT_BOOKING_OWNER: -32092,
+    ErrorCode.BOOKING_CONFLICT: -32093,
+    ErrorCode.TOO_MANY_BOOKINGS: -32094,
+    ErrorCode.BOOKING_TOO_FAR: -32095,
+    ErrorCode.BOOKING_TOO_LONG: -32096,
+    ErrorCode.BOOKING_NOT_STARTED: -32097,
+    ErrorCode.BOOKING_ENDED: -32098,
 }
 """JSON-RPC numeric code for each name. Standard codes from the JSON-RPC 2.0 spec."""
 

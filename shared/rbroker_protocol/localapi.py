@@ -18,6 +18,11 @@ Mib = Annotated[int, Field(ge=1, le=MAX_MIB, strict=True)]
 
 MAX_EXPECTED_S: float = 30 * 24 * 3600.0
 """Longest declared lease duration accepted (`AcquireParams.expected_s`), 30 days."""
+MAX_UNIX_S: float = 4102444800.0
+"""Latest time a booking may name, Unix seconds (2100-01-01 UTC): a bound on absurd input."""
+
+BookingId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
 GpuUuid = Annotated[
     str, Field(min_length=4, max_length=96, pattern=r"^(GPU|MIG)-[A-Za-z0-9/._-]+$")
 ]
@@ -68,6 +73,37 @@ class AcquireParams(_Params):
     most 30 days): the queue's estimate of when a request waiting behind it fits counts on
     it ending that long after its grant, and on the history of lifetimes once that is past
     (`rbroker.broker.eta`). A hint: nothing ends the lease when it runs over."""
+    booking_id: BookingId | None = None
+    """Claim this booking of the caller (docs/architecture.md §2a): the lease is placed on
+    the booking's GPUs, at most the booked MiB not yet claimed, ahead of the queue, from the
+    memory the booking holds. Only between the booking's start and end."""
+
+
+class BookParams(_Params):
+    """`booking.create`: book `mib` MiB on each of `gpus` GPUs (or on the pinned `gpu_uuid`)
+    for the wall-clock window [`start_at`, `end_at`), Unix seconds (UTC). Description fields
+    follow the lease's rules (architecture.md §8); `session` defaults to the CLI's."""
+
+    mib: Mib
+    gpus: Annotated[int, Field(ge=1, le=64, strict=True)] = 1
+    gpu_uuid: GpuUuid | None = None
+    start_at: Annotated[float, Field(ge=0.0, le=MAX_UNIX_S)]
+    end_at: Annotated[float, Field(ge=0.0, le=MAX_UNIX_S)]
+    project: str
+    session: str
+    purpose: str
+
+
+class BookingRef(_Params):
+    """`booking.cancel`: the booking to cancel (its owner's, or anyone's for an admin)."""
+
+    booking_id: BookingId
+
+
+class BookingsListParams(_Params):
+    """`bookings.list`: `include_ended` adds the bookings ended, lapsed or cancelled lately."""
+
+    include_ended: bool = False
 
 
 class AttachParams(_Params):

@@ -8,8 +8,8 @@ from typing import Literal, Required, TypedDict
 
 class AcquireRequest(TypedDict, total=False):
     """`lease.acquire`'s params (rules and defaults: `AcquireParams`). A key left out takes
-    the model's default; `gpu_uuid`, `request_key`, `job_id` and `expected_s` are left out
-    rather than sent as null."""
+    the model's default; `gpu_uuid`, `request_key`, `job_id`, `expected_s` and `booking_id`
+    are left out rather than sent as null."""
 
     mib: Required[int]
     gpus: int
@@ -25,6 +25,7 @@ class AcquireRequest(TypedDict, total=False):
     job_id: str
     notify_waiting: bool
     expected_s: float
+    booking_id: str
 
 
 __all__ = ["AcquireRequest"]

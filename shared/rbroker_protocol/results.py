@@ -48,6 +48,9 @@ class LeaseView(TypedDict):
     expected_s: NotRequired[float | None]
     """How long its holder declared it would hold it, seconds (`AcquireParams.expected_s`);
     None when not declared. Absent from older brokers."""
+    booking_id: NotRequired[str | None]
+    """The booking it claims (`AcquireParams.booking_id`), None for none. Absent from older
+    brokers."""
 
 
 class ListedLease(LeaseView):
@@ -229,6 +232,59 @@ class LeasesListResult(TypedDict):
     ended: NotRequired[list[LeaseView]]
     leases_left_out: NotRequired[int]
     queue_left_out: NotRequired[int]
+
+
+class BookingView(TypedDict):
+    """A booking (docs/architecture.md §2a): `mib` on each of `gpu_uuids` for the wall-clock
+    window [`start_at`, `end_at`) (Unix seconds, UTC; shown in the viewer's zone)."""
+
+    booking_id: str
+    owner: str
+    project: str
+    session: str
+    purpose: str
+    mib: int
+    """MiB booked on each GPU."""
+    gpu_uuids: list[str]
+    start_at: float
+    end_at: float
+    created_at: float
+    state: str
+    """`booked` (before its start), `held` (started, its memory held for a claim),
+    `claimed` (a lease of its owner holds it), `ended`, `lapsed` (not claimed within the
+    claim grace), `cancelled`."""
+    claims: list[str]
+    """The ids of the live leases that claim it."""
+    claimed_mib: int
+    """MiB of it that those leases hold, on each GPU."""
+    claim_until: float | None
+    """While `held`: Unix time (wall) it lapses at unless claimed; None otherwise."""
+    ended_reason: str
+    ended_at: float
+
+
+class BookResult(TypedDict):
+    """`booking.create`: the booking accepted."""
+
+    booking: BookingView
+
+
+class BookingResult(TypedDict):
+    """`booking.cancel`: the booking as it is now."""
+
+    booking: BookingView
+
+
+class BookingsListResult(TypedDict):
+    """`bookings.list`: the asker's bookings first, then everyone's, each by start;
+    `now_at` is the broker's wall clock (Unix seconds); `usable_mib`, each GPU's total −
+    headroom by UUID (what bookings may take at any instant), for timelines;
+    `others_left_out`: how many of other users' bookings were not listed (absent: none)."""
+
+    bookings: list[BookingView]
+    now_at: float
+    usable_mib: dict[str, int]
+    others_left_out: NotRequired[int]
 
 
 class ShareView(TypedDict):

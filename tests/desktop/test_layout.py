@@ -527,6 +527,7 @@ BROKER_TESTS = ROOT / "tests" / "desktop" / "broker"
 
 MODULES_WITH_RULES = (
     "admission",
+    "bookings",
     "capacity",
     "config",
     "eta",

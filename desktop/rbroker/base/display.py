@@ -57,14 +57,18 @@ class CapacityFigures(Protocol):
     def outstanding_mib(self) -> int: ...
     @property
     def available_mib(self) -> int: ...
+    @property
+    def booked_mib(self) -> int: ...
 
 
 def explain(uuid: str, cap: CapacityFigures) -> str:
     """`GPU-3f2… has 6 144 MiB available (24 576 total − 1 228 headroom − 17 204 in use
-    − 0 granted not yet allocated)`."""
+    − 0 granted not yet allocated)`; where bookings take part, `− 8 192 booked` before the
+    parenthesis closes."""
+    booked = f" − {fmt_mib(cap.booked_mib)} booked" if cap.booked_mib else ""
     return (
         f"{short_uuid(uuid)} has {fmt_mib(cap.available_mib)} MiB available "
         f"({fmt_mib(cap.total_mib)} total − {fmt_mib(cap.headroom_mib)} headroom − "
         f"{fmt_mib(cap.device_used_mib)} in use − {fmt_mib(cap.outstanding_mib)} granted "
-        f"not yet allocated)"
+        f"not yet allocated{booked})"
     )

@@ -150,6 +150,27 @@ class StorageUnavailable(RBrokerError):
     changed. Try again once the operator has made room."""
 
 
+class BookingNotFound(RBrokerError):
+    """No such booking (or one long ended and forgotten)."""
+
+
+class NotBookingOwner(RBrokerError):
+    """The booking belongs to another OS user: only its owner claims it, and only its
+    owner or an administrator cancels it."""
+
+
+class BookingRefused(RBrokerError):
+    """A booking was not accepted (`code`): `booking_conflict` (it does not fit beside the
+    bookings of its window; `data`: the arithmetic and `nearest_start_at`, the nearest start
+    where it fits, or None), `too_many_bookings`, `booking_too_far`, `booking_too_long`
+    (`data`: `limit`)."""
+
+
+class BookingNotClaimable(RBrokerError):
+    """A lease asked for a booking that cannot be claimed now (`code`): `booking_not_started`
+    (`data.start_at`) or `booking_ended` (lapsed, cancelled or over: `data.state`)."""
+
+
 class Cancelled(RBrokerError):
     """The request was cancelled (connection closed, broker stopping)."""
 
@@ -205,6 +226,14 @@ _BY_CODE: dict[ErrorCode, type[RBrokerError]] = {
     ErrorCode.NOT_A_MEMBER: NotAllowed,
     ErrorCode.TOO_MANY_IN_FLIGHT: LimitReached,
     ErrorCode.STORAGE_UNAVAILABLE: StorageUnavailable,
+    ErrorCode.BOOKING_NOT_FOUND: BookingNotFound,
+    ErrorCode.NOT_BOOKING_OWNER: NotBookingOwner,
+    ErrorCode.BOOKING_CONFLICT: BookingRefused,
+    ErrorCode.TOO_MANY_BOOKINGS: BookingRefused,
+    ErrorCode.BOOKING_TOO_FAR: BookingRefused,
+    ErrorCode.BOOKING_TOO_LONG: BookingRefused,
+    ErrorCode.BOOKING_NOT_STARTED: BookingNotClaimable,
+    ErrorCode.BOOKING_ENDED: BookingNotClaimable,
 }
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from rbroker.base.display import ahead_words, explain, fmt_mib, short_uuid
+from rbroker.broker.bookings import Bookings
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
@@ -52,21 +53,44 @@ class Admission:
         clock: Clock,
         config: BrokerConfig,
         shares: Shares | None = None,
+        bookings: Bookings | None = None,
     ) -> None:
         self.slots = slots
         self.lessor = lessor
         self.clock = clock
         self.config = config
         self.shares = shares or Shares()
+        self.bookings = bookings
         self.problem: NvmlProblem | None = None
 
     def order(self, waiters: list[Waiter]) -> list[Waiter]:
         """`waiters` (arrival order) in the order a pass takes them now, nothing granted:
-        FIFO, or by shares (`rbroker.broker.shares`) after those waiting past the bypass
-        bound (`_turns`)."""
+        claims of bookings first (§2a), then FIFO, or by shares (`rbroker.broker.shares`)
+        after those waiting past the bypass bound (`_turns`)."""
         if not self.shares.enabled:
-            return waiters
+            return _claims_first(waiters)
         return list(self._turns(waiters, dict(self.lessor.granted_by_project())))
+
+    def beside_bookings(self, waiter: Waiter, caps: dict[str, Capacity]) -> dict[str, Capacity]:
+        """`caps` as `waiter` sees them beside the bookings (§2a): on each of its GPUs with
+        live bookings, `booked_mib` is the peak of those its horizon overlaps
+        (`Bookings.horizon`), less the booking it claims; `caps` itself when none do."""
+        bookings = self.bookings
+        if bookings is None:
+            return caps
+        seen = caps
+        t0 = t1 = 0.0
+        for u in waiter.candidates:
+            cap = caps.get(u)
+            if cap is None or not bookings.any_on(u):
+                continue
+            if seen is caps:
+                seen = dict(caps)
+                t0, t1 = bookings.horizon(waiter.expected_s)
+            booked, _ = bookings.peak(u, t0, t1, exclude=waiter.booking_id)
+            if booked:
+                seen[u] = replace(cap, booked_mib=booked)
+        return seen
 
     def _turns(self, waiters: list[Waiter], use: dict[str, int]) -> Iterator[Waiter]:
         """A pass's order with `[shares]`: first, in arrival order, each project's first
@@ -77,35 +101,42 @@ class Admission:
         share passed a large request of another for ever (27 s where FIFO took 3 s). Only the
         head of each project's line goes first, so requests queued early do not turn the
         whole queue into FIFO: the shares still order everything else."""
+        claims = [w for w in waiters if _claims(w)]
+        if claims:
+            waiters = [w for w in waiters if not _claims(w)]
         cutoff = self.clock.monotonic() - self.config.max_share_bypass_s
-        return turns_bypassing(self.shares, waiters, use, lambda w: w.enqueued_at <= cutoff)
+        turns = turns_bypassing(self.shares, waiters, use, lambda w: w.enqueued_at <= cutoff)
+        if not claims:
+            return turns
+        return iter([*claims, *turns])
 
     # -- at request time -----------------------------------------------------------------------
-    def candidates(self, params: AcquireParams) -> tuple[str, ...]:
-        """The GPUs a request may be placed on, by index: the pinned one, or every GPU
-        whose capacity is known (all of them when too few are).
+    def candidates(self, gpu_uuid: str | None, gpus: int, mib: int) -> tuple[str, ...]:
+        """The GPUs a request (or a booking) of `mib` on `gpus` GPUs, pinned to `gpu_uuid` or
+        not, may be placed on, by index: the pinned one, or every GPU whose capacity is known
+        (all of them when too few are).
 
         Raises:
             RpcError: `infeasible` for an unknown pinned GPU, `invalid_params` for a pin
                 with `gpus` ≠ 1.
         """
-        if params.gpu_uuid is not None:
-            if params.gpu_uuid not in self.slots:
+        if gpu_uuid is not None:
+            if gpu_uuid not in self.slots:
                 known = ", ".join(self.slots) or "none"
                 raise RpcError(
                     ErrorCode.INFEASIBLE,
-                    f"infeasible: no GPU {params.gpu_uuid} on this computer (known: {known})",
-                    gpu_uuid=params.gpu_uuid,
-                    requested_mib=params.mib,
+                    f"infeasible: no GPU {gpu_uuid} on this computer (known: {known})",
+                    gpu_uuid=gpu_uuid,
+                    requested_mib=mib,
                 )
-            if params.gpus != 1:
+            if gpus != 1:
                 raise RpcError(
                     ErrorCode.INVALID_PARAMS,
-                    f"gpu_uuid pins one GPU, but gpus={params.gpus} were asked for",
+                    f"gpu_uuid pins one GPU, but gpus={gpus} were asked for",
                     field="gpus",
                 )
-            return (params.gpu_uuid,)
-        return self.unpinned_candidates(params.gpus)
+            return (gpu_uuid,)
+        return self.unpinned_candidates(gpus)
 
     def unpinned_candidates(self, gpus: int) -> tuple[str, ...]:
         """Every GPU whose capacity is known, by index (all of them when fewer than `gpus`)."""
@@ -261,13 +292,14 @@ class Admission:
                 for u in waiter.candidates
                 if u not in caps and self.slots[u].telemetry is TelemetryState.OK
             ]
+            seen = self.beside_bookings(waiter, caps)
             fits: list[Choice] = []
             for u in waiter.candidates:
-                if u in caps and u not in blocked:
+                if u in seen and u not in blocked:
                     claim_mib = self.claim(waiter, self.slots[u])
                     extra_mib = waiter.asked_mib - claim_mib
-                    if caps[u].fits(extra_mib):
-                        fits.append(Choice(u, caps[u], claim_mib, extra_mib))
+                    if seen[u].fits(extra_mib):
+                        fits.append(Choice(u, seen[u], claim_mib, extra_mib))
             reverse = waiter.placement == "spread"
             fits.sort(key=lambda c: self.rank(c.gpu_uuid, c.cap), reverse=reverse)
             if (
@@ -285,11 +317,11 @@ class Admission:
                     if cap is not None:
                         caps[u] = cap
                 continue
-            confirming = [] if paused else self._awaits_release_sample(waiter, caps, blocked, fits)
+            confirming = [] if paused else self._awaits_release_sample(waiter, seen, blocked, fits)
             if confirming:
                 self._explain_release_wait(waiter, confirming, blocked, now)
             else:
-                self._explain_wait(waiter, caps, blocked, pending, paused)
+                self._explain_wait(waiter, seen, blocked, pending, paused)
             for u in waiter.candidates:
                 blocked[u] = blocked.get(u, 0) + 1
             for u in pending:
@@ -357,7 +389,7 @@ class Admission:
             if u not in caps and self.slots[u].telemetry is TelemetryState.OK
         ]
         blocked = {u: ahead_on(u) - 1 for u in waiter.candidates}  # less the waiter itself
-        self._explain_wait(waiter, caps, blocked, pending, paused)
+        self._explain_wait(waiter, self.beside_bookings(waiter, caps), blocked, pending, paused)
         for u in pending:
             self.slots[u].kick.set()
 
@@ -443,6 +475,8 @@ class Admission:
                 "ahead": ahead,
                 **cap.as_dict(),
             }
+            if cap.booked_mib and self.bookings is not None:
+                self._explain_bookings(waiter, blocking)
             return
         # fewer GPUs with known capacity than the request needs: the unknown ones block
         states = {u: self.slots[u] for u in waiter.candidates if u not in caps} or {
@@ -460,6 +494,27 @@ class Admission:
             "ahead": ahead,
         }
 
+    def _explain_bookings(self, waiter: Waiter, uuid: str) -> None:
+        """Add to a capacity reason the bookings that take part on `uuid`: when the first
+        starts (`booked_from_at`, wall clock) and their ids, so a request says it waits for
+        a booking (and for how long: until they end, `booked_until_at`)."""
+        assert self.bookings is not None
+        t0, t1 = self.bookings.horizon(waiter.expected_s)
+        _, by = self.bookings.peak(uuid, t0, t1, exclude=waiter.booking_id)
+        if not by:
+            return
+        first = min(b.start_at for b in by)
+        until = max(b.end_at for b in by)
+        owners = sorted({b.owner for b in by})
+        when = "now" if first <= t0 else f"in {max(1, round((first - t0) / 60))} min"
+        waiter.reason += (
+            f"; {fmt_mib(sum(self.bookings.protected_mib(b) for b in by))} MiB booked "
+            f"from {when} by {', '.join(owners)}"
+        )
+        waiter.reason_data["booked_from_at"] = first
+        waiter.reason_data["booked_until_at"] = until
+        waiter.reason_data["booking_ids"] = [b.booking_id for b in by]
+
     def wait_error(self, waiter: Waiter) -> RpcError:
         """The error a wait ends with: `wait_timeout` after a `wait_s` > 0, else
         `telemetry_unavailable` or `capacity_unavailable`, with the last reason's numbers."""
@@ -475,3 +530,15 @@ class Admission:
         if waiter.reason_kind == "telemetry":
             return RpcError(ErrorCode.TELEMETRY_UNAVAILABLE, f"refused: {reason}", **data)
         return RpcError(ErrorCode.CAPACITY_UNAVAILABLE, f"no room now: {reason}", **data)
+
+
+def _claims(waiter: Waiter) -> bool:
+    """A new lease claiming a booking (not a growth of one)."""
+    return waiter.booking_id is not None and waiter.resize_of is None
+
+
+def _claims_first(waiters: list[Waiter]) -> list[Waiter]:
+    """`waiters` with the claims of bookings moved to the front, each part in its order."""
+    if not any(_claims(w) for w in waiters):
+        return waiters
+    return [w for w in waiters if _claims(w)] + [w for w in waiters if not _claims(w)]

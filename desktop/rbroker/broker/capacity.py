@@ -2,8 +2,11 @@
 
 device_used = total - free
 outstanding = Σ over active leases on the GPU of max(0, granted_mib - observed_mib)
-available   = max(0, total - headroom - device_used - outstanding)
+available   = max(0, total - headroom - device_used - outstanding - booked)
 admit(r)   ⇔ r.mib ≤ available  and no earlier waiter on this GPU is still waiting
+
+`booked` is 0 but for one request: the peak of the bookings its horizon overlaps (§2a,
+`rbroker.broker.bookings`).
 """
 
 from __future__ import annotations
@@ -48,12 +51,19 @@ class Capacity:
     headroom_mib: int
     device_used_mib: int
     outstanding_mib: int
+    booked_mib: int = 0
+    """What bookings protect beside one request (its horizon's peak); 0 for the GPU alone."""
 
     @property
     def available_mib(self) -> int:
-        """max(0, total − headroom − device_used − outstanding)."""
+        """max(0, total − headroom − device_used − outstanding − booked)."""
         return max(
-            0, self.total_mib - self.headroom_mib - self.device_used_mib - self.outstanding_mib
+            0,
+            self.total_mib
+            - self.headroom_mib
+            - self.device_used_mib
+            - self.outstanding_mib
+            - self.booked_mib,
         )
 
     @property
@@ -66,11 +76,15 @@ class Capacity:
         return mib <= self.available_mib
 
     def as_dict(self) -> dict[str, int]:
-        """The figures as a JSON object (used in reasons, admission records and reports)."""
-        return {
+        """The figures as a JSON object (used in reasons, admission records and reports);
+        `booked_mib` only where bookings take part."""
+        figures = {
             "total_mib": self.total_mib,
             "headroom_mib": self.headroom_mib,
             "device_used_mib": self.device_used_mib,
             "outstanding_mib": self.outstanding_mib,
             "available_mib": self.available_mib,
         }
+        if self.booked_mib:
+            figures["booked_mib"] = self.booked_mib
+        return figures

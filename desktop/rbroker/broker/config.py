@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rbroker.base.display import fmt_mib
+from rbroker.broker.bookings import BookingSettings
 from rbroker.broker.members import Members
 from rbroker.broker.project_names import ProjectNames
 from rbroker.broker.shares import Shares
@@ -58,6 +59,7 @@ class BrokerConfig:
     `members`: `[members]` of the config file, project → OS user names and `@group`s who
     may declare it (others are refused, `not_a_member`); a project not named is open to
     everyone (`rbroker.broker.members`).
+    `bookings`: `[bookings]` of the config file (`rbroker.broker.bookings.BookingSettings`).
     """
 
     socket_path: Path
@@ -100,6 +102,7 @@ class BrokerConfig:
     shares: dict[str, float] = field(default_factory=dict)
     max_share_bypass_s: float = 10.0
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    bookings: BookingSettings = field(default_factory=BookingSettings)
 
     def __post_init__(self) -> None:
         """Refuse settings that would admit more than a GPU holds.
@@ -157,21 +160,53 @@ CONFIG_FILE = "broker.toml"
 
 @dataclass(frozen=True, slots=True)
 class ConfigFile:
-    """What the broker's config file sets: `shares` (project → weight) and `members`
-    (project → OS user names and `@group`s)."""
+    """What the broker's config file sets: `shares` (project → weight), `members`
+    (project → OS user names and `@group`s) and `bookings` (`BookingSettings`)."""
 
     shares: dict[str, float] = field(default_factory=dict)
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    bookings: BookingSettings = field(default_factory=BookingSettings)
 
 
-KNOWN_TABLES = ("shares", "members")
+KNOWN_TABLES = ("shares", "members", "bookings")
+
+BOOKING_KEYS = {
+    "protect_s": float,
+    "claim_grace_s": float,
+    "max_per_user": int,
+    "horizon_s": float,
+    "max_duration_s": float,
+}
+"""The keys of `[bookings]` and their types (`BookingSettings`)."""
+
+
+def _booking_settings(table: object) -> BookingSettings:
+    """`[bookings]` read into `BookingSettings`.
+
+    Raises:
+        ValueError: not a table, an unknown key, a value of the wrong type or out of bounds.
+    """
+    if not isinstance(table, dict):
+        raise ValueError("[bookings] must be a table of setting = value")
+    values: dict[str, float | int] = {}
+    for key, value in table.items():
+        kind = BOOKING_KEYS.get(key)
+        if kind is None:
+            known = ", ".join(BOOKING_KEYS)
+            raise ValueError(f"[bookings] has no setting {key!r} (known: {known})")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"[bookings] {key} must be a number, got {value!r}")
+        if kind is int and not isinstance(value, int):
+            raise ValueError(f"[bookings] {key} must be a whole number, got {value!r}")
+        values[key] = kind(value)
+    return BookingSettings(**values)  # type: ignore[arg-type]
 
 
 def read_config(path: Path) -> ConfigFile:
     """The settings of the broker's config file (TOML) at `path`: its `[shares]` table,
-    project → weight, and its `[members]` table, project → list of OS user names and
-    `"@group"`s (docs/operator-guide.md). Unknown tables are refused, so a misspelt one is
-    not silently ignored.
+    project → weight, its `[members]` table, project → list of OS user names and
+    `"@group"`s, and its `[bookings]` table (docs/operator-guide.md). Unknown tables are
+    refused, so a misspelt one is not silently ignored.
 
     Raises:
         ValueError: one line naming the file and the problem (unreadable, not TOML, an
@@ -198,9 +233,11 @@ def read_config(path: Path) -> ConfigFile:
         Shares(shares)
         Members(members)
         ProjectNames(members, shares)
+        bookings = _booking_settings(doc.get("bookings", {}))
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     return ConfigFile(
         {str(k): float(v) for k, v in shares.items()},
         {str(k): tuple(v) for k, v in members.items()},
+        bookings,
     )

@@ -78,6 +78,7 @@ class Lease:
     granted_at: float = -math.inf  # monotonic; a sample that began before it shows no use of it
     expected_s: float | None = None  # the holder's declared duration (`AcquireParams.expected_s`)
     age_from: float = -math.inf  # monotonic: its age counts from here (`rbroker.broker.restore`)
+    booking_id: str | None = None  # the booking it claims (`rbroker.broker.bookings`)
 
     @property
     def gpu_uuid(self) -> str:
@@ -116,6 +117,7 @@ class Lease:
             "restored": self.restored,
             "job_id": self.job_id,
             "expected_s": self.expected_s,
+            "booking_id": self.booking_id,
         }
 
     def to_record(self) -> dict[str, Any]:
@@ -140,6 +142,7 @@ class Lease:
             "request_key": self.request_key,
             "job_id": self.job_id,
             "expected_s": self.expected_s,
+            "booking_id": self.booking_id,
             "state": self.state.value,
             "ended_reason": self.ended_reason,
         }
@@ -171,6 +174,7 @@ class Lease:
         lease.request_key = waiter.request_key
         lease.job_id = waiter.job_id
         lease.expected_s = waiter.expected_s
+        lease.booking_id = waiter.booking_id
         return lease
 
     @classmethod
@@ -201,6 +205,7 @@ class Lease:
             restored=True,
             job_id=rec.get("job_id"),
             expected_s=declared_s(rec.get("expected_s")),
+            booking_id=rec.get("booking_id") if isinstance(rec.get("booking_id"), str) else None,
         )
 
 
@@ -245,6 +250,7 @@ class Waiter:
     reattach_by: float | None = None  # restored after a restart: its client must come back
     resize_of: str | None = None  # the lease whose growth this is (`broker.resize`)
     expected_s: float | None = None  # its declared duration, once granted (`Lease.expected_s`)
+    booking_id: str | None = None  # the booking it claims (or, for a growth, its lease's)
 
     def to_record(self) -> dict[str, Any]:
         """What is persisted of a waiting request (see `store.LeaseStore`)."""
@@ -267,6 +273,7 @@ class Waiter:
             "wait_until_boot": self.wait_until_boot,
             "job_id": self.job_id,
             "expected_s": self.expected_s,
+            "booking_id": self.booking_id,
         }
 
     def to_wire(self, now: float, ahead: int) -> QueuedRequest:

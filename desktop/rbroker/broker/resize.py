@@ -135,6 +135,7 @@ class Resizes:
             wait_until_wall=self.clock.wall() + wait_s,
             wait_until_boot=self.clock.boottime() + wait_s,
             resize_of=lease_id,
+            booking_id=lease.booking_id,  # a claim grows into its booking's MiB first
         )
         self.pending[lease_id] = waiter
         self.waiting.add(waiter)

@@ -151,6 +151,7 @@ def restore(
             reattach_by=now + config.reattach_grace_s,
             job_id=rec.get("job_id"),
             expected_s=declared_s(rec.get("expected_s")),
+            booking_id=rec.get("booking_id") if isinstance(rec.get("booking_id"), str) else None,
         )
         waiting.add(restored)
         # stored again under this run's request number: a request made after the restart

@@ -33,6 +33,7 @@ from rbroker.base.eventloop import loop_name
 from rbroker.base.version import __version__
 from rbroker.broker import fairness, overgrant, own_leases, ticks
 from rbroker.broker.admission import Admission, NvmlProblem
+from rbroker.broker.bookings import Booking, BookingBase, Bookings
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock, SystemClock
 from rbroker.broker.config import BrokerConfig, HeadroomTooLarge
@@ -60,8 +61,10 @@ from rbroker.gpu.nvml import NvmlGateway, TelemetryError, describe
 from rbroker.gpu.presence import nvidia_device_present
 from rbroker_protocol.descriptions import DescriptionRejected, check_description
 from rbroker_protocol.errors import ErrorCode, RpcError
-from rbroker_protocol.localapi import AcquireParams
+from rbroker_protocol.localapi import AcquireParams, BookParams
 from rbroker_protocol.results import (
+    BookingsListResult,
+    BookingView,
     BrokerStatus,
     CoordinatorLink,
     GpuView,
@@ -136,7 +139,16 @@ class Broker:
         self.project_names = ProjectNames(config.members, config.shares)
         for line in self.members.unknown():  # kept out until the name exists: a warning
             log.warning("%s: its requests are refused until it exists", line)
-        self.admission = Admission(self.slots, self.lessor, self.clock, config, self.shares)
+        self.bookings = Bookings(
+            self.clock,
+            config.bookings,
+            self._granted_of,
+            self._booking_base,
+            None if store is None else self._save_booking,
+        )
+        self.admission = Admission(
+            self.slots, self.lessor, self.clock, config, self.shares, self.bookings
+        )
         lifetimes = Lifetimes.from_json(store.meta(STORE_KEY) if store is not None else None)
         self._lifetimes_saved = (0, self.clock.monotonic())  # (`recorded`, when) of the last write
         self.views = ReadModel(
@@ -216,6 +228,12 @@ class Broker:
                 self.config,
                 self.members,
             )
+            claims = {
+                lease.lease_id: lease.booking_id
+                for lease in self.leases.values()
+                if lease.booking_id is not None
+            }
+            self.bookings.restore(self.store.bookings(), claims)
         if not background:
             return
         if self.nvml_problem is not None:
@@ -483,7 +501,13 @@ class Broker:
             if found is not None:
                 found.conn_id, found.reattach_by = conn_id, None
                 return found
-        candidates = self.admission.candidates(params)
+        if params.booking_id is not None:  # a claim: on the booking's GPUs, ahead of the queue
+            booking = self.bookings.check_claim(
+                params.booking_id, owner, params.mib, params.gpus, params.gpu_uuid
+            )
+            candidates = booking.gpu_uuids
+        else:
+            candidates = self.admission.candidates(params.gpu_uuid, params.gpus, params.mib)
         self.admission.check_feasible(params, candidates)
         fairness.check_request(
             params,
@@ -504,6 +528,7 @@ class Broker:
         )
         behind = (
             not self.shares.enabled  # by shares a newcomer may go first: a pass decides
+            and params.booking_id is None  # a claim goes first
             and bool(candidates)
             and all(self.waiting.waiting_on(u) for u in candidates)
         )
@@ -569,6 +594,8 @@ class Broker:
             return
         if waiter.job_id is not None and waiter.job_id in self.jobs.jobs:
             self.jobs.link_lease(waiter.job_id, waiter.owner, lease.lease_id)
+        if waiter.booking_id is not None:
+            self.bookings.claimed(waiter.booking_id, lease.lease_id)
         self.waiting.remove(waiter)
         self.grant_count += 1
         waiter.future.set_result(lease)
@@ -705,6 +732,10 @@ class Broker:
             self.resizes.lease_ended(lease.lease_id)
             self.jobs.lease_ended(lease.lease_id, lease.job_id)
             self.emit("lease", {"lease_id": lease.lease_id, "state": state.value})
+            if lease.booking_id is not None:
+                held = self.bookings.lease_ended(lease.lease_id)
+                if held is not None:
+                    self._booking_changed(held)
 
     def connection_closed(self, conn_id: int) -> None:
         """Release every lease bound to `conn_id` and drop its waiters (docs/architecture.md §3);
@@ -735,6 +766,11 @@ class Broker:
         """The tick's turn (`ticks.tick_loop`): expiry, the lifetimes kept, then the jobs
         left unattended for `job_abandon_s` ended (`JobTable.check_abandoned`)."""
         self._expire(now)
+        moved = self.bookings.tick()
+        for booking in moved:
+            self._booking_changed(booking)
+        if moved and self.queue:
+            self._admit()  # a lapse or an end frees memory; a start protects it
         if self.store is not None:
             self.store.retry(now)  # what a full disk kept back, once there is room
         self._keep_lifetimes(now)
@@ -772,6 +808,98 @@ class Broker:
         self.waiting.expire(now, self.admission.wait_error)
         if self.queue:
             self._admit()
+
+    # -- bookings (docs/architecture.md §2a) ---------------------------------------------------
+    def _granted_of(self, lease_id: str) -> int:
+        lease = self.leases.get(lease_id)
+        return lease.granted_mib if lease is not None else 0
+
+    def _booking_base(self, uuid: str) -> BookingBase | None:
+        """What GPU `uuid` offers bookings: its total and headroom, and the memory its latest
+        sample shows in use beyond its leases' grants (`BookingBase`); None before a sample."""
+        slot = self.slots.get(uuid)
+        cap = self.lessor.capacity(uuid) if slot is not None else None
+        if slot is None or cap is None:
+            return None
+        granted = sum(lease.granted_mib for lease in self.lessor.on(uuid))
+        outside = max(0, cap.device_used_mib + cap.outstanding_mib - granted)
+        return BookingBase(slot.info.index, cap.total_mib, cap.headroom_mib, outside)
+
+    def _save_booking(self, booking: Booking) -> None:
+        assert self.store is not None
+        self.store.put_booking(booking.to_record(), booking.live, self.config.bookings.keep_ended)
+
+    def _booking_changed(self, booking: Booking, **extra: object) -> None:
+        self.emit(
+            "booking",
+            {
+                "booking_id": booking.booking_id,
+                "owner": booking.owner,
+                "state": booking.state,
+                "ended_reason": booking.ended_reason,
+                **extra,
+            },
+        )
+
+    def book(
+        self, params: BookParams, owner: str, admin: bool | Callable[[], bool] = False
+    ) -> BookingView:
+        """Accept a booking of `owner` (`Bookings.create`); a project with a members list is
+        refused to `owner` unless a member or `admin` (as `begin_acquire`).
+
+        Raises:
+            RpcError: `description_rejected`, `not_a_member`, `infeasible` (an unknown pinned
+                GPU, `gpu_uuid` with `gpus` ≠ 1, as `Bookings.create`), and as
+                `Bookings.create`; `storage_unavailable` (nothing kept).
+        """
+        check_descriptions(
+            {"project": params.project, "session": params.session, "purpose": params.purpose}
+        )
+        project = self.project_names.canonical(params.project.strip())
+        self.members.check(project, owner, admin)
+        candidates = self.admission.candidates(params.gpu_uuid, params.gpus, params.mib)
+        try:
+            booking = self.bookings.create(
+                owner,
+                project,
+                params.session.strip(),
+                params.purpose.strip(),
+                params.mib,
+                params.gpus,
+                candidates,
+                params.start_at,
+                params.end_at,
+            )
+        except STORAGE_ERRORS as exc:
+            raise storage_unavailable(exc, "not booked", "nothing was kept") from None
+        self._booking_changed(booking)
+        return self.bookings.to_wire(booking)
+
+    def cancel_booking(self, booking_id: str, user: str, admin: bool = False) -> BookingView:
+        """Cancel a live booking: its owner's, or anyone's for an `admin` (the owner is told:
+        a `booking` event with `cancelled_by`). Its claiming leases go on as ordinary leases.
+
+        Raises:
+            RpcError: as `Bookings.cancel`.
+        """
+        booking = self.bookings.cancel(booking_id, user, admin)
+        self._booking_changed(booking, cancelled_by=user)
+        self._admit()
+        return self.bookings.to_wire(booking)
+
+    def bookings_list(self, asker: str, include_ended: bool = False) -> BookingsListResult:
+        """`bookings.list` for OS user `asker` (`Bookings.listed`), with the broker's clock and
+        each GPU's total − headroom."""
+        usable: dict[str, int] = {}
+        for uuid in self.slots:
+            cap = self.lessor.capacity(uuid)
+            if cap is not None:
+                usable[uuid] = cap.usable_mib
+        return {
+            "bookings": self.bookings.listed(asker, include_ended),
+            "now_at": self.clock.wall(),
+            "usable_mib": usable,
+        }
 
     # -- jobs (docs/architecture.md §4) --------------------------------------------------------
     def _job_wire(self, job: Job) -> JobView:

@@ -17,6 +17,7 @@ What is written, and when (each done before the answer goes out):
   leases, the usual case) writes nothing;
 - a waiting request when it first has to wait (committed on return), and its removal (in
   the journal, as a lease's end);
+- a booking at its acceptance and every change of its state (committed on return);
 - a job at its declaration and every change, and each chunk report together with the
   job's new cumulative counts (one transaction, so counts and chunks never disagree).
 All but the first and the waiting requests' removal are SQLite transactions, committed on
@@ -133,6 +134,11 @@ CREATE TABLE IF NOT EXISTS waiters (
     request_key   TEXT PRIMARY KEY,
     seq           INTEGER NOT NULL,
     record        TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS bookings (
+    booking_id    TEXT PRIMARY KEY,
+    record        TEXT NOT NULL,      -- JSON: rbroker.broker.bookings.Booking.to_record
+    live          INTEGER NOT NULL    -- 1: booked, held or claimed
 );
 """
 
@@ -642,6 +648,35 @@ class LeaseStore:
                 "ORDER BY ended_at DESC LIMIT ?)",
                 (keep,),
             )
+
+    def put_booking(self, record: Mapping[str, Any], live: bool, keep_ended: int) -> None:
+        """Write a booking's record (committed on return), keeping at most `keep_ended`
+        bookings that are no longer live. What a full disk owes is written first.
+
+        Raises:
+            sqlite3.Error: it cannot be written (nothing of it is kept).
+        """
+        with self._lock:
+            if self._owing:
+                self._fold_locked()
+            self._db.execute(
+                "INSERT OR REPLACE INTO bookings(booking_id, record, live) VALUES (?, ?, ?)",
+                (record["booking_id"], json.dumps(record), int(live)),
+            )
+            if not live:
+                self._db.execute(
+                    "DELETE FROM bookings WHERE live = 0 AND booking_id NOT IN ("
+                    "SELECT booking_id FROM bookings WHERE live = 0 ORDER BY rowid DESC "
+                    "LIMIT ?)",
+                    (keep_ended,),
+                )
+
+    def bookings(self) -> list[dict[str, Any]]:
+        """Every booking's record kept, oldest write first."""
+        with self._lock:
+            self._fold_locked()
+            rows = self._db.execute("SELECT record FROM bookings ORDER BY rowid").fetchall()
+        return [json.loads(r[0]) for r in rows]
 
     def put_job(self, job_id: str, record: Mapping[str, Any]) -> None:
         """Write a job's record (committed on return). What a full disk

@@ -104,6 +104,7 @@ class WaitQueue:
             wait_until_boot=boot + params.wait_s,
             job_id=params.job_id,
             expected_s=params.expected_s,
+            booking_id=params.booking_id,
         )
 
     def add(self, waiter: Waiter) -> None:

@@ -167,6 +167,7 @@ def run_broker(args: argparse.Namespace) -> int:
             max_chunks_per_user=args.max_chunks_per_user,
             shares=settings.shares,
             members=settings.members,
+            bookings=settings.bookings,
         )
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))

@@ -95,6 +95,7 @@ def service_config(environ: Mapping[str, str] | None, options: ServiceOptions) -
         headroom_mib=options.headroom_mib,
         shares=settings.shares,
         members=settings.members,
+        bookings=settings.bookings,
     )
 
 

@@ -28,6 +28,9 @@ Methods (params → result; the results' shapes are `rbroker_protocol.results`):
     job.update {job_id, state?, reason?, workers?}                  → {job: {...}}
     job.report {job_id, chunk_id, completed, failed}  → {job: {...}, duplicate: bool}
     jobs.list {include_finished}              → {jobs: [...]}
+    booking.create BookParams                 → {booking: {...}}  (architecture.md §2a)
+    booking.cancel {booking_id}               → {booking: {...}}  (admins: anyone's)
+    bookings.list {include_ended}             → {bookings: [...], now_at, usable_mib}
     broker.pause {paused}                     → {paused}   (pause/resume new admissions)
     events.subscribe {}                       → {subscribed: true}; then `event`
                                                 notifications {kind, data}
@@ -78,6 +81,9 @@ from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import (
     AcquireParams,
     AttachParams,
+    BookingRef,
+    BookingsListParams,
+    BookParams,
     EmptyParams,
     HelloParams,
     JobDeclareParams,
@@ -97,6 +103,9 @@ from rbroker_protocol.localapi import (
 from rbroker_protocol.results import (
     AcquireResult,
     AttachResult,
+    BookingResult,
+    BookingsListResult,
+    BookResult,
     BrokerStatus,
     CancelResult,
     GpusListResult,
@@ -127,13 +136,21 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_VIEWS = frozenset({"hello", "gpus.list", "leases.list", "broker.status", "jobs.list"})
+_VIEWS = frozenset(
+    {"hello", "gpus.list", "leases.list", "broker.status", "jobs.list", "bookings.list"}
+)
 """Methods whose answer is a view of the broker's state: built only when it can be written,
 and not at all for a peer that is gone (`Connection.peer_gone`): they change nothing, so a
 view nobody will read is skipped (`LocalApi.views_skipped`)."""
 
-_INLINE = frozenset(
-    {"lease.renew", "lease.release", "lease.attach", "request.cancel", "broker.pause"} | _VIEWS
+_BOOKINGS = frozenset({"booking.create", "booking.cancel"})
+"""Methods that change bookings: answered inline (one SQLite commit, no wait), binding
+nothing to the connection (a booking outlives it)."""
+
+_INLINE = (
+    frozenset({"lease.renew", "lease.release", "lease.attach", "request.cancel", "broker.pause"})
+    | _VIEWS
+    | _BOOKINGS
 )
 """Methods answered synchronously, as their line is read (their handlers never wait)."""
 
@@ -144,7 +161,9 @@ no waiting request; a cap meant to protect the broker never costs its user a lea
 way out of a queue."""
 
 
-_BINDS_NOTHING = _VIEWS | {"lease.renew", "lease.release", "request.cancel", "broker.pause"}
+_BINDS_NOTHING = (
+    _VIEWS | _BOOKINGS | {"lease.renew", "lease.release", "request.cancel", "broker.pause"}
+)
 """Methods that leave nothing on their connection (no lease, waiting request, job or
 simulated memory is bound to it): a connection that sent only these is closed without the
 broker's look for what it held (`Broker.connection_closed`, which goes through every job,
@@ -186,6 +205,9 @@ class LocalApi:
             "job.update": (JobUpdateParams, self._job_update),
             "job.report": (JobReportParams, self._job_report),
             "jobs.list": (JobsListParams, self._jobs_list),
+            "booking.create": (BookParams, self._book),
+            "booking.cancel": (BookingRef, self._cancel_booking),
+            "bookings.list": (BookingsListParams, self._bookings_list),
             "broker.pause": (PauseParams, self._pause),
             "events.subscribe": (EmptyParams, self._subscribe),
             "sim.allocate": (SimAllocateParams, self._sim_allocate),
@@ -478,6 +500,17 @@ class LocalApi:
 
     def _jobs_list(self, conn: Connection, p: JobsListParams) -> JobsListResult:
         return self.broker.jobs_list(p.include_finished, conn.peer.user)
+
+    def _book(self, conn: Connection, p: BookParams) -> BookResult:
+        booking = self.broker.book(p, conn.peer.user, lambda: self._is_admin(conn))
+        return {"booking": booking}
+
+    def _cancel_booking(self, conn: Connection, p: BookingRef) -> BookingResult:
+        admin = self._is_admin(conn)
+        return {"booking": self.broker.cancel_booking(p.booking_id, conn.peer.user, admin)}
+
+    def _bookings_list(self, conn: Connection, p: BookingsListParams) -> BookingsListResult:
+        return self.broker.bookings_list(conn.peer.user, p.include_ended)
 
     def _pause(self, conn: Connection, p: PauseParams) -> PauseResult:
         paused = self.broker.set_paused(p.paused)

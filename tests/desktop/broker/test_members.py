@@ -190,7 +190,10 @@ def test_the_config_file_gives_members_and_a_bad_one_is_one_line(
         ('[members]\nvision = "alice"\n', "'vision' must be a list of OS user names"),
         ("[members]\nvision = [1]\n", "1 is not a name in quotes"),
         ('members = ["alice"]\n', "[members] must be a table"),
-        ('[member]\nvision = ["alice"]\n', "unknown setting 'member' (known: [shares], [members])"),
+        (
+            '[member]\nvision = ["alice"]\n',
+            "unknown setting 'member' (known: [shares], [members], [bookings])",
+        ),
     ):
         good.write_text(text)
         with pytest.raises(ValueError) as exc:

@@ -1,0 +1,723 @@
+"""Bookings: MiB on GPUs reserved for a wall-clock window, kept in the same ledger that admits
+the leases of now (docs/architecture.md §2a).
+
+A booking is `mib` on each of its GPUs for [`start_at`, `end_at`), Unix seconds (UTC). Its
+life: `booked` (before its start) → `held` (started: its memory is held for a claim by its
+owner) ⇄ `claimed` (a lease of its owner claims it) → `ended` (its end came), or `lapsed`
+(held unclaimed for `claim_grace_s`), or `cancelled`. While live, each booking *protects*
+on each of its GPUs its MiB less what the leases claiming it hold.
+
+The two rules (tests/desktop/broker/bookings):
+- **Accepting** a booking never over-commits the future: on a GPU, the protected MiB of the
+  bookings overlapping any instant never exceed total − headroom − the memory used outside
+  leases now (`BookingBase`); one that does not fit is refused with the arithmetic and the
+  nearest window where it fits.
+- **A lease of now** is admitted on a GPU only where it fits beside the peak of the
+  bookings its horizon overlaps (`peak`): [now, now + `expected_s`) when it declares its
+  duration, else [now, now + `protect_s`). A claim of a booking does not count that booking.
+
+Calendar times decide a booking's start and end (`tick` compares them with the wall clock,
+so a clock step moves the schedule as a calendar would); a claim's grace is counted on the
+monotonic clock, and nothing here ends or extends a lease: a claiming lease goes on as an
+ordinary one after its booking ends.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import secrets
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from rbroker.base.display import fmt_mib
+from rbroker.base.when import fmt_duration, fmt_window
+from rbroker.broker.clock import Clock
+from rbroker.broker.store import STORAGE_ERRORS
+from rbroker_protocol.errors import ErrorCode, RpcError
+from rbroker_protocol.results import BookingView
+
+log = logging.getLogger(__name__)
+
+
+LIVE_STATES = frozenset({"booked", "held", "claimed"})
+"""States in which a booking protects memory."""
+
+START_SLACK_S = 60.0
+"""A booking may name a start this long in the past (a `now` typed a minute ago); it then
+starts now."""
+
+
+@dataclass(frozen=True, slots=True)
+class BookingSettings:
+    """`[bookings]` of broker.toml (docs/operator-guide.md): `protect_s` (a lease that
+    declares no duration is taken to overlap the bookings starting within it; 4 h),
+    `claim_grace_s` (a started booking is held this long for a claim, then lapses; 15 min),
+    `max_per_user` (live bookings per OS user; 8), `horizon_s` (how far ahead a booking may
+    start; 14 days), `max_duration_s` (the longest booking; 24 h), `keep_ended` (ended,
+    lapsed and cancelled bookings kept for the lists; 200)."""
+
+    protect_s: float = 4 * 3600.0
+    claim_grace_s: float = 15 * 60.0
+    max_per_user: int = 8
+    horizon_s: float = 14 * 24 * 3600.0
+    max_duration_s: float = 24 * 3600.0
+    keep_ended: int = 200
+
+    def __post_init__(self) -> None:
+        """Raises:
+        ValueError: a time that is not over 0 and finite, a count below 1."""
+        for name in ("protect_s", "claim_grace_s", "horizon_s", "max_duration_s"):
+            value = getattr(self, name)
+            if not 0 < value < float("inf"):
+                raise ValueError(f"[bookings] {name} must be over 0 seconds, got {value}")
+        for name in ("max_per_user", "keep_ended"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"[bookings] {name} must be 1 or more, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class BookingBase:
+    """What a GPU offers bookings, in MiB: `total_mib` − `headroom_mib` − `outside_mib` (the
+    memory its latest sample shows used beyond its leases' grants, as it is now); `index`
+    names it to people."""
+
+    index: int
+    total_mib: int
+    headroom_mib: int
+    outside_mib: int
+
+    @property
+    def bookable_mib(self) -> int:
+        """What bookings may hold at any instant: max(0, total − headroom − outside)."""
+        return max(0, self.total_mib - self.headroom_mib - self.outside_mib)
+
+
+@dataclass(slots=True, eq=False)
+class Booking:
+    """One booking (see the module docstring). `claims`: the ids of the live leases that
+    claim it; `unclaimed_since`: monotonic time it was last held with no claim (its grace
+    counts from there); `told`: the notices already sent for it."""
+
+    booking_id: str
+    owner: str
+    project: str
+    session: str
+    purpose: str
+    gpu_uuids: tuple[str, ...]
+    mib: int
+    start_at: float
+    end_at: float
+    created_at: float
+    state: str = "booked"
+    claims: list[str] = field(default_factory=list)
+    unclaimed_since: float | None = None
+    ended_reason: str = ""
+    ended_at: float = 0.0
+    told: set[str] = field(default_factory=set)
+
+    @property
+    def live(self) -> bool:
+        """Booked, held or claimed."""
+        return self.state in LIVE_STATES
+
+    def to_record(self) -> dict[str, Any]:
+        """What the store keeps (the claims are rebuilt from the restored leases)."""
+        return {
+            "booking_id": self.booking_id,
+            "owner": self.owner,
+            "project": self.project,
+            "session": self.session,
+            "purpose": self.purpose,
+            "gpu_uuids": list(self.gpu_uuids),
+            "mib": self.mib,
+            "start_at": self.start_at,
+            "end_at": self.end_at,
+            "created_at": self.created_at,
+            "state": self.state,
+            "ended_reason": self.ended_reason,
+            "ended_at": self.ended_at,
+            "told": sorted(self.told),
+        }
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> Booking:
+        """A booking read back from the store (a held or claimed one comes back `booked`:
+        `tick` starts it again, its grace counted from the restart).
+
+        Raises:
+            KeyError, TypeError, ValueError: a malformed record.
+        """
+        state = str(rec["state"])
+        return cls(
+            booking_id=str(rec["booking_id"]),
+            owner=str(rec["owner"]),
+            project=str(rec["project"]),
+            session=str(rec["session"]),
+            purpose=str(rec["purpose"]),
+            gpu_uuids=tuple(str(u) for u in rec["gpu_uuids"]),
+            mib=int(rec["mib"]),
+            start_at=float(rec["start_at"]),
+            end_at=float(rec["end_at"]),
+            created_at=float(rec["created_at"]),
+            state="booked" if state in LIVE_STATES else state,
+            ended_reason=str(rec.get("ended_reason", "")),
+            ended_at=float(rec.get("ended_at", 0.0)),
+            told={str(t) for t in rec.get("told", [])},
+        )
+
+
+Save = Callable[[Booking], None]
+"""Writes a booking's record (committed on return); raises `OSError`/`sqlite3.Error`."""
+
+
+class Bookings:
+    """The bookings of one broker, indexed per GPU by start for the admission's `peak`.
+
+    `granted_of(lease_id)` is the MiB a live lease holds on each GPU (0 when it ended);
+    `base_of(uuid)` what a GPU offers bookings now (None: never sampled); `save` keeps a
+    booking (None: nothing is kept)."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        settings: BookingSettings,
+        granted_of: Callable[[str], int],
+        base_of: Callable[[str], BookingBase | None],
+        save: Save | None = None,
+    ) -> None:
+        self.clock = clock
+        self.settings = settings
+        self.granted_of = granted_of
+        self.base_of = base_of
+        self.save = save
+        self.by_id: dict[str, Booking] = {}
+        self._on: dict[str, list[Booking]] = {}  # GPU → its live bookings by start
+        self._starts: dict[str, list[float]] = {}  # GPU → their starts (for bisect)
+        self._longest_s: dict[str, float] = {}  # GPU → the longest live booking's length
+        self.by_lease: dict[str, str] = {}  # claiming lease → its booking
+
+    # -- the index -------------------------------------------------------------------------------
+    def _index(self, booking: Booking) -> None:
+        for uuid in booking.gpu_uuids:
+            on = self._on.setdefault(uuid, [])
+            starts = self._starts.setdefault(uuid, [])
+            at = bisect.bisect_right(starts, booking.start_at)
+            on.insert(at, booking)
+            starts.insert(at, booking.start_at)
+            length = booking.end_at - booking.start_at
+            self._longest_s[uuid] = max(self._longest_s.get(uuid, 0.0), length)
+
+    def _unindex(self, booking: Booking) -> None:
+        for uuid in booking.gpu_uuids:
+            on = self._on.get(uuid, [])
+            for i, other in enumerate(on):
+                if other is booking:
+                    del on[i]
+                    del self._starts[uuid][i]
+                    break
+            if not on:
+                self._on.pop(uuid, None)
+                self._starts.pop(uuid, None)
+                self._longest_s.pop(uuid, None)
+
+    def any_on(self, uuid: str) -> bool:
+        """Whether a live booking is on `uuid` (the admission's fast path)."""
+        return uuid in self._on
+
+    # -- protection ------------------------------------------------------------------------------
+    def claimed_mib(self, booking: Booking) -> int:
+        """MiB its claiming leases hold on each GPU."""
+        return sum(self.granted_of(lease_id) for lease_id in booking.claims)
+
+    def protected_mib(self, booking: Booking) -> int:
+        """MiB it protects on each of its GPUs: its MiB less what its claims hold."""
+        if not booking.live:
+            return 0
+        return max(0, booking.mib - self.claimed_mib(booking))
+
+    def overlapping(self, uuid: str, t0: float, t1: float) -> Iterator[Booking]:
+        """The live bookings on `uuid` whose window meets [t0, t1), by start."""
+        on = self._on.get(uuid)
+        if not on:
+            return
+        starts = self._starts[uuid]
+        lo = bisect.bisect_left(starts, t0 - self._longest_s[uuid])
+        hi = bisect.bisect_left(starts, t1)
+        for booking in on[lo:hi]:
+            if booking.end_at > t0:
+                yield booking
+
+    def peak(
+        self, uuid: str, t0: float, t1: float, exclude: str | None = None
+    ) -> tuple[int, list[Booking]]:
+        """The most MiB the live bookings on `uuid` (but `exclude`) protect together at any
+        instant of [t0, t1), and the bookings that do at that instant (([], 0) when none)."""
+        events: list[tuple[float, int, int, Booking]] = []
+        for booking in self.overlapping(uuid, t0, t1):
+            if booking.booking_id == exclude:
+                continue
+            mib = self.protected_mib(booking)
+            if mib <= 0:
+                continue
+            events.append((max(booking.start_at, t0), 1, mib, booking))
+            events.append((booking.end_at, 0, mib, booking))  # ends sort before starts
+        if not events:
+            return 0, []
+        events.sort(key=lambda e: (e[0], e[1]))
+        level, best, live, at_best = 0, 0, [], []
+        for _at, starts, mib, booking in events:
+            if starts:
+                level += mib
+                live.append(booking)
+                if level > best:
+                    best, at_best = level, list(live)
+            else:
+                level -= mib
+                live.remove(booking)
+        return best, at_best
+
+    def horizon(self, expected_s: float | None) -> tuple[float, float]:
+        """The wall-clock window a lease asked for now may overlap: [now, now + its declared
+        duration), or [now, now + `protect_s`) when it declares none."""
+        now = self.clock.wall()
+        return now, now + (expected_s if expected_s is not None else self.settings.protect_s)
+
+    # -- booking ----------------------------------------------------------------------------------
+    def live_of(self, owner: str) -> int:
+        """How many live bookings `owner` has."""
+        return sum(1 for b in self.by_id.values() if b.owner == owner and b.live)
+
+    def create(
+        self,
+        owner: str,
+        project: str,
+        session: str,
+        purpose: str,
+        mib: int,
+        gpus: int,
+        candidates: tuple[str, ...],
+        start_at: float,
+        end_at: float,
+    ) -> Booking:
+        """Accept a booking of `mib` on `gpus` of `candidates` (by index; one when pinned) for
+        [start_at, end_at), placed on the GPUs where it fits with the least room to spare.
+
+        Raises:
+            RpcError: `invalid_params` (an end not after the start, a start in the past);
+                `booking_too_long`, `booking_too_far`, `too_many_bookings` (the bounds of
+                `BookingSettings`, `data.limit`); `infeasible` (too few GPUs, more than total
+                − headroom); `telemetry_unavailable` (a GPU never sampled);
+                `booking_conflict` (the arithmetic; `data.nearest_start_at`);
+                `storage_unavailable` (nothing kept).
+        """
+        now = self.clock.wall()
+        cfg = self.settings
+        if end_at <= start_at:
+            raise RpcError(
+                ErrorCode.INVALID_PARAMS,
+                "a booking must end after it starts",
+                field="end_at",
+                start_at=start_at,
+                end_at=end_at,
+            )
+        if start_at < now - START_SLACK_S:
+            raise RpcError(
+                ErrorCode.INVALID_PARAMS,
+                f"a booking cannot start in the past ({fmt_window(start_at, end_at, now)})",
+                field="start_at",
+                start_at=start_at,
+                now_at=now,
+            )
+        start_at = max(start_at, now)
+        if end_at <= start_at:
+            raise RpcError(
+                ErrorCode.INVALID_PARAMS, "a booking must end in the future", field="end_at"
+            )
+        if end_at - start_at > cfg.max_duration_s:
+            raise RpcError(
+                ErrorCode.BOOKING_TOO_LONG,
+                f"refused: a booking may last at most {fmt_duration(cfg.max_duration_s)} here; "
+                f"{fmt_duration(end_at - start_at)} asked",
+                limit=cfg.max_duration_s,
+                duration_s=end_at - start_at,
+            )
+        if start_at > now + cfg.horizon_s:
+            raise RpcError(
+                ErrorCode.BOOKING_TOO_FAR,
+                f"refused: a booking may start at most {fmt_duration(cfg.horizon_s)} ahead here",
+                limit=cfg.horizon_s,
+                start_at=start_at,
+            )
+        count = self.live_of(owner)
+        if count >= cfg.max_per_user:
+            raise RpcError(
+                ErrorCode.TOO_MANY_BOOKINGS,
+                f"refused: {owner} already has {count} bookings, the most one user may have "
+                f"here ({cfg.max_per_user}); cancel one first",
+                limit=cfg.max_per_user,
+                count=count,
+            )
+        bases = self._bases(candidates, mib, gpus)
+        chosen = self._place(bases, mib, gpus, start_at, end_at)
+        if chosen is None:
+            raise self._conflict(bases, mib, gpus, start_at, end_at)
+        booking = Booking(
+            booking_id="book-" + secrets.token_hex(4),
+            owner=owner,
+            project=project,
+            session=session,
+            purpose=purpose,
+            gpu_uuids=tuple(chosen),
+            mib=mib,
+            start_at=start_at,
+            end_at=end_at,
+            created_at=now,
+        )
+        self._keep(booking)
+        self.by_id[booking.booking_id] = booking
+        self._index(booking)
+        return booking
+
+    def _bases(self, candidates: tuple[str, ...], mib: int, gpus: int) -> dict[str, BookingBase]:
+        """What each candidate offers bookings (raises when too few could ever hold `mib`)."""
+        if gpus > len(candidates):
+            raise RpcError(
+                ErrorCode.INFEASIBLE,
+                f"infeasible: {gpus} GPUs requested, this computer has {len(candidates)}",
+                requested_gpus=gpus,
+                gpu_count=len(candidates),
+            )
+        bases: dict[str, BookingBase] = {}
+        for uuid in candidates:
+            base = self.base_of(uuid)
+            if base is not None:
+                bases[uuid] = base
+        if len(bases) < gpus:
+            raise RpcError(
+                ErrorCode.TELEMETRY_UNAVAILABLE,
+                "refused: the memory of too many GPUs is not known yet to book on them",
+                reason="not_sampled",
+            )
+        usable = sorted((b.total_mib - b.headroom_mib for b in bases.values()), reverse=True)
+        if mib > usable[gpus - 1]:
+            raise RpcError(
+                ErrorCode.INFEASIBLE,
+                f"infeasible: {fmt_mib(mib)} MiB requested but no GPU here can ever offer more "
+                f"than {fmt_mib(usable[0])} MiB (total − headroom)",
+                requested_mib=mib,
+                usable_mib=usable[0],
+            )
+        return bases
+
+    def _room(self, uuid: str, base: BookingBase, t0: float, t1: float) -> int:
+        return base.bookable_mib - self.peak(uuid, t0, t1)[0]
+
+    def _place(
+        self, bases: dict[str, BookingBase], mib: int, gpus: int, t0: float, t1: float
+    ) -> list[str] | None:
+        """The `gpus` GPUs it fits on in [t0, t1), the ones with the least room first."""
+        rooms = [(self._room(u, b, t0, t1), b.index, u) for u, b in bases.items()]
+        fit = sorted(r for r in rooms if r[0] >= mib)
+        if len(fit) < gpus:
+            return None
+        return sorted((u for _, _, u in fit[:gpus]), key=lambda u: bases[u].index)
+
+    def _conflict(
+        self, bases: dict[str, BookingBase], mib: int, gpus: int, t0: float, t1: float
+    ) -> RpcError:
+        """`booking_conflict` with the arithmetic of the GPU that blocks (the `gpus`-th
+        roomiest) and the nearest window where it fits."""
+        now = self.clock.wall()
+        ranked = sorted(
+            bases.items(), key=lambda ub: (-self._room(ub[0], ub[1], t0, t1), ub[1].index)
+        )
+        uuid, base = ranked[gpus - 1]
+        booked, by = self.peak(uuid, t0, t1)
+        room = max(0, base.bookable_mib - booked)
+        outside = (
+            f" − {fmt_mib(base.outside_mib)} in use outside leases" if base.outside_mib else ""
+        )
+        nearest = self.nearest(bases, mib, gpus, t0, t1 - t0)
+        where = (
+            f"; it fits {fmt_window(nearest, nearest + t1 - t0, now)}"
+            if nearest is not None
+            else f"; no window within {fmt_duration(self.settings.horizon_s)} fits"
+        )
+        count = f"{len(by)} booking{'' if len(by) == 1 else 's'}"
+        return RpcError(
+            ErrorCode.BOOKING_CONFLICT,
+            f"refused: GPU {base.index} has {fmt_mib(room)} MiB bookable "
+            f"{fmt_window(t0, t1, now)}: {fmt_mib(base.total_mib)} − "
+            f"{fmt_mib(base.headroom_mib)} headroom{outside} − {fmt_mib(booked)} booked by "
+            f"{count}; {fmt_mib(mib)} requested{where}",
+            gpu_uuid=uuid,
+            bookable_mib=room,
+            total_mib=base.total_mib,
+            headroom_mib=base.headroom_mib,
+            outside_mib=base.outside_mib,
+            booked_mib=booked,
+            bookings=len(by),
+            requested_mib=mib,
+            start_at=t0,
+            end_at=t1,
+            nearest_start_at=nearest,
+        )
+
+    def nearest(
+        self, bases: dict[str, BookingBase], mib: int, gpus: int, start_at: float, length_s: float
+    ) -> float | None:
+        """The start nearest `start_at` (the later of two as near) of a window of `length_s`
+        where it fits, within now … now + horizon; None when there is none. The candidates
+        are the instants where the bookings change: now, each booking's end, and each
+        booking's start less `length_s`."""
+        now = self.clock.wall()
+        latest = now + self.settings.horizon_s
+        times = {now}
+        for uuid in bases:
+            for booking in self._on.get(uuid, []):
+                times.add(booking.end_at)
+                times.add(booking.start_at - length_s)
+        best: float | None = None
+        for at in sorted(t for t in times if now <= t <= latest):
+            if self._place(bases, mib, gpus, at, at + length_s) is None:
+                continue
+            if best is None or abs(at - start_at) <= abs(best - start_at):
+                best = at
+        return best
+
+    def _keep(self, booking: Booking) -> None:
+        if self.save is not None:
+            self.save(booking)
+
+    def _save_quietly(self, booking: Booking) -> None:
+        """Keep a change the broker made itself (a start, lapse, end, claim): a store that
+        cannot take it is logged; what is in memory stays right and is written at the next
+        change."""
+        try:
+            self._keep(booking)
+        except STORAGE_ERRORS as exc:  # a full disk
+            log.warning("booking %s not written: %s", booking.booking_id, exc)
+
+    # -- cancel, claim -----------------------------------------------------------------------------
+    def get(self, booking_id: str) -> Booking:
+        """Raises:
+        RpcError: `booking_not_found`."""
+        booking = self.by_id.get(booking_id)
+        if booking is None:
+            raise RpcError(
+                ErrorCode.BOOKING_NOT_FOUND,
+                f"no booking {booking_id} (never made, or ended long ago)",
+                booking_id=booking_id,
+            )
+        return booking
+
+    def cancel(self, booking_id: str, user: str, admin: bool) -> Booking:
+        """Cancel a live booking: its owner's, or anyone's for an `admin` (the reason says
+        who). Its claiming leases go on as ordinary leases.
+
+        Raises:
+            RpcError: `booking_not_found`, `not_booking_owner`, `booking_ended` (not live).
+        """
+        booking = self.get(booking_id)
+        if booking.owner != user and not admin:
+            raise RpcError(
+                ErrorCode.NOT_BOOKING_OWNER,
+                f"booking {booking_id} belongs to another user",
+                booking_id=booking_id,
+            )
+        if not booking.live:
+            raise RpcError(
+                ErrorCode.BOOKING_ENDED,
+                f"booking {booking_id} is already {booking.state}",
+                booking_id=booking_id,
+                state=booking.state,
+            )
+        who = f"admin {user}" if booking.owner != user else user
+        self._finish(booking, "cancelled", f"cancelled by {who}")
+        return booking
+
+    def check_claim(
+        self, booking_id: str, owner: str, mib: int, gpus: int, gpu_uuid: str | None
+    ) -> Booking:
+        """The booking a lease of `owner` for `mib` on `gpus` may claim now.
+
+        Raises:
+            RpcError: `booking_not_found`; `not_booking_owner`; `booking_not_started`
+                (`data.start_at`); `booking_ended` (`data.state`); `invalid_params` (more
+                MiB than the booking has unclaimed, other GPUs than its own).
+        """
+        booking = self.get(booking_id)
+        if booking.owner != owner:
+            raise RpcError(
+                ErrorCode.NOT_BOOKING_OWNER,
+                f"booking {booking_id} belongs to another user",
+                booking_id=booking_id,
+            )
+        now = self.clock.wall()
+        if booking.state == "booked":
+            raise RpcError(
+                ErrorCode.BOOKING_NOT_STARTED,
+                f"booking {booking_id} is for "
+                f"{fmt_window(booking.start_at, booking.end_at, now)}"
+                f" (it starts in {fmt_duration(max(1.0, booking.start_at - now))}); claim it then",
+                booking_id=booking_id,
+                start_at=booking.start_at,
+            )
+        if not booking.live:
+            raise RpcError(
+                ErrorCode.BOOKING_ENDED,
+                f"booking {booking_id} is {booking.state}"
+                + (f" ({booking.ended_reason})" if booking.ended_reason else ""),
+                booking_id=booking_id,
+                state=booking.state,
+            )
+        if gpus != len(booking.gpu_uuids) or (
+            gpu_uuid is not None and booking.gpu_uuids != (gpu_uuid,)
+        ):
+            raise RpcError(
+                ErrorCode.INVALID_PARAMS,
+                f"booking {booking_id} is on {len(booking.gpu_uuids)} GPU(s) of its own; ask for "
+                f"gpus={len(booking.gpu_uuids)} and no other GPU",
+                field="gpus",
+            )
+        left = booking.mib - self.claimed_mib(booking)
+        if mib > left:
+            raise RpcError(
+                ErrorCode.INVALID_PARAMS,
+                f"booking {booking_id} has {fmt_mib(left)} MiB unclaimed; {fmt_mib(mib)} "
+                "requested (resize the lease once granted to grow beyond it)",
+                field="mib",
+                unclaimed_mib=left,
+            )
+        return booking
+
+    def claimed(self, booking_id: str, lease_id: str) -> None:
+        """A lease claiming `booking_id` was granted."""
+        booking = self.by_id.get(booking_id)
+        if booking is None or not booking.live:
+            return
+        booking.claims.append(lease_id)
+        self.by_lease[lease_id] = booking_id
+        booking.unclaimed_since = None
+        if booking.state == "held":
+            booking.state = "claimed"
+            self._save_quietly(booking)
+
+    def lease_ended(self, lease_id: str) -> Booking | None:
+        """A lease ended: when it claimed a booking that is still on and no claim is left, the
+        booking is held again for `claim_grace_s`. Returns that booking, else None."""
+        booking_id = self.by_lease.pop(lease_id, None)
+        booking = self.by_id.get(booking_id) if booking_id is not None else None
+        if booking is None:
+            return None
+        if lease_id in booking.claims:
+            booking.claims.remove(lease_id)
+        if booking.state == "claimed" and not booking.claims:
+            booking.state = "held"
+            booking.unclaimed_since = self.clock.monotonic()
+            self._save_quietly(booking)
+            return booking
+        return None
+
+    # -- time ----------------------------------------------------------------------------------
+    def tick(self) -> list[Booking]:
+        """Move the bookings along the calendar: a start reached holds it (its grace counts
+        from now), a held booking unclaimed for `claim_grace_s` lapses, an end reached ends
+        it; a held one whose start is ahead again (the wall clock went back) is booked
+        again. Returns the bookings that changed."""
+        wall, mono = self.clock.wall(), self.clock.monotonic()
+        changed: list[Booking] = []
+        for booking in [b for b in self.by_id.values() if b.live]:
+            before = booking.state
+            if wall >= booking.end_at:
+                self._finish(booking, "ended", "its end came")
+            elif booking.state == "booked" and wall >= booking.start_at:
+                booking.state = "held"
+                booking.unclaimed_since = mono
+            elif booking.state == "held" and wall < booking.start_at:
+                booking.state, booking.unclaimed_since = "booked", None
+            elif (
+                booking.state == "held"
+                and booking.unclaimed_since is not None
+                and mono - booking.unclaimed_since >= self.settings.claim_grace_s
+            ):
+                self._finish(
+                    booking,
+                    "lapsed",
+                    f"not claimed within {fmt_duration(self.settings.claim_grace_s)}",
+                )
+            if booking.state != before:
+                if booking.live:
+                    self._save_quietly(booking)
+                changed.append(booking)
+        return changed
+
+    def _finish(self, booking: Booking, state: str, reason: str) -> None:
+        self._unindex(booking)
+        booking.state, booking.ended_reason = state, reason
+        booking.ended_at = self.clock.wall()
+        booking.unclaimed_since = None
+        for lease_id in booking.claims:
+            self.by_lease.pop(lease_id, None)
+        booking.claims = []
+        self._save_quietly(booking)
+        self._forget_old()
+
+    def _forget_old(self) -> None:
+        ended = [b for b in self.by_id.values() if not b.live]
+        for booking in sorted(ended, key=lambda b: b.ended_at)[: -self.settings.keep_ended]:
+            del self.by_id[booking.booking_id]
+
+    def claim_until(self, booking: Booking) -> float | None:
+        """While held: the wall time it lapses at unless claimed."""
+        if booking.state != "held" or booking.unclaimed_since is None:
+            return None
+        left = self.settings.claim_grace_s - (self.clock.monotonic() - booking.unclaimed_since)
+        return self.clock.wall() + max(0.0, left)
+
+    # -- views and restore -------------------------------------------------------------------------
+    def to_wire(self, booking: Booking) -> BookingView:
+        """A booking as the local API shows it."""
+        return {
+            "booking_id": booking.booking_id,
+            "owner": booking.owner,
+            "project": booking.project,
+            "session": booking.session,
+            "purpose": booking.purpose,
+            "mib": booking.mib,
+            "gpu_uuids": list(booking.gpu_uuids),
+            "start_at": booking.start_at,
+            "end_at": booking.end_at,
+            "created_at": booking.created_at,
+            "state": booking.state,
+            "claims": list(booking.claims),
+            "claimed_mib": self.claimed_mib(booking),
+            "claim_until": self.claim_until(booking),
+            "ended_reason": booking.ended_reason,
+            "ended_at": booking.ended_at,
+        }
+
+    def listed(self, asker: str, include_ended: bool) -> list[BookingView]:
+        """The asker's bookings, then everyone else's, each by start (ended ones only when
+        asked)."""
+        shown = [b for b in self.by_id.values() if b.live or include_ended]
+        shown.sort(key=lambda b: (b.owner != asker, b.start_at, b.booking_id))
+        return [self.to_wire(b) for b in shown]
+
+    def restore(self, records: Iterable[dict[str, Any]], claims: dict[str, str]) -> None:
+        """Fill from the store's records; `claims` maps each restored lease that claims a
+        booking to it. An unreadable record is logged and skipped."""
+        for rec in records:
+            try:
+                booking = Booking.from_record(rec)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("a stored booking is unreadable and was dropped: %s", exc)
+                continue
+            self.by_id[booking.booking_id] = booking
+            if booking.live:
+                self._index(booking)
+        self.tick()
+        for lease_id, booking_id in claims.items():
+            self.claimed(booking_id, lease_id)
