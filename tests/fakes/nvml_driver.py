@@ -41,6 +41,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tests.conftest import PROP_PROCESSES
 
 from rbroker.gpu.scenario import SimGpu, init_error, parse_scenario
 
@@ -179,6 +180,9 @@ def _build(compiler: str, flags: list[str], out: Path, old: bool) -> Path:
     cmd = [compiler, "-O2", "-Wall", "-Werror", *flags, "-o", str(tmp), str(SOURCE)]
     if old:
         cmd.insert(1, "-DRBROKER_OLD_DRIVER")
+    # the first test to load the driver builds it: the compiler is a prop of that test, as
+    # the harness's sleeping holders are, not its subject (a unit test may start it)
+    PROP_PROCESSES.add(tuple(cmd))
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"building the fake NVML driver failed:\n{done.stderr}")
