@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import secrets
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from rbroker.base.display import fmt_mib
-from rbroker.base.when import fmt_duration, fmt_window
+from rbroker.base.when import fmt_duration, fmt_when, fmt_window
 from rbroker.broker.clock import Clock
+from rbroker.broker.leases import Lease
 from rbroker.broker.store import STORAGE_ERRORS
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.results import BookingView
@@ -56,7 +58,9 @@ class BookingSettings:
     `claim_grace_s` (a started booking is held this long for a claim, then lapses; 15 min),
     `max_per_user` (live bookings per OS user; 8), `horizon_s` (how far ahead a booking may
     start; 14 days), `max_duration_s` (the longest booking; 24 h), `keep_ended` (ended,
-    lapsed and cancelled bookings kept for the lists; 200)."""
+    lapsed and cancelled bookings kept for the lists; 200), `start_notice_s` (how long before
+    a start the holders of leases in its way and its owner are told; 30 min) and
+    `end_notice_s` (how long before an end its claiming leases are told; 10 min)."""
 
     protect_s: float = 4 * 3600.0
     claim_grace_s: float = 15 * 60.0
@@ -64,6 +68,8 @@ class BookingSettings:
     horizon_s: float = 14 * 24 * 3600.0
     max_duration_s: float = 24 * 3600.0
     keep_ended: int = 200
+    start_notice_s: float = 30 * 60.0
+    end_notice_s: float = 10 * 60.0
 
     def __post_init__(self) -> None:
         """Raises:
@@ -168,6 +174,21 @@ class Booking:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something a person is told ahead about a booking (`Bookings.notices`): `kind` is
+    `overlaps` (to the owner `to` of lease `lease_id`, granted before the booking was
+    accepted, that may still hold its memory at its start), `may_wait` (to the booking's
+    owner: such leases exist) or `ends_soon` (to the holder of a claiming lease); `message`
+    says it in words."""
+
+    kind: str
+    booking: Booking
+    to: str
+    message: str
+    lease_id: str | None = None
+
+
 Save = Callable[[Booking], None]
 """Writes a booking's record (committed on return); raises `OSError`/`sqlite3.Error`."""
 
@@ -197,6 +218,11 @@ class Bookings:
         self._starts: dict[str, list[float]] = {}  # GPU → their starts (for bisect)
         self._longest_s: dict[str, float] = {}  # GPU → the longest live booking's length
         self.by_lease: dict[str, str] = {}  # claiming lease → its booking
+        # when `tick` and `notices` next have something to do (`due`): a wall time, a
+        # monotonic time (a grace's end), and the wall time last seen (a step back is due)
+        self._due_wall = -math.inf
+        self._due_mono = math.inf
+        self._seen_wall = -math.inf
 
     # -- the index -------------------------------------------------------------------------------
     def _index(self, booking: Booking) -> None:
@@ -250,15 +276,17 @@ class Bookings:
                 yield booking
 
     def peak(
-        self, uuid: str, t0: float, t1: float, exclude: str | None = None
+        self, uuid: str, t0: float, t1: float, exclude: str | None = None, promised: bool = False
     ) -> tuple[int, list[Booking]]:
         """The most MiB the live bookings on `uuid` (but `exclude`) protect together at any
-        instant of [t0, t1), and the bookings that do at that instant (([], 0) when none)."""
+        instant of [t0, t1), and the bookings that do at that instant ((0, []) when none).
+        `promised`: count each booking's whole MiB, claimed or not (what accepting a booking
+        weighs: a claim that ends gives its booking all of its MiB back until its end)."""
         events: list[tuple[float, int, int, Booking]] = []
         for booking in self.overlapping(uuid, t0, t1):
             if booking.booking_id == exclude:
                 continue
-            mib = self.protected_mib(booking)
+            mib = booking.mib if promised else self.protected_mib(booking)
             if mib <= 0:
                 continue
             events.append((max(booking.start_at, t0), 1, mib, booking))
@@ -378,6 +406,7 @@ class Bookings:
         self._keep(booking)
         self.by_id[booking.booking_id] = booking
         self._index(booking)
+        self.replan()
         return booking
 
     def _bases(self, candidates: tuple[str, ...], mib: int, gpus: int) -> dict[str, BookingBase]:
@@ -412,7 +441,7 @@ class Bookings:
         return bases
 
     def _room(self, uuid: str, base: BookingBase, t0: float, t1: float) -> int:
-        return base.bookable_mib - self.peak(uuid, t0, t1)[0]
+        return base.bookable_mib - self.peak(uuid, t0, t1, promised=True)[0]
 
     def _place(
         self, bases: dict[str, BookingBase], mib: int, gpus: int, t0: float, t1: float
@@ -434,7 +463,7 @@ class Bookings:
             bases.items(), key=lambda ub: (-self._room(ub[0], ub[1], t0, t1), ub[1].index)
         )
         uuid, base = ranked[gpus - 1]
-        booked, by = self.peak(uuid, t0, t1)
+        booked, by = self.peak(uuid, t0, t1, promised=True)
         room = max(0, base.bookable_mib - booked)
         outside = (
             f" − {fmt_mib(base.outside_mib)} in use outside leases" if base.outside_mib else ""
@@ -600,6 +629,7 @@ class Bookings:
             return
         booking.claims.append(lease_id)
         self.by_lease[lease_id] = booking_id
+        self.replan()
         booking.unclaimed_since = None
         if booking.state == "held":
             booking.state = "claimed"
@@ -614,6 +644,7 @@ class Bookings:
             return None
         if lease_id in booking.claims:
             booking.claims.remove(lease_id)
+        self.replan()
         if booking.state == "claimed" and not booking.claims:
             booking.state = "held"
             booking.unclaimed_since = self.clock.monotonic()
@@ -622,6 +653,53 @@ class Bookings:
         return None
 
     # -- time ----------------------------------------------------------------------------------
+    RECHECK_S = 60.0
+    """Within a booking's start notice, how often the leases in its way are looked at again."""
+
+    def replan(self) -> None:
+        """Something changed (a booking made, cancelled, claimed, released): `due` at once."""
+        self._due_wall = -math.inf
+
+    def due(self) -> bool:
+        """Whether `tick` or `notices` may have something to do now: a start, end, notice or
+        grace's end reached since the last look, a booking changed, or the wall clock went
+        back. Cheap, so the broker's tick (10 a second) costs nothing while none is due,
+        however many bookings there are."""
+        wall, mono = self.clock.wall(), self.clock.monotonic()
+        return wall < self._seen_wall or wall >= self._due_wall or mono >= self._due_mono
+
+    def _plan(self) -> None:
+        """Note when something is next due (see `due`)."""
+        wall = self.clock.wall()
+        cfg = self.settings
+        due_wall, due_mono = math.inf, math.inf
+        for booking in self.by_id.values():
+            if not booking.live:
+                continue
+            for at in (
+                booking.start_at - cfg.start_notice_s,
+                booking.start_at,
+                booking.end_at - cfg.end_notice_s,
+                booking.end_at,
+            ):
+                if at > wall:
+                    due_wall = min(due_wall, at)
+            if booking.state == "booked" and booking.start_at - wall <= cfg.start_notice_s:
+                due_wall = min(due_wall, wall + self.RECHECK_S)
+            if booking.state == "held" and booking.unclaimed_since is not None:
+                due_mono = min(due_mono, booking.unclaimed_since + cfg.claim_grace_s)
+        self._due_wall, self._due_mono, self._seen_wall = due_wall, due_mono, wall
+
+    def turn(self, leases_on: Callable[[str], list[Lease]]) -> tuple[list[Booking], list[Notice]]:
+        """The broker tick's turn: when something is `due`, move the bookings along the
+        calendar (`tick`) and gather what to tell (`notices`); else nothing, at once."""
+        if not self.due():
+            return [], []
+        moved = self.tick()
+        told = self.notices(leases_on)
+        self._plan()
+        return moved, told
+
     def tick(self) -> list[Booking]:
         """Move the bookings along the calendar: a start reached holds it (its grace counts
         from now), a held booking unclaimed for `claim_grace_s` lapses, an end reached ends
@@ -654,7 +732,110 @@ class Bookings:
                 changed.append(booking)
         return changed
 
+    def notices(self, leases_on: Callable[[str], list[Lease]]) -> list[Notice]:
+        """What to tell now, each once per booking (kept in `Booking.told`):
+        - within `start_notice_s` of a booking's start, when on one of its GPUs the leases
+          granted before it was accepted and not declared to end before its start hold more
+          than leaves it room beside the other bookings then (total − headroom − outside),
+          each such lease's owner (`overlaps`) and the booking's owner (`may_wait`);
+        - within `end_notice_s` of its end, each claiming lease's owner (`ends_soon`).
+        `leases_on(uuid)` gives the active leases on a GPU. Nothing is ended or changed."""
+        wall = self.clock.wall()
+        told: list[Notice] = []
+        for booking in [b for b in self.by_id.values() if b.live]:
+            start_in_s = booking.start_at - wall
+            if booking.state == "booked" and start_in_s <= self.settings.start_notice_s:
+                told += self._in_the_way(booking, leases_on, wall)
+            if booking.claims and booking.end_at - wall <= self.settings.end_notice_s:
+                for lease_id in booking.claims:
+                    key = f"ends_soon:{lease_id}"
+                    if key in booking.told:
+                        continue
+                    booking.told.add(key)
+                    owner = next(
+                        (
+                            x.owner
+                            for u in booking.gpu_uuids
+                            for x in leases_on(u)
+                            if x.lease_id == lease_id
+                        ),
+                        booking.owner,
+                    )
+                    told.append(
+                        Notice(
+                            "ends_soon",
+                            booking,
+                            owner,
+                            f"booking {booking.booking_id} ends at "
+                            f"{fmt_when(booking.end_at, wall)}: lease {lease_id} goes on as an "
+                            "ordinary lease, no longer protected",
+                            lease_id,
+                        )
+                    )
+                self._save_quietly(booking)
+        return told
+
+    def _in_the_way(
+        self, booking: Booking, leases_on: Callable[[str], list[Lease]], wall: float
+    ) -> list[Notice]:
+        """The `overlaps` and `may_wait` notices of a booking about to start (see `notices`)."""
+        at = booking.start_at
+        when = fmt_when(at, wall)
+        told: list[Notice] = []
+        for uuid in booking.gpu_uuids:
+            base = self.base_of(uuid)
+            if base is None:
+                continue
+            early = [
+                x
+                for x in leases_on(uuid)
+                if x.booking_id != booking.booking_id
+                and x.granted_at_wall < booking.created_at
+                and (x.expected_s is None or x.granted_at_wall + x.expected_s > at)
+            ]
+            held = sum(x.granted_mib for x in early)
+            booked, _ = self.peak(uuid, at, at + 1, exclude=booking.booking_id, promised=True)
+            room = base.bookable_mib - booked - held
+            if not early or room >= booking.mib:
+                continue
+            for lease in early:
+                key = f"overlaps:{lease.lease_id}"
+                if key in booking.told:
+                    continue
+                booking.told.add(key)
+                told.append(
+                    Notice(
+                        "overlaps",
+                        booking,
+                        lease.owner,
+                        f"your lease {lease.lease_id} ({fmt_mib(lease.granted_mib)} MiB on GPU "
+                        f"{base.index}) overlaps {booking.owner}'s booking {booking.booking_id} "
+                        f"at {when} ({fmt_mib(booking.mib)} MiB): nothing will end it, but "
+                        "release it by then if you can; the booking gets its memory first as "
+                        "it frees",
+                        lease.lease_id,
+                    )
+                )
+            key = f"may_wait:{uuid}"
+            if key not in booking.told:
+                booking.told.add(key)
+                count = f"{len(early)} lease{'' if len(early) == 1 else 's'}"
+                told.append(
+                    Notice(
+                        "may_wait",
+                        booking,
+                        booking.owner,
+                        f"your booking {booking.booking_id} at {when} may wait on GPU "
+                        f"{base.index}: {count} granted before it ({fmt_mib(held)} MiB) may "
+                        "still run then; it gets their memory first as it frees",
+                    )
+                )
+        if told:
+            self._save_quietly(booking)
+        return told
+
     def _finish(self, booking: Booking, state: str, reason: str) -> None:
+        self.replan()
         self._unindex(booking)
         booking.state, booking.ended_reason = state, reason
         booking.ended_at = self.clock.wall()

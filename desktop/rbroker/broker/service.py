@@ -766,9 +766,23 @@ class Broker:
         """The tick's turn (`ticks.tick_loop`): expiry, the lifetimes kept, then the jobs
         left unattended for `job_abandon_s` ended (`JobTable.check_abandoned`)."""
         self._expire(now)
-        moved = self.bookings.tick()
+        moved, told = self.bookings.turn(self.lessor.on)
         for booking in moved:
             self._booking_changed(booking)
+        for notice in told:
+            self.emit(
+                "booking_notice",
+                {
+                    "booking_id": notice.booking.booking_id,
+                    "owner": notice.booking.owner,
+                    "notice": notice.kind,
+                    "to": notice.to,
+                    "lease_id": notice.lease_id,
+                    "start_at": notice.booking.start_at,
+                    "end_at": notice.booking.end_at,
+                    "message": notice.message,
+                },
+            )
         if moved and self.queue:
             self._admit()  # a lapse or an end frees memory; a start protects it
         if self.store is not None:

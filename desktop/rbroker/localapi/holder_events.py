@@ -3,8 +3,10 @@ and the events meant for a lease's own holder, sent to the connection the lease 
 as an `event` notification `{kind, data}` whether or not that connection subscribed:
 `over_grant` (the SDK turns it into a Python warning) and `lease_ended` (`{lease_id, state,
 ended_reason}`: the lease was ended by someone other than its holder, e.g. "released by
-admin <user>"; the SDK marks the lease lost). A subscribed connection already gets them with
-every other event, not twice. And to the connection of a `lease.acquire` that waits, its
+admin <user>"; the SDK marks the lease lost) and `booking_notice` with a `lease_id` (a
+booking that the lease may be in the way of, or that the lease claims, starts or ends soon:
+docs/architecture.md §2a; the SDK logs its `message`). A subscribed connection already gets
+them with every other event, not twice. And to the connection of a `lease.acquire` that waits, its
 place in the queue as it changes (`tell_waiting`: the `waiting` event).
 """
 
@@ -23,7 +25,7 @@ from rbroker_protocol.results import QueuedRequest
 
 log = logging.getLogger(__name__)
 
-HOLDER_KINDS = frozenset({"over_grant", "lease_ended"})
+HOLDER_KINDS = frozenset({"over_grant", "lease_ended", "booking_notice"})
 """Event kinds sent to the lease's holder connection."""
 
 
@@ -42,6 +44,8 @@ def route(broker: Broker, connections: Collection[Connection]) -> Callable[[], N
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
         if kind not in HOLDER_KINDS:
+            return
+        if data.get("lease_id") is None:
             return
         conn_id = broker.holder_connection(str(data.get("lease_id")), kind == "lease_ended")
         if conn_id is None:

@@ -328,9 +328,14 @@ def test_bookings_and_their_claims_survive_a_restart(
     assert views[far["booking_id"]]["state"] == "booked"
     assert views[now["booking_id"]]["state"] == "claimed"
     assert views[now["booking_id"]]["claims"] == [lease.lease_id]
-    # the protection holds across the restart: 4 000 of the booking are still unclaimed
-    err = refused(h, lambda: book(h, USABLE - 3999, 1.5 * H, 0.1 * H))
+    # the protection holds across the restart: 4 000 of the booking are still unclaimed…
+    _, other = pool.spawn()
+    h.sample()
+    err = lease_refused(h, other, USABLE - 12000 - 4000 + 1)
     assert err.data["booked_mib"] == 4000
+    # …and its whole 16 000 stay promised to later bookings of its window
+    err = refused(h, lambda: book(h, USABLE - 15999, 1.5 * H, 0.1 * H))
+    assert err.data["booked_mib"] == 16000
 
 
 def test_a_two_gpu_booking_takes_two_gpus_and_a_claim_gets_both(
@@ -345,3 +350,79 @@ def test_a_two_gpu_booking_takes_two_gpus_and_a_claim_gets_both(
     assert err.name is ErrorCode.INVALID_PARAMS and err.data["field"] == "gpus"
     lease = lease_now(h, holder, 10000, gpus=2, booking_id=made["booking_id"])
     assert set(lease.gpu_uuids) == {GPU0, GPU1}
+
+
+def notices_of(h: InProcessBroker) -> list[dict[str, object]]:
+    told: list[dict[str, object]] = []
+    h.broker.subscribe(lambda kind, data: told.append(data) if kind == "booking_notice" else None)
+    return told
+
+
+def test_a_lease_in_the_way_and_the_booking_s_owner_are_told_once_30_min_ahead(
+    b: InProcessBroker, pool: SleeperPool
+) -> None:
+    _, holder = pool.spawn()
+    early = lease_now(b, holder, 20000, ttl_s=3600.0)
+    b.clock.advance(1)
+    made = book(b, 16000, 40 * 60, H, owner="alice")
+    told = notices_of(b)
+    later(b, 9 * 60)
+    assert told == []  # 31 min ahead: not yet
+    later(b, 60)
+    assert [(t["notice"], t["to"], t["lease_id"]) for t in told] == [
+        ("overlaps", "tester", early.lease_id),
+        ("may_wait", "alice", None),
+    ]
+    assert f"your lease {early.lease_id} (20 000 MiB on GPU 0) overlaps alice's booking" in str(
+        told[0]["message"]
+    )
+    assert "nothing will end it" in str(told[0]["message"])
+    assert told[1]["booking_id"] == made["booking_id"]
+    later(b, 60)
+    b.broker.renew(early.lease_id, "tester")
+    later(b, 60)
+    assert len(told) == 2  # once per booking and lease
+
+
+def test_a_lease_declared_to_end_before_the_start_or_one_leaving_room_is_not_told(
+    b: InProcessBroker, pool: SleeperPool
+) -> None:
+    _, holder = pool.spawn()
+    lease_now(b, holder, 20000, ttl_s=3600.0, expected_s=20 * 60)  # ends before the start
+    lease_now(b, holder, 3000, ttl_s=3600.0)  # runs on, but 16 000 still fit beside it
+    b.clock.advance(1)
+    book(b, 16000, 40 * 60, H, owner="alice")
+    told = notices_of(b)
+    later(b, 15 * 60)
+    assert told == []
+
+
+def test_the_claiming_lease_is_told_10_min_before_the_booking_ends(
+    b: InProcessBroker, pool: SleeperPool
+) -> None:
+    _, holder = pool.spawn()
+    made = book(b, 16000, H, H)
+    later(b, H)
+    lease = lease_now(b, holder, 16000, booking_id=made["booking_id"], ttl_s=3600.0)
+    told = notices_of(b)
+    later(b, 49 * 60)
+    assert told == []
+    later(b, 60)
+    assert [(t["notice"], t["lease_id"]) for t in told] == [("ends_soon", lease.lease_id)]
+    assert "goes on as an ordinary lease" in str(told[0]["message"])
+
+
+def test_a_claimed_booking_s_memory_stays_promised_to_later_bookings_of_its_window(
+    b: InProcessBroker, pool: SleeperPool
+) -> None:
+    """Found by the property: a booking fully claimed protected nothing, so a second booking
+    was accepted in its memory, and when the claim ended the two promised 1 000 MiB more
+    than the GPU has."""
+    _, holder = pool.spawn()
+    made = book(b, USABLE, 60, 60)
+    later(b, 60)
+    lease = lease_now(b, holder, USABLE, booking_id=made["booking_id"])
+    err = refused(b, lambda: book(b, 1000, 0, 60))
+    assert err.name is ErrorCode.BOOKING_CONFLICT and err.data["booked_mib"] == USABLE
+    b.broker.release(lease.lease_id, "tester")
+    assert b.broker.bookings_list("tester")["bookings"][0]["state"] == "held"
