@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Container, Iterator
 
 from rbroker.base.cuda import cuda_indices
+from rbroker.base.when import fmt_when
 from rbroker.broker import listing
 from rbroker.broker.admission import Admission
 from rbroker.broker.clock import Clock
@@ -247,7 +248,7 @@ class ReadModel:
             for w in self.waiting.waiters
         ]
         use = self.lessor.granted_by_project() if self.shares.enabled else None
-        return estimate(
+        played = estimate(
             available,
             holdings,
             queue,
@@ -256,6 +257,11 @@ class ReadModel:
             use,
             bypass_s=self.config.max_share_bypass_s,
         )
+        for w in self.waiting.waiters:
+            until = w.reason_data.get("booked_until_at")
+            if isinstance(until, float | int) and w.request_id in played:
+                played[w.request_id] = _after_bookings(played[w.request_id], until, wall)
+        return played
 
     def queue_order(self) -> str:
         """How admission orders the queue, in words: "FIFO", or "by [shares]: vision 2,
@@ -321,3 +327,17 @@ def _declared_left_s(lease: Lease, now: float, wall: float) -> float | None:
     if lease.granted_at > -math.inf:
         return lease.granted_at + lease.expected_s - now
     return lease.granted_at_wall + lease.expected_s - wall
+
+
+def _after_bookings(played: Estimate, until_wall: float, wall: float) -> Estimate:
+    """A waiting request's estimate when bookings take part in its wait (its reason's
+    `booked_until_at`, wall clock): not before those bookings end, and saying so (the play
+    of `rbroker.broker.eta` knows only leases). With no estimate it stays without one, the
+    booking's end named."""
+    until_s = max(0.0, until_wall - wall)
+    words = f"bookings hold its memory until {fmt_when(until_wall, wall)}"
+    if played.eta_s is None:
+        return Estimate(None, f"{played.reason}; {words}" if played.reason else words)
+    if played.eta_s >= until_s:
+        return played
+    return Estimate(until_s, words)

@@ -426,3 +426,16 @@ def test_a_claimed_booking_s_memory_stays_promised_to_later_bookings_of_its_wind
     assert err.name is ErrorCode.BOOKING_CONFLICT and err.data["booked_mib"] == USABLE
     b.broker.release(lease.lease_id, "tester")
     assert b.broker.bookings_list("tester")["bookings"][0]["state"] == "held"
+
+
+def test_a_request_waiting_for_a_booking_is_estimated_at_the_booking_s_end(
+    b: InProcessBroker, pool: SleeperPool
+) -> None:
+    _, holder = pool.spawn()
+    book(b, 16000, H, 2 * H, owner="alice")
+    task = b.acquire(holder, mib=10000, wait_s=6 * H)
+    assert not task.done()
+    (entry,) = b.broker.leases_view(asker="tester")["queue"]
+    assert entry["reason_data"]["booked_until_at"] == b.clock.wall() + 3 * H
+    assert entry.get("eta_s") == pytest.approx(3 * H, abs=1)
+    assert str(entry.get("eta_reason", "")).startswith("bookings hold its memory until ")
