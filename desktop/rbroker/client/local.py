@@ -33,6 +33,10 @@ from rbroker_protocol.params import AcquireRequest
 from rbroker_protocol.results import (
     AcquireResult,
     AttachResult,
+    BookingResult,
+    BookingsListResult,
+    BookingView,
+    BookResult,
     BrokerStatus,
     CancelResult,
     GpusListResult,
@@ -591,6 +595,51 @@ class Client:
     def pause(self, paused: bool) -> PauseResult:
         """`broker.pause` (administrators): pause or resume new admissions."""
         result: PauseResult = self.call("broker.pause", paused=paused)
+        return result
+
+    # -- bookings (docs/architecture.md §2a) --------------------------------------------------
+    def book(
+        self,
+        *,
+        mib: int,
+        start_at: float,
+        end_at: float,
+        project: str,
+        session: str,
+        purpose: str,
+        gpus: int = 1,
+        gpu_uuid: str | None = None,
+    ) -> BookingView:
+        """`booking.create`: book `mib` MiB on each of `gpus` GPUs (or on the pinned
+        `gpu_uuid`) for the wall-clock window [`start_at`, `end_at`), Unix seconds (UTC).
+        Answers the booking accepted. Raises BookingRefused (does not fit: the message
+        carries the arithmetic and the nearest window), InvalidParams, DescriptionRejected,
+        a per-user bound's refusal, BrokerUnavailable."""
+        params: dict[str, Any] = {
+            "mib": mib,
+            "gpus": gpus,
+            "start_at": start_at,
+            "end_at": end_at,
+            "project": project,
+            "session": session,
+            "purpose": purpose,
+        }
+        if gpu_uuid:
+            params["gpu_uuid"] = gpu_uuid
+        result: BookResult = self.call("booking.create", **params)
+        return result["booking"]
+
+    def cancel_booking(self, booking_id: str) -> BookingView:
+        """`booking.cancel`: the booking as it is after the cancel (the owner's, or anyone's
+        for an administrator). Raises BookingNotFound, NotBookingOwner, BrokerUnavailable."""
+        result: BookingResult = self.call("booking.cancel", booking_id=booking_id)
+        return result["booking"]
+
+    def bookings(self, include_ended: bool = False) -> BookingsListResult:
+        """`bookings.list`: the asker's bookings first, then everyone's, each by start, with
+        the broker's wall clock (`now_at`, Unix seconds) and each GPU's usable MiB by UUID;
+        `include_ended` adds the ended, lapsed and cancelled ones kept."""
+        result: BookingsListResult = self.call("bookings.list", include_ended=include_ended)
         return result
 
     # -- parallel jobs (docs/architecture.md §4) ---------------------------------------------
