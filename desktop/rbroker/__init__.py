@@ -8,9 +8,13 @@
 Importing this package loads no NVML, Qt or server code (architecture.md §1).
 """
 
+from rbroker._booking import Booking, book, bookings, cancel_booking
 from rbroker._job import ChunkTask, Job, JobRef, job
 from rbroker._lease import Lease, alease, lease
 from rbroker.base.exceptions import (
+    BookingNotClaimable,
+    BookingNotFound,
+    BookingRefused,
     BrokerUnavailable,
     Cancelled,
     CapacityUnavailable,
@@ -24,6 +28,7 @@ from rbroker.base.exceptions import (
     LimitReached,
     MethodNotFound,
     NotAllowed,
+    NotBookingOwner,
     NotJobOwner,
     NotLeaseOwner,
     NotSimulated,
@@ -41,6 +46,10 @@ from rbroker.base.version import __version__
 from rbroker.client.local import Client
 
 __all__ = [
+    "Booking",
+    "BookingNotClaimable",
+    "BookingNotFound",
+    "BookingRefused",
     "BrokerUnavailable",
     "Cancelled",
     "CapacityUnavailable",
@@ -59,6 +68,7 @@ __all__ = [
     "LimitReached",
     "MethodNotFound",
     "NotAllowed",
+    "NotBookingOwner",
     "NotJobOwner",
     "NotLeaseOwner",
     "NotSimulated",
@@ -73,6 +83,9 @@ __all__ = [
     "WaitTooLong",
     "__version__",
     "alease",
+    "book",
+    "bookings",
+    "cancel_booking",
     "job",
     "lease",
 ]

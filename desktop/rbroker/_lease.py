@@ -381,6 +381,7 @@ def _acquire(
     on_wait: Callable[[dict[str, Any]], None] | None = None,
     expected_s: float | None = None,
     withdrawal: _Withdrawal | None = None,
+    booking_id: str | None = None,
 ) -> _Holder:
     """Connect, ask for the lease (waiting up to `wait_s` s), and hold what is granted.
 
@@ -410,6 +411,8 @@ def _acquire(
         params["job_id"] = job_id
     if expected_s is not None:
         params["expected_s"] = expected_s
+    if booking_id is not None:
+        params["booking_id"] = booking_id
     done = threading.Event()
     watcher = None
     if on_wait is not None and wait_s > 0:
@@ -528,6 +531,7 @@ def lease(
     socket: str | None = None,
     on_wait: Callable[[dict[str, Any]], None] | None = None,
     expected_s: float | None = None,
+    booking: str | None = None,
 ) -> Iterator[Lease]:
     """Hold `mib` MiB on `gpus` GPU(s) for the `with` block.
 
@@ -544,6 +548,10 @@ def lease(
     ends ("1 lease of nlp declared to end by then") rather than judged from how long earlier
     leases lived. A hint only: nothing ends the lease when the block runs longer.
 
+    `booking` (optional, a booking id from `rbroker.book()`) claims that booking of yours:
+    from its start until its end the lease is granted on its GPUs ahead of the queue, out of
+    the MiB it holds (docs/architecture.md §2a).
+
     The descriptions default as in `rbroker run`: `project="default"`, `session` the
     program's name (`program_name()`), `purpose="run <program name>"`.
 
@@ -555,6 +563,8 @@ def lease(
         CapacityUnavailable / WaitTimeout: no room now / within `wait_s`.
         Infeasible: can never fit here. DescriptionRejected: a description broke a rule.
         TelemetryUnavailable: the GPU's telemetry is failing. BrokerUnavailable: no broker.
+        BookingNotClaimable: `booking` has not started (`booking_not_started`) or is over
+        (`booking_ended`). BookingNotFound, NotBookingOwner: no such booking of yours.
     """
     project, session, purpose = _descriptions(project, session, purpose)
     holder = _acquire(
@@ -570,6 +580,7 @@ def lease(
         socket,
         on_wait=on_wait,
         expected_s=expected_s,
+        booking_id=booking,
     )
     try:
         yield holder.lease
@@ -592,6 +603,7 @@ async def alease(
     adopt: bool = False,
     socket: str | None = None,
     expected_s: float | None = None,
+    booking: str | None = None,
 ) -> AsyncIterator[Lease]:
     """`async with rbroker.alease(...)`: `lease()` for asyncio code.
 
@@ -609,7 +621,7 @@ async def alease(
     granting = _on_own_thread(
         lambda: _acquire(
             mib, project, session, purpose, wait_s, gpus, gpu_uuid, ttl_s, adopt, socket,
-            expected_s=expected_s, withdrawal=withdrawal,
+            expected_s=expected_s, withdrawal=withdrawal, booking_id=booking,
         ),
         on_abandoned=lambda granted: granted.release(),
     )  # fmt: skip

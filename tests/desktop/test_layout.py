@@ -25,6 +25,7 @@ SDK: tuple[str, ...] = (
     "rbroker._lease",
     "rbroker._lease_record",
     "rbroker._job",
+    "rbroker._booking",
     "rbroker._frameworks",
 )
 """The SDK, the only modules at the package top (`rbroker` is its `__init__`) but the command
