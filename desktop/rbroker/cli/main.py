@@ -215,8 +215,25 @@ def build_parser() -> argparse.ArgumentParser:
         "cannot be started, 127 it is not found",
     )
     _add_socket(r)
-    r.add_argument("--mib", type=int, required=True, help="GPU memory to lease on each GPU, MiB")
-    r.add_argument("--gpus", type=int, default=1, help="how many GPUs (default 1)")
+    r.add_argument(
+        "--mib",
+        type=int,
+        help="GPU memory to lease on each GPU, MiB (required, except with --booking: the "
+        "booking's unclaimed MiB)",
+    )
+    r.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="how many GPUs (default 1; with --booking, the booking's)",
+    )
+    r.add_argument(
+        "--booking",
+        metavar="ID",
+        default=None,
+        help="claim this booking of yours (from rbroker book): from its start the lease is "
+        "granted on its GPUs ahead of the queue",
+    )
     r.add_argument(
         "--gpu", dest="gpu_uuid", metavar="UUID", help="pin to this GPU (UUID from rbroker status)"
     )
@@ -277,6 +294,46 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument(
         "lease", metavar="ID", help="lease id or a unique prefix of it, or req-N (a request)"
     )
+
+    bk = sub.add_parser(
+        "book",
+        help="book GPU memory ahead for a time window (or: book cancel ID)",
+        usage="rbroker book --mib N [--gpus K] [--gpu UUID] --start WHEN "
+        "(--for DURATION | --until WHEN) --project P --purpose TEXT [--session S] [--json]\n"
+        "       rbroker book cancel ID",
+        description="Book MiB on GPUs for a wall-clock window: the broker accepts it only "
+        "where it fits beside the other bookings of that window (else it says the arithmetic "
+        "and the nearest window where it fits) and keeps that memory for you from its start; "
+        "claim it then with `rbroker run --booking ID -- COMMAND`. WHEN: 14:00, 'tomorrow "
+        "09:30', 'mon 14:00', +2h, 'in 90m', an ISO 8601 date-time, 'now' (local time). "
+        "DURATION: 4h, 90m, 1h30m, 2:30. `rbroker book cancel ID` cancels one of yours.",
+        epilog="exit codes: 0; 2 refused (does not fit, a bound, bad input); 69 no broker",
+    )
+    _add_socket(bk)
+    bk.add_argument("action", nargs="?", choices=("cancel",), help="cancel the booking ID")
+    bk.add_argument("booking_id", nargs="?", metavar="ID", help="the booking to cancel")
+    bk.add_argument("--mib", type=int, help="GPU memory to book on each GPU, MiB")
+    bk.add_argument("--gpus", type=int, default=1, help="how many GPUs (default 1)")
+    bk.add_argument("--gpu", dest="gpu_uuid", metavar="UUID", help="book on this GPU")
+    bk.add_argument("--start", metavar="WHEN", help="when it starts (local time)")
+    length = bk.add_mutually_exclusive_group()
+    length.add_argument("--for", dest="duration", metavar="DURATION", help="how long")
+    length.add_argument("--until", metavar="WHEN", help="when it ends (local time)")
+    bk.add_argument("--project", help="project the booking is for")
+    bk.add_argument("--purpose", help="what it is for (shown to every user of this computer)")
+    bk.add_argument("--session", help="session name (default: 'rbroker book')")
+    bk.add_argument("--json", action="store_true", help="print the booking as JSON")
+
+    bl = sub.add_parser(
+        "bookings",
+        help="bookings of the local broker: a table and the next 24 hours per GPU",
+        epilog="exit codes: 0; 2 refused; 69 no broker",
+    )
+    _add_socket(bl)
+    bl.add_argument(
+        "--all", action="store_true", help="also the bookings ended, lapsed or cancelled"
+    )
+    bl.add_argument("--json", action="store_true", help="print the raw JSON")
 
     j = sub.add_parser("jobs", help="parallel jobs: progress, items per second, ETA")
     _add_socket(j)
@@ -387,6 +444,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rbroker.cli.release import run_release
 
         return run_release(args)
+    if args.command == "book":
+        from rbroker.cli.bookings import run_book
+
+        return run_book(args)
+    if args.command == "bookings":
+        from rbroker.cli.bookings import run_bookings
+
+        return run_bookings(args)
     if args.command == "jobs":
         from rbroker.cli.jobs import run_jobs
 

@@ -65,6 +65,7 @@ FLAGS = {
     "wait_s": "--wait",
     "ttl_s": "--ttl",
     "expected_s": "--expected",
+    "booking_id": "--booking",
 }
 """Local API parameter → the `rbroker run` flag that sets it."""
 
@@ -219,6 +220,40 @@ def _wait_noting_loss(child: subprocess.Popen[bytes], lease: Any, console: Conso
             return child.wait()
 
 
+def _booking_size(booking_id: str, socket: str | None, console: Console) -> tuple[int, int] | int:
+    """(the MiB of booking `booking_id` not yet claimed, its GPU count), from the broker's
+    list; or the exit code after one line on stderr: no broker (69, or 2 refused), no such
+    booking of this user's, nothing of it left unclaimed (2)."""
+    try:
+        with rbroker.Client(socket, timeout_s=10) as client:
+            listed = client.bookings()["bookings"]
+            me = client.hello()["owner"]
+    except (rbroker.BrokerUnavailable, rbroker.NotAllowed) as exc:
+        console.print(f"rbroker run: {exc}", markup=False, soft_wrap=True)
+        return unusable_exit(exc)
+    except rbroker.RBrokerError as exc:
+        console.print(f"rbroker run: {exc}", markup=False, soft_wrap=True)
+        return EX_USAGE
+    found = next((b for b in listed if b["booking_id"] == booking_id), None)
+    if found is None or found["owner"] != me:
+        console.print(
+            f"rbroker run: no live booking {booking_id!r} of yours (rbroker bookings lists them)",
+            markup=False,
+            soft_wrap=True,
+        )
+        return EX_USAGE
+    left = int(found["mib"]) - int(found.get("claimed_mib") or 0)
+    if left <= 0:
+        console.print(
+            f"rbroker run: booking {booking_id} is claimed in full "
+            f"({fmt_mib(int(found['mib']))} MiB): give --mib to ask for more",
+            markup=False,
+            soft_wrap=True,
+        )
+        return EX_USAGE
+    return left, len(found["gpu_uuids"])
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run `args.cmd` under a lease; returns the exit code described in the module doc."""
     console = Console(stderr=True, highlight=False)
@@ -237,6 +272,25 @@ def run_command(args: argparse.Namespace) -> int:
         return EX_USAGE
     program = os.path.basename(cmd[0]) or "command"
     expected_s: float | None = getattr(args, "expected", None)
+    booking_id: str | None = getattr(args, "booking", None)
+    if booking_id is not None:
+        booking_id = booking_id.strip()
+        if args.mib is None:
+            sized = _booking_size(booking_id, args.socket, console)
+            if isinstance(sized, int):
+                return sized
+            args.mib, gpus = sized
+            if args.gpus is None:
+                args.gpus = gpus
+    if args.mib is None:
+        console.print(
+            "rbroker run: give --mib MiB (or --booking ID to claim a booking)",
+            markup=False,
+            soft_wrap=True,
+        )
+        return EX_USAGE
+    if args.gpus is None:
+        args.gpus = 1
     request = {
         "mib": args.mib,
         "project": args.project,
@@ -247,6 +301,7 @@ def run_command(args: argparse.Namespace) -> int:
         "gpu_uuid": args.gpu_uuid,
         "ttl_s": args.ttl,
         "expected_s": expected_s,
+        "booking_id": booking_id,
     }
     try:
         AcquireParams.model_validate(request)
@@ -267,6 +322,7 @@ def run_command(args: argparse.Namespace) -> int:
             socket=args.socket,
             on_wait=display.show,
             expected_s=expected_s,
+            booking=booking_id,
         )
         lease = ctx.__enter__()
     except rbroker.BrokerUnavailable as exc:
