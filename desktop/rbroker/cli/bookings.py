@@ -267,7 +267,7 @@ def run_bookings(args: argparse.Namespace) -> int:
     note = f"{fmt_count(left_out)} of other users' bookings not listed" if left_out else None
     sheet = bookings_table(answer["bookings"], gpus, answer["now_at"], note)
     print_view(console, View(sheet))
-    width = min(console.width, 200) if console.is_terminal else 80
+    width = console.width if console.is_terminal else 80
     ascii_only = not can_print_blocks(getattr(sys.stdout, "encoding", None))
     lines = timeline_lines(answer, gpus, me, max(width, 20), ascii_only)
     if lines:
