@@ -37,6 +37,8 @@ T = TypeVar("T")
 LEASE_LOST = "rbroker_lease_lost"
 """Attribute set (True) on the log record that says a lease was lost: a caller that tells
 its user itself (`rbroker run`) filters that record out instead of saying it twice."""
+BOOKING_NOTICE = "rbroker_booking_notice"
+"""Set (True) on the log record of a booking notice to a lease (`booking_notice` events)."""
 
 
 DEFAULT_PROJECT = "default"
@@ -131,6 +133,11 @@ class _Holder:
         data = params.get("data") or {}
         if params.get("kind") == "over_grant" and data.get("lease_id") == self.lease.lease_id:
             note_over_grant(self.lease, data)
+        if params.get("kind") == "booking_notice" and data.get("lease_id") == self.lease.lease_id:
+            # a booking this lease may be in the way of, or that it claims, ends soon
+            # (docs/architecture.md §2a): said once, as a warning of this logger
+            words = "".join(ch for ch in str(data.get("message", "")) if ch.isprintable())
+            log.warning("rbroker: %s", words, extra={BOOKING_NOTICE: True})
         if params.get("kind") == "lease_ended" and data.get("lease_id") == self.lease.lease_id:
             # ended by someone else (an admin, another process of this user): lost now
             state, reason = data.get("state"), data.get("ended_reason")

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from rich.console import Console
@@ -217,3 +218,28 @@ def test_user_text_reaches_a_terminal_as_written() -> None:
     assert "eval [bold]shard 3[/bold] [/x]" in shown
     assert "\x1b" not in shown and "ev [31mil" in shown
     assert clean("a\x1b\x07\u202eb") == "a   b"
+
+
+def test_rbroker_run_says_on_stderr_that_its_lease_is_in_a_booking_s_way(
+    broker: BrokerProcess,
+) -> None:
+    """A `booking_notice` for the wrapped command's lease is one line on `run`'s stderr."""
+    run = subprocess.Popen(
+        [sys.executable, "-m", "rbroker", "run", "--socket", broker.socket, "--mib", "20000",
+         "--", sys.executable, "-c", "import time; time.sleep(4)"],
+        stderr=subprocess.PIPE,
+        encoding="utf-8",
+    )  # fmt: skip
+    try:
+        with broker.client() as c:
+            deadline = time.monotonic() + 20
+            while not c.leases()["leases"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+        _book(broker, "--mib", "16000", "--start", "+20m", "--for", "1h", *BOOK)
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    told = [line for line in err.splitlines() if "overlaps" in line]
+    assert len(told) == 1, err
+    assert told[0].startswith("rbroker: your lease lease-") and "(20 000 MiB on GPU 0)" in told[0]
+    assert run.returncode == 0

@@ -111,3 +111,23 @@ def test_bad_times_are_one_line_invalid_params(kw: dict[str, object], words: str
     with pytest.raises(rbroker.InvalidParams) as bad:
         rbroker.book(10, socket="/nonexistent/broker.sock", **DESC, **kw)  # type: ignore[arg-type]
     assert words in str(bad.value) and "\n" not in str(bad.value)
+
+
+def test_a_lease_in_a_booking_s_way_is_told_once_as_a_warning(
+    broker: BrokerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """30 min before a booking's start, a lease granted before it that leaves it no room is
+    told (the `booking_notice` event on the lease's own connection): the SDK logs it."""
+    with (
+        caplog.at_level("WARNING", logger="rbroker._lease"),
+        rbroker.lease(20_000, socket=broker.socket, **DESC) as lease,
+    ):
+        time.sleep(0.01)  # the booking is accepted after the grant
+        booking = rbroker.book(16_000, start="+20m", duration="1h", socket=broker.socket, **DESC)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not caplog.records:
+            time.sleep(0.05)
+        (record,) = [r for r in caplog.records if getattr(r, "rbroker_booking_notice", False)]
+        message = record.getMessage()
+        assert message.startswith(f"rbroker: your lease {lease.lease_id} (20 000 MiB on GPU 0)")
+        assert f"booking {booking.booking_id}" in message and "nothing will end it" in message
