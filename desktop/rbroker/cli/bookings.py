@@ -207,6 +207,47 @@ def bookings_table(
     return sheet
 
 
+NEXT_PER_GPU = 2
+"""How many of each GPU's next bookings `rbroker status` and `rbroker top` show."""
+
+
+def next_bookings(
+    listed: Sequence[BookingView], gpus: Sequence[GpuView], per_gpu: int = NEXT_PER_GPU
+) -> list[BookingView]:
+    """The live bookings among the `per_gpu` next (or current) ones of some GPU, by start."""
+    chosen: dict[str, BookingView] = {}
+    for gpu in gpus:
+        on = sorted(
+            (b for b in listed if b["state"] in LIVE and gpu["uuid"] in b["gpu_uuids"]),
+            key=lambda b: (b["start_at"], b["booking_id"]),
+        )
+        for b in on[:per_gpu]:
+            chosen[b["booking_id"]] = b
+    return sorted(chosen.values(), key=lambda b: (b["start_at"], b["booking_id"]))
+
+
+def next_bookings_table(
+    listed: Sequence[BookingView], gpus: Sequence[GpuView], now_s: float
+) -> Sheet | None:
+    """`rbroker status`'s and `rbroker top`'s table of each GPU's next bookings (None when
+    no GPU has one); `rbroker bookings` lists them all."""
+    shown = next_bookings(listed, gpus)
+    if not shown:
+        return None
+    sheet = bookings_table(shown, gpus, now_s, "all of them: rbroker bookings")
+    sheet.title = sheet.title.replace("Bookings (", "Next bookings per GPU (", 1)
+    return sheet
+
+
+def read_bookings(client: rbroker.Client) -> list[BookingView]:
+    """The live bookings of the broker (`bookings.list`); [] from a broker older than
+    bookings (no such method)."""
+    try:
+        return list(client.bookings()["bookings"])
+    except rbroker.MethodNotFound:
+        return []
+
+
 def can_print_blocks(encoding: str | None) -> bool:
     """Whether an output in `encoding` prints the timeline's block and circle characters."""
     try:
@@ -277,4 +318,12 @@ def run_bookings(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["booked_line", "clean", "run_book", "run_bookings", "timeline_lines"]
+__all__ = [
+    "booked_line",
+    "clean",
+    "next_bookings_table",
+    "read_bookings",
+    "run_book",
+    "run_bookings",
+    "timeline_lines",
+]

@@ -1,17 +1,19 @@
 """`rbroker status`: which broker answered and how it was found, its GPUs (capacity split),
-leases and queue, the coordinator link, where the private key is, and a warning when the
-enrollment needs fixing."""
+leases and queue, each GPU's next bookings, the coordinator link, where the private key is,
+and a warning when the enrollment needs fixing."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Mapping
 
 from rich.console import Console
 from rich.text import Text
 
 import rbroker
+from rbroker.cli.bookings import next_bookings_table, read_bookings
 from rbroker.cli.exits import unusable_exit
 from rbroker.cli.views import broker_view, print_view, shares_table
 from rbroker_protocol.results import BrokerStatus
@@ -26,6 +28,7 @@ def run_status(args: argparse.Namespace) -> int:
             status = client.status()
             gpus = client.gpus()
             leases = client.leases()
+            bookings = read_bookings(client)
             found = {"address": client.address, "found_by": client.found_by}
     except (rbroker.BrokerUnavailable, rbroker.NotAllowed) as exc:
         # a broker that refuses this user (its socket's permissions or allowed group, its
@@ -33,9 +36,17 @@ def run_status(args: argparse.Namespace) -> int:
         Console(stderr=True).print(f"rbroker status: {exc}", markup=False, soft_wrap=True)
         return unusable_exit(exc)
     if args.json:
-        print(json.dumps({"broker": found, "status": status, "gpus": gpus, **leases}, indent=2))
+        print(
+            json.dumps(
+                {"broker": found, "status": status, "gpus": gpus, **leases, "bookings": bookings},
+                indent=2,
+            )
+        )
         return 0
     print_view(console, broker_view(gpus, leases, status_header(status, found)))
+    booked = next_bookings_table(bookings, gpus, time.time())
+    if booked is not None:
+        print_view(console, booked)
     if status.get("shares"):
         print_view(console, shares_table(status["shares"]))
     link = status["coordinator"]

@@ -17,7 +17,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -25,10 +25,17 @@ from rich.live import Live
 from rich.text import Text
 
 import rbroker
+from rbroker.cli.bookings import next_bookings_table, read_bookings
 from rbroker.cli.exits import unusable_exit
 from rbroker.cli.status import status_header
 from rbroker.cli.views import View, broker_view, jobs_table, print_view, shares_table
-from rbroker_protocol.results import BrokerStatus, GpuView, JobView, LeasesListResult
+from rbroker_protocol.results import (
+    BookingView,
+    BrokerStatus,
+    GpuView,
+    JobView,
+    LeasesListResult,
+)
 
 REFRESH_S = 1.0
 """Seconds between two frames, and between attempts to reach a broker that has gone."""
@@ -37,14 +44,16 @@ QUIT_KEYS = frozenset("qQ")
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One reading of the broker: the answers of `broker.status`, `gpus.list`, `leases.list`
-    and `jobs.list` (active jobs only), and `found` (`{"address", "found_by"}`)."""
+    """One reading of the broker: the answers of `broker.status`, `gpus.list`, `leases.list`,
+    `jobs.list` (active jobs only) and `bookings.list` (live bookings), and `found`
+    (`{"address", "found_by"}`)."""
 
     status: BrokerStatus
     gpus: list[GpuView]
     leases: LeasesListResult
     jobs: list[JobView]
     found: dict[str, str]
+    bookings: list[BookingView] = field(default_factory=list)
 
 
 class Source:
@@ -72,6 +81,7 @@ class Source:
                 leases=client.leases(),
                 jobs=list(client.jobs_list(include_finished=False)["jobs"]),
                 found={"address": client.address, "found_by": client.found_by},
+                bookings=read_bookings(client),
             )
         except (rbroker.BrokerUnavailable, rbroker.NotAllowed, OSError) as exc:
             self.lost, self.lost_exit = str(exc), unusable_exit(exc)
@@ -91,14 +101,17 @@ def frame(snapshot: Snapshot, now_wall: float | None = None, once: bool = False)
     (at the top, so a terminal too short for the frame still shows it; not for `once`, the
     one frame of `--once`, which quits by itself), the GPUs with bars,
     the leases, the queue (reason whole; ETA where the entries carry `eta_s`), the jobs (a
-    line saying there are none), each project's share and use where `[shares]` is set, and
-    the coordinator's warning if any."""
+    line saying there are none), each GPU's next bookings, each project's share and use
+    where `[shares]` is set, and the coordinator's warning if any."""
     clock = time.strftime("%H:%M:%S", time.localtime(now_wall))
     quits = "" if once else " — q or Ctrl-C quits"
     header = f"{status_header(snapshot.status, snapshot.found)}\nread at {clock}{quits}"
     view = broker_view(snapshot.gpus, snapshot.leases, header, jobs=snapshot.jobs)
     if not snapshot.jobs:
         view.parts.append(jobs_table([]))
+    booked = next_bookings_table(snapshot.bookings, snapshot.gpus, time.time())
+    if booked is not None:
+        view.parts.append(booked)
     if snapshot.status.get("shares"):  # [shares] set: each project's share and use
         view.parts.append(shares_table(snapshot.status["shares"]))
     warning = snapshot.status.get("coordinator", {}).get("warning")

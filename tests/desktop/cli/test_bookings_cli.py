@@ -243,3 +243,17 @@ def test_rbroker_run_says_on_stderr_that_its_lease_is_in_a_booking_s_way(
     assert len(told) == 1, err
     assert told[0].startswith("rbroker: your lease lease-") and "(20 000 MiB on GPU 0)" in told[0]
     assert run.returncode == 0
+
+
+def test_status_and_top_show_each_gpu_s_next_bookings(broker: BrokerProcess) -> None:
+    first = _book(broker, "--mib", "8000", "--start", "+1h", "--for", "1h", *BOOK)
+    second = _book(broker, "--mib", "4000", "--start", "+3h", "--for", "1h", *BOOK)
+    third = _book(broker, "--mib", "4000", "--start", "+5h", "--for", "1h", *BOOK)
+    for command in (["status"], ["top", "--once"]):
+        out = _cli(broker, *command, env={"COLUMNS": "160"})
+        assert out.returncode == 0, out.stderr
+        assert "Next bookings per GPU (2)" in out.stdout, out.stdout
+        assert first in out.stdout and second in out.stdout and third not in out.stdout
+        assert "all of them: rbroker bookings" in out.stdout
+    status = json.loads(_cli(broker, "status", "--json").stdout)
+    assert [b["booking_id"] for b in status["bookings"]] == [first, second, third]
