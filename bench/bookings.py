@@ -37,7 +37,13 @@ from _common import (
 
 import rbroker
 
-ACQUIRE = {"mib": 64, "project": "bench", "purpose": "booking benchmark", "ttl_s": 30.0}
+ACQUIRE = {
+    "mib": 64,
+    "project": "bench",
+    "session": "bench",
+    "purpose": "booking benchmark",
+    "ttl_s": 30.0,
+}
 BOOKINGS = 1000
 SPACING_S = 600.0
 TARGET_X = 1.2
@@ -88,15 +94,17 @@ def main() -> None:
     p = parser(__doc__ or "")
     p.add_argument("--cycles", type=int, default=2000, help="lease cycles per round")
     p.add_argument("--repeats", type=int, default=3, help="rounds (interleaved)")
+    p.add_argument("--bookings", type=int, default=BOOKINGS, help="future bookings")
     args = p.parse_args()
-    cycles = 200 if args.quick else args.cycles
+    cycles = min(200, args.cycles) if args.quick else args.cycles
+    count = args.bookings
     repeats = 2 if args.quick else args.repeats
-    report = Report("Bookings: the lease cycle beside 1 000 future bookings", args.quick)
+    report = Report(f"Bookings: the lease cycle beside {count:,} future bookings", args.quick)
     none = _with_bookings(0)
-    many = _with_bookings(BOOKINGS)
+    many = _with_bookings(count)
     try:
         with rbroker.Client(many.socket) as c:
-            assert len(c.bookings()["bookings"]) == BOOKINGS
+            assert len(c.bookings()["bookings"]) == count
         base: list[float] = []
         booked: list[float] = []
         for _ in range(repeats):  # interleaved: the two brokers see the same machine load
@@ -104,7 +112,7 @@ def main() -> None:
             booked += _cycles(many.socket, cycles)
         b50, k50 = median(base), median(booked)
         report.add(
-            "lease cycle p50, 1 000 future bookings",
+            f"lease cycle p50, {count:,} future bookings",
             fmt_us(k50),
             f"{fmt_us(b50)} without",
             fmt_x(k50 / b50),
@@ -112,7 +120,7 @@ def main() -> None:
             verdict(k50 / b50 <= TARGET_X),
         )
         report.add(
-            "lease cycle p99, 1 000 future bookings",
+            f"lease cycle p99, {count:,} future bookings",
             fmt_us(percentile(booked, 99)),
             f"{fmt_us(percentile(base, 99))} without",
             fmt_x(percentile(booked, 99) / percentile(base, 99)),
@@ -124,7 +132,7 @@ def main() -> None:
             status.append(_command([sys.executable, "-m", "rbroker", "status"], env))
             bare.append(_command([sys.executable, "-c", "pass"], env))
         report.add(
-            "`rbroker bookings` at 1 000 bookings (a new process)",
+            f"`rbroker bookings` at {count:,} bookings (a new process)",
             fmt_ms(median(listing)),
             f"{fmt_ms(median(bare))} python -c pass",
             fmt_x(median(listing) / median(bare)),

@@ -42,6 +42,7 @@ burn the CPU they measure, and the suite runs beside them."""
         ("fleet_page.py", FLEET_PAGE_SMALL),
         ("abuse.py", ["--busy", "40"]),
         ("eta.py", ["--requests", "80"]),
+        ("bookings.py", ["--cycles", "50", "--bookings", "100"]),
     ],
 )
 def test_benchmark_runs_quick(script: str, extra: list[str]) -> None:

@@ -87,7 +87,7 @@ class Admission:
             if seen is caps:
                 seen = dict(caps)
                 t0, t1 = bookings.horizon(waiter.expected_s)
-            booked, _ = bookings.peak(u, t0, t1, exclude=waiter.booking_id)
+            booked = bookings.peak_mib(u, t0, t1, exclude=waiter.booking_id)
             if booked:
                 seen[u] = replace(cap, booked_mib=booked)
         return seen

@@ -259,8 +259,8 @@ class Bookings:
 
     def protected_mib(self, booking: Booking) -> int:
         """MiB it protects on each of its GPUs: its MiB less what its claims hold."""
-        if not booking.live:
-            return 0
+        if not booking.claims:
+            return booking.mib if booking.state in LIVE_STATES else 0
         return max(0, booking.mib - self.claimed_mib(booking))
 
     def overlapping(self, uuid: str, t0: float, t1: float) -> Iterator[Booking]:
@@ -305,6 +305,33 @@ class Bookings:
                 level -= mib
                 live.remove(booking)
         return best, at_best
+
+    def peak_mib(self, uuid: str, t0: float, t1: float, exclude: str | None = None) -> int:
+        """`peak(...)[0]` without naming the bookings: what every admission on a GPU with
+        bookings asks (`rbroker.broker.admission`), kept lean (a sweep over the starts and
+        the ends, each sorted once)."""
+        starts: list[tuple[float, int]] = []
+        ends: list[tuple[float, int]] = []
+        for booking in self.overlapping(uuid, t0, t1):
+            if booking.booking_id == exclude:
+                continue
+            mib = self.protected_mib(booking)
+            if mib > 0:
+                starts.append((max(booking.start_at, t0), mib))
+                ends.append((booking.end_at, mib))
+        if len(starts) <= 1:
+            return starts[0][1] if starts else 0
+        starts.sort()
+        ends.sort()
+        level = best = 0
+        j = 0
+        for at, mib in starts:
+            while ends[j][0] <= at:  # ends at or before this start no longer count
+                level -= ends[j][1]
+                j += 1
+            level += mib
+            best = max(best, level)
+        return best
 
     def horizon(self, expected_s: float | None) -> tuple[float, float]:
         """The wall-clock window a lease asked for now may overlap: [now, now + its declared
