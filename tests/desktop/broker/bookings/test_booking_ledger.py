@@ -439,3 +439,32 @@ def test_a_request_waiting_for_a_booking_is_estimated_at_the_booking_s_end(
     assert entry["reason_data"]["booked_until_at"] == b.clock.wall() + 3 * H
     assert entry.get("eta_s") == pytest.approx(3 * H, abs=1)
     assert str(entry.get("eta_reason", "")).startswith("bookings hold its memory until ")
+
+
+def test_a_booking_typed_across_a_dst_change_starts_at_that_day_s_local_time(
+    b: InProcessBroker,
+) -> None:
+    """`tomorrow 14:00` typed in Berlin on the Saturday before clocks go back (25 October
+    2026) is 13:00 UTC, not 12:00: the calendar's 14:00 of that day, kept in UTC."""
+    zoneinfo = pytest.importorskip("zoneinfo")
+    try:
+        berlin = zoneinfo.ZoneInfo("Europe/Berlin")
+    except zoneinfo.ZoneInfoNotFoundError:
+        pytest.skip("no time zone database here (tzdata)")
+    from datetime import UTC, datetime
+
+    from rbroker.base.when import parse_when
+
+    saturday_noon = datetime(2026, 10, 24, 10, 0, tzinfo=UTC)  # 12:00 in Berlin (CEST)
+    b.clock.wall_s = saturday_noon.timestamp()
+    b.tick(0.1)
+    start = parse_when("tomorrow 14:00", saturday_noon.astimezone(berlin), zone=berlin)
+    assert start == datetime(2026, 10, 25, 13, 0, tzinfo=UTC)
+    made = book(b, 8000, start.timestamp() - b.clock.wall(), H)
+    b.clock.wall_s = start.timestamp() - 1
+    b.tick(0.1)
+    assert b.broker.bookings_list("tester")["bookings"][0]["state"] == "booked"
+    b.clock.wall_s = start.timestamp()
+    b.tick(0.1)
+    (view,) = b.broker.bookings_list("tester")["bookings"]
+    assert (view["booking_id"], view["state"]) == (made["booking_id"], "held")
