@@ -1,11 +1,11 @@
 """The report payload a broker sends to the coordinator (architecture.md §7, privacy rules of §8).
 
 A report is a state snapshot of one computer: its GPUs with the capacity split of §2, the
-active leases, the queue and the declared jobs with cumulative counts. Field names follow
-the broker's `gpus_view()` / `leases_view()`. It never carries pids, command lines,
-environment variables, process names or job inputs: unknown fields are dropped on parse,
-so nothing outside this schema is ever stored. Fields are only ever added;
-`REPORT_VERSION` is bumped when they are.
+active leases, the queue, the live bookings and the declared jobs with cumulative counts.
+Field names follow the broker's `gpus_view()` / `leases_view()`. It never carries pids,
+command lines, environment variables, process names or job inputs: unknown fields are
+dropped on parse, so nothing outside this schema is ever stored. Fields are only ever
+added; `REPORT_VERSION` is bumped when they are.
 
 History:
     1 (2026-11-30): computer name, broker version, telemetry source, run id, generated_at,
@@ -14,13 +14,15 @@ History:
     3: left_out (per list, how many entries a trimmed report left out).
     4: queue entries' eta_s and eta_reason (when the request will likely be granted).
     5: leases' expected_s (the holder's declared duration).
+    6: bookings (the live bookings, §2a: at most `MAX_BOOKINGS`, the nearest first) and
+       bookings_left_out.
 
-Identifiers (GPU UUIDs, lease and job ids, run id) must match `GPU_UUID_PATTERN` or
-`ID_PATTERN`, and state fields are enumerations (`TelemetryStateName`, `LeaseStateName`,
-`JobStateName`): a report breaking either does not fit the schema. What remains free text
-(`TEXT_FIELDS`: the declared descriptions, the GPU name, broker version and telemetry
-source) and every identifier pass the description rules (§8) on the coordinator, which
-stores a value that breaks one redacted and flags it.
+Identifiers (GPU UUIDs, lease, booking and job ids, run id) must match `GPU_UUID_PATTERN`
+or `ID_PATTERN`, and state fields are enumerations (`TelemetryStateName`, `LeaseStateName`,
+`JobStateName`, `BookingStateName`): a report breaking either does not fit the schema. What
+remains free text (`TEXT_FIELDS`: the declared descriptions, the GPU name, broker version
+and telemetry source) and every identifier pass the description rules (§8) on the
+coordinator, which stores a value that breaks one redacted and flags it.
 """
 
 from __future__ import annotations
@@ -29,14 +31,15 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_VERSION: Final = 5
+REPORT_VERSION: Final = 6
 """The payload version this build writes."""
 
 MAX_REPORT_BYTES: Final = 1024 * 1024
 """Largest report body the coordinator accepts (the whole envelope), 1 MiB."""
 
 ID_PATTERN: Final = r"^[A-Za-z0-9_.:-]{1,64}$"
-"""A lease, job or run id: the broker's `lease-<hex>` / `job-<hex>` / hex run ids, or a job
+"""A lease, booking, job or run id: the broker's `lease-<hex>` / `book-<hex>` / `job-<hex>` /
+hex run ids, or a job
 id its declarer chose (`job.declare` checks the same pattern): 1-64 characters of
 `[A-Za-z0-9_.:-]`, as the envelope's ids (`rbroker_protocol.signing`)."""
 
@@ -52,6 +55,13 @@ LeaseStateName = Literal["queued", "active", "released", "expired", "holder_exit
 
 JobStateName = Literal["queued", "running", "succeeded", "failed", "cancelled", "stalled"]
 """A job's state (architecture.md §4)."""
+
+BookingStateName = Literal["booked", "held", "claimed", "ended", "lapsed", "cancelled"]
+"""A booking's state (architecture.md §2a); a report carries the live ones (`booked`, `held`,
+`claimed`), the others are here so a later broker's report still parses."""
+
+MAX_BOOKINGS: Final = 1000
+"""The most bookings one report carries: the nearest (by start) first."""
 
 _ID = Annotated[str, Field(pattern=ID_PATTERN)]
 _GPU_UUID = Annotated[str, Field(pattern=GPU_UUID_PATTERN)]
@@ -122,6 +132,29 @@ class QueueEntry(_Model):
     """What the estimate rests on, or why there is none (free text, §8's rules)."""
 
 
+class BookingReport(_Model):
+    """A live booking (architecture.md §2a): `mib` MiB on each of `gpu_uuids` for the
+    wall-clock window [`start_at`, `end_at`), with the declared descriptions of a lease and
+    nothing else (no claim ids, no account)."""
+
+    booking_id: _ID
+    gpu_uuids: Annotated[list[_GPU_UUID], Field(max_length=64)]
+    mib: _MIB
+    """MiB booked on each GPU."""
+    start_at: float
+    """Computer wall clock, Unix seconds (UTC)."""
+    end_at: float
+    """Computer wall clock, Unix seconds (UTC), after `start_at`."""
+    owner: _TEXT = ""
+    project: _TEXT = ""
+    session: _TEXT = ""
+    purpose: _TEXT = ""
+    state: BookingStateName = "booked"
+    claimed_mib: _MIB = 0
+    """MiB of it the leases claiming it hold, on each GPU; it protects `mib - claimed_mib`
+    while it is live."""
+
+
 class JobSnapshot(_Model):
     """A declared job's cumulative progress (architecture.md §4)."""
 
@@ -160,6 +193,14 @@ class ReportPayload(_Model):
     leases: Annotated[list[LeaseReport], Field(max_length=4096)] = Field(default_factory=list)
     queue: Annotated[list[QueueEntry], Field(max_length=4096)] = Field(default_factory=list)
     jobs: Annotated[list[JobSnapshot], Field(max_length=4096)] = Field(default_factory=list)
+    bookings: Annotated[list[BookingReport], Field(max_length=MAX_BOOKINGS)] = Field(
+        default_factory=list
+    )
+    """The live bookings, by start (report version 6; empty from older brokers)."""
+    bookings_left_out: _COUNT = 0
+    """How many live bookings this report left out (the furthest first) to fit
+    `MAX_BOOKINGS` or the size limit; apart from `left_out`, whose keys older
+    coordinators check."""
     left_out: dict[Literal["leases", "queue", "jobs"], _COUNT] = Field(default_factory=dict)
     """Per list, how many of the computer's entries this report left out to fit its limits
     (each list is trimmed fairly: round-robin by owner, each owner's newest first); absent
@@ -183,6 +224,7 @@ DESCRIPTION_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "leases": ("owner", "project", "session", "purpose"),
     "queue": ("owner", "project", "session", "purpose", "reason", "eta_reason"),
     "jobs": ("project", "purpose", "handler"),
+    "bookings": ("owner", "project", "session", "purpose"),
 }
 """Which declared-text fields of each list the description rules (§8) apply to."""
 
@@ -190,9 +232,11 @@ TEXT_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "gpus": ("uuid", "name"),
     "leases": ("lease_id",),
     "jobs": ("job_id",),
+    "bookings": ("booking_id",),
 }
 """The other text of each list the coordinator runs the description rules on: the GPU name
-and every identifier (a lease's `gpu_uuids` and the keys of its `observed_mib` too), and at
+and every identifier (a lease's or booking's `gpu_uuids` and the keys of a lease's
+`observed_mib` too), and at
 the top level `broker_version` and `telemetry_source` (`computer_name` has its own rules)."""
 
 TOP_TEXT_FIELDS: Final = ("broker_version", "telemetry_source")

@@ -9,7 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport, ReportPayload
+from rbroker_protocol.reports import (
+    REPORT_VERSION,
+    BookingReport,
+    GpuReport,
+    JobSnapshot,
+    LeaseReport,
+    ReportPayload,
+)
 
 
 def sample() -> ReportPayload:
@@ -30,6 +37,20 @@ def sample() -> ReportPayload:
             )
         ],
         jobs=[JobSnapshot(job_id="j1", project="vision", handler="embed.encode_batch")],
+        bookings=[
+            BookingReport(
+                booking_id="book-1a2b3c4d",
+                gpu_uuids=["GPU-1"],
+                mib=10_000,
+                start_at=1_796_003_600.0,
+                end_at=1_796_010_800.0,
+                owner="alice",
+                project="vision",
+                purpose="fine-tune ViT-B",
+                state="claimed",
+                claimed_mib=4096,
+            )
+        ],
     )
 
 
@@ -86,3 +107,39 @@ def test_report_ack_parses_and_ignores_new_fields() -> None:
     }
     ack = ReportAck.model_validate(raw)
     assert ack.code == "run_retired" and ack.flagged_fields == []
+
+
+def test_bookings_round_trip_and_are_optional() -> None:
+    p = sample()
+    assert p.report_version == REPORT_VERSION >= 6
+    again = ReportPayload.from_bytes(p.to_bytes())
+    assert again.bookings == p.bookings and again.bookings[0].claimed_mib == 4096
+    # a broker before report version 6 sends none: an empty list, nothing left out
+    raw = json.loads(p.to_bytes())
+    del raw["bookings"], raw["bookings_left_out"]
+    old = ReportPayload.from_bytes(json.dumps(raw).encode())
+    assert old.bookings == [] and old.bookings_left_out == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("state", "pending"),
+        ("booking_id", "book 1"),
+        ("gpu_uuids", ["card-0"]),
+        ("mib", -1),
+        ("claimed_mib", 2**41),
+    ],
+)
+def test_a_booking_breaking_the_schema_is_refused(field: str, value: object) -> None:
+    raw = json.loads(sample().to_bytes())
+    raw["bookings"][0][field] = value
+    with pytest.raises(ValidationError):
+        ReportPayload.from_bytes(json.dumps(raw).encode())
+
+
+def test_at_most_a_thousand_bookings() -> None:
+    raw = json.loads(sample().to_bytes())
+    raw["bookings"] = raw["bookings"] * 1001
+    with pytest.raises(ValidationError):
+        ReportPayload.from_bytes(json.dumps(raw).encode())

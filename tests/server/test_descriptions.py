@@ -6,7 +6,7 @@ import json
 
 import sqlalchemy as sa
 
-from rbroker_protocol.reports import JobSnapshot, LeaseReport, QueueEntry
+from rbroker_protocol.reports import BookingReport, JobSnapshot, LeaseReport, QueueEntry
 from tests.fakes.reports import payload
 from tests.server.conftest import Coordinator
 
@@ -73,3 +73,51 @@ def test_flag_stays_after_a_clean_report(coordinator: Coordinator) -> None:
     assert pc.report(payload(name="lab-1")).json()["flagged_fields"] == []
     view = coordinator.computer("vision", pc.id)
     assert view["flagged"] is True and view["reported_name"] == "lab-1"
+
+
+def test_booking_descriptions_are_checked_as_a_leases(coordinator: Coordinator) -> None:
+    """A booking's owner, project, session and purpose, its id and GPU UUIDs pass the same
+    rules as a lease's: a value that breaks one is stored redacted and flagged."""
+    coordinator.group("vision")
+    pc = coordinator.enroll("vision")
+    booked = {"mib": 10_000, "start_at": 1_796_003_600.0, "end_at": 1_796_010_800.0}
+    p = payload(
+        bookings=[
+            BookingReport(
+                booking_id="book-0001",
+                gpu_uuids=["GPU-1"],
+                owner="alice",
+                project="vision",
+                session="run-42",
+                purpose=f"sync with {AWS_KEY}",
+                **booked,
+            ),
+            BookingReport(
+                booking_id="book-0002",
+                gpu_uuids=["GPU-1", f"GPU-{AWS_KEY}"],
+                owner="bob",
+                project="nlp",
+                purpose="fine-tune ViT-B",
+                **booked,
+            ),
+        ],
+    )
+    r = pc.report(p)
+    assert r.status_code == 200, r.text
+    assert r.json()["flagged_fields"] == ["bookings[0].purpose", "bookings[1].gpu_uuids[1]"]
+    stored = coordinator.row(pc.id).state["bookings"]
+    assert stored[0]["purpose"] == "[redacted]" and stored[0]["session"] == "run-42"
+    assert stored[1]["gpu_uuids"] == ["GPU-1", "[redacted]"]
+    assert stored[1]["purpose"] == "fine-tune ViT-B"
+    with coordinator.engine.connect() as conn:
+        dump = json.dumps(
+            [[str(v) for v in row] for row in conn.execute(sa.text("SELECT * FROM computers"))]
+        )
+    assert AWS_KEY not in dump
+
+
+def test_a_report_without_bookings_stores_none(coordinator: Coordinator) -> None:
+    coordinator.group("vision")
+    pc = coordinator.enroll("vision")
+    assert pc.report(payload()).status_code == 200
+    assert "bookings" not in coordinator.row(pc.id).state

@@ -7,7 +7,9 @@ fits the coordinator's size limit (a binary search for the largest list length t
 fairly between owners: round-robin by owner, each owner's newest entries first, so one user
 with thousands of jobs cannot push the others' out of view. What was left out is counted
 per list, in the payload (`left_out`, which the coordinator's web view shows as "N jobs not
-shown") and for the link state.
+shown") and for the link state. The live bookings go nearest first (by start): at most
+`MAX_BOOKINGS`, and cut like the other lists to fit, the furthest left out
+(`bookings_left_out`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from rbroker.base.version import __version__
 from rbroker.broker.service import Broker
 from rbroker_protocol.reports import MAX_REPORT_BYTES, ReportPayload
+from rbroker_protocol.results import BookingView
 from rbroker_protocol.signing import ENVELOPE_VERSION, MAX_SEQ, encode_envelope
 
 REASON_LIMIT = 200
@@ -64,11 +67,32 @@ def fair_order(items: list[dict[str, Any]]) -> list[int]:
     return order
 
 
+def _order(name: str, items: list[dict[str, Any]]) -> list[int]:
+    """The order a list of the report is cut in: bookings as listed (nearest first), the
+    others fairly (`fair_order`)."""
+    return list(range(len(items))) if name == "bookings" else fair_order(items)
+
+
 def keep_fairly(items: list[dict[str, Any]], order: list[int], n: int) -> list[dict[str, Any]]:
     """The `n` items `order` (from `fair_order`) keeps first, in their own order."""
     if n >= len(items):
         return items
     return [items[i] for i in sorted(order[:n])]
+
+
+BOOKING_FIELDS = (
+    "booking_id", "gpu_uuids", "mib", "start_at", "end_at",
+    "owner", "project", "session", "purpose", "state", "claimed_mib",
+)  # fmt: skip
+"""What a report carries of a booking (`rbroker_protocol.reports.BookingReport`): never its
+claims' lease ids, its creation or end details."""
+
+
+def booking_entries(bookings: list[BookingView]) -> list[dict[str, Any]]:
+    """The live bookings of `bookings` as report entries, nearest first (by start, then id)."""
+    live = [b for b in bookings if b["state"] in ("booked", "held", "claimed")]
+    live.sort(key=lambda b: (b["start_at"], b["booking_id"]))
+    return [{k: b[k] for k in BOOKING_FIELDS} for b in live]  # type: ignore[literal-required]
 
 
 def build_payload(
@@ -80,13 +104,15 @@ def build_payload(
     run_counter: int | None = None,
     stopping: bool = False,
 ) -> tuple[bytes, dict[str, int]]:
-    """The payload bytes to sign, and per list (`leases`, `queue`, `jobs`) how many of its
-    entries were left out: first to the schema's item limits, then to fit the size limit
-    (`max_payload_bytes(limit_bytes)`). The payload says the same in `left_out`.
+    """The payload bytes to sign, and per list (`leases`, `queue`, `jobs`, `bookings`) how
+    many of its entries were left out: first to the schema's item limits, then to fit the
+    size limit (`max_payload_bytes(limit_bytes)`). The payload says the same in `left_out`
+    (and `bookings_left_out`).
 
     To fit, every list is cut to at most `n` entries, with `n` the largest that fits, found
     by binary search (about log2(longest list) encodings); lists shorter than `n` are sent
-    whole. A list is cut fairly (`fair_order`): round-robin by owner, newest first. When
+    whole. A list is cut fairly (`fair_order`): round-robin by owner, newest first; the
+    bookings nearest first (`booking_entries`). When
     even `n = 0` does not fit (GPUs alone too large), the smallest payload is returned and
     the coordinator will refuse it.
 
@@ -96,19 +122,21 @@ def build_payload(
     gpus = broker.gpus_view()
     view = broker.leases_view()
     jobs = broker.jobs_view(include_finished=True)
+    bookings = booking_entries(broker.bookings_list(asker="", include_ended=False)["bookings"])
     queue = [{**q, "reason": q["reason"][:REASON_LIMIT]} for q in view["queue"]]
     lists: dict[str, list[Any]] = {  # of `rbroker_protocol.results` records
         "leases": view["leases"],
         "queue": queue,
         "jobs": jobs,
+        "bookings": bookings,
     }
     totals = {name: len(items) for name, items in lists.items()}
-    orders = {name: fair_order(items) for name, items in lists.items()}
+    orders = {name: _order(name, items) for name, items in lists.items()}
     for name, items in lists.items():
         limit = _max_items(name)
         if len(items) > limit:  # a long-lived broker can hold more finished jobs than this
             lists[name] = keep_fairly(items, orders[name], limit)
-            orders[name] = fair_order(lists[name])
+            orders[name] = _order(name, lists[name])
 
     generated_at = broker.now_wall()
 
@@ -126,7 +154,8 @@ def build_payload(
             generated_at=generated_at,
             stopping=stopping,
             gpus=gpus,  # type: ignore[arg-type]  # validated from dicts by pydantic
-            left_out=left_out,  # type: ignore[arg-type]
+            left_out={k: n for k, n in left_out.items() if k != "bookings"},  # type: ignore[misc]
+            bookings_left_out=left_out.get("bookings", 0),
             **kept,  # type: ignore[arg-type]
         ).to_bytes()
         return data, left_out

@@ -1,9 +1,10 @@
 """Server-side description rules (architecture.md §8) on every text a report carries: a
 value that breaks one is stored redacted (`REDACTED`) and flagged, never verbatim.
 
-The rules run on the declared descriptions (`DESCRIPTION_FIELDS`), the other free text
-and the identifiers (`TEXT_FIELDS`, `TOP_TEXT_FIELDS`, a lease's `gpu_uuids` and the keys
-of its `observed_mib`). Accepted values are cached by `check_description`, so the ids and
+The rules run on the declared descriptions (`DESCRIPTION_FIELDS`: those of leases, waiting
+requests, bookings and jobs alike), the other free text and the identifiers (`TEXT_FIELDS`,
+`TOP_TEXT_FIELDS`, a lease's or booking's `gpu_uuids` and the keys of a lease's
+`observed_mib`). Accepted values are cached by `check_description`, so the ids and
 names that come with every report cost a dictionary look-up each.
 """
 
@@ -39,18 +40,23 @@ def _checked(field: str, path: str, value: str, flags: list[dict[str, str]]) -> 
 def redacted_state(report: ReportPayload) -> tuple[dict[str, Any], list[dict[str, str]]]:
     """The report's state as JSON with rejected text replaced by `REDACTED`, and the flags
     `{field, rule}` for each (paths like `leases[0].purpose`, `gpus[1].name`,
-    `leases[0].gpu_uuids[0]`; `leases[0].observed_mib.key[0]` for the first key of a
-    lease's `observed_mib`, whose MiB then count under `REDACTED`). Empty optional text is
-    left as it is."""
+    `leases[0].gpu_uuids[0]`, `bookings[0].owner`; `leases[0].observed_mib.key[0]` for the
+    first key of a lease's `observed_mib`, whose MiB then count under `REDACTED`). Empty
+    optional text is left as it is. A report without bookings (an older broker) is stored
+    without the `bookings` key, as before."""
     state: dict[str, Any] = report.model_dump(mode="json", include={"gpus", *DESCRIPTION_FIELDS})
     if report.stopping:
         state["stopping"] = True
     if report.left_out:
         state["left_out"] = dict(report.left_out)
+    if not report.bookings:
+        del state["bookings"]
+    if report.bookings_left_out:
+        state["bookings_left_out"] = report.bookings_left_out
     flags: list[dict[str, str]] = []
     # a value's path is written out only for a flag: most reports have none
     for list_name, fields in _CHECKED.items():
-        for i, item in enumerate(state[list_name]):
+        for i, item in enumerate(state.get(list_name, ())):
             for field in fields:
                 value = item.get(field)
                 if value:
@@ -59,14 +65,16 @@ def redacted_state(report: ReportPayload) -> tuple[dict[str, Any], list[dict[str
                     except DescriptionRejected as exc:
                         flags.append({"field": f"{list_name}[{i}].{field}", "rule": exc.rule})
                         item[field] = REDACTED
+    for list_name in ("leases", "bookings"):
+        for i, item in enumerate(state.get(list_name, ())):
+            uuids = item["gpu_uuids"]
+            for j, uuid in enumerate(uuids):
+                try:
+                    uuids[j] = check_description("gpu_uuid", uuid)
+                except DescriptionRejected as exc:
+                    flags.append({"field": f"{list_name}[{i}].gpu_uuids[{j}]", "rule": exc.rule})
+                    uuids[j] = REDACTED
     for i, lease in enumerate(state["leases"]):
-        uuids = lease["gpu_uuids"]
-        for j, uuid in enumerate(uuids):
-            try:
-                uuids[j] = check_description("gpu_uuid", uuid)
-            except DescriptionRejected as exc:
-                flags.append({"field": f"leases[{i}].gpu_uuids[{j}]", "rule": exc.rule})
-                uuids[j] = REDACTED
         observed: dict[str, int] = {}
         for j, (uuid, mib) in enumerate(lease["observed_mib"].items()):
             try:

@@ -34,11 +34,16 @@ def _job(i: int, long: bool) -> dict[str, Any]:
     }
 
 
-def _broker(jobs: list[dict[str, Any]]) -> Any:
+def _broker(jobs: list[dict[str, Any]], bookings: list[dict[str, Any]] | None = None) -> Any:
     return SimpleNamespace(
         gpus_view=lambda: [],
         leases_view=lambda: {"leases": [], "queue": []},
         jobs_view=lambda include_finished: jobs,
+        bookings_list=lambda asker, include_ended: {
+            "bookings": bookings or [],
+            "now_at": 1_700_000_000.0,
+            "usable_mib": {},
+        },
         telemetry_source=lambda: "simulated",
         now_wall=lambda: 1_700_000_000.0,
     )
@@ -150,3 +155,79 @@ def test_the_payload_budget_is_exact() -> None:
     for size, fits in ((budget, True), (budget + 1, False), (budget + 3, False)):
         envelope = encode_envelope(sign_report(KEY, LONGEST_ID, LONGEST_ID, MAX_SEQ, b"x" * size))
         assert (len(envelope) <= MAX_REPORT_BYTES) == fits, (size, len(envelope))
+
+
+GPU = "GPU-5a1e0000-0000-0000-0000-000000000001"
+
+
+def _booking(i: int, state: str = "booked", **fields: Any) -> dict[str, Any]:
+    """A `BookingView` as `bookings.list` gives it: starting `i` hours after 1 700 000 000."""
+    start = 1_700_000_000.0 + i * 3600
+    return {
+        "booking_id": f"book-{i:08x}",
+        "owner": "alice",
+        "project": "vision",
+        "session": "sweep-3",
+        "purpose": "fine-tune ViT-B",
+        "mib": 10_000,
+        "gpu_uuids": [GPU],
+        "start_at": start,
+        "end_at": start + 7200,
+        "created_at": 1_699_990_000.0,
+        "state": state,
+        "claims": ["lease-0001"] if state == "claimed" else [],
+        "claimed_mib": 4096 if state == "claimed" else 0,
+        "claim_until": None,
+        "ended_reason": "",
+        "ended_at": 0.0,
+        **fields,
+    }
+
+
+def test_the_report_carries_the_live_bookings_nearest_first() -> None:
+    bookings = [
+        _booking(3),
+        _booking(1, "claimed"),
+        _booking(2, "cancelled"),
+        _booking(0, "held"),
+        _booking(4, "lapsed"),
+    ]
+    data, left_out = build_payload(_broker([], bookings), "lab-1", "run-1")
+    payload = ReportPayload.from_bytes(data)
+    assert left_out == {} and payload.bookings_left_out == 0 and payload.left_out == {}
+    assert [(b.booking_id, b.state) for b in payload.bookings] == [
+        ("book-00000000", "held"), ("book-00000001", "claimed"), ("book-00000003", "booked"),
+    ]  # fmt: skip
+    claimed = payload.bookings[1]
+    assert (claimed.mib, claimed.claimed_mib, claimed.gpu_uuids) == (10_000, 4096, [GPU])
+    assert (claimed.owner, claimed.project, claimed.session, claimed.purpose) == (
+        "alice", "vision", "sweep-3", "fine-tune ViT-B",
+    )  # fmt: skip
+    assert claimed.end_at - claimed.start_at == 7200
+    # what the report never carries of a booking: its claims' lease ids, its creation time
+    raw = data.decode()
+    assert "lease-0001" not in raw and "1699990000" not in raw and "claims" not in raw
+
+
+def test_a_report_carries_at_most_a_thousand_bookings_the_nearest() -> None:
+    bookings = [_booking(i) for i in range(1234)][::-1]  # listed in any order
+    data, left_out = build_payload(_broker([], bookings), "lab-1", "run-1")
+    payload = ReportPayload.from_bytes(data)
+    assert len(payload.bookings) == 1000
+    assert [b.booking_id for b in payload.bookings] == [f"book-{i:08x}" for i in range(1000)]
+    assert left_out == {"bookings": 234}
+    # counted apart from `left_out`, whose keys a coordinator before report version 6 checks
+    assert payload.bookings_left_out == 234 and payload.left_out == {}
+
+
+def test_bookings_are_cut_to_fit_the_size_limit_furthest_first() -> None:
+    long = "p" * 4000
+    bookings = [_booking(i, purpose=f"{i:04d} {long}") for i in range(400)]
+    data, left_out = build_payload(_broker([], bookings), "lab-1", LONGEST_ID)
+    payload = ReportPayload.from_bytes(data)
+    kept = len(payload.bookings)
+    assert 100 < kept < 400 and left_out == {"bookings": 400 - kept}
+    assert payload.bookings_left_out == 400 - kept
+    assert [b.booking_id for b in payload.bookings] == [f"book-{i:08x}" for i in range(kept)]
+    envelope = encode_envelope(sign_report(KEY, LONGEST_ID, LONGEST_ID, MAX_SEQ, data))
+    assert len(envelope) <= MAX_REPORT_BYTES
