@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport, QueueEntry
+from rbroker_protocol.reports import BookingReport, GpuReport, JobSnapshot, LeaseReport, QueueEntry
 
 FreshnessState = Literal["online", "stale", "offline"]
 GpuState = Literal["free", "busy", "full", "telemetry_unavailable", "lost"]
@@ -40,6 +40,10 @@ class FleetGpuView(GpuReport):
     telemetry: str = "ok"  # type: ignore[assignment, unused-ignore]
     state: GpuState
     leases: int = 0
+    booked_mib: int = 0
+    """MiB the computer's live bookings protect on it now (by the coordinator's clock: each
+    booking whose window holds now, less what its claims hold); not part of
+    `available_mib`, which is the broker's figure without bookings."""
 
 
 class FleetLeaseView(LeaseReport):
@@ -49,6 +53,16 @@ class FleetLeaseView(LeaseReport):
     gpu_uuids: list[str]  # type: ignore[assignment, unused-ignore]
     state: str = "active"  # type: ignore[assignment, unused-ignore]
     observed_mib: dict[str, int] = Field(default_factory=dict)  # type: ignore[assignment, unused-ignore]
+
+
+class FleetBookingView(BookingReport):
+    """A live booking as stored (see `FleetGpuView` on identifiers and states): `mib` on
+    each of `gpu_uuids` for [`start_at`, `end_at`) (the computer's wall clock, Unix
+    seconds, UTC)."""
+
+    booking_id: str  # type: ignore[assignment, unused-ignore]
+    gpu_uuids: list[str]  # type: ignore[assignment, unused-ignore]
+    state: str = "booked"  # type: ignore[assignment, unused-ignore]
 
 
 class FleetJobView(JobSnapshot):
@@ -91,6 +105,11 @@ class ComputerView(BaseModel):
     left_out: dict[str, int] = {}
     """Per list (`leases`, `queue`, `jobs`), how many entries the computer's last report
     left out to fit its size limit ("N jobs not shown")."""
+    bookings: list[FleetBookingView] = []
+    """Its live bookings at its last report, by start (empty from brokers before report
+    version 6)."""
+    bookings_left_out: int = 0
+    """How many of its live bookings that report left out (the furthest)."""
 
 
 class FleetView(BaseModel):
@@ -106,13 +125,22 @@ class FleetView(BaseModel):
 class RoomGpuView(BaseModel):
     """A GPU where the asked MiB fit at its computer's last report: its broker's admission
     figure (`available_mib`, `GpuReport`'s: total − headroom − in use − granted not yet in
-    use) and its total, in MiB."""
+    use) and its total, in MiB; what live bookings protect on it now (`booked_mib`) and
+    the room left (`room_mib`: available − booked, at least the asked MiB); when a booking
+    to come would take the asked MiB (`until_at`: its start; None when none would within
+    the bookings reported), and that in words (`text`)."""
 
     uuid: str
     index: int
     name: str
     available_mib: int
     total_mib: int | None
+    booked_mib: int = 0
+    room_mib: int = 0
+    until_at: datetime | None = None
+    text: str = ""
+    """`room for 10 000 MiB now`, or `room for 10 000 MiB now, and until 14:00 UTC` when a
+    booking comes (the date before the time when it is not the same UTC day)."""
 
 
 class RoomComputerView(BaseModel):
@@ -126,6 +154,9 @@ class RoomComputerView(BaseModel):
     freshness: Freshness
     gpus: list[RoomGpuView]
     waiting: int
+    until_at: datetime | None = None
+    """Until when it keeps room on the asked number of GPUs: the latest `until_at` it can
+    still pick that many GPUs by (None: no booking reported takes it)."""
 
 
 class RoomView(BaseModel):
@@ -167,6 +198,7 @@ class HistoryView(BaseModel):
 __all__ = [
     "ComputerView",
     "Flag",
+    "FleetBookingView",
     "FleetGpuView",
     "FleetJobView",
     "FleetLeaseView",

@@ -11,7 +11,13 @@ import pytest
 import sqlalchemy as sa
 
 from rbroker_protocol import signing
-from rbroker_protocol.reports import JobSnapshot, LeaseReport, ReportPayload, TelemetryStateName
+from rbroker_protocol.reports import (
+    BookingReport,
+    JobSnapshot,
+    LeaseReport,
+    ReportPayload,
+    TelemetryStateName,
+)
 from rbroker_server.edge.bodies import MAX_JSON_DEPTH, json_depth
 from rbroker_server.reports.redact import REDACTED
 from tests.fakes.reports import GPU_A, gpu_report, payload
@@ -105,6 +111,18 @@ def _lease(**kw: Any) -> LeaseReport:
     return LeaseReport(**(fields | kw))
 
 
+def _booking(**kw: Any) -> BookingReport:
+    fields: dict[str, Any] = {
+        "booking_id": "book-0a1b2c3d",
+        "gpu_uuids": [GPU_A],
+        "mib": 1024,
+        "start_at": 1_796_003_600.0,
+        "end_at": 1_796_007_200.0,
+        "project": "vision",
+    }
+    return BookingReport(**(fields | kw))
+
+
 PLANTED: list[tuple[str, dict[str, Any], str]] = [
     ("broker_version", {"broker_version": f"0.1.0+{GITHUB}"}, "broker_version"),
     ("telemetry_source", {"telemetry_source": AWS_KEY}, "telemetry_source"),
@@ -118,6 +136,14 @@ PLANTED: list[tuple[str, dict[str, Any], str]] = [
         "leases[0].observed_mib.key[1]",
     ),
     ("job id", {"jobs": [JobSnapshot(job_id=GITHUB, project="vision")]}, "jobs[0].job_id"),
+    ("booking id", {"bookings": [_booking(booking_id=GITHUB)]}, "bookings[0].booking_id"),
+    (
+        "booking gpu",
+        {"bookings": [_booking(gpu_uuids=[f"GPU-{AWS_KEY}"])]},
+        "bookings[0].gpu_uuids[0]",
+    ),
+    ("booking owner", {"bookings": [_booking(owner=GITHUB)]}, "bookings[0].owner"),
+    ("booking session", {"bookings": [_booking(session=AWS_KEY)]}, "bookings[0].session"),
 ]
 
 

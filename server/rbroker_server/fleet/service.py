@@ -27,6 +27,7 @@ from rbroker_server.api.query import QueryInvalid, QueryRules
 from rbroker_server.auth.caller import Scope
 from rbroker_server.db.engine import utcnow
 from rbroker_server.db.tables import COMPUTERS, GROUPS, HISTORY
+from rbroker_server.fleet import bookings as booked
 from rbroker_server.settings import Settings
 
 ROOM_MIB_MAX = 2**40
@@ -119,17 +120,24 @@ def gpu_state(gpu: dict[str, Any], leases_on_gpu: int) -> GpuState:
 
 
 def _computer_view(row: Any, now: datetime, settings: Settings, lists: bool = True) -> ComputerView:
-    """The wire view of a computer's row; without `lists`, its `leases`, `queue` and `jobs`
-    are left empty (not parsed: a summary counts them in the row's state itself)."""
+    """The wire view of a computer's row; without `lists`, its `leases`, `queue`, `jobs` and
+    `bookings` are left empty (not parsed: a summary counts them in the row's state itself).
+    Each GPU's `booked_mib` is what the stored bookings protect on it at `now`."""
     state = row.state or {}
     leases = state.get("leases", [])
     per_gpu: dict[str, int] = {}
     for lease in leases:
         for uuid in lease.get("gpu_uuids", []):
             per_gpu[uuid] = per_gpu.get(uuid, 0) + 1
+    bookings = state.get("bookings", [])
+    on_gpu = booked.on_gpus(bookings)
+    now_s = now.timestamp()
     gpus = [
         FleetGpuView(
-            **g, state=gpu_state(g, per_gpu.get(g["uuid"], 0)), leases=per_gpu.get(g["uuid"], 0)
+            **g,
+            state=gpu_state(g, per_gpu.get(g["uuid"], 0)),
+            leases=per_gpu.get(g["uuid"], 0),
+            booked_mib=booked.booked_at(on_gpu.get(g["uuid"], ()), now_s),
         )
         for g in state.get("gpus", [])
     ]
@@ -160,6 +168,8 @@ def _computer_view(row: Any, now: datetime, settings: Settings, lists: bool = Tr
         queue=state.get("queue", []) if lists else [],
         jobs=state.get("jobs", []) if lists else [],
         left_out=state.get("left_out", {}),
+        bookings=bookings if lists else [],
+        bookings_left_out=state.get("bookings_left_out", 0),
     )
 
 
@@ -177,29 +187,47 @@ def fleet(engine: Engine, settings: Settings, scope: Scope) -> FleetView:
 
 
 def room(engine: Engine, settings: Settings, scope: Scope, query: RoomQuery) -> RoomView:
-    """The caller's group's computers where `query.mib` MiB were available on each of
+    """The caller's group's computers where `query.mib` MiB were free on each of
     `query.gpus` of their GPUs at their last report (a GPU counts only with telemetry `ok`:
     the only state its broker admits on), freshest first: online, stale, then offline, by
-    report age within each, then by name. A view, never a placement or a reservation."""
+    report age within each, then by name. A GPU's room is its `available_mib` less what
+    its computer's live bookings protect on it now (`booked_mib`); `until_at` is the start
+    of the first booking to come that would leave less than `query.mib` (the coordinator's
+    clock; None: none reported would). A view, never a placement or a reservation."""
     now = utcnow()
+    now_s = now.timestamp()
     group, rows = _group_rows(engine, scope)
     found = []
     for row in rows:
         state = row.state or {}
-        fits = [
-            RoomGpuView(
-                uuid=g["uuid"],
-                index=g.get("index", 0),
-                name=g.get("name", ""),
-                available_mib=g["available_mib"],
-                total_mib=g.get("total_mib"),
+        on_gpu = booked.on_gpus(state.get("bookings", []))
+        fits = []
+        for g in state.get("gpus", []):
+            available = g.get("available_mib")
+            if g.get("telemetry", "ok") != "ok" or available is None:
+                continue
+            mine = on_gpu.get(g["uuid"], [])
+            booked_mib = booked.booked_at(mine, now_s)
+            room_mib = max(0, available - booked_mib)
+            if room_mib < query.mib:
+                continue
+            until = booked.to_datetime(booked.room_until(mine, available, query.mib, now_s))
+            fits.append(
+                RoomGpuView(
+                    uuid=g["uuid"],
+                    index=g.get("index", 0),
+                    name=g.get("name", ""),
+                    available_mib=available,
+                    total_mib=g.get("total_mib"),
+                    booked_mib=booked_mib,
+                    room_mib=room_mib,
+                    until_at=until,
+                    text=booked.room_text(query.mib, until, now),
+                )
             )
-            for g in state.get("gpus", [])
-            if g.get("telemetry", "ok") == "ok" and (g.get("available_mib") or 0) >= query.mib
-        ]
         if len(fits) < query.gpus:
             continue
-        fits.sort(key=lambda g: (-g.available_mib, g.index, g.uuid))
+        fits.sort(key=lambda g: (-g.room_mib, g.index, g.uuid))
         found.append(
             RoomComputerView(
                 id=row.id,
@@ -208,6 +236,7 @@ def room(engine: Engine, settings: Settings, scope: Scope, query: RoomQuery) -> 
                 gpus=fits,
                 waiting=len(state.get("queue", []))
                 + int(state.get("left_out", {}).get("queue", 0)),
+                until_at=_until_on(fits, query.gpus),
             )
         )
     found.sort(
@@ -218,6 +247,15 @@ def room(engine: Engine, settings: Settings, scope: Scope, query: RoomQuery) -> 
         )
     )
     return RoomView(group=group, generated_at=now, mib=query.mib, gpus=query.gpus, computers=found)
+
+
+def _until_on(fits: list[RoomGpuView], gpus: int) -> datetime | None:
+    """Until when `gpus` of `fits` keep room: the `gpus`-th latest `until_at` (None, no
+    booking takes it, counts as the latest)."""
+    latest = sorted(
+        fits, key=lambda g: (0.0, 0.0) if g.until_at is None else (1.0, -g.until_at.timestamp())
+    )
+    return latest[gpus - 1].until_at
 
 
 def fleet_summary(
