@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Callable
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rbroker_protocol.reports import GpuReport, JobSnapshot, LeaseReport
+from rbroker_protocol.reports import BookingReport, GpuReport, JobSnapshot, LeaseReport
 from rbroker_server.admin import operations as admin
 from rbroker_server.edge.ratelimit import RateLimiter
 from rbroker_server.web.controller import SESSION_COOKIE, SIGNIN_ATTEMPTS
@@ -148,7 +149,24 @@ def _report_with_everything(coordinator: Coordinator, group: str, name: str) -> 
         job_id="j1", project="p", purpose="embed", handler="h.x", total_items=1000,
         completed_items=250, failed_items=5, workers=2,
     )  # fmt: skip
-    r = computer.report(payload(name, gpus=[gpu], leases=[lease], jobs=[job]))
+    now = time.time()
+    bookings = [  # held now (2 000 protected), claimed now (500 of 1 500), one to come
+        BookingReport(
+            booking_id="book-held", gpu_uuids=[GPU_A], mib=2000, start_at=now - 600,
+            end_at=now + 3000, owner="cy", project="nlp", purpose="eval", state="held",
+        ),
+        BookingReport(
+            booking_id="book-claimed", gpu_uuids=[GPU_A], mib=1500, start_at=now - 60,
+            end_at=now + 1800, owner="ana", project="p", purpose="tune", state="claimed",
+            claimed_mib=1000,
+        ),
+        BookingReport(
+            booking_id="book-later", gpu_uuids=[GPU_A], mib=4000, start_at=now + 7200,
+            end_at=now + 3 * 3600, owner="bea", project="<i>vision</i>",
+            purpose="<u>sweep</u> & co", state="booked",
+        ),
+    ]  # fmt: skip
+    r = computer.report(payload(name, gpus=[gpu], leases=[lease], jobs=[job], bookings=bookings))
     assert r.status_code == 200 and r.json()["applied"], r.text
     return computer.id
 
@@ -227,6 +245,11 @@ def test_metrics_match_the_fleet(coordinator: Coordinator) -> None:
     assert samples[("rbroker_job_items", jl)] == 1000
     info = (("handler", "h.x"), ("project", "p"), ("purpose", "embed"), ("state", "running"))
     assert samples[("rbroker_job_info", tuple(sorted((*jl, *info))))] == 1
+    # bookings: what they protect on the GPU now (2 000 held + 1 500 claimed less 1 000
+    # held by its claim), and how many are live by state
+    assert samples[("rbroker_gpu_booked_bytes", gl)] == g["booked_mib"] * MIB == 2500 * MIB
+    for state, count in (("booked", 1), ("held", 1), ("claimed", 1)):
+        assert samples[("rbroker_computer_bookings", (*cl, ("state", state)))] == count
     for name, _ in samples:
         assert re.fullmatch(r"rbroker_[a-z_]+", name), name
 

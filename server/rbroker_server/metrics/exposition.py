@@ -28,11 +28,18 @@ GPU_BYTES: tuple[tuple[str, str, str], ...] = (
         "Granted to leases but not allocated yet.",
     ),
     ("rbroker_gpu_available_bytes", "available_mib", "What a new lease could be granted now."),
+    (
+        "rbroker_gpu_booked_bytes",
+        "booked_mib",
+        "Memory live bookings protect now (booked less what their claims hold).",
+    ),
 )
 """(metric, FleetGpuView field in MiB, help)."""
 
 GPU_STATES = ("free", "busy", "full", "telemetry_unavailable", "lost")
 FRESHNESS_STATES = ("online", "stale", "offline")
+BOOKING_STATES = ("booked", "held", "claimed")
+"""The live booking states a report carries (architecture.md §2a)."""
 
 COMPUTER_LABELS = ["computer_id", "computer"]
 GPU_LABELS = [*COMPUTER_LABELS, "gpu_uuid", "gpu_index"]
@@ -70,6 +77,11 @@ class FleetCollector(Collector):
             "rbroker_computer_waiting_requests",
             "Lease requests waiting in the computer's queue.",
             labels=COMPUTER_LABELS,
+        )
+        bookings = GaugeMetricFamily(
+            "rbroker_computer_bookings",
+            "Live bookings on the computer at its last report, by state (booked, held, claimed).",
+            labels=[*COMPUTER_LABELS, "state"],
         )
         age = GaugeMetricFamily(
             "rbroker_computer_last_report_age_seconds",
@@ -112,6 +124,12 @@ class FleetCollector(Collector):
                     gpu_state.add_metric([*labels, state], 1.0 if g.state == state else 0.0)
             leases.add_metric(who, float(len(c.leases)))
             waiting.add_metric(who, float(len(c.queue)))
+            by_state = dict.fromkeys(BOOKING_STATES, 0)
+            for b in c.bookings:
+                if b.state in by_state:
+                    by_state[b.state] += 1
+            for state, count in by_state.items():
+                bookings.add_metric([*who, state], float(count))
             if c.freshness.age_s is not None:
                 age.add_metric(who, c.freshness.age_s)
             for state in FRESHNESS_STATES:
@@ -124,7 +142,7 @@ class FleetCollector(Collector):
                 if j.total_items is not None:
                     total.add_metric(labels, float(j.total_items))
         yield from gpu_bytes.values()
-        yield from (gpu_info, gpu_state, leases, waiting, age, freshness)
+        yield from (gpu_info, gpu_state, leases, waiting, bookings, age, freshness)
         yield from (completed, failed, total, job_info)
 
 
