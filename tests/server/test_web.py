@@ -379,3 +379,41 @@ def test_a_trimmed_report_says_how_many_jobs_are_not_shown(coordinator: Coordina
         by_name = {c["name"]: c for c in fleet["computers"]}
         assert by_name["lab-full"]["left_out"] == {"jobs": 3200, "queue": 1}
         assert by_name["lab-whole"]["left_out"] == {}
+
+
+def test_pages_draw_the_bookings_on_a_timeline(coordinator: Coordinator) -> None:
+    """The computer page and the fleet page draw each GPU's bookings of the next 24 hours as
+    bars (overlapping ones in lanes of their own), their descriptions as text, never markup;
+    the computer page lists them too. Another group's bookings are never on them."""
+    coordinator.group("alpha")
+    coordinator.group("beta")
+    cid = _report_with_everything(coordinator, "alpha", "lab-a")
+    theirs = coordinator.enroll("beta", "lab-b")
+    now = time.time()
+    other = BookingReport(
+        booking_id="book-beta", gpu_uuids=[GPU_A], mib=1000, start_at=now + 60,
+        end_at=now + 3600, owner="zed", project="zeta", purpose="beta only plan",
+    )  # fmt: skip
+    assert theirs.report(payload("lab-b", bookings=[other])).status_code == 200
+    escaped = "&lt;u&gt;sweep&lt;/u&gt; &amp; co"
+    client, _ = sign_in(coordinator, coordinator.tokens["alpha"])
+    with contextlib.closing(client):
+        for path in (f"/computers/{cid}", f"/computers/{cid}/live", "/fleet", "/fleet/live"):
+            html = client.get(path).text
+            assert "beta only plan" not in html and "zed" not in html, path
+            assert "<u>sweep</u>" not in html and "<i>vision</i>" not in html, path
+            svg = re.search(r'<svg class="tl-bars"[^>]*>(.*?)</svg>', html, re.S)
+            assert svg is not None, path
+            bars = re.findall(r'<rect class="tl-book book-(\w+)" x="([\d.]+)" y="(\d+)"', svg[1])
+            # held and claimed overlap now: two lanes; the one to come fits the first again
+            assert sorted((s, y) for s, _, y in bars) == [
+                ("booked", "1"), ("claimed", "11"), ("held", "1"),
+            ], path  # fmt: skip
+            later = next(float(x) for s, x, _ in bars if s == "booked")
+            assert 100 * 7200 / 86400 <= later <= 100 * (7200 + 3600) / 86400
+            assert f"bea · &lt;i&gt;vision&lt;/i&gt; · {escaped}: 4\u202f000 MiB" in svg[1]
+            assert 'aria-label="GPU 0: 3 bookings in the next 24 hours' in html
+        page = client.get(f"/computers/{cid}").text
+        table = page.split('<table class="data bookings">')[1].split("</table>")[0]
+        assert escaped in table and "1\u202f000 claimed" in table and "held" in table
+        assert table.count("<tr>") == 4  # the head and three bookings

@@ -175,7 +175,7 @@ def _render_fleet(
         generated_at=view.generated_at,
         stale_after_s=view.stale_after_s,
         offline_after_s=view.offline_after_s,
-        rows=pages.fleet_rows(view.computers, states),
+        rows=pages.fleet_rows(view.computers, states, view.generated_at),
     )
     templates = request.app.template_engine
     assert templates is not None  # create_app configures one

@@ -7,8 +7,8 @@ between the two reports (server receive times).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from datetime import datetime, timedelta
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,15 +18,20 @@ from rbroker_protocol.eta import eta_words
 from rbroker_protocol.fleet import ComputerView, FleetGpuView
 from rbroker_protocol.reports import QueueEntry
 from rbroker_server.db.tables import HISTORY
+from rbroker_server.fleet.bookings import protected_mib
 from rbroker_server.fleet.service import age_text
 from rbroker_server.web.schema import (
+    BookingRow,
     ComputerPage,
     FleetRow,
     GpuCard,
+    GpuTimeline,
     JobRow,
     JobsSummary,
     LeaseRow,
     Segment,
+    TimelineBar,
+    Timelines,
 )
 
 RATE_WINDOW_S = 600.0
@@ -169,6 +174,99 @@ def job_history(
     return out
 
 
+TIMELINE_S = 24 * 3600
+"""The bookings timeline shows this many seconds from the start of the current hour."""
+TICK_S = 6 * 3600
+
+
+def _utc(at: float) -> datetime:
+    return datetime.fromtimestamp(at, UTC)
+
+
+def booking_window(start_at: float, end_at: float) -> str:
+    """`2026-12-07 14:00–16:00 UTC` within one UTC day, else `2026-12-07 22:00 – 2026-12-08
+    02:00 UTC`."""
+    start, end = _utc(start_at), _utc(end_at)
+    if start.date() == end.date():
+        return f"{start:%Y-%m-%d %H:%M}–{end:%H:%M} UTC"
+    return f"{start:%Y-%m-%d %H:%M} – {end:%Y-%m-%d %H:%M} UTC"
+
+
+def booking_text(b: Mapping[str, Any]) -> str:
+    """One booking in words: `alice · vision · fine-tune: 10 000 MiB, 2026-12-07 14:00–16:00
+    UTC, held` (and `, 4 096 claimed` when claimed); the template escapes it."""
+    who = " · ".join(str(b.get(k) or "") for k in ("owner", "project", "purpose") if b.get(k))
+    text = f"{who or 'booking'}: {fmt_mib(_as_int(b.get('mib')))} MiB, "
+    text += f"{booking_window(float(b['start_at']), float(b['end_at']))}, {b.get('state', '')}"
+    claimed = _as_int(b.get("claimed_mib"))
+    return f"{text}, {fmt_mib(claimed)} claimed" if claimed else text
+
+
+def booking_timelines(
+    gpus: list[FleetGpuView], bookings: Iterable[Mapping[str, Any]], now: datetime
+) -> Timelines | None:
+    """The bookings over [the start of `now`'s hour, + 24 h) per GPU, as bars in lanes (a
+    booking goes in the first lane free at its start); None when no booking meets the
+    window. GPUs without a booking in it are left out; a booking's GPU the report does not
+    list is shown by its UUID."""
+    t0 = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0).timestamp()
+    t1 = t0 + TIMELINE_S
+    per: dict[str, list[Mapping[str, Any]]] = {}
+    for b in bookings:
+        if float(b["end_at"]) > t0 and float(b["start_at"]) < t1:
+            for uuid in b.get("gpu_uuids") or ():
+                per.setdefault(str(uuid), []).append(b)
+    if not per:
+        return None
+    index = {g.uuid: g.index for g in gpus}
+    lines = []
+    for uuid, items in sorted(per.items(), key=lambda kv: (index.get(kv[0], 1 << 20), kv[0])):
+        items.sort(key=lambda b: (float(b["start_at"]), str(b.get("booking_id", ""))))
+        lane_ends: list[float] = []
+        bars = []
+        for b in items:
+            start, end = max(float(b["start_at"]), t0), min(float(b["end_at"]), t1)
+            lane = next((i for i, e in enumerate(lane_ends) if e <= start), len(lane_ends))
+            if lane == len(lane_ends):
+                lane_ends.append(end)
+            lane_ends[lane] = end
+            x = 100.0 * (start - t0) / TIMELINE_S
+            width = max(0.3, 100.0 * (end - start) / TIMELINE_S)
+            state = str(b.get("state", ""))
+            bars.append(TimelineBar(lane, round(x, 2), round(width, 2), state, booking_text(b)))
+        name = f"GPU {index[uuid]}" if uuid in index else uuid
+        count = len(items)
+        booked = max((protected_mib(b) for b in items), default=0)
+        summary = (
+            f"{name}: {count} booking{'' if count == 1 else 's'} in the next 24 hours"
+            f" (the largest protects {fmt_mib(booked)} MiB)"
+        )
+        lines.append(GpuTimeline(index.get(uuid, -1), uuid, len(lane_ends), bars, summary))
+    ticks = [f"{_utc(t0 + k * TICK_S):%H:%M}" for k in range(TIMELINE_S // TICK_S + 1)]
+    ticks[0] += " UTC"
+    now_pct = round(100.0 * (now.timestamp() - t0) / TIMELINE_S)  # a step every 14.4 min
+    return Timelines(ticks, now_pct, lines)
+
+
+def booking_rows(view: ComputerView) -> list[BookingRow]:
+    """The computer's live bookings as table rows (at most `LIST_CAP`), by start."""
+    index = {g.uuid: g.index for g in view.gpus}
+    return [
+        BookingRow(
+            owner=b.owner,
+            project=b.project,
+            session=b.session,
+            purpose=b.purpose,
+            mib=b.mib,
+            claimed_mib=b.claimed_mib,
+            gpus=", ".join(f"GPU {index[u]}" if u in index else u for u in b.gpu_uuids),
+            window=booking_window(b.start_at, b.end_at),
+            state=b.state,
+        )
+        for b in view.bookings[:LIST_CAP]
+    ]
+
+
 def computer_pages(engine: Engine, views: list[ComputerView], now: datetime) -> list[ComputerPage]:
     """Page models of `views` (one history query for all the computers with jobs)."""
     history = job_history(engine, [v.id for v in views if v.jobs], now)
@@ -179,6 +277,8 @@ def computer_pages(engine: Engine, views: list[ComputerView], now: datetime) -> 
             leases=_lease_rows(v, now),
             jobs=_job_rows(v, history.get(v.id, {})),
             queue_reasons=[q.reason for q in v.queue],
+            timelines=booking_timelines(v.gpus, [b.model_dump() for b in v.bookings], now),
+            bookings=booking_rows(v),
         )
         for v in views
     ]
@@ -214,9 +314,12 @@ def jobs_summary(jobs: list[dict[str, Any]]) -> JobsSummary:
     return JobsSummary(len(jobs), by_state, done, failed, total, percent)
 
 
-def fleet_rows(views: list[ComputerView], states: list[dict[str, Any]]) -> list[FleetRow]:
+def fleet_rows(
+    views: list[ComputerView], states: list[dict[str, Any]], now: datetime | None = None
+) -> list[FleetRow]:
     """The fleet page's rows: each computer's view (without lists) and its stored state
-    (`fleet.service.fleet_summary`), counted, never listed."""
+    (`fleet.service.fleet_summary`), counted, never listed; its bookings drawn on a
+    timeline of the 24 hours from `now`'s hour (None: no timelines)."""
     rows = []
     for view, state in zip(views, states, strict=True):
         leases = state.get("leases") or []
@@ -229,6 +332,9 @@ def fleet_rows(views: list[ComputerView], states: list[dict[str, Any]]) -> list[
                 waiting=len(state.get("queue") or []),
                 jobs=jobs_summary(state.get("jobs") or []),
                 left_out=view.left_out,
+                timelines=None
+                if now is None
+                else booking_timelines(view.gpus, state.get("bookings") or [], now),
             )
         )
     return rows

@@ -70,6 +70,57 @@ class LeaseRow:
 
 
 @dataclass(frozen=True, slots=True)
+class TimelineBar:
+    """One booking on a GPU's timeline: its lane (overlapping bookings stack), where it starts
+    and how wide it is as a share of the window (percent, 0–100), its state (`booked`,
+    `held`, `claimed`) and what it is in words (the bar's tooltip)."""
+
+    lane: int
+    x_pct: float
+    width_pct: float
+    state: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTimeline:
+    """A GPU's bookings over the window (`Timelines`)."""
+
+    index: int
+    uuid: str
+    lanes: int
+    bars: list[TimelineBar]
+    summary: str
+    """The timeline as one sentence, for screen readers."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timelines:
+    """The next 24 hours of a computer's bookings per GPU (GPUs without any left out), from
+    the start of the server's current hour (UTC); `ticks` label the window every 6 hours,
+    `now_pct` is where now falls in it (percent)."""
+
+    ticks: list[str]
+    now_pct: float
+    gpus: list[GpuTimeline]
+
+
+@dataclass(frozen=True, slots=True)
+class BookingRow:
+    """A live booking as a table row; `window` in UTC, `gpus` by index where known."""
+
+    owner: str
+    project: str
+    session: str
+    purpose: str
+    mib: int
+    claimed_mib: int
+    gpus: str
+    window: str
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
 class ComputerPage:
     """One computer as the pages show it."""
 
@@ -78,6 +129,9 @@ class ComputerPage:
     leases: list[LeaseRow]
     jobs: list[JobRow]
     queue_reasons: list[str] = field(default_factory=list)
+    timelines: Timelines | None = None
+    """None: no booking in the window."""
+    bookings: list[BookingRow] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,3 +164,5 @@ class FleetRow:
     jobs: JobsSummary
     left_out: dict[str, int]
     """Per list, entries the computer's report left out (`ComputerView.left_out`)."""
+    timelines: Timelines | None = None
+    """Its bookings over the next 24 hours (None: none)."""
