@@ -29,6 +29,7 @@ FULL_GPU = scenario(
 )
 
 SCRIPT_PURPOSE = '<script>alert("x")</script> & <b>bold</b>'
+BOOKED_PURPOSE = "<i>sweep</i> & more"
 
 
 def _section(page: Any, name: str) -> Any:
@@ -64,10 +65,18 @@ def test_fleet_in_a_browser(
         socket=lab_job.broker.socket,
     ) as job:
         job.report("c0", completed=100)
+        # a booking ahead on lab-job: on its GPU's timeline, its purpose as text
+        ahead = time.time() + 3600
+        with rbroker.Client(lab_job.broker.socket) as client:
+            client.call(
+                "booking.create", mib=2048, start_at=ahead, end_at=ahead + 7200,
+                project="vision", session="ahead", purpose=BOOKED_PURPOSE,
+            )  # fmt: skip
         wait_until(
             lambda: (
                 len(coordinator.fleet()["computers"]) == 3
                 and by_name(coordinator.fleet())["lab-job"]["jobs"]
+                and by_name(coordinator.fleet())["lab-job"]["bookings"]
                 and by_name(coordinator.fleet())["lab-stop"]["leases"]
             ),
             timeout_s=30,
@@ -164,6 +173,19 @@ def test_fleet_in_a_browser(
             # the description shows as text, never as markup
             expect(page.get_by_text(SCRIPT_PURPOSE)).to_be_visible()
             assert page.locator("#live script, #live b").count() == 0
+            # its booking: a bar on GPU 0's timeline (its title the booking in words) and a
+            # row of the bookings table, the purpose as text
+            expect(page.get_by_role("heading", name="Bookings")).to_be_visible()
+            timeline = page.locator("#live svg.tl-bars").first
+            expect(timeline).to_be_visible()
+            expect(timeline).to_have_attribute("aria-label", re.compile(r"^GPU 0: 1 booking "))
+            bar = timeline.locator("rect.tl-book.book-booked")
+            expect(bar).to_have_count(1)
+            assert BOOKED_PURPOSE in bar.locator("title").text_content()
+            assert 0 < float(bar.get_attribute("x")) < 100 * 3 / 24
+            row = page.locator("table.bookings tbody tr", has_text=BOOKED_PURPOSE)
+            expect(row).to_contain_text("2\u202f048")
+            assert page.locator("#live i").count() == 0
             assert dialogs == []
             rate = page.locator("table.jobs tbody td.num").first
             expect(rate).not_to_have_text("—", timeout=20_000)
