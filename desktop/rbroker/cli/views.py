@@ -18,6 +18,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
 from rbroker.base.display import REQUEST_PREFIX, fmt_count, fmt_mib, short_uuid
+from rbroker.base.when import fmt_when
 from rbroker.cli.sheet import Cell, Column, Sheet, bar_column, unique_prefixes
 from rbroker_protocol.eta import eta_words as protocol_eta_words
 from rbroker_protocol.results import (
@@ -545,7 +546,9 @@ ROOM_NOTE = (
 def room_view(room: RoomView) -> View:
     """Where there is room (`GET /api/v1/fleet/room`'s answer): a row per GPU with room, the
     computers freshest first, each with its freshness and report age, the GPU's available
-    and total MiB, and the requests waiting on that computer; then `ROOM_NOTE`."""
+    MiB (less what its bookings hold now) and total MiB, until when (local time) before a
+    booking takes the room ("—": no booking reported would), and the requests waiting on
+    that computer; then `ROOM_NOTE`."""
     gpus = room.gpus
     mib = fmt_mib(room.mib)
     where = f"{gpus} GPUs of one computer" if gpus > 1 else "a GPU"
@@ -558,11 +561,13 @@ def room_view(room: RoomView) -> View:
             Column("GPU"),
             Column("available", "right"),
             Column("total", "right"),
+            Column("until"),
             Column("waiting", "right", optional=True),
             Column("UUID", optional=True),
         ],
         empty=f"no computer has {mib} MiB available on {where} at its last report",
     )
+    now_s = time.time()
     for c in room.computers:
         state = c.freshness.state
         age = c.freshness.age_s
@@ -573,8 +578,9 @@ def room_view(room: RoomView) -> View:
                 Cell(Text(state, style=_FRESH_STYLE.get(state, "")), plain=state),
                 Cell(_duration(age), plain="—" if age is None else f"{age:.0f} s"),
                 labels[g.uuid],
-                _num(g.available_mib, "bold"),
+                _num(g.room_mib if g.room_mib or g.booked_mib else g.available_mib, "bold"),
                 _num(g.total_mib),
+                "—" if g.until_at is None else fmt_when(g.until_at.timestamp(), now_s),
                 _num(c.waiting),
                 Cell(short_uuid(g.uuid), plain=g.uuid),
             )

@@ -5,12 +5,15 @@ prints the GPUs with room, or says none has it (exit 1). A real HTTP server on 1
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rbroker.base.when import fmt_when
 from rbroker.cli.main import main
 from rbroker.uplink.fleet import FleetError, fetch_fleet, fetch_room
 from tests.fakes.coordinator import Answer, FakeCoordinator
@@ -118,3 +121,20 @@ def test_room_answers_as_sent_and_the_cli_prints_it_or_says_none_fits(
     assert main([*fleet, "--gpus", "2"]) == 2  # not the whole fleet, --gpus unread
     assert "--gpus K needs --room MIB" in capsys.readouterr().err
     assert len(coordinator.arrivals) == asked
+
+
+def test_room_shows_what_bookings_leave_and_until_when(
+    coordinator: FakeCoordinator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GPU whose bookings hold memory now shows the room they leave, and until when (in
+    local time) the room lasts before a booking to come takes it (issue 41)."""
+    gpu = {**ROOM["computers"][0]["gpus"][0], "booked_mib": 8000, "room_mib": 30502}
+    until = "2026-11-30T14:00:00Z"
+    booked = {**ROOM, "computers": [{**ROOM["computers"][0], "gpus": [{**gpu, "until_at": until}]}]}
+    coordinator.then = Answer(200, booked)
+    fleet = ["fleet", "--url", coordinator.url, "--token", "rbv_x", "--data-dir", str(tmp_path)]
+    assert main([*fleet, "--room", "20480"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("lab-2"))
+    assert row.split()[:7] == ["lab-2", "online", "3", "s", "GPU", "1", "30502"], row
+    at = datetime.fromisoformat(until).timestamp()
+    assert fmt_when(at, time.time()) in row, row
