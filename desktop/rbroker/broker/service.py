@@ -891,13 +891,28 @@ class Broker:
 
     def cancel_booking(self, booking_id: str, user: str, admin: bool = False) -> BookingView:
         """Cancel a live booking: its owner's, or anyone's for an `admin` (the owner is told:
-        a `booking` event with `cancelled_by`). Its claiming leases go on as ordinary leases.
+        a `booking` event with `cancelled_by`, and a `booking_notice` `cancelled` to it). Its
+        claiming leases go on as ordinary leases.
 
         Raises:
             RpcError: as `Bookings.cancel`.
         """
         booking = self.bookings.cancel(booking_id, user, admin)
         self._booking_changed(booking, cancelled_by=user)
+        if booking.owner != user:  # an administrator's: its owner is told, as by a notice
+            self.emit(
+                "booking_notice",
+                {
+                    "booking_id": booking.booking_id,
+                    "owner": booking.owner,
+                    "notice": "cancelled",
+                    "to": booking.owner,
+                    "lease_id": None,
+                    "start_at": booking.start_at,
+                    "end_at": booking.end_at,
+                    "message": f"your booking {booking.booking_id} was {booking.ended_reason}",
+                },
+            )
         self._admit()
         return self.bookings.to_wire(booking)
 
