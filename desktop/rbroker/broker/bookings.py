@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 LIVE_STATES = frozenset({"booked", "held", "claimed"})
 """States in which a booking protects memory."""
 
+MAX_NEAREST_TRIES = 256
+"""The most windows a refusal tries for the nearest one that fits (nearest first): a refusal
+costs the broker at most that many placements, however many bookings there are."""
+
 START_SLACK_S = 60.0
 """A booking may name a start this long in the past (a `now` typed a minute ago); it then
 starts now."""
@@ -527,7 +531,7 @@ class Bookings:
         """The start nearest `start_at` (the later of two as near) of a window of `length_s`
         where it fits, within now … now + horizon; None when there is none. The candidates
         are the instants where the bookings change: now, each booking's end, and each
-        booking's start less `length_s`."""
+        booking's start less `length_s`, tried nearest first, at most `MAX_NEAREST_TRIES`."""
         now = self.clock.wall()
         latest = now + self.settings.horizon_s
         times = {now}
@@ -535,13 +539,13 @@ class Bookings:
             for booking in self._on.get(uuid, []):
                 times.add(booking.end_at)
                 times.add(booking.start_at - length_s)
-        best: float | None = None
-        for at in sorted(t for t in times if now <= t <= latest):
-            if self._place(bases, mib, gpus, at, at + length_s) is None:
-                continue
-            if best is None or abs(at - start_at) <= abs(best - start_at):
-                best = at
-        return best
+        nearest_first = sorted(
+            (t for t in times if now <= t <= latest), key=lambda t: (abs(t - start_at), -t)
+        )
+        for at in nearest_first[:MAX_NEAREST_TRIES]:
+            if self._place(bases, mib, gpus, at, at + length_s) is not None:
+                return at
+        return None
 
     def _keep(self, booking: Booking) -> None:
         if self.save is not None:
