@@ -7,8 +7,12 @@ Two plain threads, each with its own `rbroker.Client`:
   event marks the state dirty. When the broker goes away it reports "disconnected" and
   reconnects with backoff (0.25 s doubling to 5 s).
 * the refresh thread waits until the state is dirty and reads `gpus.list`, `leases.list`,
-  `broker.status` and `jobs.list` (a broker without `jobs.list` gives `jobs=None`), at most
-  every `min_interval_s`, so a burst of events costs one read.
+  `broker.status`, `jobs.list` and `bookings.list` (a broker without `jobs.list` or
+  `bookings.list` gives `jobs=None` or `bookings=None`), at most every `min_interval_s`, so a
+  burst of events costs one read.
+
+The event thread also hands the events about bookings (`booking`, `booking_notice`) to the GUI
+as they come (`booking_event`), for the notices of `rbroker.tray.notices`.
 
 Results reach the GUI thread through Qt signals (queued connections).
 """
@@ -19,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from PySide6.QtCore import QObject, Signal
 
@@ -29,27 +34,45 @@ from rbroker_protocol.results import JobView
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+
 BACKOFF_START_S = 0.25
 BACKOFF_MAX_S = 5.0
 
 
-def read_snapshot(client: Client, jobs_supported: bool = True) -> tuple[Snapshot, bool]:
-    """One read of the broker's state; returns it and whether `jobs.list` exists.
+BOOKING_EVENTS = frozenset({"booking", "booking_notice"})
+"""The event kinds `BrokerLink.booking_event` passes on (docs/architecture.md §2a)."""
+
+
+def _optional(missing: set[str], method: str, read: Callable[[], _T]) -> _T | None:
+    """`read()`, or None when the broker has no `method` (an older broker: noted in
+    `missing`, and not asked again on this connection)."""
+    if method in missing:
+        return None
+    try:
+        return read()
+    except InvalidParams as exc:
+        if exc.code != "method_not_found":
+            raise
+        missing.add(method)
+        return None
+
+
+def read_snapshot(client: Client, missing: set[str] | None = None) -> Snapshot:
+    """One read of the broker's state. `missing`: the optional methods (`jobs.list`,
+    `bookings.list`) this broker lacks, as earlier reads found; those found now are added.
 
     Raises:
         BrokerUnavailable: the broker went away.
     """
+    missing = set() if missing is None else missing
     gpus = client.gpus()
     view = client.leases()
     status = client.status()
-    jobs: list[JobView] | None = None
-    if jobs_supported:
-        try:
-            jobs = [job.copy() for job in client.jobs()]
-        except InvalidParams as exc:
-            if exc.code != "method_not_found":
-                raise
-            jobs_supported = False
+    jobs: list[JobView] | None = _optional(
+        missing, "jobs.list", lambda: [job.copy() for job in client.jobs()]
+    )
+    bookings = _optional(missing, "bookings.list", client.bookings)
     snap = Snapshot(
         gpus=[gpu.copy() for gpu in gpus],
         leases=[lease.copy() for lease in view["leases"]],
@@ -58,8 +81,9 @@ def read_snapshot(client: Client, jobs_supported: bool = True) -> tuple[Snapshot
         jobs=jobs,
         leases_left_out=view.get("leases_left_out", 0),
         queue_left_out=view.get("queue_left_out", 0),
+        bookings=bookings,
     )
-    return snap, jobs_supported
+    return snap
 
 
 class BrokerLink(QObject):
@@ -71,6 +95,7 @@ class BrokerLink(QObject):
         disconnected(str): no broker answers; the reason in words.
         command_done(str, object): a command finished: (method, result).
         command_failed(str, str): a command failed: (method, message).
+        booking_event(str, object): a `booking` or `booking_notice` event: (kind, data).
     """
 
     snapshot = Signal(object)
@@ -78,6 +103,7 @@ class BrokerLink(QObject):
     disconnected = Signal(str)
     command_done = Signal(str, object)
     command_failed = Signal(str, str)
+    booking_event = Signal(str, object)
 
     def __init__(
         self, socket: str | None, min_interval_s: float = 0.25, parent: QObject | None = None
@@ -179,6 +205,7 @@ class BrokerLink(QObject):
                 while not self._stop.is_set():
                     event = client.wait_event(None)
                     if event is not None:
+                        self._pass_on(event)
                         self._dirty.set()
             except RBrokerError as exc:
                 if self._stop.is_set():
@@ -191,9 +218,16 @@ class BrokerLink(QObject):
                 self._set_client("_event_client", None)
                 client.close()
 
+    def _pass_on(self, event: dict[str, Any]) -> None:
+        """A booking event to the GUI (before the refresh it causes is read)."""
+        kind = event.get("kind") if isinstance(event, dict) else None
+        data = event.get("data") if isinstance(event, dict) else None
+        if kind in BOOKING_EVENTS and isinstance(data, dict):
+            self.booking_event.emit(str(kind), dict(data))
+
     def _refresh_loop(self) -> None:
         client: Client | None = None
-        jobs_supported = True
+        missing: set[str] = set()
         while not self._stop.is_set():
             self._dirty.wait()
             if self._stop.is_set():
@@ -202,10 +236,10 @@ class BrokerLink(QObject):
             try:
                 if client is None:
                     client = Client(self.socket, timeout_s=10)
-                    jobs_supported = True
+                    missing = set()
                     if not self._set_client("_refresh_client", client):
                         return
-                snap, jobs_supported = read_snapshot(client, jobs_supported)
+                snap = read_snapshot(client, missing)
             except RBrokerError as exc:
                 if client is not None:
                     client.close()

@@ -12,7 +12,14 @@ from enum import StrEnum
 from typing import cast
 
 from rbroker.base.display import fmt_mib
-from rbroker_protocol.results import BrokerStatus, GpuView, JobView, ListedLease, QueuedRequest
+from rbroker_protocol.results import (
+    BookingsListResult,
+    BrokerStatus,
+    GpuView,
+    JobView,
+    ListedLease,
+    QueuedRequest,
+)
 
 COORDINATOR_PROBLEM_LINKS = (
     "retrying",
@@ -53,8 +60,9 @@ STATE_TEXT: dict[TrayState, str] = {
 class Snapshot:
     """One consistent read of the local broker through the local API.
 
-    `jobs` is None when the broker has no `jobs.list` method (older brokers). `status` is
-    `{}` until set (a snapshot built by hand, in tests and screenshots): read it with `.get`.
+    `jobs` is None when the broker has no `jobs.list` method (older brokers), `bookings` when
+    it has no `bookings.list` (or in a snapshot built by hand). `status` is `{}` until set (a
+    snapshot built by hand, in tests and screenshots): read it with `.get`.
     """
 
     gpus: list[GpuView] = field(default_factory=list)
@@ -67,6 +75,8 @@ class Snapshot:
     """Leases of other users the broker did not list (`leases.list`'s `leases_left_out`)."""
     queue_left_out: int = 0
     """Waiting requests of other users not listed (`queue_left_out`)."""
+    bookings: BookingsListResult | None = None
+    """`bookings.list`: the live bookings, the broker's wall clock and each GPU's usable MiB."""
 
     @property
     def paused(self) -> bool:

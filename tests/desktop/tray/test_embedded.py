@@ -60,17 +60,19 @@ def test_embedded_broker_reports_a_broker_already_running(
 
 def test_read_snapshot_from_a_real_broker(broker: BrokerProcess) -> None:
     with broker.client() as c:
-        snap, _ = read_snapshot(c)
+        snap = read_snapshot(c)
     assert [g["uuid"] for g in snap.gpus] == ["GPU-5a1e0000-0000-0000-0000-000000000001"]
     assert snap.leases == [] and snap.queue == []
+    assert snap.bookings is not None and snap.bookings["bookings"] == []
     assert snap.simulated and not snap.paused
 
 
 class _OldBroker:
-    """A client of a broker without `jobs.list`."""
+    """A client of a broker without `jobs.list` and `bookings.list`."""
 
     def __init__(self) -> None:
         self.jobs_calls = 0
+        self.bookings_calls = 0
 
     def gpus(self) -> list[dict[str, Any]]:
         return []
@@ -85,13 +87,19 @@ class _OldBroker:
         self.jobs_calls += 1
         raise rbroker.InvalidParams("unknown method 'jobs.list'", "method_not_found")
 
+    def bookings(self) -> dict[str, Any]:
+        self.bookings_calls += 1
+        raise rbroker.InvalidParams("unknown method 'bookings.list'", "method_not_found")
+
 
 def test_a_broker_without_jobs_list_gives_no_jobs_and_is_not_asked_again() -> None:
     old = _OldBroker()
-    snap, supported = read_snapshot(old)  # type: ignore[arg-type]
-    assert snap.jobs is None and supported is False
-    snap, supported = read_snapshot(old, supported)  # type: ignore[arg-type]
-    assert old.jobs_calls == 1
+    missing: set[str] = set()
+    snap = read_snapshot(old, missing)  # type: ignore[arg-type]
+    assert snap.jobs is None and snap.bookings is None
+    assert missing == {"jobs.list", "bookings.list"}
+    read_snapshot(old, missing)  # type: ignore[arg-type]
+    assert old.jobs_calls == 1 and old.bookings_calls == 1
 
 
 def test_other_invalid_params_errors_are_not_swallowed() -> None:
