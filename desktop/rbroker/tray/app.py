@@ -115,6 +115,8 @@ class TrayApp(QObject):
         self.link.snapshot.connect(self.notifier.on_snapshot)
         self.link.disconnected.connect(self.notifier.on_disconnected)
         self.notifier.notice.connect(self.notify)
+        self.link.booking_event.connect(self.notifier.on_event)
+        self.window.local.me = self.notifier.me
         self.window.local.pause_toggled.connect(self.set_paused)
         self.broker_failed.connect(self.on_broker_failed)
         self.enroll_finished.connect(self.on_enroll_finished)
