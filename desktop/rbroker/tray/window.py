@@ -1,4 +1,4 @@
-"""The main window: This computer (GPUs, leases, queue, jobs), Fleet, Settings (the tabs
+"""The main window: This computer (GPUs, leases, queue, jobs, bookings), Fleet, Settings (the tabs
 in `fleet_tab` and `settings_tab`).
 
 The window only displays what it is given (`apply_snapshot`, `set_broker_down`,
@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from rbroker.base.display import fmt_count
+from rbroker.tray.bookings import BookingsPanel
 from rbroker.tray.fleet_tab import FleetTab
 from rbroker.tray.icons import app_icon
 from rbroker.tray.models import (
@@ -44,7 +45,9 @@ BANNER_STYLES = {
 
 
 class LocalTab(QWidget):
-    """This computer: broker line, GPU cards, leases, the queue with reasons, jobs."""
+    """This computer: broker line, GPU cards, leases, the queue with reasons, jobs, and the
+    next 24 hours of bookings per GPU (`rbroker.tray.bookings`). `me`: whose bookings are
+    drawn as mine (the controller sets it to its notifier's user)."""
 
     pause_toggled = Signal(bool)
 
@@ -85,16 +88,20 @@ class LocalTab(QWidget):
         )
         self.queue_box, self.queue_empty = titled("Waiting", self.queue_view, "Nothing is waiting.")
         self.jobs_box, self.jobs_empty = titled("Jobs", self.jobs_view, "No jobs declared.")
+        self.bookings = BookingsPanel()
+        self.bookings_box, self.bookings_empty = titled("Bookings", self.bookings, "No bookings.")
         split = QSplitter(Qt.Orientation.Vertical)
         split.setChildrenCollapsible(False)
-        for box in (self.leases_box, self.queue_box, self.jobs_box):
+        for box in (self.leases_box, self.queue_box, self.jobs_box, self.bookings_box):
             split.addWidget(box)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
         split.setStretchFactor(2, 2)
+        split.setStretchFactor(3, 2)
         outer.addWidget(split, 1)
         self._updating = False
         self.origin = ""
+        self.me = ""
 
     def _on_pause(self, on: bool) -> None:
         if not self._updating:
@@ -123,6 +130,8 @@ class LocalTab(QWidget):
         self.leases.set_rows(snap.leases, snap.taken_at)
         self.queue.set_rows(snap.queue, snap.taken_at)
         self.jobs.set_rows(snap.jobs or [], snap.taken_at)
+        if snap.bookings is not None:
+            self.bookings.set_bookings(snap.bookings, snap.gpus, self.me)
         self._counts(snap)
 
     def _counts(self, snap: Snapshot) -> None:
@@ -146,6 +155,25 @@ class LocalTab(QWidget):
             self.jobs_empty.setText("No jobs declared.")
             self.jobs_empty.setVisible(not snap.jobs)
             self.jobs_view.setVisible(bool(snap.jobs))
+        if snap.bookings is None:
+            self.bookings_box.setTitle("Bookings")
+            self.bookings_empty.setText(
+                "This broker does not take bookings yet (no bookings.list); they appear here "
+                "once it does."
+            )
+            self.bookings_empty.show()
+            self.bookings.hide()
+        else:
+            booked = snap.bookings.get("bookings") or []
+            self.bookings_box.setTitle(
+                _title("Bookings", len(booked), int(snap.bookings.get("others_left_out") or 0))
+            )
+            self.bookings_empty.setText(
+                "No bookings: book GPU memory ahead with rbroker book; bookings show here on a "
+                "24-hour timeline per GPU."
+            )
+            self.bookings_empty.setVisible(not booked)
+            self.bookings.setVisible(bool(booked))
 
     def set_down(self) -> None:
         self.pause_box.setEnabled(False)
