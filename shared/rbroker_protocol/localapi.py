@@ -94,6 +94,17 @@ class BookParams(_Params):
     purpose: str
 
 
+class RoomCheckParams(_Params):
+    """`room.check`: whether `mib` MiB on each of `gpus` GPUs (or on the pinned `gpu_uuid`)
+    would be granted to the caller now, without taking it (`rbroker watch`). `expected_s`
+    as for `lease.acquire` (the bookings it would overlap)."""
+
+    mib: Mib
+    gpus: Annotated[int, Field(ge=1, le=64, strict=True)] = 1
+    gpu_uuid: GpuUuid | None = None
+    expected_s: Annotated[float, Field(gt=0.0, le=MAX_EXPECTED_S)] | None = None
+
+
 class BookingRef(_Params):
     """`booking.cancel`: the booking to cancel (its owner's, or anyone's for an admin)."""
 

@@ -287,6 +287,28 @@ class BookingsListResult(TypedDict):
     others_left_out: NotRequired[int]
 
 
+class RoomGpu(TypedDict):
+    """A GPU a `room.check` would be placed on, with what it has available for that request
+    (beside the bookings it would overlap), MiB."""
+
+    uuid: str
+    index: int
+    available_mib: int
+
+
+class RoomCheckResult(TypedDict):
+    """`room.check`: `fits` when a `lease.acquire` of these figures would be granted now
+    (nothing is taken); `gpus`, the GPUs it would get (empty when it does not fit);
+    `reason`, `reason_kind` and `reason_data`, what a request would wait for, as a queue
+    entry says it (`reason` empty when it fits)."""
+
+    fits: bool
+    gpus: list[RoomGpu]
+    reason: str
+    reason_kind: str
+    reason_data: dict[str, Any]
+
+
 class ShareView(TypedDict):
     """One project's share of the broker (`[shares]` in the broker's config file) and its
     use now."""

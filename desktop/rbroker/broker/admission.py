@@ -393,6 +393,37 @@ class Admission:
         for u in pending:
             self.slots[u].kick.set()
 
+    def probe(self, waiter: Waiter, ahead_on: Callable[[str], int], paused: bool) -> list[Choice]:
+        """The GPUs a pass would grant `waiter` now (a request not queued: `rbroker watch`),
+        or [] with its reason set as a pass would set it: behind the `ahead_on(u)` requests
+        waiting on each GPU (FIFO: none of a GPU with a waiter is free for it), beside the
+        bookings, on fresh samples only; paused, nothing. Nothing is booked."""
+        now = self.clock.monotonic()
+        caps: dict[str, Capacity] = {}
+        for u in waiter.candidates:
+            cap = self.lessor.capacity(u)
+            if cap is not None and self.slots[u].fresh(now, self.config.max_sample_age_s):
+                caps[u] = cap
+        seen = self.beside_bookings(waiter, caps)
+        blocked = {u: n for u in waiter.candidates if (n := ahead_on(u)) > 0}
+        fits = [
+            Choice(u, seen[u], 0, waiter.asked_mib)
+            for u in waiter.candidates
+            if u in seen and u not in blocked and seen[u].fits(waiter.asked_mib)
+        ]
+        fits.sort(key=lambda c: self.rank(c.gpu_uuid, c.cap), reverse=waiter.placement == "spread")
+        if len(fits) >= waiter.gpus and not paused:
+            return fits[: waiter.gpus]
+        pending = [
+            u
+            for u in waiter.candidates
+            if u not in caps and self.slots[u].telemetry is TelemetryState.OK
+        ]
+        self._explain_wait(waiter, seen, blocked, pending, paused)
+        for u in pending:
+            self.slots[u].kick.set()
+        return []
+
     def claim(self, waiter: Waiter, slot: GpuSlot) -> int:
         """MiB of the holder's existing use that an adopting request takes over on `slot`."""
         if not waiter.adopt:

@@ -61,7 +61,7 @@ from rbroker.gpu.nvml import NvmlGateway, TelemetryError, describe
 from rbroker.gpu.presence import nvidia_device_present
 from rbroker_protocol.descriptions import DescriptionRejected, check_description
 from rbroker_protocol.errors import ErrorCode, RpcError
-from rbroker_protocol.localapi import AcquireParams, BookParams
+from rbroker_protocol.localapi import AcquireParams, BookParams, RoomCheckParams
 from rbroker_protocol.results import (
     BookingsListResult,
     BookingView,
@@ -73,10 +73,14 @@ from rbroker_protocol.results import (
     JobView,
     LeasesListResult,
     QueuedRequest,
+    RoomCheckResult,
     ShareView,
 )
 
 __all__ = ["Broker", "GpuSlot", "Listener", "check_descriptions"]
+
+NO_HOLDER = Holder(0, -1.0)
+"""The holder of a probe that is never queued (`Broker.check_room`): it adopts nothing."""
 
 log = logging.getLogger(__name__)
 
@@ -822,6 +826,48 @@ class Broker:
         self.waiting.expire(now, self.admission.wait_error)
         if self.queue:
             self._admit()
+
+    def check_room(self, params: RoomCheckParams, owner: str) -> RoomCheckResult:
+        """`room.check`: whether a request of these figures by `owner` would be granted now,
+        without taking anything (`Admission.probe`: behind the waiting requests, beside the
+        bookings, on fresh samples).
+
+        Raises:
+            RpcError: what `lease.acquire` refuses at once (`infeasible`, `invalid_params`
+                for a pin with `gpus` ≠ 1, `telemetry_unavailable` for a lost pinned GPU).
+        """
+        request = AcquireParams(
+            mib=params.mib,
+            gpus=params.gpus,
+            gpu_uuid=params.gpu_uuid,
+            project="-",
+            session="-",
+            purpose="room check",
+            expected_s=params.expected_s,
+            wait_s=1.0,
+        )
+        candidates = self.admission.candidates(params.gpu_uuid, params.gpus, params.mib)
+        self.admission.check_feasible(request, candidates)
+        now = self.clock.monotonic()
+        probe = self.waiting.new_waiter(
+            request, candidates, owner, NO_HOLDER, None, now, self.clock.wall(), now, numbered=False
+        )
+        chosen = self.admission.probe(probe, self.waiting.waiting_on, self.paused)
+        probe.future.cancel()
+        return {
+            "fits": bool(chosen),
+            "gpus": [
+                {
+                    "uuid": c.gpu_uuid,
+                    "index": self.slots[c.gpu_uuid].info.index,
+                    "available_mib": c.cap.available_mib,
+                }
+                for c in chosen
+            ],
+            "reason": "" if chosen else probe.reason,
+            "reason_kind": "" if chosen else probe.reason_kind,
+            "reason_data": {} if chosen else dict(probe.reason_data),
+        }
 
     # -- bookings (docs/architecture.md §2a) ---------------------------------------------------
     def _granted_of(self, lease_id: str) -> int:

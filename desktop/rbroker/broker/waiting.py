@@ -77,11 +77,13 @@ class WaitQueue:
         now: float,
         wall: float,
         boot: float,
+        numbered: bool = True,
     ) -> Waiter:
         """A waiter for a validated request (`now` monotonic, `wall` Unix seconds, `boot`
-        `Clock.boottime()`); not queued."""
+        `Clock.boottime()`); not queued. `numbered=False`: request id 0, no number used up
+        (a probe that is never queued, `Broker.check_room`)."""
         return Waiter(
-            request_id=self.next_id(),
+            request_id=self.next_id() if numbered else 0,
             asked_mib=params.mib,
             gpus=params.gpus,
             candidates=candidates,

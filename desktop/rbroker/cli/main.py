@@ -335,6 +335,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bl.add_argument("--json", action="store_true", help="print the raw JSON")
 
+    w = sub.add_parser(
+        "watch",
+        help="wait until MiB could be granted to you now (nothing is taken)",
+        epilog="exit codes: 0 room now; 75 none within --timeout; 2 refused; 69 no broker",
+    )
+    _add_socket(w)
+    w.add_argument("--mib", type=int, required=True, help="MiB on each GPU")
+    w.add_argument("--gpus", type=int, default=1, help="how many GPUs at once (default 1)")
+    w.add_argument("--gpu", dest="gpu_uuid", metavar="UUID", help="only this GPU")
+    w.add_argument("--expected", type=float, metavar="SECONDS", help="how long you would hold it")
+    w.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="give up after this long (exit 75); default: wait until Ctrl-C",
+    )
+    w.add_argument("--json", action="store_true", help="print the answer as JSON")
+
     j = sub.add_parser("jobs", help="parallel jobs: progress, items per second, ETA")
     _add_socket(j)
     j.add_argument("--json", action="store_true", help="print the raw JSON")
@@ -452,6 +470,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rbroker.cli.bookings import run_bookings
 
         return run_bookings(args)
+    if args.command == "watch":
+        from rbroker.cli.watch import run_watch
+
+        return run_watch(args)
     if args.command == "jobs":
         from rbroker.cli.jobs import run_jobs
 

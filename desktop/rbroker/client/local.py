@@ -49,6 +49,7 @@ from rbroker_protocol.results import (
     LeaseResult,
     LeasesListResult,
     PauseResult,
+    RoomCheckResult,
     SimMemoryResult,
     SimSetResult,
 )
@@ -634,6 +635,25 @@ class Client:
         for an administrator). Raises BookingNotFound, NotBookingOwner, BrokerUnavailable."""
         result: BookingResult = self.call("booking.cancel", booking_id=booking_id)
         return result["booking"]
+
+    def check_room(
+        self,
+        mib: int,
+        gpus: int = 1,
+        gpu_uuid: str | None = None,
+        expected_s: float | None = None,
+    ) -> RoomCheckResult:
+        """`room.check`: whether `mib` MiB on each of `gpus` GPUs (or on `gpu_uuid`) would be
+        granted to this user now, nothing taken (`rbroker watch`). Raises Infeasible,
+        InvalidParams, TelemetryUnavailable (what an acquire refuses at once),
+        BrokerUnavailable."""
+        params: dict[str, Any] = {"mib": mib, "gpus": gpus}
+        if gpu_uuid is not None:
+            params["gpu_uuid"] = gpu_uuid
+        if expected_s is not None:
+            params["expected_s"] = expected_s
+        result: RoomCheckResult = self.call("room.check", **params)
+        return result
 
     def bookings(self, include_ended: bool = False) -> BookingsListResult:
         """`bookings.list`: the asker's bookings first, then everyone's, each by start, with

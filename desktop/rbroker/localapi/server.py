@@ -31,6 +31,7 @@ Methods (params → result; the results' shapes are `rbroker_protocol.results`):
     booking.create BookParams                 → {booking: {...}}  (architecture.md §2a)
     booking.cancel {booking_id}               → {booking: {...}}  (admins: anyone's)
     bookings.list {include_ended}             → {bookings: [...], now_at, usable_mib}
+    room.check {mib, gpus, gpu_uuid?, expected_s?} → {fits, gpus, reason, ...}  (nothing taken)
     broker.pause {paused}                     → {paused}   (pause/resume new admissions)
     events.subscribe {}                       → {subscribed: true}; then `event`
                                                 notifications {kind, data}
@@ -95,6 +96,7 @@ from rbroker_protocol.localapi import (
     PauseParams,
     RequestRef,
     ResizeParams,
+    RoomCheckParams,
     SimAllocateParams,
     SimFreeParams,
     SimSetParams,
@@ -116,6 +118,7 @@ from rbroker_protocol.results import (
     LeaseResult,
     LeasesListResult,
     PauseResult,
+    RoomCheckResult,
     SimMemoryResult,
     SimSetResult,
     SimStallResult,
@@ -137,7 +140,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _VIEWS = frozenset(
-    {"hello", "gpus.list", "leases.list", "broker.status", "jobs.list", "bookings.list"}
+    {
+        "hello",
+        "gpus.list",
+        "leases.list",
+        "broker.status",
+        "jobs.list",
+        "bookings.list",
+        "room.check",
+    }
 )
 """Methods whose answer is a view of the broker's state: built only when it can be written,
 and not at all for a peer that is gone (`Connection.peer_gone`): they change nothing, so a
@@ -208,6 +219,7 @@ class LocalApi:
             "booking.create": (BookParams, self._book),
             "booking.cancel": (BookingRef, self._cancel_booking),
             "bookings.list": (BookingsListParams, self._bookings_list),
+            "room.check": (RoomCheckParams, self._check_room),
             "broker.pause": (PauseParams, self._pause),
             "events.subscribe": (EmptyParams, self._subscribe),
             "sim.allocate": (SimAllocateParams, self._sim_allocate),
@@ -511,6 +523,9 @@ class LocalApi:
 
     def _bookings_list(self, conn: Connection, p: BookingsListParams) -> BookingsListResult:
         return self.broker.bookings_list(conn.peer.user, p.include_ended)
+
+    def _check_room(self, conn: Connection, p: RoomCheckParams) -> RoomCheckResult:
+        return self.broker.check_room(p, conn.peer.user)
 
     def _pause(self, conn: Connection, p: PauseParams) -> PauseResult:
         paused = self.broker.set_paused(p.paused)

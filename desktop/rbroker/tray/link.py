@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from PySide6.QtCore import QObject, Signal
 
@@ -218,10 +218,11 @@ class BrokerLink(QObject):
                 self._set_client("_event_client", None)
                 client.close()
 
-    def _pass_on(self, event: dict[str, Any]) -> None:
-        """A booking event to the GUI (before the refresh it causes is read)."""
-        kind = event.get("kind") if isinstance(event, dict) else None
-        data = event.get("data") if isinstance(event, dict) else None
+    def _pass_on(self, event: Mapping[str, object]) -> None:
+        """A booking event (an `event` notification's params: `kind`, `data`) to the GUI,
+        before the refresh it causes is read."""
+        kind = event.get("kind")
+        data = event.get("data")
         if kind in BOOKING_EVENTS and isinstance(data, dict):
             self.booking_event.emit(str(kind), dict(data))
 
