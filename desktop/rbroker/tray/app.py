@@ -21,7 +21,7 @@ from socket import gethostname
 
 from PySide6.QtCore import QEvent, QObject, QTimer, Signal
 from PySide6.QtGui import QAction, QGuiApplication
-from PySide6.QtWidgets import QApplication, QMenu, QSystemTrayIcon
+from PySide6.QtWidgets import QApplication, QInputDialog, QMenu, QSystemTrayIcon
 
 from rbroker.base.exceptions import RBrokerError
 from rbroker.base.startup import check_broker_paths, os_error_line
@@ -42,6 +42,7 @@ from rbroker.tray.plain import (
     tool_tip,
     tray_tip,
 )
+from rbroker.tray.room import RoomWatch, room_text
 from rbroker.tray.settings import TraySettings, settings_path
 from rbroker.tray.settings_tab import EnrollRequest
 from rbroker.tray.single import SingleInstance, instance_name
@@ -55,6 +56,7 @@ from rbroker.tray.state import (
 )
 from rbroker.tray.window import MainWindow
 from rbroker.tray.wording import error_text, gui_text
+from rbroker_protocol.results import RoomCheckResult
 from rbroker_protocol.startup import EXIT_TRAY_ALREADY_RUNNING, check_socket_path, one_line
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,9 @@ class TrayApp(QObject):
         self.link.disconnected.connect(self.notifier.on_disconnected)
         self.notifier.notice.connect(self.notify)
         self.link.booking_event.connect(self.notifier.on_event)
+        self.link.room_fits.connect(self.on_room_fits)
+        self.link.room_failed.connect(self.on_room_failed)
+        self.room_watch: RoomWatch | None = None
         self.window.local.me = self.notifier.me
         self.window.local.pause_toggled.connect(self.set_paused)
         self.broker_failed.connect(self.on_broker_failed)
@@ -149,6 +154,11 @@ class TrayApp(QObject):
         self.pause_action.setCheckable(True)
         self.pause_action.setEnabled(False)
         self.pause_action.triggered.connect(self.set_paused)
+        self.watch_action = QAction("Tell me when … MiB are free…", self.menu)
+        self.watch_action.triggered.connect(self.ask_room_watch)
+        self.unwatch_action = QAction("Cancel the watch for free MiB", self.menu)
+        self.unwatch_action.setEnabled(False)
+        self.unwatch_action.triggered.connect(self.cancel_room_watch)
         self.snippet_action = QAction("Copy a `rbroker run` snippet", self.menu)
         self.snippet_action.triggered.connect(self.copy_snippet)
         self.quit_action = QAction(
@@ -158,7 +168,9 @@ class TrayApp(QObject):
         self.quit_action.triggered.connect(self.quit)
         for a in (self.status_action, None, self.open_action, self.pause_action):
             self.menu.addAction(a) if a else self.menu.addSeparator()
-        for a in (self.snippet_action, None, self.quit_action):
+        for a in (self.watch_action, self.unwatch_action, None, self.snippet_action):
+            self.menu.addAction(a) if a else self.menu.addSeparator()
+        for a in (None, self.quit_action):
             self.menu.addAction(a) if a else self.menu.addSeparator()
 
         self.tray_timer = QTimer(self)
@@ -269,6 +281,70 @@ class TrayApp(QObject):
             self._markup = notification_server.reads_markup()
         body = notification_body(text, self._markup)
         self.tray.showMessage(title, body, state_icon(self.state), shown_ms)
+
+    # -- "tell me when N MiB are free" (rbroker.tray.room) ---------------------------------------
+    def ask_room_watch(self) -> None:
+        """Ask for the MiB (and GPUs) with two small dialogs, then `set_room_watch`."""
+        parent = self.window if self.window.isVisible() else None
+        replaces = (
+            f"\n(One watch at a time: this replaces the one for {self.room_watch.describe()}.)"
+            if self.room_watch is not None
+            else "\n(One watch at a time.)"
+        )
+        mib, ok = QInputDialog.getInt(
+            parent,
+            "Tell me when MiB are free",
+            f"Tell me when this many MiB could be granted to me:{replaces}",
+            self.room_watch.mib if self.room_watch is not None else 8000,
+            1,
+            2**31 - 1,
+            1024,
+        )
+        if not ok:
+            return
+        gpus, ok = QInputDialog.getInt(
+            parent, "Tell me when MiB are free", "On how many GPUs at once:", 1, 1, 64, 1
+        )
+        if ok:
+            self.set_room_watch(mib, gpus)
+
+    def set_room_watch(self, mib: int, gpus: int = 1) -> RoomWatch:
+        """Watch for room for `mib` MiB on each of `gpus` GPUs (the link's room thread checks;
+        nothing is taken); it replaces the watch set, if any."""
+        watch = RoomWatch(mib, gpus)
+        self.room_watch = watch
+        self.link.set_room_watch(watch)
+        self._show_room_watch()
+        return watch
+
+    def cancel_room_watch(self) -> None:
+        """Stop watching; no notice comes for the watch cancelled."""
+        self.room_watch = None
+        self.link.set_room_watch(None)
+        self._show_room_watch()
+
+    def _show_room_watch(self) -> None:
+        watch = self.room_watch
+        self.unwatch_action.setEnabled(watch is not None)
+        self.unwatch_action.setText(
+            f"Cancel the watch for {watch.describe()}"
+            if watch is not None
+            else "Cancel the watch for free MiB"
+        )
+
+    def on_room_fits(self, watch: RoomWatch, answer: RoomCheckResult) -> None:
+        if watch is not self.room_watch:  # cancelled or replaced meanwhile
+            return
+        self.room_watch = None
+        self._show_room_watch()
+        self.notify("rbroker: room now", room_text(answer, watch.mib))
+
+    def on_room_failed(self, watch: RoomWatch, message: str) -> None:
+        if watch is not self.room_watch:
+            return
+        self.room_watch = None
+        self._show_room_watch()
+        self.notify("rbroker: watch ended", f"no watch for {watch.describe()}: {message}")
 
     def copy_snippet(self) -> None:
         text = run_snippet(self.snapshot, self.snippet_socket)

@@ -14,6 +14,10 @@ Two plain threads, each with its own `rbroker.Client`:
 The event thread also hands the events about bookings (`booking`, `booking_notice`) to the GUI
 as they come (`booking_event`), for the notices of `rbroker.tray.notices`.
 
+A third thread, the room thread, asks `room.check` for the one watch set
+(`set_room_watch`, `rbroker.tray.room`) every `CHECK_EVERY_S` and at each event, and says
+`room_fits` once it fits (the watch then ends) or `room_failed` when the broker refuses it.
+
 Results reach the GUI thread through Qt signals (queued connections).
 """
 
@@ -27,8 +31,14 @@ from typing import TypeVar
 
 from PySide6.QtCore import QObject, Signal
 
-from rbroker.base.exceptions import BrokerUnavailable, InvalidParams, RBrokerError
+from rbroker.base.exceptions import (
+    BrokerUnavailable,
+    InvalidParams,
+    RBrokerError,
+    TelemetryUnavailable,
+)
 from rbroker.client.local import Client
+from rbroker.tray.room import CHECK_EVERY_S, RoomWatch
 from rbroker.tray.state import Snapshot
 from rbroker_protocol.results import JobView
 
@@ -96,6 +106,8 @@ class BrokerLink(QObject):
         command_done(str, object): a command finished: (method, result).
         command_failed(str, str): a command failed: (method, message).
         booking_event(str, object): a `booking` or `booking_notice` event: (kind, data).
+        room_fits(object, object): the watch set has room now: (RoomWatch, RoomCheckResult).
+        room_failed(object, str): the broker refuses the watch: (RoomWatch, message).
     """
 
     snapshot = Signal(object)
@@ -104,6 +116,8 @@ class BrokerLink(QObject):
     command_done = Signal(str, object)
     command_failed = Signal(str, str)
     booking_event = Signal(str, object)
+    room_fits = Signal(object, object)
+    room_failed = Signal(object, str)
 
     def __init__(
         self, socket: str | None, min_interval_s: float = 0.25, parent: QObject | None = None
@@ -118,11 +132,18 @@ class BrokerLink(QObject):
         self._lock = threading.Lock()
         self._event_client: Client | None = None
         self._refresh_client: Client | None = None
+        self._room_client: Client | None = None
+        self._room_watch: RoomWatch | None = None
+        self._room_wake = threading.Event()
         self._threads: list[threading.Thread] = []
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        for target, name in ((self._event_loop, "events"), (self._refresh_loop, "refresh")):
+        for target, name in (
+            (self._event_loop, "events"),
+            (self._refresh_loop, "refresh"),
+            (self._room_loop, "room"),
+        ):
             t = threading.Thread(target=target, name=f"rbroker-tray-{name}", daemon=True)
             self._threads.append(t)
             t.start()
@@ -131,8 +152,9 @@ class BrokerLink(QObject):
         """Stop both threads and close their connections."""
         self._stop.set()
         self._dirty.set()
+        self._room_wake.set()
         with self._lock:
-            clients = [self._event_client, self._refresh_client]
+            clients = [self._event_client, self._refresh_client, self._room_client]
         for c in clients:
             if c is not None:
                 c.close()
@@ -143,6 +165,27 @@ class BrokerLink(QObject):
     def refresh(self) -> None:
         """Ask for a new snapshot now (e.g. after a command)."""
         self._dirty.set()
+
+    # -- the room watch ------------------------------------------------------------------------
+    def set_room_watch(self, watch: RoomWatch | None) -> None:
+        """Watch for room for `watch` (replacing any watch set), or stop watching (None)."""
+        with self._lock:
+            self._room_watch = watch
+        self._room_wake.set()
+
+    @property
+    def room_watch(self) -> RoomWatch | None:
+        """The watch the room thread checks, None when none is set."""
+        with self._lock:
+            return self._room_watch
+
+    def _end_room_watch(self, watch: RoomWatch) -> bool:
+        """Clear `watch` if it is still the one set; True when it was."""
+        with self._lock:
+            if self._room_watch is not watch:
+                return False
+            self._room_watch = None
+            return True
 
     # -- commands ------------------------------------------------------------------------------
     def run_command(self, name: str, command: Callable[[Client], object]) -> None:
@@ -207,6 +250,7 @@ class BrokerLink(QObject):
                     if event is not None:
                         self._pass_on(event)
                         self._dirty.set()
+                        self._room_wake.set()
             except RBrokerError as exc:
                 if self._stop.is_set():
                     break
@@ -252,6 +296,40 @@ class BrokerLink(QObject):
             self.last = snap
             self.snapshot.emit(snap)
             self._stop.wait(self.min_interval_s)
+        if client is not None:
+            client.close()
+
+    def _room_loop(self) -> None:
+        client: Client | None = None
+        while not self._stop.is_set():
+            watch = self.room_watch
+            if watch is None:
+                self._room_wake.wait()
+                self._room_wake.clear()
+                continue
+            self._room_wake.clear()
+            try:
+                if client is None:
+                    client = Client(self.socket, timeout_s=10)
+                    if not self._set_client("_room_client", client):
+                        return
+                answer = client.check_room(watch.mib, watch.gpus)
+            except (BrokerUnavailable, TelemetryUnavailable) as exc:
+                if isinstance(exc, BrokerUnavailable) and client is not None:
+                    client.close()
+                    client = None
+                    self._set_client("_room_client", None)
+                log.info("room check for %s: %s", watch.describe(), exc)
+            except RBrokerError as exc:  # refused: infeasible, bad figures, not allowed
+                if self._end_room_watch(watch):
+                    self.room_failed.emit(watch, exc.message)
+                continue
+            else:
+                if answer["fits"]:
+                    if self._end_room_watch(watch):
+                        self.room_fits.emit(watch, answer)
+                    continue
+            self._room_wake.wait(CHECK_EVERY_S)
         if client is not None:
             client.close()
 

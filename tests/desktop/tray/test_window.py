@@ -218,6 +218,8 @@ def test_tray_icon_appears_late_and_follows_the_state(
     assert actions[1:] == [
         "Open rbroker",
         "Pause new admissions",
+        "Tell me when … MiB are free…",
+        "Cancel the watch for free MiB",
         "Copy a `rbroker run` snippet",
         "Quit",
     ]
