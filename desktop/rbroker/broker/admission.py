@@ -65,8 +65,9 @@ class Admission:
 
     def order(self, waiters: list[Waiter]) -> list[Waiter]:
         """`waiters` (arrival order) in the order a pass takes them now, nothing granted:
-        claims of bookings first (§2a), then FIFO, or by shares (`rbroker.broker.shares`)
-        after those waiting past the bypass bound (`_turns`)."""
+        FIFO, or by shares (`rbroker.broker.shares`) after those waiting past the bypass
+        bound (`_turns`), each claim of a booking ahead of the requests that came after its
+        booking was accepted (§2a)."""
         if not self.shares.enabled:
             return _claims_first(waiters)
         return list(self._turns(waiters, dict(self.lessor.granted_by_project())))
@@ -87,7 +88,9 @@ class Admission:
             if seen is caps:
                 seen = dict(caps)
                 t0, t1 = bookings.horizon(waiter.expected_s)
-            booked = bookings.peak_mib(u, t0, t1, exclude=waiter.booking_id)
+            booked = bookings.peak_mib(
+                u, t0, t1, exclude=waiter.booking_id, accepted_by=waiter.enqueued_at
+            )
             if booked:
                 seen[u] = replace(cap, booked_mib=booked)
         return seen
@@ -108,7 +111,7 @@ class Admission:
         turns = turns_bypassing(self.shares, waiters, use, lambda w: w.enqueued_at <= cutoff)
         if not claims:
             return turns
-        return iter([*claims, *turns])
+        return iter(_with_claims(claims, list(turns)))
 
     # -- at request time -----------------------------------------------------------------------
     def candidates(self, gpu_uuid: str | None, gpus: int, mib: int) -> tuple[str, ...]:
@@ -531,11 +534,14 @@ class Admission:
         a booking (and for how long: until they end, `booked_until_at`)."""
         assert self.bookings is not None
         t0, t1 = self.bookings.horizon(waiter.expected_s)
-        _, by = self.bookings.peak(uuid, t0, t1, exclude=waiter.booking_id)
+        _, by = self.bookings.peak(
+            uuid, t0, t1, exclude=waiter.booking_id, accepted_by=waiter.enqueued_at
+        )
         if not by:
             return
         first = min(b.start_at for b in by)
-        until = max(b.end_at for b in by)
+        # a held booking nobody claims is over at its lapse, if that comes before its end
+        until = max(min(b.end_at, self.bookings.claim_until(b) or b.end_at) for b in by)
         owners = sorted({b.owner for b in by})
         when = "now" if first <= t0 else f"in {max(1, round((first - t0) / 60))} min"
         waiter.reason += (
@@ -569,7 +575,28 @@ def _claims(waiter: Waiter) -> bool:
 
 
 def _claims_first(waiters: list[Waiter]) -> list[Waiter]:
-    """`waiters` with the claims of bookings moved to the front, each part in its order."""
+    """`waiters` (arrival order) with each claim of a booking moved ahead of the requests
+    that started waiting after its booking was accepted (`_with_claims`)."""
     if not any(_claims(w) for w in waiters):
         return waiters
-    return [w for w in waiters if _claims(w)] + [w for w in waiters if not _claims(w)]
+    return _with_claims([w for w in waiters if _claims(w)], [w for w in waiters if not _claims(w)])
+
+
+def _with_claims(claims: list[Waiter], turns: list[Waiter]) -> list[Waiter]:
+    """`turns` (the order of the other requests) with each claim placed before the first of
+    them that started waiting after the claim's booking was accepted: a booking goes ahead
+    of the requests that came after it, never of those already waiting when it was made
+    (booking "now" is no way past the queue; §2a)."""
+    pending = sorted(claims, key=_claim_key)
+    placed: list[Waiter] = []
+    for waiter in turns:
+        while pending and _claim_key(pending[0]) <= waiter.enqueued_at:
+            placed.append(pending.pop(0))
+        placed.append(waiter)
+    return placed + pending
+
+
+def _claim_key(waiter: Waiter) -> float:
+    """Where a claim stands in the queue: when its booking was accepted (its own arrival when
+    that is not known, e.g. restored after a restart)."""
+    return waiter.booked_at if waiter.booked_at is not None else waiter.enqueued_at

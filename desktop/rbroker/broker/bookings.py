@@ -121,6 +121,9 @@ class Booking:
     end_at: float
     created_at: float
     state: str = "booked"
+    accepted_at: float = -math.inf
+    """Monotonic time it was accepted: the requests that started waiting before it are not
+    held back by it, and its claims go ahead only of those that came after (§2a)."""
     claims: list[str] = field(default_factory=list)
     unclaimed_since: float | None = None
     ended_reason: str = ""
@@ -280,15 +283,22 @@ class Bookings:
                 yield booking
 
     def peak(
-        self, uuid: str, t0: float, t1: float, exclude: str | None = None, promised: bool = False
+        self,
+        uuid: str,
+        t0: float,
+        t1: float,
+        exclude: str | None = None,
+        promised: bool = False,
+        accepted_by: float = math.inf,
     ) -> tuple[int, list[Booking]]:
-        """The most MiB the live bookings on `uuid` (but `exclude`) protect together at any
-        instant of [t0, t1), and the bookings that do at that instant ((0, []) when none).
-        `promised`: count each booking's whole MiB, claimed or not (what accepting a booking
-        weighs: a claim that ends gives its booking all of its MiB back until its end)."""
+        """The most MiB the live bookings on `uuid` (but `exclude`, and those accepted after
+        `accepted_by`, monotonic) protect together at any instant of [t0, t1), and the
+        bookings that do at that instant ((0, []) when none). `promised`: count each
+        booking's whole MiB, claimed or not (what accepting a booking weighs: a claim that
+        ends gives its booking all of its MiB back until its end)."""
         events: list[tuple[float, int, int, Booking]] = []
         for booking in self.overlapping(uuid, t0, t1):
-            if booking.booking_id == exclude:
+            if booking.booking_id == exclude or booking.accepted_at > accepted_by:
                 continue
             mib = booking.mib if promised else self.protected_mib(booking)
             if mib <= 0:
@@ -310,14 +320,21 @@ class Bookings:
                 live.remove(booking)
         return best, at_best
 
-    def peak_mib(self, uuid: str, t0: float, t1: float, exclude: str | None = None) -> int:
+    def peak_mib(
+        self,
+        uuid: str,
+        t0: float,
+        t1: float,
+        exclude: str | None = None,
+        accepted_by: float = math.inf,
+    ) -> int:
         """`peak(...)[0]` without naming the bookings: what every admission on a GPU with
         bookings asks (`rbroker.broker.admission`), kept lean (a sweep over the starts and
         the ends, each sorted once)."""
         starts: list[tuple[float, int]] = []
         ends: list[tuple[float, int]] = []
         for booking in self.overlapping(uuid, t0, t1):
-            if booking.booking_id == exclude:
+            if booking.booking_id == exclude or booking.accepted_at > accepted_by:
                 continue
             mib = self.protected_mib(booking)
             if mib > 0:
@@ -433,6 +450,7 @@ class Bookings:
             start_at=start_at,
             end_at=end_at,
             created_at=now,
+            accepted_at=self.clock.monotonic(),
         )
         self._keep(booking)
         self.by_id[booking.booking_id] = booking
@@ -927,6 +945,10 @@ class Bookings:
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning("a stored booking is unreadable and was dropped: %s", exc)
                 continue
+            # its place among requests restored with it: its age by the wall clock (an order,
+            # never an expiry), as a restored request's wait is
+            age_s = max(0.0, self.clock.wall() - booking.created_at)
+            booking.accepted_at = self.clock.monotonic() - age_s
             self.by_id[booking.booking_id] = booking
             if booking.live:
                 self._index(booking)

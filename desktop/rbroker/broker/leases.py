@@ -251,6 +251,7 @@ class Waiter:
     resize_of: str | None = None  # the lease whose growth this is (`broker.resize`)
     expected_s: float | None = None  # its declared duration, once granted (`Lease.expected_s`)
     booking_id: str | None = None  # the booking it claims (or, for a growth, its lease's)
+    booked_at: float | None = None  # a claim: when its booking was accepted (monotonic)
 
     def to_record(self) -> dict[str, Any]:
         """What is persisted of a waiting request (see `store.LeaseStore`)."""

@@ -505,7 +505,7 @@ class Broker:
             if found is not None:
                 found.conn_id, found.reattach_by = conn_id, None
                 return found
-        if params.booking_id is not None:  # a claim: on the booking's GPUs, ahead of the queue
+        if params.booking_id is not None:  # a claim: on the booking's GPUs (§2a)
             booking = self.bookings.check_claim(
                 params.booking_id, owner, params.mib, params.gpus, params.gpu_uuid
             )
@@ -530,6 +530,8 @@ class Broker:
             self.clock.wall(),
             self.clock.boottime(),
         )
+        if params.booking_id is not None:
+            waiter.booked_at = self.bookings.get(params.booking_id).accepted_at
         behind = (
             not self.shares.enabled  # by shares a newcomer may go first: a pass decides
             and params.booking_id is None  # a claim goes first

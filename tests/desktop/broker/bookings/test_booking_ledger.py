@@ -481,3 +481,30 @@ def test_a_booking_typed_across_a_dst_change_starts_at_that_day_s_local_time(
     b.tick(0.1)
     (view,) = b.broker.bookings_list("tester")["bookings"]
     assert (view["booking_id"], view["state"]) == (made["booking_id"], "held")
+
+
+def test_a_booking_made_while_requests_wait_does_not_pass_them(
+    b: InProcessBroker, pool: SleeperPool
+) -> None:
+    """Found by a hostile second user: booking 'now' and claiming it jumped the queue. A
+    request already waiting when a booking is accepted keeps its place: it is not held back
+    by the booking, and the claim goes after it (ahead only of requests that came later)."""
+    _, first = pool.spawn()
+    _, waiter = pool.spawn()
+    _, claimer = pool.spawn()
+    early = lease_now(b, first, 20000, ttl_s=3600.0)
+    waiting = b.acquire(waiter, mib=15000, wait_s=H)
+    b.clock.advance(1)
+    made = book(b, 15000, 0, H)  # "now", on the memory the waiting request waits for
+    later(b, 1)
+    claim = b.acquire(claimer, mib=15000, wait_s=H, booking_id=made["booking_id"])
+    later_one = b.acquire(claimer, mib=8000, wait_s=H)  # after the booking: behind its claim
+    queue = [q["mib"] for q in b.broker.leases_view(asker="tester")["queue"]]
+    assert queue == [15000, 15000, 8000]  # the earlier request first, then the claim
+    assert not waiting.done() and not claim.done()
+    b.broker.release(early.lease_id, "tester")
+    b.sample()
+    assert waiting.done() and waiting.result().granted_mib == 15000
+    assert not claim.done() and not later_one.done()  # the claim now waits for its memory
+    claim.cancel()
+    later_one.cancel()
