@@ -30,10 +30,11 @@ import math
 import secrets
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC
 from typing import Any
 
 from rbroker.base.display import fmt_mib
-from rbroker.base.when import fmt_duration, fmt_when, fmt_window
+from rbroker.base.when import fmt_duration, fmt_window
 from rbroker.broker.clock import Clock
 from rbroker.broker.leases import Lease
 from rbroker.broker.store import STORAGE_ERRORS
@@ -49,6 +50,18 @@ LIVE_STATES = frozenset({"booked", "held", "claimed"})
 MAX_NEAREST_TRIES = 256
 """The most windows a refusal tries for the nearest one that fits (nearest first): a refusal
 costs the broker at most that many placements, however many bookings there are."""
+
+
+def utc_window(start_s: float, end_s: float, now_s: float) -> str:
+    """A window in the broker's words: in UTC, said so (`14:00–18:00 UTC`). The broker does
+    not know its asker's zone; the CLI and the tray say it again in theirs from the data."""
+    return f"{fmt_window(start_s, end_s, now_s, zone=UTC)} UTC"
+
+
+def in_words(seconds: float) -> str:
+    """`in 30 min` (at least a minute), for a time a notice names."""
+    return f"in {fmt_duration(max(60.0, round(seconds / 60.0) * 60.0))}"
+
 
 START_SLACK_S = 60.0
 """A booking may name a start this long in the past (a `now` typed a minute ago); it then
@@ -401,7 +414,7 @@ class Bookings:
         if start_at < now - START_SLACK_S:
             raise RpcError(
                 ErrorCode.INVALID_PARAMS,
-                f"a booking cannot start in the past ({fmt_window(start_at, end_at, now)})",
+                f"a booking cannot start in the past ({utc_window(start_at, end_at, now)})",
                 field="start_at",
                 start_at=start_at,
                 now_at=now,
@@ -519,7 +532,7 @@ class Bookings:
         )
         nearest = self.nearest(bases, mib, gpus, t0, t1 - t0)
         where = (
-            f"; it fits {fmt_window(nearest, nearest + t1 - t0, now)}"
+            f"; it fits {utc_window(nearest, nearest + t1 - t0, now)}"
             if nearest is not None
             else f"; no window within {fmt_duration(self.settings.horizon_s)} fits"
         )
@@ -527,7 +540,7 @@ class Bookings:
         return RpcError(
             ErrorCode.BOOKING_CONFLICT,
             f"refused: GPU {base.index} has {fmt_mib(room)} MiB bookable "
-            f"{fmt_window(t0, t1, now)}: {fmt_mib(base.total_mib)} − "
+            f"{utc_window(t0, t1, now)}: {fmt_mib(base.total_mib)} − "
             f"{fmt_mib(base.headroom_mib)} headroom{outside} − {fmt_mib(booked)} booked by "
             f"{count}; {fmt_mib(mib)} requested{where}",
             gpu_uuid=uuid,
@@ -638,7 +651,7 @@ class Bookings:
             raise RpcError(
                 ErrorCode.BOOKING_NOT_STARTED,
                 f"booking {booking_id} is for "
-                f"{fmt_window(booking.start_at, booking.end_at, now)}"
+                f"{utc_window(booking.start_at, booking.end_at, now)}"
                 f" (it starts in {fmt_duration(max(1.0, booking.start_at - now))}); claim it then",
                 booking_id=booking_id,
                 start_at=booking.start_at,
@@ -815,8 +828,8 @@ class Bookings:
                             "ends_soon",
                             booking,
                             owner,
-                            f"booking {booking.booking_id} ends at "
-                            f"{fmt_when(booking.end_at, wall)}: lease {lease_id} goes on as an "
+                            f"booking {booking.booking_id} ends "
+                            f"{in_words(booking.end_at - wall)}: lease {lease_id} goes on as an "
                             "ordinary lease, no longer protected",
                             lease_id,
                         )
@@ -829,7 +842,7 @@ class Bookings:
     ) -> list[Notice]:
         """The `overlaps` and `may_wait` notices of a booking about to start (see `notices`)."""
         at = booking.start_at
-        when = fmt_when(at, wall)
+        when = in_words(at - wall)
         told: list[Notice] = []
         for uuid in booking.gpu_uuids:
             base = self.base_of(uuid)
@@ -859,7 +872,7 @@ class Bookings:
                         lease.owner,
                         f"your lease {lease.lease_id} ({fmt_mib(lease.granted_mib)} MiB on GPU "
                         f"{base.index}) overlaps {booking.owner}'s booking {booking.booking_id} "
-                        f"at {when} ({fmt_mib(booking.mib)} MiB): nothing will end it, but "
+                        f"starting {when} ({fmt_mib(booking.mib)} MiB): nothing will end it, but "
                         "release it by then if you can; the booking gets its memory first as "
                         "it frees",
                         lease.lease_id,
@@ -874,7 +887,7 @@ class Bookings:
                         "may_wait",
                         booking,
                         booking.owner,
-                        f"your booking {booking.booking_id} at {when} may wait on GPU "
+                        f"your booking {booking.booking_id} starting {when} may wait on GPU "
                         f"{base.index}: {count} granted before it ({fmt_mib(held)} MiB) may "
                         "still run then; it gets their memory first as it frees",
                     )

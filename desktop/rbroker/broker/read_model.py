@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Container, Iterator
 
 from rbroker.base.cuda import cuda_indices
-from rbroker.base.when import fmt_when
+from rbroker.base.when import fmt_duration
 from rbroker.broker import listing
 from rbroker.broker.admission import Admission
 from rbroker.broker.clock import Clock
@@ -335,7 +335,7 @@ def _after_bookings(played: Estimate, until_wall: float, wall: float) -> Estimat
     of `rbroker.broker.eta` knows only leases). With no estimate it stays without one, the
     booking's end named."""
     until_s = max(0.0, until_wall - wall)
-    words = f"bookings hold its memory until {fmt_when(until_wall, wall)}"
+    words = f"bookings hold its memory for another {fmt_duration(max(60.0, until_s))}"
     if played.eta_s is None:
         return Estimate(None, f"{played.reason}; {words}" if played.reason else words)
     if played.eta_s >= until_s:

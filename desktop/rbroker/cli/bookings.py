@@ -25,7 +25,7 @@ import rbroker
 from rbroker._booking import window
 from rbroker.base.display import fmt_count, fmt_mib, short_uuid
 from rbroker.base.timeline import TimelineRow, TimelineSpan, render_timeline
-from rbroker.base.when import fmt_window, zone_name
+from rbroker.base.when import fmt_duration, fmt_when, fmt_window, zone_name
 from rbroker.cli.exits import EX_REFUSED, unusable_exit
 from rbroker.cli.sheet import Cell, Column, Sheet, unique_prefixes
 from rbroker.cli.views import View, gpu_labels, print_view
@@ -127,7 +127,11 @@ def run_book(args: argparse.Namespace) -> int:
             _say("book", str(exc))
             return unusable_exit(exc)
         except rbroker.RBrokerError as exc:
-            _say("book", str(exc))
+            try:
+                gpus = client.gpus()
+            except rbroker.RBrokerError:
+                gpus = []
+            _say("book", refusal_words(exc, gpus))
             return EX_REFUSED
         if args.json:
             print(json.dumps(view, indent=2))
@@ -140,6 +144,64 @@ def run_book(args: argparse.Namespace) -> int:
     return 0
 
 
+def refusal_words(exc: rbroker.RBrokerError, gpus: Sequence[GpuView] = ()) -> str:
+    """A broker's refusal about a booking in this viewer's zone: the broker says its times in
+    UTC (it does not know the asker's zone); `booking_conflict` and `booking_not_started` are
+    said again from their data in local time, the zone named; anything else as it came."""
+    data = exc.data
+    now = time.time()
+    zone = zone_name()
+    if exc.code == "booking_conflict" and isinstance(data.get("start_at"), int | float):
+        index = {g["uuid"]: g.get("index") for g in gpus}.get(str(data.get("gpu_uuid")))
+        gpu = f"GPU {index}" if index is not None else short_uuid(str(data.get("gpu_uuid")))
+        outside = int(data.get("outside_mib") or 0)
+        count = int(data.get("bookings") or 0)
+        nearest = data.get("nearest_start_at")
+        length = float(data["end_at"]) - float(data["start_at"])
+        where = (
+            f"; it fits {fmt_window(float(nearest), float(nearest) + length, now)}"
+            if isinstance(nearest, int | float)
+            else "; no window ahead fits"
+        )
+        return (
+            f"refused: {gpu} has {fmt_mib(int(data['bookable_mib']))} MiB bookable "
+            f"{fmt_window(float(data['start_at']), float(data['end_at']), now)}: "
+            f"{fmt_mib(int(data['total_mib']))} − {fmt_mib(int(data['headroom_mib']))} headroom"
+            + (f" − {fmt_mib(outside)} in use outside leases" if outside else "")
+            + f" − {fmt_mib(int(data['booked_mib']))} booked by {count} "
+            f"booking{'' if count == 1 else 's'}; {fmt_mib(int(data['requested_mib']))} "
+            f"requested{where} (times in {zone})"
+        )
+    if exc.code == "booking_not_started" and isinstance(data.get("start_at"), int | float):
+        start = float(data["start_at"])
+        return (
+            f"booking {data.get('booking_id')} starts in {fmt_duration(max(60.0, start - now))}"
+            f", at {fmt_when(start, now)} ({zone}); claim it then"
+        )
+    return str(exc)
+
+
+def resolve_booking(client: rbroker.Client, given: str, mine_only: bool) -> BookingView | str:
+    """The live booking `given` names: its id, or a unique prefix of it with or without
+    `book-` (as a narrow table shows it); only the asker's with `mine_only`. The reason in
+    words when none or several match."""
+    key = given.strip().lower().removeprefix("book-")
+    listed = client.bookings()["bookings"]
+    me = client.hello()["owner"] if mine_only else None
+    pool = [b for b in listed if me is None or b["owner"] == me]
+    exact = [b for b in pool if b["booking_id"].lower() == given.strip().lower()]
+    found = exact or [
+        b for b in pool if b["booking_id"].lower().removeprefix("book-").startswith(key)
+    ]
+    if not key or not found:
+        whose = "of yours " if mine_only else ""
+        return f"no live booking {given!r} {whose}(rbroker bookings lists them)"
+    if len(found) > 1:
+        ids = ", ".join(b["booking_id"] for b in found[:5])
+        return f"{given!r} names {len(found)} bookings ({ids}): give more of the id"
+    return found[0]
+
+
 def _cancel(args: argparse.Namespace) -> int:
     if not args.booking_id:
         _say("book", "give the booking to cancel: rbroker book cancel ID")
@@ -149,7 +211,11 @@ def _cancel(args: argparse.Namespace) -> int:
         return client
     with client:
         try:
-            view = client.cancel_booking(args.booking_id.strip())
+            found = resolve_booking(client, args.booking_id, mine_only=False)
+            if isinstance(found, str):
+                _say("book", found)
+                return EX_REFUSED
+            view = client.cancel_booking(found["booking_id"])
         except (rbroker.BrokerUnavailable, rbroker.NotAllowed) as exc:
             _say("book", str(exc))
             return unusable_exit(exc)
@@ -323,6 +389,8 @@ __all__ = [
     "clean",
     "next_bookings_table",
     "read_bookings",
+    "refusal_words",
+    "resolve_booking",
     "run_book",
     "run_bookings",
     "timeline_lines",

@@ -51,6 +51,7 @@ from rbroker.base.display import AHEAD_SAID, ahead_words, fmt_mib
 from rbroker.cli.exits import unusable_exit
 from rbroker_protocol.eta import eta_words
 from rbroker_protocol.localapi import AcquireParams
+from rbroker_protocol.results import BookingView
 
 EX_USAGE = 2
 EX_TEMPFAIL = 75  # sysexits.h: no room now / within --wait
@@ -220,38 +221,25 @@ def _wait_noting_loss(child: subprocess.Popen[bytes], lease: Any, console: Conso
             return child.wait()
 
 
-def _booking_size(booking_id: str, socket: str | None, console: Console) -> tuple[int, int] | int:
-    """(the MiB of booking `booking_id` not yet claimed, its GPU count), from the broker's
-    list; or the exit code after one line on stderr: no broker (69, or 2 refused), no such
-    booking of this user's, nothing of it left unclaimed (2)."""
+def _claimed_booking(given: str, socket: str | None, console: Console) -> BookingView | int:
+    """The live booking of this user's that `given` names (its id or a unique prefix, as
+    `rbroker bookings` shows it), with something left unclaimed; or the exit code after one
+    line on stderr: no broker (69, or 2 refused), no such booking, nothing of it left (2)."""
+    from rbroker.cli.bookings import clean, resolve_booking  # only for a claim
+
     try:
         with rbroker.Client(socket, timeout_s=10) as client:
-            listed = client.bookings()["bookings"]
-            me = client.hello()["owner"]
+            found = resolve_booking(client, given, mine_only=True)
     except (rbroker.BrokerUnavailable, rbroker.NotAllowed) as exc:
         console.print(f"rbroker run: {exc}", markup=False, soft_wrap=True)
         return unusable_exit(exc)
     except rbroker.RBrokerError as exc:
         console.print(f"rbroker run: {exc}", markup=False, soft_wrap=True)
         return EX_USAGE
-    found = next((b for b in listed if b["booking_id"] == booking_id), None)
-    if found is None or found["owner"] != me:
-        console.print(
-            f"rbroker run: no live booking {booking_id!r} of yours (rbroker bookings lists them)",
-            markup=False,
-            soft_wrap=True,
-        )
+    if isinstance(found, str):
+        console.print(f"rbroker run: {clean(found)}", markup=False, soft_wrap=True)
         return EX_USAGE
-    left = int(found["mib"]) - int(found.get("claimed_mib") or 0)
-    if left <= 0:
-        console.print(
-            f"rbroker run: booking {booking_id} is claimed in full "
-            f"({fmt_mib(int(found['mib']))} MiB): give --mib to ask for more",
-            markup=False,
-            soft_wrap=True,
-        )
-        return EX_USAGE
-    return left, len(found["gpu_uuids"])
+    return found
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -274,14 +262,26 @@ def run_command(args: argparse.Namespace) -> int:
     expected_s: float | None = getattr(args, "expected", None)
     booking_id: str | None = getattr(args, "booking", None)
     if booking_id is not None:
-        booking_id = booking_id.strip()
+        booked = _claimed_booking(booking_id, args.socket, console)
+        if isinstance(booked, int):
+            return booked
+        booking_id = booked["booking_id"]
+        left = int(booked["mib"]) - int(booked.get("claimed_mib") or 0)
+        if args.mib is None and left <= 0:
+            console.print(
+                f"rbroker run: booking {booking_id} is claimed in full "
+                f"({fmt_mib(int(booked['mib']))} MiB): give --mib to ask for more",
+                markup=False,
+                soft_wrap=True,
+            )
+            return EX_USAGE
         if args.mib is None:
-            sized = _booking_size(booking_id, args.socket, console)
-            if isinstance(sized, int):
-                return sized
-            args.mib, gpus = sized
-            if args.gpus is None:
-                args.gpus = gpus
+            args.mib = left
+        if args.gpus is None:
+            args.gpus = len(booked["gpu_uuids"])
+        # the lease says what the booking said, unless told otherwise
+        args.project = args.project if args.project != "default" else booked["project"]
+        args.purpose = args.purpose or booked["purpose"]
     if args.mib is None:
         console.print(
             "rbroker run: give --mib MiB (or --booking ID to claim a booking)",
@@ -336,7 +336,12 @@ def run_command(args: argparse.Namespace) -> int:
         return EX_TEMPFAIL
     except rbroker.RBrokerError as exc:
         display.close()
-        console.print(f"rbroker run: {exc}", markup=False, soft_wrap=True)
+        said = str(exc)
+        if exc.code in ("booking_conflict", "booking_not_started"):
+            from rbroker.cli.bookings import refusal_words  # said in this viewer's zone
+
+            said = refusal_words(exc)
+        console.print(f"rbroker run: {said}", markup=False, soft_wrap=True)
         return EX_USAGE
     except KeyboardInterrupt:
         display.close()

@@ -257,3 +257,26 @@ def test_status_and_top_show_each_gpu_s_next_bookings(broker: BrokerProcess) -> 
         assert "all of them: rbroker bookings" in out.stdout
     status = json.loads(_cli(broker, "status", "--json").stdout)
     assert [b["booking_id"] for b in status["bookings"]] == [first, second, third]
+
+
+@pytest.mark.skipif(
+    sys.platform == "win32", reason="TZ=Asia/Tokyo names a zone on POSIX only (Windows ignores it)"
+)
+def test_refusals_are_said_in_the_viewer_s_zone_and_short_ids_name_bookings(
+    broker: BrokerProcess,
+) -> None:
+    """Found by a new user: the broker says its times in UTC; the command line says them
+    again in the viewer's zone (Asia/Tokyo here, +09:00), and takes an id's unique prefix,
+    as the narrow table shows it."""
+    tokyo = {"TZ": "Asia/Tokyo"}
+    first = _book(broker, "--mib", "16000", "--start", "+2h", "--for", "2h", *BOOK)
+    out = _cli(broker, "book", "--mib", "10000", "--start", "+2h", "--for", "1h", *BOOK, env=tokyo)
+    assert out.returncode == 2
+    line = _one_line(out.stderr)
+    assert "16 000 booked by 1 booking; 10 000 requested; it fits" in line, line
+    assert line.endswith("(times in JST)"), line
+    assert " UTC" not in line, line
+    short = first.removeprefix("book-")[:6]
+    cancelled = _cli(broker, "book", "cancel", short)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.startswith(f"cancelled {first}: ")
