@@ -113,6 +113,12 @@ class GpuView(TypedDict):
     outstanding_mib: NotRequired[int]
     available_mib: NotRequired[int]
     other_in_use_mib: NotRequired[int]
+    booked_mib: NotRequired[int]
+    """What bookings hold back from a request that declares no end, now: the peak of those
+    starting within the protection window (docs/architecture.md §2a); such a request gets
+    at most `available_mib` − `booked_mib`. Absent from older brokers."""
+    booked_within_s: NotRequired[float]
+    """That window, seconds (`[bookings] protect_s`)."""
 
 
 class JobRecord(TypedDict):

@@ -101,8 +101,9 @@ class ReadModel:
 
     def gpus_view(self) -> list[GpuView]:
         """Per GPU, by index: identity, telemetry (`stale` when the latest sample is older
-        than `max_sample_age_s`), lease and queue counts, and the capacity split of
-        docs/architecture.md §2 in MiB."""
+        than `max_sample_age_s`), lease and queue counts, the capacity split of
+        docs/architecture.md §2 in MiB, and what bookings hold back from a request that
+        declares no end (§2a)."""
         now = self.clock.monotonic()
         lessor = self.lessor
         out = []
@@ -138,6 +139,11 @@ class ReadModel:
                 entry["outstanding_mib"] = cap.outstanding_mib
                 entry["available_mib"] = cap.available_mib
                 entry["other_in_use_mib"] = max(0, cap.device_used_mib - leased)
+                bookings = self.admission.bookings
+                if bookings is not None:
+                    t0, t1 = bookings.horizon(None)
+                    entry["booked_mib"] = bookings.peak_mib(slot.uuid, t0, t1)
+                    entry["booked_within_s"] = bookings.settings.protect_s
             out.append(entry)
         return out
 

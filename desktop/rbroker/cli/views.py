@@ -18,7 +18,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
 from rbroker.base.display import REQUEST_PREFIX, fmt_count, fmt_mib, short_uuid
-from rbroker.base.when import fmt_when
+from rbroker.base.when import fmt_duration, fmt_when
 from rbroker.cli.sheet import Cell, Column, Sheet, bar_column, unique_prefixes
 from rbroker_protocol.eta import eta_words as protocol_eta_words
 from rbroker_protocol.results import (
@@ -130,8 +130,9 @@ def capacity_bar(gpu: GpuView, width: int = BAR_WIDTH) -> Text:
 def gpu_table(gpus: Sequence[GpuView]) -> Sheet:
     """Per GPU: the capacity split of architecture.md §2 in MiB, with a bar. At 80 columns: label,
     bar, total, available, leases' use, granted, others' use; headroom, waiting, telemetry
-    and UUID join when the width allows (a GPU whose telemetry is not ok
-    gets a note line under the table in any case)."""
+    and UUID join when the width allows (a GPU whose telemetry is not ok, and one whose
+    bookings hold memory back from requests of now, get a note line under the table in any
+    case)."""
     sheet = Sheet(
         "GPUs (MiB)",
         [
@@ -172,6 +173,18 @@ def gpu_table(gpus: Sequence[GpuView]) -> Sheet:
                 Text(
                     f"{labels[g['uuid']]}: telemetry {tele}" + (f" ({reason})" if reason else ""),
                     style="red",
+                )
+            )
+        booked = int(g.get("booked_mib") or 0)
+        if booked and g.get("available_mib") is not None:
+            hours = fmt_duration(float(g.get("booked_within_s") or 0))
+            left = max(0, int(g.get("available_mib") or 0) - booked)
+            sheet.notes.append(
+                Text(
+                    f"{labels[g['uuid']]}: {fmt_mib(booked)} MiB booked within {hours}: a "
+                    f"request that declares no end gets at most {fmt_mib(left)} "
+                    "(rbroker bookings)",
+                    style="yellow",
                 )
             )
     return sheet

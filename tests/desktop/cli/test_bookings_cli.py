@@ -255,6 +255,11 @@ def test_status_and_top_show_each_gpu_s_next_bookings(broker: BrokerProcess) -> 
         assert "Next bookings per GPU (2)" in out.stdout, out.stdout
         assert first in out.stdout and second in out.stdout and third not in out.stdout
         assert "all of them: rbroker bookings" in out.stdout
+        # the GPU's available figure says what the bookings hold back from a request of now
+        assert (
+            "GPU 0: 8 000 MiB booked within 4 h: a request that declares no end gets at most "
+            "15 347 (rbroker bookings)"
+        ) in " ".join(out.stdout.split()), out.stdout
     status = json.loads(_cli(broker, "status", "--json").stdout)
     assert [b["booking_id"] for b in status["bookings"]] == [first, second, third]
 
