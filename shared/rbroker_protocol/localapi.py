@@ -175,6 +175,14 @@ class PauseParams(_Params):
     paused: bool
 
 
+class AuditListParams(_Params):
+    """`audit.list` (administrators): the newest `limit` entries of the broker's audit trail,
+    those with `seq` below `before_seq` when given (to page back)."""
+
+    limit: Annotated[int, Field(ge=1, le=10_000, strict=True)] = 200
+    before_seq: Annotated[int, Field(ge=1, strict=True)] | None = None
+
+
 class EmptyParams(_Params):
     """Methods without parameters."""
 

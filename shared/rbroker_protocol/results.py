@@ -410,6 +410,42 @@ class PauseResult(TypedDict):
     paused: bool
 
 
+class AuditTarget(TypedDict):
+    """What an audited action touched ("" where not known): its owner (OS user), project,
+    kind (`lease`, `request`, `booking`, `job`, `broker`, `audit`) and id."""
+
+    owner: str
+    project: str
+    kind: str
+    id: str
+
+
+class AuditEntry(TypedDict):
+    """One line of the broker's audit trail (architecture.md §3, "Audit trail")."""
+
+    seq: int
+    """From 1, one more per entry."""
+    at: float
+    actor: str
+    """The OS user who acted; `broker` for the broker itself."""
+    action: str
+    """`lease_revoked`, `request_cancelled`, `booking_cancelled`, `admissions_paused`,
+    `admissions_resumed`, `member_refused` or `chain_broken`."""
+    target: AuditTarget
+    reason: str
+    prev: str
+    """SHA-256 (hex) of the line before it: the hash chain."""
+
+
+class AuditListResult(TypedDict):
+    """`audit.list`: entries oldest first; `verified` false when the record kept does not
+    verify, `problem` then says where (else null)."""
+
+    entries: list[AuditEntry]
+    verified: bool
+    problem: str | None
+
+
 class SubscribeResult(TypedDict):
     """`events.subscribe`: always `{"subscribed": true}`; events follow as notifications."""
 
@@ -438,6 +474,9 @@ class SimStallResult(TypedDict):
 __all__ = [
     "AcquireResult",
     "AttachResult",
+    "AuditEntry",
+    "AuditListResult",
+    "AuditTarget",
     "BrokerStatus",
     "CancelResult",
     "GpuView",

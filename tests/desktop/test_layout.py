@@ -528,6 +528,7 @@ BROKER_TESTS = ROOT / "tests" / "desktop" / "broker"
 
 MODULES_WITH_RULES = (
     "admission",
+    "audit",
     "bookings",
     "capacity",
     "config",

@@ -33,6 +33,7 @@ from rbroker.base.eventloop import loop_name
 from rbroker.base.version import __version__
 from rbroker.broker import fairness, overgrant, own_leases, ticks
 from rbroker.broker.admission import Admission, NvmlProblem
+from rbroker.broker.audit import Audit, Target
 from rbroker.broker.bookings import Booking, BookingBase, Bookings
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock, SystemClock
@@ -63,6 +64,7 @@ from rbroker_protocol.descriptions import DescriptionRejected, check_description
 from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import AcquireParams, BookParams, RoomCheckParams
 from rbroker_protocol.results import (
+    AuditListResult,
     BookingsListResult,
     BookingView,
     BrokerStatus,
@@ -120,6 +122,8 @@ class Broker:
     ) -> None:
         self.clock: Clock = clock or SystemClock()
         self.store = store
+        # the audit trail lives beside the store, in the data dir (none without a store)
+        self.audit = Audit(config.data_dir if store is not None else None, self.clock.wall)
         gateway.clock = self.clock.monotonic
         gateway.capacity_overrides_mib = dict(config.capacity_overrides_mib)
         self.config = config
@@ -351,6 +355,7 @@ class Broker:
             slot.began_sample()  # drop a coalesced kick still scheduled
         self.waiting.fail_all(RpcError(ErrorCode.CANCELLED, "broker stopping"))
         self.sampling.close()
+        self.audit.close()
         if self.store is not None:
             # a full or failing disk does not stop the stop: the journal keeps what the
             # database could not take, for the next start to fold
@@ -492,7 +497,7 @@ class Broker:
                 "purpose": params.purpose.strip(),
             }
         )
-        self.members.check(params.project, owner, admin)
+        self._check_member(params.project, owner, admin, "request")
         if not isinstance(holder, Holder):
             holder = holder()
         if params.job_id is not None:
@@ -607,12 +612,41 @@ class Broker:
         waiter.future.set_result(lease)
         self.emit("lease", {"lease_id": lease.lease_id, "state": lease.state.value})
 
-    def set_paused(self, paused: bool) -> bool:
-        """Pause or resume new admissions (existing leases are untouched); returns whether
-        admissions are paused now."""
+    def set_paused(self, paused: bool, actor: str = "") -> bool:
+        """Pause or resume new admissions (existing leases are untouched), asked by OS user
+        `actor` (recorded in the audit trail); returns whether admissions are paused now."""
         self.paused = paused
+        action, words = (
+            ("admissions_paused", "paused") if paused else ("admissions_resumed", "resumed")
+        )
+        self.audit.record(
+            actor, action, Target(kind="broker"), f"new admissions {words} by {actor}"
+        )
         self._admit()
         return self.paused
+
+    def _check_member(
+        self, project: str, user: str, admin: bool | Callable[[], bool], kind: str
+    ) -> None:
+        """`Members.check`, a refusal recorded in the audit trail (`member_refused`, target
+        kind `kind`: `request`, `job`, `booking`; at most one a minute per user,
+        `Audit.refused`).
+
+        Raises:
+            RpcError: `not_a_member`, as `Members.check`.
+        """
+        try:
+            self.members.check(project, user, admin)
+        except RpcError as exc:
+            if exc.name == ErrorCode.NOT_A_MEMBER:
+                target = Target(user, project, kind)
+                self.audit.refused(user, target, exc.message, self.clock.monotonic())
+            raise
+
+    def audit_list(self, limit: int = 200, before_seq: int | None = None) -> AuditListResult:
+        """`audit.list` (administrators): the audit trail's newest entries and whether it
+        verifies (`Audit.listed`)."""
+        return self.audit.listed(limit, before_seq)
 
     def watch_waiting(
         self, waiter: Waiter, tell: Callable[[QueuedRequest], None]
@@ -683,6 +717,9 @@ class Broker:
         else:
             reason = f"released by another process of {owner}"
         self._end(lease, state, reason)
+        if by_admin:
+            target = Target(lease.owner, lease.project, "lease", lease_id)
+            self.audit.record(owner, "lease_revoked", target, reason)
         if reason != "released by holder":  # tell the holder (its connection, if it has one)
             self.emit(
                 "lease_ended", {"lease_id": lease_id, "state": state.value, "ended_reason": reason}
@@ -721,6 +758,9 @@ class Broker:
                 cancelled_by=user,
             ),
         )
+        if waiter.owner != user:
+            target = Target(waiter.owner, waiter.project, "request", request_name(request_id))
+            self.audit.record(user, "request_cancelled", target, f"request cancelled by {who}")
         self.emit("queue", {"request_id": request_id})
         self._admit()
         return waiter
@@ -918,7 +958,7 @@ class Broker:
             {"project": params.project, "session": params.session, "purpose": params.purpose}
         )
         project = self.project_names.canonical(params.project.strip())
-        self.members.check(project, owner, admin)
+        self._check_member(project, owner, admin, "booking")
         candidates = self.admission.candidates(params.gpu_uuid, params.gpus, params.mib)
         try:
             booking = self.bookings.create(
@@ -948,6 +988,8 @@ class Broker:
         booking = self.bookings.cancel(booking_id, user, admin)
         self._booking_changed(booking, cancelled_by=user)
         if booking.owner != user:  # an administrator's: its owner is told, as by a notice
+            target = Target(booking.owner, booking.project, "booking", booking.booking_id)
+            self.audit.record(user, "booking_cancelled", target, booking.ended_reason)
             self.emit(
                 "booking_notice",
                 {
@@ -1005,7 +1047,7 @@ class Broker:
         """
         check_descriptions({"project": project, "purpose": purpose, "handler": handler})
         project = self.project_names.canonical(project.strip())
-        self.members.check(project, owner, admin)
+        self._check_member(project, owner, admin, "job")
         try:
             job = self.jobs.declare(
                 owner,

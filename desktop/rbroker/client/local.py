@@ -33,6 +33,7 @@ from rbroker_protocol.params import AcquireRequest
 from rbroker_protocol.results import (
     AcquireResult,
     AttachResult,
+    AuditListResult,
     BookingResult,
     BookingsListResult,
     BookingView,
@@ -596,6 +597,16 @@ class Client:
     def pause(self, paused: bool) -> PauseResult:
         """`broker.pause` (administrators): pause or resume new admissions."""
         result: PauseResult = self.call("broker.pause", paused=paused)
+        return result
+
+    def audit(self, limit: int = 200, before_seq: int | None = None) -> AuditListResult:
+        """`audit.list` (administrators): the newest `limit` entries of the broker's audit
+        trail (those before `before_seq` when given), oldest first, and whether it verifies
+        (architecture.md §3, "Audit trail")."""
+        params: dict[str, int] = {"limit": limit}
+        if before_seq is not None:
+            params["before_seq"] = before_seq
+        result: AuditListResult = self.call("audit.list", **params)
         return result
 
     # -- bookings (docs/architecture.md §2a) --------------------------------------------------

@@ -33,6 +33,8 @@ Methods (params → result; the results' shapes are `rbroker_protocol.results`):
     bookings.list {include_ended}             → {bookings: [...], now_at, usable_mib}
     room.check {mib, gpus, gpu_uuid?, expected_s?} → {fits, gpus, reason, ...}  (nothing taken)
     broker.pause {paused}                     → {paused}   (pause/resume new admissions)
+    audit.list {limit, before_seq?}           → {entries: [...], verified, problem}
+                                                (administrators: the audit trail)
     events.subscribe {}                       → {subscribed: true}; then `event`
                                                 notifications {kind, data}
     sim.allocate {mib, gpu_uuid?}             → {gpu_uuid, pid_mib}   (simulation only)
@@ -82,6 +84,7 @@ from rbroker_protocol.errors import ErrorCode, RpcError
 from rbroker_protocol.localapi import (
     AcquireParams,
     AttachParams,
+    AuditListParams,
     BookingRef,
     BookingsListParams,
     BookParams,
@@ -105,6 +108,7 @@ from rbroker_protocol.localapi import (
 from rbroker_protocol.results import (
     AcquireResult,
     AttachResult,
+    AuditListResult,
     BookingResult,
     BookingsListResult,
     BookResult,
@@ -148,6 +152,7 @@ _VIEWS = frozenset(
         "jobs.list",
         "bookings.list",
         "room.check",
+        "audit.list",
     }
 )
 """Methods whose answer is a view of the broker's state: built only when it can be written,
@@ -200,7 +205,7 @@ class LocalApi:
         self.internal_errors = InternalErrors()
         self.views_skipped = 0
         """Views (`_VIEWS`) not built because their peer was gone when their turn came."""
-        self.admin_methods = frozenset({"broker.pause", "sim.set", "sim.stall"})
+        self.admin_methods = frozenset({"broker.pause", "audit.list", "sim.set", "sim.stall"})
         self.methods: dict[str, tuple[type[BaseModel], Method]] = {
             "hello": (HelloParams, self._hello),
             "gpus.list": (EmptyParams, self._gpus_list),
@@ -221,6 +226,7 @@ class LocalApi:
             "bookings.list": (BookingsListParams, self._bookings_list),
             "room.check": (RoomCheckParams, self._check_room),
             "broker.pause": (PauseParams, self._pause),
+            "audit.list": (AuditListParams, self._audit_list),
             "events.subscribe": (EmptyParams, self._subscribe),
             "sim.allocate": (SimAllocateParams, self._sim_allocate),
             "sim.free": (SimFreeParams, self._sim_free),
@@ -528,9 +534,12 @@ class LocalApi:
         return self.broker.check_room(p, conn.peer.user)
 
     def _pause(self, conn: Connection, p: PauseParams) -> PauseResult:
-        paused = self.broker.set_paused(p.paused)
+        paused = self.broker.set_paused(p.paused, conn.peer.user)
         log.info("new admissions %s by %s", "paused" if p.paused else "resumed", conn.peer.user)
         return {"paused": paused}
+
+    def _audit_list(self, conn: Connection, p: AuditListParams) -> AuditListResult:
+        return self.broker.audit_list(p.limit, p.before_seq)
 
     async def _subscribe(self, conn: Connection, p: EmptyParams) -> SubscribeResult:
         holder_events.subscribe(self.broker, conn)
