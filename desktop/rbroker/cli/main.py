@@ -353,6 +353,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--json", action="store_true", help="print the answer as JSON")
 
+    au = sub.add_parser(
+        "audit",
+        help="the broker's audit trail: actions on others' work or the computer (admins)",
+        description="The broker's record of actions that touch another user's work or the "
+        "whole computer: an administrator ending a lease or cancelling a request or booking, "
+        "admissions paused and resumed, a refusal by [members]. Oldest first, times in the "
+        "local zone; a record that does not verify (a line edited or removed) is said first. "
+        "Only the broker's user, root and its --admin-group may read it.",
+        epilog="exit codes: 0; 2 refused (not an administrator); 69 no broker",
+    )
+    _add_socket(au)
+    au.add_argument(
+        "--limit", type=int, default=200, metavar="N", help="the newest N entries (default 200)"
+    )
+    au.add_argument("--json", action="store_true", help="print the raw JSON")
+
     j = sub.add_parser("jobs", help="parallel jobs: progress, items per second, ETA")
     _add_socket(j)
     j.add_argument("--json", action="store_true", help="print the raw JSON")
@@ -474,6 +490,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rbroker.cli.watch import run_watch
 
         return run_watch(args)
+
+    if args.command == "audit":
+        from rbroker.cli.audit import run_audit
+
+        return run_audit(args)
     if args.command == "jobs":
         from rbroker.cli.jobs import run_jobs
 
