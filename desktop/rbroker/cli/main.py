@@ -490,7 +490,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rbroker.cli.watch import run_watch
 
         return run_watch(args)
-
     if args.command == "audit":
         from rbroker.cli.audit import run_audit
 
