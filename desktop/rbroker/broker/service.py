@@ -4,7 +4,8 @@
 `sampling` (GPUs, the NVML loop, freshness), `lessor` (the one owner of the leases: grant,
 renew, attach, resize, revoke, attribution, baselines, expiry), `waiting` (the queue),
 `admission` (the FIFO pass, placement, reasons), `jobs`, `resize` (a growth's queueing),
-`restore` (after a restart) and `simulation` (the `sim.*` methods). Admission and booking
+`restore` (after a restart), `simulation` (the `sim.*` methods) and `audit` (the record of
+actions on other users' work or the whole computer). Admission and booking
 happen in one synchronous step (`_admit` → `_grant`), so two requests can never both pass
 the capacity check (docs/architecture.md §2). Nothing outside `rbroker.broker` imports those
 parts, and nothing outside it reads them through the broker either: every outside call is a
