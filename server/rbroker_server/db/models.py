@@ -3,7 +3,8 @@
 Tables: groups, viewer tokens, enrollment codes (hashed), computers (with their latest
 state), runs seen per computer (so a retired run can never be replayed), downsampled
 history points, daily usage per computer, project and user, used request nonces, the web
-view's sign-in sessions, the write probe of `/healthz` and the attempts rate limits count.
+view's sign-in sessions, the write probe of `/healthz`, the attempts rate limits count, and
+each group's webhooks with their deliveries.
 """
 
 from __future__ import annotations
@@ -187,6 +188,57 @@ class RateLimitHit(SQLModel, table=True):
     kind: str = Field(max_length=32)
     key: str = Field(max_length=64)
     at: float = Field(sa_column=sa.Column(sa.Float, nullable=False, index=True))
+
+
+class Webhook(SQLModel, table=True):
+    """A group's webhook (`rbroker_server.webhooks`): where its events are POSTed, which
+    events (comma-separated names), the secret its deliveries are signed with (kept as is:
+    signing needs it; `webhook add` shows it once) and its thresholds in seconds."""
+
+    __tablename__ = "webhooks"
+
+    id: int | None = Field(default=None, primary_key=True)
+    group_id: int = Field(
+        sa_column=sa.Column(
+            sa.ForeignKey("groups.id", ondelete="CASCADE"), nullable=False, index=True
+        )
+    )
+    url: str = Field(max_length=2048)
+    events: str = Field(max_length=256)
+    secret: str = Field(max_length=64)
+    waiting_after_s: float = Field(sa_column=sa.Column(sa.Float, nullable=False))
+    idle_after_s: float = Field(sa_column=sa.Column(sa.Float, nullable=False))
+    created_at: datetime = Field(sa_type=UtcDateTime)
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """One event for one webhook: its JSON body and how its delivery went (`state`: `queued`,
+    `delivered`, `failed` after 24 h of attempts, or `skipped`: an event that was already
+    there when the webhook was added, recorded so that it is never sent). `event_key` names
+    the event (`computer_offline:<computer id>:<last seen, Unix s>`); unique per webhook, so
+    coordinator processes that see the same event insert it once."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        sa.UniqueConstraint("webhook_id", "event_key", name="uq_webhook_deliveries_key"),
+        sa.Index("ix_webhook_deliveries_state_next_at", "state", "next_at"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    webhook_id: int = Field(
+        sa_column=sa.Column(sa.ForeignKey("webhooks.id", ondelete="CASCADE"), nullable=False)
+    )
+    event_key: str = Field(max_length=255)
+    event: str = Field(max_length=32)
+    computer_id: str | None = Field(default=None, max_length=64)
+    body: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
+    state: str = Field(max_length=16)
+    attempts: int = 0
+    created_at: datetime = Field(sa_column=sa.Column(UtcDateTime, nullable=False, index=True))
+    next_at: datetime = Field(sa_type=UtcDateTime)
+    first_attempt_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    last_attempt_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    last_error: str = Field(default="", max_length=512)
 
 
 metadata = SQLModel.metadata

@@ -17,6 +17,8 @@ from rbroker_server.db.models import (
     RateLimitHit,
     RequestNonce,
     ViewerToken,
+    Webhook,
+    WebhookDelivery,
     WebSession,
 )
 
@@ -31,3 +33,5 @@ NONCES: sa.Table = RequestNonce.__table__  # type: ignore[attr-defined]
 SESSIONS: sa.Table = WebSession.__table__  # type: ignore[attr-defined]
 RATE_LIMIT_HITS: sa.Table = RateLimitHit.__table__  # type: ignore[attr-defined]
 HEALTH: sa.Table = HealthCheck.__table__  # type: ignore[attr-defined]
+WEBHOOKS: sa.Table = Webhook.__table__  # type: ignore[attr-defined]
+DELIVERIES: sa.Table = WebhookDelivery.__table__  # type: ignore[attr-defined]
