@@ -45,6 +45,7 @@ from rbroker_server.web import controller as web
 from rbroker_server.web import fault_page, renders
 from rbroker_server.web.headers import security_headers_for
 from rbroker_server.web.usage_page import UsagePageController
+from rbroker_server.webhooks.sender import Webhooks, running
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ def create_app(
     throttles = Throttles(eng)  # counted in the database: shared by all its processes
     trusted = parse_networks(settings.trusted_proxies)
     reports = ReportIngest(eng, settings)
+    hooks = Webhooks(eng, settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Litestar) -> AsyncIterator[None]:
@@ -134,7 +136,8 @@ def create_app(
         reports.start()
         task = asyncio.create_task(_prune_forever(eng, settings, faults))
         try:
-            yield
+            async with running(hooks):
+                yield
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -75,6 +75,8 @@ class Settings:
             open-files limit allows); more are refused with a 503.
         max_connections_per_address: open connections per client address (IPv6: per
             /64) at most; `trusted_proxies` are exempt.
+        webhook_interval_s: how often the webhook task looks for new events and sends
+            the due deliveries (`rbroker_server.webhooks`).
     """
 
     data_dir: Path = field(default_factory=lambda: Path("rbroker-server-data"))
@@ -106,6 +108,7 @@ class Settings:
     body_timeout_s: float = 60.0
     max_connections: int = 4096
     max_connections_per_address: int = 256
+    webhook_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not PORT_MIN <= self.bind_port <= PORT_MAX:
@@ -124,6 +127,8 @@ class Settings:
             raise ValueError("need db_retry_after_s > 0 and min_free_mib >= 0")
         if self.head_timeout_s <= 0 or self.body_timeout_s <= 0:
             raise ValueError("need head_timeout_s > 0 and body_timeout_s > 0")
+        if not 0 < self.webhook_interval_s <= 3600:
+            raise ValueError("webhook_interval_s must be from more than 0 to 3600 seconds")
         if self.max_connections < 1 or self.max_connections_per_address < 1:
             raise ValueError("need max_connections >= 1 and max_connections_per_address >= 1")
         if bool(self.tls_cert) != bool(self.tls_key):

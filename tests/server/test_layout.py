@@ -22,7 +22,7 @@ DOOR = frozenset({"__init__.py", "__main__.py", "app.py", "settings.py"})
 
 ROOMS = frozenset(
     {"admin", "api", "auth", "cli", "db", "edge", "enroll", "fleet", "metrics", "reports"}
-    | {"usage", "web"}
+    | {"usage", "web", "webhooks"}
 )
 """The package's folders: a new one is a new room, named here and in architecture.md §1."""
 

@@ -1,5 +1,5 @@
 """The `rbroker-server` command's parser and dispatch: setup, serve, group, enroll-code,
-token, computer, db (one module each in this package).
+token, computer, webhook, db (one module each in this package).
 
 Every command takes `--data-dir` (default: `$RBROKER_SERVER_DATA_DIR`, else the user's
 data directory), which holds `config.toml` written by `setup`.
@@ -25,6 +25,7 @@ from rbroker_server.cli.group import cmd_group
 from rbroker_server.cli.serve import cmd_serve
 from rbroker_server.cli.setup import cmd_setup
 from rbroker_server.cli.token import cmd_token
+from rbroker_server.cli.webhook import cmd_webhook
 
 if TYPE_CHECKING:
     from rbroker_server.cli.startup import StartupFailure
@@ -185,6 +186,33 @@ def build_parser() -> argparse.ArgumentParser:
     msub = computer.add_subparsers(dest="action", required=True)
     msub.add_parser("list", parents=[common]).add_argument("--group")
     msub.add_parser("revoke", parents=[common]).add_argument("computer_id")
+
+    hook = add("webhook", cmd_webhook, "add, list or remove a group's webhooks")
+    hsub = hook.add_subparsers(dest="action", required=True)
+    hadd = hsub.add_parser("add", parents=[common], help="POST a group's events to a URL")
+    hadd.add_argument("--group", required=True, help="the group whose events it gets")
+    hadd.add_argument("url", help="http:// or https:// URL (a chat's incoming webhook)")
+    hadd.add_argument(
+        "--events", required=True, help="comma-separated: computer_offline,computer_back,…"
+    )
+    hadd.add_argument(
+        "--waiting-after",
+        type=parse_duration,
+        default=600.0,
+        help="request_waiting: a request waiting longer than this (10m)",
+    )
+    hadd.add_argument(
+        "--idle-after",
+        type=parse_duration,
+        default=1800.0,
+        help="lease_idle: a lease unused longer than this (30m; not sent yet)",
+    )
+    hlist = hsub.add_parser("list", parents=[common], help="the webhooks (never a secret)")
+    hlist.add_argument("--group", help="only this group's")
+    hlist.add_argument("--json", action="store_true", help="as JSON")
+    hsub.add_parser("remove", parents=[common], help="remove one and its deliveries").add_argument(
+        "id", type=int, help="webhook id (from list)"
+    )
 
     dbp = add("db", cmd_db, "database schema")
     dsub = dbp.add_subparsers(dest="action", required=True)

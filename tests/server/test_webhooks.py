@@ -1,0 +1,391 @@
+"""Webhooks: events of a real coordinator delivered to a real HTTP receiver on 127.0.0.1,
+signed, retried, bounded, once per event across coordinators sharing a database."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from rbroker_protocol.reports import BookingReport, JobSnapshot, QueueEntry
+from rbroker_server.admin.errors import AdminError
+from rbroker_server.cli.main import main
+from rbroker_server.db.engine import utcnow
+from rbroker_server.db.tables import DELIVERIES
+from rbroker_server.webhooks import admin, events
+from rbroker_server.webhooks.sender import Webhooks, claim, signature
+from tests.fakes.reports import payload
+from tests.server.conftest import Coordinator, wait_until_true
+
+FAST = {"stale_after_s": 0.2, "offline_after_s": 1.5, "webhook_interval_s": 3600.0}
+OFFLINE_S = 1.6
+"""Long enough for FAST's offline_after_s."""
+
+
+class Receiver:
+    """An HTTP server on 127.0.0.1 that records each POST and answers `status`."""
+
+    def __init__(self, port: int = 0, status: int = 200) -> None:
+        self.status = status
+        self.got: list[tuple[dict[str, str], bytes]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                outer.got.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(outer.status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(b) for _, b in self.got]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def verified(secret: str, headers: dict[str, str], body: bytes) -> bool:
+    """What a receiver does: recompute the HMAC over timestamp "." body, compare in constant
+    time, and refuse an old timestamp."""
+    stamp = headers["x-rbroker-timestamp"]
+    mac = hmac.new(secret.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    fresh = abs(time.time() - int(stamp)) < 300
+    return fresh and hmac.compare_digest(headers["x-rbroker-signature"], "sha256=" + mac)
+
+
+def step(hooks: Webhooks) -> int:
+    async def run() -> int:
+        async with httpx.AsyncClient() as client:
+            return await hooks.step(client)
+
+    return asyncio.run(run())
+
+
+def deliveries(c: Coordinator) -> list[Any]:
+    with c.engine.connect() as conn:
+        return list(conn.execute(sa.select(DELIVERIES).order_by(DELIVERIES.c.id)).all())
+
+
+def add(c: Coordinator, url: str, evts: str = "computer_offline,computer_back", **kw: Any) -> Any:
+    return admin.add_webhook(c.engine, c.settings, "vision", url, evts, **kw)
+
+
+def test_offline_and_back_delivered_once_each_and_signed(
+    coordinator_factory: Callable[..., Coordinator], receiver: Receiver
+) -> None:
+    c = coordinator_factory(**FAST)
+    c.group("vision")
+    pc = c.enroll("vision", "pc-<1>")
+    assert pc.report().json()["applied"]
+    hook = add(c, receiver.url)
+    hooks = Webhooks(c.engine, c.settings)
+    assert step(hooks) == 0  # online: nothing
+    time.sleep(OFFLINE_S)
+    assert step(hooks) == 1
+    assert step(hooks) == 0  # the same offline spell is one event
+    assert pc.report(payload("pc-<1>")).json()["applied"]
+    assert step(hooks) == 1
+    assert step(hooks) == 0
+    assert [b["event"] for b in receiver.bodies()] == ["computer_offline", "computer_back"]
+    for headers, body in receiver.got:
+        assert verified(hook.secret, headers, body)
+        assert not verified("rbw_other", headers, body)
+    off = receiver.bodies()[0]
+    assert off["group"] == "vision" and off["computer"] == "pc-<1>"
+    assert off["computer_id"] == pc.id
+    assert "pc-&lt;1&gt;" in off["text"] and "offline" in off["text"]  # Slack-escaped
+    assert [d.state for d in deliveries(c)] == ["delivered", "delivered"]
+
+
+def test_jobs_bookings_and_waiting_requests(
+    coordinator_factory: Callable[..., Coordinator], receiver: Receiver
+) -> None:
+    c = coordinator_factory(webhook_interval_s=3600.0)
+    c.group("vision")
+    pc = c.enroll("vision")
+    old = JobSnapshot(job_id="job-old", purpose="done before", state="succeeded")
+    assert pc.report(payload(jobs=[old])).json()["applied"]
+    add(c, receiver.url, ",".join(events.EVENTS), waiting_after_s=60)
+    now = time.time()
+    jobs = [
+        old,
+        JobSnapshot(job_id="job-1", purpose="sweep", state="failed", failed_items=3),
+        JobSnapshot(job_id="job-2", purpose="train", state="succeeded", completed_items=9),
+        JobSnapshot(job_id="job-3", state="running"),
+    ]
+    bookings = [
+        BookingReport(
+            booking_id="book-1",
+            gpu_uuids=["GPU-5a1e0000-0000-0000-0000-000000000001"],
+            mib=8192,
+            start_at=now - 1,
+            end_at=now + 3600,
+            owner="ana",
+            project="vision",
+        ),
+        BookingReport(
+            booking_id="book-2",
+            gpu_uuids=["GPU-5a1e0000-0000-0000-0000-000000000001"],
+            mib=8192,
+            start_at=now + 600,
+            end_at=now + 3600,
+        ),
+    ]
+    queue = [
+        QueueEntry(mib=4096, owner="bo", project="nlp", waiting_s=120, reason="GPU 0 full"),
+        QueueEntry(mib=2048, owner="cy", waiting_s=5),
+    ]
+    p = payload(jobs=jobs, bookings=bookings, queue=queue)
+    assert pc.report(p).json()["applied"]
+    hooks = Webhooks(c.engine, c.settings)
+    assert step(hooks) == 4
+    assert step(hooks) == 0
+    got = {b["event"]: b for b in receiver.bodies()}
+    assert sorted(got) == ["booking_starts", "job_failed", "job_finished", "request_waiting"]
+    assert got["job_failed"]["job"]["job_id"] == "job-1"
+    assert got["job_finished"]["job"]["job_id"] == "job-2"  # job-old was there before
+    assert got["booking_starts"]["booking"]["booking_id"] == "book-1"
+    assert got["request_waiting"]["request"]["owner"] == "bo"
+    assert "GPU 0 full" in got["request_waiting"]["text"]
+    for b in got.values():
+        assert {"event", "group", "computer", "at", "text"} <= set(b)
+        flat = json.dumps(b)
+        assert "pid" not in flat and "env" not in flat and "command" not in flat
+
+
+def test_retried_after_the_receiver_was_down(
+    coordinator_factory: Callable[..., Coordinator],
+) -> None:
+    c = coordinator_factory(**FAST)
+    c.group("vision")
+    pc = c.enroll("vision")
+    pc.report()
+    with socket.socket() as s:  # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hook = add(c, f"http://127.0.0.1:{port}/hook")
+    hooks = Webhooks(c.engine, c.settings)
+    hooks.backoff_base_s = 0.2
+    time.sleep(OFFLINE_S)
+    assert step(hooks) == 1
+    (d,) = deliveries(c)
+    assert d.state == "queued" and d.attempts == 1 and d.last_error
+    receiver = Receiver(port)
+    try:
+        wait_until_true(lambda: step(hooks) == 1, timeout_s=5)
+        (d,) = deliveries(c)
+        assert d.state == "delivered" and d.attempts == 2
+        ((headers, body),) = receiver.got
+        assert verified(hook.secret, headers, body)
+    finally:
+        receiver.close()
+
+
+def test_bounded_when_the_receiver_never_answers(
+    coordinator_factory: Callable[..., Coordinator],
+) -> None:
+    c = coordinator_factory(**FAST)
+    c.group("vision")
+    silent = socket.socket()  # accepts connections (the kernel's backlog), never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    try:
+        pcs = [c.enroll("vision", f"pc-{i}") for i in range(5)]
+        for pc in pcs:
+            pc.report()
+        add(c, f"http://127.0.0.1:{silent.getsockname()[1]}/hook", "computer_offline")
+        hooks = Webhooks(c.engine, c.settings)
+        hooks.max_queued = 3
+        hooks.timeout_s = 0.2
+        hooks.backoff_base_s = 0.05
+        hooks.backoff_max_s = 0.1
+        hooks.give_up_after_s = 1.0
+        time.sleep(OFFLINE_S)
+        step(hooks)
+        assert hooks.drops.total == {"vision": 2}  # 5 offline, 3 queued at most
+        assert len(deliveries(c)) == 3
+        # the two dropped events are still true: queued once there is room again
+        deadline = time.monotonic() + 20
+        while len(rows := deliveries(c)) < 5 or any(d.state == "queued" for d in rows):
+            assert sum(d.state == "queued" for d in rows) <= 3
+            assert time.monotonic() < deadline
+            step(hooks)
+            time.sleep(0.05)
+        rows = deliveries(c)
+        assert {d.state for d in rows} == {"failed"}
+        assert all("no answer" in d.last_error for d in rows)
+        attempts = [d.attempts for d in rows]
+        assert all(2 <= a <= 40 for a in attempts)
+        step(hooks)  # given up: never attempted again
+        assert [d.attempts for d in deliveries(c)] == attempts
+    finally:
+        silent.close()
+
+
+def test_rate_per_group(
+    coordinator_factory: Callable[..., Coordinator], receiver: Receiver
+) -> None:
+    c = coordinator_factory(**FAST)
+    c.group("vision")
+    for i in range(4):
+        c.enroll("vision", f"pc-{i}").report()
+    add(c, receiver.url, "computer_offline")
+    time.sleep(OFFLINE_S)
+    hooks = Webhooks(c.engine, c.settings)
+    hooks.per_minute = 3
+    assert step(hooks) == 3
+    assert step(hooks) == 0  # the fourth waits for the next minute
+    assert [d.state for d in deliveries(c)].count("queued") == 1
+
+
+def test_two_coordinators_deliver_each_event_once(
+    coordinator_factory: Callable[..., Coordinator], receiver: Receiver
+) -> None:
+    one = coordinator_factory(**{**FAST, "webhook_interval_s": 0.05})
+    coordinator_factory(**{**FAST, "webhook_interval_s": 0.05})  # a second process
+    one.group("vision")
+    pcs = [one.enroll("vision", f"pc-{i}") for i in range(6)]
+    for pc in pcs:
+        pc.report()
+    add(one, receiver.url)
+    # both coordinators' webhook tasks run their passes; each offline event goes out once
+    wait_until_true(lambda: len(receiver.got) >= 6, timeout_s=10)
+    for pc in pcs:
+        pc.report(payload(pc.id))
+    wait_until_true(lambda: len(receiver.got) >= 12, timeout_s=10)
+    time.sleep(0.5)
+    # an event is its computer and the report it follows (a later offline spell is another)
+    keys = [
+        (b["event"], b["computer_id"], b.get("offline_since") or b["last_seen_at"])
+        for b in receiver.bodies()
+    ]
+    assert len(keys) >= 12 and len(set(keys)) == len(keys)
+    ids = [h["x-rbroker-delivery"] for h, _ in receiver.got]
+    assert len(set(ids)) == len(ids)
+    assert {e for e, _, _ in keys} == {"computer_offline", "computer_back"}
+
+
+def test_claims_never_overlap(coordinator_factory: Callable[..., Coordinator]) -> None:
+    c = coordinator_factory(webhook_interval_s=3600.0)
+    c.group("vision")
+    for i in range(20):
+        c.enroll("vision", f"pc-{i}").report()
+    add(c, "http://127.0.0.1:9/hook", "computer_offline")
+    later = utcnow() + timedelta(seconds=c.settings.offline_after_s + 1)
+    assert events.watch(c.engine, c.settings, now=later).queued == 20
+    taken: list[int] = []
+
+    def grab() -> None:
+        for _ in range(10):
+            taken.extend(i.id for i in claim(c.engine, later, per_minute=1000, batch=3))
+
+    threads = [threading.Thread(target=grab) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(taken) == sorted(set(taken)) and len(taken) == 20
+
+
+def test_signature_scheme() -> None:
+    mac = hmac.new(b"s3", b"1700000000.{}", hashlib.sha256).hexdigest()
+    assert signature("s3", "1700000000", b"{}") == f"sha256={mac}"
+
+
+def test_admin_checks(coordinator: Coordinator) -> None:
+    coordinator.group("vision")
+    for url, evts in [
+        ("ftp://x/hook", "computer_offline"),
+        ("file:///etc/passwd", "computer_offline"),
+        ("https:///nohost", "computer_offline"),
+        ("https://chat.example/hook", "computer_exploded"),
+        ("https://chat.example/hook", " , "),
+    ]:
+        with pytest.raises(AdminError):
+            admin.add_webhook(coordinator.engine, coordinator.settings, "vision", url, evts)
+    with pytest.raises(AdminError, match="no group"):
+        admin.add_webhook(
+            coordinator.engine, coordinator.settings, "nope", "https://x/h", "job_failed"
+        )
+    with pytest.raises(AdminError, match="30 days"):
+        admin.add_webhook(
+            coordinator.engine,
+            coordinator.settings,
+            "vision",
+            "https://x/h",
+            "job_failed",
+            waiting_after_s=0,
+        )
+
+
+def test_cli_add_list_remove(
+    tmp_path: Path, backend: str, database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.server.test_cli import _setup_args
+
+    data = tmp_path / "srv"
+    assert main(_setup_args(data, backend, database_url)) == 0
+    d = ["--data-dir", str(data)]
+    assert main(["group", "create", "vision", *d]) == 0
+    capsys.readouterr()
+    args = ["webhook", "add", "--group", "vision", "https://chat.example/hooks/T0"]
+    assert (
+        main([*args, "--events", "computer_offline,job_failed", "--waiting-after", "5m", *d]) == 0
+    )
+    out = capsys.readouterr()
+    hook_id, secret = out.out.strip().split("\t")
+    assert secret.startswith("rbw_") and "shown once" in out.err
+    assert main(["webhook", "list", "--group", "vision", *d]) == 0
+    listed = capsys.readouterr().out
+    assert "https://chat.example/hooks/T0" in listed and secret not in listed
+    assert main(["webhook", "list", "--json", *d]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["events"] == ["computer_offline", "job_failed"] and row["waiting_after_s"] == 300
+    assert "secret" not in row
+    for bad, says in [
+        (["webhook", "add", "--group", "vision", "ftp://x/h", "--events", "job_failed"], "http"),
+        (["webhook", "add", "--group", "vision", "https://x/h", "--events", "nope"], "unknown"),
+        (["webhook", "add", "--group", "nope", "https://x/h", "--events", "job_failed"], "group"),
+        (["webhook", "list", "--group", "nope"], "no group"),
+        (["webhook", "remove", "999"], "no webhook"),
+    ]:
+        assert main([*bad, *d]) == 1
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1 and "Traceback" not in err
+    with pytest.raises(SystemExit) as exc:
+        main(["webhook", "remove", "x", *d])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert main(["webhook", "remove", hook_id, *d]) == 0
+    assert main(["webhook", "list", *d]) == 0
+    assert "chat.example" not in capsys.readouterr().out
