@@ -322,13 +322,9 @@ def watch(
     """
     now = now or utcnow()
     done = Watched()
-    with engine.connect() as conn:
-        hooks = conn.execute(sa.select(WEBHOOKS).order_by(WEBHOOKS.c.id)).all()
-    if not hooks:
-        return done
-    with write_transaction(engine) as conn:
-        dialect = conn.dialect.name
-        for hook in hooks:
+    found: list[tuple[Any, list[Event]]] = []
+    with engine.connect() as conn:  # read outside the write lock: report writes go on
+        for hook in conn.execute(sa.select(WEBHOOKS).order_by(WEBHOOKS.c.id)).all():
             events = candidates(conn, hook, settings, now)
             if not events:
                 continue
@@ -341,10 +337,13 @@ def watch(
                 ).scalars()
             )
             new = [e for e in events if e.key not in known]
-            if not new:
-                continue
-            queued = queued_in_group(conn, hook.group_id)
-            room = max(0, max_queued - queued)
+            if new:
+                found.append((hook, new))
+    if not found:
+        return done
+    with write_transaction(engine) as conn:
+        for hook, new in found:
+            room = max(0, max_queued - queued_in_group(conn, hook.group_id))
             if len(new) > room:
                 group = conn.execute(
                     sa.select(GROUPS.c.name).where(GROUPS.c.id == hook.group_id)
@@ -352,10 +351,9 @@ def watch(
                 done.dropped[group] = done.dropped.get(group, 0) + len(new) - room
                 new = new[:room]
             if new:
-                inserted = conn.execute(
-                    _insert(dialect).returning(DELIVERIES.c.id), _rows(hook, new, "queued", now)
-                ).all()
-                done.queued += len(inserted)
+                rows = _rows(hook, new, "queued", now)
+                insert = _insert(conn.dialect.name).returning(DELIVERIES.c.id)
+                done.queued += len(conn.execute(insert, rows).all())
     return done
 
 

@@ -26,6 +26,7 @@ import hmac
 import logging
 import random
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
@@ -123,8 +124,9 @@ def claim(
         if not rows:
             return []
         groups = {r.group_id for r in rows}
-        recent = dict(
-            conn.execute(
+        recent: dict[int, int] = {
+            group_id: n
+            for group_id, n in conn.execute(
                 sa.select(WEBHOOKS.c.group_id, sa.func.count())
                 .select_from(DELIVERIES.join(WEBHOOKS, WEBHOOKS.c.id == DELIVERIES.c.webhook_id))
                 .where(
@@ -133,7 +135,7 @@ def claim(
                 )
                 .group_by(WEBHOOKS.c.group_id)
             ).all()
-        )
+        }
         taken: list[Claimed] = []
         for r in rows:
             if recent.get(r.group_id, 0) >= per_minute:
@@ -245,18 +247,19 @@ class Webhooks:
                 return sent
             errors = await asyncio.gather(*(send(client, i, self.timeout_s) for i in batch))
             for item, error in zip(batch, errors, strict=True):
-                await anyio.to_thread.run_sync(
-                    lambda item=item, error=error: record(
-                        self.engine,
-                        item,
-                        error,
-                        utcnow(),
-                        give_up_after_s=self.give_up_after_s,
-                        base_s=self.backoff_base_s,
-                        max_s=self.backoff_max_s,
-                    )
-                )
+                await anyio.to_thread.run_sync(self._record, item, error)
             sent += len(batch)
+
+    def _record(self, item: Claimed, error: str) -> None:
+        record(
+            self.engine,
+            item,
+            error,
+            utcnow(),
+            give_up_after_s=self.give_up_after_s,
+            base_s=self.backoff_base_s,
+            max_s=self.backoff_max_s,
+        )
 
     def _prune(self) -> None:
         with write_transaction(self.engine) as conn:
@@ -277,7 +280,7 @@ class Webhooks:
 
 
 @contextlib.asynccontextmanager
-async def running(hooks: Webhooks):  # type: ignore[no-untyped-def]
+async def running(hooks: Webhooks) -> AsyncIterator[asyncio.Task[None]]:
     """Run `hooks.run_forever` for the block's duration."""
     task = asyncio.create_task(hooks.run_forever())
     try:
