@@ -252,6 +252,29 @@ def test_bounded_when_the_receiver_never_answers(
         silent.close()
 
 
+def test_reports_go_on_while_a_receiver_never_answers(
+    coordinator_factory: Callable[..., Coordinator],
+) -> None:
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    try:
+        c = coordinator_factory(**{**FAST, "webhook_interval_s": 0.05})
+        c.group("vision")
+        for i in range(3):
+            c.enroll("vision", f"gone-{i}").report()
+        add(c, f"http://127.0.0.1:{silent.getsockname()[1]}/hook", "computer_offline")
+        pc = c.enroll("vision", "busy")
+        # the app's webhook task is waiting on its POSTs (10 s timeout) meanwhile
+        wait_until_true(lambda: any(d.attempts for d in deliveries(c)), timeout_s=10)
+        for _ in range(10):
+            started = time.monotonic()
+            assert pc.report().json()["applied"]
+            assert time.monotonic() - started < 1.0
+    finally:
+        silent.close()
+
+
 def test_rate_per_group(
     coordinator_factory: Callable[..., Coordinator], receiver: Receiver
 ) -> None:

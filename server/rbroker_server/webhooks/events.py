@@ -371,8 +371,9 @@ def queued_in_group(conn: Connection, group_id: int) -> int:
 class DropLog:
     """Logs dropped events at most once per `every_s`, with the counts since the last line."""
 
-    def __init__(self, every_s: float = 60.0) -> None:
+    def __init__(self, every_s: float = 60.0, cap: int = MAX_QUEUED_PER_GROUP) -> None:
         self.every_s = every_s
+        self.cap = cap
         self.pending: dict[str, int] = {}
         self.total: dict[str, int] = {}
         self._last = float("-inf")
@@ -386,7 +387,7 @@ class DropLog:
             self._last = now
             log.warning(
                 "webhook events dropped (a group's queue is full, %d deliveries): %s",
-                MAX_QUEUED_PER_GROUP,
+                self.cap,
                 ", ".join(f"{g}: {n}" for g, n in sorted(self.pending.items())),
             )
             self.pending = {}

@@ -234,6 +234,7 @@ class Webhooks:
         watched = await anyio.to_thread.run_sync(
             lambda: events.watch(self.engine, self.settings, max_queued=self.max_queued)
         )
+        self.drops.cap = self.max_queued
         self.drops.add(watched.dropped)
         if time.monotonic() - self._pruned_at > 3600:
             self._pruned_at = time.monotonic()
