@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
@@ -451,10 +453,32 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rbroker` console script; returns the exit code (130 after a
     Ctrl-C that the command did not handle itself: never a KeyboardInterrupt traceback)."""
     args = build_parser().parse_args(argv)
+    _never_fail_on_output()
     try:
         return _dispatch(args)
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
+    except BrokenPipeError:  # `rbroker bookings | head -1`: the reader left, as for any tool
+        _quiet_stdout()
+        return 0
+
+
+def _never_fail_on_output() -> None:
+    """Characters this output's encoding cannot print (an ASCII or Latin-1 terminal, a
+    pipe read as such) are replaced, never a UnicodeEncodeError traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="replace")
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at the null device, so flushing it at exit writes nothing into a pipe
+    whose reader has gone (which would print a second BrokenPipeError)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -285,3 +285,25 @@ def test_refusals_are_said_in_the_viewer_s_zone_and_short_ids_name_bookings(
     cancelled = _cli(broker, "book", "cancel", short)
     assert cancelled.returncode == 0, cancelled.stderr
     assert cancelled.stdout.startswith(f"cancelled {first}: ")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a POSIX shell pipe into head(1)")
+def test_an_ascii_output_or_a_reader_that_leaves_is_never_a_traceback(
+    broker: BrokerProcess,
+) -> None:
+    """Found by a new user: `PYTHONIOENCODING=ascii rbroker bookings` and `rbroker bookings
+    | head -1` ended in tracebacks (UnicodeEncodeError, BrokenPipeError)."""
+    for hours in range(1, 7):
+        _book(broker, "--mib", "1000", "--start", f"+{hours}h", "--for", "1h", *BOOK)
+    for command in ("bookings", "status"):
+        out = _cli(broker, command, env={"PYTHONIOENCODING": "ascii"})
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+        assert "?" in out.stdout  # what ASCII cannot print is replaced, not fatal
+        piped = subprocess.run(
+            ["sh", "-c", f'"$0" -m rbroker {command} --socket "$1" | head -1', sys.executable,
+             broker.socket],
+            capture_output=True,
+            encoding="utf-8",
+            timeout=60,
+        )  # fmt: skip
+        assert piped.returncode == 0 and piped.stderr == "", piped.stderr
