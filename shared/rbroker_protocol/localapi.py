@@ -87,8 +87,8 @@ class BookParams(_Params):
     mib: Mib
     gpus: Annotated[int, Field(ge=1, le=64, strict=True)] = 1
     gpu_uuid: GpuUuid | None = None
-    start_at: Annotated[float, Field(ge=0.0, le=MAX_UNIX_S)]
-    end_at: Annotated[float, Field(ge=0.0, le=MAX_UNIX_S)]
+    start_at: Annotated[float, Field(ge=0.0, le=MAX_UNIX_S, strict=True)]
+    end_at: Annotated[float, Field(ge=0.0, le=MAX_UNIX_S, strict=True)]
     project: str
     session: str
     purpose: str

@@ -63,6 +63,9 @@ def in_words(seconds: float) -> str:
     return f"in {fmt_duration(max(60.0, round(seconds / 60.0) * 60.0))}"
 
 
+MIN_DURATION_S = 60.0
+"""The shortest booking: a minute (a shorter one would hold a per-user slot for nothing)."""
+
 START_SLACK_S = 60.0
 """A booking may name a start this long in the past (a `now` typed a minute ago); it then
 starts now."""
@@ -420,9 +423,13 @@ class Bookings:
                 now_at=now,
             )
         start_at = max(start_at, now)
-        if end_at <= start_at:
+        if end_at - start_at < MIN_DURATION_S:
             raise RpcError(
-                ErrorCode.INVALID_PARAMS, "a booking must end in the future", field="end_at"
+                ErrorCode.INVALID_PARAMS,
+                f"a booking must last at least {fmt_duration(MIN_DURATION_S)} from its start "
+                "(or from now, for one that has started)",
+                field="end_at",
+                min_duration_s=MIN_DURATION_S,
             )
         if end_at - start_at > cfg.max_duration_s:
             raise RpcError(

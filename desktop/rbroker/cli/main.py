@@ -320,7 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
     bk.add_argument("--start", metavar="WHEN", help="when it starts (local time)")
     length = bk.add_mutually_exclusive_group()
     length.add_argument("--for", dest="duration", metavar="DURATION", help="how long")
-    length.add_argument("--until", metavar="WHEN", help="when it ends (local time)")
+    length.add_argument(
+        "--until",
+        metavar="WHEN",
+        help="when it ends, read from the start: 18:00 is the first 18:00 after the start, "
+        "+4h four hours after it (local time)",
+    )
     bk.add_argument("--project", help="project the booking is for")
     bk.add_argument("--purpose", help="what it is for (shown to every user of this computer)")
     bk.add_argument("--session", help="session name (default: 'rbroker book')")
