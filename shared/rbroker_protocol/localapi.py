@@ -202,6 +202,8 @@ class SimSetParams(_Params):
         | None
     ) = None
     process_list_error: Literal["", "no_permission", "not_supported"] | None = None
+    utilization_error: Literal["", "no_permission", "not_supported"] | None = None
+    """What the GPU's per-process utilization query raises ("" for none)."""
     delay_s: Annotated[float, Field(ge=0.0, le=3600.0)] | None = None
 
 

@@ -37,18 +37,25 @@ def gpu(
     *,
     total_mib: int = 24576,
     processes: Iterable[tuple[int, int | None] | tuple[int, int | None, str]] = (),
+    utilization: Mapping[int, int] | None = None,
     **fields: Value | None,
 ) -> str:
     """One `[[gpu]]` block: `uuid`, `total_mib` (MiB), any other field of
     `rbroker.gpu.scenario.SimGpu` by name (`name`, `used_mib`, `reserved_mib`,
     `memory_api`, `per_process_memory`, `error`, ...; `None` leaves it out), and the
     processes the driver lists as `(pid, used_mib)` or `(pid, used_mib, kind)` (`used_mib`
-    `None`: not reported)."""
+    `None`: not reported), and `utilization`: `{pid: SM percent}` of listed processes (what
+    `nvmlDeviceGetProcessUtilization` answers; a pid not listed is not in its answer)."""
     text = _table("[[gpu]]", {"uuid": uuid, "total_mib": total_mib, **fields})
     for pid, used_mib, *kind in processes:
         text += "\n" + _table(
             "[[gpu.process]]",
-            {"pid": pid, "used_mib": used_mib, "kind": kind[0] if kind else None},
+            {
+                "pid": pid,
+                "used_mib": used_mib,
+                "kind": kind[0] if kind else None,
+                "sm_util": (utilization or {}).get(pid),
+            },
         )
     return text
 

@@ -42,6 +42,19 @@ _ERROR_CODES = {
 
 
 @dataclass(frozen=True, slots=True)
+class _UtilizationSample:
+    """pynvml's `c_nvmlProcessUtilizationSample_t`: percent over NVML's sampling period,
+    `timeStamp` the CPU time of the sample in microseconds."""
+
+    pid: int
+    timeStamp: int  # pynvml's field names
+    smUtil: int
+    memUtil: int = 0
+    encUtil: int = 0
+    decUtil: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class _Handle:
     uuid: str
 
@@ -95,6 +108,8 @@ class FakeNvml:
         self._overrides: dict[str, dict[str, Any]] = {}
         # (uuid, pid) -> [mib, process create time]
         self._allocations: dict[tuple[str, int], list[float]] = {}
+        # (uuid, pid) -> SM percent set at runtime (`set_utilization`), over the scenario's
+        self._utilization: dict[tuple[str, int], int] = {}
         self._initialised = False
 
     # -- scenario -----------------------------------------------------------------------
@@ -196,6 +211,21 @@ class FakeNvml:
                 del self._allocations[(uuid, pid)]
                 return 0
             return int(entry[0])
+
+    def set_utilization(self, uuid: str, pid: int, sm_util: int) -> None:
+        """Make `pid` show `sm_util` percent SM utilization on `uuid` from now on (over what
+        the scenario says; 0: it shows none), as a kernel running there would.
+
+        Raises:
+            KeyError: unknown GPU.
+            ValueError: `sm_util` outside 0..100.
+        """
+        if not 0 <= sm_util <= 100:
+            raise ValueError(f"sm_util must be 0..100 percent, got {sm_util}")
+        with self._lock:
+            if uuid not in {g.uuid for g in self.gpus()}:
+                raise KeyError(uuid)
+            self._utilization[(uuid, pid)] = sm_util
 
     def _live_allocations(self, uuid: str) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -305,3 +335,24 @@ class FakeNvml:
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[_Process]:
         return self._process_list(handle, "graphics")
+
+    def nvmlDeviceGetProcessUtilization(
+        self, handle: Any, timeStamp: int
+    ) -> list[_UtilizationSample]:
+        """One sample per process that used the SMs (`sm_util` > 0 in the scenario or by
+        `set_utilization`), stamped now (microseconds) and so newer than any `timeStamp`
+        already seen. As NVML: NOT_FOUND when no process has a sample newer than
+        `timeStamp`, the GPU's `utilization_error` when it has one."""
+        gpu = self._enter(handle)
+        if gpu.utilization_error:
+            raise NVMLError(_ERROR_CODES[gpu.utilization_error])
+        busy = {p.pid: p.sm_util for p in gpu.processes if p.sm_util}
+        with self._lock:
+            for (uuid, pid), util in self._utilization.items():
+                if uuid == gpu.uuid:
+                    busy[pid] = util
+        now_us = max(int(time.time() * 1_000_000), timeStamp + 1)
+        samples = [_UtilizationSample(pid, now_us, util) for pid, util in busy.items() if util]
+        if not samples:
+            raise NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return samples

@@ -14,6 +14,8 @@ What it does for the broker:
   own pid namespace (its pids are the host's);
 - every NVML error turned into a `TelemetryError` carrying a `TelemetryState` and a reason
   name, never a raw NVMLError;
+- per-process SM utilization since the previous sample (`nvmlDeviceGetProcessUtilization`),
+  or unknown (None) wherever it cannot be read: it never fails a sample;
 - where NVML says None (WDDM), the memory a per-process source reports (on Windows the
   "GPU Process Memory" counters: `rbroker.gpu.wddm`); a pid no source knows stays unknown;
 - `AsyncSampler`: at most one call in flight per GPU, run off the event loop, with a
@@ -216,6 +218,9 @@ class NvmlGateway:
         # per list kind, the process-list calls still to use, newest first
         self._process_calls: dict[str, list[str]] = {}
         self._garbled_logged: set[str] = set()
+        # per GPU, the newest utilization sample seen (NVML's CPU timestamp, microseconds)
+        self._utilization_seen: dict[str, int] = {}
+        self._utilization_logged: set[tuple[str, str]] = set()
         # NVML seen from another pid namespace than the initial one: its pids are foreign
         # (the simulated driver plays the host's driver, so the rule holds for it too)
         self.foreign_pids = in_child_pid_namespace()
@@ -390,6 +395,45 @@ class NvmlGateway:
                 out[pid] = ProcessSample(pid=pid, used_mib=mib, kind=kind)
         return out, known
 
+    def _utilization(self, uuid: str, handle: Any) -> dict[int, int] | None:
+        """`{pid: SM percent}` of the processes that ran kernels on `handle` since the
+        previous call for `uuid` (NVML keeps a short buffer of samples; each answer starts
+        after the newest timestamp seen), or None when it cannot be read. NVML answers
+        NOT_FOUND when no process has a newer sample: that is `{}`, nothing busy. Never
+        raises: every error (NOT_SUPPORTED on MIG slices and pre-Maxwell GPUs, no
+        permission, a library without the call) is unknown, logged once per GPU and reason."""
+        lib = self.lib
+        fn = getattr(lib, "nvmlDeviceGetProcessUtilization", None)
+        reason = "function_not_found"
+        if fn is not None:
+            try:
+                records = list(fn(handle, self._utilization_seen.get(uuid, 0)))
+            except lib.NVMLError as exc:
+                code = _nvml_code(exc)
+                if code == _ERR_NOT_FOUND:
+                    return {}
+                reason = _REASONS.get(code, f"nvml_error_{code}") if code else "internal"
+            except Exception as exc:  # a library failing otherwise (pynvml mismatch): unknown
+                reason = type(exc).__name__
+            else:
+                out: dict[int, int] = {}
+                newest = self._utilization_seen.get(uuid, 0)
+                for rec in records:
+                    pid, util = getattr(rec, "pid", 0), getattr(rec, "smUtil", 0)
+                    stamp = getattr(rec, "timeStamp", 0)
+                    if isinstance(stamp, int):
+                        newest = max(newest, stamp)
+                    if not isinstance(pid, int) or pid <= 0 or pid >= _PID_LIMIT:
+                        continue
+                    if isinstance(util, int) and 0 < util <= 100:
+                        out[pid] = max(out.get(pid, 0), util)
+                self._utilization_seen[uuid] = newest
+                return out
+        if (uuid, reason) not in self._utilization_logged:
+            self._utilization_logged.add((uuid, reason))
+            log.info("GPU %s: per-process utilization unknown (%s)", uuid, reason)
+        return None
+
     def _memory(self, uuid: str, handle: Any) -> tuple[int, int, str]:
         lib = self.lib
         v2_error = None
@@ -459,6 +503,8 @@ class NvmlGateway:
                 else:
                     raise
             after, known_after = self._processes(handle)
+            processes_known = known_before and known_after and not self.foreign_pids
+            utilization = self._utilization(uuid, handle) if processes_known else None
         except lib.NVMLError as exc:
             self._handles.pop(uuid, None)
             raise self._error(exc, f"read {uuid}") from None
@@ -497,7 +543,8 @@ class NvmlGateway:
             started_at=started,
             finished_at=self.clock(),
             started_proc_s=started_proc_s,
-            processes_known=known_before and known_after and not self.foreign_pids,
+            processes_known=processes_known,
+            utilization=utilization,
         )
 
     def driver_version(self) -> str:

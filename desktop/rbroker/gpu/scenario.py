@@ -14,6 +14,9 @@ from typing import Any
 MEMORY_APIS = ("v2", "v1", "not_supported")
 ERRORS = ("", "gpu_lost", "unknown", "version_mismatch", "no_permission", "not_supported")
 PROCESS_LIST_ERRORS = ("", "no_permission", "not_supported")
+UTILIZATION_ERRORS = ("", "no_permission", "not_supported")
+"""Values of a GPU's `utilization_error`: what `nvmlDeviceGetProcessUtilization` raises there
+(`not_supported` is what NVML answers on a MIG slice and on GPUs before Maxwell)."""
 INIT_ERRORS = ("", "version_mismatch", "library_not_found", "driver_not_loaded", "unknown")
 """Values of `[nvml] init_error`: what `nvmlInit` raises (a GPU exists, its NVML fails)."""
 
@@ -57,11 +60,14 @@ class ScenarioError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SimProcess:
-    """A process the simulated driver lists. `used_mib=None` is unknown."""
+    """A process the simulated driver lists. `used_mib=None` is unknown. `sm_util` is its
+    SM utilization in percent (0..100) as `nvmlDeviceGetProcessUtilization` reports it; 0 or
+    None: it is not in that call's answer (NVML lists only processes that ran kernels)."""
 
     pid: int
     used_mib: int | None = None
     kind: str = "compute"
+    sm_util: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +84,7 @@ class SimGpu:
     per_process_memory: bool = True
     error: str = ""
     process_list_error: str = ""
+    utilization_error: str = ""
     delay_s: float = 0.0
     processes: tuple[SimProcess, ...] = field(default_factory=tuple)
 
@@ -91,7 +98,7 @@ def default_uuid(position: int) -> str:
     return f"GPU-5a1e0000-0000-0000-0000-{position + 1:012d}"
 
 
-_TEXT_FIELDS = ("uuid", "name", "memory_api", "error", "process_list_error")
+_TEXT_FIELDS = ("uuid", "name", "memory_api", "error", "process_list_error", "utilization_error")
 
 
 def _is_int(value: object) -> bool:
@@ -126,6 +133,8 @@ def _validate(gpu: SimGpu, position: int) -> SimGpu:
         raise ScenarioError(f"{where}: error must be one of {ERRORS}")
     if gpu.process_list_error not in PROCESS_LIST_ERRORS:
         raise ScenarioError(f"{where}: process_list_error must be one of {PROCESS_LIST_ERRORS}")
+    if gpu.utilization_error not in UTILIZATION_ERRORS:
+        raise ScenarioError(f"{where}: utilization_error must be one of {UTILIZATION_ERRORS}")
     delay = gpu.delay_s
     if (
         not isinstance(delay, int | float)
@@ -174,7 +183,7 @@ def parse_scenario(text: str) -> list[SimGpu]:
         if not isinstance(procs_raw, list) or not all(isinstance(p, dict) for p in procs_raw):
             raise ScenarioError(f"gpu #{position + 1}: process must be [[gpu.process]] tables")
         for p in procs_raw:
-            extra = set(p) - {"pid", "used_mib", "kind"}
+            extra = set(p) - {"pid", "used_mib", "kind", "sm_util"}
             if extra:
                 raise ScenarioError(f"gpu #{position + 1}: unknown process keys {sorted(extra)}")
             if not _is_int(p.get("pid")) or p["pid"] < 0:
@@ -187,7 +196,13 @@ def parse_scenario(text: str) -> list[SimGpu]:
                 raise ScenarioError(
                     f"gpu #{position + 1}: process used_mib must be an integer >= 0, got {used!r}"
                 )
-            procs.append(SimProcess(pid=p["pid"], used_mib=used, kind=kind))
+            sm_util = p.get("sm_util")
+            if sm_util is not None and (not _is_int(sm_util) or not 0 <= sm_util <= 100):
+                raise ScenarioError(
+                    f"gpu #{position + 1}: process sm_util must be an integer percent 0..100, "
+                    f"got {sm_util!r}"
+                )
+            procs.append(SimProcess(pid=p["pid"], used_mib=used, kind=kind, sm_util=sm_util))
         fields = {k: v for k, v in raw.items() if k != "process"}
         fields.setdefault("uuid", default_uuid(position))
         try:

@@ -49,6 +49,11 @@ class GpuSample:
     (`rbroker.base.proctime.process_clock_s`, so that the two compare).
     `processes_known` is False when the driver's process list could not be read (not
     supported, not permitted, another pid namespace): per-process memory is then unknown.
+    `utilization` maps pid → SM utilization in percent (1..100) of the processes NVML saw
+    running kernels since the previous sample of the GPU (`nvmlDeviceGetProcessUtilization`);
+    `{}` when it was read and none was busy, None when it is unknown (not supported, as on
+    MIG slices; not permitted; the library lacks the call; another pid namespace; the
+    process list unknown): never read as "idle".
     """
 
     uuid: str
@@ -60,3 +65,4 @@ class GpuSample:
     finished_at: float = 0.0
     started_proc_s: float = 0.0
     processes_known: bool = True
+    utilization: dict[int, int] | None = None
