@@ -51,6 +51,13 @@ class LeaseView(TypedDict):
     booking_id: NotRequired[str | None]
     """The booking it claims (`AcquireParams.booking_id`), None for none. Absent from older
     brokers."""
+    idle_state: NotRequired[str]
+    """`active`, `idle` or `unknown` (architecture.md §3, "Idle"): idle once its holders showed
+    no GPU utilization and its job no progress for the broker's `idle_after_s`; unknown where
+    utilization cannot be read (never idle then). In listed leases only; absent from older
+    brokers."""
+    idle_s: NotRequired[float | None]
+    """Seconds since its last measured activity (None when `idle_state` is `unknown`)."""
 
 
 class ListedLease(LeaseView):

@@ -535,6 +535,7 @@ MODULES_WITH_RULES = (
     "eta",
     "fairness",
     "holders",
+    "idle",
     "jobs",
     "launchers",
     "lessor",

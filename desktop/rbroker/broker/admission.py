@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from rbroker.base.display import ahead_words, explain, fmt_mib, short_uuid
+from rbroker.base.when import fmt_duration
 from rbroker.broker.bookings import Bookings
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock
@@ -62,6 +63,9 @@ class Admission:
         self.shares = shares or Shares()
         self.bookings = bookings
         self.problem: NvmlProblem | None = None
+        # `uuid → idle_s` of the idle leases there, longest first (`Idleness.idle_on`); read
+        # only when a capacity reason is written
+        self.idle_on: Callable[[str], list[float]] | None = None
 
     def order(self, waiters: list[Waiter]) -> list[Waiter]:
         """`waiters` (arrival order) in the order a pass takes them now, nothing granted:
@@ -502,6 +506,14 @@ class Admission:
             if waiter.gpus > 1:
                 room = sum(1 for u in known if caps[u].available_mib >= waiter.asked_mib)
                 waiter.reason += f"; {waiter.gpus} GPUs needed at once, {room} with room"
+            idle = self.idle_on(blocking) if self.idle_on is not None else []
+            if idle:
+                longest = fmt_duration(idle[0])
+                waiter.reason += (
+                    f"; 1 lease on it idle {longest}"
+                    if len(idle) == 1
+                    else f"; {len(idle)} leases on it idle (longest {longest})"
+                )
             waiter.reason_kind = "capacity"
             waiter.reason_data = {
                 "gpu_uuid": blocking,
@@ -509,6 +521,9 @@ class Admission:
                 "ahead": ahead,
                 **cap.as_dict(),
             }
+            if idle:
+                waiter.reason_data["idle_leases"] = len(idle)
+                waiter.reason_data["idle_s"] = round(idle[0], 1)
             if cap.booked_mib and self.bookings is not None:
                 self._explain_bookings(waiter, blocking)
             return

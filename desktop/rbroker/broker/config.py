@@ -60,6 +60,8 @@ class BrokerConfig:
     may declare it (others are refused, `not_a_member`); a project not named is open to
     everyone (`rbroker.broker.members`).
     `bookings`: `[bookings]` of the config file (`rbroker.broker.bookings.BookingSettings`).
+    `idle_after_s`: a lease whose holders showed no GPU utilization and whose job reported
+    no chunk for this long is idle (default 30 min, issue 42; `rbroker.broker.idle`).
     """
 
     socket_path: Path
@@ -103,14 +105,16 @@ class BrokerConfig:
     max_share_bypass_s: float = 10.0
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)
     bookings: BookingSettings = field(default_factory=BookingSettings)
+    idle_after_s: float = 30 * 60.0
 
     def __post_init__(self) -> None:
         """Refuse settings that would admit more than a GPU holds.
 
         Raises:
             ValueError: a negative headroom, a capacity override that is not positive, an
-                over-grant grace that is negative or not finite, a longest wait or a
-                `job_abandon_s` that is not positive and finite, a per-user cap below 1, a
+                over-grant grace that is negative or not finite, a longest wait, a
+                `job_abandon_s` or an `idle_after_s` that is not positive and finite, a
+                per-user cap below 1, a
                 share whose weight is not a positive number, or a members list that is not
                 a list of names (`rbroker.broker.members.Members`), or one project listed
                 in two spellings (`rbroker.broker.project_names`).
@@ -123,6 +127,10 @@ class BrokerConfig:
         if not 0 <= self.max_share_bypass_s < float("inf"):
             raise ValueError(
                 f"max_share_bypass_s must be 0 seconds or more, got {self.max_share_bypass_s}"
+            )
+        if not 0 < self.idle_after_s < float("inf"):
+            raise ValueError(
+                f"idle_after_s must be over 0 seconds and finite, got {self.idle_after_s}"
             )
         if not 0 < self.job_abandon_s < float("inf"):
             raise ValueError(

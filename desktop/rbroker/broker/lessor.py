@@ -43,7 +43,7 @@ import logging
 import math
 import secrets
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import Any, NamedTuple
 
 from rbroker.broker.capacity import Capacity, unbacked_mib
@@ -341,6 +341,14 @@ class Lessor:
         for holder in holders:
             self._observe(slot, holder)
         self._observed_now[uuid] = holders
+
+    def holders_of(self, slot: GpuSlot, pids: Container[int]) -> set[Holder]:
+        """The holders with a lease on `slot` in whose trees (as memory is attributed: the
+        nearest holder with a lease there in each listed process's chain) any of `pids`
+        runs; a pid the latest sample does not list counts for no one."""
+        leased = self._leased(slot.uuid)
+        found = {nearest(chain, leased) for p, chain in slot.chains if p.pid in pids}
+        return {h for h in found if h is not None}
 
     def _leased(self, uuid: str) -> Callable[[Holder], bool]:
         held = self._held

@@ -21,6 +21,7 @@ from rbroker.broker.admission import Admission
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
 from rbroker.broker.eta import Asking, Estimate, Holding, estimate, history_of
+from rbroker.broker.idle import Idleness
 from rbroker.broker.leases import Lease, Waiter
 from rbroker.broker.lessor import Lessor
 from rbroker.broker.lifetimes import Lifetimes
@@ -52,6 +53,8 @@ class ReadModel:
         slots, lessor, waiting, admission, shares, lifetimes: the broker's parts (live).
         clock, config: the broker's.
         counts: `Counts`.
+        idle: the broker's `Idleness`, which fills the listed leases' `idle_state` and
+            `idle_s` (None: left out).
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class ReadModel:
         clock: Clock,
         config: BrokerConfig,
         counts: Counts,
+        idle: Idleness | None = None,
     ) -> None:
         self.slots = slots
         self.lessor = lessor
@@ -75,6 +79,7 @@ class ReadModel:
         self.clock = clock
         self.config = config
         self._counts = counts
+        self.idle = idle
         self._estimates: dict[int, Estimate] = {}
         self._estimated_at = -math.inf
         self._estimated_for: tuple[object, ...] = ()
@@ -172,7 +177,12 @@ class ReadModel:
                 {f"gpu_{state}" for state in telemetry.values() if state != "ok"}
                 | ({"over_grant"} if lease.over_grant else set())
             )
-            leases.append({**lease.to_wire(now), "gpu_telemetry": telemetry, "flags": flags})
+            entry: ListedLease = {**lease.to_wire(now), "gpu_telemetry": telemetry, "flags": flags}
+            if self.idle is not None:
+                idle_state, idle_s = self.idle.state(lease, now)
+                entry["idle_state"] = idle_state.value
+                entry["idle_s"] = None if idle_s is None else round(idle_s, 1)
+            leases.append(entry)
         view: LeasesListResult = {
             "leases": leases,
             "queue": queued,

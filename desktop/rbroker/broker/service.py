@@ -42,6 +42,7 @@ from rbroker.broker.config import BrokerConfig, HeadroomTooLarge
 from rbroker.broker.eta import Estimate
 from rbroker.broker.events import Events, Listener
 from rbroker.broker.holders import Holder
+from rbroker.broker.idle import Idleness
 from rbroker.broker.jobs import Job, JobTable
 from rbroker.broker.leases import Lease, LeaseState, Waiter
 from rbroker.broker.lessor import Choice, Lessor
@@ -158,6 +159,10 @@ class Broker:
         self.admission = Admission(
             self.slots, self.lessor, self.clock, config, self.shares, self.bookings
         )
+        self.idle = Idleness(
+            self.clock, config.idle_after_s, self.lessor.holders_of, self.lessor.on, self.leases
+        )
+        self.admission.idle_on = self.idle.idle_on
         lifetimes = Lifetimes.from_json(store.meta(STORE_KEY) if store is not None else None)
         self._lifetimes_saved = (0, self.clock.monotonic())  # (`recorded`, when) of the last write
         self.views = ReadModel(
@@ -170,6 +175,7 @@ class Broker:
             self.clock,
             config,
             lambda: (self.grant_count, self.end_count, self.paused),
+            self.idle,
         )
         self.news = WaitingNews(self.views.waiting_entries, self.clock, ESTIMATE_REFRESH_S)
         self.events.subscribe(lambda _kind, _data: self.news.changed())
@@ -405,6 +411,7 @@ class Broker:
             overgrant.watch(
                 self.lessor.observed_on(slot.uuid), self.clock.monotonic(), grace, self.emit
             )
+        self.idle.sampled(slot, ok)
         self.emit("capacity", {"gpu_uuid": slot.uuid})
 
     def _turn(self) -> None:
@@ -1112,6 +1119,7 @@ class Broker:
                 exc, f"chunk {chunk_id} not counted", "the job's counts are as they were"
             ) from None
         if not duplicate:
+            self.idle.progress(job.job_id)  # a chunk done: its leases are active
             self.emit("job", {"job_id": job.job_id, "state": job.state})
         return self._job_wire(job), duplicate
 
