@@ -195,10 +195,23 @@ def _age(since_wall: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
+def lease_state(lease: Mapping[str, Any]) -> str:
+    """A listed lease's state cell: `idle 2 h 10 min` for a lease the broker measured idle
+    (`idle_state`, `idle_s`; docs/architecture.md §3 "Idle"), `idle: unknown` where its GPUs'
+    utilization cannot be read, else its state (`active`; also from a broker older than the
+    idle fields)."""
+    idle_state, idle_s = lease.get("idle_state"), lease.get("idle_s")
+    if idle_state == "idle" and isinstance(idle_s, int | float) and idle_s >= 0:
+        return f"idle {fmt_duration(idle_s)}"
+    if idle_state == "unknown":
+        return "idle: unknown"
+    return str(lease["state"])
+
+
 def lease_table(leases: Sequence[ListedLease], gpus: Sequence[GpuView] = ()) -> Sheet:
     """Active leases: id (a short unique prefix when the width is tight, accepted by
-    `rbroker release`), owner, project, session, purpose, MiB, in use, GPU, state, age,
-    expires (seconds to the TTL's end)."""
+    `rbroker release`), owner, project, session, purpose, MiB, in use, GPU, state
+    (`lease_state`), age, expires (seconds to the TTL's end)."""
     sheet = Sheet(
         f"Leases ({fmt_count(len(leases))})",
         [
@@ -233,7 +246,7 @@ def lease_table(leases: Sequence[ListedLease], gpus: Sequence[GpuView] = ()) -> 
                 ",".join(labels.get(u, short_uuid(u)) for u in uuids),
                 plain=",".join(uuids),
             ),
-            lease["state"],
+            lease_state(lease),
             _age(lease["granted_at"]),
             f"{lease['expires_in_s']:.0f} s",
         )
