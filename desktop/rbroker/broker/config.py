@@ -169,14 +169,42 @@ CONFIG_FILE = "broker.toml"
 @dataclass(frozen=True, slots=True)
 class ConfigFile:
     """What the broker's config file sets: `shares` (project → weight), `members`
-    (project → OS user names and `@group`s) and `bookings` (`BookingSettings`)."""
+    (project → OS user names and `@group`s), `bookings` (`BookingSettings`) and
+    `idle_after_s` (`[idle]`, seconds; `BrokerConfig.idle_after_s`)."""
 
     shares: dict[str, float] = field(default_factory=dict)
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)
     bookings: BookingSettings = field(default_factory=BookingSettings)
+    idle_after_s: float = 30 * 60.0
 
 
-KNOWN_TABLES = ("shares", "members", "bookings")
+KNOWN_TABLES = ("shares", "members", "bookings", "idle")
+
+IDLE_KEYS = ("idle_after_s",)
+"""The keys of `[idle]`."""
+
+
+def _idle_after_s(table: object) -> float:
+    """`[idle] idle_after_s` in seconds (30 min when absent; issue 42).
+
+    Raises:
+        ValueError: not a table, an unknown key, or a value that is not a positive finite
+            number.
+    """
+    if not isinstance(table, dict):
+        raise ValueError("[idle] must be a table of setting = value")
+    for key in table:
+        if key not in IDLE_KEYS:
+            raise ValueError(f"[idle] has no setting {key!r} (known: {', '.join(IDLE_KEYS)})")
+    value = table.get("idle_after_s", 30 * 60.0)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value < float("inf")
+    ):
+        raise ValueError(f"[idle] idle_after_s must be a number of seconds over 0, got {value!r}")
+    return float(value)
+
 
 BOOKING_KEYS = {
     "protect_s": float,
@@ -213,8 +241,8 @@ def _booking_settings(table: object) -> BookingSettings:
 def read_config(path: Path) -> ConfigFile:
     """The settings of the broker's config file (TOML) at `path`: its `[shares]` table,
     project → weight, its `[members]` table, project → list of OS user names and
-    `"@group"`s, and its `[bookings]` table (docs/operator-guide.md). Unknown tables are
-    refused, so a misspelt one is not silently ignored.
+    `"@group"`s, its `[bookings]` table and its `[idle]` table (docs/operator-guide.md).
+    Unknown tables are refused, so a misspelt one is not silently ignored.
 
     Raises:
         ValueError: one line naming the file and the problem (unreadable, not TOML, an
@@ -242,10 +270,12 @@ def read_config(path: Path) -> ConfigFile:
         Members(members)
         ProjectNames(members, shares)
         bookings = _booking_settings(doc.get("bookings", {}))
+        idle_after_s = _idle_after_s(doc.get("idle", {}))
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     return ConfigFile(
         {str(k): float(v) for k, v in shares.items()},
         {str(k): tuple(v) for k, v in members.items()},
         bookings,
+        idle_after_s,
     )

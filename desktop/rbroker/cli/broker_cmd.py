@@ -168,6 +168,7 @@ def run_broker(args: argparse.Namespace) -> int:
             shares=settings.shares,
             members=settings.members,
             bookings=settings.bookings,
+            idle_after_s=settings.idle_after_s,
         )
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))

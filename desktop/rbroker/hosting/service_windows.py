@@ -96,6 +96,7 @@ def service_config(environ: Mapping[str, str] | None, options: ServiceOptions) -
         shares=settings.shares,
         members=settings.members,
         bookings=settings.bookings,
+        idle_after_s=settings.idle_after_s,
     )
 
 

@@ -7,17 +7,20 @@ manual clock and the simulated NVML's per-process utilization:
 - where utilization cannot be read the lease is `unknown`, never idle;
 - a holder's child process busy counts for the holder (the tree as memory is attributed);
 - a request waiting behind a GPU says when a lease on it is idle;
-- a lease restored after a restart counts as active from the restart.
+- a lease restored after a restart counts as active from the restart;
+- `idle_after_s` is the config file's `[idle]` setting.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rbroker.broker.config import read_config
 from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease
 from tests.conftest import GPU0
@@ -189,3 +192,21 @@ def test_a_restored_lease_is_active_from_the_restart(
     h.clock.advance(IDLE_AFTER_S)
     h.sample()
     assert _idle(h, lease)[0] == "idle"
+
+
+def test_idle_after_s_comes_from_the_config_files_idle_table(tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text("")
+    assert read_config(path).idle_after_s == 1800.0
+    path.write_text("[idle]\nidle_after_s = 3600\n")
+    assert read_config(path).idle_after_s == 3600.0
+    for text, words in (
+        ("[idle]\nidle_after = 60\n", "[idle] has no setting 'idle_after' (known: idle_after_s)"),
+        ("[idle]\nidle_after_s = 0\n", "idle_after_s must be a number of seconds over 0"),
+        ('[idle]\nidle_after_s = "1 h"\n', "idle_after_s must be a number of seconds over 0"),
+        ("idle = 5\n", "[idle] must be a table"),
+    ):
+        path.write_text(text)
+        with pytest.raises(ValueError) as exc:
+            read_config(path)
+        assert words in str(exc.value) and str(path) in str(exc.value), exc.value

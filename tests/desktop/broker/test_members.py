@@ -192,7 +192,7 @@ def test_the_config_file_gives_members_and_a_bad_one_is_one_line(
         ('members = ["alice"]\n', "[members] must be a table"),
         (
             '[member]\nvision = ["alice"]\n',
-            "unknown setting 'member' (known: [shares], [members], [bookings])",
+            "unknown setting 'member' (known: [shares], [members], [bookings], [idle])",
         ),
     ):
         good.write_text(text)
