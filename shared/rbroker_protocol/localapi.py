@@ -204,6 +204,18 @@ class SimSetParams(_Params):
     process_list_error: Literal["", "no_permission", "not_supported"] | None = None
     utilization_error: Literal["", "no_permission", "not_supported"] | None = None
     """What the GPU's per-process utilization query raises ("" for none)."""
+    process_utilization: (
+        Annotated[
+            dict[
+                Annotated[int, Field(ge=1, le=2**32 - 2)],
+                Annotated[int, Field(ge=0, le=100, strict=True)],
+            ],
+            Field(max_length=64),
+        ]
+        | None
+    ) = None
+    """pid → SM utilization in percent that the GPU's per-process utilization reports from
+    now on (0: not busy); JSON keys are the pids in decimal."""
     delay_s: Annotated[float, Field(ge=0.0, le=3600.0)] | None = None
 
 

@@ -82,18 +82,23 @@ class Simulation:
         return {"gpu_uuid": uuid, "pid_mib": left}
 
     def set(self, gpu_uuid: str | None, conn_id: int, pid: int, **changes: Any) -> SimSetResult:
-        """`sim.set`: change a simulated GPU's scenario fields.
+        """`sim.set`: change a simulated GPU's scenario fields, and with `process_utilization`
+        ({pid: percent}) what its per-process utilization reports.
 
         Raises:
             RpcError: `invalid_params` (unknown GPU, a change the scenario refuses).
         """
         uuid = self.gpu_of(gpu_uuid, conn_id, pid)
+        utilization: dict[int, int] = changes.pop("process_utilization", None) or {}
         try:
             gpu = self.fake.set_gpu(uuid, **changes)
-        except (ScenarioError, KeyError) as exc:
+            for busy_pid, percent in utilization.items():
+                self.fake.set_utilization(uuid, busy_pid, percent)
+        except (ScenarioError, KeyError, ValueError) as exc:
             raise RpcError(ErrorCode.INVALID_PARAMS, f"sim.set refused: {exc}") from None
         self._memory_changed(uuid)
-        return {"gpu": {"uuid": gpu.uuid, **changes}}
+        shown = {**changes, **({"process_utilization": utilization} if utilization else {})}
+        return {"gpu": {"uuid": gpu.uuid, **shown}}
 
     def stall(self, seconds: float) -> SimStallResult:
         """`sim.stall`: block the event loop for `seconds` (what a stalled broker looks like)."""
