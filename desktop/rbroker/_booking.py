@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from rbroker._lease import _descriptions
 from rbroker.base.exceptions import InvalidParams
 from rbroker.client.local import Client
+from rbroker_protocol.params import MAX_UNIX_S
 from rbroker_protocol.results import BookingView
 
 
@@ -101,9 +102,18 @@ def _utc(at_s: float) -> datetime:
     return datetime.fromtimestamp(at_s, UTC)
 
 
-def _instant(value: datetime | str, now: datetime, name: str) -> datetime:
-    """`value` as an aware UTC datetime: a naive datetime is local time, text is read by
-    `parse_when` from `now`. Raises InvalidParams (one line) for unreadable text."""
+def _instant(value: datetime | str | float, now: datetime, name: str) -> datetime:
+    """`value` as an aware UTC datetime: a naive datetime is local time, a number is Unix
+    seconds, text is read by `parse_when` from `now`. Raises InvalidParams (one line) for
+    unreadable text or an absurd number."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not (math.isfinite(value) and 0 <= value <= MAX_UNIX_S):
+            raise InvalidParams(
+                f"{name}: {value} is not a time (Unix seconds, 0 to {MAX_UNIX_S:.0f})",
+                "invalid_params",
+                field=name,
+            )
+        return datetime.fromtimestamp(float(value), UTC)
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             return datetime.fromtimestamp(value.timestamp(), UTC)  # local rules at its date
@@ -122,9 +132,11 @@ def _instant(value: datetime | str, now: datetime, name: str) -> datetime:
     )
 
 
-def _seconds(value: float | str, name: str) -> float:
-    """`value` as seconds over 0: a number, or text read by `parse_duration`. Raises
-    InvalidParams (one line)."""
+def _seconds(value: float | str | timedelta, name: str) -> float:
+    """`value` as seconds over 0: a number, a `timedelta`, or text read by
+    `parse_duration`. Raises InvalidParams (one line)."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
     if isinstance(value, str):
         from rbroker.base.when import parse_duration
 
@@ -139,14 +151,16 @@ def _seconds(value: float | str, name: str) -> float:
             field=name,
         )
     if not (math.isfinite(value) and value > 0):
-        raise InvalidParams(f"{name}: must be over 0 seconds, got {value}", "invalid_params")
+        raise InvalidParams(
+            f"{name}: must be a finite number of seconds over 0, got {value}", "invalid_params"
+        )
     return float(value)
 
 
 def window(
-    start: datetime | str,
-    duration: float | str | None = None,
-    end: datetime | str | None = None,
+    start: datetime | str | float,
+    duration: float | str | timedelta | None = None,
+    end: datetime | str | float | None = None,
     now: datetime | None = None,
 ) -> tuple[float, float]:
     """[start, end) in Unix seconds (UTC) from `start` and exactly one of `duration` (seconds
@@ -178,9 +192,9 @@ def window(
 def book(
     mib: int,
     *,
-    start: datetime | str,
-    duration: float | str | None = None,
-    end: datetime | str | None = None,
+    start: datetime | str | float,
+    duration: float | str | timedelta | None = None,
+    end: datetime | str | float | None = None,
     gpus: int = 1,
     gpu_uuid: str | None = None,
     project: str,
@@ -190,8 +204,9 @@ def book(
 ) -> Booking:
     """Book `mib` MiB on each of `gpus` GPU(s) (or on the pinned `gpu_uuid`) from `start` for
     `duration` or until `end` (give one). `start`/`end`: an aware `datetime` (naive: local
-    time) or text (`"14:00"`, `"tomorrow 09:30"`, `"mon 14:00"`, `"+2h"`, ISO 8601; an `end`
-    as text is read from the start); `duration`: seconds or text (`"4h"`, `"1h30m"`).
+    time), Unix seconds, or text (`"14:00"`, `"tomorrow 09:30"`, `"mon 14:00"`, `"+2h"`, ISO
+    8601; an `end` as text is read from the start); `duration`: seconds, a `timedelta`, or
+    text (`"4h"`, `"1h30m"`).
     Claim it at its start with `rbroker.lease(mib, booking=booking.booking_id, ...)`. The
     `session` defaults to the program's name, as for `lease()`.
 

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rbroker_protocol.params import MAX_UNIX_S
+
 MAX_MIB: int = 16 * 1024 * 1024
 """Largest MiB figure accepted anywhere (16 TiB): larger values are absurd, not infeasible."""
 
@@ -18,8 +20,6 @@ Mib = Annotated[int, Field(ge=1, le=MAX_MIB, strict=True)]
 
 MAX_EXPECTED_S: float = 30 * 24 * 3600.0
 """Longest declared lease duration accepted (`AcquireParams.expected_s`), 30 days."""
-MAX_UNIX_S: float = 4102444800.0
-"""Latest time a booking may name, Unix seconds (2100-01-01 UTC): a bound on absurd input."""
 
 BookingId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 

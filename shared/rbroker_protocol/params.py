@@ -28,4 +28,8 @@ class AcquireRequest(TypedDict, total=False):
     booking_id: str
 
 
-__all__ = ["AcquireRequest"]
+MAX_UNIX_S: float = 4102444800.0
+"""Latest time a booking may name, Unix seconds (2100-01-01 UTC): a bound on absurd input
+(here, stdlib only, for the SDK; `rbroker_protocol.localapi` checks it)."""
+
+__all__ = ["MAX_UNIX_S", "AcquireRequest"]

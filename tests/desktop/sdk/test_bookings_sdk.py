@@ -101,9 +101,10 @@ def test_a_lease_claiming_a_booking_before_its_start_is_refused(broker: BrokerPr
         ({"start": "+1h"}, "duration or end"),
         ({"start": "+1h", "duration": "1h", "end": "+2h"}, "duration or end"),
         ({"start": "+1h", "duration": "90"}, "needs a unit"),
-        ({"start": "+1h", "duration": -5}, "over 0 seconds"),
+        ({"start": "+1h", "duration": -5}, "seconds over 0, got -5"),
         ({"start": "+1h", "end": "now"}, "end must come after"),
-        ({"start": 1_800_000_000, "duration": "1h"}, "a datetime or text"),
+        ({"start": 1e13, "duration": "1h"}, "start: 10000000000000.0 is not a time (Unix"),
+        ({"start": [1], "duration": "1h"}, "a datetime or text"),
     ],
 )
 def test_bad_times_are_one_line_invalid_params(kw: dict[str, object], words: str) -> None:
@@ -131,3 +132,18 @@ def test_a_lease_in_a_booking_s_way_is_told_once_as_a_warning(
         message = record.getMessage()
         assert message.startswith(f"rbroker: your lease {lease.lease_id} (20 000 MiB on GPU 0)")
         assert f"booking {booking.booking_id}" in message and "nothing will end it" in message
+
+
+def test_a_timedelta_and_unix_seconds_are_times_too(broker: BrokerProcess) -> None:
+    """Found by a new user: `duration=timedelta(hours=1)` and a Unix-time `start` were
+    refused."""
+    start = time.time() + 7200
+    booking = rbroker.book(
+        2_000, start=start, duration=timedelta(hours=1), socket=broker.socket, **DESC
+    )
+    assert booking.start_at == pytest.approx(start, abs=1e-3)
+    assert booking.end_at - booking.start_at == pytest.approx(3600.0)
+    for bad in (float("inf"), -1.0, float("nan")):
+        with pytest.raises(rbroker.InvalidParams) as exc:
+            rbroker.book(2_000, start=bad, duration="1h", socket=broker.socket, **DESC)
+        assert "start: " in str(exc.value) and "\n" not in str(exc.value)
