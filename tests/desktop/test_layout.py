@@ -544,6 +544,7 @@ MODULES_WITH_RULES = (
     "overgrant",
     "own_leases",
     "project_names",
+    "reclaim",
     "resize",
     "restore",
     "sampling",

@@ -13,6 +13,31 @@ from rbroker.broker.project_names import ProjectNames
 from rbroker.broker.shares import Shares
 
 
+@dataclass(frozen=True, slots=True)
+class IdleReclaim:
+    """When the broker ends an idle lease (`[idle]` of broker.toml; issue 42; docs/architecture.md
+    §3 "Idle"; `rbroker.broker.reclaim`).
+
+    `reclaim_after_s`: seconds of idleness after which a lease is reclaimed (None: never, the
+    default). `only_when_waiting`: only while a request waits on one of its GPUs (default
+    True). `exempt_projects`: projects whose leases are never reclaimed (compared ignoring
+    case).
+
+    Raises:
+        ValueError: a `reclaim_after_s` that is not positive and finite.
+    """
+
+    reclaim_after_s: float | None = None
+    only_when_waiting: bool = True
+    exempt_projects: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.reclaim_after_s is not None and not 0 < self.reclaim_after_s < float("inf"):
+            raise ValueError(
+                f"reclaim_after_s must be over 0 seconds and finite, got {self.reclaim_after_s}"
+            )
+
+
 class HeadroomTooLarge(ValueError):
     """A configured headroom is at least a GPU's total: nothing could ever be granted
     there. Raised when the broker starts (`Broker._check_headroom`); the
@@ -62,6 +87,7 @@ class BrokerConfig:
     `bookings`: `[bookings]` of the config file (`rbroker.broker.bookings.BookingSettings`).
     `idle_after_s`: a lease whose holders showed no GPU utilization and whose job reported
     no chunk for this long is idle (default 30 min, issue 42; `rbroker.broker.idle`).
+    `idle_reclaim`: when an idle lease is reclaimed (`IdleReclaim`; default never).
     """
 
     socket_path: Path
@@ -106,6 +132,7 @@ class BrokerConfig:
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)
     bookings: BookingSettings = field(default_factory=BookingSettings)
     idle_after_s: float = 30 * 60.0
+    idle_reclaim: IdleReclaim = field(default_factory=IdleReclaim)
 
     def __post_init__(self) -> None:
         """Refuse settings that would admit more than a GPU holds.
@@ -170,40 +197,64 @@ CONFIG_FILE = "broker.toml"
 class ConfigFile:
     """What the broker's config file sets: `shares` (project → weight), `members`
     (project → OS user names and `@group`s), `bookings` (`BookingSettings`) and
-    `idle_after_s` (`[idle]`, seconds; `BrokerConfig.idle_after_s`)."""
+    `idle_after_s` and `idle_reclaim` (`[idle]`; `BrokerConfig.idle_after_s`,
+    `IdleReclaim`)."""
 
     shares: dict[str, float] = field(default_factory=dict)
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)
     bookings: BookingSettings = field(default_factory=BookingSettings)
     idle_after_s: float = 30 * 60.0
+    idle_reclaim: IdleReclaim = field(default_factory=IdleReclaim)
 
 
 KNOWN_TABLES = ("shares", "members", "bookings", "idle")
 
-IDLE_KEYS = ("idle_after_s",)
+IDLE_KEYS = ("idle_after_s", "reclaim_after_s", "only_when_waiting", "exempt_projects")
 """The keys of `[idle]`."""
 
 
-def _idle_after_s(table: object) -> float:
-    """`[idle] idle_after_s` in seconds (30 min when absent; issue 42).
+def _seconds(key: str, value: object) -> float:
+    """`[idle] key` as a positive finite number of seconds.
 
     Raises:
-        ValueError: not a table, an unknown key, or a value that is not a positive finite
-            number.
+        ValueError: anything else.
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value < float("inf")
+    ):
+        raise ValueError(f"[idle] {key} must be a number of seconds over 0, got {value!r}")
+    return float(value)
+
+
+def _idle(table: object) -> tuple[float, IdleReclaim]:
+    """`[idle]`: `idle_after_s` in seconds (30 min when absent) and the reclaim policy
+    (`IdleReclaim`: `reclaim_after_s` seconds, absent: never; `only_when_waiting`, true or
+    false, default true; `exempt_projects`, a list of project names; issue 42).
+
+    Raises:
+        ValueError: not a table, an unknown key, a time that is not a positive finite
+            number, an `only_when_waiting` that is not true or false, an `exempt_projects`
+            that is not a list of names.
     """
     if not isinstance(table, dict):
         raise ValueError("[idle] must be a table of setting = value")
     for key in table:
         if key not in IDLE_KEYS:
             raise ValueError(f"[idle] has no setting {key!r} (known: {', '.join(IDLE_KEYS)})")
-    value = table.get("idle_after_s", 30 * 60.0)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 < value < float("inf")
-    ):
-        raise ValueError(f"[idle] idle_after_s must be a number of seconds over 0, got {value!r}")
-    return float(value)
+    idle_after_s = _seconds("idle_after_s", table.get("idle_after_s", 30 * 60.0))
+    reclaim = table.get("reclaim_after_s")
+    reclaim_after_s = None if reclaim is None else _seconds("reclaim_after_s", reclaim)
+    waiting = table.get("only_when_waiting", True)
+    if not isinstance(waiting, bool):
+        raise ValueError(f"[idle] only_when_waiting must be true or false, got {waiting!r}")
+    exempt = table.get("exempt_projects", [])
+    if not isinstance(exempt, list) or not all(isinstance(p, str) and p for p in exempt):
+        raise ValueError(
+            f'[idle] exempt_projects must be a list of project names ["a", "b"], got {exempt!r}'
+        )
+    return idle_after_s, IdleReclaim(reclaim_after_s, waiting, tuple(exempt))
 
 
 BOOKING_KEYS = {
@@ -270,7 +321,7 @@ def read_config(path: Path) -> ConfigFile:
         Members(members)
         ProjectNames(members, shares)
         bookings = _booking_settings(doc.get("bookings", {}))
-        idle_after_s = _idle_after_s(doc.get("idle", {}))
+        idle_after_s, idle_reclaim = _idle(doc.get("idle", {}))
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     return ConfigFile(
@@ -278,4 +329,5 @@ def read_config(path: Path) -> ConfigFile:
         {str(k): tuple(v) for k, v in members.items()},
         bookings,
         idle_after_s,
+        idle_reclaim,
     )

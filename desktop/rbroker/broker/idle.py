@@ -99,20 +99,29 @@ class Idleness:
             jobs = {lease.job_id for lease in self._live.values() if lease.job_id is not None}
             _prune(self._job_at, jobs, len(jobs))
 
-    def state(self, lease: Lease, now: float | None = None) -> tuple[IdleState, float | None]:
-        """`(state, idle_s)` of `lease`: `idle_s` the seconds since its last activity as far
-        as it was measured (None when unknown)."""
-        now = self.clock.monotonic() if now is None else now
+    def last_active(self, lease: Lease) -> float | None:
+        """The monotonic moment `lease` was last measured active (its activity, its grant,
+        the restart, or all its GPUs becoming known, whichever is latest); None while the
+        utilization of one of its GPUs is unknown. An idle episode is told by it: a new
+        moment is a new episode (`rbroker.broker.reclaim`)."""
         since = [self._known_since.get(u) for u in lease.gpu_uuids]
         if any(s is None for s in since):
-            return IdleState.UNKNOWN, None
-        last = max(
+            return None
+        return max(
             lease.granted_at,
             self.started,
             self._active_at.get(lease.lease_id, -1.0),
             self._job_at.get(lease.job_id, -1.0) if lease.job_id is not None else -1.0,
             *(s for s in since if s is not None),
         )
+
+    def state(self, lease: Lease, now: float | None = None) -> tuple[IdleState, float | None]:
+        """`(state, idle_s)` of `lease`: `idle_s` the seconds since its last activity as far
+        as it was measured (None when unknown)."""
+        now = self.clock.monotonic() if now is None else now
+        last = self.last_active(lease)
+        if last is None:
+            return IdleState.UNKNOWN, None
         idle_s = max(0.0, now - last)
         return (IdleState.IDLE if idle_s >= self.idle_after_s else IdleState.ACTIVE), idle_s
 

@@ -50,6 +50,7 @@ from rbroker.broker.lifetimes import LIFETIMES_SAVE_S, STORE_KEY, Lifetimes
 from rbroker.broker.members import Members
 from rbroker.broker.project_names import ProjectNames
 from rbroker.broker.read_model import ESTIMATE_REFRESH_S, ReadModel
+from rbroker.broker.reclaim import IdleNotice, IdleWatch
 from rbroker.broker.resize import Resizes
 from rbroker.broker.restore import restore
 from rbroker.broker.sampling import GpuSlot, Sampling
@@ -163,6 +164,9 @@ class Broker:
             self.clock, config.idle_after_s, self.lessor.holders_of, self.lessor.on, self.leases
         )
         self.admission.idle_on = self.idle.idle_on
+        self.idle_watch = IdleWatch(
+            self.clock, self.idle, config.idle_reclaim, self.leases, self.queue
+        )
         lifetimes = Lifetimes.from_json(store.meta(STORE_KEY) if store is not None else None)
         self._lifetimes_saved = (0, self.clock.monotonic())  # (`recorded`, when) of the last write
         self.views = ReadModel(
@@ -839,12 +843,54 @@ class Broker:
             )
         if moved and self.queue:
             self._admit()  # a lapse or an end frees memory; a start protects it
+        self._watch_idle()
         if self.store is not None:
             self.store.retry(now)  # what a full disk kept back, once there is room
         self._keep_lifetimes(now)
         self.news.tick(now)
         for job in self.jobs.check_abandoned():
             self.emit("job", {"job_id": job.job_id, "state": job.state})
+
+    def _idle_notice(self, notice: IdleNotice) -> None:
+        lease = notice.lease
+        self.emit(
+            "idle_notice",
+            {
+                "lease_id": lease.lease_id,
+                "owner": lease.owner,
+                "project": lease.project,
+                "notice": notice.kind,
+                "idle_s": notice.idle_s,
+                "message": notice.message,
+            },
+        )
+
+    def _watch_idle(self) -> None:
+        """Tell each idle episode and reclaim by `[idle]`'s policy (`rbroker.broker.reclaim`):
+        an `idle_notice` event per notice (to subscribers and the lease's connection); a
+        reclaimed lease ends `revoked` with the reason, its holder gets `lease_ended` as for
+        an admin's revoke, the audit records `lease_reclaimed` by the broker, and the queue
+        is admitted again. Nothing is killed."""
+        notices, reclaims = self.idle_watch.turn()
+        for notice in notices:
+            self._idle_notice(notice)
+        for notice in reclaims:
+            lease, reason = notice.lease, notice.message
+            self._idle_notice(notice)  # while its connection is still known
+            self._end(lease, LeaseState.REVOKED, reason)
+            target = Target(lease.owner, lease.project, "lease", lease.lease_id)
+            self.audit.record("broker", "lease_reclaimed", target, reason)
+            self.emit(
+                "lease_ended",
+                {
+                    "lease_id": lease.lease_id,
+                    "state": LeaseState.REVOKED.value,
+                    "ended_reason": reason,
+                },
+            )
+            log.warning("lease %s of %s %s", lease.lease_id, lease.owner, reason)
+        if reclaims and self.queue:
+            self._admit()
 
     def _keep_lifetimes(self, now: float) -> None:
         """Write the lease lifetimes to the store when one was recorded since the last write

@@ -169,6 +169,7 @@ def run_broker(args: argparse.Namespace) -> int:
             members=settings.members,
             bookings=settings.bookings,
             idle_after_s=settings.idle_after_s,
+            idle_reclaim=settings.idle_reclaim,
         )
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))

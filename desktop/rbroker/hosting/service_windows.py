@@ -97,6 +97,7 @@ def service_config(environ: Mapping[str, str] | None, options: ServiceOptions) -
         members=settings.members,
         bookings=settings.bookings,
         idle_after_s=settings.idle_after_s,
+        idle_reclaim=settings.idle_reclaim,
     )
 
 

@@ -5,9 +5,12 @@ as an `event` notification `{kind, data}` whether or not that connection subscri
 ended_reason}`: the lease was ended by someone other than its holder, e.g. "released by
 admin <user>"; the SDK marks the lease lost) and `booking_notice` with a `lease_id` (a
 booking that the lease may be in the way of, or that the lease claims, starts or ends soon:
-docs/architecture.md §2a; the SDK logs its `message`). A subscribed connection already gets
-them with every other event, not twice. And to the connection of a `lease.acquire` that waits, its
-place in the queue as it changes (`tell_waiting`: the `waiting` event).
+docs/architecture.md §2a; the SDK logs its `message`) and `idle_notice` (`{lease_id, owner,
+project, notice: idle | reclaim_soon | reclaimed, idle_s, message}`: once per idle episode,
+`rbroker.broker.reclaim`; the SDK logs its `message` and calls `on_idle`). A subscribed
+connection already gets them with every other event, not twice. And to the connection of a
+`lease.acquire` that waits, its place in the queue as it changes (`tell_waiting`: the
+`waiting` event).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from rbroker_protocol.results import QueuedRequest
 
 log = logging.getLogger(__name__)
 
-HOLDER_KINDS = frozenset({"over_grant", "lease_ended", "booking_notice"})
+HOLDER_KINDS = frozenset({"over_grant", "lease_ended", "booking_notice", "idle_notice"})
 """Event kinds sent to the lease's holder connection."""
 
 

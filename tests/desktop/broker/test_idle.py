@@ -201,7 +201,7 @@ def test_idle_after_s_comes_from_the_config_files_idle_table(tmp_path: Path) -> 
     path.write_text("[idle]\nidle_after_s = 3600\n")
     assert read_config(path).idle_after_s == 3600.0
     for text, words in (
-        ("[idle]\nidle_after = 60\n", "[idle] has no setting 'idle_after' (known: idle_after_s)"),
+        ("[idle]\nidle_after = 60\n", "[idle] has no setting 'idle_after' (known: idle_after_s,"),
         ("[idle]\nidle_after_s = 0\n", "idle_after_s must be a number of seconds over 0"),
         ('[idle]\nidle_after_s = "1 h"\n', "idle_after_s must be a number of seconds over 0"),
         ("idle = 5\n", "[idle] must be a table"),

@@ -1,0 +1,158 @@
+"""Idle leases told and, only by policy, reclaimed (issue 42, "idle, told and reclaimed";
+docs/architecture.md §3 "Idle").
+
+An *idle episode* of a lease runs from the moment it becomes idle (`Idleness`: no
+utilization of its holders and no chunk of its job for `idle_after_s`) until it shows
+activity again (a busy sample or a chunk report) or its utilization becomes unknown; it is
+told by its start, the lease's last activity (`Idleness.last_active`), so a new start is a
+new episode. Per episode, each at most once, `IdleWatch.turn` (on the broker's tick) yields:
+
+- `idle`: the lease became idle;
+- `reclaim_soon`: it will be reclaimed (`RECLAIM_WARNING_S`, 10 min, before the end);
+- `reclaimed`: it was ended, state `revoked`, reason e.g. "reclaimed: idle 4 h while 2
+  requests waited". Nothing is killed: memory its processes still use after the end shows
+  as over grant, as for any ended lease.
+
+A lease is reclaimable while `IdleReclaim.reclaim_after_s` is set, its project is not in
+`exempt_projects` (ignoring case) and, with `only_when_waiting`, a request waits whose
+candidate GPUs include one of the lease's (any such waiter, not its own growth). The warning
+is given once it is reclaimable and idle for `reclaim_after_s − RECLAIM_WARNING_S` (at once
+when that is not positive); the end comes once it is reclaimable, idle for `reclaim_after_s`
+and warned at least `min(RECLAIM_WARNING_S, reclaim_after_s)` seconds before. All times are
+on the broker's monotonic clock. Costs: one turn is O(leases × waiters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rbroker.base.when import fmt_duration
+from rbroker.broker.clock import Clock
+from rbroker.broker.config import IdleReclaim
+from rbroker.broker.idle import Idleness, IdleState
+from rbroker.broker.leases import Lease, Waiter
+
+RECLAIM_WARNING_S = 600.0
+"""How long before a reclaim its holder is warned (`reclaim_soon`; issue 42: 10 min)."""
+
+
+@dataclass(frozen=True, slots=True)
+class IdleNotice:
+    """One notice of an idle episode: `kind` `idle`, `reclaim_soon` or `reclaimed`,
+    `idle_s` the seconds idle so far, `message` the words for its holder."""
+
+    lease: Lease
+    kind: str
+    idle_s: float
+    message: str
+
+
+@dataclass(slots=True)
+class _Episode:
+    start: float  # monotonic: the lease's last activity
+    warned_at: float | None = None  # monotonic, when `reclaim_soon` was told
+
+
+def _requests(n: int) -> str:
+    return "1 request" if n == 1 else f"{n} requests"
+
+
+class IdleWatch:
+    """Tells idle episodes and finds the leases to reclaim.
+
+    Args:
+        clock: the broker's clock (monotonic time only).
+        idle: the idleness record (`Idleness`).
+        policy: when to reclaim (`IdleReclaim`).
+        live: the active leases by id (`Lessor.leases`).
+        queue: the waiting requests (`WaitQueue.waiters`).
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        idle: Idleness,
+        policy: IdleReclaim,
+        live: Mapping[str, Lease],
+        queue: Sequence[Waiter],
+    ) -> None:
+        self.clock = clock
+        self.idle = idle
+        self.policy = policy
+        self._live = live
+        self._queue = queue
+        self._exempt = {p.casefold() for p in policy.exempt_projects}
+        self._episodes: dict[str, _Episode] = {}  # lease id → its idle episode
+
+    def waiting_on(self, lease: Lease) -> int:
+        """How many requests wait with one of `lease`'s GPUs among their candidates (its
+        own growth not counted)."""
+        gpus = set(lease.gpu_uuids)
+        return sum(
+            1
+            for w in self._queue
+            if not w.future.done()
+            and w.resize_of != lease.lease_id
+            and not gpus.isdisjoint(w.candidates)
+        )
+
+    def turn(self) -> tuple[list[IdleNotice], list[IdleNotice]]:
+        """`(notices, reclaims)`: the `idle` and `reclaim_soon` notices due now, and the
+        `reclaimed` notices of the leases to end now (the caller ends them; their
+        `message` is the end's reason)."""
+        now = self.clock.monotonic()
+        notices: list[IdleNotice] = []
+        reclaims: list[IdleNotice] = []
+        for lease_id in [k for k in self._episodes if k not in self._live]:
+            del self._episodes[lease_id]
+        for lease in list(self._live.values()):
+            state, idle_s = self.idle.state(lease, now)
+            start = self.idle.last_active(lease)
+            if state is not IdleState.IDLE or idle_s is None or start is None:
+                self._episodes.pop(lease.lease_id, None)
+                continue
+            episode = self._episodes.get(lease.lease_id)
+            if episode is None or episode.start != start:
+                episode = self._episodes[lease.lease_id] = _Episode(start)
+                notices.append(IdleNotice(lease, "idle", idle_s, self._idle_words(lease, idle_s)))
+            reclaim_after_s = self.policy.reclaim_after_s
+            if reclaim_after_s is None or lease.project.casefold() in self._exempt:
+                continue
+            waiting = self.waiting_on(lease)
+            if self.policy.only_when_waiting and waiting == 0:
+                continue
+            if episode.warned_at is None:
+                if idle_s < reclaim_after_s - RECLAIM_WARNING_S:
+                    continue
+                episode.warned_at = now
+                notices.append(
+                    IdleNotice(lease, "reclaim_soon", idle_s, self._soon_words(lease, waiting))
+                )
+            lead_s = min(RECLAIM_WARNING_S, reclaim_after_s)
+            if idle_s >= reclaim_after_s and now - episode.warned_at >= lead_s:
+                reason = f"reclaimed: idle {fmt_duration(idle_s)}"
+                if waiting:
+                    reason += f" while {_requests(waiting)} waited"
+                reclaims.append(IdleNotice(lease, "reclaimed", idle_s, reason))
+        return notices, reclaims
+
+    def _idle_words(self, lease: Lease, idle_s: float) -> str:
+        words = (
+            f"lease {lease.lease_id} is idle: no GPU use by its processes and no chunk "
+            f"reported for {fmt_duration(idle_s)}"
+        )
+        after = self.policy.reclaim_after_s
+        if after is not None and lease.project.casefold() not in self._exempt:
+            when = " while others wait for its GPU" if self.policy.only_when_waiting else ""
+            words += f"; idle leases are reclaimed after {fmt_duration(after)}{when}"
+        return words
+
+    def _soon_words(self, lease: Lease, waiting: int) -> str:
+        after = self.policy.reclaim_after_s or 0.0
+        lead = fmt_duration(min(RECLAIM_WARNING_S, after))
+        why = f" ({_requests(waiting)} waiting for its GPU)" if waiting else ""
+        return (
+            f"lease {lease.lease_id} will be reclaimed in {lead} unless it uses its GPU{why}; "
+            "release it if you are done"
+        )

@@ -1,0 +1,233 @@
+"""Idle, told and (only by policy) reclaimed (issue 42; docs/architecture.md §3 "Idle"), on
+an in-process broker with a manual clock and the simulated NVML's per-process utilization:
+
+- the holder is told once per idle episode (`idle_notice` `idle`); a busy sample ends it;
+- with `[idle] reclaim_after_s`, a lease is warned 10 min before (`reclaim_soon`), then
+  ended `revoked`, "reclaimed: idle 4 h while 2 requests waited", its holder told
+  (`lease_ended`), the audit records `lease_reclaimed` by the broker, and a waiter is
+  granted once a sample shows the memory free;
+- only while a request waits for its GPU (`only_when_waiting`, the default), never for an
+  exempt project;
+- the `[idle]` keys are read from broker.toml, a wrong one refused in one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rbroker.broker.config import IdleReclaim, read_config
+from rbroker.broker.holders import Holder
+from rbroker.broker.leases import Lease
+from tests.conftest import GPU0
+from tests.desktop.inprocess import InProcessBroker, SleeperPool
+from tests.fakes.gpu_scenarios import gpu, scenario
+
+pytestmark = pytest.mark.contract  # it starts processes of its own
+
+IDLE_AFTER_S = 600.0
+RECLAIM_AFTER_S = 4 * 3600.0
+ONE_GPU = scenario(gpu(GPU0, name="Simulated 20 GB", total_mib=20000))
+
+Events = list[tuple[str, dict[str, Any]]]
+
+
+def _broker(
+    make_inprocess: Callable[..., InProcessBroker], **policy: Any
+) -> tuple[InProcessBroker, Events]:
+    made = make_inprocess(
+        ONE_GPU, headroom_mib=1000, idle_after_s=IDLE_AFTER_S, idle_reclaim=IdleReclaim(**policy)
+    )
+    made.broker.gateway.foreign_pids = False  # the simulated driver lists this machine's pids
+    events: Events = []
+    made.broker.subscribe(lambda kind, data: events.append((kind, dict(data))))
+    return made, events
+
+
+def _lease(h: InProcessBroker, holder: Holder, mib: int = 15000) -> Lease:
+    lease = h.acquire(holder, mib=mib, ttl_s=3600).result()
+    h.fake.allocate(GPU0, holder.pid, mib // 2)  # its process is listed on the GPU
+    h.sample()
+    return lease
+
+
+def _notices(events: Events, lease: Lease) -> list[str]:
+    return [
+        d["notice"] for k, d in events if k == "idle_notice" and d["lease_id"] == lease.lease_id
+    ]
+
+
+def _to(h: InProcessBroker, lease: Lease, idle_s: float) -> None:
+    """Move the clock to `idle_s` after the lease's last measured activity, renewing the
+    lease (a heartbeat is no activity) and running a tick at least every 30 min."""
+    (entry,) = [x for x in h.broker.leases_view()["leases"] if x["lease_id"] == lease.lease_id]
+    assert entry["idle_s"] is not None
+    left = idle_s - entry["idle_s"]
+    while True:
+        step = min(left, 1800.0)
+        h.clock.advance(step)
+        left -= step
+        h.broker.renew(lease.lease_id, "tester")
+        h.tick(0.1)
+        if left <= 0:
+            return
+
+
+def test_told_once_per_idle_episode(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool
+) -> None:
+    h, events = _broker(make_inprocess)
+    _, holder = pool.spawn()
+    lease = _lease(h, holder)
+    _to(h, lease, IDLE_AFTER_S - 1)
+    assert _notices(events, lease) == []
+    _to(h, lease, IDLE_AFTER_S)
+    assert _notices(events, lease) == ["idle"]
+    (data,) = [d for k, d in events if k == "idle_notice"]
+    assert data["owner"] == "tester" and data["idle_s"] == pytest.approx(IDLE_AFTER_S, abs=0.01)
+    assert data["message"].startswith(f"lease {lease.lease_id} is idle"), data["message"]
+    _to(h, lease, 3 * IDLE_AFTER_S)
+    assert _notices(events, lease) == ["idle"]  # once per episode
+    h.fake.set_utilization(GPU0, holder.pid, 30)  # busy: the episode ends
+    h.sample()
+    h.tick(0.1)
+    h.fake.set_utilization(GPU0, holder.pid, 0)
+    h.clock.advance(IDLE_AFTER_S)
+    h.sample()
+    h.tick(0.1)
+    assert _notices(events, lease) == ["idle", "idle"]  # a new episode, told again
+    assert h.broker.leases_view()["leases"], "nothing is reclaimed without a policy"
+
+
+def test_reclaimed_while_two_requests_wait_warned_before_and_the_waiter_granted(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool
+) -> None:
+    h, events = _broker(make_inprocess, reclaim_after_s=RECLAIM_AFTER_S)
+    _, holder = pool.spawn()
+    lease = _lease(h, holder)
+    first = h.acquire(pool.spawn()[1], mib=8000, wait_s=6 * 3600)
+    second = h.acquire(pool.spawn()[1], mib=8000, wait_s=6 * 3600)
+    h.sample()
+    assert not first.done() and not second.done()
+    _to(h, lease, IDLE_AFTER_S)
+    assert _notices(events, lease) == ["idle"]
+    _to(h, lease, RECLAIM_AFTER_S - 601)
+    assert _notices(events, lease) == ["idle"]
+    _to(h, lease, RECLAIM_AFTER_S - 600)
+    assert _notices(events, lease) == ["idle", "reclaim_soon"]
+    soon = [d for k, d in events if k == "idle_notice"][-1]
+    assert "reclaimed in 10 min" in soon["message"], soon["message"]
+    _to(h, lease, RECLAIM_AFTER_S - 1)
+    assert lease.lease_id in {x["lease_id"] for x in h.broker.leases_view()["leases"]}
+    _to(h, lease, RECLAIM_AFTER_S)
+    reason = "reclaimed: idle 4 h while 2 requests waited"
+    assert _notices(events, lease) == ["idle", "reclaim_soon", "reclaimed"]
+    assert lease.lease_id not in {x["lease_id"] for x in h.broker.leases_view()["leases"]}
+    assert lease.state.value == "revoked" and lease.ended_reason == reason
+    ended = [d for k, d in events if k == "lease_ended" and d["lease_id"] == lease.lease_id]
+    assert ended == [{"lease_id": lease.lease_id, "state": "revoked", "ended_reason": reason}]
+    (entry,) = [e for e in h.broker.audit_list()["entries"] if e["action"] == "lease_reclaimed"]
+    assert entry["actor"] == "broker" and entry["reason"] == reason
+    assert entry["target"]["id"] == lease.lease_id and entry["target"]["owner"] == "tester"
+    # nothing was killed: the 7 500 MiB its process still uses count against the GPU, so a
+    # sample grants the first waiter (8 000 MiB), not the second
+    assert holder.alive()
+    h.sample()
+    assert first.done() and first.result().granted_mib == 8000
+    assert not second.done()
+
+
+def test_reclaimed_only_while_a_request_waits(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool
+) -> None:
+    h, events = _broker(make_inprocess, reclaim_after_s=RECLAIM_AFTER_S)
+    _, holder = pool.spawn()
+    lease = _lease(h, holder)
+    _to(h, lease, 3 * RECLAIM_AFTER_S)
+    assert _notices(events, lease) == ["idle"]
+    assert h.broker.leases_view()["leases"]
+    # a request waits: warned now, ended 10 min later (not at once)
+    waiter = h.acquire(pool.spawn()[1], mib=8000, wait_s=3600)
+    h.sample()
+    assert not waiter.done()
+    h.tick(0.1)
+    assert _notices(events, lease) == ["idle", "reclaim_soon"]
+    h.clock.advance(599)
+    h.tick(0.1)
+    assert h.broker.leases_view()["leases"]
+    h.clock.advance(1)
+    h.tick(0.1)
+    assert _notices(events, lease)[-1] == "reclaimed"
+    assert lease.ended_reason.endswith("while 1 request waited"), lease.ended_reason
+
+
+def test_without_only_when_waiting_an_idle_lease_is_reclaimed_alone(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool
+) -> None:
+    h, events = _broker(make_inprocess, reclaim_after_s=RECLAIM_AFTER_S, only_when_waiting=False)
+    _, holder = pool.spawn()
+    lease = _lease(h, holder)
+    _to(h, lease, RECLAIM_AFTER_S - 600)
+    _to(h, lease, RECLAIM_AFTER_S)
+    assert _notices(events, lease) == ["idle", "reclaim_soon", "reclaimed"]
+    assert lease.ended_reason == "reclaimed: idle 4 h"
+
+
+def test_busy_after_the_warning_is_not_reclaimed(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool
+) -> None:
+    h, events = _broker(make_inprocess, reclaim_after_s=RECLAIM_AFTER_S, only_when_waiting=False)
+    _, holder = pool.spawn()
+    lease = _lease(h, holder)
+    _to(h, lease, RECLAIM_AFTER_S - 600)
+    assert _notices(events, lease) == ["idle", "reclaim_soon"]
+    h.fake.set_utilization(GPU0, holder.pid, 10)
+    h.sample()
+    h.clock.advance(599)  # past the reclaim, not idle again yet
+    h.tick(0.1)
+    assert _notices(events, lease) == ["idle", "reclaim_soon"]
+    assert h.broker.leases_view()["leases"]
+
+
+def test_an_exempt_project_is_never_reclaimed(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool
+) -> None:
+    h, events = _broker(
+        make_inprocess,
+        reclaim_after_s=RECLAIM_AFTER_S,
+        only_when_waiting=False,
+        exempt_projects=("Tests",),
+    )
+    _, holder = pool.spawn()
+    lease = _lease(h, holder)  # project "tests"
+    _to(h, lease, 3 * RECLAIM_AFTER_S)
+    assert _notices(events, lease) == ["idle"]
+    assert h.broker.leases_view()["leases"]
+    assert not [e for e in h.broker.audit_list()["entries"] if e["action"] == "lease_reclaimed"]
+
+
+def test_the_idle_policy_comes_from_the_config_files_idle_table(tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text("")
+    assert read_config(path).idle_reclaim == IdleReclaim(None, True, ())
+    path.write_text(
+        "[idle]\nreclaim_after_s = 14400\nonly_when_waiting = false\n"
+        'exempt_projects = ["demo", "nlp"]\n'
+    )
+    assert read_config(path).idle_reclaim == IdleReclaim(14400.0, False, ("demo", "nlp"))
+    for text, words in (
+        ("[idle]\nreclaim_after_s = 0\n", "[idle] reclaim_after_s must be a number of seconds"),
+        ('[idle]\nreclaim_after_s = "4 h"\n', "reclaim_after_s must be a number of seconds"),
+        ('[idle]\nonly_when_waiting = "yes"\n', "only_when_waiting must be true or false"),
+        ('[idle]\nexempt_projects = "demo"\n', "exempt_projects must be a list of project"),
+        ("[idle]\nexempt_projects = [1]\n", "exempt_projects must be a list of project"),
+        ("[idle]\nreclaim_after = 60\n", "[idle] has no setting 'reclaim_after'"),
+    ):
+        path.write_text(text)
+        with pytest.raises(ValueError) as exc:
+            read_config(path)
+        assert words in str(exc.value) and str(path) in str(exc.value), exc.value
+        assert "\n" not in str(exc.value)
