@@ -39,6 +39,8 @@ LEASE_LOST = "rbroker_lease_lost"
 its user itself (`rbroker run`) filters that record out instead of saying it twice."""
 BOOKING_NOTICE = "rbroker_booking_notice"
 """Set (True) on the log record of a booking notice to a lease (`booking_notice` events)."""
+IDLE_NOTICE = "rbroker_idle_notice"
+"""Set (True) on the log record of an idle notice to a lease (`idle_notice` events)."""
 
 
 DEFAULT_PROJECT = "default"
@@ -113,8 +115,16 @@ class _Holder:
     says it is gone or does not come back within the TTL.
     """
 
-    def __init__(self, client: Client, lease: Lease, ttl_s: float, socket: str | None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        lease: Lease,
+        ttl_s: float,
+        socket: str | None,
+        on_idle: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.client = client
+        self.on_idle = on_idle
         self.lease = lease
         self.ttl_s = ttl_s
         self.socket = socket
@@ -138,6 +148,16 @@ class _Holder:
             # (docs/architecture.md §2a): said once, as a warning of this logger
             words = "".join(ch for ch in str(data.get("message", "")) if ch.isprintable())
             log.warning("rbroker: %s", words, extra={BOOKING_NOTICE: True})
+        if params.get("kind") == "idle_notice" and data.get("lease_id") == self.lease.lease_id:
+            # once per idle episode (docs/architecture.md §3 "Idle"): a warning of this
+            # logger (one stderr line under `rbroker run`), then the caller's `on_idle`
+            words = "".join(ch for ch in str(data.get("message", "")) if ch.isprintable())
+            log.warning("rbroker: %s", words, extra={IDLE_NOTICE: True})
+            if self.on_idle is not None:
+                try:
+                    self.on_idle(dict(data))
+                except Exception:  # the caller's handler never breaks the heartbeat
+                    log.exception("on_idle callback failed")
         if params.get("kind") == "lease_ended" and data.get("lease_id") == self.lease.lease_id:
             # ended by someone else (an admin, another process of this user): lost now
             state, reason = data.get("state"), data.get("ended_reason")
@@ -389,6 +409,7 @@ def _acquire(
     expected_s: float | None = None,
     withdrawal: _Withdrawal | None = None,
     booking_id: str | None = None,
+    on_idle: Callable[[dict[str, Any]], None] | None = None,
 ) -> _Holder:
     """Connect, ask for the lease (waiting up to `wait_s` s), and hold what is granted.
 
@@ -496,7 +517,7 @@ def _acquire(
         gpu_total_override=[g["uuid"] for g in granted if g["memory_api"] == "override"],
         socket=socket,
     )
-    return _Holder(client, lease, ttl_s, socket)
+    return _Holder(client, lease, ttl_s, socket, on_idle)
 
 
 def _totals(gpu_uuids: list[str], granted: list[GrantedGpu]) -> list[int] | None:
@@ -539,6 +560,7 @@ def lease(
     on_wait: Callable[[dict[str, Any]], None] | None = None,
     expected_s: float | None = None,
     booking: str | None = None,
+    on_idle: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator[Lease]:
     """Hold `mib` MiB on `gpus` GPU(s) for the `with` block.
 
@@ -549,6 +571,13 @@ def lease(
     entry each time its reason changes: `{"reason": "waiting: GPU-3f2a… has 6 144 MiB
     available …", "reason_kind", "reason_data", "ahead", "waiting_s", "request_id", "eta_s",
     "eta_reason", ...}`.
+
+    `on_idle` (optional) is called on the heartbeat thread once per idle episode of the
+    lease (the broker saw no GPU use by its processes and no chunk for `[idle]
+    idle_after_s`) and when the broker warns of or does a reclaim, with the event's data:
+    `{"lease_id", "owner", "project", "notice": "idle" | "reclaim_soon" | "reclaimed",
+    "idle_s", "message"}`; each is also logged as a warning of this logger (docs/architecture.md
+    §3 "Idle"). A reclaim ends the lease as an admin's revoke does (`lease.lost`).
 
     `expected_s` (optional, seconds, > 0, at most 30 days) declares how long the block will
     likely hold the lease: requests waiting behind it are told they will likely fit when it
@@ -588,6 +617,7 @@ def lease(
         on_wait=on_wait,
         expected_s=expected_s,
         booking_id=booking,
+        on_idle=on_idle,
     )
     try:
         yield holder.lease

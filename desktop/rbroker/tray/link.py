@@ -50,8 +50,9 @@ BACKOFF_START_S = 0.25
 BACKOFF_MAX_S = 5.0
 
 
-BOOKING_EVENTS = frozenset({"booking", "booking_notice"})
-"""The event kinds `BrokerLink.booking_event` passes on (docs/architecture.md §2a)."""
+BOOKING_EVENTS = frozenset({"booking", "booking_notice", "idle_notice"})
+"""The event kinds `BrokerLink.booking_event` passes on (docs/architecture.md §2a; and the
+idle notices of §3 "Idle", toasted as booking notices are)."""
 
 
 def _optional(missing: set[str], method: str, read: Callable[[], _T]) -> _T | None:
@@ -105,7 +106,8 @@ class BrokerLink(QObject):
         disconnected(str): no broker answers; the reason in words.
         command_done(str, object): a command finished: (method, result).
         command_failed(str, str): a command failed: (method, message).
-        booking_event(str, object): a `booking` or `booking_notice` event: (kind, data).
+        booking_event(str, object): a `booking`, `booking_notice` or `idle_notice` event:
+            (kind, data).
         room_fits(object, object): the watch set has room now: (RoomWatch, RoomCheckResult).
         room_failed(object, str): the broker refuses the watch: (RoomWatch, message).
     """

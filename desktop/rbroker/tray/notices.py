@@ -17,6 +17,9 @@ shows them (`TrayApp.notify`).
   reason: not claimed within its grace), and each `booking_notice` addressed to me (its
   `message`). Each once per booking (per notice and lease): a broker restarted, or a claim
   ended before the booking's end, holds it again without a second notice.
+- **Idle** (docs/architecture.md §3 "Idle"), from the link's `idle_notice` events: a lease of
+  mine became idle, will be reclaimed in 10 min, or was reclaimed (its `message`); the broker
+  tells each once per idle episode, so each is shown as it comes.
 """
 
 from __future__ import annotations
@@ -35,6 +38,13 @@ from rbroker.base.display import fmt_mib
 from rbroker.base.when import fmt_duration
 from rbroker.tray.state import Snapshot
 from rbroker_protocol.results import BookingView, ListedLease
+
+IDLE_TITLES = {
+    "idle": "rbroker: idle lease",
+    "reclaim_soon": "rbroker: idle lease reclaimed soon",
+    "reclaimed": "rbroker: idle lease reclaimed",
+}
+"""The title of an idle notice's toast, by its `notice`."""
 
 GRANT_NOTICE_MIN_WAIT_S = 1.0
 """A grant is announced when its request waited at least this long (seconds)."""
@@ -119,7 +129,12 @@ class Notifier(QObject):
 
     # -- bookings ------------------------------------------------------------------------------
     def on_event(self, kind: str, data: Mapping[str, Any]) -> None:
-        """A `booking` or `booking_notice` event (the link's `booking_event`)."""
+        """A `booking`, `booking_notice` or `idle_notice` event (the link's `booking_event`)."""
+        if kind == "idle_notice":
+            if is_mine(data.get("owner"), self.me):
+                title = IDLE_TITLES.get(str(data.get("notice")), "rbroker: idle lease")
+                self.notice.emit(title, str(data.get("message") or ""))
+            return
         booking_id = str(data.get("booking_id") or "")
         if kind == "booking_notice":
             if not is_mine(data.get("to"), self.me):

@@ -113,3 +113,22 @@ def test_windows_owner_names_match_the_user(qtbot: QtBot, owner: str) -> None:
     lease = {"lease_id": "x", "owner": owner, "waited_s": 5.0, "granted_mib": 1}
     notifier.on_snapshot(Snapshot(gpus=[], leases=[lease], queue=[], status={}, jobs=[]))
     assert seen == ["rbroker: granted"]
+
+
+def test_an_idle_notice_of_my_lease_is_a_toast(qtbot: QtBot) -> None:
+    """Issue 42: each `idle_notice` of a lease of mine is shown (the broker tells each once
+    per idle episode); another user's is not."""
+    seen: list[tuple[str, str]] = []
+    notifier = Notifier(me="alice")
+    notifier.notice.connect(lambda title, text: seen.append((title, text)))
+    base = {"lease_id": "lease-1", "project": "nlp", "idle_s": 1800.0}
+    notifier.on_event("idle_notice", {**base, "owner": "bob", "notice": "idle", "message": "b"})
+    for kind in ("idle", "reclaim_soon", "reclaimed"):
+        notifier.on_event(
+            "idle_notice", {**base, "owner": "alice", "notice": kind, "message": kind}
+        )
+    assert seen == [
+        ("rbroker: idle lease", "idle"),
+        ("rbroker: idle lease reclaimed soon", "reclaim_soon"),
+        ("rbroker: idle lease reclaimed", "reclaimed"),
+    ]
