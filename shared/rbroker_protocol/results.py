@@ -436,8 +436,8 @@ class AuditEntry(TypedDict):
     actor: str
     """The OS user who acted; `broker` for the broker itself."""
     action: str
-    """`lease_revoked`, `request_cancelled`, `booking_cancelled`, `admissions_paused`,
-    `admissions_resumed`, `member_refused` or `chain_broken`."""
+    """`lease_revoked`, `lease_reclaimed`, `request_cancelled`, `booking_cancelled`,
+    `admissions_paused`, `admissions_resumed`, `member_refused` or `chain_broken`."""
     target: AuditTarget
     reason: str
     prev: str

@@ -5,6 +5,8 @@ What is recorded (`action`): an administrator ending another user's lease
 (`lease_revoked`), cancelling another user's waiting request (`request_cancelled`) or
 booking (`booking_cancelled`); new admissions paused or resumed (`admissions_paused`,
 `admissions_resumed`); a request, job or booking refused by `[members]` (`member_refused`);
+an idle lease reclaimed by the broker (`lease_reclaimed`, actor `broker`;
+`rbroker.broker.reclaim`);
 and `chain_broken`, written by the broker itself when it finds the record it continues
 broken.
 
