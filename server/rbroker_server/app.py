@@ -25,6 +25,7 @@ from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
 from rbroker_server import __version__
+from rbroker_server.admin.audit import RefusalBound
 from rbroker_server.api.answers import json_error
 from rbroker_server.api.docs import DocsRenderPlugin, errors
 from rbroker_server.db import engine as db
@@ -206,6 +207,7 @@ def create_app(
                 STATE_TRUSTED: trusted,
                 STATE_PROXY_SECRET: settings.trusted_proxy_secret,
                 Throttles.STATE_KEY: throttles,
+                RefusalBound.STATE_KEY: RefusalBound(),
                 web.SETTINGS_STATE: settings,
                 renders.STATE_KEY: renders.SharedRenders(web.REFRESH_MS / 1000),
                 dbfaults.STATE_KEY: faults,

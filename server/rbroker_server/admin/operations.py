@@ -1,6 +1,8 @@
 """Administrative operations on the database: used by `rbroker-server` commands and setup.
 
 Cold paths, so they use the ORM. Secrets are returned once, as text, and stored hashed.
+Each change writes its audit entry (`audit.record`) in its own transaction; `actor` names
+who made it (default: the OS user running the command).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from rbroker_server.admin import audit
 from rbroker_server.admin.errors import AdminError
 from rbroker_server.auth.credentials import ENROLL_PREFIX, VIEWER_PREFIX, new_credential
 from rbroker_server.db.engine import utcnow
@@ -71,7 +74,7 @@ def _check_group_name(name: str) -> str:
     return name
 
 
-def create_group(engine: Engine, name: str) -> GroupInfo:
+def create_group(engine: Engine, name: str, actor: str | None = None) -> GroupInfo:
     """Create group `name`.
 
     Raises:
@@ -83,6 +86,13 @@ def create_group(engine: Engine, name: str) -> GroupInfo:
             raise AdminError(f"group {name!r} exists already")
         group = Group(name=name, created_at=utcnow())
         session.add(group)
+        audit.record(
+            session,
+            actor=actor or audit.cli_actor(),
+            action=audit.GROUP_CREATED,
+            group=name,
+            target=name,
+        )
         session.commit()
         session.refresh(group)
         assert group.id is not None
@@ -109,7 +119,9 @@ def list_groups(engine: Engine) -> list[GroupInfo]:
         return out
 
 
-def create_token(engine: Engine, group_name: str, name: str = "") -> NewSecret:
+def create_token(
+    engine: Engine, group_name: str, name: str = "", actor: str | None = None
+) -> NewSecret:
     """A new viewer token for the group; its text is returned once."""
     cred = new_credential(VIEWER_PREFIX)
     with Session(engine) as session:
@@ -123,6 +135,14 @@ def create_token(engine: Engine, group_name: str, name: str = "") -> NewSecret:
                 secret_hash=cred.secret_hash,
                 created_at=utcnow(),
             )
+        )
+        audit.record(
+            session,
+            actor=actor or audit.cli_actor(),
+            action=audit.TOKEN_CREATED,
+            group=group.name,
+            target=cred.id,
+            detail=f"name {name[:64]!r}" if name else "",
         )
         session.commit()
     return NewSecret(cred.id, group_name, cred.text)
@@ -143,7 +163,7 @@ def list_tokens(engine: Engine, group_name: str) -> list[TokenInfo]:
         ]
 
 
-def revoke_token(engine: Engine, group_name: str, token: str) -> bool:
+def revoke_token(engine: Engine, group_name: str, token: str, actor: str | None = None) -> bool:
     """Revoke a viewer token of the group, by id or by its full text. False: none found."""
     token_id = token.split("_")[1] if token.startswith(f"{VIEWER_PREFIX}_") else token
     with Session(engine) as session:
@@ -156,11 +176,21 @@ def revoke_token(engine: Engine, group_name: str, token: str) -> bool:
         if row.revoked_at is None:
             row.revoked_at = utcnow()
             session.add(row)
+            audit.record(
+                session,
+                actor=actor or audit.cli_actor(),
+                action=audit.TOKEN_REVOKED,
+                group=group.name,
+                target=row.id,
+                detail=f"name {row.name!r}" if row.name else "",
+            )
             session.commit()
         return True
 
 
-def create_enroll_code(engine: Engine, group_name: str, ttl_s: float) -> NewSecret:
+def create_enroll_code(
+    engine: Engine, group_name: str, ttl_s: float, actor: str | None = None
+) -> NewSecret:
     """A one-time enrollment code for the group, valid for `ttl_s` seconds."""
     if not 0 < ttl_s <= 365 * 24 * 3600:
         raise AdminError("an enrollment code lives between 1 second and 365 days")
@@ -178,6 +208,15 @@ def create_enroll_code(engine: Engine, group_name: str, ttl_s: float) -> NewSecr
                 created_at=now,
                 expires_at=expires,
             )
+        )
+        audit.record(
+            session,
+            actor=actor or audit.cli_actor(),
+            action=audit.CODE_CREATED,
+            group=group.name,
+            target=cred.id,
+            detail=f"expires {expires.strftime('%Y-%m-%d %H:%M:%S UTC')}",
+            at=now,
         )
         session.commit()
     return NewSecret(cred.id, group_name, cred.text, expires)
@@ -230,7 +269,9 @@ def list_enroll_codes(
         return out
 
 
-def revoke_enroll_code(engine: Engine, group_name: str, code: str) -> bool:
+def revoke_enroll_code(
+    engine: Engine, group_name: str, code: str, actor: str | None = None
+) -> bool:
     """Make an unused enrollment code of the group unusable now (by id or its full text):
     it expires at once. False: no such code in the group. Raises `AdminError` for a code
     that was already used (revoke the computer instead)."""
@@ -251,6 +292,14 @@ def revoke_enroll_code(engine: Engine, group_name: str, code: str) -> bool:
         if row.expires_at > now:
             row.expires_at = now
             session.add(row)
+            audit.record(
+                session,
+                actor=actor or audit.cli_actor(),
+                action=audit.CODE_REVOKED,
+                group=group.name,
+                target=row.id,
+                at=now,
+            )
             session.commit()
         return True
 
@@ -276,7 +325,7 @@ def list_computers(engine: Engine, group_name: str | None = None) -> list[Comput
         ]
 
 
-def revoke_computer(engine: Engine, computer_id: str) -> bool:
+def revoke_computer(engine: Engine, computer_id: str, actor: str | None = None) -> bool:
     """Revoke a computer: its reports get 403 and it can no longer read the fleet."""
     with Session(engine) as session:
         computer = session.get(Computer, computer_id)
@@ -285,5 +334,14 @@ def revoke_computer(engine: Engine, computer_id: str) -> bool:
         if computer.revoked_at is None:
             computer.revoked_at = utcnow()
             session.add(computer)
+            group = session.get(Group, computer.group_id)
+            audit.record(
+                session,
+                actor=actor or audit.cli_actor(),
+                action=audit.COMPUTER_REVOKED,
+                group=group.name if group is not None else None,
+                target=computer.id,
+                detail=f"name {computer.name!r}",
+            )
             session.commit()
         return True

@@ -1,5 +1,5 @@
 """The `rbroker-server` command's parser and dispatch: setup, serve, group, enroll-code,
-token, computer, webhook, db (one module each in this package).
+token, computer, webhook, audit, db (one module each in this package).
 
 Every command takes `--data-dir` (default: `$RBROKER_SERVER_DATA_DIR`, else the user's
 data directory), which holds `config.toml` written by `setup`.
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from rbroker_protocol.startup import one_line, os_error_code, os_error_text
 from rbroker_server import __version__
+from rbroker_server.cli.audit import cmd_audit
 from rbroker_server.cli.common import CliError, parse_duration, port_number
 from rbroker_server.cli.computer import cmd_computer
 from rbroker_server.cli.db_cmd import cmd_db
@@ -213,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
     hsub.add_parser("remove", parents=[common], help="remove one and its deliveries").add_argument(
         "id", type=int, help="webhook id (from list)"
     )
+
+    trail = add("audit", cmd_audit, "the audit trail: enrollments, tokens, sign-ins, …")
+    trail.add_argument("--group", help="only this group's entries")
+    trail.add_argument(
+        "--limit", type=int, default=50, help="the newest N entries (50; at most 10000)"
+    )
+    trail.add_argument("--json", action="store_true", help="as JSON")
 
     dbp = add("db", cmd_db, "database schema")
     dsub = dbp.add_subparsers(dest="action", required=True)

@@ -3,8 +3,8 @@
 Tables: groups, viewer tokens, enrollment codes (hashed), computers (with their latest
 state), runs seen per computer (so a retired run can never be replayed), downsampled
 history points, daily usage per computer, project and user, used request nonces, the web
-view's sign-in sessions, the write probe of `/healthz`, the attempts rate limits count, and
-each group's webhooks with their deliveries.
+view's sign-in sessions, the write probe of `/healthz`, the attempts rate limits count,
+each group's webhooks with their deliveries, and the audit trail.
 """
 
 from __future__ import annotations
@@ -253,3 +253,20 @@ class HealthCheck(SQLModel, table=True):
 
     name: str = Field(primary_key=True, max_length=255)
     checked_at: datetime = Field(sa_type=UtcDateTime)
+
+
+class AuditEntry(SQLModel, table=True):
+    """One line of the coordinator's audit trail (`rbroker_server.admin.audit`): who
+    (`actor`: `cli:<OS user>` or `token:<token id>`, never a secret) did what (`action`) to
+    what (`target`) in which group (`group_name`, kept as text so an entry outlives its
+    group). Written in the transaction of the change it records; never updated or deleted."""
+
+    __tablename__ = "audit_entries"
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = Field(sa_column=sa.Column(UtcDateTime, nullable=False, index=True))
+    actor: str = Field(max_length=128)
+    action: str = Field(max_length=32)
+    group_name: str | None = Field(default=None, max_length=64, index=True)
+    target: str = Field(max_length=128)
+    detail: str = Field(default="", max_length=512)

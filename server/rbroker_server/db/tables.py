@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from rbroker_server.db.models import (
+    AuditEntry,
     Computer,
     ComputerRun,
     DailyUsage,
@@ -35,3 +36,4 @@ RATE_LIMIT_HITS: sa.Table = RateLimitHit.__table__  # type: ignore[attr-defined]
 HEALTH: sa.Table = HealthCheck.__table__  # type: ignore[attr-defined]
 WEBHOOKS: sa.Table = Webhook.__table__  # type: ignore[attr-defined]
 DELIVERIES: sa.Table = WebhookDelivery.__table__  # type: ignore[attr-defined]
+AUDIT: sa.Table = AuditEntry.__table__  # type: ignore[attr-defined]

@@ -1,4 +1,5 @@
-"""Redeem an enrollment code: one use, before it expires, for a key the server does not know."""
+"""Redeem an enrollment code: one use, before it expires, for a key the server does not know
+(the enrollment's audit entry is written in its transaction)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from sqlalchemy.engine import Engine
 from rbroker_protocol.descriptions import DescriptionRejected, check_description
 from rbroker_protocol.enroll import EnrollRequest, EnrollResponse
 from rbroker_protocol.signing import EnvelopeError, load_verify_key
+from rbroker_server.admin import audit
 from rbroker_server.auth.credentials import ENROLL_PREFIX, parse_credential, secret_matches
 from rbroker_server.db.engine import utcnow, write_lock
 from rbroker_server.db.tables import CODES, COMPUTERS, GROUPS
@@ -88,5 +90,14 @@ def enroll(engine: Engine, req: EnrollRequest) -> EnrollResponse:
             )
         )
         group = conn.execute(sa.select(GROUPS.c.name).where(GROUPS.c.id == row.group_id)).one()
+        audit.record(
+            conn,
+            actor=f"enroll_code:{cred.id}",
+            action=audit.ENROLLED,
+            group=group.name,
+            target=computer_id,
+            detail=f"name {name!r}",
+            at=now,
+        )
     log.info("enrolled computer %s (%s) into group %s", computer_id, name, group.name)
     return EnrollResponse(computer_id=computer_id, group=group.name)

@@ -26,6 +26,7 @@ from markupsafe import Markup
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol.fleet import HistoryView
+from rbroker_server.admin.audit import RefusalBound
 from rbroker_server.auth.caller import Scope, Unauthenticated
 from rbroker_server.db.engine import utcnow
 from rbroker_server.edge import ratelimit
@@ -307,6 +308,7 @@ class WebController(Controller):
         try:
             session_id, _ = sessions.sign_in(engine, settings, data.get("token", ""))
         except Unauthenticated:
+            sessions.record_refusal(engine, request.app.state[RefusalBound.STATE_KEY], address)
             return _signin_page(request, "That token is unknown or revoked.", 401)
         return Redirect(
             path=f"{base_path(request)}/fleet",

@@ -4,6 +4,10 @@ behind a load balancer share them).
 A browser signs in with a group's viewer token and gets a random session id in an HttpOnly,
 SameSite=Strict cookie; only a SHA-256 of the id is stored. A session lasts `SESSION_TTL_S`
 at most and ends at once when its token is revoked (every lookup joins the token).
+
+A sign-in writes its audit entry in the session's transaction (the actor is the token's
+id, never its secret); a refused one writes one through `record_refusal`, bounded per
+client network by `audit.RefusalBound`.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from rbroker_server.admin import audit
 from rbroker_server.auth.caller import Scope, Unauthenticated, authenticate
 from rbroker_server.db.engine import utcnow, write_lock
-from rbroker_server.db.tables import SESSIONS, TOKENS
+from rbroker_server.db.tables import GROUPS, SESSIONS, TOKENS
 from rbroker_server.settings import Settings
 
 SESSION_TTL_S = 12 * 3600.0
@@ -67,7 +72,42 @@ def sign_in(engine: Engine, settings: Settings, token: str) -> tuple[str, Signed
                 expires_at=signed.expires_at,
             )
         )
+        who = conn.execute(
+            sa.select(TOKENS.c.name, GROUPS.c.name.label("group_name"))
+            .join(GROUPS, GROUPS.c.id == TOKENS.c.group_id)
+            .where(TOKENS.c.id == scope.principal)
+        ).first()
+        audit.record(
+            conn,
+            actor=audit.token_actor(scope.principal),
+            action=audit.SIGNIN,
+            group=who.group_name if who is not None else None,
+            target=scope.principal,
+            detail=f"token name {who.name!r}" if who is not None and who.name else "",
+            at=now,
+        )
     return session_id, signed
+
+
+def record_refusal(engine: Engine, bound: audit.RefusalBound, address: str) -> None:
+    """The audit entry of a refused sign-in from `address`, unless `bound` holds it back
+    (its network had one in the last minute; the next entry counts it). What the client
+    typed is never written: a wrong token may be a mistyped real one."""
+    admitted = bound.admit(audit.client_network(address))
+    if admitted is None:
+        return
+    network, count = admitted
+    with write_lock(engine), engine.begin() as conn:
+        audit.record(
+            conn,
+            actor=f"web:{network}",
+            action=audit.SIGNIN_REFUSED,
+            group=None,
+            target=network,
+            detail="1 refused sign-in"
+            if count == 1
+            else f"{count} refused sign-ins ({count - 1} since this network's last entry)",
+        )
 
 
 def lookup(engine: Engine, session_id: str | None) -> SignedIn | None:

@@ -1,4 +1,5 @@
-"""Administrative operations on webhooks (`rbroker-server webhook add|list|remove`)."""
+"""Administrative operations on webhooks (`rbroker-server webhook add|list|remove`); an
+add or a remove writes its audit entry in its transaction."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from urllib.parse import urlsplit
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from rbroker_server.admin import audit
 from rbroker_server.admin.errors import AdminError
 from rbroker_server.db.engine import utcnow, write_transaction
 from rbroker_server.db.tables import DELIVERIES, GROUPS, WEBHOOKS
@@ -99,6 +101,7 @@ def add_webhook(
     events: str,
     waiting_after_s: float = WAITING_AFTER_S,
     idle_after_s: float = IDLE_AFTER_S,
+    actor: str | None = None,
 ) -> NewWebhook:
     """Add a webhook to `group`. What the group shows already (computers offline, jobs
     finished, bookings started, requests waiting) is recorded as skipped: only what
@@ -133,6 +136,15 @@ def add_webhook(
         ).scalar_one()
         hook = conn.execute(sa.select(WEBHOOKS).where(WEBHOOKS.c.id == hid)).one()
         ev.record_skipped(conn, hook, settings, now)
+        audit.record(
+            conn,
+            actor=actor or audit.cli_actor(),
+            action=audit.WEBHOOK_ADDED,
+            group=group,
+            target=f"webhook {hid}",
+            detail=f"{audit.url_origin(url)} {','.join(names)}",
+            at=now,
+        )
     return NewWebhook(int(hid), group, url, names, secret)
 
 
@@ -176,8 +188,24 @@ def list_webhooks(engine: Engine, group: str | None = None) -> list[WebhookInfo]
     ]
 
 
-def remove_webhook(engine: Engine, webhook_id: int) -> bool:
+def remove_webhook(engine: Engine, webhook_id: int, actor: str | None = None) -> bool:
     """Remove a webhook and its deliveries (queued ones are never sent). False: none."""
     with write_transaction(engine) as conn:
+        hook = conn.execute(
+            sa.select(WEBHOOKS.c.url, WEBHOOKS.c.events, GROUPS.c.name)
+            .join(GROUPS, GROUPS.c.id == WEBHOOKS.c.group_id)
+            .where(WEBHOOKS.c.id == webhook_id)
+        ).first()
+        if hook is None:
+            return False
         conn.execute(sa.delete(DELIVERIES).where(DELIVERIES.c.webhook_id == webhook_id))
-        return conn.execute(sa.delete(WEBHOOKS).where(WEBHOOKS.c.id == webhook_id)).rowcount == 1
+        conn.execute(sa.delete(WEBHOOKS).where(WEBHOOKS.c.id == webhook_id))
+        audit.record(
+            conn,
+            actor=actor or audit.cli_actor(),
+            action=audit.WEBHOOK_REMOVED,
+            group=hook.name,
+            target=f"webhook {webhook_id}",
+            detail=f"{audit.url_origin(hook.url)} {hook.events}",
+        )
+        return True
