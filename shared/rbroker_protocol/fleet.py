@@ -53,6 +53,7 @@ class FleetLeaseView(LeaseReport):
     gpu_uuids: list[str]  # type: ignore[assignment, unused-ignore]
     state: str = "active"  # type: ignore[assignment, unused-ignore]
     observed_mib: dict[str, int] = Field(default_factory=dict)  # type: ignore[assignment, unused-ignore]
+    idle_state: str = "unknown"  # type: ignore[assignment, unused-ignore]
 
 
 class FleetBookingView(BookingReport):

@@ -16,6 +16,7 @@ History:
     5: leases' expected_s (the holder's declared duration).
     6: bookings (the live bookings, §2a: at most `MAX_BOOKINGS`, the nearest first) and
        bookings_left_out.
+    7: leases' idle_state and idle_s (whether the lease's holders are using it, §3 "Idle").
 
 Identifiers (GPU UUIDs, lease, booking and job ids, run id) must match `GPU_UUID_PATTERN`
 or `ID_PATTERN`, and state fields are enumerations (`TelemetryStateName`, `LeaseStateName`,
@@ -31,7 +32,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_VERSION: Final = 6
+REPORT_VERSION: Final = 7
 """The payload version this build writes."""
 
 MAX_REPORT_BYTES: Final = 1024 * 1024
@@ -112,6 +113,12 @@ class LeaseReport(_Model):
     expected_s: Annotated[float, Field(gt=0, le=10 * 365 * 86400)] | None = None
     """How long its holder declared it would hold it, seconds (None: not declared, or a
     broker before report version 5)."""
+    idle_state: Literal["active", "idle", "unknown"] = "unknown"
+    """`active`, `idle` (no GPU utilization by its holders and no job progress for the
+    broker's `idle_after_s`) or `unknown` (not measured, or a broker before report
+    version 7)."""
+    idle_s: Annotated[float, Field(ge=0, le=10 * 365 * 86400)] | None = None
+    """Seconds since its last measured activity (None when `idle_state` is `unknown`)."""
 
 
 class QueueEntry(_Model):

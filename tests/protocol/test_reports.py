@@ -143,3 +143,23 @@ def test_at_most_a_thousand_bookings() -> None:
     raw["bookings"] = raw["bookings"] * 1001
     with pytest.raises(ValidationError):
         ReportPayload.from_bytes(json.dumps(raw).encode())
+
+
+def test_lease_idle_round_trips_and_is_optional() -> None:
+    p = sample()
+    assert REPORT_VERSION >= 7
+    lease = p.leases[0].model_copy(update={"idle_state": "idle", "idle_s": 7800.0})
+    again = ReportPayload.from_bytes(p.model_copy(update={"leases": [lease]}).to_bytes())
+    assert (again.leases[0].idle_state, again.leases[0].idle_s) == ("idle", 7800.0)
+    # a broker before report version 7 sends neither: unknown, no seconds
+    raw = json.loads(p.to_bytes())
+    for entry in raw["leases"]:
+        entry.pop("idle_state", None)
+        entry.pop("idle_s", None)
+    old = ReportPayload.from_bytes(json.dumps(raw).encode())
+    assert (old.leases[0].idle_state, old.leases[0].idle_s) == ("unknown", None)
+    for field, value in (("idle_state", "asleep"), ("idle_s", -1)):
+        bad = json.loads(p.to_bytes())
+        bad["leases"][0][field] = value
+        with pytest.raises(ValidationError):
+            ReportPayload.from_bytes(json.dumps(bad).encode())

@@ -82,6 +82,19 @@ def gpu_card(gpu: FleetGpuView) -> GpuCard:
     return GpuCard(gpu, state_text, segments, total, summary)
 
 
+def idle_text(seconds: float) -> str:
+    """How long a lease has been idle: `idle 40 s`, `idle 25 min`, `idle 2 h 10 min`,
+    `idle 3 d 4 h`."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"idle {s} s"
+    if s < 3600:
+        return f"idle {s // 60} min"
+    if s < 86400:
+        return f"idle {s // 3600} h {s % 3600 // 60} min"
+    return f"idle {s // 86400} d {s % 86400 // 3600} h"
+
+
 def _lease_rows(view: ComputerView, now: datetime) -> list[LeaseRow]:
     rows = []
     skew = view.clock_skew_s or 0.0
@@ -99,6 +112,7 @@ def _lease_rows(view: ComputerView, now: datetime) -> list[LeaseRow]:
                 gpus=", ".join(lease.gpu_uuids),
                 age_text=age,
                 over_grant=lease.over_grant,
+                idle_text=idle_text(lease.idle_s or 0.0) if lease.idle_state == "idle" else "",
             )
         )
     return rows

@@ -67,6 +67,8 @@ class LeaseRow:
     gpus: str
     age_text: str
     over_grant: bool
+    idle_text: str = ""
+    """`idle 2 h 10 min` for a lease the computer reports idle (as of its report), else ''."""
 
 
 @dataclass(frozen=True, slots=True)

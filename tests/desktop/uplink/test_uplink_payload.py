@@ -231,3 +231,17 @@ def test_bookings_are_cut_to_fit_the_size_limit_furthest_first() -> None:
     assert [b.booking_id for b in payload.bookings] == [f"book-{i:08x}" for i in range(kept)]
     envelope = encode_envelope(sign_report(KEY, LONGEST_ID, LONGEST_ID, MAX_SEQ, data))
     assert len(envelope) <= MAX_REPORT_BYTES
+
+
+def test_the_report_carries_each_leases_idle_state() -> None:
+    leases = [
+        {"lease_id": "lease-1", "gpu_uuids": [GPU], "granted_mib": 1024, "owner": "alice",
+         "state": "active", "idle_state": "idle", "idle_s": 7800.0},
+        {"lease_id": "lease-2", "gpu_uuids": [GPU], "granted_mib": 1024, "owner": "bob",
+         "state": "active", "idle_state": "unknown", "idle_s": None},
+    ]  # fmt: skip
+    broker = _broker([])
+    broker.leases_view = lambda: {"leases": leases, "queue": []}
+    data, _ = build_payload(broker, "lab-1", "run-1")
+    got = {x.lease_id: (x.idle_state, x.idle_s) for x in ReportPayload.from_bytes(data).leases}
+    assert got == {"lease-1": ("idle", 7800.0), "lease-2": ("unknown", None)}
