@@ -246,6 +246,11 @@ class Bookings:
         self._due_wall = -math.inf
         self._due_mono = math.inf
         self._seen_wall = -math.inf
+        # `peak_mib`'s answers while no booking changes (`replan` clears them), by GPU,
+        # excluded booking and whole seconds of the window; the newest acceptance (a request
+        # older than it sees fewer bookings, and is not cached)
+        self._peaks: dict[tuple[str, str | None, int, int], int] = {}
+        self._newest_accepted = -math.inf
 
     # -- the index -------------------------------------------------------------------------------
     def _index(self, booking: Booking) -> None:
@@ -346,16 +351,40 @@ class Bookings:
     ) -> int:
         """`peak(...)[0]` without naming the bookings: what every admission on a GPU with
         bookings asks (`rbroker.broker.admission`), kept lean (a sweep over the starts and
-        the ends, each sorted once)."""
+        the ends, each sorted once). For a request that sees every booking, the answer is
+        worked out over the window widened to whole seconds (a superset: never less
+        cautious) and kept until a booking changes (`replan`), unless a booking in it is
+        claimed (its claims' grants may change with a resize): requests of the same second
+        cost a dictionary lookup."""
+        key: tuple[str, str | None, int, int] | None = None
+        if accepted_by >= self._newest_accepted:
+            t0, t1 = float(math.floor(t0)), float(math.ceil(t1))
+            key = (uuid, exclude, int(t0), int(t1))
+            cached = self._peaks.get(key)
+            if cached is not None:
+                return cached
         starts: list[tuple[float, int]] = []
         ends: list[tuple[float, int]] = []
         for booking in self.overlapping(uuid, t0, t1):
             if booking.booking_id == exclude or booking.accepted_at > accepted_by:
                 continue
+            if booking.claims:
+                key = None  # its protection follows its claims' grants: not kept
             mib = self.protected_mib(booking)
             if mib > 0:
-                starts.append((max(booking.start_at, t0), mib))
+                starts.append((booking.start_at if booking.start_at > t0 else t0, mib))
                 ends.append((booking.end_at, mib))
+        best = self._sweep(starts, ends)
+        if key is not None:
+            if len(self._peaks) >= 1024:
+                self._peaks.clear()
+            self._peaks[key] = best
+        return best
+
+    @staticmethod
+    def _sweep(starts: list[tuple[float, int]], ends: list[tuple[float, int]]) -> int:
+        """The most MiB held at once by spans given as their starts and ends (each with its
+        MiB), an end at an instant before a start there."""
         if len(starts) <= 1:
             return starts[0][1] if starts else 0
         starts.sort()
@@ -367,7 +396,8 @@ class Bookings:
                 level -= ends[j][1]
                 j += 1
             level += mib
-            best = max(best, level)
+            if level > best:
+                best = level
         return best
 
     def horizon(self, expected_s: float | None) -> tuple[float, float]:
@@ -475,6 +505,7 @@ class Bookings:
         self._keep(booking)
         self.by_id[booking.booking_id] = booking
         self._index(booking)
+        self._newest_accepted = max(self._newest_accepted, booking.accepted_at)
         self.replan()
         return booking
 
@@ -726,8 +757,10 @@ class Bookings:
     """Within a booking's start notice, how often the leases in its way are looked at again."""
 
     def replan(self) -> None:
-        """Something changed (a booking made, cancelled, claimed, released): `due` at once."""
+        """Something changed (a booking made, cancelled, claimed, released): `due` at once,
+        and no cached peak stands."""
         self._due_wall = -math.inf
+        self._peaks.clear()
 
     def due(self) -> bool:
         """Whether `tick` or `notices` may have something to do now: a start, end, notice or
@@ -969,6 +1002,7 @@ class Bookings:
             # never an expiry), as a restored request's wait is
             age_s = max(0.0, self.clock.wall() - booking.created_at)
             booking.accepted_at = self.clock.monotonic() - age_s
+            self._newest_accepted = max(self._newest_accepted, booking.accepted_at)
             self.by_id[booking.booking_id] = booking
             if booking.live:
                 self._index(booking)

@@ -508,3 +508,24 @@ def test_a_booking_made_while_requests_wait_does_not_pass_them(
     assert not claim.done() and not later_one.done()  # the claim now waits for its memory
     claim.cancel()
     later_one.cancel()
+
+
+def test_the_admission_s_answer_for_bookings_follows_every_change_within_a_second(
+    b: InProcessBroker, pool: SleeperPool
+) -> None:
+    """`peak_mib` keeps its answers while no booking changes: a new booking, a cancel, a
+    claim and a claim's resize within the same second are each seen at once."""
+    _, holder = pool.spawn()
+    _, other = pool.spawn()
+    assert lease_refused(b, holder, USABLE + 1).name is ErrorCode.INFEASIBLE
+    first = book(b, 16000, H, H)
+    assert lease_refused(b, other, USABLE - 16000 + 1).data["booked_mib"] == 16000
+    second = book(b, 4000, H, H)
+    assert lease_refused(b, other, USABLE - 20000 + 1).data["booked_mib"] == 20000
+    b.broker.cancel_booking(second["booking_id"], "tester")
+    assert lease_refused(b, other, USABLE - 16000 + 1).data["booked_mib"] == 16000
+    later(b, H)
+    claim = lease_now(b, holder, 6000, booking_id=first["booking_id"], ttl_s=3600.0)
+    assert lease_refused(b, other, USABLE - 16000 + 1).data["booked_mib"] == 10000
+    b.run(b.broker.resize(claim.lease_id, "tester", 2000, 0.0, 1))  # a claim that shrinks
+    assert lease_refused(b, other, USABLE - 16000 + 1).data["booked_mib"] == 14000
