@@ -6,7 +6,8 @@ the SDK's warnings, the command line and the tray; no arithmetic here (that is
 from __future__ import annotations
 
 import re
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 
 def fmt_mib(value: int) -> str:
@@ -71,4 +72,34 @@ def explain(uuid: str, cap: CapacityFigures) -> str:
         f"({fmt_mib(cap.total_mib)} total − {fmt_mib(cap.headroom_mib)} headroom − "
         f"{fmt_mib(cap.device_used_mib)} in use − {fmt_mib(cap.outstanding_mib)} granted "
         f"not yet allocated{booked})"
+    )
+
+
+def booking_conflict_words(
+    gpu: str, data: Mapping[str, Any], window: Callable[[float, float], str], none_fits: str
+) -> str:
+    """A `booking_conflict` refusal in words from its data (`rbroker.broker.bookings`:
+    `bookable_mib`, `total_mib`, `headroom_mib`, `outside_mib`, `booked_mib`, `bookings`,
+    `requested_mib`, `start_at`, `end_at`, `nearest_start_at`), its windows said by
+    `window(start_s, end_s)` (the broker's in UTC, the command line's in the viewer's zone),
+    `none_fits` where no window fits: `refused: GPU 0 has 7 347 MiB bookable 14:00–18:00:
+    24 576 − 1 229 headroom − 16 000 booked by 1 booking; 10 000 requested; it fits
+    18:00–22:00`."""
+    start, end = float(data["start_at"]), float(data["end_at"])
+    outside = int(data.get("outside_mib") or 0)
+    count = int(data.get("bookings") or 0)
+    nearest = data.get("nearest_start_at")
+    where = (
+        f"it fits {window(float(nearest), float(nearest) + end - start)}"
+        if isinstance(nearest, int | float)
+        else none_fits
+    )
+    return (
+        f"refused: {gpu} has {fmt_mib(int(data['bookable_mib']))} MiB bookable "
+        f"{window(start, end)}: {fmt_mib(int(data['total_mib']))} − "
+        f"{fmt_mib(int(data['headroom_mib']))} headroom"
+        + (f" − {fmt_mib(outside)} in use outside leases" if outside else "")
+        + f" − {fmt_mib(int(data['booked_mib']))} booked by {count} "
+        f"booking{'' if count == 1 else 's'}; {fmt_mib(int(data['requested_mib']))} "
+        f"requested; {where}"
     )

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC
 from typing import Any
 
-from rbroker.base.display import fmt_mib
+from rbroker.base.display import booking_conflict_words, fmt_mib
 from rbroker.base.when import fmt_duration, fmt_window
 from rbroker.broker.clock import Clock
 from rbroker.broker.leases import Lease
@@ -202,8 +202,9 @@ class Notice:
     """Something a person is told ahead about a booking (`Bookings.notices`): `kind` is
     `overlaps` (to the owner `to` of lease `lease_id`, granted before the booking was
     accepted, that may still hold its memory at its start), `may_wait` (to the booking's
-    owner: such leases exist) or `ends_soon` (to the holder of a claiming lease); `message`
-    says it in words."""
+    owner: such leases exist), `ends_soon` (to the holder of a claiming lease) or
+    `cancelled` (to its owner, by an administrator: `Broker.cancel_booking`); `message` says
+    it in words."""
 
     kind: str
     booking: Booking
@@ -558,40 +559,34 @@ class Bookings:
     ) -> RpcError:
         """`booking_conflict` with the arithmetic of the GPU that blocks (the `gpus`-th
         roomiest) and the nearest window where it fits."""
-        now = self.clock.wall()
         ranked = sorted(
             bases.items(), key=lambda ub: (-self._room(ub[0], ub[1], t0, t1), ub[1].index)
         )
         uuid, base = ranked[gpus - 1]
         booked, by = self.peak(uuid, t0, t1, promised=True)
-        room = max(0, base.bookable_mib - booked)
-        outside = (
-            f" − {fmt_mib(base.outside_mib)} in use outside leases" if base.outside_mib else ""
-        )
-        nearest = self.nearest(bases, mib, gpus, t0, t1 - t0)
-        where = (
-            f"; it fits {utc_window(nearest, nearest + t1 - t0, now)}"
-            if nearest is not None
-            else f"; no window within {fmt_duration(self.settings.horizon_s)} fits"
-        )
-        count = f"{len(by)} booking{'' if len(by) == 1 else 's'}"
+        now = self.clock.wall()
+        data: dict[str, Any] = {
+            "gpu_uuid": uuid,
+            "bookable_mib": max(0, base.bookable_mib - booked),
+            "total_mib": base.total_mib,
+            "headroom_mib": base.headroom_mib,
+            "outside_mib": base.outside_mib,
+            "booked_mib": booked,
+            "bookings": len(by),
+            "requested_mib": mib,
+            "start_at": t0,
+            "end_at": t1,
+            "nearest_start_at": self.nearest(bases, mib, gpus, t0, t1 - t0),
+        }
         return RpcError(
             ErrorCode.BOOKING_CONFLICT,
-            f"refused: GPU {base.index} has {fmt_mib(room)} MiB bookable "
-            f"{utc_window(t0, t1, now)}: {fmt_mib(base.total_mib)} − "
-            f"{fmt_mib(base.headroom_mib)} headroom{outside} − {fmt_mib(booked)} booked by "
-            f"{count}; {fmt_mib(mib)} requested{where}",
-            gpu_uuid=uuid,
-            bookable_mib=room,
-            total_mib=base.total_mib,
-            headroom_mib=base.headroom_mib,
-            outside_mib=base.outside_mib,
-            booked_mib=booked,
-            bookings=len(by),
-            requested_mib=mib,
-            start_at=t0,
-            end_at=t1,
-            nearest_start_at=nearest,
+            booking_conflict_words(
+                f"GPU {base.index}",
+                data,
+                lambda a, b: utc_window(a, b, now),
+                f"no window within {fmt_duration(self.settings.horizon_s)} fits",
+            ),
+            **data,
         )
 
     def nearest(

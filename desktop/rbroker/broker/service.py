@@ -35,7 +35,7 @@ from rbroker.base.version import __version__
 from rbroker.broker import fairness, overgrant, own_leases, ticks
 from rbroker.broker.admission import Admission, NvmlProblem
 from rbroker.broker.audit import Audit, Target
-from rbroker.broker.bookings import Booking, BookingBase, Bookings
+from rbroker.broker.bookings import Booking, BookingBase, Bookings, Notice
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock, SystemClock
 from rbroker.broker.config import BrokerConfig, HeadroomTooLarge
@@ -828,19 +828,7 @@ class Broker:
         for booking in moved:
             self._booking_changed(booking)
         for notice in told:
-            self.emit(
-                "booking_notice",
-                {
-                    "booking_id": notice.booking.booking_id,
-                    "owner": notice.booking.owner,
-                    "notice": notice.kind,
-                    "to": notice.to,
-                    "lease_id": notice.lease_id,
-                    "start_at": notice.booking.start_at,
-                    "end_at": notice.booking.end_at,
-                    "message": notice.message,
-                },
-            )
+            self._tell(notice)
         if moved and self.queue:
             self._admit()  # a lapse or an end frees memory; a start protects it
         self._watch_idle()
@@ -997,6 +985,23 @@ class Broker:
             },
         )
 
+    def _tell(self, notice: Notice) -> None:
+        """A `booking_notice` event (docs/architecture.md §2a) of `notice`."""
+        booking = notice.booking
+        self.emit(
+            "booking_notice",
+            {
+                "booking_id": booking.booking_id,
+                "owner": booking.owner,
+                "notice": notice.kind,
+                "to": notice.to,
+                "lease_id": notice.lease_id,
+                "start_at": booking.start_at,
+                "end_at": booking.end_at,
+                "message": notice.message,
+            },
+        )
+
     def book(
         self, params: BookParams, owner: str, admin: bool | Callable[[], bool] = False
     ) -> BookingView:
@@ -1044,19 +1049,8 @@ class Broker:
         if booking.owner != user:  # an administrator's: its owner is told, as by a notice
             target = Target(booking.owner, booking.project, "booking", booking.booking_id)
             self.audit.record(user, "booking_cancelled", target, booking.ended_reason)
-            self.emit(
-                "booking_notice",
-                {
-                    "booking_id": booking.booking_id,
-                    "owner": booking.owner,
-                    "notice": "cancelled",
-                    "to": booking.owner,
-                    "lease_id": None,
-                    "start_at": booking.start_at,
-                    "end_at": booking.end_at,
-                    "message": f"your booking {booking.booking_id} was {booking.ended_reason}",
-                },
-            )
+            message = f"your booking {booking.booking_id} was {booking.ended_reason}"
+            self._tell(Notice("cancelled", booking, booking.owner, message))
         self._admit()
         return self.bookings.to_wire(booking)
 

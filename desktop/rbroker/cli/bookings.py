@@ -23,7 +23,7 @@ from rich.text import Text
 
 import rbroker
 from rbroker._booking import window
-from rbroker.base.display import fmt_count, fmt_mib, short_uuid
+from rbroker.base.display import booking_conflict_words, fmt_count, fmt_mib, short_uuid
 from rbroker.base.timeline import TimelineRow, TimelineSpan, render_timeline
 from rbroker.base.when import fmt_duration, fmt_when, fmt_window, zone_name
 from rbroker.cli.exits import EX_REFUSED, unusable_exit
@@ -154,24 +154,10 @@ def refusal_words(exc: rbroker.RBrokerError, gpus: Sequence[GpuView] = ()) -> st
     if exc.code == "booking_conflict" and isinstance(data.get("start_at"), int | float):
         index = {g["uuid"]: g.get("index") for g in gpus}.get(str(data.get("gpu_uuid")))
         gpu = f"GPU {index}" if index is not None else short_uuid(str(data.get("gpu_uuid")))
-        outside = int(data.get("outside_mib") or 0)
-        count = int(data.get("bookings") or 0)
-        nearest = data.get("nearest_start_at")
-        length = float(data["end_at"]) - float(data["start_at"])
-        where = (
-            f"; it fits {fmt_window(float(nearest), float(nearest) + length, now)}"
-            if isinstance(nearest, int | float)
-            else "; no window ahead fits"
+        words = booking_conflict_words(
+            gpu, data, lambda a, b: fmt_window(a, b, now), "no window ahead fits"
         )
-        return (
-            f"refused: {gpu} has {fmt_mib(int(data['bookable_mib']))} MiB bookable "
-            f"{fmt_window(float(data['start_at']), float(data['end_at']), now)}: "
-            f"{fmt_mib(int(data['total_mib']))} − {fmt_mib(int(data['headroom_mib']))} headroom"
-            + (f" − {fmt_mib(outside)} in use outside leases" if outside else "")
-            + f" − {fmt_mib(int(data['booked_mib']))} booked by {count} "
-            f"booking{'' if count == 1 else 's'}; {fmt_mib(int(data['requested_mib']))} "
-            f"requested{where} (times in {zone})"
-        )
+        return f"{words} (times in {zone})"
     if exc.code == "booking_not_started" and isinstance(data.get("start_at"), int | float):
         start = float(data["start_at"])
         return (
