@@ -107,6 +107,14 @@ def _reconnect(socket: str | None, give_up_at: float, stop: threading.Event | No
         delay = min(1.0, delay * 2)
 
 
+def _warn_notice(data: dict[str, Any], marker: str) -> None:
+    """A notice the broker sent this lease's holder, as one warning of this logger (one
+    stderr line under `rbroker run`): its `message` on one line, nothing a terminal obeys;
+    the record carries `marker` (True) for callers that tell it themselves."""
+    words = "".join(ch for ch in str(data.get("message", "")) if ch.isprintable())
+    log.warning("rbroker: %s", words, extra={marker: True})
+
+
 class _Holder:
     """Owns the connection, the heartbeat thread and the release of one lease.
 
@@ -146,13 +154,11 @@ class _Holder:
         if params.get("kind") == "booking_notice" and data.get("lease_id") == self.lease.lease_id:
             # a booking this lease may be in the way of, or that it claims, ends soon
             # (docs/architecture.md §2a): said once, as a warning of this logger
-            words = "".join(ch for ch in str(data.get("message", "")) if ch.isprintable())
-            log.warning("rbroker: %s", words, extra={BOOKING_NOTICE: True})
+            _warn_notice(data, BOOKING_NOTICE)
         if params.get("kind") == "idle_notice" and data.get("lease_id") == self.lease.lease_id:
             # once per idle episode (docs/architecture.md §3 "Idle"): a warning of this
             # logger (one stderr line under `rbroker run`), then the caller's `on_idle`
-            words = "".join(ch for ch in str(data.get("message", "")) if ch.isprintable())
-            log.warning("rbroker: %s", words, extra={IDLE_NOTICE: True})
+            _warn_notice(data, IDLE_NOTICE)
             if self.on_idle is not None:
                 try:
                     self.on_idle(dict(data))
