@@ -43,6 +43,7 @@ burn the CPU they measure, and the suite runs beside them."""
         ("abuse.py", ["--busy", "40"]),
         ("eta.py", ["--requests", "80"]),
         ("bookings.py", ["--cycles", "50", "--bookings", "100"]),
+        ("idle_sampling.py", []),
     ],
 )
 def test_benchmark_runs_quick(script: str, extra: list[str]) -> None:

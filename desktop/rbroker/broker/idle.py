@@ -104,16 +104,21 @@ class Idleness:
         the restart, or all its GPUs becoming known, whichever is latest); None while the
         utilization of one of its GPUs is unknown. An idle episode is told by it: a new
         moment is a new episode (`rbroker.broker.reclaim`)."""
-        since = [self._known_since.get(u) for u in lease.gpu_uuids]
-        if any(s is None for s in since):
-            return None
-        return max(
-            lease.granted_at,
-            self.started,
-            self._active_at.get(lease.lease_id, -1.0),
-            self._job_at.get(lease.job_id, -1.0) if lease.job_id is not None else -1.0,
-            *(s for s in since if s is not None),
-        )
+        latest = max(lease.granted_at, self.started)
+        for uuid in lease.gpu_uuids:  # lean: every tick asks this of every live lease
+            since = self._known_since.get(uuid)
+            if since is None:
+                return None
+            if since > latest:
+                latest = since
+        active = self._active_at.get(lease.lease_id)
+        if active is not None and active > latest:
+            latest = active
+        if lease.job_id is not None:
+            progress = self._job_at.get(lease.job_id)
+            if progress is not None and progress > latest:
+                latest = progress
+        return latest
 
     def state(self, lease: Lease, now: float | None = None) -> tuple[IdleState, float | None]:
         """`(state, idle_s)` of `lease`: `idle_s` the seconds since its last activity as far

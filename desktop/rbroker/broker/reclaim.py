@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from rbroker.base.when import fmt_duration
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import IdleReclaim
-from rbroker.broker.idle import Idleness, IdleState
+from rbroker.broker.idle import Idleness
 from rbroker.broker.leases import Lease, Waiter
 
 RECLAIM_WARNING_S = 600.0
@@ -106,12 +106,13 @@ class IdleWatch:
         reclaims: list[IdleNotice] = []
         for lease_id in [k for k in self._episodes if k not in self._live]:
             del self._episodes[lease_id]
+        idle_after_s = self.idle.idle_after_s
         for lease in list(self._live.values()):
-            state, idle_s = self.idle.state(lease, now)
-            start = self.idle.last_active(lease)
-            if state is not IdleState.IDLE or idle_s is None or start is None:
+            start = self.idle.last_active(lease)  # what `Idleness.state` says, read once
+            if start is None or now - start < idle_after_s:
                 self._episodes.pop(lease.lease_id, None)
                 continue
+            idle_s = now - start
             episode = self._episodes.get(lease.lease_id)
             if episode is None or episode.start != start:
                 episode = self._episodes[lease.lease_id] = _Episode(start)
