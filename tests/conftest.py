@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -347,6 +348,38 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout_s} s")
         time.sleep(interval_s)
+
+
+def finish(proc: subprocess.Popen[str], timeout_s: float) -> tuple[str, str]:
+    """`(stdout, stderr)` left of a process whose lines a test has read, once it ended.
+
+    Read through the same file objects as the test's `readline()`s: `Popen.communicate`
+    reads the pipes' descriptors when both are pipes, so whatever a `readline()` had already
+    buffered past its line was lost (the demo's setup lines, at times, on a loaded machine).
+    A pipe not opened reads as "". Raises subprocess.TimeoutExpired (the process killed)
+    when it has not ended within `timeout_s`."""
+    got: dict[str, str] = {}
+
+    def drain(name: str, stream: object) -> None:
+        got[name] = stream.read() if stream is not None else ""  # type: ignore[attr-defined]
+
+    readers = [
+        threading.Thread(target=drain, args=(name, stream), daemon=True)
+        for name, stream in (("out", proc.stdout), ("err", proc.stderr))
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    for reader in readers:
+        reader.join(timeout_s)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()  # as communicate() does
+    return got.get("out", ""), got.get("err", "")
 
 
 WORKER = Path(__file__).parent / "workers"

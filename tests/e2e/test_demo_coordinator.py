@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from tests.conftest import finish
 from tests.e2e.conftest import py_env
 
 
@@ -29,7 +30,7 @@ def test_demo_reports_what_the_coordinator_saw() -> None:
     assert proc.stdout is not None
     first = proc.stdout.readline()
     first_after_s = time.monotonic() - started
-    rest, err = proc.communicate(timeout=240)
+    rest, err = finish(proc, 240)  # the lines `first` buffered past itself included
     out = first + rest
     assert proc.returncode == 0, out + err
     # it says what it does at once (before: 20-35 s of silence while it set up), and while

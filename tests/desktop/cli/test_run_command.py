@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import GPU0, WORKER, BrokerProcess, wait_until
+from tests.conftest import GPU0, WORKER, BrokerProcess, finish, wait_until
 from tests.desktop.conftest import WorkerProcess
 
 pytestmark = pytest.mark.contract  # it starts processes or servers of its own
@@ -298,7 +298,7 @@ def test_waiting_says_what_it_waits_for_and_updates_the_reason(
             other.sim_free(gpu_uuid=GPU0)
         lease_id = c.leases()["leases"][0]["lease_id"]
         c.call("lease.release", lease_id=lease_id)
-        _out, err = proc.communicate(timeout=30)
+        _out, err = finish(proc, 30)
         assert proc.returncode == 0, err
 
 
