@@ -12,7 +12,6 @@ import anyio.to_thread
 import sqlalchemy as sa
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from litestar import Litestar, Request, Response, get
-from litestar.config.compression import CompressionConfig
 from litestar.datastructures import CacheControlHeader, State
 from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException
@@ -32,6 +31,7 @@ from rbroker_server.db import engine as db
 from rbroker_server.db import faults as dbfaults
 from rbroker_server.db import maintenance
 from rbroker_server.edge.asgi import HeadAsGet
+from rbroker_server.edge.compression import GzipAnswers
 from rbroker_server.edge.net import STATE_PROXY_SECRET, STATE_TRUSTED, PrefixStrip, parse_networks
 from rbroker_server.edge.ratelimit import ThrottleGate, Throttles
 from rbroker_server.enroll.controller import EnrollController
@@ -174,12 +174,6 @@ def create_app(
             HTTPException: json_error,
             **dict.fromkeys(dbfaults.FAULTS, _fault_answer(faults)),
         },
-        compression_config=CompressionConfig(
-            backend="gzip",
-            minimum_size=1024,
-            gzip_compress_level=6,
-            exclude=["^/api/", "^/healthz", "^/schema"],
-        ),
         template_config=TemplateConfig(instance=JinjaTemplateEngine.from_environment(templates)),
         dependencies={
             "engine": Provide(lambda: eng, use_cache=True, sync_to_thread=False),
@@ -227,7 +221,8 @@ def create_app(
     )
     if settings.root_path:  # behind a proxy under a prefix: route with or without it
         app.asgi_handler = PrefixStrip(app.asgi_handler, settings.root_path)
-    app.asgi_handler = HeadAsGet(app.asgi_handler)  # HEAD wherever GET is served
+    # gzip off the event loop (edge/compression.py), HEAD wherever GET is served
+    app.asgi_handler = HeadAsGet(GzipAnswers(app.asgi_handler))
     # outermost, so that every answer gets them: a route's, an error's, the router's 404
     headers = security_headers_for(settings.external_url.startswith("https://"))
     app.asgi_handler = headers(app.asgi_handler)

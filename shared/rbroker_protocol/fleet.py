@@ -114,13 +114,16 @@ class ComputerView(BaseModel):
 
 
 class FleetView(BaseModel):
-    """The caller's group and its computers (revoked ones left out)."""
+    """The caller's group and its computers (revoked ones left out), by name then id; when
+    asked a page (`?limit=N`), `next_after` is the `after` of the next page (None: the last
+    page, or all of them)."""
 
     group: str
     generated_at: datetime
     stale_after_s: float
     offline_after_s: float
     computers: list[ComputerView]
+    next_after: str | None = None
 
 
 class RoomGpuView(BaseModel):

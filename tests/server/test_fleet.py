@@ -114,10 +114,10 @@ def test_signature_binds_method_and_path(
     assert coordinator.http.get("/api/v1/fleet", headers=headers).status_code == 401
     headers = a.signed_headers("POST", "/api/v1/fleet")
     assert coordinator.http.get("/api/v1/fleet", headers=headers).status_code == 401
-    headers = a.signed_headers("GET", "/api/v1/fleet?x=1")
-    assert coordinator.http.get("/api/v1/fleet?x=1", headers=headers).status_code == 200
-    headers = a.signed_headers("GET", "/api/v1/fleet?x=1")
-    assert coordinator.http.get("/api/v1/fleet?x=2", headers=headers).status_code == 401
+    headers = a.signed_headers("GET", "/api/v1/fleet?limit=5")
+    assert coordinator.http.get("/api/v1/fleet?limit=5", headers=headers).status_code == 200
+    headers = a.signed_headers("GET", "/api/v1/fleet?limit=5")
+    assert coordinator.http.get("/api/v1/fleet?limit=6", headers=headers).status_code == 401
     partial = {signing.HEADER_COMPUTER: a.id}
     assert coordinator.http.get("/api/v1/fleet", headers=partial).status_code == 401
 

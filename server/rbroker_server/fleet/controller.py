@@ -30,15 +30,42 @@ class FleetController(Controller):
     security = ({"viewerToken": []}, {"signedRequest": []})
     dependencies = {"caller": Provide(provide_caller, sync_to_thread=True)}  # noqa: RUF012
 
-    @get("/fleet", sync_to_thread=True, responses=errors(401, 403, 429, 503))
+    @get("/fleet", sync_to_thread=True, responses=errors(400, 401, 403, 429, 503))
     def fleet(
         self,
+        request: Request[Any, Any, Any],
         engine: NamedDependency[Engine],
         settings: NamedDependency[Settings],
         caller: NamedDependency[Scope],
+        limit: Annotated[
+            str | None,
+            QueryParameter(
+                name="limit",
+                required=False,
+                description="At most this many computers in the answer (1 to "
+                f"{service.FLEET_LIMIT_MAX}); the answer's `next_after` asks the next page.",
+            ),
+        ] = None,
+        after: Annotated[
+            str | None,
+            QueryParameter(
+                name="after",
+                required=False,
+                description="The computers after this computer id in the fleet's order "
+                "(name, then id): the previous page's `next_after`.",
+            ),
+        ] = None,
     ) -> FleetView:
-        """The group's computers with freshness, GPU states, leases, queue and jobs."""
-        return service.fleet(engine, settings, caller)
+        """The group's computers with freshness, GPU states, leases, queue and jobs, by
+        name; all of them, or a page of `limit` after `after`. One computer alone:
+        `/api/v1/computers/{computer_id}`. 400 for a bad query (an unknown `after`
+        included), with the problem in one line.
+
+        Raises:
+            ClientException: 400 (`service.FleetQueryInvalid`).
+        """
+        page = checked(lambda: service.parse_fleet_query(request.query_params.dict()))
+        return checked(lambda: service.fleet(engine, settings, caller, page))
 
     @get("/fleet/room", sync_to_thread=True, responses=errors(400, 401, 403, 429, 503))
     def room(

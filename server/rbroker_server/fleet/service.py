@@ -35,6 +35,9 @@ ROOM_MIB_MAX = 2**40
 ROOM_GPUS_MAX = 64
 """The most GPUs a room query takes: a request's most (`QueueEntry.gpus`)."""
 ROOM_QUERY_NAMES = ("mib", "gpus")
+FLEET_LIMIT_MAX = 1000
+"""The most computers one page of `GET /api/v1/fleet` takes (`limit`)."""
+FLEET_QUERY_NAMES = ("limit", "after")
 _FRESHEST = {"online": 0, "stale": 1, "offline": 2}
 
 
@@ -47,6 +50,40 @@ class RoomQueryInvalid(QueryInvalid):
 
 
 _ROOM_RULES = QueryRules(ROOM_QUERY_NAMES, RoomQueryInvalid)
+
+
+class FleetQueryInvalid(QueryInvalid):
+    """A fleet query the coordinator does not take; the message says why in one line."""
+
+
+_FLEET_RULES = QueryRules(FLEET_QUERY_NAMES, FleetQueryInvalid)
+
+
+@dataclass(frozen=True)
+class FleetPage:
+    """At most `limit` computers (None: all) after computer `after` (None: from the first)
+    in the fleet's order (name, then id)."""
+
+    limit: int | None = None
+    after: str | None = None
+
+
+def parse_fleet_query(params: Mapping[str, list[str]]) -> FleetPage:
+    """Check a fleet query given as name → the values sent.
+
+    Raises:
+        FleetQueryInvalid: an unknown or repeated parameter, `limit` not a whole number from
+            1 to `FLEET_LIMIT_MAX`, an empty `after` or one longer than 64 characters.
+    """
+    _FLEET_RULES.check_names(params)
+    limit = _FLEET_RULES.whole(params, "limit", FLEET_LIMIT_MAX, "computers in one answer")
+    after = params.get("after", [None])[0]
+    if after is not None and not 0 < len(after) <= 64:
+        raise FleetQueryInvalid(
+            "after must be a computer id (the previous answer's next_after), "
+            f"not {_FLEET_RULES.shown(after)}"
+        )
+    return FleetPage(limit=limit, after=after)
 
 
 @dataclass(frozen=True)
@@ -173,16 +210,30 @@ def _computer_view(row: Any, now: datetime, settings: Settings, lists: bool = Tr
     )
 
 
-def fleet(engine: Engine, settings: Settings, scope: Scope) -> FleetView:
-    """The caller's group and its live computers, by name."""
+def fleet(
+    engine: Engine, settings: Settings, scope: Scope, page: FleetPage | None = None
+) -> FleetView:
+    """The caller's group and its live computers, by name (then id); with `page`, at most
+    `page.limit` of them after computer `page.after`, and `next_after` the id to ask the
+    next page after (None on the last).
+
+    Raises:
+        FleetQueryInvalid: `page.after` is no computer of the caller's group (revoked ones
+            and other groups' alike).
+    """
     now = utcnow()
-    group, rows = _group_rows(engine, scope)
+    page = page or FleetPage()
+    group, rows = _group_rows(engine, scope, page)
+    more = page.limit is not None and len(rows) > page.limit
+    if more:
+        rows = rows[: page.limit]
     return FleetView(
         group=group,
         generated_at=now,
         stale_after_s=settings.stale_after_s,
         offline_after_s=settings.offline_after_s,
         computers=[_computer_view(r, now, settings) for r in rows],
+        next_after=str(rows[-1].id) if more else None,
     )
 
 
@@ -276,14 +327,38 @@ def fleet_summary(
     return view, [r.state or {} for r in rows]
 
 
-def _group_rows(engine: Engine, scope: Scope) -> tuple[str, list[Any]]:
+def _group_rows(
+    engine: Engine, scope: Scope, page: FleetPage | None = None
+) -> tuple[str, list[Any]]:
+    """The group's name and its live computers' rows by (name, id); with `page`, those after
+    `page.after` and at most `page.limit` + 1 (one more tells whether a next page exists).
+
+    Raises:
+        FleetQueryInvalid: `page.after` is no live computer of the group.
+    """
+    live = (COMPUTERS.c.group_id == scope.group_id, COMPUTERS.c.revoked_at.is_(None))
+    query = sa.select(COMPUTERS).where(*live).order_by(COMPUTERS.c.name, COMPUTERS.c.id)
     with engine.connect() as conn:
         group = conn.execute(sa.select(GROUPS.c.name).where(GROUPS.c.id == scope.group_id)).one()
-        rows = conn.execute(
-            sa.select(COMPUTERS)
-            .where(COMPUTERS.c.group_id == scope.group_id, COMPUTERS.c.revoked_at.is_(None))
-            .order_by(COMPUTERS.c.name, COMPUTERS.c.id)
-        ).all()
+        if page is not None and page.after is not None:
+            last = conn.execute(
+                sa.select(COMPUTERS.c.name, COMPUTERS.c.id).where(
+                    *live, COMPUTERS.c.id == page.after
+                )
+            ).first()
+            if last is None:
+                raise FleetQueryInvalid(
+                    f"after: no computer {_FLEET_RULES.shown(page.after)} in this group"
+                )
+            query = query.where(
+                sa.or_(
+                    COMPUTERS.c.name > last.name,
+                    sa.and_(COMPUTERS.c.name == last.name, COMPUTERS.c.id > last.id),
+                )
+            )
+        if page is not None and page.limit is not None:
+            query = query.limit(page.limit + 1)
+        rows = conn.execute(query).all()
     return str(group.name), list(rows)
 
 
