@@ -5,9 +5,12 @@ the SDK's warnings, the command line and the tray; no arithmetic here (that is
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
+
+from rbroker.base.when import fmt_duration
 
 
 def fmt_mib(value: int) -> str:
@@ -33,6 +36,18 @@ REQUEST_PREFIX = "req-"
 def request_name(request_id: int) -> str:
     """`7` → `"req-7"`: a waiting request as the queue shows it and `rbroker release` takes it."""
     return f"{REQUEST_PREFIX}{request_id}"
+
+
+def idle_words(idle_state: object, idle_s: object) -> str | None:
+    """A listed lease's idleness as the broker measured it (`idle_state`, `idle_s`;
+    docs/architecture.md §3 "Idle"): `idle 2 h 10 min` for an idle lease, `idle: unknown`
+    where its GPUs' utilization cannot be read, None for an active one (and for a lease from
+    a broker older than the idle fields). The words of `rbroker status`, `top` and the tray."""
+    if idle_state == "idle" and isinstance(idle_s, int | float) and 0 <= idle_s < math.inf:
+        return f"idle {fmt_duration(idle_s)}"
+    if idle_state == "unknown":
+        return "idle: unknown"
+    return None
 
 
 AHEAD_SAID = re.compile(r"\brequests? ahead\b")

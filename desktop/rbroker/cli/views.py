@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
-from rbroker.base.display import REQUEST_PREFIX, fmt_count, fmt_mib, short_uuid
+from rbroker.base.display import REQUEST_PREFIX, fmt_count, fmt_mib, idle_words, short_uuid
 from rbroker.base.when import fmt_duration, fmt_when
 from rbroker.cli.sheet import Cell, Column, Sheet, bar_column, unique_prefixes
 from rbroker_protocol.eta import eta_words as protocol_eta_words
@@ -196,16 +196,10 @@ def _age(since_wall: float) -> str:
 
 
 def lease_state(lease: Mapping[str, Any]) -> str:
-    """A listed lease's state cell: `idle 2 h 10 min` for a lease the broker measured idle
-    (`idle_state`, `idle_s`; docs/architecture.md §3 "Idle"), `idle: unknown` where its GPUs'
-    utilization cannot be read, else its state (`active`; also from a broker older than the
-    idle fields)."""
-    idle_state, idle_s = lease.get("idle_state"), lease.get("idle_s")
-    if idle_state == "idle" and isinstance(idle_s, int | float) and idle_s >= 0:
-        return f"idle {fmt_duration(idle_s)}"
-    if idle_state == "unknown":
-        return "idle: unknown"
-    return str(lease["state"])
+    """A listed lease's state cell: its idleness in words where the broker measured it idle
+    or could not (`idle_words`: `idle 2 h 10 min`, `idle: unknown`), else its state
+    (`active`; also from a broker older than the idle fields)."""
+    return idle_words(lease.get("idle_state"), lease.get("idle_s")) or str(lease["state"])
 
 
 def lease_table(leases: Sequence[ListedLease], gpus: Sequence[GpuView] = ()) -> Sheet:

@@ -56,6 +56,8 @@ class FleetLease(TypedDict, total=False):
     observed_mib: dict[str, int]
     over_grant: bool
     expected_s: float | None
+    idle_state: str
+    idle_s: float | None
     gpu_uuid: str
 
 

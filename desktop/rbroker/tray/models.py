@@ -17,10 +17,11 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 
-from rbroker.base.display import fmt_mib, short_uuid
+from rbroker.base.display import fmt_mib, idle_words, short_uuid
 from rbroker.tray.fleet import FleetComputer, FleetGpu, FleetJob, FleetLease, freshness_text
 from rbroker.tray.plain import clean, tool_tip
 from rbroker.tray.state import age_text
+from rbroker.tray.wording import idle_tip
 from rbroker_protocol.eta import eta_words
 from rbroker_protocol.results import GpuView, JobView, ListedLease, QueuedRequest
 
@@ -227,12 +228,7 @@ class LeasesModel(RequestTableModel[LeaseRow]):
                 ),
                 tooltip=lambda r: ", ".join(r.get("gpu_uuids") or [r.get("gpu_uuid") or ""]),
             ),
-            Column(
-                "State",
-                lambda r: (
-                    str(r.get("state", "")) + (" · over grant" if r.get("over_grant") else "")
-                ),
-            ),
+            Column("State", self._state_text, tooltip=self._state_tooltip),
             _right("Age", lambda r: age_text(self._age(r)), lambda r: self._age(r) or 0.0),
             _right(
                 "Expires in",
@@ -247,6 +243,22 @@ class LeasesModel(RequestTableModel[LeaseRow]):
     def _age(self, r: LeaseRow) -> float | None:
         granted = r.get("granted_at")
         return max(0.0, self.now - float(granted)) if granted else None
+
+    @staticmethod
+    def _state_text(r: LeaseRow) -> str:
+        """`active`, or its idleness as `rbroker status` says it (`idle 2 h 10 min`,
+        `idle: unknown`: `idle_words`), then `· over grant` where it uses more than granted."""
+        idle = idle_words(r.get("idle_state"), r.get("idle_s"))
+        state = idle or str(r.get("state", ""))
+        return state + (" · over grant" if r.get("over_grant") else "")
+
+    @classmethod
+    def _state_tooltip(cls, r: LeaseRow) -> str:
+        """The state, and for an idle lease or one whose idleness is unknown what that
+        means (`idle_tip`)."""
+        idle = idle_words(r.get("idle_state"), r.get("idle_s"))
+        text = cls._state_text(r)
+        return f"{text}\n{idle_tip(r.get('idle_state'))}" if idle else text
 
     @staticmethod
     def _mib_tooltip(r: LeaseRow) -> str:

@@ -38,3 +38,22 @@ def error_text(exc: BaseException) -> str:
     for_gui = getattr(exc, "for_gui", None)
     text = for_gui() if callable(for_gui) else str(exc) or type(exc).__name__
     return gui_text(str(text))
+
+
+IDLE_MEANING = (
+    "Idle: no GPU utilization by the lease's processes and no job progress for the broker's "
+    "idle_after_s (30 min unless its broker.toml says otherwise)."
+)
+"""What a lease's `idle …` state means (docs/architecture.md §3 "Idle"), for a tool tip."""
+
+
+def idle_tip(idle_state: object) -> str:
+    """What a lease's `idle 2 h 10 min` or `idle: unknown` (`idle_state` `idle` or `unknown`)
+    means, for the tool tip under it: why it is unknown, then what idle means."""
+    if idle_state != "unknown":
+        return IDLE_MEANING
+    return (
+        "Unknown: the GPU utilization of the lease's processes cannot be read here (MIG "
+        "without per-process counters, a process in another pid namespace), so it is never "
+        f"counted idle.\n{IDLE_MEANING}"
+    )

@@ -89,6 +89,8 @@ def _lease(i: int, owner: str) -> dict[str, Any]:
         "over_grant_noticed": True,
         "over_grant_mib": 10,
         "observed_mib": {"1": 100},
+        "idle_state": ("idle", "unknown", "active")[i % 3],  # the state cell's tool tips
+        "idle_s": 7800.0,
     }
 
 
