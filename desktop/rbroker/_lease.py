@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import socket as _socket
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from rbroker._lease_record import Lease, note_over_grant
@@ -647,6 +648,7 @@ async def alease(
     socket: str | None = None,
     expected_s: float | None = None,
     booking: str | None = None,
+    on_idle: Callable[[dict[str, Any]], Awaitable[object] | None] | None = None,
 ) -> AsyncIterator[Lease]:
     """`async with rbroker.alease(...)`: `lease()` for asyncio code.
 
@@ -658,13 +660,18 @@ async def alease(
     the event loop's thread), so the broker drops it from its queue, the requests behind it
     move up and nothing is granted to it later; a grant that came just before is released.
     Defaults and errors as for `lease()`.
+
+    `on_idle` (optional) gets the idle notices `lease()`'s does, with the same data, on the
+    event loop's thread: a function is called there, an async function's coroutine runs
+    there as a task; an exception of either is logged, as `lease()` logs its callback's.
     """
     project, session, purpose = _descriptions(project, session, purpose)
     withdrawal = _Withdrawal()
+    idle = None if on_idle is None else _on_loop(on_idle, asyncio.get_running_loop(), "on_idle")
     granting = _on_own_thread(
         lambda: _acquire(
             mib, project, session, purpose, wait_s, gpus, gpu_uuid, ttl_s, adopt, socket,
-            expected_s=expected_s, withdrawal=withdrawal, booking_id=booking,
+            expected_s=expected_s, withdrawal=withdrawal, booking_id=booking, on_idle=idle,
         ),
         on_abandoned=lambda granted: granted.release(),
     )  # fmt: skip
@@ -720,6 +727,39 @@ def _on_own_thread(
 
     threading.Thread(target=run, name="rbroker-alease", daemon=True).start()
     return future
+
+
+def _on_loop(
+    callback: Callable[[dict[str, Any]], Awaitable[object] | None],
+    loop: asyncio.AbstractEventLoop,
+    name: str,
+) -> Callable[[dict[str, Any]], None]:
+    """`callback` (a function or an async function) as a callback of another thread: each
+    call is passed to `loop`, where `callback` runs and an awaitable it returns runs as a
+    task; an exception of either is logged (`name` says whose). Once the loop has closed,
+    a call is dropped."""
+    tasks: set[asyncio.Future[object]] = set()  # held until done (a loop keeps weak ones)
+
+    def finished(task: asyncio.Future[object]) -> None:
+        tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s callback failed", name, exc_info=task.exception())
+
+    def run(data: dict[str, Any]) -> None:
+        try:
+            result = callback(data)
+            if result is not None and inspect.isawaitable(result):
+                task = asyncio.ensure_future(result)
+                tasks.add(task)
+                task.add_done_callback(finished)
+        except Exception:  # the caller's handler never breaks the loop
+            log.exception("%s callback failed", name)
+
+    def relay(data: dict[str, Any]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is left to tell
+            loop.call_soon_threadsafe(run, data)
+
+    return relay
 
 
 def _raise_over_grant(lease: Lease) -> None:
