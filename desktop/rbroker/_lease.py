@@ -22,9 +22,11 @@ from typing import Any, TypeVar
 
 from rbroker._lease_record import Lease, note_over_grant
 from rbroker.base.cuda import cuda_indices
+from rbroker.base.display import fmt_mib
 from rbroker.base.exceptions import (
     BrokerUnavailable,
     Cancelled,
+    InvalidParams,
     LeaseExpired,
     RBrokerError,
     StorageUnavailable,
@@ -401,12 +403,12 @@ class _Withdrawal:
 
 
 def _acquire(
-    mib: int,
+    mib: int | None,
     project: str,
     session: str,
     purpose: str,
     wait_s: float,
-    gpus: int,
+    gpus: int | None,
     gpu_uuid: str | None,
     ttl_s: float,
     adopt: bool,
@@ -420,16 +422,30 @@ def _acquire(
 ) -> _Holder:
     """Connect, ask for the lease (waiting up to `wait_s` s), and hold what is granted.
 
+    `mib` and `gpus` may be None when `booking_id` is given: the booking's unclaimed MiB
+    and its GPU count then (`_claim_size`); else `mib` is needed and `gpus` defaults to 1.
     `withdrawal` (optional) lets another thread withdraw the request while it waits
     (`_Withdrawal`); it is then not sent again after a broker restart.
 
     Raises:
         RBrokerError: as `lease()`; Cancelled: withdrawn through `withdrawal`.
     """
+    if mib is None and booking_id is None:
+        raise InvalidParams(
+            "mib: give the MiB to lease on each GPU (or a booking to claim)",
+            "invalid_params",
+            field="mib",
+        )
     client = Client(socket)
     if withdrawal is not None:
         withdrawal.watch(client)
     socket = client.address  # the broker found holds the lease: reconnect to it, no other
+    if mib is None or gpus is None:
+        try:
+            mib, gpus = _claim_size(client, mib, gpus, booking_id)
+        except BaseException:
+            client.close()
+            raise
     params: AcquireRequest = {
         "mib": mib,
         "gpus": gpus,
@@ -527,6 +543,34 @@ def _acquire(
     return _Holder(client, lease, ttl_s, socket, on_idle)
 
 
+def _claim_size(
+    client: Client, mib: int | None, gpus: int | None, booking_id: str | None
+) -> tuple[int, int]:
+    """`mib` and `gpus` as given, a missing one from the booking `booking_id` (as `rbroker
+    run --booking` does): the MiB it has unclaimed on each of its GPUs, its GPU count.
+    Without a booking `gpus` is 1. A booking not listed is left to the broker's refusal
+    (no such booking, or one that ended).
+
+    Raises:
+        InvalidParams: `mib` missing and the booking claimed in full.
+    """
+    found = None
+    if booking_id is not None:
+        listed = client.bookings()["bookings"]
+        found = next((b for b in listed if b["booking_id"] == booking_id), None)
+    if found is None:
+        # the broker refuses it (`mib` is missing only with a booking)
+        return (1 if mib is None else mib), (1 if gpus is None else gpus)
+    left = int(found["mib"]) - int(found.get("claimed_mib") or 0)
+    if mib is None and left <= 0:
+        raise InvalidParams(
+            f"booking {booking_id} is claimed in full ({fmt_mib(int(found['mib']))} MiB)",
+            "invalid_params",
+            field="mib",
+        )
+    return (left if mib is None else mib), (len(found["gpu_uuids"]) if gpus is None else gpus)
+
+
 def _totals(gpu_uuids: list[str], granted: list[GrantedGpu]) -> list[int] | None:
     """Each granted GPU's `total_mib`, in order; None if any is unknown."""
     by_uuid = {g["uuid"]: g["total_mib"] for g in granted}
@@ -553,13 +597,13 @@ def _relay_waiting(
 
 @contextlib.contextmanager
 def lease(
-    mib: int,
+    mib: int | None = None,
     *,
     project: str = DEFAULT_PROJECT,
     session: str | None = None,
     purpose: str | None = None,
     wait_s: float = 0.0,
-    gpus: int = 1,
+    gpus: int | None = None,
     gpu_uuid: str | None = None,
     ttl_s: float = 30.0,
     adopt: bool = False,
@@ -593,7 +637,9 @@ def lease(
 
     `booking` (optional, a booking id from `rbroker.book()`) claims that booking of yours:
     from its start until its end the lease is granted on its GPUs ahead of the queue, out of
-    the MiB it holds (docs/architecture.md §2a).
+    the MiB it holds (docs/architecture.md §2a). Without `mib` the lease takes what the
+    booking has unclaimed on each of its GPUs, and without `gpus` its number of GPUs (as
+    `rbroker run --booking`); else `mib` is needed and `gpus` is 1.
 
     The descriptions default as in `rbroker run`: `project="default"`, `session` the
     program's name (`program_name()`), `purpose="run <program name>"`.
@@ -608,6 +654,8 @@ def lease(
         TelemetryUnavailable: the GPU's telemetry is failing. BrokerUnavailable: no broker.
         BookingNotClaimable: `booking` has not started (`booking_not_started`) or is over
         (`booking_ended`). BookingNotFound, NotBookingOwner: no such booking of yours.
+        InvalidParams: no `mib` and no `booking`, or no `mib` and the booking claimed in
+        full.
     """
     project, session, purpose = _descriptions(project, session, purpose)
     holder = _acquire(
@@ -635,13 +683,13 @@ def lease(
 
 @contextlib.asynccontextmanager
 async def alease(
-    mib: int,
+    mib: int | None = None,
     *,
     project: str = DEFAULT_PROJECT,
     session: str | None = None,
     purpose: str | None = None,
     wait_s: float = 0.0,
-    gpus: int = 1,
+    gpus: int | None = None,
     gpu_uuid: str | None = None,
     ttl_s: float = 30.0,
     adopt: bool = False,

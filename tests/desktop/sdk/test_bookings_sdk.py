@@ -1,7 +1,8 @@
 """The booking SDK (issue 41): `rbroker.book()`, `Booking.cancel()`, `rbroker.cancel_booking()`,
 `rbroker.bookings()`, and `rbroker.lease/alease(..., booking=ID)`, against a broker process:
 the wire paths. A broker process runs on the real clock, so a claim at a booking's start is
-the broker harness's (tests/desktop/broker/bookings); here a claim is refused before it."""
+the broker harness's (tests/desktop/broker/bookings); here a claim is refused before it, and
+one a second after a booking's start takes what it has unclaimed."""
 
 from __future__ import annotations
 
@@ -147,3 +148,26 @@ def test_a_timedelta_and_unix_seconds_are_times_too(broker: BrokerProcess) -> No
         with pytest.raises(rbroker.InvalidParams) as exc:
             rbroker.book(2_000, start=bad, duration="1h", socket=broker.socket, **DESC)
         assert "start: " in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_claim_without_mib_takes_what_the_booking_has_unclaimed(broker: BrokerProcess) -> None:
+    """`rbroker.lease(booking=ID)` with no `mib` (nor `gpus`): the booking's unclaimed MiB on
+    its GPUs, as `rbroker run --booking`; once claimed in full, a claim without `mib` is one
+    line; without a booking `mib` is needed."""
+    booking = rbroker.book(
+        6_000, start=time.time() + 1, duration="1h", socket=broker.socket, **DESC
+    )
+    time.sleep(max(0.0, booking.start_at - time.time()) + 0.2)  # started: claimable
+
+    async def claim_in_full() -> None:
+        async with rbroker.alease(booking=booking.booking_id, socket=broker.socket, **DESC):
+            pytest.fail("a booking claimed in full was claimed again")
+
+    with rbroker.lease(booking=booking.booking_id, socket=broker.socket, **DESC) as held:
+        assert held.granted_mib == 6_000 and held.gpu_uuids == [GPU0]
+        with pytest.raises(rbroker.InvalidParams) as full:
+            asyncio.run(claim_in_full())
+        assert str(full.value) == f"booking {booking.booking_id} is claimed in full (6 000 MiB)"
+    with pytest.raises(rbroker.InvalidParams) as none, rbroker.lease(socket=broker.socket):
+        pytest.fail("granted without mib or booking")
+    assert "give the MiB to lease" in str(none.value)
