@@ -9,7 +9,8 @@ reads, plus the driver behaviours only a library can have (`DriverSwitches`).
 
 - `linux_library(old=False)`: builds `libnvidia-ml.so.1` with `cc` (once per source hash,
   shared by the test workers) and returns its folder, for `LD_LIBRARY_PATH` or `load`.
-  `old=True` builds a driver before R510: no `_v3` process lists, no memory `_v2`.
+  `old=True` builds a driver before R510: no `_v3` process lists, no memory `_v2`, and no
+  `nvmlDeviceGetProcessUtilization` (per-process utilization unknown).
 - `windows_library(old=False)`: builds `nvml.dll` with `x86_64-w64-mingw32-gcc` (on Linux, for
   the Windows half under Wine); on Windows the path comes from `RBROKER_FAKE_NVML_DLL`.
 - `load(path)`: a private copy of the pynvml module bound to that library, for a gateway in
@@ -116,10 +117,11 @@ def _gpu_lines(gpu: SimGpu, switches: DriverSwitches) -> list[str]:
         f"process_list_error {CODES[gpu.process_list_error]}",
         f"delay_ms {delay_ms}",
         f"per_process_memory {int(gpu.per_process_memory)}",
+        f"utilization_error {CODES[gpu.utilization_error]}",
     ]
     for p in gpu.processes:
         mib = -1 if p.used_mib is None else p.used_mib
-        lines.append(f"process {p.pid} {mib} {p.kind}")
+        lines.append(f"process {p.pid} {mib} {p.kind} {p.sm_util or 0}")
     return lines
 
 

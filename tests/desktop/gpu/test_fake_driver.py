@@ -11,6 +11,7 @@ version the library refuses) is a test.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import textwrap
 import time
 from collections.abc import Iterator
@@ -41,6 +42,11 @@ PROCESSES = _gpu(total_mib=24576, used_mib=1000) + textwrap.dedent(
     used_mib = 4096
     """
 )
+
+BUSY = PROCESSES.replace("used_mib = 2048\n", "used_mib = 2048\nsm_util = 37\n").replace(
+    "used_mib = 4096\n", "used_mib = 4096\nsm_util = 100\n"
+)
+"""`PROCESSES` with pid 4000 at 37 % SM utilization and pid 4002 at 100 %, pid 4001 idle."""
 
 
 class Driver:
@@ -99,7 +105,9 @@ class TestFakeDriver(GatewayContract):
 
 
 def _same(a: GpuSample, b: GpuSample) -> None:
-    keys = lambda s: (s.uuid, s.total_mib, s.device_used_mib, s.processes_known)  # noqa: E731
+    keys = lambda s: (  # noqa: E731
+        s.uuid, s.total_mib, s.device_used_mib, s.processes_known, s.utilization
+    )  # fmt: skip
     assert keys(a) == keys(b)
     assert sorted(a.processes, key=lambda p: p.pid) == sorted(b.processes, key=lambda p: p.pid)
 
@@ -116,16 +124,24 @@ def _same(a: GpuSample, b: GpuSample) -> None:
         + "[[gpu.process]]\npid = 4000\nused_mib = 10240\n",
         _gpu(total_mib=24576, process_list_error="no_permission"),
         _gpu(total_mib=24576, memory_api="v1", used_mib=734),
+        BUSY,
+        BUSY.replace("used_mib = 1000\n", 'used_mib = 1000\nutilization_error = "not_supported"\n'),
     ],
-    ids=["two-gpus", "processes", "reserved", "device-used", "wddm", "no-permission", "v1"],
-)
+    ids=[
+        "two-gpus", "processes", "reserved", "device-used", "wddm", "no-permission", "v1",
+        "utilization", "utilization-not-supported",
+    ],
+)  # fmt: skip
 def test_a_scenario_reads_the_same_through_either_fake(
     driver: Driver, tmp_path: Path, scenario: str
 ) -> None:
+    """Memory, processes and per-process utilization (`{pid: SM percent}`, `{}` when none
+    ran, None when unknown) alike; the pids are this machine's on both (`foreign_pids`)."""
     path = tmp_path / "scenario.toml"
     path.write_text(textwrap.dedent(scenario))
     python = NvmlGateway(FakeNvml(path), source="simulated")
     real = driver.gateway(scenario)
+    python.foreign_pids = real.foreign_pids = False
     assert [g.uuid for g in python.enumerate()] == [g.uuid for g in real.enumerate()]
     for info in real.enumerate():
         _same(python.read(info.uuid), real.read(info.uuid))
@@ -147,6 +163,73 @@ def test_an_old_driver_is_read_through_the_v2_process_lists_and_memory_v1(
         assert {p.pid: p.used_mib for p in sample.processes} == {4000: 2048, 4001: 1024, 4002: 4096}
         assert sample.device_used_mib == 1000 + 2048 + 1024 + 4096
     assert gw._process_calls["compute"] == ["nvmlDeviceGetComputeRunningProcesses_v2"]
+
+
+def test_per_process_utilization_through_pynvml(driver: Driver) -> None:
+    """`nvmlDeviceGetProcessUtilization` as pynvml calls it: a first call without a buffer
+    answers NVML_ERROR_INSUFFICIENT_SIZE and the count, the second fills
+    `c_nvmlProcessUtilizationSample_t` records (timeStamp in microseconds since 1970); a
+    `lastSeenTimeStamp` newer than every sample answers NVML_ERROR_NOT_FOUND."""
+    driver.write(BUSY)
+    lib = driver.lib
+    lib.nvmlInit()
+    try:
+        handle = lib.nvmlDeviceGetHandleByIndex(0)
+        fn = lib._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
+        count = ctypes.c_uint(0)
+        ret = fn(handle, None, ctypes.byref(count), ctypes.c_ulonglong(0))
+        assert (ret, count.value) == (lib.NVML_ERROR_INSUFFICIENT_SIZE, 2)
+        one = (lib.c_nvmlProcessUtilizationSample_t * 1)()
+        count = ctypes.c_uint(1)
+        ret = fn(handle, one, ctypes.byref(count), ctypes.c_ulonglong(0))
+        assert (ret, count.value) == (lib.NVML_ERROR_INSUFFICIENT_SIZE, 2)
+
+        records = lib.nvmlDeviceGetProcessUtilization(handle, 0)
+        assert {(r.pid, r.smUtil, r.memUtil) for r in records} == {(4000, 37, 0), (4002, 100, 0)}
+        stamp = records[0].timeStamp
+        assert abs(stamp / 1e6 - time.time()) < 60
+        later = lib.nvmlDeviceGetProcessUtilization(handle, stamp)
+        assert min(r.timeStamp for r in later) > stamp
+        with pytest.raises(lib.NVMLError) as err:
+            lib.nvmlDeviceGetProcessUtilization(handle, 2**64 - 1)
+        assert err.value.value == lib.NVML_ERROR_NOT_FOUND
+        driver.write(PROCESSES)  # nothing busy: no sample at all
+        with pytest.raises(lib.NVMLError) as err:
+            lib.nvmlDeviceGetProcessUtilization(handle, 0)
+        assert err.value.value == lib.NVML_ERROR_NOT_FOUND
+    finally:
+        lib.nvmlShutdown()
+
+
+def test_the_gateway_reads_utilization_since_its_previous_sample(driver: Driver) -> None:
+    gw = driver.gateway(BUSY)
+    gw.foreign_pids = False
+    gw.enumerate()
+    assert gw.read(GPU0).utilization == {4000: 37, 4002: 100}
+    seen = gw._utilization_seen[GPU0]
+    driver.write(BUSY.replace("sm_util = 100", "sm_util = 0"))
+    assert gw.read(GPU0).utilization == {4000: 37}
+    assert gw._utilization_seen[GPU0] > seen
+    driver.write(PROCESSES)
+    assert gw.read(GPU0).utilization == {}
+    driver.write(
+        BUSY.replace("used_mib = 1000\n", 'used_mib = 1000\nutilization_error = "no_permission"\n')
+    )
+    sample = gw.read(GPU0)
+    assert sample.utilization is None
+    assert {p.pid for p in sample.processes} == {4000, 4001, 4002}
+
+
+def test_an_old_driver_without_process_utilization_reads_unknown(old_driver: Driver) -> None:
+    """The library has no `nvmlDeviceGetProcessUtilization` (pynvml: FUNCTION_NOT_FOUND):
+    utilization unknown, the sample otherwise whole."""
+    gw = old_driver.gateway(BUSY)
+    gw.foreign_pids = False
+    gw.enumerate()
+    sample = gw.read(GPU0)
+    assert sample.utilization is None
+    assert sample.processes_known
+    assert {p.pid: p.used_mib for p in sample.processes} == {4000: 2048, 4001: 1024, 4002: 4096}
 
 
 def test_the_unversioned_call_of_this_pynvml_fails_on_an_old_driver(old_driver: Driver) -> None:

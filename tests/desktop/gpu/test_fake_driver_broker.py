@@ -50,6 +50,7 @@ import pytest
 import rbroker
 from rbroker.cli.main import main
 from rbroker.demo.processes import broker_address, broker_command
+from rbroker.gpu.nvml import in_child_pid_namespace
 from rbroker.gpu.presence import nvidia_device_present
 from rbroker.hosting.machine_lock import ENV_LOCK
 from tests.conftest import GPU0, GPU1, BrokerProcess, short_tmp, wait_until
@@ -341,6 +342,40 @@ class TestOneBroker:
             _until(c, GPU0, telemetry="ok")
             back = c.call("lease.acquire", mib=1024, gpu_uuid=GPU0, wait_s=5, **PARAMS)["lease"]
             assert back["gpu_uuid"] == GPU0
+
+
+# -- idle, measured through the driver -------------------------------------------------------
+
+
+def test_a_lease_idle_and_busy_again_through_the_driver(
+    driver_broker_factory: Callable[..., DriverBroker], tmp_path: Path
+) -> None:
+    """The holder (this process) is listed on GPU0 without SM utilization: past
+    `[idle] idle_after_s = 1` its lease is idle; once the driver's
+    `nvmlDeviceGetProcessUtilization` shows it at 50 %, active again. From another pid
+    namespace than the initial one the driver's pids are not this machine's: unknown."""
+    config = tmp_path / "broker.toml"
+    config.write_text("[idle]\nidle_after_s = 1\n")
+
+    def listed(sm_util: int) -> str:
+        return sim.scenario(
+            sim.gpu(GPU0, processes=[(os.getpid(), 1000)], utilization={os.getpid(): sm_util})
+        )
+
+    broker = driver_broker_factory(listed(0), extra_args=["--config", str(config)])
+    expected = "unknown" if in_child_pid_namespace() else "idle"
+    with broker.client() as c:
+        lease_id = c.call("lease.acquire", mib=2000, **PARAMS)["lease"]["lease_id"]
+
+        def state() -> str | None:
+            (lease,) = [x for x in c.leases()["leases"] if x["lease_id"] == lease_id]
+            return lease.get("idle_state")
+
+        wait_until(lambda: state() == expected, timeout_s=15, interval_s=0.1)
+        if expected == "unknown":
+            return
+        broker.write_scenario(listed(50))
+        wait_until(lambda: state() == "active", timeout_s=15, interval_s=0.1)
 
 
 # -- nvmlInit failing -------------------------------------------------------------------------

@@ -27,14 +27,21 @@
  *   delay_ms N                   each memory or process query sleeps this long (re-reading the
  *                                state every 50 ms, so a rewrite ends a hang)
  *   per_process_memory 0|1       0: usedGpuMemory is NVML_VALUE_NOT_AVAILABLE (WDDM)
- *   process PID MIB|-1 compute|graphics
+ *   utilization_error CODE       what nvmlDeviceGetProcessUtilization returns (3: a GPU
+ *                                without per-process utilization; 4: no permission)
+ *   process PID MIB|-1 compute|graphics [SM]
+ *                                SM: the process's SM utilization in percent (0..100, default
+ *                                0); nvmlDeviceGetProcessUtilization answers one sample per
+ *                                process above 0, stamped with the time of the call
  *   mig N                        this GPU is in MIG mode with N slice positions; the `slice`
  *                                GPUs that follow (until the next `gpu`) are its slices
  *   slice UUID                   starts a MIG slice of the last `gpu` (same keys as a GPU)
  *
  * Build variants: -DRBROKER_OLD_DRIVER leaves out what a driver before R510 lacks (the _v3
  * process lists and nvmlDeviceGetMemoryInfo_v2), so pynvml's lookup of them fails with
- * NVML_ERROR_FUNCTION_NOT_FOUND, as on such a driver.
+ * NVML_ERROR_FUNCTION_NOT_FOUND, as on such a driver; it also leaves out
+ * nvmlDeviceGetProcessUtilization, standing for a library without that call (real drivers
+ * have had it long before R510), so the old driver shows per-process utilization unknown.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -104,11 +111,20 @@ typedef struct {
 } nvmlPciInfo_t;
 #define NVML_MEMORY_V2 0x02000028u
 
-typedef struct { unsigned int pid; long long mib; int graphics; } proc_t;
+/* nvml.h: nvmlProcessUtilizationSample_t (pynvml's c_nvmlProcessUtilizationSample_t; 32 bytes:
+   timeStamp is the CPU time of the sample in microseconds, the utilizations percent) */
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+typedef struct { unsigned int pid; long long mib; int graphics, sm_util; } proc_t;
 typedef struct {
     char uuid[NAME_LEN], name[NAME_LEN];
     long long total_mib, used_mib, reserved_mib;
     int memory, memory_v2_error, error, process_list_error, delay_ms, per_process_memory, mig;
+    int utilization_error;
     int nprocs;
     proc_t procs[MAX_PROCS];
 } gpu_t;
@@ -218,16 +234,19 @@ static void load(state_t *st) {
         else if (!strcmp(key, "process_list_error")) g->process_list_error = (int)n;
         else if (!strcmp(key, "delay_ms")) g->delay_ms = (int)n;
         else if (!strcmp(key, "per_process_memory")) g->per_process_memory = (int)n;
+        else if (!strcmp(key, "utilization_error")) g->utilization_error = (int)n;
         else if (!strcmp(key, "mig")) g->mig = (int)n;
         else if (!strcmp(key, "process") && g->nprocs < MAX_PROCS) {
             proc_t *p = &g->procs[g->nprocs++];
             char kind[16] = "compute";
             unsigned int pid = 0;
             long long mib = -1;
-            sscanf(value, "%u %lld %15s", &pid, &mib, kind);
+            int sm_util = 0;
+            sscanf(value, "%u %lld %15s %d", &pid, &mib, kind, &sm_util);
             p->pid = pid;
             p->mib = mib;
             p->graphics = !strcmp(kind, "graphics");
+            p->sm_util = sm_util < 0 ? 0 : sm_util > 100 ? 100 : sm_util;
         }
     }
     fclose(f);
@@ -545,6 +564,72 @@ PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, 1, st->stride)
 #ifndef RBROKER_OLD_DRIVER
 PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v3, 0, st->stride)
 PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, 1, st->stride)
+#endif
+
+/* -- per-process utilization ------------------------------------------------------------ */
+#ifndef RBROKER_OLD_DRIVER
+/* The CPU time in microseconds since 1970, as NVML stamps samples; strictly increasing over
+   the library's life (a clock of coarse resolution still gives each answer a newer stamp). */
+static unsigned long long last_stamp_us;
+static unsigned long long next_stamp_us(void) {
+    unsigned long long now;
+#ifdef _WIN32
+    FILETIME ft;
+    GetSystemTimeAsFileTime(&ft);
+    now = ((((unsigned long long)ft.dwHighDateTime << 32) | ft.dwLowDateTime) -
+           116444736000000000ULL) / 10ULL; /* 100 ns since 1601 -> us since 1970 */
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    now = (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000ULL;
+#endif
+    lock();
+    if (now <= last_stamp_us) now = last_stamp_us + 1;
+    last_stamp_us = now;
+    unlock();
+    return now;
+}
+
+/* nvmlDeviceGetProcessUtilization: one sample per process whose SM utilization is above 0,
+   stamped now. As NVML: `utilization` NULL (or `*count` too small) answers
+   NVML_ERROR_INSUFFICIENT_SIZE with the count needed; NVML_ERROR_NOT_FOUND when no sample is
+   newer than `last_seen` (the newest timeStamp of an earlier answer; 0: every sample). */
+static nvmlReturn_t process_utilization(state_t *st, void *h,
+                                        nvmlProcessUtilizationSample_t *utilization,
+                                        unsigned int *count, unsigned long long last_seen) {
+    where_t w;
+    nvmlReturn_t ret = enter_at(st, h, &w, 1);
+    if (ret) return ret;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (w.slot >= 0) return NVML_ERROR_NOT_SUPPORTED; /* a MIG slice */
+    if (w.gpu->utilization_error) return w.gpu->utilization_error;
+    unsigned long long stamp = next_stamp_us();
+    unsigned int n = 0;
+    for (int i = 0; i < w.gpu->nprocs; i++) n += w.gpu->procs[i].sm_util > 0;
+    if (n == 0 || stamp <= last_seen) return NVML_ERROR_NOT_FOUND;
+    if (!utilization || *count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned int k = 0;
+    for (int i = 0; i < w.gpu->nprocs; i++) {
+        const proc_t *p = &w.gpu->procs[i];
+        if (p->sm_util <= 0) continue;
+        memset(&utilization[k], 0, sizeof utilization[k]);
+        utilization[k].pid = p->pid;
+        utilization[k].timeStamp = stamp;
+        utilization[k].smUtil = (unsigned int)p->sm_util;
+        k++;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(void *h,
+                                                    nvmlProcessUtilizationSample_t *utilization,
+                                                    unsigned int *count,
+                                                    unsigned long long last_seen) {
+    WITH_STATE(process_utilization(st, h, utilization, count, last_seen));
+}
 #endif
 
 /* -- MIG --------------------------------------------------------------------------------- */
