@@ -15,7 +15,9 @@ What it does for the broker:
 - every NVML error turned into a `TelemetryError` carrying a `TelemetryState` and a reason
   name, never a raw NVMLError;
 - per-process SM utilization since the previous sample (`nvmlDeviceGetProcessUtilization`),
-  or unknown (None) wherever it cannot be read: it never fails a sample;
+  joined, where a per-process utilization source is given (on Windows the "GPU Engine"
+  counters: `rbroker.gpu.wddm`), with that source's, or unknown (None) wherever neither can
+  be read: it never fails a sample;
 - where NVML says None (WDDM), the memory a per-process source reports (on Windows the
   "GPU Process Memory" counters: `rbroker.gpu.wddm`); a pid no source knows stays unknown;
 - `AsyncSampler`: at most one call in flight per GPU, run off the event loop, with a
@@ -210,6 +212,11 @@ class NvmlGateway:
             | None
         ) = None
         self.process_memory: Callable[[str, Iterable[int]], dict[int, int]] | None = None
+        # `{uuid: PCI bus id} -> source` of per-process utilization beside NVML's (WDDM)
+        self.process_utilization_factory: (
+            Callable[[Mapping[str, str]], Callable[[str], dict[int, int] | None] | None] | None
+        ) = None
+        self.process_utilization: Callable[[str], dict[int, int] | None] | None = None
         self._mapped_bus_ids: dict[str, str] | None = None
         self._lock = threading.Lock()
         self._initialised = False
@@ -282,10 +289,13 @@ class NvmlGateway:
                     found.append(GpuInfo(uuid=uuid, index=index, name=name))
         except lib.NVMLError as exc:
             raise self._error(exc, "enumerate") from None
-        if self.process_memory_factory is not None:
+        if self.process_memory_factory is not None or self.process_utilization_factory is not None:
             bus_ids = self._bus_ids()
             if bus_ids != self._mapped_bus_ids:  # first time, or GPUs came or went
-                self.process_memory = self.process_memory_factory(bus_ids)
+                if self.process_memory_factory is not None:
+                    self.process_memory = self.process_memory_factory(bus_ids)
+                if self.process_utilization_factory is not None:
+                    self.process_utilization = self.process_utilization_factory(bus_ids)
                 self._mapped_bus_ids = bus_ids
         return found
 
@@ -396,6 +406,33 @@ class NvmlGateway:
         return out, known
 
     def _utilization(self, uuid: str, handle: Any) -> dict[int, int] | None:
+        """`{pid: percent}` of the processes that ran on `uuid` since the previous sample:
+        NVML's (`_nvml_utilization`) joined with the per-process source's
+        (`process_utilization`, on Windows the "GPU Engine" counters), a pid's percent the
+        larger of the two; either alone where the other is unknown; None when both are.
+
+        Joined rather than one chosen: under WDDM NVML often answers NOT_SUPPORTED, or
+        NOT_FOUND (read `{}`) while the process works, and a process busy by either count
+        is busy (a busy lease is never called idle). Never raises."""
+        nvml = self._nvml_utilization(uuid, handle)
+        if self.process_utilization is None:
+            return nvml
+        try:
+            counted = self.process_utilization(uuid)
+        except Exception as exc:  # a source must not fail a sample: unknown
+            log.debug("GPU %s: per-process utilization source failed: %s", uuid, exc)
+            counted = None
+        if counted is None:
+            return nvml
+        counted = {p: min(100, u) for p, u in counted.items() if 0 < p < _PID_LIMIT and u > 0}
+        if nvml is None:
+            if (uuid, "counters") not in self._utilization_logged:
+                self._utilization_logged.add((uuid, "counters"))
+                log.info("GPU %s: per-process utilization from its counters, not NVML", uuid)
+            return counted
+        return {p: max(nvml.get(p, 0), counted.get(p, 0)) for p in nvml.keys() | counted.keys()}
+
+    def _nvml_utilization(self, uuid: str, handle: Any) -> dict[int, int] | None:
         """`{pid: SM percent}` of the processes that ran kernels on `handle` since the
         previous call for `uuid` (NVML keeps a short buffer of samples; each answer starts
         after the newest timestamp seen), or None when it cannot be read. NVML answers

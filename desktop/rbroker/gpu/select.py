@@ -7,7 +7,8 @@ leases against memory that does not exist, on a computer whose real GPU is in us
 
 The real library is reached through `rbroker.gpu.nvml` alone (`real_gateway`, which on
 Windows first finds `nvml.dll`); here it is given the per-process memory of the "GPU Process
-Memory" counters for where NVML says None (WDDM, `rbroker.gpu.wddm`).
+Memory" counters for where NVML says None (WDDM, `rbroker.gpu.wddm`), and the per-process
+utilization of the "GPU Engine" counters beside NVML's (which WDDM often lacks).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from rbroker.gpu.fake_nvml import FakeNvml
 from rbroker.gpu.nvml import NvmlGateway, real_gateway
-from rbroker.gpu.wddm import process_memory_source
+from rbroker.gpu.wddm import process_memory_source, process_utilization_source
 
 
 def open_gateway(
@@ -36,6 +37,7 @@ def open_gateway(
         gateway = real_gateway()
         if sys.platform == "win32":
             gateway.process_memory_factory = process_memory_source
+            gateway.process_utilization_factory = process_utilization_source
         return gateway, None
     fake = FakeNvml(scenario)
     return NvmlGateway(fake, source="simulated"), fake
