@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 
 from rbroker_protocol.reports import LeaseReport
-from rbroker_server.web.page_models import idle_text
+from rbroker_server.fleet.service import idle_text
 from tests.fakes.reports import payload
 from tests.server.conftest import Coordinator
 from tests.server.test_web import sign_in

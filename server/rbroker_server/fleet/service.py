@@ -120,6 +120,19 @@ def age_text(seconds: float) -> str:
     return f"{int(seconds // 86400)} d"
 
 
+def idle_text(seconds: float) -> str:
+    """How long a lease has been idle: `idle 40 s`, `idle 25 min`, `idle 2 h 10 min`,
+    `idle 3 d 4 h`."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"idle {s} s"
+    if s < 3600:
+        return f"idle {s // 60} min"
+    if s < 86400:
+        return f"idle {s // 3600} h {s % 3600 // 60} min"
+    return f"idle {s // 86400} d {s % 86400 // 3600} h"
+
+
 def freshness(
     last_seen_at: datetime | None, now: datetime, settings: Settings, stopped: bool = False
 ) -> Freshness:

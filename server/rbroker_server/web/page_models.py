@@ -19,7 +19,7 @@ from rbroker_protocol.fleet import ComputerView, FleetGpuView
 from rbroker_protocol.reports import QueueEntry
 from rbroker_server.db.tables import HISTORY
 from rbroker_server.fleet.bookings import protected_mib
-from rbroker_server.fleet.service import age_text
+from rbroker_server.fleet.service import age_text, idle_text
 from rbroker_server.web.schema import (
     BookingRow,
     ComputerPage,
@@ -80,19 +80,6 @@ def gpu_card(gpu: FleetGpuView) -> GpuCard:
     parts = ", ".join(f"{label} {fmt_mib(mib)} MiB" for _, label, mib in values)
     summary = f"GPU {gpu.index} {state_text}: {parts}; total {fmt_mib(total)} MiB"
     return GpuCard(gpu, state_text, segments, total, summary)
-
-
-def idle_text(seconds: float) -> str:
-    """How long a lease has been idle: `idle 40 s`, `idle 25 min`, `idle 2 h 10 min`,
-    `idle 3 d 4 h`."""
-    s = int(max(0.0, seconds))
-    if s < 60:
-        return f"idle {s} s"
-    if s < 3600:
-        return f"idle {s // 60} min"
-    if s < 86400:
-        return f"idle {s // 3600} h {s % 3600 // 60} min"
-    return f"idle {s // 86400} d {s % 86400 // 3600} h"
 
 
 def _lease_rows(view: ComputerView, now: datetime) -> list[LeaseRow]:
