@@ -11,23 +11,24 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 import sqlalchemy as sa
 
-from rbroker_protocol.reports import BookingReport, JobSnapshot, QueueEntry
+from rbroker_protocol.reports import BookingReport, JobSnapshot, LeaseReport, QueueEntry
 from rbroker_server.admin.errors import AdminError
 from rbroker_server.cli.main import main
 from rbroker_server.db.engine import utcnow
 from rbroker_server.db.tables import DELIVERIES
 from rbroker_server.webhooks import admin, events
 from rbroker_server.webhooks.sender import Webhooks, claim, signature
-from tests.fakes.reports import payload
+from tests.fakes.reports import GPU_A, payload
 from tests.server.conftest import Coordinator, wait_until_true
 
 FAST = {"stale_after_s": 0.2, "offline_after_s": 1.5, "webhook_interval_s": 3600.0}
@@ -181,6 +182,137 @@ def test_jobs_bookings_and_waiting_requests(
         assert {"event", "group", "computer", "at", "text"} <= set(b)
         flat = json.dumps(b)
         assert "pid" not in flat and "env" not in flat and "command" not in flat
+
+
+def lease(lease_id: str, owner: str, idle_state: str, idle_s: float | None, **kw: Any) -> Any:
+    return LeaseReport(
+        lease_id=lease_id,
+        gpu_uuids=[GPU_A],
+        granted_mib=kw.pop("granted_mib", 4096),
+        owner=owner,
+        idle_state=idle_state,  # type: ignore[arg-type]
+        idle_s=idle_s,
+        **kw,
+    )
+
+
+def test_lease_idle_once_per_episode_and_again_after_busy(
+    coordinator_factory: Callable[..., Coordinator], receiver: Receiver
+) -> None:
+    c = coordinator_factory(webhook_interval_s=3600.0)
+    c.group("vision")
+    pc = c.enroll("vision", "lab-07")
+    t0 = time.time()
+    # already idle when the webhook is added: not news
+    old_start = t0 - 29000
+
+    def old(at: float) -> LeaseReport:
+        return lease("l-old", "old", "idle", at - old_start)
+
+    assert pc.report(payload("lab-07", generated_at=t0 - 20000, leases=[old(t0 - 20000)])).json()[
+        "applied"
+    ]
+    hook = add(c, receiver.url, "lease_idle")  # --idle-after's default, 30 min
+    assert hook.events == ("lease_idle",)
+    hooks = Webhooks(c.engine, c.settings)
+    span_s = events.idle_span_s(admin.IDLE_AFTER_S)
+    # alice's lease went idle just before a span's edge (10 min), on the computer's clock
+    went_idle = (t0 - 12000) // span_s * span_s - 0.2
+    notebook = {"project": "vision", "purpose": "notebook", "granted_mib": 20000}
+
+    def report(at: float, *leases: LeaseReport) -> None:
+        r = pc.report(payload("lab-07", generated_at=at, leases=[old(at), *leases]))
+        assert r.json()["applied"], r.text
+
+    at = went_idle + 7800  # 2 h 10 min later
+    report(
+        at,
+        lease("l-1", "alice", "idle", at - went_idle, **notebook),
+        lease("l-2", "bob", "idle", 1700.0),  # below the threshold
+        lease("l-3", "cy", "unknown", None),  # never idle
+        lease("l-4", "dee", "unknown", 90000.0),  # unknown, whatever idle_s says
+        lease("l-5", "eve", "active", 90000.0),  # the broker did not call it idle
+    )
+    assert step(hooks) == 1
+    (body,) = receiver.bodies()
+    assert body["event"] == "lease_idle" and body["computer"] == "lab-07"
+    assert body["text"] == (
+        ":zzz: alice's lease on lab-07 (project vision, 'notebook') idle 2 h 10 min, "
+        "20 000 MiB on GPU 0"
+    )
+    assert body["lease"] == {
+        "lease_id": "l-1",
+        "owner": "alice",
+        "project": "vision",
+        "purpose": "notebook",
+        "granted_mib": 20000,
+        "gpus": [0],
+        "gpu_uuids": [GPU_A],
+        "idle_s": 7800.0,
+        "idle_since": body["lease"]["idle_since"],
+    }
+    since = datetime.fromisoformat(body["lease"]["idle_since"].replace("Z", "+00:00"))
+    assert since.tzinfo == UTC  # the coordinator's clock: the report's arrival − idle_s
+    headers, raw = receiver.got[0]
+    assert verified(hook.secret, headers, raw) and headers["x-rbroker-event"] == "lease_idle"
+    flat = json.dumps(body)
+    assert "pid" not in flat and "env" not in flat and "command" not in flat
+
+    # later reports of the same episode, its start now seen 0.5 s later (past the edge)
+    at += 60
+    report(at, lease("l-1", "alice", "idle", at - went_idle - 0.5, **notebook))
+    assert step(hooks) == 0
+    at += 600
+    report(
+        at,
+        lease("l-1", "alice", "idle", at - went_idle, **notebook),
+        lease("l-2", "bob", "idle", 1800.0),  # now at the threshold: its own episode
+    )
+    assert step(hooks) == 1
+    assert receiver.bodies()[-1]["lease"]["owner"] == "bob"
+    # busy, then idle again: a new episode
+    at += 300
+    report(at, lease("l-1", "alice", "active", 4.0, **notebook))
+    assert step(hooks) == 0
+    at += 2000
+    report(at, lease("l-1", "alice", "idle", 1900.0, **notebook))
+    assert step(hooks) == 1
+    assert step(hooks) == 0
+    again = receiver.bodies()[-1]
+    assert again["lease"]["lease_id"] == "l-1" and "idle 31 min" in again["text"]
+    assert [b["lease"]["owner"] for b in receiver.bodies()] == ["alice", "bob", "alice"]
+    rows = deliveries(c)
+    assert sorted(d.state for d in rows) == ["delivered"] * 3 + ["skipped"]
+    assert len({d.event_key for d in rows}) == 4
+
+
+def test_lease_idle_keys_span_the_episode() -> None:
+    """The same episode's start seen a tenth of a span around a span's edge has one key or
+    a neighbour; the next episode (at least the threshold later) is never a neighbour, down
+    to a threshold of 1 s."""
+
+    def key(threshold_s: float, start: float, idle_s: float) -> events.Event:
+        made = datetime.fromtimestamp(start + idle_s, UTC)
+        row = SimpleNamespace(id="c1", name="pc", last_seen_at=made, generated_at=made)
+        hook = SimpleNamespace(idle_after_s=threshold_s)
+        item = {"lease_id": "l-1", "idle_state": "idle", "idle_s": idle_s, "granted_mib": 1}
+        found = events._lease_idle(row, "g", hook, {}, item)
+        assert found is not None
+        return found
+
+    for threshold_s in (1.0, 60.0, 1800.0, 86400.0):
+        span_s = events.idle_span_s(threshold_s)
+        edge = 1_700_000_000 // span_s * span_s
+        first = key(threshold_s, edge - span_s / 10, threshold_s)
+        same = key(threshold_s, edge + span_s / 10, threshold_s + 60)
+        assert same.key != first.key and first.key in same.near
+        assert key(threshold_s, edge - span_s / 20, threshold_s * 5).key == first.key
+        later = key(threshold_s, edge - span_s / 10 + threshold_s, threshold_s)
+        assert later.key != first.key and first.key not in later.near
+        assert first.key.startswith("lease_idle:c1:l-1:")
+    below = SimpleNamespace(id="c1", name="pc", last_seen_at=None, generated_at=None)
+    item = {"lease_id": "l-1", "idle_state": "idle", "idle_s": 59.0, "granted_mib": 1}
+    assert events._lease_idle(below, "g", SimpleNamespace(idle_after_s=60.0), {}, item) is None
 
 
 def test_retried_after_the_receiver_was_down(

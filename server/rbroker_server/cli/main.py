@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--idle-after",
         type=parse_duration,
         default=1800.0,
-        help="lease_idle: a lease unused longer than this (30m; not sent yet)",
+        help="lease_idle: a lease its broker measured idle longer than this (30m)",
     )
     hlist = hsub.add_parser("list", parents=[common], help="the webhooks (never a secret)")
     hlist.add_argument("--group", help="only this group's")

@@ -23,7 +23,8 @@ SECRET_PREFIX: Final = "rbw_"
 WAITING_AFTER_S: Final = 600.0
 """`--waiting-after`'s default: a request waiting 10 min is news."""
 IDLE_AFTER_S: Final = 1800.0
-"""`--idle-after`'s default (kept for `lease_idle`, which is not emitted yet)."""
+"""`--idle-after`'s default: a lease its broker measured idle for 30 min is news
+(`lease_idle`; the broker's own `idle_after_s` is the least that can be told)."""
 THRESHOLD_MAX_S: Final = 30 * 86400.0
 URL_MAX: Final = 2048
 
@@ -104,7 +105,7 @@ def add_webhook(
     actor: str | None = None,
 ) -> NewWebhook:
     """Add a webhook to `group`. What the group shows already (computers offline, jobs
-    finished, bookings started, requests waiting) is recorded as skipped: only what
+    finished, bookings started, requests waiting, leases idle) is recorded as skipped: only what
     happens from now on is sent.
 
     Raises:

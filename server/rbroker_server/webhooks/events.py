@@ -20,8 +20,14 @@ Events (`EVENTS`):
 - `request_waiting`: a queued request waiting longer than the webhook's
   `waiting_after_s`; requests carry no id, so the key is a digest of what the request shows
   (owner, project, purpose, session, MiB, GPUs) and the 10-minute span it started in.
-- `lease_idle`: accepted by `webhook add`, never emitted yet (reports do not say how long a
-  lease went unused).
+- `lease_idle`: a lease of its last report that its broker measured `idle` (never
+  `active` or `unknown`) for at least the webhook's `idle_after_s` (its report's `idle_s`);
+  once per idle episode, key `lease_idle:<computer id>:<lease id>:<span>`, where span
+  numbers the episode's start (the report's `generated_at`, the computer's clock, minus
+  `idle_s`) in spans of `idle_span_s(idle_after_s)` seconds. A known key of the neighbouring
+  span (`Event.near`) is the same episode, its start seen across a span's edge (clock and
+  send jitter); a new episode after the lease was active again starts at least
+  `idle_after_s` (3 spans) after the one before, so it is always sent.
 
 Bodies carry what the group's fleet view shows (names, owners, projects, purposes, MiB,
 counts, times), never a command line, an environment or a process id.
@@ -44,7 +50,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from rbroker_server.db.engine import utcnow, write_transaction
 from rbroker_server.db.tables import COMPUTERS, DELIVERIES, GROUPS, WEBHOOKS
-from rbroker_server.fleet.service import age_text, freshness
+from rbroker_server.fleet.bookings import fmt_mib
+from rbroker_server.fleet.service import age_text, freshness, idle_text
 from rbroker_server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -65,6 +72,7 @@ MAX_QUEUED_PER_GROUP: Final = 1000
 are dropped, counted and logged (once a minute)."""
 
 _WAIT_SPAN_S: Final = 600
+_IDLE_SPAN_S: Final = 600.0
 _FINISHED = {"succeeded": "job_finished", "cancelled": "job_finished", "failed": "job_failed"}
 _LIVE_BOOKINGS = ("booked", "held", "claimed")
 
@@ -77,6 +85,9 @@ class Event:
     key: str
     computer_id: str
     body: dict[str, Any]
+    near: tuple[str, ...] = ()
+    """Other keys of the same event (a `lease_idle` episode's start in a neighbouring span):
+    one of them already stored means it is not new."""
 
 
 @dataclass(slots=True)
@@ -121,6 +132,56 @@ def _who(item: dict[str, Any]) -> str:
     owner = item.get("owner") or "someone"
     project = item.get("project")
     return f"{owner} ({project})" if project else owner
+
+
+def idle_span_s(idle_after_s: float) -> float:
+    """The span (seconds) a `lease_idle` episode's start is rounded to in its key: 10 min,
+    or a third of the webhook's `idle_after_s` when that is shorter, so that two episodes
+    of one lease (at least `idle_after_s` apart) never fall in neighbouring spans."""
+    return min(_IDLE_SPAN_S, idle_after_s / 3)
+
+
+def _lease_idle(
+    row: Any, group: str, hook: Any, state: dict[str, Any], lease: dict[str, Any]
+) -> Event | None:
+    """The `lease_idle` event of `lease` (a lease of `row`'s stored report, as JSON) for
+    `hook`, or None: not `idle`, or idle less than `hook.idle_after_s`."""
+    idle_s = lease.get("idle_s")
+    if lease.get("idle_state") != "idle" or idle_s is None or idle_s < hook.idle_after_s:
+        return None
+    seen = row.last_seen_at
+    made = row.generated_at or seen
+    if seen is None or made is None:
+        return None
+    span_s = idle_span_s(hook.idle_after_s)
+    n = int((made.timestamp() - idle_s) // span_s)
+    cid, lid = row.id, lease["lease_id"]
+    key = f"lease_idle:{cid}:{lid}:{n}"
+    near = (f"lease_idle:{cid}:{lid}:{n - 1}", f"lease_idle:{cid}:{lid}:{n + 1}")
+    index = {g["uuid"]: g["index"] for g in state.get("gpus", [])}
+    uuids = list(lease.get("gpu_uuids", []))
+    gpus = [index[u] for u in uuids if u in index]
+    owner = slack_escape(lease.get("owner") or "someone")
+    about = [f"project {slack_escape(lease['project'])}"] if lease.get("project") else []
+    if lease.get("purpose"):
+        about.append(f"'{slack_escape(lease['purpose'])}'")
+    mib = lease["granted_mib"]
+    on = f" on GPU{'s' if len(gpus) != 1 else ''} {', '.join(map(str, gpus))}" if gpus else ""
+    text = (
+        f":zzz: {owner}'s lease on {slack_escape(row.name)}"
+        + (f" ({', '.join(about)})" if about else "")
+        + f" {idle_text(idle_s)}, {fmt_mib(mib)} MiB{on}"
+    )
+    fields = {k: lease.get(k) for k in ("lease_id", "owner", "project", "purpose")}
+    fields.update(
+        granted_mib=mib,
+        gpus=gpus,
+        gpu_uuids=uuids,
+        idle_s=round(idle_s, 1),
+        idle_since=_iso(seen.timestamp() - idle_s),
+    )
+    body = _body("lease_idle", group, row, seen, text, lease=fields)
+    return Event("lease_idle", key, cid, body, near)
 
 
 def computer_events(
@@ -238,6 +299,10 @@ def computer_events(
         fields["waiting_s"] = round(waited, 1)
         body = _body("request_waiting", group, row, now, text, request=fields)
         out.append(Event("request_waiting", key, cid, body))
+    for lease in state.get("leases", []):
+        idle = _lease_idle(row, group, hook, state, lease)
+        if idle is not None:
+            out.append(idle)
     return out
 
 
@@ -308,6 +373,21 @@ def record_skipped(conn: Connection, hook: Any, settings: Settings, now: datetim
     return len(events)
 
 
+def _known(conn: Connection, hook_id: int, keys: list[str]) -> set[str]:
+    """Those of `keys` stored for webhook `hook_id` (any state), asked 1 000 at a time."""
+    known: set[str] = set()
+    for i in range(0, len(keys), 1000):
+        known.update(
+            conn.execute(
+                sa.select(DELIVERIES.c.event_key).where(
+                    DELIVERIES.c.webhook_id == hook_id,
+                    DELIVERIES.c.event_key.in_(keys[i : i + 1000]),
+                )
+            ).scalars()
+        )
+    return known
+
+
 def watch(
     engine: Engine,
     settings: Settings,
@@ -328,15 +408,8 @@ def watch(
             events = candidates(conn, hook, settings, now)
             if not events:
                 continue
-            known = set(
-                conn.execute(
-                    sa.select(DELIVERIES.c.event_key).where(
-                        DELIVERIES.c.webhook_id == hook.id,
-                        DELIVERIES.c.event_key.in_([e.key for e in events]),
-                    )
-                ).scalars()
-            )
-            new = [e for e in events if e.key not in known]
+            known = _known(conn, hook.id, [k for e in events for k in (e.key, *e.near)])
+            new = [e for e in events if e.key not in known and known.isdisjoint(e.near)]
             if new:
                 found.append((hook, new))
     if not found:
