@@ -514,18 +514,19 @@ def test_cli_add_list_remove(
     assert main(["group", "create", "vision", *d]) == 0
     capsys.readouterr()
     args = ["webhook", "add", "--group", "vision", "https://chat.example/hooks/T0"]
-    assert (
-        main([*args, "--events", "computer_offline,job_failed", "--waiting-after", "5m", *d]) == 0
-    )
+    thresholds = ["--waiting-after", "5m", "--idle-after", "2h"]
+    assert main([*args, "--events", "computer_offline,lease_idle", *thresholds, *d]) == 0
     out = capsys.readouterr()
     hook_id, secret = out.out.strip().split("\t")
     assert secret.startswith("rbw_") and "shown once" in out.err
     assert main(["webhook", "list", "--group", "vision", *d]) == 0
     listed = capsys.readouterr().out
     assert "https://chat.example/hooks/T0" in listed and secret not in listed
+    assert "\twaiting>300s\tidle>7200s\t" in listed
     assert main(["webhook", "list", "--json", *d]) == 0
     (row,) = json.loads(capsys.readouterr().out)
-    assert row["events"] == ["computer_offline", "job_failed"] and row["waiting_after_s"] == 300
+    assert row["events"] == ["computer_offline", "lease_idle"] and row["waiting_after_s"] == 300
+    assert row["idle_after_s"] == 7200
     assert "secret" not in row
     for bad, says in [
         (["webhook", "add", "--group", "vision", "ftp://x/h", "--events", "job_failed"], "http"),

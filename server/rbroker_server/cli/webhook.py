@@ -61,7 +61,8 @@ def cmd_webhook(args: argparse.Namespace) -> int:
             for h in [] if args.json else hooks:
                 print(
                     f"{h.id}\t{h.group}\t{h.url}\t{','.join(h.events)}"
-                    f"\twaiting>{h.waiting_after_s:g}s\tqueued={h.queued}"
+                    f"\twaiting>{h.waiting_after_s:g}s\tidle>{h.idle_after_s:g}s"
+                    f"\tqueued={h.queued}"
                     f"\tdelivered={h.delivered}\tfailed={h.failed}\t{fmt_time(h.created_at)}"
                 )
     finally:
