@@ -450,6 +450,40 @@ def test_two_coordinators_deliver_each_event_once(
     assert {e for e, _, _ in keys} == {"computer_offline", "computer_back"}
 
 
+def test_two_coordinators_send_each_idle_episode_once(
+    coordinator_factory: Callable[..., Coordinator], receiver: Receiver
+) -> None:
+    one = coordinator_factory(webhook_interval_s=0.05)
+    coordinator_factory(webhook_interval_s=0.05)  # a second process on the same database
+    one.group("vision")
+    pcs = [one.enroll("vision", f"lab-{i}") for i in range(3)]
+    for pc in pcs:
+        assert pc.report(payload(pc.id)).json()["applied"]
+    add(one, receiver.url, "lease_idle", idle_after_s=60)
+    went_idle = time.time() - 120
+
+    def report_all() -> None:
+        for pc in pcs:
+            at = time.time()
+            leases = [lease(f"l-{j}", "ana", "idle", at - went_idle - j) for j in range(2)]
+            assert pc.report(payload(pc.id, generated_at=at, leases=leases)).json()["applied"]
+
+    def all_sent() -> bool:
+        report_all()
+        return len(receiver.got) >= 6
+
+    # both coordinators' passes see every report of the same episodes
+    wait_until_true(all_sent, timeout_s=10)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        report_all()
+    time.sleep(0.5)
+    got = [(b["computer_id"], b["lease"]["lease_id"]) for b in receiver.bodies()]
+    assert sorted(got) == sorted((pc.id, f"l-{j}") for pc in pcs for j in range(2))
+    ids = [h["x-rbroker-delivery"] for h, _ in receiver.got]
+    assert len(set(ids)) == len(ids) == 6
+
+
 def test_claims_never_overlap(coordinator_factory: Callable[..., Coordinator]) -> None:
     c = coordinator_factory(webhook_interval_s=3600.0)
     c.group("vision")
