@@ -29,7 +29,7 @@ Events (`EVENTS`):
   send jitter); a new episode after the lease was active again starts at least
   `idle_after_s` (3 spans) after the one before, so it is always sent.
 
-Bodies carry what the group's fleet view shows (names, owners, projects, purposes, MiB,
+Bodies carry what the group's fleet view shows (names, owners, projects, purposes, MiB, GPUs,
 counts, times), never a command line, an environment or a process id.
 """
 
