@@ -7,9 +7,7 @@ never on the caller's thread, so a CPU-bound main thread cannot starve them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import inspect
 import logging
 import os
 import socket as _socket
@@ -18,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rbroker._lease_record import Lease, note_over_grant
 from rbroker.base.cuda import cuda_indices
@@ -34,6 +32,9 @@ from rbroker.base.exceptions import (
 from rbroker.client.local import RENEW, Client
 from rbroker_protocol.params import AcquireRequest
 from rbroker_protocol.results import AcquireResult, GrantedGpu
+
+if TYPE_CHECKING:  # loaded by `alease` alone: `rbroker.lease` starts without it
+    import asyncio
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -713,6 +714,8 @@ async def alease(
     event loop's thread: a function is called there, an async function's coroutine runs
     there as a task; an exception of either is logged, as `lease()` logs its callback's.
     """
+    import asyncio
+
     project, session, purpose = _descriptions(project, session, purpose)
     withdrawal = _Withdrawal()
     idle = None if on_idle is None else _on_loop(on_idle, asyncio.get_running_loop(), "on_idle")
@@ -747,6 +750,8 @@ def _on_own_thread(
     the running loop. When that future is cancelled first (the awaiting task was), a result
     that still comes is passed to `on_abandoned` on that thread. A daemon thread, so that a
     wait still going on never holds up the interpreter's exit."""
+    import asyncio
+
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
@@ -786,6 +791,9 @@ def _on_loop(
     call is passed to `loop`, where `callback` runs and an awaitable it returns runs as a
     task; an exception of either is logged (`name` says whose). Once the loop has closed,
     a call is dropped."""
+    import asyncio
+    import inspect
+
     tasks: set[asyncio.Future[object]] = set()  # held until done (a loop keeps weak ones)
 
     def finished(task: asyncio.Future[object]) -> None:

@@ -13,10 +13,13 @@ takes are hosting's (`rbroker.hosting.machine_lock`). Nothing here imports the b
 
 from __future__ import annotations
 
-import asyncio
 import sys
+from typing import TYPE_CHECKING
 
 from rbroker.transport.base import Handler, ListeningServer, Stream
+
+if TYPE_CHECKING:  # a client's start-up loads no asyncio (docs/architecture.md §10)
+    import asyncio
 
 
 async def serve(

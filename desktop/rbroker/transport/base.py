@@ -9,11 +9,13 @@ and `rbroker.transport.connect` pick the one for this OS.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
+
+if TYPE_CHECKING:  # a client's start-up loads no asyncio (docs/architecture.md §10)
+    import asyncio
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +42,12 @@ def account_of(peer: Peer) -> str:
     return ""
 
 
-PeerOf = Callable[[asyncio.BaseTransport], Peer]
+PeerOf: TypeAlias = "Callable[[asyncio.BaseTransport], Peer]"
 """Reads who is on the other end of a connection the transport has just made, from the OS
 (never from a request). Raises OSError when it cannot be read: the connection is then
 closed unserved."""
 
-Handler = Callable[[PeerOf, int], asyncio.Protocol]
+Handler: TypeAlias = "Callable[[PeerOf, int], asyncio.Protocol]"
 """Builds the protocol of one accepted connection: `handler(peer_of, limit)`, `limit` the
 longest request line (bytes) it accepts. Its `connection_made` calls `peer_of(transport)`."""
 
