@@ -137,6 +137,8 @@ def test_wheel_carries_icons_migrations_and_package_data(built_wheel: Path) -> N
     assert revisions, "no migration revisions in the source tree"
     for name in ["env.py", "script.py.mako", *(f"versions/{r}" for r in revisions)]:
         assert f"rbroker_server/db/migrations/{name}" in names, f"migration {name} missing"
+    for unit in sorted((ROOT / "packaging" / "linux").glob("*.service")):
+        assert f"rbroker_protocol/units/{unit.name}" in names, f"unit {unit.name} missing"
     # every file of every package (templates, static files, data) travels in the wheel
     for src, dest in PACKAGES.items():
         for path in src.rglob("*"):

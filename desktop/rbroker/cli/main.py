@@ -81,7 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rbroker {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    b = sub.add_parser("broker", help="run the local broker in the foreground")
+    b = sub.add_parser(
+        "broker",
+        help="run the local broker in the foreground",
+        epilog="On Linux, `rbroker broker install-system` (as root) installs the system broker "
+        "as a systemd service and `rbroker broker uninstall-system` removes it (each with "
+        "--help).",
+    )
     _add_socket(b, BROKER_SOCKET_HELP)
     b.add_argument("--data-dir", type=Path, help="state directory (default: per-user data dir)")
     b.add_argument(
@@ -457,6 +463,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rbroker` console script; returns the exit code (130 after a
     Ctrl-C that the command did not handle itself: never a KeyboardInterrupt traceback)."""
+    given = sys.argv[1:] if argv is None else argv
+    from rbroker.cli.install_system import ACTIONS
+
+    if given[:1] == ["broker"] and given[1:2] and given[1] in ACTIONS:
+        from rbroker.cli.install_system import run as run_install
+
+        _never_fail_on_output()
+        return run_install(given[1:])
     args = build_parser().parse_args(argv)
     _never_fail_on_output()
     try:

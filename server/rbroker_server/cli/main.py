@@ -151,6 +151,27 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--non-interactive", action="store_true", help="never prompt")
     setup.add_argument("--force", action="store_true", help="rewrite an existing config")
 
+    from rbroker_server.cli import install_system
+
+    install = sub.add_parser(
+        "install-system",
+        help="install the coordinator as a systemd service (Linux, as root)",
+        description=f"Make the service account {install_system.ACCOUNT} (no login) and "
+        f"{install_system.STATE_DIR} (0750), write the unit {install_system.UNIT} running this "
+        "rbroker-server, enable it, and (re)start it when systemd runs and the data dir has "
+        "its config.toml (else it says the setup command to run first). Run again it upgrades "
+        "in place and keeps the data dir.",
+    )
+    install.set_defaults(func=install_system.cmd_install_system)
+    uninstall = sub.add_parser(
+        "uninstall-system",
+        help="stop and remove the coordinator's systemd service (keeps its data dir)",
+        description=f"Stop, disable and remove {install_system.UNIT} and the account its "
+        f"install made; {install_system.STATE_DIR} is kept unless --purge.",
+    )
+    uninstall.set_defaults(func=install_system.cmd_uninstall_system)
+    install_system.add_arguments(install, uninstall)
+
     serve = add("serve", cmd_serve, "serve the coordinator (HTTPS when configured)")
     serve.add_argument("--host", help="override the configured bind address")
     serve.add_argument("--port", type=port_number, help="override the configured port (1-65535)")
