@@ -85,10 +85,15 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return min(16, max(4, 2 * (os.cpu_count() or 1)))
 
 
-ALONE = {"tests/test_bench_smoke.py": "benchmarks", "tests/test_wheel_install.py": "wheel"}
+ALONE = {
+    "tests/test_bench_smoke.py": "benchmarks",
+    "tests/test_wheel_install.py": "wheel",
+    "tests/test_release.py": "release",
+}
 """Test files whose tests share one xdist worker (`--dist loadgroup`), by group name: the
 benchmarks' smoke tests compare timings; the wheel's tests share one built wheel and its
-virtual environments (module fixtures, built once per worker)."""
+virtual environments, the release's tests one release (module fixtures, built once per
+worker)."""
 
 
 PROCESS_FIXTURES = frozenset(
