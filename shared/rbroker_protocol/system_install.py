@@ -107,6 +107,16 @@ class Made:
 Say = Callable[[str], None]
 
 
+def print_step(line: str) -> None:
+    """One step's line on stdout; a reader gone (`| head`) does not stop an install halfway:
+    the rest goes to the null device."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def check_name(option: str, name: str) -> None:
     """Raise InstallError unless `name` is a plain account or group name."""
     if not _NAME.fullmatch(name):
@@ -261,7 +271,7 @@ def install(
     *,
     root: Path = Path("/"),
     dry_run: bool = False,
-    say: Say = print,
+    say: Say = print_step,
     extra_files: Sequence[tuple[str, str]] = (),
 ) -> None:
     """Install `service` (see the module's docstring); `say` is told each step, as done or,
@@ -271,6 +281,31 @@ def install(
     Raises:
         InstallError: a step failed (one line); what was done before it stays.
     """
+    made = Made()
+    try:
+        _install(service, template, version, root, dry_run, say, extra_files, made)
+    except InstallError as exc:
+        new = [made.account] if made.account else []
+        new += made.groups
+        if not new or dry_run:
+            raise
+        raise InstallError(
+            f"{exc}; made before it and kept, for the next install-system (or remove them by "
+            f"hand: userdel, groupdel): {', '.join(new)}",
+            usage=exc.usage,
+        ) from exc
+
+
+def _install(
+    service: Service,
+    template: str,
+    version: str,
+    root: Path,
+    dry_run: bool,
+    say: Say,
+    extra_files: Sequence[tuple[str, str]],
+    made_now: Made,
+) -> None:
     verb = "would " if dry_run else ""
     unit_path = _under(root, str(UNIT_DIR / service.unit))
     previous = Made()
@@ -286,6 +321,7 @@ def install(
         say(f"{verb}make the system account {service.account} (no login)")
         if not dry_run:
             _run(cmd)
+            made_now.account = service.account
         made.account = service.account
     for group in service.groups:
         if group == service.account or _group_exists(group):
@@ -293,6 +329,7 @@ def install(
         say(f"{verb}make the group {group}")
         if not dry_run:
             _run(["groupadd", "--system", group])
+            made_now.groups.append(group)
         if group not in made.groups:
             made.groups.append(group)
 
@@ -323,6 +360,7 @@ def install(
     say(f"{verb}write {unit_path}: ExecStart={shlex.join(service.exec_start)}")
     if not dry_run:
         _write(unit_path, text, 0o644, None)
+        made_now.account, made_now.groups = None, []  # recorded in the unit from here on
     name = service.unit
     if root == Path("/") and systemd_running():
         steps = [["systemctl", "daemon-reload"], ["systemctl", "enable", name]]
@@ -357,7 +395,7 @@ def uninstall(
     root: Path = Path("/"),
     purge: bool = False,
     dry_run: bool = False,
-    say: Say = print,
+    say: Say = print_step,
 ) -> None:
     """Stop, disable and remove `unit`, its runtime directories and the account and groups
     its install made (its first line); the `state_dirs` too with `purge`.
@@ -368,7 +406,14 @@ def uninstall(
     verb = "would " if dry_run else ""
     unit_path = _under(root, str(UNIT_DIR / unit))
     if not unit_path.is_file():
-        say(f"nothing to uninstall: no {unit_path}")
+        say(f"no {unit_path}: nothing installed to remove")
+        if purge:  # what an earlier uninstall kept
+            for rel in state_dirs:
+                path = _under(root, rel)
+                if path.exists():
+                    say(f"{verb}remove {path} and everything in it")
+                    if not dry_run:
+                        shutil.rmtree(path)
         return
     made = Made.parse(unit_path.read_text(encoding="utf-8", errors="replace"))
     if root == Path("/") and systemd_running():

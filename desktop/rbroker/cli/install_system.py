@@ -180,4 +180,10 @@ def run(argv: list[str]) -> int:
     except si.InstallError as exc:
         print(f"rbroker: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE if exc.usage else EXIT_FAILED
+    except BrokenPipeError:
+        raise  # `| head`: main ends quietly
+    except OSError as exc:  # a file it reads (the unit, a directory) that cannot be read
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"rbroker: {action}: {exc.strerror or exc}{where}", file=sys.stderr)
+        return EXIT_FAILED
     return 0

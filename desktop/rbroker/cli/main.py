@@ -466,14 +466,14 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     from rbroker.cli.install_system import ACTIONS
 
-    if given[:1] == ["broker"] and given[1:2] and given[1] in ACTIONS:
-        from rbroker.cli.install_system import run as run_install
-
-        _never_fail_on_output()
-        return run_install(given[1:])
-    args = build_parser().parse_args(argv)
+    install = given[:1] == ["broker"] and len(given) > 1 and given[1] in ACTIONS
+    args = None if install else build_parser().parse_args(argv)
     _never_fail_on_output()
     try:
+        if args is None:  # `rbroker broker install-system`: a parser of its own
+            from rbroker.cli.install_system import run as run_install
+
+            return run_install(given[1:])
         return _dispatch(args)
     except KeyboardInterrupt:
         return 128 + signal.SIGINT

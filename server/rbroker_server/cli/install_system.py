@@ -59,10 +59,17 @@ def cmd_install_system(args: argparse.Namespace) -> int:
             start=configured,
         )
         si.install(
-            service, si.unit_template(UNIT), __version__, root=args.root, dry_run=args.dry_run
+            service,
+            si.unit_template(UNIT),
+            __version__,
+            root=args.root,
+            dry_run=args.dry_run,
         )
     except si.InstallError as exc:
         raise CliError(str(exc)) from exc
+    except OSError as exc:  # a file it reads (the unit, the data dir) that cannot be read
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise CliError(f"{args.command}: {exc.strerror or exc}{where}") from exc
     if not configured:
         setup = [*program, "setup", "--data-dir", STATE_DIR, "--public-hostname", "HOST"]
         print(
@@ -80,6 +87,9 @@ def cmd_uninstall_system(args: argparse.Namespace) -> int:
         si.uninstall(UNIT, [STATE_DIR], [], root=args.root, purge=args.purge, dry_run=args.dry_run)
     except si.InstallError as exc:
         raise CliError(str(exc)) from exc
+    except OSError as exc:  # a file it reads (the unit, the data dir) that cannot be read
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise CliError(f"{args.command}: {exc.strerror or exc}{where}") from exc
     return 0
 
 
