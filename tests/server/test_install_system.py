@@ -5,7 +5,13 @@ the uninstall keeps the data dir."""
 
 from __future__ import annotations
 
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from rbroker_server.cli.main import build_parser
 from tests.system_units import (
@@ -13,10 +19,12 @@ from tests.system_units import (
     accounts,
     as_root,
     cli,
+    env,
     exec_start,
     gone,
     mode,
     owner,
+    runnable_by,
     verify,
 )
 
@@ -40,8 +48,61 @@ def _install_uninstall(root: Path) -> None:
     assert build_parser().parse_args(argv[1:]).command == "serve"
     assert "User=rbroker-server" in unit.read_text()
     verify(unit)
+    runnable = runnable_by("rbroker-server", RBROKER_SERVER)
+    if runnable:
+        said = _setup_and_serve(root, argv)
+        assert "healthz 200" in said, said
+        assert (data / "config.toml").is_file()
+        again = cli(*args, module="rbroker_server")  # an upgrade, configured: no setup line
+        assert again.returncode == 0 and "not started" not in again.stdout, again
     (data / "keep.txt").write_text("x")
     removed = cli("uninstall-system", "--root", str(root), module="rbroker_server")
     assert removed.returncode == 0, removed.stderr
     assert not unit.exists() and (data / "keep.txt").is_file()
     assert gone("passwd", "rbroker-server")
+    if not runnable:
+        pytest.skip(f"all but serving: rbroker-server cannot run {RBROKER_SERVER} here")
+
+
+def _setup_and_serve(root: Path, argv: list[str]) -> str:
+    """`setup` as the operator guide runs it, then the unit's ExecStart= `argv` as written, as
+    rbroker-server, the root's /var/lib in its place and a loopback of the test's own (a mount
+    and network namespace); asks /healthz. The transcript."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs unshare and ip (iproute2) for a namespace of the test's own")
+    port = 8787
+    as_service = [
+        "runuser",
+        "-u",
+        "rbroker-server",
+        "--",
+        "env",
+        f"PYTHONPATH={env()['PYTHONPATH']}",
+    ]
+    setup = [str(RBROKER_SERVER), "setup", "--non-interactive", "--data-dir",
+             "/var/lib/rbroker-server", "--bind", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    probe = (
+        "import sys, time, urllib.request\n"
+        "for _ in range(300):\n"
+        "    try:\n"
+        f"        r = urllib.request.urlopen('http://127.0.0.1:{port}/healthz', timeout=2)\n"
+        "        print('healthz', r.status); break\n"
+        "    except OSError: time.sleep(0.1)\n"
+    )
+    script = "\n".join(
+        [
+            "set -u",
+            "ip link set lo up",
+            f"mount --bind {shlex.quote(str(root / 'var' / 'lib'))} /var/lib",
+            f"{shlex.join(as_service + setup)} >/dev/null",
+            f"{shlex.join(as_service + argv)} >/tmp/serve.log 2>&1 &",
+            "server=$!",
+            f"{shlex.join([sys.executable, '-c', probe])}",
+            "kill -TERM $server; wait $server",
+        ]
+    )
+    out = subprocess.run(
+        ["unshare", "--mount", "--net", "sh", "-c", script],
+        capture_output=True, text=True, timeout=120, cwd="/", check=False,
+    )  # fmt: skip
+    return out.stdout + out.stderr
