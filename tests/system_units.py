@@ -5,7 +5,9 @@ by the install and removed after the test whatever happened, the files in a temp
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
 import pwd
 import shlex
@@ -13,6 +15,8 @@ import shutil
 import stat
 import subprocess
 import sys
+import sysconfig
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,10 +31,48 @@ as_root = pytest.mark.skipif(
     or shutil.which("runuser") is None,
     reason="needs Linux, root, useradd and runuser to make the service's accounts",
 )
-BIN = Path(sys.executable).parent
-RBROKER = BIN / "rbroker"
-RBROKER_SERVER = BIN / "rbroker-server"
-"""This environment's launchers: the installed programs the units' ExecStart= name."""
+
+
+@functools.cache
+def program(name: str) -> Path:
+    """The installed program `name` (`rbroker`, `rbroker-server`) that the units' ExecStart=
+    name and that other accounts can run: this environment's launcher where `nobody` can run
+    it; else one in a virtual environment made (once per process) from the system's
+    interpreter of this version, with this environment's packages added (a .pth file), as
+    tests/os_users.py's `python_as` runs code as another account. Where neither can be run
+    by others (the packages in a private home directory), this environment's launcher: the
+    tests leave out running it, saying so."""
+    own = Path(sys.executable).with_name(name)
+    if runnable_by("nobody", own):
+        return own
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    system = shutil.which(version, path="/usr/local/bin:/usr/bin")
+    if system is None:
+        return own
+    folder = Path(tempfile.mkdtemp(prefix="rbt-venv-"))
+    folder.chmod(0o755)
+    atexit.register(shutil.rmtree, folder, True)
+    made = subprocess.run(
+        [system, "-m", "venv", "--without-pip", str(folder)], capture_output=True, check=False
+    )
+    if made.returncode != 0:
+        return own
+    paths = sysconfig.get_paths()
+    ask = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    answer = subprocess.run(
+        [str(folder / "bin" / "python"), "-c", ask], capture_output=True, text=True, check=True
+    )
+    site = Path(answer.stdout.strip())
+    site.joinpath("rbroker-tests.pth").write_text(f"{paths['purelib']}\n{paths['platlib']}\n")
+    module = {"rbroker": "rbroker.cli.main", "rbroker-server": "rbroker_server.cli.main"}
+    for script, where in module.items():
+        launcher = folder / "bin" / script
+        launcher.write_text(
+            f"#!{folder / 'bin' / 'python'}\nimport sys\nfrom {where} import main\n"
+            "sys.exit(main())\n"
+        )
+        launcher.chmod(0o755)
+    return folder / "bin" / name
 
 
 def env() -> dict[str, str]:

@@ -15,7 +15,6 @@ import pytest
 
 from rbroker_server.cli.main import build_parser
 from tests.system_units import (
-    RBROKER_SERVER,
     accounts,
     as_root,
     cli,
@@ -24,6 +23,7 @@ from tests.system_units import (
     gone,
     mode,
     owner,
+    program,
     runnable_by,
     verify,
 )
@@ -36,7 +36,8 @@ def test_the_coordinator_installs_and_uninstalls(tmp_path: Path) -> None:
 
 
 def _install_uninstall(root: Path) -> None:
-    args = ["install-system", "--root", str(root), "--exec", str(RBROKER_SERVER)]
+    server = program("rbroker-server")
+    args = ["install-system", "--root", str(root), "--exec", str(server)]
     done = cli(*args, module="rbroker_server")
     assert done.returncode == 0, done.stderr
     assert "not started: /var/lib/rbroker-server has no config.toml" in done.stdout
@@ -44,11 +45,16 @@ def _install_uninstall(root: Path) -> None:
     data = root / "var/lib/rbroker-server"
     assert (mode(data), owner(data)) == (0o750, "rbroker-server")
     argv = exec_start(unit)
-    assert argv == [str(RBROKER_SERVER), "serve", "--data-dir", "/var/lib/rbroker-server"]
+    assert argv == [
+        str(server),
+        "serve",
+        "--data-dir",
+        "/var/lib/rbroker-server",
+    ]
     assert build_parser().parse_args(argv[1:]).command == "serve"
     assert "User=rbroker-server" in unit.read_text()
     verify(unit)
-    runnable = runnable_by("rbroker-server", RBROKER_SERVER)
+    runnable = runnable_by("rbroker-server", server)
     if runnable:
         said = _setup_and_serve(root, argv)
         assert "healthz 200" in said, said
@@ -61,7 +67,7 @@ def _install_uninstall(root: Path) -> None:
     assert not unit.exists() and (data / "keep.txt").is_file()
     assert gone("passwd", "rbroker-server")
     if not runnable:
-        pytest.skip(f"all but serving: rbroker-server cannot run {RBROKER_SERVER} here")
+        pytest.skip(f"all but serving: rbroker-server cannot run {program('rbroker-server')} here")
 
 
 def _setup_and_serve(root: Path, argv: list[str]) -> str:
@@ -79,7 +85,7 @@ def _setup_and_serve(root: Path, argv: list[str]) -> str:
         "env",
         f"PYTHONPATH={env()['PYTHONPATH']}",
     ]
-    setup = [str(RBROKER_SERVER), "setup", "--non-interactive", "--data-dir",
+    setup = [str(program("rbroker-server")), "setup", "--non-interactive", "--data-dir",
              "/var/lib/rbroker-server", "--bind", "127.0.0.1", "--port", str(port)]  # fmt: skip
     probe = (
         "import sys, time, urllib.request\n"

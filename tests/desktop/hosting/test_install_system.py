@@ -7,10 +7,10 @@ the GPUs; a user of the allowed group reaches it with `rbroker status`, one outs
 refused. Then a second install upgrades in place, the uninstall keeps the state directory,
 and --purge removes it.
 
-Needs root, useradd, runuser and unshare; skips cleanly without them. Running the unit's
-program as the service's account is left out, the test skipped saying so after the rest has
-run, where this environment's interpreter lives where another account cannot run it (a
-private home directory)."""
+Needs root, useradd, runuser and unshare; skips cleanly without them. The unit's program is
+one other accounts can run (`tests.system_units.program`); where none can be had (this
+environment's packages in a private home directory), running it is left out, the test skipped
+saying so after the rest has run."""
 
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ from tests.conftest import short_tmp
 from tests.fakes import nvml_driver
 from tests.os_users import OsUser, create_user, remove_user
 from tests.system_units import (
-    RBROKER,
     accounts,
     as_root,
     cli,
@@ -40,6 +39,7 @@ from tests.system_units import (
     exec_start,
     mode,
     owner,
+    program,
     runnable_by,
     verify,
 )
@@ -67,7 +67,7 @@ def _runexec_start(root: Path, argv: list[str], users: dict[str, OsUser]) -> str
         ["env", "-u", "RBROKER_BROKER_LOCK", f"PYTHONPATH={env()['PYTHONPATH']}",
          f"LD_LIBRARY_PATH={library}", f"{nvml_driver.STATE_ENV}={state}"]
     )  # fmt: skip
-    status = [str(RBROKER), "status"]
+    status = [str(program("rbroker")), "status"]
     script = [
         "set -u",
         f"mount --bind {shlex.quote(str(root / 'run'))} /run",
@@ -104,7 +104,8 @@ def test_install_runs_upgrades_and_uninstalls_the_system_broker(tmp_path: Path) 
 
 
 def _install_run_upgrade_uninstall(root: Path, group: str, admins: str) -> None:
-    args = ["--root", str(root), "--exec", str(RBROKER), "--allowed-group", group]
+    rbroker = program("rbroker")
+    args = ["--root", str(root), "--exec", str(rbroker), "--allowed-group", group]
     done = cli("broker", "install-system", *args, "--admin-group", admins,
                 "--members", f"vision=alice,@{group}")  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -120,7 +121,7 @@ def _install_run_upgrade_uninstall(root: Path, group: str, admins: str) -> None:
     assert (mode(state_dir), owner(state_dir)) == (0o750, "rbroker")
     assert 'vision = ["alice", "@' in (state_dir / "broker.toml").read_text()
     argv = exec_start(unit)
-    assert argv[0] == str(RBROKER)
+    assert argv[0] == str(rbroker)
     parsed = build_parser().parse_args(argv[1:])
     assert parsed.system and (parsed.allowed_group, parsed.admin_group) == (group, admins)
     text = unit.read_text()
@@ -129,7 +130,7 @@ def _install_run_upgrade_uninstall(root: Path, group: str, admins: str) -> None:
     verify(unit)
 
     # the unit's program, as written, as its account; a member and an outsider ask it
-    unrunnable = not runnable_by("rbroker", RBROKER)
+    unrunnable = not runnable_by("rbroker", rbroker)
     if not unrunnable:
         _member_reaches_it(root, argv, group)
         assert (state_dir / "broker.sqlite3").is_file()
@@ -159,7 +160,7 @@ def _install_run_upgrade_uninstall(root: Path, group: str, admins: str) -> None:
     assert "kept " in removed.stdout
 
     # installed again over the kept state (a new account, maybe another uid): its own again
-    back = cli("broker", "install-system", "--root", str(root), "--exec", str(RBROKER))
+    back = cli("broker", "install-system", "--root", str(root), "--exec", str(rbroker))
     assert back.returncode == 0, back.stderr
     assert owner(state_dir / "broker.sqlite3") == "rbroker"
     purged = cli("broker", "uninstall-system", "--root", str(root), "--purge")
@@ -167,7 +168,9 @@ def _install_run_upgrade_uninstall(root: Path, group: str, admins: str) -> None:
     assert not state_dir.exists()
     assert subprocess.run(["getent", "passwd", "rbroker"], capture_output=True).returncode == 2
     if unrunnable:
-        pytest.skip(f"all but running the unit's program: rbroker cannot run {RBROKER} here")
+        pytest.skip(
+            f"all but running the unit's program: rbroker cannot run {program('rbroker')} here"
+        )
 
 
 def _member_reaches_it(root: Path, argv: list[str], group: str) -> None:
