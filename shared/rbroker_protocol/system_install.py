@@ -307,6 +307,13 @@ def _install(
     made_now: Made,
 ) -> None:
     verb = "would " if dry_run else ""
+    for rel, _text in extra_files:  # before anything changes
+        if _under(root, rel).exists():
+            raise InstallError(
+                f"{_under(root, rel)} exists already: add what it should say to it by hand, or "
+                "run install-system again without the options that write it",
+                usage=True,
+            )
     unit_path = _under(root, str(UNIT_DIR / service.unit))
     previous = Made()
     if unit_path.is_file():
@@ -347,11 +354,6 @@ def _install(
             _own_dir(path, service.account, directory.mode, contents=directory.state)
     for rel, text in extra_files:
         path = _under(root, rel)
-        if path.exists():
-            raise InstallError(
-                f"{path} exists already: add what it should say to it by hand, or run "
-                "install-system again without the options that write it"
-            )
         say(f"{verb}write {path}")
         if not dry_run:
             _write(path, text, 0o640, service.account)

@@ -138,7 +138,11 @@ def _install_run_upgrade_uninstall(root: Path, group: str, admins: str) -> None:
         (state_dir / "broker.sqlite3").write_bytes(b"")  # as the broker would leave it
         os.chown(state_dir / "broker.sqlite3", service.pw_uid, service.pw_gid)
 
-    # a second install is an upgrade in place: the state stays, the unit is written anew
+    # a second install is an upgrade in place: the state stays, the unit is written anew;
+    # one that would overwrite broker.toml changes nothing
+    clash = cli("broker", "install-system", *args, "--members", "nlp=bob")
+    assert clash.returncode == 2 and clash.stdout == "", clash
+    assert clash.stderr.count("\n") == 1 and "broker.toml exists already" in clash.stderr
     again = cli("broker", "install-system", *args, "--admin-group", admins)
     assert again.returncode == 0, again.stderr
     assert "upgrade it in place" in again.stdout
