@@ -5,6 +5,7 @@ the uninstall keeps the data dir."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -112,3 +113,28 @@ def _setup_and_serve(root: Path, argv: list[str]) -> str:
         capture_output=True, text=True, timeout=120, cwd="/", check=False,
     )  # fmt: skip
     return out.stdout + out.stderr
+
+
+def test_not_root_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rbroker_server.cli.main import main
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(sys, "platform", "linux")
+    for action in ("install-system", "uninstall-system"):
+        assert main([action, "--dry-run"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "run it as root (sudo)" in err, err
+
+
+@as_root
+def test_a_dry_run_changes_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    from rbroker_server.cli.main import main
+
+    with accounts("rbroker-server"):
+        assert main(["install-system", "--dry-run", "--exec", "/usr/bin/true"]) == 0
+        said = capsys.readouterr().out
+        assert "would make the system account rbroker-server" in said
+        assert gone("passwd", "rbroker-server")
+        assert not Path("/etc/systemd/system/rbroker-server.service").exists()
