@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--system",
         action="store_true",
         help="the computer's broker for every local user (Linux): socket "
-        "/run/rbroker/broker.sock, data /var/lib/rbroker (packaging/linux/rbroker-broker.service)",
+        "/run/rbroker/broker.sock, data /var/lib/rbroker (as `rbroker broker install-system` "
+        "runs it)",
     )
     b.add_argument(
         "--allowed-group",

@@ -23,9 +23,8 @@ from rbroker_protocol.startup import (
 )
 
 NOT_WINDOWS = (
-    "`rbroker service` installs the Windows service and works on Windows only; on Linux run "
-    "the system broker instead: `rbroker broker --system` under systemd "
-    "(packaging/linux/rbroker-broker.service)"
+    "`rbroker service` installs the Windows service and works on Windows only; on Linux "
+    "install the system broker instead: sudo rbroker broker install-system (systemd)"
 )
 
 

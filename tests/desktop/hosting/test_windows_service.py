@@ -122,7 +122,7 @@ def test_serve_until_hosts_the_broker_and_stops(tmp_path: Path) -> None:
 def test_cli_refuses_off_windows(action: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["service", action]) == 2
     err = capsys.readouterr().err
-    assert "works on Windows only" in err and "rbroker broker --system" in err
+    assert "works on Windows only" in err and "sudo rbroker broker install-system" in err
 
 
 def test_service_manager_refusals_say_what_is_wrong_and_what_to_do() -> None:
