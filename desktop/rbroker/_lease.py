@@ -437,6 +437,12 @@ def _acquire(
             "invalid_params",
             field="mib",
         )
+    if not 0 <= wait_s < float("inf"):  # NaN too: the wait's deadline is computed here
+        raise InvalidParams(
+            f"wait_s: must be at least 0 seconds and finite, not {wait_s!r}",
+            "invalid_params",
+            field="wait_s",
+        )
     client = Client(socket)
     if withdrawal is not None:
         withdrawal.watch(client)

@@ -29,9 +29,8 @@ import subprocess
 import threading
 from collections.abc import Mapping
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
 from rich.console import Console
 from rich.status import Status
 
@@ -50,8 +49,10 @@ from rbroker.base.children import STOP_SIGNALS, forward_signal, spawn
 from rbroker.base.display import AHEAD_SAID, ahead_words, fmt_mib
 from rbroker.cli.exits import unusable_exit
 from rbroker_protocol.eta import eta_words
-from rbroker_protocol.localapi import AcquireParams
 from rbroker_protocol.results import BookingView
+
+if TYPE_CHECKING:  # the request's model loads only to word a refusal (start-up, §10)
+    from pydantic import ValidationError
 
 EX_USAGE = 2
 EX_TEMPFAIL = 75  # sysexits.h: no room now / within --wait
@@ -103,6 +104,20 @@ def flag_error(exc: ValidationError) -> str:
     if kind == "finite_number":
         return f"{flag} must be a finite number{' of seconds' if unit else ''}"
     return f"{flag}: {err['msg'].lower()}"
+
+
+def _in_flag_words(request: Mapping[str, Any]) -> str | None:
+    """What the local API's model (`AcquireParams`) finds wrong in `request`, in the flag's
+    words (`flag_error`); None when it finds nothing."""
+    from pydantic import ValidationError
+
+    from rbroker_protocol.localapi import AcquireParams
+
+    try:
+        AcquireParams.model_validate(dict(request))
+    except ValidationError as exc:
+        return flag_error(exc)
+    return None
 
 
 def _n(bound: object) -> str:
@@ -303,11 +318,6 @@ def run_command(args: argparse.Namespace) -> int:
         "expected_s": expected_s,
         "booking_id": booking_id,
     }
-    try:
-        AcquireParams.model_validate(request)
-    except ValidationError as exc:
-        console.print(f"rbroker run: {flag_error(exc)}", markup=False, soft_wrap=True)
-        return EX_USAGE
     display = WaitDisplay(console, args.mib, args.wait)
     try:
         ctx = rbroker.lease(
@@ -334,6 +344,15 @@ def run_command(args: argparse.Namespace) -> int:
         hint = "" if args.wait > 0 else " (add --wait SECONDS to queue for room)"
         console.print(f"rbroker run: {exc}{hint}", markup=False, soft_wrap=True)
         return EX_TEMPFAIL
+    except rbroker.InvalidParams as exc:
+        # the broker checks the request with the local API's model; the same model, here,
+        # says which flag it was in the flag's words (loaded only now: a run that starts
+        # pays nothing for it)
+        display.close()
+        console.print(
+            f"rbroker run: {_in_flag_words(request) or exc}", markup=False, soft_wrap=True
+        )
+        return EX_USAGE
     except rbroker.RBrokerError as exc:
         display.close()
         said = str(exc)

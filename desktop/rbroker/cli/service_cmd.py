@@ -8,7 +8,6 @@ data in `%ProgramData%\\rbroker`) admits every user's leases; see
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import sys
 from pathlib import Path
@@ -102,6 +101,8 @@ def run_service(args: argparse.Namespace) -> int:
             options = svc.parse_service_options(_options(args))
             svc.secure_data_dir(options.data_dir or svc.service_data_dir())
             config = svc.service_config(None, options)
+            import asyncio  # here: every command's parser is built from this module
+
             stop = asyncio.Event()
             print(f"rbroker service broker on {svc.SERVICE_PIPE} (Ctrl-C stops)")
             with contextlib.suppress(KeyboardInterrupt):

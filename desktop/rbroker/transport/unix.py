@@ -13,7 +13,6 @@ runs is bound again within `WATCH_EVERY_S`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import grp
 import logging
@@ -27,11 +26,14 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from rbroker.transport.base import BrokerAlreadyRunning, Handler, Peer, Readiness
 from rbroker.transport.safe_paths import check_private_path
 from rbroker_protocol.startup import SOCKET_PATH_MAX_BYTES
+
+if TYPE_CHECKING:  # the serving end imports it where it runs: a client's start-up does not
+    import asyncio
 
 # Unix only; on Windows `rbroker.transport` uses pipe_windows (type checkers skip the rest).
 assert sys.platform != "win32", "rbroker.transport.unix is not for Windows"
@@ -114,9 +116,13 @@ class UnixServer:
         self._server = server
         self._inode = inode
         self._rebind = rebind
+        import asyncio
+
         self._watch = asyncio.create_task(self._keep_present())
 
     async def _keep_present(self) -> None:
+        import asyncio
+
         said = False
         while True:
             await asyncio.sleep(WATCH_EVERY_S)
@@ -141,6 +147,8 @@ class UnixServer:
             old.close()  # the listener nobody can reach any more; connections stay
 
     async def close(self) -> None:
+        import asyncio
+
         self._watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._watch
@@ -152,7 +160,7 @@ class UnixServer:
                 os.unlink(self.address)
 
 
-_Rebind = Callable[[], Awaitable[tuple[asyncio.Server, int]]]
+_Rebind: TypeAlias = "Callable[[], Awaitable[tuple[asyncio.Server, int]]]"
 
 
 def _make_parent(path: Path, open_to_others: bool) -> None:
@@ -213,6 +221,8 @@ async def serve_unix(
         UnsafePath: (as root) the socket's directory, or one above it, belongs to another
             user or others can write it.
     """
+    import asyncio
+
     path = Path(address)
     gid = grp.getgrnam(group).gr_gid if group else -1
     open_to_others = shared or group is not None

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import rbroker
 from tests.conftest import BrokerProcess
 
 pytestmark = pytest.mark.contract  # it starts processes or servers of its own
@@ -85,3 +86,13 @@ def test_cli_run_uses_the_same_project_default(broker: BrokerProcess, tmp_path: 
     cli = json.loads(proc.stdout.strip().splitlines()[-1])
     prog = Path(sys.executable).name
     assert cli == {"project": "default", "session": prog, "purpose": f"run {prog}"}
+
+
+@pytest.mark.parametrize("wait_s", [-1.0, float("nan"), float("inf")])
+def test_a_wait_that_is_negative_or_not_finite_is_refused_before_the_broker_is_asked(
+    tmp_path: Path, wait_s: float
+) -> None:
+    """Before: a negative wait was quietly a wait of 0 (the deadline was clamped)."""
+    ctx = rbroker.lease(64, wait_s=wait_s, socket=str(tmp_path / "no-broker.sock"))
+    with pytest.raises(rbroker.InvalidParams, match="wait_s: must be at least 0 seconds"):
+        ctx.__enter__()
