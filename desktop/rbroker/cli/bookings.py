@@ -291,15 +291,6 @@ def next_bookings_table(
     return sheet
 
 
-def read_bookings(client: rbroker.Client) -> list[BookingView]:
-    """The live bookings of the broker (`bookings.list`); [] from a broker older than
-    bookings (no such method)."""
-    try:
-        return list(client.bookings()["bookings"])
-    except rbroker.MethodNotFound:
-        return []
-
-
 def can_print_blocks(encoding: str | None) -> bool:
     """Whether an output in `encoding` prints the timeline's block and circle characters."""
     try:
@@ -374,7 +365,6 @@ __all__ = [
     "booked_line",
     "clean",
     "next_bookings_table",
-    "read_bookings",
     "refusal_words",
     "resolve_booking",
     "run_book",

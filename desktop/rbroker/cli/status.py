@@ -8,34 +8,33 @@ import argparse
 import json
 import time
 from collections.abc import Mapping
-
-from rich.console import Console
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 import rbroker
-from rbroker.cli.bookings import next_bookings_table, read_bookings
 from rbroker.cli.exits import unusable_exit
-from rbroker.cli.views import broker_view, print_view, shares_table
-from rbroker_protocol.results import BrokerStatus
+
+if TYPE_CHECKING:
+    from rbroker_protocol.results import BrokerStatus
 
 
 def run_status(args: argparse.Namespace) -> int:
     """Print the status once. Exit 0, 69 when no broker answers, 2 when the broker refuses
     this user (`rbroker.cli.exits`)."""
-    console = Console()
     try:
         with rbroker.Client(args.socket, timeout_s=5) as client:
             status = client.status()
             gpus = client.gpus()
             leases = client.leases()
-            bookings = read_bookings(client)
+            bookings = client.live_bookings()
             found = {"address": client.address, "found_by": client.found_by}
     except (rbroker.BrokerUnavailable, rbroker.NotAllowed) as exc:
         # a broker that refuses this user (its socket's permissions or allowed group, its
         # per-user connection cap) is there: a refusal (2), not "no broker" (69)
+        from rich.console import Console
+
         Console(stderr=True).print(f"rbroker status: {exc}", markup=False, soft_wrap=True)
         return unusable_exit(exc)
-    if args.json:
+    if args.json:  # no rich and no tables: a script's call starts as fast as it can
         print(
             json.dumps(
                 {"broker": found, "status": status, "gpus": gpus, **leases, "bookings": bookings},
@@ -43,6 +42,13 @@ def run_status(args: argparse.Namespace) -> int:
             )
         )
         return 0
+    from rich.console import Console
+    from rich.text import Text
+
+    from rbroker.cli.bookings import next_bookings_table
+    from rbroker.cli.views import broker_view, print_view, shares_table
+
+    console = Console()
     print_view(console, broker_view(gpus, leases, status_header(status, found)))
     booked = next_bookings_table(bookings, gpus, time.time())
     if booked is not None:

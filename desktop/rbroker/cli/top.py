@@ -25,7 +25,7 @@ from rich.live import Live
 from rich.text import Text
 
 import rbroker
-from rbroker.cli.bookings import next_bookings_table, read_bookings
+from rbroker.cli.bookings import next_bookings_table
 from rbroker.cli.exits import unusable_exit
 from rbroker.cli.status import status_header
 from rbroker.cli.views import View, broker_view, jobs_table, print_view, shares_table
@@ -81,7 +81,7 @@ class Source:
                 leases=client.leases(),
                 jobs=list(client.jobs_list(include_finished=False)["jobs"]),
                 found={"address": client.address, "found_by": client.found_by},
-                bookings=read_bookings(client),
+                bookings=client.live_bookings(),
             )
         except (rbroker.BrokerUnavailable, rbroker.NotAllowed, OSError) as exc:
             self.lost, self.lost_exit = str(exc), unusable_exit(exc)

@@ -23,7 +23,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rbroker.base.exceptions import BrokerUnavailable, InvalidParams, RBrokerError, from_rpc_error
+from rbroker.base.exceptions import (
+    BrokerUnavailable,
+    InvalidParams,
+    MethodNotFound,
+    RBrokerError,
+    from_rpc_error,
+)
 from rbroker.client.paths import ENV_SOCKET, FOUND_ENV, FOUND_OPTION, Candidate, discovery_order
 from rbroker.transport import connect
 from rbroker.transport.base import Stream
@@ -672,6 +678,14 @@ class Client:
         `include_ended` adds the ended, lapsed and cancelled ones kept."""
         result: BookingsListResult = self.call("bookings.list", include_ended=include_ended)
         return result
+
+    def live_bookings(self) -> list[BookingView]:
+        """The live bookings of `bookings()`; [] from a broker older than bookings (it has
+        no such method), so that a view of leases still works against it."""
+        try:
+            return list(self.bookings()["bookings"])
+        except MethodNotFound:
+            return []
 
     # -- parallel jobs (docs/architecture.md §4) ---------------------------------------------
     def job_declare(
