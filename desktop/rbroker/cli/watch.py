@@ -46,7 +46,8 @@ def _say(text: str) -> None:
 
 def run_watch(args: argparse.Namespace) -> int:
     """Check until there is room or `--timeout` passes; returns the exit code (module doc)."""
-    if args.mib < 1 or args.gpus < 1 or (args.timeout is not None and args.timeout < 0):
+    # `not >= 0` also refuses NaN, which compares false both ways and would wait for ever
+    if args.mib < 1 or args.gpus < 1 or (args.timeout is not None and not args.timeout >= 0):
         _say("--mib and --gpus must be 1 or more, --timeout 0 or more")
         return EX_REFUSED
     deadline = None if args.timeout is None else time.monotonic() + args.timeout

@@ -58,6 +58,7 @@ def test_watch_returns_when_the_memory_frees_and_says_where(broker: BrokerProces
     ("args", "said"),
     [
         (["--mib", "0"], "--mib and --gpus must be 1 or more"),
+        (["--mib", "100", "--timeout", "nan"], "--timeout 0 or more"),
         (["--mib", "99999999"], "mib: Input should be less than or equal to 16777216"),
         (["--mib", "24000"], "infeasible: 24 000 MiB requested"),
         (["--mib", "100", "--gpus", "3"], "infeasible: 3 GPUs requested"),
