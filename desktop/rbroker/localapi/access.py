@@ -64,6 +64,10 @@ def admin_description(admin_group: str | None) -> str:
     return who
 
 
+READS = {"audit.list": "shows what users did to each other's work"}
+"""The administrative methods that change nothing, and what they show instead (for refusals)."""
+
+
 def check_admin(peer: Peer, method: str, admin_group: str | None) -> None:
     """Refuse `method` unless `peer` is the broker's user or in its admin group.
 
@@ -72,10 +76,10 @@ def check_admin(peer: Peer, method: str, admin_group: str | None) -> None:
     """
     if is_admin(peer, admin_group):
         return
+    what = READS.get(method, "changes the broker for everyone")
     raise RpcError(
         ErrorCode.NOT_ALLOWED,
-        f"{method} changes the broker for everyone: only {admin_description(admin_group)} "
-        f"may use it, not {peer.user}",
+        f"{method} {what}: only {admin_description(admin_group)} may use it, not {peer.user}",
         method=method,
     )
 
