@@ -206,6 +206,16 @@ class ConfigFile:
     idle_after_s: float = 30 * 60.0
     idle_reclaim: IdleReclaim = field(default_factory=IdleReclaim)
 
+    def open_exempt(self) -> list[str]:
+        """The `[idle] exempt_projects` that no `[members]` list keeps to its people, while
+        idle leases are reclaimed: a project is only a name a request declares, so any user
+        may declare one of these to keep an idle lease from being reclaimed (compared
+        ignoring case, as the exemption is)."""
+        if self.idle_reclaim.reclaim_after_s is None:
+            return []
+        listed = {p.casefold() for p in self.members}
+        return [p for p in self.idle_reclaim.exempt_projects if p.casefold() not in listed]
+
 
 KNOWN_TABLES = ("shares", "members", "bookings", "idle")
 

@@ -211,6 +211,13 @@ def run_broker(args: argparse.Namespace) -> int:
             if settings.members:
                 kept = ", ".join(sorted(settings.members))
                 console.print(f"  projects kept to their [members]: {kept}", markup=False)
+            if open_exempt := settings.open_exempt():
+                console.print(
+                    f"  [idle] exempt projects open to every user: {', '.join(open_exempt)} "
+                    "(anyone may declare them to keep an idle lease from reclaim; list their "
+                    "people in [members])",
+                    markup=False,
+                )
             console.print(f"rbroker broker listening on {socket_path}  (Ctrl-C stops)")
         waiter.cancel()
         await task

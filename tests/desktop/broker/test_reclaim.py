@@ -209,6 +209,19 @@ def test_an_exempt_project_is_never_reclaimed(
     assert not [e for e in h.broker.audit_list()["entries"] if e["action"] == "lease_reclaimed"]
 
 
+def test_an_exempt_project_no_members_list_keeps_is_named_as_open_to_everyone(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text(
+        '[idle]\nreclaim_after_s = 14400\nexempt_projects = ["Demo", "nlp"]\n'
+        '[members]\ndemo = ["alice"]\n'
+    )
+    assert read_config(path).open_exempt() == ["nlp"]  # demo is kept to alice, whatever case
+    path.write_text('[idle]\nexempt_projects = ["nlp"]\n')
+    assert read_config(path).open_exempt() == []  # nothing is reclaimed: nothing to escape
+
+
 def test_the_idle_policy_comes_from_the_config_files_idle_table(tmp_path: Path) -> None:
     path = tmp_path / "broker.toml"
     path.write_text("")
