@@ -372,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the broker's audit trail: actions on others' work or the computer (admins)",
         description="The broker's record of actions that touch another user's work or the "
         "whole computer: an administrator ending a lease or cancelling a request or booking, "
-        "admissions paused and resumed, a refusal by [members]. Oldest first, times in the "
+        "admissions paused and resumed, an idle lease reclaimed by [idle], a refusal by "
+        "[members]. Oldest first, times in the "
         "local zone; a record that does not verify (a line edited or removed) is said first. "
         "Only the broker's user, root and its --admin-group may read it.",
         epilog="exit codes: 0; 2 refused (not an administrator); 69 no broker",
