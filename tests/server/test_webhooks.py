@@ -517,6 +517,9 @@ def test_admin_checks(coordinator: Coordinator) -> None:
         ("ftp://x/hook", "computer_offline"),
         ("file:///etc/passwd", "computer_offline"),
         ("https:///nohost", "computer_offline"),
+        ("https://chat.example:99999/hook", "computer_offline"),
+        ("https://chat.example:port/hook", "computer_offline"),
+        ("http://[::1/hook", "computer_offline"),
         ("https://chat.example/hook", "computer_exploded"),
         ("https://chat.example/hook", " , "),
     ]:
@@ -568,6 +571,11 @@ def test_cli_add_list_remove(
         (["webhook", "add", "--group", "nope", "https://x/h", "--events", "job_failed"], "group"),
         (["webhook", "list", "--group", "nope"], "no group"),
         (["webhook", "remove", "999"], "no webhook"),
+        (["webhook", "remove", "99999999999999999999999"], "no webhook"),
+        (
+            ["webhook", "add", "--group", "vision", "https://x:99999/h", "--events", "job_failed"],
+            "65535",
+        ),
     ]:
         assert main([*bad, *d]) == 1
         err = capsys.readouterr().err

@@ -63,9 +63,16 @@ def check_url(url: str) -> str:
     Raises:
         AdminError: it is not.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise AdminError(f"a webhook URL is http:// or https:// with a host, not {url!r}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port past 65535 or not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise AdminError(
+            f"a webhook URL is http:// or https:// with a host (and a port up to 65535), "
+            f"not {url!r}"
+        )
     if len(url) > URL_MAX or not url.isprintable() or " " in url:
         raise AdminError(f"a webhook URL is at most {URL_MAX} printable characters, no spaces")
     return url
@@ -191,6 +198,8 @@ def list_webhooks(engine: Engine, group: str | None = None) -> list[WebhookInfo]
 
 def remove_webhook(engine: Engine, webhook_id: int, actor: str | None = None) -> bool:
     """Remove a webhook and its deliveries (queued ones are never sent). False: none."""
+    if not 0 < webhook_id < 2**63:  # no row has it, and the database takes no such number
+        return False
     with write_transaction(engine) as conn:
         hook = conn.execute(
             sa.select(WEBHOOKS.c.url, WEBHOOKS.c.events, GROUPS.c.name)
