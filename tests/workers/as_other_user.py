@@ -14,6 +14,12 @@ import os
 import sys
 
 import rbroker
+import rbroker.transport.unix  # the client's end, loaded on connect
+
+# `import rbroker` loads its names on first use: load them while still root, since the
+# interpreter of a test run may live in a home only root can read
+for _name in rbroker.__all__:
+    getattr(rbroker, _name)
 
 
 def main() -> int:
