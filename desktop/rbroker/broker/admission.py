@@ -19,7 +19,7 @@ from rbroker.broker.bookings import Bookings
 from rbroker.broker.capacity import Capacity
 from rbroker.broker.clock import Clock
 from rbroker.broker.config import BrokerConfig
-from rbroker.broker.leases import Waiter
+from rbroker.broker.leases import Lease, Waiter
 from rbroker.broker.lessor import Choice, Lessor
 from rbroker.broker.sampling import GpuSlot
 from rbroker.broker.shares import Shares, turns_bypassing
@@ -430,6 +430,35 @@ class Admission:
         for u in pending:
             self.slots[u].kick.set()
         return []
+
+    def helped_by_ending(self, waiter: Waiter, lease: Lease) -> bool:
+        """Whether ending `lease` would let `waiter` in: it does not fit on `waiter.gpus` of
+        its candidates now, and does once what `lease` holds unallocated there (its grant
+        less the use observed of it: an end kills nothing, so that use stays) comes free;
+        fresh samples only, beside the bookings. The queue's order is not weighed (any
+        waiter the end would let in counts). Source of the rule: issue 42's "reclaim only
+        while someone waits for that memory" — a request that could not use the memory
+        (more than the end frees, or GPUs held by others) never ends a lease."""
+        now = self.clock.monotonic()
+        caps: dict[str, Capacity] = {}
+        for u in waiter.candidates:
+            cap = self.lessor.capacity(u)
+            if cap is not None and self.slots[u].fresh(now, self.config.max_sample_age_s):
+                caps[u] = cap
+        seen = self.beside_bookings(waiter, caps)
+        freed = {
+            u: max(0, lease.granted_mib - lease.observed_mib.get(u, 0)) for u in lease.gpu_uuids
+        }
+        fit_now = fit_after = 0
+        for u, cap in seen.items():
+            extra_mib = waiter.asked_mib - self.claim(waiter, self.slots[u])
+            if cap.fits(extra_mib):
+                fit_now += 1
+                fit_after += 1
+            elif freed.get(u, 0) > 0:
+                after = replace(cap, outstanding_mib=max(0, cap.outstanding_mib - freed[u]))
+                fit_after += after.fits(extra_mib)
+        return fit_now < waiter.gpus <= fit_after
 
     def claim(self, waiter: Waiter, slot: GpuSlot) -> int:
         """MiB of the holder's existing use that an adopting request takes over on `slot`."""

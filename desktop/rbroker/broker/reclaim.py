@@ -14,17 +14,20 @@ new episode. Per episode, each at most once, `IdleWatch.turn` (on the broker's t
   as over grant, as for any ended lease.
 
 A lease is reclaimable while `IdleReclaim.reclaim_after_s` is set, its project is not in
-`exempt_projects` (ignoring case) and, with `only_when_waiting`, a request waits whose
-candidate GPUs include one of the lease's (any such waiter, not its own growth). The warning
+`exempt_projects` (ignoring case) and, with `only_when_waiting`, a request waits that the
+lease's end would let in (`Admission.helped_by_ending`: it does not fit now on enough of its
+GPUs and would with what the lease holds unallocated; not its own growth): a request that
+could not use the memory — more than the end frees, or GPUs held by others — never ends a
+lease. The warning
 is given once it is reclaimable and idle for `reclaim_after_s − RECLAIM_WARNING_S` (at once
 when that is not positive); the end comes once it is reclaimable, idle for `reclaim_after_s`
 and warned at least `min(RECLAIM_WARNING_S, reclaim_after_s)` seconds before. All times are
-on the broker's monotonic clock. Costs: one turn is O(leases × waiters).
+on the broker's monotonic clock. Costs: one turn is O(idle leases × waiters × GPUs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rbroker.base.when import fmt_duration
@@ -67,6 +70,8 @@ class IdleWatch:
         policy: when to reclaim (`IdleReclaim`).
         live: the active leases by id (`Lessor.leases`).
         queue: the waiting requests (`WaitQueue.waiters`).
+        helped: `(waiter, lease) → whether ending lease would let waiter in`
+            (`Admission.helped_by_ending`).
     """
 
     def __init__(
@@ -76,18 +81,20 @@ class IdleWatch:
         policy: IdleReclaim,
         live: Mapping[str, Lease],
         queue: Sequence[Waiter],
+        helped: Callable[[Waiter, Lease], bool],
     ) -> None:
         self.clock = clock
         self.idle = idle
         self.policy = policy
         self._live = live
         self._queue = queue
+        self._helped = helped
         self._exempt = {p.casefold() for p in policy.exempt_projects}
         self._episodes: dict[str, _Episode] = {}  # lease id → its idle episode
 
     def waiting_on(self, lease: Lease) -> int:
-        """How many requests wait with one of `lease`'s GPUs among their candidates (its
-        own growth not counted)."""
+        """How many waiting requests `lease`'s end would let in (`helped`; its own growth not
+        counted): one that could not use the memory never counts."""
         gpus = set(lease.gpu_uuids)
         return sum(
             1
@@ -95,6 +102,7 @@ class IdleWatch:
             if not w.future.done()
             and w.resize_of != lease.lease_id
             and not gpus.isdisjoint(w.candidates)
+            and self._helped(w, lease)
         )
 
     def turn(self) -> tuple[list[IdleNotice], list[IdleNotice]]:

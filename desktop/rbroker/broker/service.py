@@ -165,7 +165,12 @@ class Broker:
         )
         self.admission.idle_on = self.idle.idle_on
         self.idle_watch = IdleWatch(
-            self.clock, self.idle, config.idle_reclaim, self.leases, self.queue
+            self.clock,
+            self.idle,
+            config.idle_reclaim,
+            self.leases,
+            self.queue,
+            self.admission.helped_by_ending,
         )
         lifetimes = Lifetimes.from_json(store.meta(STORE_KEY) if store is not None else None)
         self._lifetimes_saved = (0, self.clock.monotonic())  # (`recorded`, when) of the last write

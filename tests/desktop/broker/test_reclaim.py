@@ -22,7 +22,7 @@ import pytest
 from rbroker.broker.config import IdleReclaim, read_config
 from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease
-from tests.conftest import GPU0
+from tests.conftest import GPU0, GPU1
 from tests.desktop.inprocess import InProcessBroker, SleeperPool
 from tests.fakes.gpu_scenarios import gpu, scenario
 
@@ -31,15 +31,19 @@ pytestmark = pytest.mark.contract  # it starts processes of its own
 IDLE_AFTER_S = 600.0
 RECLAIM_AFTER_S = 4 * 3600.0
 ONE_GPU = scenario(gpu(GPU0, name="Simulated 20 GB", total_mib=20000))
+TWO_GPUS = scenario(
+    gpu(GPU0, name="Simulated 20 GB", total_mib=20000),
+    gpu(GPU1, name="Simulated 20 GB", total_mib=20000),
+)
 
 Events = list[tuple[str, dict[str, Any]]]
 
 
 def _broker(
-    make_inprocess: Callable[..., InProcessBroker], **policy: Any
+    make_inprocess: Callable[..., InProcessBroker], gpus: str = ONE_GPU, **policy: Any
 ) -> tuple[InProcessBroker, Events]:
     made = make_inprocess(
-        ONE_GPU, headroom_mib=1000, idle_after_s=IDLE_AFTER_S, idle_reclaim=IdleReclaim(**policy)
+        gpus, headroom_mib=1000, idle_after_s=IDLE_AFTER_S, idle_reclaim=IdleReclaim(**policy)
     )
     made.broker.gateway.foreign_pids = False  # the simulated driver lists this machine's pids
     events: Events = []
@@ -47,9 +51,9 @@ def _broker(
     return made, events
 
 
-def _lease(h: InProcessBroker, holder: Holder, mib: int = 15000) -> Lease:
-    lease = h.acquire(holder, mib=mib, ttl_s=3600).result()
-    h.fake.allocate(GPU0, holder.pid, mib // 2)  # its process is listed on the GPU
+def _lease(h: InProcessBroker, holder: Holder, mib: int = 15000, on: str = GPU0) -> Lease:
+    lease = h.acquire(holder, mib=mib, ttl_s=3600, gpu_uuid=on).result()
+    h.fake.allocate(on, holder.pid, mib // 2)  # its process is listed on the GPU
     h.sample()
     return lease
 
@@ -62,7 +66,7 @@ def _notices(events: Events, lease: Lease) -> list[str]:
 
 def _to(h: InProcessBroker, lease: Lease, idle_s: float) -> None:
     """Move the clock to `idle_s` after the lease's last measured activity, renewing the
-    lease (a heartbeat is no activity) and running a tick at least every 30 min."""
+    leases (a heartbeat is no activity), sampling and running a tick at least every 30 min."""
     (entry,) = [x for x in h.broker.leases_view()["leases"] if x["lease_id"] == lease.lease_id]
     assert entry["idle_s"] is not None
     left = idle_s - entry["idle_s"]
@@ -70,7 +74,9 @@ def _to(h: InProcessBroker, lease: Lease, idle_s: float) -> None:
         step = min(left, 1800.0)
         h.clock.advance(step)
         left -= step
-        h.broker.renew(lease.lease_id, "tester")
+        for live in h.broker.leases_view()["leases"]:  # every holder's heartbeat
+            h.broker.renew(live["lease_id"], "tester")
+        h.sample()  # as the broker's sampler does every second: the figures stay fresh
         h.tick(0.1)
         if left <= 0:
             return
@@ -156,12 +162,65 @@ def test_reclaimed_only_while_a_request_waits(
     h.tick(0.1)
     assert _notices(events, lease) == ["idle", "reclaim_soon"]
     h.clock.advance(599)
+    h.sample()
     h.tick(0.1)
     assert h.broker.leases_view()["leases"]
     h.clock.advance(1)
+    h.sample()
     h.tick(0.1)
     assert _notices(events, lease)[-1] == "reclaimed"
     assert lease.ended_reason.endswith("while 1 request waited"), lease.ended_reason
+
+
+def test_a_request_the_end_would_not_let_in_never_reclaims(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool
+) -> None:
+    """Before: any request waiting with the lease's GPU among its candidates counted, so a
+    request that could not use the memory (more than the end frees) ended an idle lease for
+    nothing. The lease holds 15 000 MiB of which its process uses 7 500 (an end kills
+    nothing): its end frees 7 500, leaving 11 500 of the 19 000 usable."""
+    h, events = _broker(make_inprocess, reclaim_after_s=RECLAIM_AFTER_S)
+    _, holder = pool.spawn()
+    lease = _lease(h, holder)
+    too_big = h.acquire(pool.spawn()[1], mib=12000, wait_s=6 * 3600)
+    h.sample()
+    _to(h, lease, RECLAIM_AFTER_S + 3600)  # an hour past the reclaim, within the wait
+    assert not too_big.done()
+    assert _notices(events, lease) == ["idle"]  # never warned, never ended
+    fits_after = h.acquire(pool.spawn()[1], mib=11500, wait_s=6 * 3600)
+    h.sample()
+    h.tick(0.1)
+    assert _notices(events, lease) == ["idle", "reclaim_soon"]
+    h.clock.advance(600)
+    h.sample()
+    h.tick(0.1)
+    assert lease.ended_reason.endswith("while 1 request waited"), lease.ended_reason
+    h.sample()  # FIFO: the bigger request first, still short; the one behind it waits too
+    assert not fits_after.done() or fits_after.result().granted_mib == 11500
+
+
+def test_a_request_blocked_on_another_gpu_never_reclaims(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool
+) -> None:
+    """Before: mallory, busy on GPU 1, asked for two GPUs; alice's idle lease on GPU 0 was
+    reclaimed although mallory's own lease kept the request from fitting, and the request,
+    head of the queue, then held GPU 0 from everyone."""
+    h, events = _broker(make_inprocess, TWO_GPUS, reclaim_after_s=RECLAIM_AFTER_S)
+    _, alice = pool.spawn()
+    _, mallory = pool.spawn()
+    idle = _lease(h, alice, on=GPU0)
+    busy = _lease(h, mallory, on=GPU1)
+    h.fake.set_utilization(GPU1, mallory.pid, 80)
+    both = h.acquire(pool.spawn()[1], mib=8000, gpus=2, wait_s=6 * 3600)  # another process
+    h.sample()
+    _to(h, idle, RECLAIM_AFTER_S + 3600)  # an hour past the reclaim, within the wait
+    assert not both.done(), both.exception() if both.done() else ""
+    assert _notices(events, idle) == ["idle"]
+    assert _notices(events, busy) == []
+    assert {x["lease_id"] for x in h.broker.leases_view()["leases"]} == {
+        idle.lease_id,
+        busy.lease_id,
+    }
 
 
 def test_without_only_when_waiting_an_idle_lease_is_reclaimed_alone(
