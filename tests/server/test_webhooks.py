@@ -184,6 +184,47 @@ def test_jobs_bookings_and_waiting_requests(
         assert "pid" not in flat and "env" not in flat and "command" not in flat
 
 
+def test_one_owners_many_waiting_requests_and_idle_leases_are_one_message_each(
+    coordinator_factory: Callable[..., Coordinator], receiver: Receiver
+) -> None:
+    """Before: one user with a hundred waiting requests (or tiny idle leases) sent a hundred
+    messages to the group's channel and could fill its delivery queue."""
+    c = coordinator_factory(webhook_interval_s=3600.0)
+    c.group("vision")
+    pc = c.enroll("vision")
+    add(c, receiver.url, "request_waiting,lease_idle", waiting_after_s=60, idle_after_s=600)
+    queue = [
+        QueueEntry(mib=23000, owner="mallory", purpose=f"spam {i}", waiting_s=100.0 + i)
+        for i in range(40)
+    ]
+    queue.append(QueueEntry(mib=4096, owner="bo", project="nlp", waiting_s=90))
+    leases = [lease(f"m{i}", "mallory", "idle", 700.0 + i, granted_mib=16) for i in range(30)]
+    leases.append(lease("b1", "bo", "idle", 5000.0))
+    assert pc.report(payload(queue=queue, leases=leases)).json()["applied"]
+    hooks = Webhooks(c.engine, c.settings)
+    assert step(hooks) == 4
+    assert step(hooks) == 0
+    got = {
+        (b["event"], b.get("request", b.get("lease", {})).get("owner")): b
+        for b in receiver.bodies()
+    }
+    assert sorted(got) == [
+        ("lease_idle", "bo"),
+        ("lease_idle", "mallory"),
+        ("request_waiting", "bo"),
+        ("request_waiting", "mallory"),
+    ]
+    spam = got[("request_waiting", "mallory")]
+    assert spam["request"]["purpose"] == "spam 39"  # the longest waiting of hers
+    assert spam["request"]["more_waiting"] == 39
+    assert spam["text"].endswith("(and 39 more of theirs waiting)"), spam["text"]
+    idle = got[("lease_idle", "mallory")]
+    assert idle["lease"]["lease_id"] == "m29" and idle["lease"]["more_idle"] == 29
+    assert idle["text"].endswith("(and 29 more of theirs idle)"), idle["text"]
+    assert got[("request_waiting", "bo")]["request"]["more_waiting"] == 0
+    assert "more of theirs" not in got[("lease_idle", "bo")]["text"]
+
+
 def lease(lease_id: str, owner: str, idle_state: str, idle_s: float | None, **kw: Any) -> Any:
     return LeaseReport(
         lease_id=lease_id,
@@ -250,6 +291,7 @@ def test_lease_idle_once_per_episode_and_again_after_busy(
         "gpu_uuids": [GPU_A],
         "idle_s": 7800.0,
         "idle_since": body["lease"]["idle_since"],
+        "more_idle": 0,
     }
     since = datetime.fromisoformat(body["lease"]["idle_since"].replace("Z", "+00:00"))
     assert since.tzinfo == UTC  # the coordinator's clock: the report's arrival − idle_s
@@ -465,7 +507,10 @@ def test_two_coordinators_send_each_idle_episode_once(
     def report_all() -> None:
         for pc in pcs:
             at = time.time()
-            leases = [lease(f"l-{j}", "ana", "idle", at - went_idle - j) for j in range(2)]
+            # two owners: one owner's idle leases on a computer are one message
+            leases = [
+                lease(f"l-{j}", ("ana", "bo")[j], "idle", at - went_idle - j) for j in range(2)
+            ]
             assert pc.report(payload(pc.id, generated_at=at, leases=leases)).json()["applied"]
 
     def all_sent() -> bool:

@@ -29,6 +29,12 @@ Events (`EVENTS`):
   send jitter); a new episode after the lease was active again starts at least
   `idle_after_s` (3 spans) after the one before, so it is always sent.
 
+`request_waiting` and `lease_idle` are per owner and computer: of one owner's requests (or
+idle leases) on a computer past the threshold, only the longest waiting (idle) one is an
+event, its text saying how many more of theirs there are (`more_waiting`, `more_idle`), so
+that one user's hundred waiting requests or tiny idle leases are one message, not a flood of
+the group's channel and its queue (`MAX_QUEUED_PER_GROUP`).
+
 Bodies carry what the group's fleet view shows (names, owners, projects, purposes, MiB, GPUs,
 counts, times), never a command line, an environment or a process id.
 """
@@ -142,10 +148,12 @@ def idle_span_s(idle_after_s: float) -> float:
 
 
 def _lease_idle(
-    row: Any, group: str, hook: Any, state: dict[str, Any], lease: dict[str, Any]
+    row: Any, group: str, hook: Any, state: dict[str, Any], lease: dict[str, Any], others: int = 0
 ) -> Event | None:
     """The `lease_idle` event of `lease` (a lease of `row`'s stored report, as JSON) for
-    `hook`, or None: not `idle`, or idle less than `hook.idle_after_s`."""
+    `hook`, or None: not `idle`, or idle less than `hook.idle_after_s`; `others`: how many
+    more leases of the same owner on that computer are idle past the threshold (said in
+    the text and `more_idle`, not sent one by one)."""
     idle_s = lease.get("idle_s")
     if lease.get("idle_state") != "idle" or idle_s is None or idle_s < hook.idle_after_s:
         return None
@@ -171,6 +179,7 @@ def _lease_idle(
         f":zzz: {owner}'s lease on {slack_escape(row.name)}"
         + (f" ({', '.join(about)})" if about else "")
         + f" {idle_text(idle_s)}, {fmt_mib(mib)} MiB{on}"
+        + (f" (and {others} more of theirs idle)" if others else "")
     )
     fields = {k: lease.get(k) for k in ("lease_id", "owner", "project", "purpose")}
     fields.update(
@@ -179,6 +188,7 @@ def _lease_idle(
         gpu_uuids=uuids,
         idle_s=round(idle_s, 1),
         idle_since=_iso(seen.timestamp() - idle_s),
+        more_idle=others,
     )
     body = _body("lease_idle", group, row, seen, text, lease=fields)
     return Event("lease_idle", key, cid, body, near)
@@ -278,10 +288,20 @@ def computer_events(
         body = _body("booking_starts", group, row, b["start_at"], text, booking=fields)
         out.append(Event("booking_starts", f"booking_starts:{cid}:{b['booking_id']}", cid, body))
     since_report = max(0.0, (now - at).total_seconds())
+    longest: dict[str, tuple[float, dict[str, Any]]] = {}  # owner → their longest wait
+    more: dict[str, int] = {}  # owner → how many more of theirs waited past the threshold
     for q in state.get("queue", []):
         waited = q.get("waiting_s", 0.0) + since_report
         if waited < hook.waiting_after_s:
             continue
+        owner = str(q.get("owner", ""))
+        if owner in longest:
+            more[owner] = more.get(owner, 0) + 1
+            if waited <= longest[owner][0]:
+                continue
+        longest[owner] = (waited, q)
+    for owner, (waited, q) in longest.items():
+        others = more.get(owner, 0)
         started = now_s - waited
         shown = [
             str(q.get(k, "")) for k in ("owner", "project", "purpose", "session", "mib", "gpus")
@@ -295,12 +315,26 @@ def computer_events(
         )
         if q.get("reason"):
             text += f": {slack_escape(q['reason'])}"
+        if others:
+            text += f" (and {others} more of theirs waiting)"
         fields = {k: q.get(k) for k in ("owner", "project", "purpose", "mib", "gpus", "reason")}
-        fields["waiting_s"] = round(waited, 1)
+        fields.update(waiting_s=round(waited, 1), more_waiting=others)
         body = _body("request_waiting", group, row, now, text, request=fields)
         out.append(Event("request_waiting", key, cid, body))
+    idlest: dict[str, tuple[float, dict[str, Any]]] = {}  # owner → their longest idle lease
+    more_idle: dict[str, int] = {}
     for lease in state.get("leases", []):
-        idle = _lease_idle(row, group, hook, state, lease)
+        idle_s = lease.get("idle_s")
+        if lease.get("idle_state") != "idle" or idle_s is None or idle_s < hook.idle_after_s:
+            continue
+        owner = str(lease.get("owner", ""))
+        if owner in idlest:
+            more_idle[owner] = more_idle.get(owner, 0) + 1
+            if idle_s <= idlest[owner][0]:
+                continue
+        idlest[owner] = (idle_s, lease)
+    for owner, (_, lease) in idlest.items():
+        idle = _lease_idle(row, group, hook, state, lease, more_idle.get(owner, 0))
         if idle is not None:
             out.append(idle)
     return out
