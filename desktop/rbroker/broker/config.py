@@ -216,6 +216,12 @@ class ConfigFile:
         listed = {p.casefold() for p in self.members}
         return [p for p in self.idle_reclaim.exempt_projects if p.casefold() not in listed]
 
+    def reclaim_before_idle(self) -> bool:
+        """Whether `[idle] reclaim_after_s` is shorter than `idle_after_s`: a lease is then
+        reclaimed as soon as it is idle (and warned at once), not after the time written."""
+        after = self.idle_reclaim.reclaim_after_s
+        return after is not None and after < self.idle_after_s
+
 
 KNOWN_TABLES = ("shares", "members", "bookings", "idle")
 

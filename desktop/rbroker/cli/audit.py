@@ -29,6 +29,10 @@ MAX_LIMIT = 10_000
 """The most entries one `audit.list` answers."""
 
 
+EX_BROKEN_RECORD = 1
+"""`rbroker audit`'s exit code when the record does not verify (edited, cut or broken)."""
+
+
 def _say(message: str) -> None:
     """One line on stderr, printed as it is (no rich markup)."""
     Console(stderr=True, highlight=False).print(
@@ -88,16 +92,18 @@ def run_audit(args: argparse.Namespace) -> int:
     except rbroker.RBrokerError as exc:
         _say(str(exc))
         return EX_REFUSED
+    # a record that does not verify exits EX_BROKEN_RECORD, so that a script notices
+    broken = EX_BROKEN_RECORD if not answer["verified"] else 0
     if args.json:
         print(json.dumps(answer, indent=2))
-        return 0
+        return broken
     parts: list[Sheet | Text] = []
     if not answer["verified"]:
         problem = clean(answer["problem"] or "it does not verify")
         parts.append(Text(f"the audit record does not verify: {problem}", style="bold red"))
     parts.append(audit_table(answer["entries"]))
     print_view(Console(highlight=False), View(*parts))
-    return 0
+    return broken
 
 
 __all__ = ["audit_table", "run_audit", "target_words"]

@@ -218,6 +218,13 @@ def run_broker(args: argparse.Namespace) -> int:
                     "people in [members])",
                     markup=False,
                 )
+            if settings.reclaim_before_idle():
+                console.print(
+                    f"  [idle] reclaim_after_s ({settings.idle_reclaim.reclaim_after_s:g} s) is "
+                    f"shorter than idle_after_s ({settings.idle_after_s:g} s): a lease is "
+                    "reclaimed as soon as it is idle",
+                    markup=False,
+                )
             console.print(f"rbroker broker listening on {socket_path}  (Ctrl-C stops)")
         waiter.cancel()
         await task

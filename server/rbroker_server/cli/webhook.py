@@ -46,7 +46,7 @@ def cmd_webhook(args: argparse.Namespace) -> int:
                     {
                         "id": h.id,
                         "group": h.group,
-                        "url": h.url,
+                        "url": _shown(h.url),
                         "events": list(h.events),
                         "waiting_after_s": h.waiting_after_s,
                         "idle_after_s": h.idle_after_s,
@@ -60,7 +60,7 @@ def cmd_webhook(args: argparse.Namespace) -> int:
                 print(json.dumps(rows, indent=2))
             for h in [] if args.json else hooks:
                 print(
-                    f"{h.id}\t{h.group}\t{h.url}\t{','.join(h.events)}"
+                    f"{h.id}\t{h.group}\t{_shown(h.url)}\t{','.join(h.events)}"
                     f"\twaiting>{h.waiting_after_s:g}s\tidle>{h.idle_after_s:g}s"
                     f"\tqueued={h.queued}"
                     f"\tdelivered={h.delivered}\tfailed={h.failed}\t{fmt_time(h.created_at)}"
@@ -68,3 +68,12 @@ def cmd_webhook(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     return 0
+
+
+def _shown(url: str) -> str:
+    """What `webhook list` shows of a URL: its origin, then "/…" where it has more (a chat's
+    incoming-webhook URL carries its credential in the path; user:password@ is dropped)."""
+    from rbroker_server.admin.audit import url_origin
+
+    origin = url_origin(url)
+    return origin if url.rstrip("/") == origin else origin + "/…"

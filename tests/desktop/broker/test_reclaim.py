@@ -281,6 +281,17 @@ def test_an_exempt_project_no_members_list_keeps_is_named_as_open_to_everyone(
     assert read_config(path).open_exempt() == []  # nothing is reclaimed: nothing to escape
 
 
+def test_a_reclaim_shorter_than_idle_is_named(tmp_path: Path) -> None:
+    """Before: accepted silently; the reclaim then came as soon as the lease was idle."""
+    path = tmp_path / "broker.toml"
+    path.write_text("[idle]\nidle_after_s = 1800\nreclaim_after_s = 600\n")
+    assert read_config(path).reclaim_before_idle()
+    path.write_text("[idle]\nidle_after_s = 1800\nreclaim_after_s = 1800\n")
+    assert not read_config(path).reclaim_before_idle()
+    path.write_text("[idle]\nidle_after_s = 60\n")  # no reclaim at all
+    assert not read_config(path).reclaim_before_idle()
+
+
 def test_the_idle_policy_comes_from_the_config_files_idle_table(tmp_path: Path) -> None:
     path = tmp_path / "broker.toml"
     path.write_text("")

@@ -100,3 +100,17 @@ def test_admins_read_the_audit_and_another_user_cannot_touch_it(
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert err.startswith("rbroker audit: ") and "audit.list" in err, err
     assert audit.read_bytes().count(b"\n") == 2  # a refused reader adds nothing
+
+
+def test_a_record_that_does_not_verify_is_said_and_exits_1(broker: BrokerProcess) -> None:
+    """Before: `rbroker audit` exited 0 over an edited record, so a script could not notice."""
+    with broker.client() as c:
+        c.call("broker.pause", paused=True)
+        c.call("broker.pause", paused=False)
+    audit = broker.data_dir / "audit.jsonl"
+    audit.write_bytes(audit.read_bytes().replace(b"paused by root", b"paused by bob!", 1))
+    code, out, err = _audit_cli(broker.socket)
+    assert code == 1, err
+    assert "the audit record does not verify" in out
+    code, out, _err = _audit_cli(broker.socket, "--json")
+    assert code == 1 and json.loads(out)["verified"] is False
