@@ -172,6 +172,7 @@ class Broker:
             self.queue,
             self.admission.helped_by_ending,
         )
+        self._capacity_said: dict[str, tuple[object, ...]] = {}  # GPU → what its last event showed
         lifetimes = Lifetimes.from_json(store.meta(STORE_KEY) if store is not None else None)
         self._lifetimes_saved = (0, self.clock.monotonic())  # (`recorded`, when) of the last write
         self.views = ReadModel(
@@ -421,7 +422,27 @@ class Broker:
                 self.lessor.observed_on(slot.uuid), self.clock.monotonic(), grace, self.emit
             )
         self.idle.sampled(slot, ok)
-        self.emit("capacity", {"gpu_uuid": slot.uuid})
+        seen = self._capacity_seen(slot)
+        if self._capacity_said.get(slot.uuid) != seen:  # only what a view would show anew
+            self._capacity_said[slot.uuid] = seen
+            self.emit("capacity", {"gpu_uuid": slot.uuid})
+
+    def _capacity_seen(self, slot: GpuSlot) -> tuple[object, ...]:
+        """What the views show of `slot` that a sample can change: its telemetry and why,
+        its capacity figures, and each lease's observed MiB and idle state there (active,
+        idle, unknown: not the seconds, which move with the clock). A `capacity` event goes
+        out when this changed, not at every sample: an idle broker's subscribers (the tray,
+        `rbroker top`) then read nothing (issue 44: an idle tray costs about nothing)."""
+        cap = self.lessor.capacity(slot.uuid)
+        return (
+            slot.telemetry,
+            slot.telemetry_reason,
+            None if cap is None else tuple(cap.as_dict().items()),
+            tuple(
+                (x.lease_id, x.observed_mib.get(slot.uuid, 0), self.idle.state(x)[0])
+                for x in self.lessor.on(slot.uuid)
+            ),
+        )
 
     def _turn(self) -> None:
         if self.queue:

@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 
 TRAY_RETRY_MS = 2000
 FLEET_REFRESH_MS = 15000
+CLOCK_REFRESH_MS = 5000
+"""While the window is shown, its ages and expiries are read again this often (they move with
+the clock; the broker's events bring every other change). Hidden, nothing is read on a timer."""
 
 
 class TrayApp(QObject):
@@ -136,7 +139,11 @@ class TrayApp(QObject):
         self.fleet_feed.failed.connect(self.window.fleet.set_error)
         self.fleet_feed.not_enrolled.connect(self.window.fleet.set_not_enrolled)
         self.fleet_timer = QTimer(self)
-        self.fleet_timer.timeout.connect(self.fleet_feed.refresh)
+        self.fleet_timer.timeout.connect(self._refresh_fleet)
+        self.clock_timer = QTimer(self)
+        self.clock_timer.timeout.connect(self._refresh_clock)
+        self.window.shown.connect(self.fleet_feed.refresh)
+        self.window.shown.connect(self.link.refresh)
 
         st = self.window.settings_tab
         st.saved.connect(self.save_settings)
@@ -192,6 +199,22 @@ class TrayApp(QObject):
         self.link.start()
         self.fleet_feed.refresh()
         self.fleet_timer.start(FLEET_REFRESH_MS)
+        self.clock_timer.start(CLOCK_REFRESH_MS)
+
+    def window_shown(self) -> bool:
+        """Whether the window is on screen (shown and not minimized)."""
+        return self.window.isVisible() and not self.window.isMinimized()
+
+    def _refresh_fleet(self) -> None:
+        """The fleet from the coordinator, only while the window is shown (issue 44: an idle
+        tray costs about nothing)."""
+        if self.window_shown():
+            self.fleet_feed.refresh()
+
+    def _refresh_clock(self) -> None:
+        """The broker's snapshot again while the window is shown: its ages and expiries."""
+        if self.window_shown():
+            self.link.refresh()
 
     # -- tray icon ---------------------------------------------------------------------------
     def ensure_tray(self) -> bool:

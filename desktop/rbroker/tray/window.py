@@ -9,7 +9,7 @@ or the network itself, so it never blocks on them.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QCloseEvent
+from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
@@ -184,6 +184,10 @@ class MainWindow(QMainWindow):
     """The tray's window. `close_to_tray`: closing hides the window (the tray icon stays);
     without a tray the window is minimised instead, so it stays reachable."""
 
+    shown = Signal()
+    """The window came on screen (shown, or restored from minimized): what it shows is read
+    again then, not on a timer while hidden."""
+
     def __init__(self, settings: TraySettings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("rbroker")
@@ -258,6 +262,10 @@ class MainWindow(QMainWindow):
             "error",
         )
         self.setWindowTitle("rbroker — broker not running")
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        self.shown.emit()
 
     def closeEvent(self, event: QCloseEvent) -> None:
         if self.quitting:
