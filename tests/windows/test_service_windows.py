@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -169,4 +170,46 @@ def test_install_start_talk_stop_remove(no_service: None) -> None:
 
 def test_service_options_are_checked_before_anything_is_registered(no_service: None) -> None:
     assert_one_line(rbroker_cli("service", "install", "--headroom-mib", "-5"), 2, "--headroom-mib")
+    assert not installed()
+
+
+def test_the_frozen_app_installs_and_hosts_the_service(no_service: None) -> None:
+    """The frozen app (tests/windows/frozen.py): its `rbroker.exe service install` registers
+    its own host, `rbroker-service.exe`, which the Service Control Manager starts and whose
+    broker answers on the service pipe; stop and remove through the frozen command line."""
+    import win32service
+
+    from tests.windows.frozen import frozen_exe
+
+    exe = frozen_exe("rbroker")
+
+    def frozen(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [exe, *args], capture_output=True, text=True, timeout=120, check=False
+        )
+
+    done = frozen("service", "install", "--start", "manual", "--simulate")
+    assert done.returncode == 0, done.stderr
+    scm = win32service.OpenSCManager(None, None, win32service.SC_MANAGER_CONNECT)
+    try:
+        svc = win32service.OpenService(scm, "rbroker", win32service.SERVICE_QUERY_CONFIG)
+        try:
+            binary = win32service.QueryServiceConfig(svc)[3]
+        finally:
+            win32service.CloseServiceHandle(svc)
+    finally:
+        win32service.CloseServiceHandle(scm)
+    assert binary == f'"{frozen_exe("rbroker-service")}" --simulate', binary
+
+    done = frozen("service", "start")
+    assert done.returncode == 0, done.stderr
+    wait_for(pipe_exists, 90, f"the frozen service's broker listening on {SERVICE_PIPE}")
+    hello = raw_hello().get("result")
+    assert isinstance(hello, dict) and hello["simulated"] is True, hello
+
+    done = frozen("service", "stop")
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: not pipe_exists(), 60, f"{SERVICE_PIPE} gone after the stop")
+    done = frozen("service", "remove")
+    assert done.returncode == 0, done.stderr
     assert not installed()

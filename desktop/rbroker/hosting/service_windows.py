@@ -12,7 +12,10 @@ The Service Control Manager must start the process that calls StartServiceCtrlDi
 A virtual environment's `python.exe` is a launcher that starts the base interpreter as a
 child, so the service is registered with the *base* interpreter (`sys._base_executable`)
 and a bootstrap that adds this installation's site-packages (with their `.pth` files, which
-is how pywin32 finds its DLLs) before importing rbroker: `service_command()`.
+is how pywin32 finds its DLLs) before importing rbroker: `service_command()`. The frozen app
+(packaging/windows/rbroker.spec) has its own host, `rbroker-service.exe` beside
+`rbroker.exe`, which runs `frozen_service_main`: `install` from the frozen app registers it
+(`frozen_service_command()`).
 
 What is pure here (tested on any OS): the names, `service_data_dir`, `service_locks_dir`,
 `service_config`,
@@ -31,7 +34,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Any, ClassVar
 
 from rbroker.base.version import __version__
@@ -118,6 +121,16 @@ def service_command(
     return base_executable, subprocess.list2cmdline(["-c", code, *options])
 
 
+SERVICE_HOST_EXE = "rbroker-service.exe"
+
+
+def frozen_service_command(executable: str, options: Sequence[str] = ()) -> tuple[str, str]:
+    """`(exeName, exeArgs)` to register from the frozen app whose program is `executable`:
+    the service host beside it (`SERVICE_HOST_EXE`) and the broker `options`, quoted."""
+    host = PureWindowsPath(executable).with_name(SERVICE_HOST_EXE)
+    return str(host), subprocess.list2cmdline(options)
+
+
 def this_installation() -> tuple[str, list[str]]:
     """The base interpreter and the site-packages dirs of the running rbroker."""
     base = getattr(sys, "_base_executable", None) or sys.executable
@@ -192,6 +205,25 @@ def dispatch(argv: Sequence[str]) -> int:
         file=sys.stderr,
     )
     return 2
+
+
+NOT_FROM_SCM = (
+    "rbroker-service: the Service Control Manager starts this program; install the service "
+    "with `rbroker service install` (as an administrator), then `rbroker service start`"
+)
+ERROR_FAILED_SERVICE_CONTROLLER_CONNECT = 1063
+
+
+def frozen_service_main(argv: Sequence[str]) -> int:
+    """The frozen service host's entry point (`rbroker-service.exe`): `dispatch`, with one
+    line and exit status 2 when a user starts it instead of the Service Control Manager."""
+    try:
+        return dispatch(argv)
+    except Exception as exc:
+        if getattr(exc, "winerror", None) == ERROR_FAILED_SERVICE_CONTROLLER_CONNECT:
+            print(NOT_FROM_SCM, file=sys.stderr)
+            return 2
+        raise
 
 
 if sys.platform == "win32":
@@ -281,7 +313,10 @@ if sys.platform == "win32":
         """
         parsed = parse_service_options(options)  # refuse bad options before registering them
         secure_data_dir(parsed.data_dir or service_data_dir())
-        exe, args = service_command(*this_installation(), options)
+        if getattr(sys, "frozen", False):  # the frozen app: its own service host
+            exe, args = frozen_service_command(sys.executable, options)
+        else:
+            exe, args = service_command(*this_installation(), options)
         win32serviceutil.InstallService(
             f"{__name__}.RbrokerService",
             SERVICE_NAME,

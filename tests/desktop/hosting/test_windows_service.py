@@ -24,6 +24,8 @@ from rbroker.hosting.service_windows import (
     SERVICE_NAME,
     SERVICE_PIPE,
     ServiceOptions,
+    frozen_service_command,
+    frozen_service_main,
     parse_service_options,
     serve_until,
     service_command,
@@ -69,6 +71,22 @@ def test_registered_command_line() -> None:
     code = BOOTSTRAP.format(dirs=["C:\\Users\\ana\\vision\\.venv\\Lib\\site-packages"])
     assert args == f'-c "{code}" --headroom-mib 1024'
     assert "\\\\Lib\\\\site-packages" in args  # repr() doubles the backslashes for Python
+
+
+def test_frozen_app_registers_its_own_service_host() -> None:
+    exe, args = frozen_service_command(
+        "C:\\Program Files\\rbroker\\rbroker.exe", ["--data-dir", "D:\\rb data"]
+    )
+    assert exe == "C:\\Program Files\\rbroker\\rbroker-service.exe"
+    assert args == '--data-dir "D:\\rb data"'
+
+
+def test_frozen_service_host_refuses_bad_options_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert frozen_service_main(["--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rbroker service: service option '--port'") and err.count("\n") == 1
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="on Windows dispatch hosts the service")
