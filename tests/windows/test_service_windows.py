@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -213,3 +214,81 @@ def test_the_frozen_app_installs_and_hosts_the_service(no_service: None) -> None
     done = frozen("service", "remove")
     assert done.returncode == 0, done.stderr
     assert not installed()
+
+
+def test_the_installer_installs_the_app_and_the_service_and_uninstalls_them(
+    no_service: None,
+) -> None:
+    """dist/windows/rbroker.msi (`bash .ci/wine freeze --msi`), silently: the app in
+    ProgramFiles\\rbroker whose `rbroker.exe` runs, the service registered (LocalSystem,
+    automatic, `rbroker-service.exe`), the tray in the Start menu, the folder on the system
+    PATH; the silent uninstall removes all of that and keeps %ProgramData%\\rbroker."""
+    import winreg
+
+    import win32service
+
+    from rbroker.hosting.service_windows import service_data_dir
+    from tests.windows.frozen import REPO
+
+    msi = REPO / "dist" / "windows" / "rbroker.msi"
+    if not msi.is_file():
+        pytest.skip(f"the installer is not built ({msi}): bash .ci/wine freeze --msi")
+    folder = Path(os.environ.get("PROGRAMW6432") or os.environ["PROGRAMFILES"]) / "rbroker"
+    # the Start menu of every user (Windows, ALLUSERS=1); Wine puts it in the user's own
+    start_menus = [
+        Path(os.environ[var], "Microsoft", "Windows", "Start Menu", "Programs", "rbroker.lnk")
+        for var in ("PROGRAMDATA", "APPDATA")
+    ]
+    env_key = r"SYSTEM\CurrentControlSet\Control\Session Manager\Environment"
+
+    def system_path() -> str:
+        with winreg.OpenKey(winreg.HKEY_LOCAL_MACHINE, env_key) as key:
+            return str(winreg.QueryValueEx(key, "Path")[0])
+
+    def msiexec(*args: str) -> None:
+        done = subprocess.run(
+            ["msiexec", *args, str(msi), "/qn"], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, (args, done.returncode, done.stdout, done.stderr)
+
+    kept = service_data_dir() / "kept-by-uninstall.txt"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text("the service's data: leases, enrollment\n")
+    msiexec("/i")
+    try:
+        for name in ("rbroker.exe", "rbroker-tray.exe", "rbroker-service.exe"):
+            assert (folder / name).is_file(), name
+        version = subprocess.run(
+            [str(folder / "rbroker.exe"), "--version"], capture_output=True, text=True, timeout=120
+        )
+        assert version.returncode == 0 and version.stdout.startswith("rbroker "), version
+        status = subprocess.run(
+            [str(folder / "rbroker.exe"), "status", "--socket", r"\\.\pipe\rbroker-msi-none"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert_one_line(status, 69, r"\\.\pipe\rbroker-msi-none")
+        assert installed()
+        scm = win32service.OpenSCManager(None, None, win32service.SC_MANAGER_CONNECT)
+        try:
+            svc = win32service.OpenService(scm, "rbroker", win32service.SERVICE_QUERY_CONFIG)
+            try:
+                config = win32service.QueryServiceConfig(svc)
+            finally:
+                win32service.CloseServiceHandle(svc)
+        finally:
+            win32service.CloseServiceHandle(scm)
+        assert config[1] == win32service.SERVICE_AUTO_START, config
+        assert str(folder / "rbroker-service.exe").lower() in config[3].lower(), config
+        assert config[7] == "LocalSystem", config
+        assert any(lnk.is_file() for lnk in start_menus), start_menus
+        assert str(folder).lower() in system_path().lower(), system_path()
+    finally:
+        msiexec("/x")
+    assert not (folder / "rbroker.exe").exists()
+    assert not installed()
+    assert not any(lnk.exists() for lnk in start_menus), start_menus
+    assert str(folder).lower() not in system_path().lower(), system_path()
+    assert kept.is_file(), "the uninstall removed the service's data"
+    kept.unlink()
