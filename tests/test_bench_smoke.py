@@ -44,6 +44,7 @@ burn the CPU they measure, and the suite runs beside them."""
         ("eta.py", ["--requests", "80"]),
         ("bookings.py", ["--cycles", "50", "--bookings", "100"]),
         ("idle_sampling.py", []),
+        ("startup.py", []),
     ],
 )
 def test_benchmark_runs_quick(script: str, extra: list[str]) -> None:
