@@ -6,6 +6,7 @@ enrollment (the latency figure is bench/abuse.py's)."""
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 
@@ -15,11 +16,17 @@ import pytest
 
 from rbroker_protocol import signing
 from rbroker_server.admin import operations as admin
-from rbroker_server.edge.ratelimit import CREDENTIAL_FAILURES, ENROLL_FAILURES, Throttle
+from rbroker_server.edge.ratelimit import (
+    CREDENTIAL_FAILURES,
+    CREDENTIAL_ID_FAILURES,
+    ENROLL_FAILURES,
+    Throttle,
+)
 from tests.conftest import wait_until
 from tests.server.conftest import Coordinator
 
 ATTACKER = {"X-Forwarded-For": "203.0.113.7"}
+SAME_NETWORK = {"X-Forwarded-For": "203.0.113.99"}  # the attacker's /24
 NEIGHBOUR = {"X-Forwarded-For": "198.51.100.8"}  # another /24
 
 
@@ -138,6 +145,60 @@ def test_failed_viewer_tokens_get_401_with_a_challenge_then_429(
     assert c.http.get("/api/v1/fleet", headers=c.viewer("vision") | ATTACKER).status_code == 429
     assert c.http.get("/api/v1/fleet", headers=c.viewer("vision") | NEIGHBOUR).status_code == 200
     assert len(limit_log.limits("failed fleet-read credentials")) == 1
+
+
+def _random_token() -> dict[str, str]:
+    return {"authorization": f"Bearer rbv_{secrets.token_hex(6)}_{secrets.token_urlsafe(24)}"}
+
+
+def test_a_revoked_token_does_not_lock_out_a_valid_one_on_its_network(proxied: Coordinator) -> None:
+    c = proxied
+    c.group("vision")
+    valid = c.viewer("vision")
+    stale_text = admin.create_token(c.engine, "vision", "old scrape job").text
+    stale = {"authorization": f"Bearer {stale_text}"}
+    assert c.http.get("/metrics", headers=stale | ATTACKER).status_code == 200
+    assert c.http.get("/metrics", headers=valid | SAME_NETWORK).status_code == 200
+    assert admin.revoke_token(c.engine, "vision", stale_text)
+    stale_answers = []
+    for i in range(3 * CREDENTIAL_FAILURES):
+        stale_answers.append(c.http.get("/metrics", headers=stale | ATTACKER).status_code)
+        path = "/metrics" if i % 2 else "/api/v1/fleet"
+        r = c.http.get(path, headers=valid | SAME_NETWORK)
+        assert r.status_code == 200, (i, r.text)
+    assert stale_answers[:CREDENTIAL_FAILURES] == [401] * CREDENTIAL_FAILURES
+    assert set(stale_answers[CREDENTIAL_FAILURES:]) == {429}
+    # A guesser on that network is refused before its guess is checked, a good token that
+    # was never served there too; another network reads on.
+    for _ in range(5):
+        r = c.http.get("/metrics", headers=_random_token() | ATTACKER)
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+    other = admin.create_token(c.engine, "vision", "never used").text
+    never = {"authorization": f"Bearer {other}"}
+    assert c.http.get("/metrics", headers=never | ATTACKER).status_code == 429
+    assert c.http.get("/metrics", headers=never | NEIGHBOUR).status_code == 200
+    # A guess at the valid token's secret is checked once, then that token waits with its
+    # network like the rest (it is served elsewhere).
+    valid_id = c.tokens["vision"].split("_")[1]
+    guess = {"authorization": f"Bearer rbv_{valid_id}_{secrets.token_urlsafe(24)}"}
+    assert c.http.get("/metrics", headers=guess | ATTACKER).status_code == 401
+    assert c.http.get("/metrics", headers=guess | ATTACKER).status_code == 429
+    assert c.http.get("/metrics", headers=valid | SAME_NETWORK).status_code == 429
+    assert c.http.get("/metrics", headers=valid | NEIGHBOUR).status_code == 200
+
+
+def test_one_credential_is_limited_across_networks(proxied: Coordinator) -> None:
+    c = proxied
+    c.group("vision")
+    bad = _random_token()
+    for i in range(CREDENTIAL_ID_FAILURES):
+        r = c.http.get("/api/v1/fleet", headers=bad | {"X-Forwarded-For": f"10.0.{i}.1"})
+        assert r.status_code == 401
+    r = c.http.get("/api/v1/fleet", headers=bad | {"X-Forwarded-For": "10.200.0.1"})
+    assert r.status_code == 429 and "this credential" in r.json()["detail"]
+    # the networks it came from are not over their own limits
+    r = c.http.get("/api/v1/fleet", headers=c.viewer("vision") | {"X-Forwarded-For": "10.0.0.1"})
+    assert r.status_code == 200
 
 
 def test_a_throttle_logs_once_per_episode(limit_log: _Lines) -> None:

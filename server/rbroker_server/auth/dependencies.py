@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 from rbroker_protocol.signing import external_target
 from rbroker_server.auth.caller import Forbidden, Scope, Unauthenticated, authenticate
 from rbroker_server.edge.net import client_address
-from rbroker_server.edge.ratelimit import Throttles
+from rbroker_server.edge.ratelimit import Throttles, credential_key
 from rbroker_server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -41,18 +41,23 @@ def provide_caller(
     """The group this request may read (runs in a worker thread: it touches the database).
 
     401 with `WWW-Authenticate` for credentials that do not hold; 429 with Retry-After once
-    an address has failed `ratelimit.CREDENTIAL_FAILURES` times a minute."""
+    the credential or the address's network has failed too often a minute
+    (`ratelimit.CredentialThrottle`: a credential served to that network before is still
+    checked)."""
     address = client_address(request)
     throttle = Throttles.of(request).credentials
-    throttle.check(address)
     headers = {k.lower(): v for k, v in request.headers.items()}
+    credential = credential_key(headers)
+    throttle.check(address, credential)
     try:
-        return authenticate(
+        caller = authenticate(
             engine, settings, headers, request.method, request_target(request, settings.root_path)
         )
     except Unauthenticated as exc:
-        throttle.spend(address)
+        throttle.spend(address, credential)
         log.info("unauthenticated fleet read from %s: %s", address, exc)
         raise NotAuthorizedException(str(exc), headers=dict(CHALLENGE)) from exc
     except Forbidden as exc:
         raise PermissionDeniedException(str(exc)) from exc
+    throttle.served(address, credential)
+    return caller

@@ -177,9 +177,11 @@ class WebSession(SQLModel, table=True):
 
 class RateLimitHit(SQLModel, table=True):
     """One attempt that a rate limit counts (`rbroker_server.edge.ratelimit.DbHits`): its kind
-    (`signin`, `enroll`, `credentials`), the client's network (`203.0.113.0/24`,
-    `2001:db8:1:2::/64`) and when (Unix seconds). Shared by every coordinator process on
-    the database; rows older than the window are deleted as they are counted and pruned."""
+    (`signin`, `enroll`, `credentials`: the client's network, `203.0.113.0/24`,
+    `2001:db8:1:2::/64`; `credential`: a credential, `token <id>`; `served`: a network and a
+    credential served to it) and when (Unix seconds). Shared by every coordinator process on
+    the database; rows older than the window (`served`: an hour) are deleted as they are
+    counted and pruned."""
 
     __tablename__ = "rate_limit_hits"
     __table_args__ = (sa.Index("ix_rate_limit_hits_kind_key_at", "kind", "key", "at"),)

@@ -10,15 +10,37 @@ refusals from a network. The app's counters are `DbHits`: the attempts of the la
 in the table `rate_limit_hits`, so all processes on the database count together (two
 `serve` processes allow 10 sign-ins a minute from a network, not 20). `RateLimiter` is the
 in-memory token bucket a `Throttle` without a database uses.
+
+Failed fleet-read credentials (`CredentialThrottle`) are counted per network and per
+credential, so that a scraper with a revoked token does not lock out a valid one on the same
+network. A credential is the viewer token's id (`rbv_<id>_…`, never its secret) or the
+signing computer's id (`credential_key`). The rule:
+
+1. A credential that failed `CREDENTIAL_ID_FAILURES` times in the last minute, from any
+   network, is refused (429) before it is checked.
+2. A network with `CREDENTIAL_FAILURES` failures in the last minute is refused before the
+   check, except for a credential that was served to that network in the last `SERVED_S`
+   (1 h) and has not failed from it since: that one is checked (its secret compared in
+   constant time; which requests are checked depends only on the network and the
+   credential's id, never on the secret).
+3. Every failure counts against its network and its credential, and takes the credential
+   off its network's served list.
+
+So a network gets no more guesses than with one count per network: `CREDENTIAL_FAILURES` a
+minute, plus one per credential that had been served to it (after which that credential,
+too, waits for the network); one credential gets at most `CREDENTIAL_ID_FAILURES` a minute
+from all networks together. A credential never served to a network that is over its limit
+is refused there, a good one too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -37,7 +59,16 @@ from sqlalchemy.engine import Engine
 
 from rbroker_server.edge.net import Network, client_address, limit_key, scope_client
 
-__all__ = ["DbHits", "RateLimiter", "Throttle", "ThrottleGate", "Throttles", "client_address"]
+__all__ = [
+    "CredentialThrottle",
+    "DbHits",
+    "RateLimiter",
+    "Throttle",
+    "ThrottleGate",
+    "Throttles",
+    "client_address",
+    "credential_key",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +80,32 @@ ENROLL_FAILURES = 10
 """Failed enrollments per address per `WINDOW_S`."""
 CREDENTIAL_FAILURES = 20
 """Failed fleet-read credentials (viewer token or signature) per address per `WINDOW_S`."""
+CREDENTIAL_ID_FAILURES = 20
+"""Failures of one credential (a viewer token's id, a computer's id) per `WINDOW_S`, from all
+networks together."""
+SERVED_S = 3600.0
+"""How long a credential served to a network is still checked there while that network is
+over `CREDENTIAL_FAILURES` (seconds)."""
+SERVED_KIND = "served"
+"""The `rate_limit_hits` kind of the served list (kept `SERVED_S`, the others `WINDOW_S`)."""
+_SERVED_WRITE_S = 60.0  # a process writes a credential's serving to the database this often
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+
+
+def credential_key(headers: Mapping[str, str]) -> str | None:
+    """The credential a fleet read names (header names in lower case): `token <id>` for a
+    viewer token, `computer <id>` for a signed request; None when it names none (a malformed
+    one counts against its network only). Reads ids only, never a secret."""
+    computer = headers.get("x-rbroker-computer")
+    if computer is not None:
+        return f"computer {computer}" if _ID.match(computer) else None
+    scheme, _, value = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    from rbroker_server.auth.credentials import VIEWER_PREFIX, parse_credential
+
+    cred = parse_credential(VIEWER_PREFIX, value)
+    return f"token {cred.id}" if cred is not None else None
 
 
 class RateLimiter:
@@ -193,15 +250,35 @@ class DbHits:
         with write_lock(self.engine), self.engine.begin() as conn:
             conn.execute(sa.delete(t).where(t.c.kind == self.kind, t.c.key == key))
 
+    def recent(self, prefix: str) -> dict[str, float]:
+        """The keys starting with `prefix` that hit in the window, each with its last hit."""
+        t = self.table
+        now = self._clock()
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.c.key, sa.func.max(t.c.at))
+                .where(
+                    t.c.kind == self.kind,
+                    t.c.key.startswith(prefix, autoescape=True),
+                    t.c.at > now - self.window_s,
+                )
+                .group_by(t.c.key)
+            ).all()
+        return {str(key): float(at) for key, at in rows}
+
 
 def prune_hits(engine: Engine, *, older_than_s: float, now: float | None = None) -> int:
-    """Delete every counted hit older than `older_than_s` (the longest window); returns how
-    many (`rbroker_server.db.maintenance.prune`)."""
+    """Delete every counted hit older than `older_than_s` (the longest window; the served list
+    after `SERVED_S`); returns how many (`rbroker_server.db.maintenance.prune`)."""
     from rbroker_server.db.tables import RATE_LIMIT_HITS as t
 
-    cutoff = (time.time() if now is None else now) - older_than_s
+    now = time.time() if now is None else now
+    old = sa.or_(
+        sa.and_(t.c.kind != SERVED_KIND, t.c.at < now - older_than_s),
+        t.c.at < now - max(SERVED_S, older_than_s),
+    )
     with engine.begin() as conn:
-        return int(conn.execute(sa.delete(t).where(t.c.at < cutoff)).rowcount or 0)
+        return int(conn.execute(sa.delete(t).where(old)).rowcount or 0)
 
 
 class Throttle:
@@ -332,12 +409,165 @@ class Throttle:
             return self._episodes.get(limit_key(address), (0.0, 0))[1]
 
 
+class CredentialThrottle(Throttle):
+    """Failed fleet-read credentials, counted per network and per credential (the rule in
+    this module's docstring): `check(address, credential)` before the work, `spend` for a
+    failure, `served` for a success. `credential` is `credential_key`'s answer (None: the
+    network's count alone). The per-credential count is `per_credential`; the served list is
+    a `DbHits` of kind `SERVED_KIND` (key: network and credential) when shared, this
+    process's memory otherwise, and this process remembers what it read or wrote of it so
+    that the ASGI gate answers from memory."""
+
+    def __init__(
+        self,
+        what: str,
+        limit: int,
+        window_s: float,
+        *,
+        per_credential_limit: int,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 10_000,
+        hits: DbHits | None = None,
+        credential_hits: DbHits | None = None,
+        served_hits: DbHits | None = None,
+    ) -> None:
+        super().__init__(what, limit, window_s, clock=clock, max_keys=max_keys, hits=hits)
+        self.per_credential = Throttle(
+            "failures of one credential",
+            per_credential_limit,
+            window_s,
+            clock=clock,
+            max_keys=max_keys,
+            hits=credential_hits,
+        )
+        self.served_list: RateLimiter | DbHits = served_hits or RateLimiter(
+            1, SERVED_S, clock=clock, max_keys=max_keys
+        )
+        self._served: dict[str, float] = {}  # network + credential -> last served (clock)
+
+    @staticmethod
+    def _pair(address: str, credential: str) -> str:
+        return f"{limit_key(address)} {credential}"
+
+    def _remember(self, pair: str, at: float) -> None:
+        with self._lock:
+            self._served.pop(pair, None)
+            self._served[pair] = at
+            while len(self._served) > self._max_keys:
+                del self._served[next(iter(self._served))]
+
+    def _served_recently(self, pair: str) -> bool:
+        wait_s = self.served_list.wait_s(pair)  # > 0: served within SERVED_S
+        if wait_s:
+            self._remember(pair, self._clock() + wait_s - SERVED_S)
+        else:
+            with self._lock:
+                self._served.pop(pair, None)
+        return bool(wait_s)
+
+    def _served_in_memory(self, pair: str) -> bool:
+        with self._lock:
+            at = self._served.get(pair)
+        return at is not None and self._clock() - at < SERVED_S
+
+    def refusal_s(self, address: str, credential: str | None = None) -> int:
+        """0 when this request may be checked, else the `Retry-After` (a refusal counts in
+        its episode). Reads the database when shared."""
+        if credential is not None:
+            retry_after = self.per_credential.refusal_s(credential)
+            if retry_after:
+                return retry_after
+        key = limit_key(address)
+        wait_s = self.limiter.wait_s(key)
+        if not wait_s:
+            return 0
+        if credential is not None and self._served_recently(self._pair(address, credential)):
+            return 0
+        self._load_served(key)
+        return self._refuse_for(key, wait_s)
+
+    def quick_refusal_s(self, address: str, credential: str | None = None) -> int:
+        """`refusal_s` from this process's memory only (the routes read the shared counts)."""
+        return self.quick_refusal(address, credential)[0]
+
+    def quick_refusal(self, address: str, credential: str | None = None) -> tuple[int, str]:
+        """`quick_refusal_s` and the refusal in words (the 429's detail)."""
+        if credential is not None:
+            retry_after = self.per_credential.quick_refusal_s(credential)
+            if retry_after:
+                return retry_after, f"too many failures of this credential ({credential})"
+        if not self.shared:
+            retry_after = self.refusal_s(address, credential)
+        elif credential is not None and self._served_in_memory(self._pair(address, credential)):
+            retry_after = 0
+        else:
+            retry_after = super().quick_refusal_s(address)
+        return retry_after, f"too many {self.what} from your address"
+
+    def check(self, address: str, credential: str | None = None) -> None:
+        """Raises TooManyRequestsException (429, `Retry-After`) while this request is refused."""
+        if credential is not None:
+            retry_after = self.per_credential.refusal_s(credential)
+            if retry_after:
+                raise TooManyRequestsException(
+                    f"too many failures of this credential ({credential}); "
+                    f"try again in {retry_after} s",
+                    headers={"Retry-After": str(retry_after)},
+                )
+        retry_after = self.refusal_s(address, credential)
+        if not retry_after:
+            return
+        raise TooManyRequestsException(
+            f"too many {self.what} from your address; try again in {retry_after} s",
+            headers={"Retry-After": str(retry_after)},
+        )
+
+    def spend(self, address: str, credential: str | None = None) -> None:
+        """Count one failure against `address`'s network and `credential`; the credential
+        leaves the network's served list."""
+        super().spend(address)
+        if credential is None:
+            return
+        self.per_credential.spend(credential)
+        pair = self._pair(address, credential)
+        with self._lock:
+            self._served.pop(pair, None)
+        self.served_list.reset(pair)
+
+    def served(self, address: str, credential: str | None) -> None:
+        """`credential` was served to `address` (written to the shared list at most once a
+        minute per process)."""
+        if credential is None:
+            return
+        pair = self._pair(address, credential)
+        now = self._clock()
+        with self._lock:
+            at = self._served.get(pair)
+        if at is not None and now - at < _SERVED_WRITE_S:
+            return
+        if isinstance(self.served_list, RateLimiter):
+            self.served_list.reset(pair)
+        self.served_list.hit(pair)
+        self._remember(pair, now)
+
+    def _load_served(self, key: str) -> None:
+        """Remember the credentials served to network `key` (a refused network: the gate
+        then lets them through to the routes without reading the database)."""
+        if not isinstance(self.served_list, DbHits):
+            return
+        wall = self.served_list._clock()
+        now = self._clock()
+        for pair, at in self.served_list.recent(key + " ").items():
+            self._remember(pair, now - (wall - at))
+
+
 class Throttles:
     """The app's throttles (in its `state` under `STATE_KEY`).
 
     `signin`: every web sign-in (`SIGNIN_ATTEMPTS` per minute). `enroll`: failed
     enrollments, a wrong, used or expired code (`ENROLL_FAILURES`). `credentials`: failed
-    fleet-read credentials, a wrong viewer token or signature (`CREDENTIAL_FAILURES`). An
+    fleet-read credentials, a wrong viewer token or signature (`CREDENTIAL_FAILURES` per
+    network, `CREDENTIAL_ID_FAILURES` per credential: `CredentialThrottle`). An
     honest computer enrolls once and an honest viewer signs in rarely; a guesser is refused
     before the work. With `engine` the counts live in its `rate_limit_hits` (`DbHits`),
     shared by every process on the database; without, in this process.
@@ -365,12 +595,15 @@ class Throttles:
             clock=clock,
             hits=hits("enroll", ENROLL_FAILURES),
         )
-        self.credentials = Throttle(
+        self.credentials = CredentialThrottle(
             "failed fleet-read credentials",
             CREDENTIAL_FAILURES,
             WINDOW_S,
+            per_credential_limit=CREDENTIAL_ID_FAILURES,
             clock=clock,
             hits=hits("credentials", CREDENTIAL_FAILURES),
+            credential_hits=hits("credential", CREDENTIAL_ID_FAILURES),
+            served_hits=(DbHits(engine, SERVED_KIND, 1, SERVED_S) if engine is not None else None),
         )
 
     @classmethod
@@ -418,14 +651,14 @@ class ThrottleGate:
             throttle = self._throttle(http["method"], http["path"])
         if throttle is not None:
             address = scope_client(scope, self.trusted, self.proxy_secret)
-            retry_after = throttle.quick_refusal_s(address)
+            if isinstance(throttle, CredentialThrottle):
+                retry_after, what = throttle.quick_refusal(address, _scope_credential(scope))
+            else:
+                retry_after = throttle.quick_refusal_s(address)
+                what = f"too many {throttle.what} from your address"
             if retry_after:
                 body = json.dumps(
-                    {
-                        "status_code": 429,
-                        "detail": f"too many {throttle.what} from your address; "
-                        f"try again in {retry_after} s",
-                    }
+                    {"status_code": 429, "detail": f"{what}; try again in {retry_after} s"}
                 ).encode()
                 start: HTTPResponseStartEvent = {
                     "type": "http.response.start",
@@ -445,3 +678,11 @@ class ThrottleGate:
                 await send(end)
                 return
         await self.app(scope, receive, send)
+
+
+def _scope_credential(scope: Scope) -> str | None:
+    headers: dict[str, str] = {}
+    for name, value in scope.get("headers", ()):
+        if name in (b"authorization", b"x-rbroker-computer"):
+            headers[name.decode("latin-1")] = value.decode("latin-1")
+    return credential_key(headers)
