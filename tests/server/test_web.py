@@ -417,3 +417,65 @@ def test_pages_draw_the_bookings_on_a_timeline(coordinator: Coordinator) -> None
         table = page.split('<table class="data bookings">')[1].split("</table>")[0]
         assert escaped in table and "1\u202f000 claimed" in table and "held" in table
         assert table.count("<tr>") == 4  # the head and three bookings
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # /metrics reads no SQL of its own
+def test_metrics_leave_out_offline_figures_and_jobs_finished_over_an_hour_ago(
+    coordinator: Coordinator,
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    import sqlalchemy as sa
+
+    from rbroker_server.db.tables import HISTORY
+    from rbroker_server.reports.service import history_data
+
+    coordinator.group("alpha")
+    computer = coordinator.enroll("alpha", "lab-a")
+    jobs = [
+        JobSnapshot(job_id="running", completed_items=1),
+        JobSnapshot(job_id="done-long-ago", state="succeeded", completed_items=2),
+        JobSnapshot(job_id="done-lately", state="failed", failed_items=3),
+        JobSnapshot(job_id="declared-and-done-lately", state="cancelled"),
+    ]
+    r = computer.report(payload("lab-a", jobs=jobs))
+    assert r.status_code == 200 and r.json()["applied"], r.text
+    # the computer's point of 50 minutes ago: one job already finished, one running
+    then = [jobs[0], jobs[1], JobSnapshot(job_id="done-lately")]
+    data = history_data(
+        {"gpus": [], "leases": [], "queue": [], "jobs": [j.model_dump() for j in then]}
+    )
+    with coordinator.engine.begin() as conn:
+        conn.execute(
+            sa.insert(HISTORY).values(
+                computer_id=computer.id, at=datetime.now(UTC) - timedelta(minutes=50), data=data
+            )
+        )
+
+    def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        r = coordinator.http.get("/metrics", headers=coordinator.viewer("alpha"))
+        assert r.status_code == 200, r.text
+        return _samples(r.text)
+
+    samples = scrape()
+    exported = {dict(labels)["job_id"] for name, labels in samples if name == "rbroker_job_info"}
+    assert exported == {"running", "done-lately", "declared-and-done-lately"}
+    assert any(name == "rbroker_computer_leases" for name, _ in samples)
+    # a stopped broker: offline at once; its last-known figures leave the exposition, its
+    # freshness and age stay
+    r = computer.report(payload("lab-a", jobs=jobs, stopping=True))
+    assert r.status_code == 200 and r.json()["applied"], r.text
+    names = {name for name, _ in scrape()}
+    samples = scrape()
+    cl = (("computer", "lab-a"), ("computer_id", computer.id))
+    assert samples[("rbroker_computer_freshness", (*cl, ("state", "offline")))] == 1
+    assert ("rbroker_computer_last_report_age_seconds", cl) in samples
+    assert "rbroker_gpu_info" in names
+    for gone in (
+        "rbroker_computer_leases",
+        "rbroker_computer_waiting_requests",
+        "rbroker_computer_bookings",
+        "rbroker_gpu_available_bytes",
+        "rbroker_gpu_state",
+    ):
+        assert gone not in names, gone

@@ -9,6 +9,7 @@ from sqlalchemy.engine import Engine
 from rbroker_server.api.docs import errors
 from rbroker_server.auth.caller import Scope
 from rbroker_server.auth.dependencies import provide_caller
+from rbroker_server.db.engine import utcnow
 from rbroker_server.fleet import service as fleet_service
 from rbroker_server.metrics import exposition
 from rbroker_server.settings import Settings
@@ -34,8 +35,10 @@ class MetricsController(Controller):
         caller: NamedDependency[Scope],
     ) -> Response[bytes]:
         """Per GPU bytes and state, per computer leases, waiting requests, report age and
-        freshness, per job items completed and failed (see `rbroker_server.metrics.exposition`)."""
+        freshness, per job items completed and failed; offline computers' last-known figures
+        and jobs finished over an hour ago left out (see `rbroker_server.metrics.exposition`)."""
         view = fleet_service.fleet(engine, settings, caller)
+        view = exposition.live_jobs(engine, view, utcnow())
         return Response(
             exposition.exposition(view),
             media_type=MEDIA_TYPE,

@@ -4,19 +4,33 @@ Names follow Prometheus' conventions: base units (bytes, seconds), `_bytes` and 
 suffixes, counters end in `_total`. Figures are the same ones `/api/v1/fleet` shows at the
 same instant, MiB turned into bytes (x 1 048 576). A figure the computer did not report
 (unknown, e.g. failed telemetry) is left out rather than written as 0.
+
+What a sum over computers means "now" counts only computers that report: an offline
+computer keeps `rbroker_computer_freshness`, `rbroker_computer_last_report_age_seconds` and
+`rbroker_gpu_info`, and its last-known GPU figures, GPU states, leases, waiting requests and
+bookings are left out (the web view shows them as last known). Jobs are exported while
+they run and for `FINISHED_JOBS_KEPT_S` (1 h) after they finished (`live_jobs`), not for
+ever: a broker keeps its finished jobs in its reports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
 
+import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from sqlalchemy.engine import Engine
 
 from rbroker_protocol.fleet import FleetView
 
 MIB = 1024 * 1024
+FINISHED_JOBS_KEPT_S = 3600.0
+"""How long a finished job (succeeded, failed, cancelled) stays on `/metrics` (seconds); at
+most the history window (`Settings.history_window_s`), which it is read from."""
+FINISHED_JOB_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 GPU_BYTES: tuple[tuple[str, str, str], ...] = (
     ("rbroker_gpu_total_bytes", "total_mib", "GPU memory in total."),
@@ -113,9 +127,23 @@ class FleetCollector(Collector):
         )
         for c in view.computers:
             who = [c.id, c.name]
+            if c.freshness.age_s is not None:
+                age.add_metric(who, c.freshness.age_s)
+            for state in FRESHNESS_STATES:
+                freshness.add_metric([*who, state], 1.0 if c.freshness.state == state else 0.0)
+            for j in c.jobs:
+                labels = [*who, j.job_id]
+                job_info.add_metric([*labels, j.project, j.purpose, j.handler, j.state], 1.0)
+                completed.add_metric(labels, float(j.completed_items))
+                failed.add_metric(labels, float(j.failed_items))
+                if j.total_items is not None:
+                    total.add_metric(labels, float(j.total_items))
+            for g in c.gpus:
+                gpu_info.add_metric([*who, g.uuid, str(g.index), g.name], 1.0)
+            if c.freshness.state == "offline":
+                continue  # last known: not "now"
             for g in c.gpus:
                 labels = [*who, g.uuid, str(g.index)]
-                gpu_info.add_metric([*labels, g.name], 1.0)
                 for name, field, _ in GPU_BYTES:
                     mib = getattr(g, field)
                     if mib is not None:
@@ -130,24 +158,65 @@ class FleetCollector(Collector):
                     by_state[b.state] += 1
             for state, count in by_state.items():
                 bookings.add_metric([*who, state], float(count))
-            if c.freshness.age_s is not None:
-                age.add_metric(who, c.freshness.age_s)
-            for state in FRESHNESS_STATES:
-                freshness.add_metric([*who, state], 1.0 if c.freshness.state == state else 0.0)
-            for j in c.jobs:
-                labels = [*who, j.job_id]
-                job_info.add_metric([*labels, j.project, j.purpose, j.handler, j.state], 1.0)
-                completed.add_metric(labels, float(j.completed_items))
-                failed.add_metric(labels, float(j.failed_items))
-                if j.total_items is not None:
-                    total.add_metric(labels, float(j.total_items))
         yield from gpu_bytes.values()
         yield from (gpu_info, gpu_state, leases, waiting, bookings, age, freshness)
         yield from (completed, failed, total, job_info)
 
 
+def live_jobs(engine: Engine, view: FleetView, now: datetime) -> FleetView:
+    """`view` without the jobs that finished more than `FINISHED_JOBS_KEPT_S` ago.
+
+    A computer's first history point of the last `FINISHED_JOBS_KEPT_S` (one per
+    `history_step_s`) tells: a finished job that was already finished there has been for
+    about that long and is left out; one running there or not there yet is kept. A computer
+    without a point in that time (quiet for an hour) exports no jobs."""
+    from rbroker_server.db.tables import HISTORY as h
+
+    ids = [c.id for c in view.computers if c.jobs]
+    if not ids:
+        return view
+    since = now - timedelta(seconds=FINISHED_JOBS_KEPT_S)
+    first = (
+        sa.select(h.c.computer_id, sa.func.min(h.c.at).label("at"))
+        .where(h.c.computer_id.in_(ids), h.c.at >= since)
+        .group_by(h.c.computer_id)
+        .subquery()
+    )
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(h.c.computer_id, h.c.data).join(
+                first, sa.and_(h.c.computer_id == first.c.computer_id, h.c.at == first.c.at)
+            )
+        ).all()
+    finished_then = {
+        str(cid): {
+            str(j.get("job_id"))
+            for j in (data or {}).get("jobs", [])
+            if j.get("state") in FINISHED_JOB_STATES
+        }
+        for cid, data in rows
+    }
+    computers = []
+    for c in view.computers:
+        if c.jobs:
+            old = finished_then.get(c.id)
+            jobs = (
+                []
+                if old is None
+                else [
+                    j for j in c.jobs if j.state not in FINISHED_JOB_STATES or j.job_id not in old
+                ]
+            )
+            if len(jobs) != len(c.jobs):
+                c = c.model_copy(update={"jobs": jobs})
+        computers.append(c)
+    return view.model_copy(update={"computers": computers})
+
+
 def exposition(view: FleetView) -> bytes:
-    """The text exposition (format 0.0.4) of `view`."""
+    """The text exposition of `view`: Prometheus' text format 1.0.0, as
+    `controller.MEDIA_TYPE` declares (prometheus-client's `generate_latest`; for these
+    names, all of the legacy character set, the same bytes as format 0.0.4)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FleetCollector(view))
     return generate_latest(registry)
