@@ -26,6 +26,7 @@ from rbroker_server.admin.errors import AdminError
 from rbroker_server.cli.main import main
 from rbroker_server.db.engine import utcnow
 from rbroker_server.db.tables import DELIVERIES
+from rbroker_server.metrics import health
 from rbroker_server.webhooks import admin, events
 from rbroker_server.webhooks.sender import Webhooks, claim, signature
 from tests.fakes.reports import GPU_A, payload
@@ -110,6 +111,7 @@ def test_offline_and_back_delivered_once_each_and_signed(
     assert pc.report().json()["applied"]
     hook = add(c, receiver.url)
     hooks = Webhooks(c.engine, c.settings)
+    sent_before = _sent()
     assert step(hooks) == 0  # online: nothing
     time.sleep(OFFLINE_S)
     assert step(hooks) == 1
@@ -126,6 +128,14 @@ def test_offline_and_back_delivered_once_each_and_signed(
     assert off["computer_id"] == pc.id
     assert "pc-&lt;1&gt;" in off["text"] and "offline" in off["text"]  # Slack-escaped
     assert [d.state for d in deliveries(c)] == ["delivered", "delivered"]
+    assert _sent() - sent_before == 2  # on /metrics
+
+
+def _sent() -> float:
+    value = health.REGISTRY.get_sample_value(
+        "rbroker_server_webhook_deliveries_total", {"outcome": "sent"}
+    )
+    return value or 0.0
 
 
 def test_jobs_bookings_and_waiting_requests(

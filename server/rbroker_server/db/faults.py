@@ -29,6 +29,7 @@ from sqlalchemy.engine import Engine
 
 from rbroker_server.db.engine import utcnow
 from rbroker_server.db.tables import HEALTH
+from rbroker_server.metrics import health
 from rbroker_server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ class DatabaseFaults:
     def fault(self, exc: BaseException) -> str:
         """Record a refused request; log the episode's first. Returns `reason(exc)`."""
         why = reason(exc)
+        health.DATABASE_ERRORS.inc()
         with self._lock:
             self._refused += 1
             if self._since is not None:

@@ -58,6 +58,7 @@ from litestar.types import (
 from sqlalchemy.engine import Engine
 
 from rbroker_server.edge.net import Network, client_address, limit_key, scope_client
+from rbroker_server.metrics import health
 
 __all__ = [
     "CredentialThrottle",
@@ -303,6 +304,8 @@ class Throttle:
             counter's buckets).
         hits: the shared counter; None: a `RateLimiter` in this process's memory (a burst
             of `limit`, then `limit` per `window_s`).
+        kind: the `limit` label of its refusals on `/metrics`
+            (`rbroker_server_rate_limit_refusals_total`; default: `hits.kind`, else none).
     """
 
     def __init__(
@@ -314,8 +317,10 @@ class Throttle:
         clock: Callable[[], float] = time.monotonic,
         max_keys: int = 10_000,
         hits: DbHits | None = None,
+        kind: str = "",
     ) -> None:
         self.what = what
+        self.kind = kind or (hits.kind if hits is not None else "")
         self.limiter: RateLimiter | DbHits = hits or RateLimiter(
             limit, window_s, clock=clock, max_keys=max_keys
         )
@@ -384,6 +389,8 @@ class Throttle:
                 self._blocked[key] = self._clock() + wait_s
 
     def _refused(self, key: str) -> None:
+        if self.kind:
+            health.RATE_LIMIT_REFUSALS.labels(self.kind).inc()
         now = self._clock()
         with self._lock:
             last, refused = self._episodes.pop(key, (None, 0))
@@ -431,7 +438,9 @@ class CredentialThrottle(Throttle):
         credential_hits: DbHits | None = None,
         served_hits: DbHits | None = None,
     ) -> None:
-        super().__init__(what, limit, window_s, clock=clock, max_keys=max_keys, hits=hits)
+        super().__init__(
+            what, limit, window_s, clock=clock, max_keys=max_keys, hits=hits, kind="credentials"
+        )
         self.per_credential = Throttle(
             "failures of one credential",
             per_credential_limit,
@@ -439,6 +448,7 @@ class CredentialThrottle(Throttle):
             clock=clock,
             max_keys=max_keys,
             hits=credential_hits,
+            kind="credential",
         )
         self.served_list: RateLimiter | DbHits = served_hits or RateLimiter(
             1, SERVED_S, clock=clock, max_keys=max_keys
@@ -587,6 +597,7 @@ class Throttles:
             WINDOW_S,
             clock=clock,
             hits=hits("signin", SIGNIN_ATTEMPTS),
+            kind="signin",
         )
         self.enroll = Throttle(
             "failed enrollments",
@@ -594,6 +605,7 @@ class Throttles:
             WINDOW_S,
             clock=clock,
             hits=hits("enroll", ENROLL_FAILURES),
+            kind="enroll",
         )
         self.credentials = CredentialThrottle(
             "failed fleet-read credentials",

@@ -11,7 +11,7 @@ from rbroker_server.auth.caller import Scope
 from rbroker_server.auth.dependencies import provide_caller
 from rbroker_server.db.engine import utcnow
 from rbroker_server.fleet import service as fleet_service
-from rbroker_server.metrics import exposition
+from rbroker_server.metrics import exposition, health
 from rbroker_server.settings import Settings
 
 MEDIA_TYPE = "text/plain; version=1.0.0"
@@ -36,11 +36,13 @@ class MetricsController(Controller):
     ) -> Response[bytes]:
         """Per GPU bytes and state, per computer leases, waiting requests, report age and
         freshness, per job items completed and failed; offline computers' last-known figures
-        and jobs finished over an hour ago left out (see `rbroker_server.metrics.exposition`)."""
+        and jobs finished over an hour ago left out (see `rbroker_server.metrics.exposition`);
+        then this coordinator process's health (`rbroker_server.metrics.health`)."""
         view = fleet_service.fleet(engine, settings, caller)
         view = exposition.live_jobs(engine, view, utcnow())
+        queued = exposition.queued_deliveries(engine, caller.group_id)
         return Response(
-            exposition.exposition(view),
+            exposition.exposition(view) + health.exposition(queued),
             media_type=MEDIA_TYPE,
             headers={"Cache-Control": "no-store"},
         )

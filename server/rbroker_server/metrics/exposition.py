@@ -213,6 +213,21 @@ def live_jobs(engine: Engine, view: FleetView, now: datetime) -> FleetView:
     return view.model_copy(update={"computers": computers})
 
 
+def queued_deliveries(engine: Engine, group_id: int) -> int:
+    """The group's webhook deliveries waiting to be sent."""
+    from rbroker_server.db.tables import DELIVERIES as d
+    from rbroker_server.db.tables import WEBHOOKS as w
+
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.select(sa.func.count())
+                .select_from(d.join(w, d.c.webhook_id == w.c.id))
+                .where(w.c.group_id == group_id, d.c.state == "queued")
+            ).scalar_one()
+        )
+
+
 def exposition(view: FleetView) -> bytes:
     """The text exposition of `view`: Prometheus' text format 1.0.0, as
     `controller.MEDIA_TYPE` declares (prometheus-client's `generate_latest`; for these

@@ -14,6 +14,7 @@ every answer gets the same headers as the framework's.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -27,6 +28,7 @@ from rbroker_server.db import faults as dbfaults
 from rbroker_server.db.engine import utcnow
 from rbroker_server.edge.bodies import check_depth, check_media_type
 from rbroker_server.edge.net import Network, scope_client
+from rbroker_server.metrics import health
 from rbroker_server.reports.controller import PATH, refusal
 from rbroker_server.reports.ingest import ReportIngest
 
@@ -76,18 +78,27 @@ class ReportGate:
         if http["type"] != "http" or http["method"] != "POST" or http["path"] not in _PATHS:
             await self.app(scope, receive, send)
             return
+        arrived: list[float] = []
         try:
-            status, headers, body = await self._answer(http, receive)
+            status, headers, body = await self._answer(http, receive, arrived)
         except _Disconnected:
             return
+        if arrived:
+            health.INGEST_SECONDS.observe(time.perf_counter() - arrived[0])
+        if status != 200:
+            health.report_refused(status)
         headers += [_JSON, (b"content-length", str(len(body)).encode())]
         start: Any = {"type": "http.response.start", "status": status, "headers": headers}
         await send(start)
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _answer(self, scope: dict[str, Any], receive: Receive) -> Answer:
+    async def _answer(
+        self, scope: dict[str, Any], receive: Receive, arrived: list[float]
+    ) -> Answer:
+        """The answer; `arrived` gets the `time.perf_counter()` of the whole body."""
         try:
             body = await self._body(scope, receive)
+            arrived.append(time.perf_counter())
             received_at = utcnow()  # the freshness clock: when the whole body had arrived
             return 200, [], await self.ingest.handle(body, received_at)
         except _Disconnected:

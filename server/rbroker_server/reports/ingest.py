@@ -29,6 +29,7 @@ from typing import Any, Final
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol.signing import Envelope
+from rbroker_server.metrics import health
 from rbroker_server.reports import service
 from rbroker_server.reports.cache import ComputerCache, ComputerView, ViewLoader
 from rbroker_server.reports.schema import ReportAck
@@ -157,4 +158,5 @@ class ReportIngest:
                     reply = await self.loader.load(cid)  # and cached
         except StopIteration as done:
             answer: ReportAck = done.value
+            health.report_answered(answer.applied, answer.code)
             return answer.model_dump_json().encode()

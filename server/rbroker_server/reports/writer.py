@@ -31,6 +31,7 @@ from typing import Any, Final
 from sqlalchemy.engine import Connection, Engine
 
 from rbroker_server.db.engine import write_transaction
+from rbroker_server.metrics import health
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ class GroupCommitWriter:
             if self._thread is None or self._closed:
                 raise WriterClosed("the coordinator is not taking reports (shutting down)")
             self._queue.put(_Job(work, key, loop, future))
+            health.WRITER_QUEUED.inc()
         return await future
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -165,6 +167,7 @@ class GroupCommitWriter:
             first = self._queue.get()
             if first is None:
                 break
+            health.WRITER_QUEUED.dec()
             if loaded and self.linger_s > 0:
                 time.sleep(self.linger_s)
             batch = [first]
@@ -176,6 +179,7 @@ class GroupCommitWriter:
                 if job is None:
                     stop = True
                     break
+                health.WRITER_QUEUED.dec()
                 batch.append(job)
             loaded = len(batch) > 1
             batch.sort(key=_key)  # stable: one key's jobs keep their order

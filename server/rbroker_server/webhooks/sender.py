@@ -39,6 +39,7 @@ from sqlalchemy.engine import Engine
 from rbroker_server import __version__
 from rbroker_server.db.engine import utcnow, write_transaction
 from rbroker_server.db.tables import DELIVERIES, WEBHOOKS
+from rbroker_server.metrics import health
 from rbroker_server.settings import Settings
 from rbroker_server.webhooks import events
 
@@ -204,7 +205,9 @@ def record(
         values = {"next_at": now + timedelta(seconds=delay), "last_error": error[:512]}
     with write_transaction(engine) as conn:
         conn.execute(sa.update(DELIVERIES).where(DELIVERIES.c.id == item.id).values(**values))
-    return str(values.get("state", "queued"))
+    state = str(values.get("state", "queued"))
+    health.webhook_attempted(state)
+    return state
 
 
 class Webhooks:
