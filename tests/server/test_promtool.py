@@ -1,0 +1,208 @@
+"""Prometheus' own tool on what rbroker ships: `promtool check metrics` on a real scrape of
+`/metrics`, `promtool check rules` on the example alerts, and `promtool test rules`
+evaluating every expression of the Grafana dashboard against that scrape recorded as two
+coordinator processes (two `instance`s of the same series): each gives what one process
+alone means (no doubled sums, no many-to-many matching), with the names people read on the
+job rows, and an offline computer not counted. Needs promtool (Debian: prometheus),
+required under CI (.ci/run installs it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from rbroker_protocol.reports import LeaseReport
+from tests.fakes.reports import GPU_A, gpu_report, payload
+from tests.server.conftest import Coordinator
+from tests.server.test_grafana import DASHBOARD, _expressions
+from tests.server.test_web import _report_with_everything
+
+ALERTS = Path(__file__).parents[2] / "packaging" / "prometheus" / "rbroker-alerts.yml"
+INSTANCES = ("coordinator-a:8787", "coordinator-b:8787")
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        reason = "needs promtool (Debian: prometheus)"
+        if os.environ.get("CI"):
+            pytest.fail(reason + " (.ci/run installs it)")
+        pytest.skip(reason)
+    return path
+
+
+def _run(*args: str, stdin: str | None = None, cwd: Path | None = None) -> str:
+    out = subprocess.run(
+        [promtool(), *args], input=stdin, capture_output=True, text=True, timeout=60, cwd=cwd
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout + out.stderr
+
+
+def _series(name: str, labels: dict[str, str]) -> str:
+    def quoted(v: str) -> str:
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+    return name + "{" + ", ".join(f"{k}={quoted(v)}" for k, v in sorted(labels.items())) + "}"
+
+
+@pytest.fixture
+def scrape(coordinator: Coordinator) -> str:
+    """A scrape with one online computer (a GPU, a lease, bookings, a job with a total) and
+    one whose broker stopped (offline, a lease at its last report)."""
+    c = coordinator
+    c.group("alpha")
+    _report_with_everything(c, "alpha", "lab-a")
+    stopped = c.enroll("alpha", "lab-b")
+    lease = LeaseReport(lease_id="l9", gpu_uuids=[GPU_A], granted_mib=1000, owner="bo")
+    for stopping in (False, True):
+        r = stopped.report(payload("lab-b", gpus=[gpu_report()], leases=[lease], stopping=stopping))
+        assert r.status_code == 200 and r.json()["applied"], r.text
+    r = c.http.get("/metrics", headers=c.viewer("alpha"))
+    assert r.status_code == 200, r.text
+    return r.text
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # /metrics reads no SQL of its own
+def test_promtool_checks_a_scrape_and_the_alerts(scrape: str) -> None:
+    assert "rbroker_server_reports_applied_total" in scrape
+    _run("check", "metrics", stdin=scrape)
+    assert "SUCCESS" in _run("check", "rules", str(ALERTS))
+
+
+def _expected(samples: dict[tuple[str, Labels], float]) -> dict[str, list[tuple[Labels, float]]]:
+    """What each dashboard expression means for the recorded scrape, from its samples."""
+
+    def of(name: str, **match: str) -> list[tuple[dict[str, str], float]]:
+        return [
+            (dict(labels), v)
+            for (n, labels), v in samples.items()
+            if n == name and all(dict(labels).get(k) == x for k, x in match.items())
+        ]
+
+    def pick(labels: dict[str, str], *keys: str) -> Labels:
+        return tuple(sorted((k, labels[k]) for k in keys))
+
+    online = {
+        lab["computer_id"] for lab, v in of("rbroker_computer_freshness", state="online") if v
+    }
+    assert len(online) == 1  # lab-a; lab-b offline
+    gpu = ("computer", "computer_id", "gpu_uuid")
+
+    def per_computer(name: str) -> list[tuple[Labels, float]]:
+        sums: dict[Labels, float] = {}
+        for labels, v in of(name):
+            key = pick(labels, "computer")
+            sums[key] = sums.get(key, 0.0) + v
+        return sorted(sums.items())
+
+    total = {pick(lab, *gpu): v for lab, v in of("rbroker_gpu_total_bytes")}
+    headroom = {pick(lab, *gpu): v for lab, v in of("rbroker_gpu_headroom_bytes")}
+    usable: dict[Labels, float] = {}
+    for key, v in total.items():
+        computer = (key[0],)
+        usable[computer] = usable.get(computer, 0.0) + v - headroom[key]
+    info = {
+        pick(lab, "computer_id", "job_id"): pick(lab, "project", "purpose")
+        for lab, _ in of("rbroker_job_info")
+    }
+
+    def by_job(name: str) -> dict[Labels, float]:
+        return {pick(lab, "computer_id", "job_id"): v for lab, v in of(name)}
+
+    failed, items = by_job("rbroker_job_items_failed_total"), by_job("rbroker_job_items")
+    jobs = []
+    for labels, done in of("rbroker_job_items_completed_total"):
+        key = pick(labels, "computer_id", "job_id")
+        names = tuple(sorted((*pick(labels, "computer", "computer_id", "job_id"), *info[key])))
+        jobs.append((names, (done + failed[key]) / items[key]))  # times rbroker_job_info's 1
+    rates = [(names, 0.0) for names, _ in jobs]  # counters constant over the recording
+    return {
+        "A:Computers online": [((), float(len(online)))],
+        "A:Computers stale or offline": [((), 1.0)],
+        "A:Active leases": [
+            ((), sum(v for lab, v in of("rbroker_computer_leases") if lab["computer_id"] in online))
+        ],
+        "A:Waiting requests": [((), 0.0)],
+        "A:Available to a new lease, per GPU": [
+            (pick(lab, "computer", "computer_id", "gpu_uuid", "gpu_index"), v)
+            for lab, v in of("rbroker_gpu_available_bytes")
+        ],
+        "A:In use and granted-not-yet-used, per computer": per_computer("rbroker_gpu_in_use_bytes"),
+        "B:In use and granted-not-yet-used, per computer": per_computer(
+            "rbroker_gpu_outstanding_bytes"
+        ),
+        "C:In use and granted-not-yet-used, per computer": sorted(usable.items()),
+        "A:GPU state": [
+            (pick(lab, "computer", "gpu_index", "state"), 1.0)
+            for lab, v in of("rbroker_gpu_state")
+            if v == 1
+        ],
+        "A:Leases and waiting requests, per computer": [
+            (pick(lab, "computer", "computer_id"), v) for lab, v in of("rbroker_computer_leases")
+        ],
+        "B:Leases and waiting requests, per computer": [
+            (pick(lab, "computer", "computer_id"), v)
+            for lab, v in of("rbroker_computer_waiting_requests")
+        ],
+        "A:Age of the last report": [
+            (pick(lab, "computer", "computer_id"), v)
+            for lab, v in of("rbroker_computer_last_report_age_seconds")
+        ],
+        "A:Items per second, per job": rates,
+        "A:Job progress": jobs,
+    }
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_the_dashboard_means_one_process_when_two_are_scraped(scrape: str, tmp_path: Path) -> None:
+    promtool()
+    samples: dict[tuple[str, Labels], float] = {}
+    input_series = []
+    for family in text_string_to_metric_families(scrape):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+            for instance in INSTANCES:
+                labels = {**s.labels, "instance": instance, "job": "rbroker"}
+                input_series.append(
+                    {"series": _series(s.name, labels), "values": f"{s.value!r}x15"}
+                )
+    expected = _expected(samples)
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    tests: list[dict[str, Any]] = []
+    for where, expr in _expressions(dashboard):
+        if where.startswith("variable"):
+            continue
+        # "panel 'Job progress' target A" -> "A:Job progress"
+        title, ref = where.removeprefix("panel '").rsplit("' target ", 1)
+        key = f"{ref}:{title}"
+        assert key in expected, f"no expectation for {where}"
+        tests.append(
+            {
+                "expr": expr.replace("$computer", ".*"),
+                "eval_time": "10m",
+                "exp_samples": [
+                    {"labels": _series("", dict(labels)), "value": value}
+                    for labels, value in expected.pop(key)
+                ],
+            }
+        )
+    assert not expected, f"panels gone: {sorted(expected)}"
+    (tmp_path / "rules.yml").write_text(ALERTS.read_text(encoding="utf-8"), encoding="utf-8")
+    spec = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": input_series, "promql_expr_test": tests}],
+    }
+    (tmp_path / "dashboard_test.yml").write_text(yaml.safe_dump(spec), encoding="utf-8")
+    assert "SUCCESS" in _run("test", "rules", "dashboard_test.yml", cwd=tmp_path)
