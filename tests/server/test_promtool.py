@@ -3,23 +3,31 @@
 evaluating every expression of the Grafana dashboard against that scrape recorded as two
 coordinator processes (two `instance`s of the same series): each gives what one process
 alone means (no doubled sums, no many-to-many matching), with the names people read on the
-job rows, and an offline computer not counted. Needs promtool (Debian: prometheus),
-required under CI (.ci/run installs it)."""
+job rows, and an offline computer not counted. Then a Prometheus server scrapes two
+coordinator processes on one database (SQLite and PostgreSQL) with a valid token beside a
+forgotten job with a revoked one: the valid scrapes stay up and the panels give the same.
+Needs promtool and prometheus (Debian: prometheus), required under CI (.ci/run installs
+them)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from rbroker_protocol.reports import LeaseReport
+from rbroker_server.admin import operations as admin
 from tests.fakes.reports import GPU_A, gpu_report, payload
 from tests.server.conftest import Coordinator
 from tests.server.test_grafana import DASHBOARD, _expressions
@@ -31,10 +39,10 @@ INSTANCES = ("coordinator-a:8787", "coordinator-b:8787")
 Labels = tuple[tuple[str, str], ...]
 
 
-def promtool() -> str:
-    path = shutil.which("promtool")
+def promtool(program: str = "promtool") -> str:
+    path = shutil.which(program)
     if path is None:
-        reason = "needs promtool (Debian: prometheus)"
+        reason = f"needs {program} (Debian: prometheus)"
         if os.environ.get("CI"):
             pytest.fail(reason + " (.ci/run installs it)")
         pytest.skip(reason)
@@ -56,11 +64,9 @@ def _series(name: str, labels: dict[str, str]) -> str:
     return name + "{" + ", ".join(f"{k}={quoted(v)}" for k, v in sorted(labels.items())) + "}"
 
 
-@pytest.fixture
-def scrape(coordinator: Coordinator) -> str:
-    """A scrape with one online computer (a GPU, a lease, bookings, a job with a total) and
-    one whose broker stopped (offline, a lease at its last report)."""
-    c = coordinator
+def _fleet(c: Coordinator) -> None:
+    """Group alpha with one online computer (a GPU, a lease, bookings, a job with a total)
+    and one whose broker stopped (offline, a lease at its last report)."""
     c.group("alpha")
     _report_with_everything(c, "alpha", "lab-a")
     stopped = c.enroll("alpha", "lab-b")
@@ -68,7 +74,21 @@ def scrape(coordinator: Coordinator) -> str:
     for stopping in (False, True):
         r = stopped.report(payload("lab-b", gpus=[gpu_report()], leases=[lease], stopping=stopping))
         assert r.status_code == 200 and r.json()["applied"], r.text
-    r = c.http.get("/metrics", headers=c.viewer("alpha"))
+
+
+def _samples(text: str) -> dict[tuple[str, Labels], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+@pytest.fixture
+def scrape(coordinator: Coordinator) -> str:
+    """A scrape of `_fleet`."""
+    _fleet(coordinator)
+    r = coordinator.http.get("/metrics", headers=coordinator.viewer("alpha"))
     assert r.status_code == 200, r.text
     return r.text
 
@@ -206,3 +226,100 @@ def test_the_dashboard_means_one_process_when_two_are_scraped(scrape: str, tmp_p
     }
     (tmp_path / "dashboard_test.yml").write_text(yaml.safe_dump(spec), encoding="utf-8")
     assert "SUCCESS" in _run("test", "rules", "dashboard_test.yml", cwd=tmp_path)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_prometheus_server_scraping_two_coordinators_on_one_database(
+    coordinator_factory: Callable[..., Coordinator], tmp_path: Path
+) -> None:
+    """Prometheus itself scrapes two coordinator processes on one database with the valid
+    token, and a forgotten job with a revoked token from the same address: the valid
+    scrapes stay up, and the dashboard's panels mean one process."""
+    prometheus = promtool("prometheus")
+    one = coordinator_factory()
+    two = coordinator_factory()
+    _fleet(one)
+    valid = one.tokens["alpha"]
+    revoked = admin.create_token(one.engine, "alpha", "old scrape job").text
+    assert admin.revoke_token(one.engine, "alpha", revoked)
+    one.fleet("alpha")  # the valid scraper was there first
+    targets = [c.url.removeprefix("http://") for c in (one, two)]
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": "rbroker",
+                "authorization": {"credentials": valid},
+                "static_configs": [{"targets": targets}],
+            },
+            {
+                "job_name": "forgotten",
+                "scrape_interval": "200ms",
+                "scrape_timeout": "200ms",
+                "authorization": {"credentials": revoked},
+                "static_configs": [{"targets": targets}],
+            },
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api/v1/query"
+    with (tmp_path / "prometheus.log").open("wb") as log:
+        server = subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def query(expr: str) -> list[dict[str, Any]]:
+            r = httpx.get(api, params={"query": expr}, timeout=5)
+            body = r.json()
+            assert body["status"] == "success", (expr, body)
+            return list(body["data"]["result"])
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if len(query('rbroker_job_info{job="rbroker"}')) == 2:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, (tmp_path / "prometheus.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()
+            time.sleep(0.5)
+        time.sleep(8)  # the forgotten job has failed 80 times by now
+        assert query('max(up{job="forgotten"})')[0]["value"][1] == "0"
+        up = query('min_over_time(up{job="rbroker"}[6s])')
+        assert [u["value"][1] for u in up] == ["1", "1"], up
+        # the panels mean one process (what one scrape says), whichever process it was
+        r = one.http.get("/metrics", headers=one.viewer("alpha"))
+        expected = _expected(_samples(r.text))
+        dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+        for where, expr in _expressions(dashboard):
+            if where.startswith("variable"):
+                continue
+            title, ref = where.removeprefix("panel '").rsplit("' target ", 1)
+            got = {
+                tuple(sorted((k, v) for k, v in sample["metric"].items() if k != "__name__")): (
+                    float(sample["value"][1])
+                )
+                for sample in query(expr.replace("$computer", ".*"))
+            }
+            want = dict(expected[f"{ref}:{title}"])
+            assert set(got) == set(want), (where, got, want)
+            if title != "Age of the last report":
+                assert got == want, (where, got, want)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
