@@ -290,8 +290,9 @@ def test_a_prometheus_server_scraping_two_coordinators_on_one_database(
 
         deadline = time.monotonic() + 30
         while True:
-            try:
-                if len(query('rbroker_job_info{job="rbroker"}')) == 2:
+            try:  # 503 with a line of text until it is ready
+                ready = httpx.get(f"http://127.0.0.1:{port}/-/ready", timeout=5).status_code
+                if ready == 200 and len(query('rbroker_job_info{job="rbroker"}')) == 2:
                     break
             except httpx.HTTPError:
                 pass
