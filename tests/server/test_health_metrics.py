@@ -24,6 +24,9 @@ NAMES = (
     "rbroker_server_rate_limit_refusals_total",
     "rbroker_server_webhook_deliveries_total",
     "rbroker_server_webhook_queued_deliveries",
+    "rbroker_server_open_connections",
+    "rbroker_server_connections_refused_total",
+    "rbroker_server_connections_cut_total",
 )
 
 
@@ -67,6 +70,7 @@ def test_health_metrics_count_what_the_coordinator_did(coordinator: Coordinator)
     assert after[("rbroker_server_report_writer_queued_reports", ())] == 0
     assert grew("rbroker_server_rate_limit_refusals_total", limit="credentials") >= 1
     assert after[("rbroker_server_webhook_queued_deliveries", ())] == 0
+    # connections: tests/server/test_slow_clients.py (these servers run without the guard)
     for outcome in ("sent", "retry", "failed"):
         assert ("rbroker_server_webhook_deliveries_total", (("outcome", outcome),)) in after
 

@@ -31,6 +31,7 @@ from rbroker_server.edge.slow_clients import (
     guarded_protocol,
     site_key,
 )
+from rbroker_server.metrics import health
 from rbroker_server.settings import Settings
 from tests.ports import free_port
 
@@ -169,8 +170,16 @@ def test_dribbling_heads_are_cut_at_the_deadline_and_others_are_answered(
     assert "most from 127.0.0.1" in lines[0]
 
 
+CUTS = ("head", "body")
+
+
+def _metric(name: str, **labels: str) -> float:
+    return health.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def test_a_silent_connection_is_closed_and_a_slow_body_too(parser: str) -> None:
     guard = ConnectionGuard(head_timeout_s=1.0, body_timeout_s=1.5)
+    cut_before = {d: _metric("rbroker_server_connections_cut_total", deadline=d) for d in CUTS}
     with _Server(guard, parser) as server:
         silent = socket.create_connection(("127.0.0.1", server.port), timeout=5)
         body = socket.create_connection(("127.0.0.1", server.port), timeout=5)
@@ -191,6 +200,9 @@ def test_a_silent_connection_is_closed_and_a_slow_body_too(parser: str) -> None:
             assert 0.9 < time.monotonic() - start < 2.5
         assert guard.events.totals["closed past the 1.5 s body deadline"] == 1
         assert guard.events.totals["closed past the 1 s head deadline"] == 2
+        for deadline, n in (("body", 1), ("head", 2)):  # on /metrics
+            cut = _metric("rbroker_server_connections_cut_total", deadline=deadline)
+            assert cut - cut_before[deadline] == n
         # a body that arrives in time is not cut
         _, text = _timed_get(server.port)
         assert text == "ok 5"
@@ -201,6 +213,7 @@ def test_the_per_address_cap_refuses_the_flood_while_another_address_gets_in(
     parser: str,
 ) -> None:
     guard = ConnectionGuard(head_timeout_s=30.0, max_per_address=50, max_total=1000)
+    refused_before = _metric("rbroker_server_connections_refused_total", limit="per_address")
     with _Server(guard, parser) as server:
         flood = _dribblers(server.port, 80)
         try:
@@ -211,6 +224,9 @@ def test_the_per_address_cap_refuses_the_flood_while_another_address_gets_in(
             took, text = _timed_get(server.port, source="127.0.0.2")
             assert text == "ok 5" and took < 1.0
             assert guard.events.totals["refused over 50 open connections per address"] == 30
+            refused = _metric("rbroker_server_connections_refused_total", limit="per_address")
+            assert refused - refused_before == 30
+            assert _metric("rbroker_server_open_connections") >= 50
             # the total cap refuses every address alike
             deadline = time.monotonic() + 5
             while guard.open_total > 50:  # the request's own connection is let go

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rbroker_server.edge.net import Network, in_networks, peer_ip
+from rbroker_server.metrics import health
 
 log = logging.getLogger(__name__)
 
@@ -232,11 +233,13 @@ class _Guarded:
         refusal = self.guard.admit(self._key, exempt, self._site)
         if refusal is not None:
             self.guard.events.count(refusal, self._key or "?")
+            health.connection_refused(refusal)
             text = b"too many connections from your address or in all; try again later\n"
             transport.write(_REFUSED % (REFUSED_RETRY_AFTER_S, len(text), text))
             transport.close()
             return
         self._counted = True
+        health.OPEN_CONNECTIONS.inc()
         self._head_timer = self.loop.call_later(self.guard.head_timeout_s, self._deadline, "head")
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -244,6 +247,7 @@ class _Guarded:
         if self._counted:
             self._counted = False
             self.guard.release(self._key, self._site)
+            health.OPEN_CONNECTIONS.dec()
         super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:
@@ -312,6 +316,7 @@ class _Guarded:
             return
         timeout = self.guard.head_timeout_s if phase == "head" else self.guard.body_timeout_s
         self.guard.events.count(f"closed past the {timeout:g} s {phase} deadline", self._key or "?")
+        health.CONNECTIONS_CUT.labels(phase).inc()
         if phase == "head" and self._bytes:
             text = b"request head not complete in time\n"
             self.transport.write(_TIMEOUT % (len(text), text))

@@ -22,6 +22,13 @@ queued are read from the database for the caller's group. The names:
 - `rbroker_server_webhook_deliveries_total{outcome}`: delivery attempts, `sent` (a 2xx),
   `retry` (failed, tried again later) or `failed` (given up).
 - `rbroker_server_webhook_queued_deliveries`: the caller's group's deliveries waiting.
+- `rbroker_server_open_connections`: connections open to this process (the ones its
+  connection guard admitted, `rbroker_server.edge.slow_clients`).
+- `rbroker_server_connections_refused_total{limit}`: connections refused with a 503:
+  `total` (over the open connections in all), `per_address`, `reserved` (the last ones,
+  kept for light clients).
+- `rbroker_server_connections_cut_total{deadline}`: connections closed past the `head` or
+  `body` deadline.
 """
 
 from __future__ import annotations
@@ -83,6 +90,23 @@ WEBHOOK_DELIVERIES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+OPEN_CONNECTIONS = Gauge(
+    "rbroker_server_open_connections",
+    "Connections open to this coordinator process.",
+    registry=REGISTRY,
+)
+CONNECTIONS_REFUSED = Counter(
+    "rbroker_server_connections_refused",
+    "Connections refused with a 503, by limit (total, per_address, reserved).",
+    ["limit"],
+    registry=REGISTRY,
+)
+CONNECTIONS_CUT = Counter(
+    "rbroker_server_connections_cut",
+    "Connections closed past a deadline (head, body).",
+    ["deadline"],
+    registry=REGISTRY,
+)
 WEBHOOK_OUTCOMES = {"delivered": "sent", "queued": "retry", "failed": "failed"}
 """A delivery's state after an attempt, as the outcome label."""
 
@@ -94,6 +118,21 @@ for _limit in ("signin", "enroll", "credentials", "credential"):
     RATE_LIMIT_REFUSALS.labels(_limit)
 for _outcome in WEBHOOK_OUTCOMES.values():
     WEBHOOK_DELIVERIES.labels(_outcome)
+for _limit in ("total", "per_address", "reserved"):
+    CONNECTIONS_REFUSED.labels(_limit)
+for _deadline in ("head", "body"):
+    CONNECTIONS_CUT.labels(_deadline)
+
+
+def connection_refused(refusal: str) -> None:
+    """Count a connection refused with `refusal` (`ConnectionGuard.admit`'s words)."""
+    if "per address" in refusal:
+        limit = "per_address"
+    elif "kept for light clients" in refusal:
+        limit = "reserved"
+    else:
+        limit = "total"
+    CONNECTIONS_REFUSED.labels(limit).inc()
 
 
 def report_answered(applied: bool, code: str) -> None:
