@@ -75,6 +75,9 @@ class Settings:
             open-files limit allows); more are refused with a 503.
         max_connections_per_address: open connections per client address (IPv6: per
             /64) at most; `trusted_proxies` are exempt.
+        health_groups: the groups whose viewer tokens also read this coordinator's own
+            health on `/metrics` (`rbroker_server.metrics.health`: its counters count every
+            group's reports and connections, so other groups never see them); empty: none.
         webhook_interval_s: how often the webhook task looks for new events and sends
             the due deliveries (`rbroker_server.webhooks`).
     """
@@ -109,6 +112,7 @@ class Settings:
     max_connections: int = 4096
     max_connections_per_address: int = 256
     webhook_interval_s: float = 10.0
+    health_groups: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not PORT_MIN <= self.bind_port <= PORT_MAX:
@@ -149,6 +153,9 @@ class Settings:
                 "spaces (e.g. the output of `openssl rand -hex 32`)"
             )
         object.__setattr__(self, "trusted_proxies", tuple(self.trusted_proxies))
+        object.__setattr__(self, "health_groups", tuple(self.health_groups))
+        if not all(isinstance(g, str) and g for g in self.health_groups):
+            raise ValueError("health_groups must be a list of group names")
         for entry in self.trusted_proxies:
             try:
                 ipaddress.ip_network(entry, strict=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,13 +42,20 @@ def _scrape(c: Coordinator, group: str) -> dict[tuple[str, tuple[tuple[str, str]
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # counters of this process
-def test_health_metrics_count_what_the_coordinator_did(coordinator: Coordinator) -> None:
-    c = coordinator
+def test_health_metrics_count_what_the_coordinator_did(
+    coordinator_factory: Callable[..., Coordinator],
+) -> None:
+    c = coordinator_factory(health_groups=("ops",))
+    c.group("ops")
     c.group("vision")
     pc = c.enroll("vision")
-    before = _scrape(c, "vision")
+    before = _scrape(c, "ops")
     for name in NAMES:
         assert any(n.startswith(name) for n, _ in before), name
+    # the process's counters count every group's reports: a group not named in
+    # health_groups sees its own queued deliveries, none of them
+    theirs = {n for n, _ in _scrape(c, "vision") if n.startswith("rbroker_server_")}
+    assert theirs == {"rbroker_server_webhook_queued_deliveries"}
     env = pc.envelope()
     assert pc.send(env).json()["applied"] is True
     assert pc.send(env).json()["code"] == "not_newer"
@@ -56,7 +64,7 @@ def test_health_metrics_count_what_the_coordinator_did(coordinator: Coordinator)
     for _ in range(CREDENTIAL_FAILURES + 1):  # one past the network's limit
         token = f"rbv_{secrets.token_hex(6)}_{secrets.token_urlsafe(24)}"
         c.http.get("/api/v1/fleet", headers={"authorization": f"Bearer {token}"})
-    after = _scrape(c, "vision")
+    after = _scrape(c, "ops")
 
     def grew(name: str, **labels: str) -> float:
         key = (name, tuple(sorted(labels.items())))

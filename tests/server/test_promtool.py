@@ -85,8 +85,9 @@ def _samples(text: str) -> dict[tuple[str, Labels], float]:
 
 
 @pytest.fixture
-def scrape(coordinator: Coordinator) -> str:
-    """A scrape of `_fleet`."""
+def scrape(coordinator_factory: Callable[..., Coordinator]) -> str:
+    """A scrape of `_fleet` by a group that also reads the coordinator's own health."""
+    coordinator = coordinator_factory(health_groups=("alpha",))
     _fleet(coordinator)
     r = coordinator.http.get("/metrics", headers=coordinator.viewer("alpha"))
     assert r.status_code == 200, r.text

@@ -37,12 +37,16 @@ class MetricsController(Controller):
         """Per GPU bytes and state, per computer leases, waiting requests, report age and
         freshness, per job items completed and failed; offline computers' last-known figures
         and jobs finished over an hour ago left out (see `rbroker_server.metrics.exposition`);
-        then this coordinator process's health (`rbroker_server.metrics.health`)."""
+        then the group's queued webhook deliveries and, for a group of
+        `Settings.health_groups` only, this coordinator process's health
+        (`rbroker_server.metrics.health`: it counts every group's reports and connections,
+        which no other group may see)."""
         view = fleet_service.fleet(engine, settings, caller)
         view = exposition.live_jobs(engine, view, utcnow())
         queued = exposition.queued_deliveries(engine, caller.group_id)
+        process = view.group in settings.health_groups
         return Response(
-            exposition.exposition(view) + health.exposition(queued),
+            exposition.exposition(view) + health.exposition(queued, process=process),
             media_type=MEDIA_TYPE,
             headers={"Cache-Control": "no-store"},
         )

@@ -2,7 +2,9 @@
 applied and refused by reason, how long a report takes, the report writer's queue, database
 faults, rate-limit refusals and webhook deliveries.
 
-Counters count in this process since it started (each coordinator process sharing a
+Only a group named in `Settings.health_groups` reads them (they count every group's reports,
+refusals and connections; other groups see their own queued deliveries alone). Counters
+count in this process since it started (each coordinator process sharing a
 database has its own: Prometheus tells them apart by `instance`); the webhook deliveries
 queued are read from the database for the caller's group. The names:
 
@@ -153,12 +155,13 @@ def webhook_attempted(state: str) -> None:
     WEBHOOK_DELIVERIES.labels(WEBHOOK_OUTCOMES.get(state, state)).inc()
 
 
-def exposition(queued_deliveries: int) -> bytes:
-    """This process's health metrics and the caller's group's queued deliveries."""
+def exposition(queued_deliveries: int, process: bool = True) -> bytes:
+    """The caller's group's queued deliveries and, with `process`, this process's health
+    metrics (every group's: for the operators' groups only, `Settings.health_groups`)."""
     group = CollectorRegistry(auto_describe=True)
     Gauge(
         "rbroker_server_webhook_queued_deliveries",
         "The group's webhook deliveries waiting to be sent.",
         registry=group,
     ).set(queued_deliveries)
-    return generate_latest(REGISTRY) + generate_latest(group)
+    return (generate_latest(REGISTRY) if process else b"") + generate_latest(group)
