@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from pathlib import Path
 
-from rbroker_protocol import system_install as si
 from rbroker_server import __version__
 from rbroker_server.cli.common import CliError
 from rbroker_server.settings import CONFIG_NAME
@@ -43,8 +43,22 @@ def add_arguments(install: argparse.ArgumentParser, uninstall: argparse.Argument
         )
 
 
+def _on_linux(command: str) -> None:
+    """Raises CliError (one line) off Linux: `rbroker_protocol.system_install`, which the
+    commands import only after this, is Linux's alone (importing it elsewhere fails, and
+    the parser of every command is built on Windows too)."""
+    if sys.platform == "win32":
+        raise CliError(
+            f"{command} is for Linux; on Windows the coordinator runs as the operator guide's "
+            "Windows section says (packaging/windows/rbroker-server.ps1)"
+        )
+
+
 def cmd_install_system(args: argparse.Namespace) -> int:
     """Exit codes: 0 done; 1 a step failed, not root or not Linux (one line)."""
+    _on_linux("rbroker-server install-system")
+    from rbroker_protocol import system_install as si
+
     try:
         si.refuse_unless_root("rbroker-server install-system")
         program = si.entry_point("rbroker-server", "rbroker_server", args.exec)
@@ -82,6 +96,9 @@ def cmd_install_system(args: argparse.Namespace) -> int:
 
 def cmd_uninstall_system(args: argparse.Namespace) -> int:
     """Exit codes: 0 done (or nothing installed); 1 a step failed, not root or not Linux."""
+    _on_linux("rbroker-server uninstall-system")
+    from rbroker_protocol import system_install as si
+
     try:
         si.refuse_unless_root("rbroker-server uninstall-system")
         si.uninstall(UNIT, [STATE_DIR], [], root=args.root, purge=args.purge, dry_run=args.dry_run)
