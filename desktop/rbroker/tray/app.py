@@ -138,9 +138,10 @@ class TrayApp(QObject):
         self.fleet_feed.computers.connect(self.window.fleet.set_computers)
         self.fleet_feed.failed.connect(self.window.fleet.set_error)
         self.fleet_feed.not_enrolled.connect(self.window.fleet.set_not_enrolled)
-        self.fleet_timer = QTimer(self)
+        # the window's children: they ask whether it is shown, so they go with it
+        self.fleet_timer = QTimer(self.window)
         self.fleet_timer.timeout.connect(self._refresh_fleet)
-        self.clock_timer = QTimer(self)
+        self.clock_timer = QTimer(self.window)
         self.clock_timer.timeout.connect(self._refresh_clock)
         self.window.shown.connect(self.fleet_feed.refresh)
         self.window.shown.connect(self.link.refresh)
@@ -487,6 +488,7 @@ class TrayApp(QObject):
         self._shut_down = True
         self.tray_timer.stop()
         self.fleet_timer.stop()
+        self.clock_timer.stop()
         self.link.stop()
         self.fleet_feed.join()
         if self._enroll_thread is not None:
