@@ -623,8 +623,14 @@ class Broker:
                 self._admit()
 
     def _admit(self) -> None:
-        """One atomic admission pass over the queue (see `admission`)."""
+        """One atomic admission pass over the queue (see `admission`); a `queue` event for
+        each waiter whose reason the pass changed (what the views show of it: with capacity
+        told only on a change, the tray and `rbroker watch` hear of a new reason so)."""
+        said = {id(w): w.reason for w in self.waiting.waiters}
         self.admission.run(self.waiting, self.paused, self._grant_hook, self.emit)
+        for w in self.waiting.waiters:
+            if said.get(id(w), w.reason) != w.reason:
+                self.emit("queue", {"request_id": w.request_id})
         self.news.changed()  # reasons are set by the pass
 
     def _grant_hook(self, waiter: Waiter, chosen: list[Choice], now: float) -> None:
