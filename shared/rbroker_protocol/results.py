@@ -120,6 +120,13 @@ class GpuView(TypedDict):
     outstanding_mib: NotRequired[int]
     available_mib: NotRequired[int]
     other_in_use_mib: NotRequired[int]
+    """`device_used_mib` less the leases' observed use: processes without a lease here, and
+    what lease holders hold outside their leases (`held_outside_mib`)."""
+    held_outside_mib: NotRequired[int]
+    """The part of `other_in_use_mib` that holders of active leases here hold outside them:
+    memory held before their grant (a sample that began before a grant counts what it shows
+    of the new holder as held before it, docs/architecture.md §2 "Attribution before a
+    grant") or kept after one of their leases ended. Absent from older brokers."""
     booked_mib: NotRequired[int]
     """What bookings hold back from a request that declares no end, now: the peak of those
     starting within the protection window (docs/architecture.md §2a); such a request gets

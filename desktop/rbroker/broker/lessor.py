@@ -467,6 +467,16 @@ class Lessor:
         for lease in leases:
             lease.baseline_mib[uuid] = mib
 
+    def held_outside_mib(self, uuid: str) -> int:
+        """MiB that the holders of active leases on GPU `uuid` hold there outside their
+        leases (the sum of their baselines: memory held before a grant, its pre-grant part
+        included, or kept after one of their leases ended), by the latest attribution. Part
+        of what `device_used` holds beyond the leases' observed use."""
+        held, baselines = self._held, self.baselines
+        return sum(
+            baselines.get((h, uuid), 0) for h in self._touched.get(uuid, ()) if (h, uuid) in held
+        )
+
     def baseline_now(self, holder: Holder, slot: GpuSlot) -> int:
         """MiB `holder` holds on `slot` outside its leases (its whole use if it has none)."""
         key = (holder, slot.uuid)

@@ -144,6 +144,7 @@ class ReadModel:
                 entry["outstanding_mib"] = cap.outstanding_mib
                 entry["available_mib"] = cap.available_mib
                 entry["other_in_use_mib"] = max(0, cap.device_used_mib - leased)
+                entry["held_outside_mib"] = lessor.held_outside_mib(slot.uuid)
                 bookings = self.admission.bookings
                 if bookings is not None:
                     t0, t1 = bookings.horizon(None)

@@ -100,12 +100,21 @@ def ms_text(seconds: float) -> str:
 
 
 def _check_snapshot(state: DemoState, gpus: Sequence[GpuView]) -> None:
-    """granted + others' use + headroom must never exceed total on any GPU."""
+    """granted + others' use + headroom must never exceed total on any GPU.
+
+    Others' use is the memory of processes without a lease there: `other_in_use_mib` less
+    `held_outside_mib`. The demo's workers allocate only inside their leases, so what the
+    broker books as a holder's memory outside its lease is that lease's use: a sample that
+    began before a grant and read the holder's first allocation after it counts that
+    allocation as held before the grant (docs/architecture.md §2), on purpose twice, once
+    held and once granted. Counting it a second time here made a loaded machine's demo
+    report an over-admission the GPU never had (`committed > total` by one first step)."""
     state.snapshots += 1
     for g in gpus:
         if not g.get("total_mib"):
             continue
-        committed = g["granted_mib"] + g["other_in_use_mib"] + g["headroom_mib"]
+        others = g["other_in_use_mib"] - g.get("held_outside_mib", 0)
+        committed = g["granted_mib"] + others + g["headroom_mib"]
         margin = g["total_mib"] - committed
         if state.min_margin_mib is None or margin < state.min_margin_mib:
             state.min_margin_mib = margin

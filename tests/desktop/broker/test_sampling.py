@@ -62,6 +62,10 @@ def test_a_sample_that_began_before_a_grant_shows_no_use_of_the_new_lease(
     assert lease.observed_mib[GPU0] == 0
     assert h.broker.lessor.baselines[(holder, GPU0)] == 3000
     assert _cap(h).outstanding_mib == 4096
+    # the view says whose they are: the holder's, outside its lease (the demo's check of
+    # "others' use" counted them a second time and reported an over-admission)
+    (gpu,) = h.broker.gpus_view()
+    assert (gpu["other_in_use_mib"], gpu["held_outside_mib"]) == (3000, 3000)
     h.sample()  # and a sample after the grant does not move them into the lease either
     assert lease.observed_mib[GPU0] == 0
     assert _cap(h).outstanding_mib == 4096
@@ -69,6 +73,16 @@ def test_a_sample_that_began_before_a_grant_shows_no_use_of_the_new_lease(
     h.sample()
     assert lease.observed_mib[GPU0] == 1000
     assert _cap(h).outstanding_mib == 3096
+    # someone else's memory is others' use and not held outside a lease
+    stranger, _ = pool.spawn()
+    h.fake.allocate(GPU0, stranger.pid, 500)
+    h.sample()
+    (gpu,) = h.broker.gpus_view()
+    assert (gpu["other_in_use_mib"], gpu["held_outside_mib"]) == (3500, 3000)
+    h.broker.release(lease.lease_id, lease.owner)  # with no lease, all of it is others'
+    h.sample()
+    (gpu,) = h.broker.gpus_view()
+    assert (gpu["other_in_use_mib"], gpu["held_outside_mib"]) == (4500, 0)
 
 
 def test_observed_use_discounts_only_what_device_used_holds(
