@@ -218,22 +218,27 @@ def _not_lease_lost(record: logging.LogRecord) -> bool:
 
 def _wait_noting_loss(child: subprocess.Popen[bytes], lease: Any, console: Console) -> int:
     """Wait for `child`; when its lease is lost meanwhile (released by another process,
-    expired), say once that the command runs on without one. rbroker never stops the command
+    expired, reclaimed), say once that the command runs on without one, also when the loss
+    is first seen after the command ended (it ran its last part without one: a reclaim told
+    while the command was finishing went unsaid). rbroker never stops the command
     (architecture.md §3): `rbroker run` still exits with its code. Returns `child`'s code."""
     while True:
         try:
-            return child.wait(timeout=0.25)
+            code: int | None = child.wait(timeout=0.25)
         except subprocess.TimeoutExpired:
-            pass
+            code = None
         if lease.lost:
+            then = "runs on" if code is None else "ran its last part"
             console.print(
-                f"rbroker run: lease {lease.lease_id} lost ({lease.error}); the command runs "
-                "on WITHOUT a lease: its GPU memory is no longer reserved and others may be "
+                f"rbroker run: lease {lease.lease_id} lost ({lease.error}); the command {then} "
+                "WITHOUT a lease: its GPU memory is no longer reserved and others may be "
                 "granted it (rbroker does not stop the command)",
                 markup=False,
                 soft_wrap=True,
             )
-            return child.wait()
+            return child.wait() if code is None else code
+        if code is not None:
+            return code
 
 
 def _claimed_booking(given: str, socket: str | None, console: Console) -> BookingView | int:

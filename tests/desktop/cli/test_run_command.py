@@ -378,3 +378,30 @@ def test_help_says_what_others_see_and_where_the_defaults_come_from() -> None:
     assert "shown to every user of this computer" in text
     assert "sent to its coordinator" in text
     assert "('python' and 'run python' for 'python train.py')" in text
+
+
+@pytest.mark.parametrize(
+    ("exits_first", "words"), [(False, "runs on"), (True, "ran its last part")]
+)
+def test_a_lost_lease_is_told_also_when_the_command_ended_first(
+    exits_first: bool, words: str
+) -> None:
+    """A loss seen only after the command ended is still told (a reclaim the SDK heard while
+    the command was finishing went unsaid when the command ended inside the 0.25 s wait)."""
+    import io
+    import types
+
+    from rich.console import Console
+
+    from rbroker.cli.run import _wait_noting_loss
+
+    code = "import sys; sys.exit(3)" if exits_first else "import time; time.sleep(1); exit(3)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    if exits_first:
+        child.wait()
+    lease = types.SimpleNamespace(lease_id="lease-1", lost=True, error="reclaimed: idle 4 s")
+    out = io.StringIO()
+    assert _wait_noting_loss(child, lease, Console(file=out, width=400)) == 3
+    said = out.getvalue()
+    assert said.startswith("rbroker run: lease lease-1 lost (reclaimed: idle 4 s); the command")
+    assert f"the command {words} WITHOUT a lease" in said
