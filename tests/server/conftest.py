@@ -13,6 +13,8 @@ import base64
 import json
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -95,6 +97,7 @@ class Coordinator:
     backend: str
     _server: uvicorn.Server | None = None
     _thread: threading.Thread | None = None
+    _proc: subprocess.Popen[bytes] | None = None
     tokens: dict[str, str] = field(default_factory=dict)
 
     def group(self, name: str) -> str:
@@ -137,6 +140,13 @@ class Coordinator:
         if self._server is not None and self._thread is not None:
             self._server.should_exit = True
             self._thread.join(15)
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(5)
         self.http.close()
 
 
@@ -176,6 +186,40 @@ def start_coordinator(settings: Settings, backend: str) -> Coordinator:
     c = Coordinator(url, settings, engine, httpx.Client(base_url=url, timeout=30), backend)
     c._server, c._thread = server, thread
     return c
+
+
+def start_coordinator_process(settings: Settings, backend: str, log_path: Path) -> Coordinator:
+    """A `rbroker-server serve` process of its own on `settings` (saved as the config of
+    their data directory; HTTP on 127.0.0.1 and a free port), its output in `log_path`:
+    what only a process shows (its own health counters, its own event loop). Each process
+    of one test may share the data directory: the port is given on the command line."""
+    settings.save()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    cmd = [sys.executable, "-m", "rbroker_server", "serve", "--data-dir", str(settings.data_dir)]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [*cmd, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    http = httpx.Client(base_url=url, timeout=30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if http.get("/healthz").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            http.close()
+            raise RuntimeError(f"coordinator process did not start: {log_path.read_text()}")
+        time.sleep(0.1)
+    engine = db.make_engine(settings.db_url)
+    return Coordinator(url, settings, engine, http, backend, _proc=proc)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -227,7 +271,8 @@ def coordinator_factory(
 ) -> Iterator[Callable[..., Coordinator]]:
     """`coordinator_factory(**settings_changes)` → a running Coordinator on a fresh database
     (all of one test's coordinators share it; a SQLite one starts as a copy of
-    `migrated_sqlite`). All are stopped at teardown."""
+    `migrated_sqlite`); `process=True`: a `rbroker-server serve` process of its own (a test
+    that starts one is marked `contract`). All are stopped at teardown."""
     started: list[Coordinator] = []
     if backend == "sqlite":
         target = Path(database_url.removeprefix("sqlite:///"))
@@ -235,9 +280,13 @@ def coordinator_factory(
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(migrated_sqlite, target)
 
-    def factory(**changes: Any) -> Coordinator:
+    def factory(*, process: bool = False, **changes: Any) -> Coordinator:
         settings = Settings(data_dir=tmp_path / "data", database_url=database_url, **changes)
-        c = start_coordinator(settings, backend)
+        if process:  # its own `rbroker-server serve`
+            log_path = tmp_path / f"coordinator-{len(started)}.log"
+            c = start_coordinator_process(settings, backend, log_path)
+        else:
+            c = start_coordinator(settings, backend)
         started.append(c)
         return c
 

@@ -23,6 +23,10 @@ SELECTOR = re.compile(r"\b(rbroker_[a-z0-9_]+)\s*\{([^}]*)\}")
 MATCHER = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)")
 GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
 LABEL_VALUES = re.compile(r"label_values\(\s*(rbroker_[a-z0-9_]+)\s*,\s*([A-Za-z0-9_]+)\s*\)")
+# the tail of `label_replace(v, "dst", "replacement", "src", "regex")`: dst is made, src read
+LABEL_REPLACE = re.compile(
+    r',\s*"([A-Za-z_]\w*)"\s*,\s*"[^"]*"\s*,\s*"([A-Za-z_]\w*)"\s*,\s*"[^"]*"\s*\)'
+)
 
 
 def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -71,6 +75,10 @@ def test_the_dashboard_uses_only_served_metrics_and_labels(coordinator: Coordina
             if name in labels and label not in labels[name]:
                 problems.append(f"{where}: {name} has no label {label!r}")
         known = set().union(*(labels.get(n, set()) for n in names))
+        for made, read in LABEL_REPLACE.findall(expr):
+            if read not in known:
+                problems.append(f"{where}: label_replace reads {read!r}, which no metric has")
+            known.add(made)
         for group in GROUPING.findall(expr):
             for label in filter(None, (part.strip() for part in group.split(","))):
                 if label not in known:

@@ -18,16 +18,20 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from rbroker_protocol.reports import LeaseReport
 from rbroker_server.admin import operations as admin
+from rbroker_server.db import engine as db
+from rbroker_server.reports import statements as st
 from tests.fakes.reports import GPU_A, gpu_report, payload
 from tests.server.conftest import Coordinator
 from tests.server.test_grafana import DASHBOARD, _expressions
@@ -65,8 +69,9 @@ def _series(name: str, labels: dict[str, str]) -> str:
 
 
 def _fleet(c: Coordinator) -> None:
-    """Group alpha with one online computer (a GPU, a lease, bookings, a job with a total)
-    and one whose broker stopped (offline, a lease at its last report)."""
+    """Group alpha with one online computer (a GPU, a lease, bookings, a job with a total),
+    one whose broker stopped (offline, a lease at its last report) and one that went silent
+    (stale: its last report halfway between `stale_after_s` and `offline_after_s` ago)."""
     c.group("alpha")
     _report_with_everything(c, "alpha", "lab-a")
     stopped = c.enroll("alpha", "lab-b")
@@ -74,6 +79,17 @@ def _fleet(c: Coordinator) -> None:
     for stopping in (False, True):
         r = stopped.report(payload("lab-b", gpus=[gpu_report()], leases=[lease], stopping=stopping))
         assert r.status_code == 200 and r.json()["applied"], r.text
+    silent = c.enroll("alpha", "lab-c")
+    lease = LeaseReport(lease_id="l7", gpu_uuids=[GPU_A], granted_mib=2000, owner="cy")
+    r = silent.report(payload("lab-c", gpus=[gpu_report()], leases=[lease]))
+    assert r.status_code == 200 and r.json()["applied"], r.text
+    ago_s = (c.settings.stale_after_s + c.settings.offline_after_s) / 2
+    with c.engine.begin() as conn:
+        conn.execute(
+            sa.update(st.COMPUTERS)
+            .where(st.COMPUTERS.c.id == silent.id)
+            .values(last_seen_at=db.utcnow() - timedelta(seconds=ago_s))
+        )
 
 
 def _samples(text: str) -> dict[tuple[str, Labels], float]:
@@ -117,7 +133,18 @@ def _expected(samples: dict[tuple[str, Labels], float]) -> dict[str, list[tuple[
     online = {
         lab["computer_id"] for lab, v in of("rbroker_computer_freshness", state="online") if v
     }
-    assert len(online) == 1  # lab-a; lab-b offline
+    assert len(online) == 1  # lab-a; lab-b offline, lab-c stale
+    fresh = {
+        lab["computer_id"]: {"online": "now", "stale": "last known"}[lab["state"]]
+        for lab, v in of("rbroker_computer_freshness")
+        if v and lab["state"] != "offline"
+    }
+    assert sorted(fresh.values()) == ["last known", "now"]
+
+    def marked(labels: dict[str, str], *keys: str) -> Labels:
+        """`keys` of `labels` and the freshness the panel joins in."""
+        return tuple(sorted((*pick(labels, *keys), ("freshness", fresh[labels["computer_id"]]))))
+
     gpu = ("computer", "computer_id", "gpu_uuid")
 
     def per_computer(name: str) -> list[tuple[Labels, float]]:
@@ -150,13 +177,13 @@ def _expected(samples: dict[tuple[str, Labels], float]) -> dict[str, list[tuple[
     rates = [(names, 0.0) for names, _ in jobs]  # counters constant over the recording
     return {
         "A:Computers online": [((), float(len(online)))],
-        "A:Computers stale or offline": [((), 1.0)],
+        "A:Computers stale or offline": [((), 2.0)],
         "A:Active leases": [
             ((), sum(v for lab, v in of("rbroker_computer_leases") if lab["computer_id"] in online))
         ],
         "A:Waiting requests": [((), 0.0)],
         "A:Available to a new lease, per GPU": [
-            (pick(lab, "computer", "computer_id", "gpu_uuid", "gpu_index"), v)
+            (marked(lab, "computer", "computer_id", "gpu_uuid", "gpu_index"), v)
             for lab, v in of("rbroker_gpu_available_bytes")
         ],
         "A:In use and granted-not-yet-used, per computer": per_computer("rbroker_gpu_in_use_bytes"),
@@ -170,10 +197,10 @@ def _expected(samples: dict[tuple[str, Labels], float]) -> dict[str, list[tuple[
             if v == 1
         ],
         "A:Leases and waiting requests, per computer": [
-            (pick(lab, "computer", "computer_id"), v) for lab, v in of("rbroker_computer_leases")
+            (marked(lab, "computer", "computer_id"), v) for lab, v in of("rbroker_computer_leases")
         ],
         "B:Leases and waiting requests, per computer": [
-            (pick(lab, "computer", "computer_id"), v)
+            (marked(lab, "computer", "computer_id"), v)
             for lab, v in of("rbroker_computer_waiting_requests")
         ],
         "A:Age of the last report": [
@@ -235,15 +262,20 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.contract
 def test_a_prometheus_server_scraping_two_coordinators_on_one_database(
     coordinator_factory: Callable[..., Coordinator], tmp_path: Path
 ) -> None:
-    """Prometheus itself scrapes two coordinator processes on one database with the valid
-    token, and a forgotten job with a revoked token from the same address: the valid
-    scrapes stay up, and the dashboard's panels mean one process."""
+    """Prometheus itself scrapes two `rbroker-server serve` processes on one database with
+    the valid token, and a forgotten job with a revoked token from the same address: the
+    valid scrapes stay up, the dashboard's panels mean one process, and each process counts
+    its own health (all four reports went to the first one)."""
     prometheus = promtool("prometheus")
-    one = coordinator_factory()
-    two = coordinator_factory()
+    # lab-a reports once: it stays online for the whole test however slow the machine is
+    # (with the default 15 s a loaded run once saw it stale before Prometheus was ready)
+    kept = {"stale_after_s": 600.0, "offline_after_s": 1200.0, "health_groups": ("alpha",)}
+    one = coordinator_factory(process=True, **kept)
+    two = coordinator_factory(process=True, **kept)
     _fleet(one)
     valid = one.tokens["alpha"]
     revoked = admin.create_token(one.engine, "alpha", "old scrape job").text
@@ -304,6 +336,11 @@ def test_a_prometheus_server_scraping_two_coordinators_on_one_database(
         assert query('max(up{job="forgotten"})')[0]["value"][1] == "0"
         up = query('min_over_time(up{job="rbroker"}[6s])')
         assert [u["value"][1] for u in up] == ["1", "1"], up
+        applied = {
+            sample["metric"]["instance"]: sample["value"][1]
+            for sample in query('rbroker_server_reports_applied_total{job="rbroker"}')
+        }
+        assert applied == {targets[0]: "4", targets[1]: "0"}, applied
         # the panels mean one process (what one scrape says), whichever process it was
         r = one.http.get("/metrics", headers=one.viewer("alpha"))
         expected = _expected(_samples(r.text))
