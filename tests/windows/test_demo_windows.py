@@ -15,8 +15,6 @@ import httpx
 import psutil
 import pytest
 
-from tests.windows.wine import UNDER_WINE
-
 pytestmark = pytest.mark.skipif(
     sys.platform != "win32", reason="Windows only: named pipes, Job objects, TerminateProcess"
 )
@@ -27,15 +25,6 @@ def _descendants() -> set[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    UNDER_WINE,
-    strict=False,
-    reason="open, under Wine: the demo's own capacity check (granted + others' use + headroom "
-    "<= total at every snapshot) failed in 2 of 3 runs on a loaded machine (margins -205 and "
-    "-2 253 MiB) while every grant fitted when decided; suspected: the killed worker's "
-    "simulated memory stays listed while its process handle is open. Real Windows must show "
-    "whether it is Wine's or the fake NVML's",
-)
 def test_demo_runs_to_its_summary_on_windows() -> None:
     before = _descendants()
     done = subprocess.run(
