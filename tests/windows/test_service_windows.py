@@ -216,24 +216,53 @@ def test_the_frozen_app_installs_and_hosts_the_service(no_service: None) -> None
     assert not installed()
 
 
+def installed_products() -> list[str]:
+    """The versions of every installed product named rbroker (Programs and Features' list:
+    the Uninstall keys of the 64-bit registry view)."""
+    import winreg
+
+    found = []
+    path = r"SOFTWARE\Microsoft\Windows\CurrentVersion\Uninstall"
+    view = winreg.KEY_READ | winreg.KEY_WOW64_64KEY
+    with winreg.OpenKey(winreg.HKEY_LOCAL_MACHINE, path, 0, view) as uninstall:
+        for i in range(winreg.QueryInfoKey(uninstall)[0]):
+            with winreg.OpenKey(uninstall, winreg.EnumKey(uninstall, i), 0, view) as product:
+                try:
+                    name = winreg.QueryValueEx(product, "DisplayName")[0]
+                    version = winreg.QueryValueEx(product, "DisplayVersion")[0]
+                except OSError:
+                    continue
+                if name == "rbroker":
+                    found.append(str(version))
+    return sorted(found)
+
+
 def test_the_installer_installs_the_app_and_the_service_and_uninstalls_them(
     no_service: None,
 ) -> None:
     """dist/windows/rbroker.msi (`bash .ci/wine freeze --msi`), silently: the app in
     ProgramFiles\\rbroker whose `rbroker.exe` runs, the service registered (LocalSystem,
     automatic, `rbroker-service.exe`), the tray in the Start menu, the folder on the system
-    PATH; the silent uninstall removes all of that and keeps %ProgramData%\\rbroker."""
+    PATH; the installed service started through the Service Control Manager answers on its
+    pipe (no NVIDIA driver here: its broker fails closed and serves on); a newer installer
+    (dist/windows/upgrade-test/rbroker.msi, the next patch version) is an upgrade in place:
+    one rbroker installed, at the new version, the service registered, the data kept; the
+    silent uninstall removes all of that and keeps %ProgramData%\\rbroker."""
     import winreg
 
     import win32service
 
+    from rbroker.base.version import __version__
     from rbroker.hosting.service_windows import service_data_dir
     from tests.windows.frozen import REPO
 
     msi = REPO / "dist" / "windows" / "rbroker.msi"
-    if not msi.is_file():
-        pytest.skip(f"the installer is not built ({msi}): bash .ci/wine freeze --msi")
+    newer = REPO / "dist" / "windows" / "upgrade-test" / "rbroker.msi"
+    for package in (msi, newer):
+        if not package.is_file():
+            pytest.skip(f"the installer is not built ({package}): bash .ci/wine freeze --msi")
     folder = Path(os.environ.get("PROGRAMW6432") or os.environ["PROGRAMFILES"]) / "rbroker"
+    exe = str(folder / "rbroker.exe")
     # the Start menu of every user (Windows, ALLUSERS=1); Wine puts it in the user's own
     start_menus = [
         Path(os.environ[var], "Microsoft", "Windows", "Start Menu", "Programs", "rbroker.lnk")
@@ -245,49 +274,71 @@ def test_the_installer_installs_the_app_and_the_service_and_uninstalls_them(
         with winreg.OpenKey(winreg.HKEY_LOCAL_MACHINE, env_key) as key:
             return str(winreg.QueryValueEx(key, "Path")[0])
 
-    def msiexec(*args: str) -> None:
+    def msiexec(action: str, package: Path) -> None:
         done = subprocess.run(
-            ["msiexec", *args, str(msi), "/qn"], capture_output=True, text=True, timeout=300
+            ["msiexec", action, str(package), "/qn"], capture_output=True, text=True, timeout=300
         )
-        assert done.returncode == 0, (args, done.returncode, done.stdout, done.stderr)
+        assert done.returncode == 0, (action, package, done.returncode, done.stdout, done.stderr)
 
-    kept = service_data_dir() / "kept-by-uninstall.txt"
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    kept.write_text("the service's data: leases, enrollment\n")
-    msiexec("/i")
-    try:
-        for name in ("rbroker.exe", "rbroker-tray.exe", "rbroker-service.exe"):
-            assert (folder / name).is_file(), name
-        version = subprocess.run(
-            [str(folder / "rbroker.exe"), "--version"], capture_output=True, text=True, timeout=120
-        )
-        assert version.returncode == 0 and version.stdout.startswith("rbroker "), version
-        status = subprocess.run(
-            [str(folder / "rbroker.exe"), "status", "--socket", r"\\.\pipe\rbroker-msi-none"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert_one_line(status, 69, r"\\.\pipe\rbroker-msi-none")
-        assert installed()
+    def app(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
+
+    def service_config() -> tuple[object, ...]:
         scm = win32service.OpenSCManager(None, None, win32service.SC_MANAGER_CONNECT)
         try:
             svc = win32service.OpenService(scm, "rbroker", win32service.SERVICE_QUERY_CONFIG)
             try:
-                config = win32service.QueryServiceConfig(svc)
+                return tuple(win32service.QueryServiceConfig(svc))
             finally:
                 win32service.CloseServiceHandle(svc)
         finally:
             win32service.CloseServiceHandle(scm)
+
+    assert installed_products() == [], "an rbroker is installed already"
+    kept = service_data_dir() / "kept-by-uninstall.txt"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text("the service's data: leases, enrollment\n")
+    current = msi
+    msiexec("/i", msi)
+    try:
+        assert installed_products() == [__version__]
+        for name in ("rbroker.exe", "rbroker-tray.exe", "rbroker-service.exe"):
+            assert (folder / name).is_file(), name
+        version = app("--version")
+        assert version.returncode == 0 and version.stdout.startswith("rbroker "), version
+        status = app("status", "--socket", r"\\.\pipe\rbroker-msi-none")
+        assert_one_line(status, 69, r"\\.\pipe\rbroker-msi-none")
+        assert installed()
+        config = service_config()
         assert config[1] == win32service.SERVICE_AUTO_START, config
-        assert str(folder / "rbroker-service.exe").lower() in config[3].lower(), config
+        assert str(folder / "rbroker-service.exe").lower() in str(config[3]).lower(), config
         assert config[7] == "LocalSystem", config
         assert any(lnk.is_file() for lnk in start_menus), start_menus
         assert str(folder).lower() in system_path().lower(), system_path()
+
+        # the installed service, started as the boot would: its broker answers on the pipe
+        done = app("service", "start")
+        assert done.returncode == 0, done.stderr
+        wait_for(pipe_exists, 90, f"the installed service's broker listening on {SERVICE_PIPE}")
+        hello = raw_hello().get("result")
+        assert isinstance(hello, dict) and hello["simulated"] is False, hello
+
+        # a newer installer over the running one: an upgrade in place
+        msiexec("/i", newer)
+        current = newer
+        patch = __version__.split(".")
+        upgraded = ".".join([*patch[:2], str(int("".join(c for c in patch[2] if c.isdigit())) + 1)])
+        assert installed_products() == [upgraded]
+        assert installed() and app("--version").returncode == 0
+        config = service_config()
+        assert str(folder / "rbroker-service.exe").lower() in str(config[3]).lower(), config
+        assert kept.is_file(), "the upgrade removed the service's data"
     finally:
-        msiexec("/x")
+        msiexec("/x", current)
+    assert installed_products() == []
     assert not (folder / "rbroker.exe").exists()
     assert not installed()
+    assert not pipe_exists(), "the uninstall left the service's broker running"
     assert not any(lnk.exists() for lnk in start_menus), start_menus
     assert str(folder).lower() not in system_path().lower(), system_path()
     assert kept.is_file(), "the uninstall removed the service's data"
