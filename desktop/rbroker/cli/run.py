@@ -31,9 +31,6 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.status import Status
-
 import rbroker
 from rbroker._frameworks import (
     PLACEHOLDER,
@@ -53,6 +50,8 @@ from rbroker_protocol.results import BookingView
 
 if TYPE_CHECKING:  # the request's model loads only to word a refusal (start-up, §10)
     from pydantic import ValidationError
+    from rich.console import Console
+    from rich.status import Status
 
 EX_USAGE = 2
 EX_TEMPFAIL = 75  # sysexits.h: no room now / within --wait
@@ -126,12 +125,38 @@ def _n(bound: object) -> str:
     return fmt_mib(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
+class StderrConsole:
+    """rich's `Console` on stderr, made when it first says something: a run that starts
+    and ends quietly never loads rich (about a quarter of `rbroker run`'s own start, issue
+    44). What it prints goes through rich as before: markup off, control codes stripped."""
+
+    def __init__(self) -> None:
+        self._console: Console | None = None
+
+    @property
+    def real(self) -> Console:
+        """The console itself (made now if it was not)."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=True, highlight=False)
+        return self._console
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.real.is_terminal
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        """`Console.print` on the real console."""
+        self.real.print(*objects, **options)
+
+
 class WaitDisplay:
     """Says on stderr what `rbroker run` waits for: a spinner line updated in place in a
     terminal, one line per change of reason or estimate otherwise. Thread-safe (`show` is
     called from the SDK's helper thread)."""
 
-    def __init__(self, console: Console, mib: int, wait_s: float) -> None:
+    def __init__(self, console: StderrConsole | Console, mib: int, wait_s: float) -> None:
         self.console = console
         self.head = f"rbroker run: waiting up to {wait_s:g} s for {fmt_mib(mib)} MiB"
         self.status: Status | None = None
@@ -155,7 +180,11 @@ class WaitDisplay:
             if not self.console.is_terminal:
                 self.console.print(line, markup=False, highlight=False, soft_wrap=True)
             elif self.status is None:
-                self.status = Status(line, console=self.console)
+                from rich.status import Status
+
+                given = self.console
+                real = given.real if isinstance(given, StderrConsole) else given
+                self.status = Status(line, console=real)
                 self.status.start()
             else:
                 self.status.update(line)
@@ -169,7 +198,7 @@ class WaitDisplay:
 
 
 def _placeholders(
-    lease: rbroker.Lease, args: list[str], env: dict[str, str], console: Console
+    lease: rbroker.Lease, args: list[str], env: dict[str, str], console: StderrConsole
 ) -> list[str]:
     """Add the framework variables to `env` and replace the placeholders in `args`;
     says on stderr which fraction `{fraction}` is when the lease's GPUs differ in size.
@@ -216,7 +245,9 @@ def _not_lease_lost(record: logging.LogRecord) -> bool:
     return not getattr(record, LEASE_LOST, False)
 
 
-def _wait_noting_loss(child: subprocess.Popen[bytes], lease: Any, console: Console) -> int:
+def _wait_noting_loss(
+    child: subprocess.Popen[bytes], lease: Any, console: StderrConsole | Console
+) -> int:
     """Wait for `child`; when its lease is lost meanwhile (released by another process,
     expired, reclaimed), say once that the command runs on without one, also when the loss
     is first seen after the command ended (it ran its last part without one: a reclaim told
@@ -241,7 +272,7 @@ def _wait_noting_loss(child: subprocess.Popen[bytes], lease: Any, console: Conso
             return code
 
 
-def _claimed_booking(given: str, socket: str | None, console: Console) -> BookingView | int:
+def _claimed_booking(given: str, socket: str | None, console: StderrConsole) -> BookingView | int:
     """The live booking of this user's that `given` names (its id or a unique prefix, as
     `rbroker bookings` shows it), with something left unclaimed; or the exit code after one
     line on stderr: no broker (69, or 2 refused), no such booking, nothing of it left (2)."""
@@ -264,7 +295,7 @@ def _claimed_booking(given: str, socket: str | None, console: Console) -> Bookin
 
 def run_command(args: argparse.Namespace) -> int:
     """Run `args.cmd` under a lease; returns the exit code described in the module doc."""
-    console = Console(stderr=True, highlight=False)
+    console = StderrConsole()
     # the loss of the lease is said once, by `_wait_noting_loss`, not also by the SDK's log
     logging.getLogger("rbroker._lease").addFilter(_not_lease_lost)
     cmd = list(args.cmd)
