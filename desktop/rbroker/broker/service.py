@@ -620,6 +620,7 @@ class Broker:
         finally:
             if waiter in self.queue and not self.stopping:  # cancelled: connection gone
                 self.waiting.remove(waiter)
+                self.emit("queue", {"request_id": waiter.request_id})
                 self._admit()
 
     def _admit(self) -> None:

@@ -146,19 +146,22 @@ class WaitQueue:
         return None
 
     def connection_closed(self, conn_id: int) -> None:
-        """Drop the waiters of a closed connection."""
+        """Drop the waiters of a closed connection, each told as a `queue` event (the
+        queue's views change: without it the tray kept showing a request that had left)."""
         for waiter in [w for w in self.waiters if w.conn_id == conn_id]:
             self.remove(
                 waiter, RpcError(ErrorCode.CANCELLED, "request cancelled: connection closed")
             )
+            self._emit("queue", {"request_id": waiter.request_id})
 
     def reap(self, is_alive: Callable[[Holder], bool]) -> None:
-        """Drop the waiters whose holder process exited."""
+        """Drop the waiters whose holder process exited, each told as a `queue` event."""
         for waiter in list(self.waiters):
             if not is_alive(waiter.holder):
                 self.remove(
                     waiter, RpcError(ErrorCode.CANCELLED, "request cancelled: holder exited")
                 )
+                self._emit("queue", {"request_id": waiter.request_id})
 
     def expire(self, now: float, wait_error: Callable[[Waiter], RpcError]) -> None:
         """End the waits that are over: restored waiters whose client did not come back
@@ -167,6 +170,7 @@ class WaitQueue:
         for waiter in list(self.waiters):
             if waiter.reattach_by is not None and now >= waiter.reattach_by:
                 self.remove(waiter, RpcError(ErrorCode.CANCELLED, "its client did not come back"))
+                self._emit("queue", {"request_id": waiter.request_id})
             elif now >= waiter.deadline and waiter.evaluated and not waiter.future.done():
                 self.remove(waiter, wait_error(waiter))
                 self._emit("queue", {"request_id": waiter.request_id})
