@@ -20,8 +20,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
-
 from rbroker.transport.system_paths import system_socket_path
 
 ENV_SOCKET = "RBROKER_SOCKET"
@@ -69,6 +67,8 @@ def per_user_socket_path() -> str:
     """
     if sys.platform == "win32":
         return rf"\\.\pipe\rbroker-{getpass.getuser()}"
+    import platformdirs  # only where the per-user address is needed (start-up, issue 44)
+
     with warnings.catch_warnings():
         # the fallback is the point here; its warning would only repeat this docstring
         warnings.simplefilter("ignore", getattr(platformdirs, "RuntimeDirWarning", Warning))
@@ -111,4 +111,6 @@ def discovery_order(explicit: str | None = None) -> list[Candidate]:
 
 def default_data_dir() -> Path:
     """The broker's data directory (lease database, keys): the user data dir."""
+    import platformdirs
+
     return Path(platformdirs.user_data_dir("rbroker", appauthor=False))
