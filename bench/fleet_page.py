@@ -290,6 +290,18 @@ def main(argv: list[str] | None = None) -> int:
             api = clients[0].get("/api/v1/fleet", headers=auth)
             api.raise_for_status()
             api_bytes = (api.num_bytes_downloaded, len(api.content))
+            # the JSON fleet compressed (httpx asks for gzip) and not (identity), in turns
+            wire: dict[str, list[float]] = {"gzip": [], "identity": []}
+            took: dict[str, list[float]] = {"gzip": [], "identity": []}
+            for _ in range(3):
+                for coding in ("gzip", "identity"):
+                    t_get = time.perf_counter()
+                    got = clients[0].get(
+                        "/api/v1/fleet", headers={**auth, "accept-encoding": coding}
+                    )
+                    took[coding].append(time.perf_counter() - t_get)
+                    got.raise_for_status()
+                    wire[coding].append(got.num_bytes_downloaded)
             floor = viewers(clients, proc, "/api/v1/fleet", seconds, headers=auth)
             fleet = viewers(clients, proc, "/fleet/live", seconds, conditional=True)
         finally:
@@ -344,6 +356,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{page_bytes[1] / api_bytes[1]:.3f}× the JSON",
         "< 1 MB",
         verdict(page_bytes[1] < 1_000_000),
+    )
+    gz_b, raw_b = wire["gzip"][-1], wire["identity"][-1]
+    report.add(
+        "JSON fleet (/api/v1/fleet): bytes on the wire, gzip · identity",
+        f"{gz_b:,.0f} B · {raw_b:,.0f} B",
+        f"identity {raw_b:,.0f} B",
+        f"{gz_b / raw_b:.3f}× identity",
+    )
+    report.add(
+        "JSON fleet: one read over loopback, gzip · identity (p50 of 3)",
+        f"{p(took['gzip'], 50)} · {p(took['identity'], 50)}",
+        f"identity {p(took['identity'], 50)}",
+        f"{percentile(took['gzip'], 50) / percentile(took['identity'], 50):.3g}× identity",
     )
     report.add(
         "refresh answers: 200 · 304 · other",
