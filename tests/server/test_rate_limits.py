@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import nacl.signing
 import pytest
+import sqlalchemy as sa
 
 from rbroker_protocol import signing
 from rbroker_server.admin import operations as admin
@@ -23,7 +24,7 @@ from rbroker_server.edge.ratelimit import (
     Throttle,
 )
 from tests.conftest import wait_until
-from tests.server.conftest import Coordinator
+from tests.server.conftest import Coordinator, EnrolledComputer
 
 ATTACKER = {"X-Forwarded-For": "203.0.113.7"}
 SAME_NETWORK = {"X-Forwarded-For": "203.0.113.99"}  # the attacker's /24
@@ -177,14 +178,14 @@ def test_a_revoked_token_does_not_lock_out_a_valid_one_on_its_network(proxied: C
     never = {"authorization": f"Bearer {other}"}
     assert c.http.get("/metrics", headers=never | ATTACKER).status_code == 429
     assert c.http.get("/metrics", headers=never | NEIGHBOUR).status_code == 200
-    # A guess at the valid token's secret is checked once, then that token waits with its
-    # network like the rest (it is served elsewhere).
+    # A guess at the valid token's secret (its id is no secret) is another credential,
+    # never served there: refused unchecked, and the valid token reads on (a guess used to
+    # take it off its network's served list: one wrong secret a second kept it out)
     valid_id = c.tokens["vision"].split("_")[1]
-    guess = {"authorization": f"Bearer rbv_{valid_id}_{secrets.token_urlsafe(24)}"}
-    assert c.http.get("/metrics", headers=guess | ATTACKER).status_code == 401
-    assert c.http.get("/metrics", headers=guess | ATTACKER).status_code == 429
-    assert c.http.get("/metrics", headers=valid | SAME_NETWORK).status_code == 429
-    assert c.http.get("/metrics", headers=valid | NEIGHBOUR).status_code == 200
+    for _ in range(3):
+        guess = {"authorization": f"Bearer rbv_{valid_id}_{secrets.token_urlsafe(24)}"}
+        assert c.http.get("/metrics", headers=guess | ATTACKER).status_code == 429
+        assert c.http.get("/metrics", headers=valid | SAME_NETWORK).status_code == 200
 
 
 def test_one_credential_is_limited_across_networks(proxied: Coordinator) -> None:
@@ -199,6 +200,67 @@ def test_one_credential_is_limited_across_networks(proxied: Coordinator) -> None
     # the networks it came from are not over their own limits
     r = c.http.get("/api/v1/fleet", headers=c.viewer("vision") | {"X-Forwarded-For": "10.0.0.1"})
     assert r.status_code == 200
+
+
+def test_guesses_at_a_valid_tokens_secret_from_everywhere_do_not_lock_it_out(
+    proxied: Coordinator, limit_log: _Lines
+) -> None:
+    """The token's id with wrong secrets from many networks: each guess is its own
+    credential (401), so the token's own count never fills and its scraper reads on (the
+    guesses used to count against the id: 20 of them kept the scraper out for a minute)."""
+    c = proxied
+    c.group("vision")
+    valid = c.viewer("vision")
+    assert c.http.get("/metrics", headers=valid).status_code == 200
+    valid_id = c.tokens["vision"].split("_")[1]
+    for i in range(2 * CREDENTIAL_ID_FAILURES):
+        guess = {"authorization": f"Bearer rbv_{valid_id}_{secrets.token_urlsafe(24)}"}
+        r = c.http.get("/metrics", headers=guess | {"X-Forwarded-For": f"10.1.{i}.1"})
+        assert r.status_code == 401, (i, r.text)
+    assert c.http.get("/metrics", headers=valid).status_code == 200
+    # logs name the token by its id, never by a digest of what was sent
+    assert not any(valid_id + " " in line for line in limit_log.lines)
+
+
+def test_every_key_fits_its_column_from_the_longest_networks(proxied: Coordinator) -> None:
+    """`rate_limit_hits.key` holds 64 characters (PostgreSQL refuses more): a served token
+    and a computer's forged id from a full IPv6 network, and an over-long computer name
+    (counted against its network only) all fit."""
+    c = proxied
+    c.group("vision")
+    far = {"X-Forwarded-For": "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"}
+    assert c.http.get("/metrics", headers=c.viewer("vision") | far).status_code == 200
+    real = c.enroll("vision", "lab-1")
+    for name in (real.id, "c_" + "f" * 22, "c_" + "f" * 38):
+        forger = EnrolledComputer(c, name, nacl.signing.SigningKey.generate(), "vision")
+        headers = forger.signed_headers("GET", "/api/v1/fleet")
+        assert c.http.get("/api/v1/fleet", headers=headers | far).status_code == 401
+    bad = {"authorization": f"Bearer rbv_{'a' * 12}_{'b' * 32}"}
+    assert c.http.get("/metrics", headers=bad | far).status_code == 401
+    with c.engine.connect() as conn:
+        longest = conn.execute(sa.text("SELECT max(length(key)) FROM rate_limit_hits")).scalar()
+    assert 0 < longest <= 64
+
+
+def test_forged_signatures_in_a_computers_name_do_not_lock_it_out(proxied: Coordinator) -> None:
+    """Anyone can name a computer; only its key signs for it: forged signatures count in the
+    forger's networks, and the computer's own signed reads go on."""
+    c = proxied
+    c.group("vision")
+    real = c.enroll("vision", "lab-1")
+    assert real.get("/api/v1/fleet").status_code == 200
+    forger = EnrolledComputer(c, real.id, nacl.signing.SigningKey.generate(), "vision")
+    for i in range(2 * CREDENTIAL_ID_FAILURES):
+        headers = forger.signed_headers("GET", "/api/v1/fleet")
+        r = c.http.get("/api/v1/fleet", headers=headers | {"X-Forwarded-For": f"10.2.{i}.1"})
+        assert r.status_code == 401, (i, r.text)
+    assert real.get("/api/v1/fleet").status_code == 200
+    # from one network the forgeries fill that network's count for that name, as before
+    for _ in range(CREDENTIAL_ID_FAILURES):
+        headers = forger.signed_headers("GET", "/api/v1/fleet")
+        c.http.get("/api/v1/fleet", headers=headers | NEIGHBOUR)
+    headers = forger.signed_headers("GET", "/api/v1/fleet")
+    assert c.http.get("/api/v1/fleet", headers=headers | NEIGHBOUR).status_code == 429
 
 
 def test_a_throttle_logs_once_per_episode(limit_log: _Lines) -> None:

@@ -477,5 +477,34 @@ def test_metrics_leave_out_offline_figures_and_jobs_finished_over_an_hour_ago(
         "rbroker_computer_bookings",
         "rbroker_gpu_available_bytes",
         "rbroker_gpu_state",
+        "rbroker_job_info",  # its jobs may have ended with it
+        "rbroker_job_items_completed_total",
     ):
         assert gone not in names, gone
+
+
+def test_metrics_keep_running_jobs_of_a_computer_without_an_hour_of_history(
+    coordinator: Coordinator,
+) -> None:
+    """No history point of the last hour says when its finished jobs finished (a short
+    history window, a long history step): its finished jobs are left out, its running ones
+    stay (they all went, until the next point)."""
+    import sqlalchemy as sa
+
+    from rbroker_server.db.tables import HISTORY
+
+    coordinator.group("alpha")
+    computer = coordinator.enroll("alpha", "lab-a")
+    jobs = [
+        JobSnapshot(job_id="running", completed_items=1),
+        JobSnapshot(job_id="done", state="succeeded", completed_items=2),
+    ]
+    r = computer.report(payload("lab-a", jobs=jobs))
+    assert r.status_code == 200 and r.json()["applied"], r.text
+    with coordinator.engine.begin() as conn:
+        conn.execute(sa.delete(HISTORY).where(HISTORY.c.computer_id == computer.id))
+    r = coordinator.http.get("/metrics", headers=coordinator.viewer("alpha"))
+    assert r.status_code == 200, r.text
+    samples = _samples(r.text)
+    exported = {dict(labels)["job_id"] for name, labels in samples if name == "rbroker_job_info"}
+    assert exported == {"running"}

@@ -13,28 +13,36 @@ in-memory token bucket a `Throttle` without a database uses.
 
 Failed fleet-read credentials (`CredentialThrottle`) are counted per network and per
 credential, so that a scraper with a revoked token does not lock out a valid one on the same
-network. A credential is the viewer token's id (`rbv_<id>_…`, never its secret) or the
-signing computer's id (`credential_key`). The rule:
+network, and a stranger who knows a token's or a computer's id (it is no secret: token lists,
+audit entries, log lines and 429s name it) cannot lock out its holder. A credential is what
+a request presents (`credential_key`): a viewer token as its id and a digest of the whole
+token (`token <id> <sha256>`: a wrong secret with a right id is another credential), a signed
+request as the signing computer's id counted per network (`computer <id>`: a signature a
+stranger forged fails in the stranger's network, not in the computer's). The rule:
 
-1. A credential that failed `CREDENTIAL_ID_FAILURES` times in the last minute, from any
-   network, is refused (429) before it is checked.
+1. A credential that failed `CREDENTIAL_ID_FAILURES` times in the last minute (a token from
+   any network; a computer's id from that network) is refused (429) before it is checked.
 2. A network with `CREDENTIAL_FAILURES` failures in the last minute is refused before the
    check, except for a credential that was served to that network in the last `SERVED_S`
-   (1 h) and has not failed from it since: that one is checked (its secret compared in
-   constant time; which requests are checked depends only on the network and the
-   credential's id, never on the secret).
+   (1 h) and has not failed from it since: that one is checked. A token is let through
+   only when its whole text is the one served (which requests are checked depends on the
+   network, the id and that digest, so a request learns nothing from it but what the check
+   itself answers); a computer's id, by the id.
 3. Every failure counts against its network and its credential, and takes the credential
    off its network's served list.
 
 So a network gets no more guesses than with one count per network: `CREDENTIAL_FAILURES` a
 minute, plus one per credential that had been served to it (after which that credential,
-too, waits for the network); one credential gets at most `CREDENTIAL_ID_FAILURES` a minute
-from all networks together. A credential never served to a network that is over its limit
-is refused there, a good one too.
+too, waits for the network); a forgotten scraper's revoked token gets at most
+`CREDENTIAL_ID_FAILURES` checks a minute from all networks together. A credential never
+served to a network that is over its limit is refused there, a good one too; a stranger in
+a computer's own network who sends forged signatures in its name delays that computer's
+fleet reads while the network is over its limit (its reports are not throttled here).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -69,6 +77,7 @@ __all__ = [
     "Throttles",
     "client_address",
     "credential_key",
+    "credential_label",
 ]
 
 log = logging.getLogger(__name__)
@@ -90,13 +99,17 @@ over `CREDENTIAL_FAILURES` (seconds)."""
 SERVED_KIND = "served"
 """The `rate_limit_hits` kind of the served list (kept `SERVED_S`, the others `WINDOW_S`)."""
 _SERVED_WRITE_S = 60.0  # a process writes a credential's serving to the database this often
-_ID = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,24}$")
+"""A computer id as enrollment makes them (`c_` and 16 hex digits), with room: a longer
+name counts against its network only, so every key fits `rate_limit_hits.key` (64)."""
 
 
 def credential_key(headers: Mapping[str, str]) -> str | None:
-    """The credential a fleet read names (header names in lower case): `token <id>` for a
-    viewer token, `computer <id>` for a signed request; None when it names none (a malformed
-    one counts against its network only). Reads ids only, never a secret."""
+    """The credential a fleet read presents (header names in lower case): `token <id>
+    <digest>` for a viewer token (the digest: SHA-256 of the whole token, 16 hex digits, so
+    that a wrong secret with a right id is another credential), `computer <id>` for a signed
+    request; None when it presents none (a malformed one counts against its network only).
+    Keeps no secret: `credential_label` is what logs and answers show."""
     computer = headers.get("x-rbroker-computer")
     if computer is not None:
         return f"computer {computer}" if _ID.match(computer) else None
@@ -106,7 +119,15 @@ def credential_key(headers: Mapping[str, str]) -> str | None:
     from rbroker_server.auth.credentials import VIEWER_PREFIX, parse_credential
 
     cred = parse_credential(VIEWER_PREFIX, value)
-    return f"token {cred.id}" if cred is not None else None
+    if cred is None:
+        return None
+    digest = hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return f"token {cred.id} {digest}"
+
+
+def credential_label(credential: str) -> str:
+    """`credential_key`'s answer as logs and 429s name it: `token <id>` or `computer <id>`."""
+    return " ".join(credential.split(" ")[:2])
 
 
 class RateLimiter:
@@ -306,6 +327,7 @@ class Throttle:
             of `limit`, then `limit` per `window_s`).
         kind: the `limit` label of its refusals on `/metrics`
             (`rbroker_server_rate_limit_refusals_total`; default: `hits.kind`, else none).
+        label: a key as its log line names it (default: the key itself).
     """
 
     def __init__(
@@ -318,8 +340,10 @@ class Throttle:
         max_keys: int = 10_000,
         hits: DbHits | None = None,
         kind: str = "",
+        label: Callable[[str], str] = str,
     ) -> None:
         self.what = what
+        self._label = label
         self.kind = kind or (hits.kind if hits is not None else "")
         self.limiter: RateLimiter | DbHits = hits or RateLimiter(
             limit, window_s, clock=clock, max_keys=max_keys
@@ -404,7 +428,7 @@ class Throttle:
                 "rate limit: too many %s from %s (over %d per %.0f s); answering 429 "
                 "until they slow down%s",
                 self.what,
-                key,
+                self._label(key),
                 self.limiter.limit,
                 self.limiter.window_s,
                 before,
@@ -449,6 +473,7 @@ class CredentialThrottle(Throttle):
             max_keys=max_keys,
             hits=credential_hits,
             kind="credential",
+            label=credential_label,
         )
         self.served_list: RateLimiter | DbHits = served_hits or RateLimiter(
             1, SERVED_S, clock=clock, max_keys=max_keys
@@ -458,6 +483,14 @@ class CredentialThrottle(Throttle):
     @staticmethod
     def _pair(address: str, credential: str) -> str:
         return f"{limit_key(address)} {credential}"
+
+    @staticmethod
+    def _counted(address: str, credential: str) -> str:
+        """The key of `credential`'s own count: a token's from every network, a computer's
+        per network (anyone can name a computer; only its key signs for it)."""
+        if credential.startswith("computer "):
+            return f"{credential} from {limit_key(address)}"
+        return credential
 
     def _remember(self, pair: str, at: float) -> None:
         with self._lock:
@@ -484,7 +517,7 @@ class CredentialThrottle(Throttle):
         """0 when this request may be checked, else the `Retry-After` (a refusal counts in
         its episode). Reads the database when shared."""
         if credential is not None:
-            retry_after = self.per_credential.refusal_s(credential)
+            retry_after = self.per_credential.refusal_s(self._counted(address, credential))
             if retry_after:
                 return retry_after
         key = limit_key(address)
@@ -503,9 +536,10 @@ class CredentialThrottle(Throttle):
     def quick_refusal(self, address: str, credential: str | None = None) -> tuple[int, str]:
         """`quick_refusal_s` and the refusal in words (the 429's detail)."""
         if credential is not None:
-            retry_after = self.per_credential.quick_refusal_s(credential)
+            retry_after = self.per_credential.quick_refusal_s(self._counted(address, credential))
             if retry_after:
-                return retry_after, f"too many failures of this credential ({credential})"
+                label = credential_label(credential)
+                return retry_after, f"too many failures of this credential ({label})"
         if not self.shared:
             retry_after = self.refusal_s(address, credential)
         elif credential is not None and self._served_in_memory(self._pair(address, credential)):
@@ -517,10 +551,10 @@ class CredentialThrottle(Throttle):
     def check(self, address: str, credential: str | None = None) -> None:
         """Raises TooManyRequestsException (429, `Retry-After`) while this request is refused."""
         if credential is not None:
-            retry_after = self.per_credential.refusal_s(credential)
+            retry_after = self.per_credential.refusal_s(self._counted(address, credential))
             if retry_after:
                 raise TooManyRequestsException(
-                    f"too many failures of this credential ({credential}); "
+                    f"too many failures of this credential ({credential_label(credential)}); "
                     f"try again in {retry_after} s",
                     headers={"Retry-After": str(retry_after)},
                 )
@@ -538,7 +572,7 @@ class CredentialThrottle(Throttle):
         super().spend(address)
         if credential is None:
             return
-        self.per_credential.spend(credential)
+        self.per_credential.spend(self._counted(address, credential))
         pair = self._pair(address, credential)
         with self._lock:
             self._served.pop(pair, None)

@@ -7,10 +7,11 @@ same instant, MiB turned into bytes (x 1 048 576). A figure the computer did not
 
 What a sum over computers means "now" counts only computers that report: an offline
 computer keeps `rbroker_computer_freshness`, `rbroker_computer_last_report_age_seconds` and
-`rbroker_gpu_info`, and its last-known GPU figures, GPU states, leases, waiting requests and
-bookings are left out (the web view shows them as last known). Jobs are exported while
-they run and for `FINISHED_JOBS_KEPT_S` (1 h) after they finished (`live_jobs`), not for
-ever: a broker keeps its finished jobs in its reports.
+`rbroker_gpu_info`, and its last-known GPU figures, GPU states, leases, waiting requests,
+bookings and jobs are left out (the web view shows them as last known). Jobs are exported
+while they run and for at most `FINISHED_JOBS_KEPT_S` (1 h) after they finished
+(`live_jobs`; less where the history is kept for less), not for ever: a broker keeps its
+finished jobs in its reports.
 """
 
 from __future__ import annotations
@@ -131,6 +132,10 @@ class FleetCollector(Collector):
                 age.add_metric(who, c.freshness.age_s)
             for state in FRESHNESS_STATES:
                 freshness.add_metric([*who, state], 1.0 if c.freshness.state == state else 0.0)
+            for g in c.gpus:
+                gpu_info.add_metric([*who, g.uuid, str(g.index), g.name], 1.0)
+            if c.freshness.state == "offline":
+                continue  # last known: not "now" (its jobs neither: they may have ended)
             for j in c.jobs:
                 labels = [*who, j.job_id]
                 job_info.add_metric([*labels, j.project, j.purpose, j.handler, j.state], 1.0)
@@ -138,10 +143,6 @@ class FleetCollector(Collector):
                 failed.add_metric(labels, float(j.failed_items))
                 if j.total_items is not None:
                     total.add_metric(labels, float(j.total_items))
-            for g in c.gpus:
-                gpu_info.add_metric([*who, g.uuid, str(g.index), g.name], 1.0)
-            if c.freshness.state == "offline":
-                continue  # last known: not "now"
             for g in c.gpus:
                 labels = [*who, g.uuid, str(g.index)]
                 for name, field, _ in GPU_BYTES:
@@ -169,7 +170,9 @@ def live_jobs(engine: Engine, view: FleetView, now: datetime) -> FleetView:
     A computer's first history point of the last `FINISHED_JOBS_KEPT_S` (one per
     `history_step_s`) tells: a finished job that was already finished there has been for
     about that long and is left out; one running there or not there yet is kept. A computer
-    without a point in that time (quiet for an hour) exports no jobs."""
+    without a point in that time (its history shorter than an hour, a new computer, one
+    that reported nothing new for long) keeps its running jobs and loses its finished ones
+    (it exported no job at all, the running ones too, until its next point)."""
     from rbroker_server.db.tables import HISTORY as h
 
     ids = [c.id for c in view.computers if c.jobs]
@@ -200,13 +203,11 @@ def live_jobs(engine: Engine, view: FleetView, now: datetime) -> FleetView:
     for c in view.computers:
         if c.jobs:
             old = finished_then.get(c.id)
-            jobs = (
-                []
-                if old is None
-                else [
-                    j for j in c.jobs if j.state not in FINISHED_JOB_STATES or j.job_id not in old
-                ]
-            )
+            jobs = [
+                j
+                for j in c.jobs
+                if j.state not in FINISHED_JOB_STATES or (old is not None and j.job_id not in old)
+            ]
             if len(jobs) != len(c.jobs):
                 c = c.model_copy(update={"jobs": jobs})
         computers.append(c)
