@@ -127,12 +127,42 @@ def check_name(option: str, name: str) -> None:
         )
 
 
-def refuse_unless_root(command: str) -> None:
+PRIVILEGED_GROUPS = frozenset(
+    {
+        "root", "wheel", "sudo", "admin", "adm", "disk", "shadow", "kmem", "mem", "sys",
+        "docker", "lxd", "libvirt", "systemd-journal", "staff", "tty", "utmp", "operator",
+    }
+)  # fmt: skip
+"""Groups that give their members more than a GPU broker's socket (root's files, raw
+disks, the password hashes, the logs, a root-equivalent container daemon, sudo): the
+broker's service account joins its allowed group, so none of these may be that group."""
+
+
+def check_unprivileged_group(option: str, name: str) -> None:
+    """Raise InstallError (usage) when `name` is one of `PRIVILEGED_GROUPS` or gid 0."""
+    import grp
+
+    try:
+        gid = grp.getgrnam(name).gr_gid
+    except KeyError:
+        gid = None
+    if name in PRIVILEGED_GROUPS or gid == 0:
+        raise InstallError(
+            f"{option}: {name} gives its members far more than the broker (the service account "
+            "would join it): make a group for rbroker's users instead, e.g. --allowed-group "
+            "rbroker (made when missing), then usermod -aG rbroker USER",
+            usage=True,
+        )
+
+
+def refuse_unless_root(command: str, *, dry_run: bool = False) -> None:
+    """Raise InstallError (usage) off Linux, and unless root where it would change anything
+    (a dry run only reads: any user may see what an install would do)."""
     if not sys.platform.startswith("linux"):
         raise InstallError(
             f"{command} installs a systemd service and works on Linux only", usage=True
         )
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 and not dry_run:
         raise InstallError(
             f"{command} changes accounts and system files: run it as root (sudo)", usage=True
         )
@@ -154,12 +184,17 @@ def entry_point(name: str, module: str, given: str | None = None) -> list[str]:
     return [sys.executable, "-m", module]
 
 
-def check_runnable(argv: Sequence[str], account: str) -> None:
-    """Raise InstallError unless the service (as `account`, its home directories and /tmp
-    hidden by the unit) can run `argv[0]` and the interpreter its first line names."""
+def check_runnable(
+    argv: Sequence[str], account: str, name: str = "rbroker", wheel: str = "rbroker-*.whl"
+) -> None:
+    """Raise InstallError (usage) unless the service (as `account`, its home directories and
+    /tmp hidden by the unit) can run `argv[0]` and the interpreter its first line names;
+    the line says how to install `name` (the program) from `wheel` (the pip argument)."""
     program = Path(argv[0])
     if not program.is_file():
-        raise InstallError(f"{program} does not exist: give the installed program with --exec")
+        raise InstallError(
+            f"{program} does not exist: give the installed program with --exec", usage=True
+        )
     paths = [program, program.resolve()]
     try:
         first = program.read_bytes()[:256].partition(b"\n")[0]
@@ -177,8 +212,9 @@ def check_runnable(argv: Sequence[str], account: str) -> None:
             raise InstallError(
                 f"the service account {account} could not run {text} ({why}): install rbroker "
                 "for the whole computer first, e.g. python3 -m venv /opt/rbroker && "
-                "/opt/rbroker/bin/pip install rbroker-*.whl, then run /opt/rbroker/bin/"
-                f"{program.name} again (or name such a program with --exec)"
+                f"/opt/rbroker/bin/pip install {shlex.quote(wheel)}, then run "
+                f"/opt/rbroker/bin/{name} again (or name such a program with --exec)",
+                usage=True,
             )
 
 
@@ -323,13 +359,22 @@ def _install(
     home = next((d.path for d in service.directories if d.state), "/nonexistent")
 
     if not _user_exists(service.account):
-        cmd = ["useradd", "--system", "--user-group", "--home-dir", home, "--no-create-home"]
+        # its own group: made with it, or one of that name already there (an earlier
+        # uninstall's that kept it for its members, or an administrator's), then joined
+        group_there = _group_exists(service.account)
+        cmd = ["useradd", "--system", "--home-dir", home, "--no-create-home"]
+        cmd += ["-g", service.account] if group_there else ["--user-group"]
         cmd += ["--shell", "/usr/sbin/nologin", service.account]
-        say(f"{verb}make the system account {service.account} (no login)")
+        there = f" in the existing group {service.account}" if group_there else ""
+        say(f"{verb}make the system account {service.account} (no login){there}")
         if not dry_run:
             _run(cmd)
             made_now.account = service.account
+            if not group_there:
+                made_now.groups.append(service.account)
         made.account = service.account
+        if not group_there and service.account not in made.groups:
+            made.groups.append(service.account)
     for group in service.groups:
         if group == service.account or _group_exists(group):
             continue
@@ -450,22 +495,64 @@ def uninstall(
             if not dry_run:
                 shutil.rmtree(path)
         else:
-            say(f"kept {path} (the service's state; --purge removes it)")
+            # root's from now: the account's uid is free once it goes, and the next system
+            # account made would own the leases and the enrollment (a reinstall gives them
+            # back to its account)
+            say(f"kept {path} (the service's state; --purge removes it), {verb}owned by root")
+            if not dry_run:
+                _give_to_root(path)
     if made.account and _user_exists(made.account):
         say(f"{verb}remove the account {made.account}")
         if not dry_run:
+            keep = made.account not in made.groups and _group_exists(made.account)
+            spare = _spare_group() if keep else None
+            if spare is not None:
+                # userdel removes a group named as the account that is its primary one (and
+                # has no other member), whoever made it: the group was there before the
+                # install, so the account leaves it first
+                _run(["usermod", "-g", spare, made.account])
             _run(["userdel", made.account])
     for group in made.groups:
         if _group_exists(group):
-            say(f"{verb}remove the group {group}")
+            members = _members(group)
+            also = f" (its members {', '.join(members)} leave it)" if members else ""
+            say(f"{verb}remove the group {group}{also}")
             if not dry_run:
                 _run(["groupdel", group])
 
 
+def _spare_group() -> str | None:
+    """The group of no one (`nogroup` on Debian, `nobody` elsewhere), None where neither is."""
+    for name in ("nogroup", "nobody"):
+        if _group_exists(name):
+            return name
+    return None
+
+
+def _members(group: str) -> list[str]:
+    import grp
+
+    try:
+        return sorted(grp.getgrnam(group).gr_mem)
+    except KeyError:
+        return []
+
+
+def _give_to_root(path: Path) -> None:
+    """`path` and everything in it owned by root:root, modes kept (no link followed)."""
+    try:
+        os.chown(path, 0, 0, follow_symlinks=False)
+        for base, dirs, files in os.walk(path):
+            for name in dirs + files:
+                os.chown(Path(base) / name, 0, 0, follow_symlinks=False)
+    except OSError as exc:
+        raise InstallError(f"cannot give {path} to root: {exc.strerror or exc}") from exc
+
+
 def _own_dir(path: Path, account: str, mode: int, *, contents: bool) -> None:
     """`path` made (parents 0755) or kept, owned by `account` with `mode`; with `contents`,
-    what is inside and not root's goes to `account` too (an account made again after an
-    uninstall that kept the state has another uid)."""
+    what is inside goes to `account` too (an uninstall that kept the state gave it to root,
+    and an account made again has another uid)."""
     import pwd
 
     entry = pwd.getpwnam(account)
@@ -478,9 +565,7 @@ def _own_dir(path: Path, account: str, mode: int, *, contents: bool) -> None:
         if contents:
             for base, dirs, files in os.walk(path):
                 for name in dirs + files:
-                    item = Path(base) / name
-                    if item.lstat().st_uid != 0:
-                        os.chown(item, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
+                    os.chown(Path(base) / name, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
     except OSError as exc:
         raise InstallError(f"cannot make {path}: {exc.strerror or exc}") from exc
 

@@ -66,7 +66,9 @@ def _install_uninstall(root: Path) -> None:
     removed = cli("uninstall-system", "--root", str(root), module="rbroker_server")
     assert removed.returncode == 0, removed.stderr
     assert not unit.exists() and (data / "keep.txt").is_file()
-    assert gone("passwd", "rbroker-server")
+    assert gone("passwd", "rbroker-server") and gone("group", "rbroker-server")
+    # kept for root: the account's uid is free now, and another account may get it
+    assert owner(data) == "root" and owner(data / "keep.txt") == "root"
     if not runnable:
         pytest.skip(f"all but serving: rbroker-server cannot run {program('rbroker-server')} here")
 
@@ -123,9 +125,12 @@ def test_not_root_is_one_line(
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setattr(sys, "platform", "linux")
     for action in ("install-system", "uninstall-system"):
-        assert main([action, "--dry-run"]) == 1
+        assert main([action]) == 2  # bad input's code, as the broker's
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "run it as root (sudo)" in err, err
+    # a dry run only reads: any user may see what it would do
+    assert main(["uninstall-system", "--dry-run"]) == 0
+    assert "nothing installed" in capsys.readouterr().out
 
 
 @as_root

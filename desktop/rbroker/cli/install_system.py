@@ -38,16 +38,16 @@ def build_parser(action: str) -> argparse.ArgumentParser:
             "this rbroker, then systemctl enable and (re)start when systemd runs. Run again "
             "it upgrades in place and keeps the leases and the enrollment.",
             epilog="exit codes: 0 done; 1 a step failed (the line names it); 2 bad input, "
-            "not root or not Linux",
+            "not root or not Linux (a --dry-run any user may run)",
         )
-        p.add_argument(
+        who = p.add_mutually_exclusive_group()
+        who.add_argument(
             "--allowed-group",
             metavar="GROUP",
-            default=ACCOUNT,
             help=f"only its members (and root) may use the broker (default {ACCOUNT}; made "
-            "when missing)",
+            "when missing; not a group that gives more, such as sudo, disk or docker)",
         )
-        p.add_argument(
+        who.add_argument(
             "--everyone",
             action="store_true",
             help="every local user may use the broker (no --allowed-group; socket 0666)",
@@ -71,7 +71,8 @@ def build_parser(action: str) -> argparse.ArgumentParser:
             description=f"Stop, disable and remove the system broker's unit {UNIT}, "
             f"{RUNTIME_DIR}, and the account and groups its install made. {STATE_DIR} (the "
             "leases, the enrollment, broker.toml) is kept unless --purge.",
-            epilog="exit codes: 0 done (or nothing installed); 1 a step failed; 2 not root",
+            epilog="exit codes: 0 done (or nothing installed); 1 a step failed; 2 not root (a "
+            "--dry-run any user may run)",
         )
         p.add_argument("--purge", action="store_true", help=f"also remove {STATE_DIR}")
     p.add_argument("--dry-run", action="store_true", help="say what it would do, change nothing")
@@ -107,6 +108,27 @@ def _members_toml(items: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _warn_unknown_members(items: list[str]) -> None:
+    """One warning line on stderr for each `--members` name that is no user (`@NAME`: no
+    group) of this computer yet: a misspelt name keeps the project from the one it was meant
+    for (an account that comes later, from a directory service, is fine)."""
+    import grp
+    import pwd
+
+    for item in items:
+        for name in (n.strip() for n in item.partition("=")[2].split(",")):
+            group = name.startswith("@")
+            try:
+                (grp.getgrnam if group else pwd.getpwnam)(name.removeprefix("@"))
+            except KeyError:
+                kind = "group" if group else "user"
+                print(
+                    f"rbroker: warning: --members: no {kind} {name.removeprefix('@')} on this "
+                    "computer (yet): check the spelling (a user by name, a group as @name)",
+                    file=sys.stderr,
+                )
+
+
 def run(argv: list[str]) -> int:
     """`argv`: the action and its options (after `rbroker broker`)."""
     action, rest = argv[0], argv[1:]
@@ -122,7 +144,7 @@ def run(argv: list[str]) -> int:
 
     try:
         if action == "uninstall-system":
-            si.refuse_unless_root(f"rbroker broker {action}")
+            si.refuse_unless_root(f"rbroker broker {action}", dry_run=args.dry_run)
             si.uninstall(
                 UNIT,
                 [STATE_DIR],
@@ -132,11 +154,15 @@ def run(argv: list[str]) -> int:
                 dry_run=args.dry_run,
             )
             return 0
-        groups = [] if args.everyone else [args.allowed_group]
+        allowed = args.allowed_group or ACCOUNT
+        named = [] if args.everyone else [("--allowed-group", allowed)]
         if args.admin_group:
-            groups.append(args.admin_group)
-        for option, group in zip(("--allowed-group", "--admin-group"), groups, strict=False):
+            named.append(("--admin-group", args.admin_group))
+        for option, group in named:
             si.check_name(option, group)
+        groups = [group for _, group in named]
+        if not args.everyone:
+            si.check_unprivileged_group("--allowed-group", allowed)
         extra = []
         if args.members:
             try:
@@ -150,12 +176,12 @@ def run(argv: list[str]) -> int:
                 raise si.InstallError(f"--members: {exc}", usage=True) from exc
             extra.append((f"{STATE_DIR}/broker.toml", text))
         program = si.entry_point("rbroker", "rbroker", args.exec)
-        si.refuse_unless_root(f"rbroker broker {action}")
+        si.refuse_unless_root(f"rbroker broker {action}", dry_run=args.dry_run)
         if args.root == Path("/"):
-            si.check_runnable(program, ACCOUNT)
+            si.check_runnable(program, ACCOUNT, "rbroker", "rbroker-*.whl")
         exec_start = [*program, "broker", "--system"]
         if not args.everyone:
-            exec_start += ["--allowed-group", args.allowed_group]
+            exec_start += ["--allowed-group", allowed]
         if args.admin_group:
             exec_start += ["--admin-group", args.admin_group]
         service = si.Service(
@@ -177,6 +203,7 @@ def run(argv: list[str]) -> int:
             dry_run=args.dry_run,
             extra_files=extra,
         )
+        _warn_unknown_members(args.members)  # once it is written (or would be)
     except si.InstallError as exc:
         print(f"rbroker: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE if exc.usage else EXIT_FAILED

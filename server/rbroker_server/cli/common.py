@@ -16,7 +16,12 @@ if TYPE_CHECKING:
 
 
 class CliError(Exception):
-    """A failure to report as one line on stderr."""
+    """A failure to report as one line on stderr; `code` the exit code (1: it failed, 2: bad
+    input, the command given what it cannot take)."""
+
+    def __init__(self, text: str, code: int = 1) -> None:
+        super().__init__(text)
+        self.code = code
 
 
 def parse_duration(text: str) -> float:

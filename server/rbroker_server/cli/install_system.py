@@ -13,6 +13,7 @@ from rbroker_server import __version__
 from rbroker_server.cli.common import CliError
 from rbroker_server.settings import CONFIG_NAME
 
+EXIT_FAILED, EXIT_USAGE = 1, 2
 UNIT = "rbroker-server.service"
 ACCOUNT = "rbroker-server"
 STATE_DIR = "/var/lib/rbroker-server"
@@ -50,20 +51,21 @@ def _on_linux(command: str) -> None:
     if sys.platform == "win32":
         raise CliError(
             f"{command} is for Linux; on Windows the coordinator runs as the operator guide's "
-            "Windows section says (packaging/windows/rbroker-server.ps1)"
+            "Windows section says (packaging/windows/rbroker-server.ps1)",
+            EXIT_USAGE,
         )
 
 
 def cmd_install_system(args: argparse.Namespace) -> int:
-    """Exit codes: 0 done; 1 a step failed, not root or not Linux (one line)."""
+    """Exit codes: 0 done; 1 a step failed; 2 bad input, not root or not Linux (one line)."""
     _on_linux("rbroker-server install-system")
     from rbroker_protocol import system_install as si
 
     try:
-        si.refuse_unless_root("rbroker-server install-system")
+        si.refuse_unless_root("rbroker-server install-system", dry_run=args.dry_run)
         program = si.entry_point("rbroker-server", "rbroker_server", args.exec)
         if args.root == Path("/"):
-            si.check_runnable(program, ACCOUNT)
+            si.check_runnable(program, ACCOUNT, "rbroker-server", "rbroker-*.whl[server]")
         configured = (si_path(args.root, STATE_DIR) / CONFIG_NAME).is_file()
         service = si.Service(
             unit=UNIT,
@@ -80,7 +82,7 @@ def cmd_install_system(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
         )
     except si.InstallError as exc:
-        raise CliError(str(exc)) from exc
+        raise CliError(str(exc), EXIT_USAGE if exc.usage else EXIT_FAILED) from exc
     except OSError as exc:  # a file it reads (the unit, the data dir) that cannot be read
         where = f" ({exc.filename})" if exc.filename else ""
         raise CliError(f"{args.command}: {exc.strerror or exc}{where}") from exc
@@ -95,15 +97,15 @@ def cmd_install_system(args: argparse.Namespace) -> int:
 
 
 def cmd_uninstall_system(args: argparse.Namespace) -> int:
-    """Exit codes: 0 done (or nothing installed); 1 a step failed, not root or not Linux."""
+    """Exit codes: 0 done (or nothing installed); 1 a step failed; 2 not root or not Linux."""
     _on_linux("rbroker-server uninstall-system")
     from rbroker_protocol import system_install as si
 
     try:
-        si.refuse_unless_root("rbroker-server uninstall-system")
+        si.refuse_unless_root("rbroker-server uninstall-system", dry_run=args.dry_run)
         si.uninstall(UNIT, [STATE_DIR], [], root=args.root, purge=args.purge, dry_run=args.dry_run)
     except si.InstallError as exc:
-        raise CliError(str(exc)) from exc
+        raise CliError(str(exc), EXIT_USAGE if exc.usage else EXIT_FAILED) from exc
     except OSError as exc:  # a file it reads (the unit, the data dir) that cannot be read
         where = f" ({exc.filename})" if exc.filename else ""
         raise CliError(f"{args.command}: {exc.strerror or exc}{where}") from exc

@@ -161,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         "rbroker-server, enable it, and (re)start it when systemd runs and the data dir has "
         "its config.toml (else it says the setup command to run first). Run again it upgrades "
         "in place and keeps the data dir.",
+        epilog="exit codes: 0 done; 1 a step failed (the line names it); 2 bad input, not root "
+        "or not Linux",
     )
     install.set_defaults(func=install_system.cmd_install_system)
     uninstall = sub.add_parser(
@@ -168,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop and remove the coordinator's systemd service (keeps its data dir)",
         description=f"Stop, disable and remove {install_system.UNIT} and the account its "
         f"install made; {install_system.STATE_DIR} is kept unless --purge.",
+        epilog="exit codes: 0 done (or nothing installed); 1 a step failed; 2 not root or not "
+        "Linux",
     )
     uninstall.set_defaults(func=install_system.cmd_uninstall_system)
     install_system.add_arguments(install, uninstall)
@@ -268,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except (CliError, AdminError, ValueError) as exc:
         print(f"rbroker-server: {one_line(str(exc))}", file=sys.stderr)
-        return EXIT_FAILED
+        return exc.code if isinstance(exc, CliError) else EXIT_FAILED
     except OSError as exc:  # e.g. the data dir or config.toml cannot be read or written
         print(
             f"rbroker-server: {os_error_text(exc)}; check --data-dir ({args.data_dir}) and "

@@ -125,7 +125,8 @@ def _install_run_upgrade_uninstall(root: Path, group: str, admins: str) -> None:
     parsed = build_parser().parse_args(argv[1:])
     assert parsed.system and (parsed.allowed_group, parsed.admin_group) == (group, admins)
     text = unit.read_text()
-    assert text.startswith(f"# made by install-system: account=rbroker groups={group},{admins}")
+    made = f"# made by install-system: account=rbroker groups=rbroker,{group},{admins}"
+    assert text.startswith(made)
     assert "User=rbroker" in text and "ProtectSystem=strict" in text
     verify(unit)
 
@@ -147,13 +148,19 @@ def _install_run_upgrade_uninstall(root: Path, group: str, admins: str) -> None:
     assert again.returncode == 0, again.stderr
     assert "upgrade it in place" in again.stdout
     assert "make the system account" not in again.stdout
-    assert unit.read_text().startswith(
-        f"# made by install-system: account=rbroker groups={group},{admins}"
-    )
+    assert unit.read_text().startswith(made)
     assert (state_dir / "broker.sqlite3").is_file()
 
-    removed = cli("broker", "uninstall-system", "--root", str(root))
+    # the guide's next step puts users into the account's group; userdel then keeps that
+    # group for them, and the next install failed (useradd: group rbroker exists)
+    member = create_user("rbt")
+    try:
+        subprocess.run(["usermod", "-aG", "rbroker", member.name], check=True, capture_output=True)
+        removed = cli("broker", "uninstall-system", "--root", str(root))
+    finally:
+        remove_user(member)
     assert removed.returncode == 0, removed.stderr
+    assert f"remove the group rbroker (its members {member.name} leave it)" in removed.stdout
     assert not unit.exists() and not run_dir.exists()
     assert not (root / "etc/systemd/system/multi-user.target.wants/rbroker-broker.service").exists()
     for name in ("rbroker", group, admins):
@@ -162,15 +169,23 @@ def _install_run_upgrade_uninstall(root: Path, group: str, admins: str) -> None:
     kept = sorted(p.name for p in state_dir.iterdir())
     assert "broker.sqlite3" in kept and "broker.toml" in kept, kept
     assert "kept " in removed.stdout
+    # root's while no account owns it: the next system account made may get the freed uid
+    assert owner(state_dir) == "root" and owner(state_dir / "broker.sqlite3") == "root"
 
-    # installed again over the kept state (a new account, maybe another uid): its own again
+    # installed again over the kept state, into a group of that name an administrator made
+    # (a new account, maybe another uid): the state is its own again, the group not its own
+    subprocess.run(["groupadd", "--system", "rbroker"], check=True, capture_output=True)
     back = cli("broker", "install-system", "--root", str(root), "--exec", str(rbroker))
     assert back.returncode == 0, back.stderr
+    assert "make the system account rbroker (no login) in the existing group rbroker" in back.stdout
+    assert unit.read_text().startswith("# made by install-system: account=rbroker groups=\n")
     assert owner(state_dir / "broker.sqlite3") == "rbroker"
     purged = cli("broker", "uninstall-system", "--root", str(root), "--purge")
     assert purged.returncode == 0, purged.stderr
     assert not state_dir.exists()
     assert subprocess.run(["getent", "passwd", "rbroker"], capture_output=True).returncode == 2
+    # the administrator's group stays
+    assert subprocess.run(["getent", "group", "rbroker"], capture_output=True).returncode == 0
     if unrunnable:
         pytest.skip(
             f"all but running the unit's program: rbroker cannot run {program('rbroker')} here"
@@ -200,6 +215,9 @@ def test_not_root_is_one_line(
         assert main(["broker", action]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "run it as root (sudo)" in err, err
+    # a dry run only reads: any user may see what it would do
+    assert main(["broker", "uninstall-system", "--dry-run"]) == 0
+    assert "nothing installed" in capsys.readouterr().out
 
 
 def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -210,6 +228,10 @@ def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
         ["--members", "vision=@"],
         ["--exec", "relative/rbroker"],
         ["--bogus"],
+        ["--everyone", "--allowed-group", "gpu-users"],  # one or the other
+        ["--allowed-group", "sudo"],  # the service account would join it
+        ["--allowed-group", "root"],
+        ["--allowed-group", "disk"],
     ):
         try:
             code = main(["broker", "install-system", "--dry-run", *argv])
@@ -218,6 +240,20 @@ def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
         assert code == 2, argv
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+
+
+def test_members_unknown_here_are_warned_of(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A misspelt name would keep the project from the one it was meant for: said, one
+    line each (a user a directory service adds later is fine: not refused)."""
+    argv = ["--members", "vision=no-such-user-zz,@no-such-group-zz,root", "--root", str(tmp_path)]
+    assert main(["broker", "install-system", "--dry-run", *argv]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(" on this")[0] for line in err] == [
+        "rbroker: warning: --members: no user no-such-user-zz",
+        "rbroker: warning: --members: no group no-such-group-zz",
+    ]
 
 
 def test_the_unit_keeps_the_template_but_the_account_and_program() -> None:
