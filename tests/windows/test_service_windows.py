@@ -333,10 +333,15 @@ def test_the_installer_installs_the_app_and_the_service_and_uninstalls_them(
         config = service_config()
         assert str(folder / "rbroker-service.exe").lower() in str(config[3]).lower(), config
         assert kept.is_file(), "the upgrade removed the service's data"
+        # and running again when it is removed: nothing of it may stay behind
+        done = app("service", "start")
+        assert done.returncode == 0, done.stderr
+        wait_for(pipe_exists, 90, f"the upgraded service's broker listening on {SERVICE_PIPE}")
     finally:
         msiexec("/x", current)
     assert installed_products() == []
-    assert not (folder / "rbroker.exe").exists()
+    left = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else []
+    assert left == [], f"the uninstall left {len(left)} files in {folder}: {left[:5]}"
     assert not installed()
     assert not pipe_exists(), "the uninstall left the service's broker running"
     assert not any(lnk.exists() for lnk in start_menus), start_menus

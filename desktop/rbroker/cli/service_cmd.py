@@ -95,7 +95,12 @@ def run_service(args: argparse.Namespace) -> int:
             svc.start_service()
             print(f"started; every user's clients find it at {svc.SERVICE_PIPE}")
         elif args.action == "stop":
-            svc.stop_service()
+            if not svc.stop_service():
+                return _fail(
+                    EXIT_CANNOT_START,
+                    f"asked the rbroker service to stop, but its process still ran after "
+                    f"{svc.STOP_WAIT_S:g} s; look at it in Task Manager",
+                )
             print("stopped")
         else:
             options = svc.parse_service_options(_options(args))
