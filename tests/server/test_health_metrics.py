@@ -81,6 +81,8 @@ def test_health_metrics_count_what_the_coordinator_did(
     # connections: tests/server/test_slow_clients.py (these servers run without the guard)
     for outcome in ("sent", "retry", "failed"):
         assert ("rbroker_server_webhook_deliveries_total", (("outcome", outcome),)) in after
+    # the guide's names only: no `*_created` series beside them (prometheus_client's default)
+    assert [n for n, _ in after if n.endswith("_created")] == []
 
 
 def test_the_operator_guide_names_every_health_metric() -> None:

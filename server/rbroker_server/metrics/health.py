@@ -23,7 +23,8 @@ queued are read from the database for the caller's group. The names:
   (`signin`, `enroll`, `credentials`: per network; `credential`: per credential).
 - `rbroker_server_webhook_deliveries_total{outcome}`: delivery attempts, `sent` (a 2xx),
   `retry` (failed, tried again later) or `failed` (given up).
-- `rbroker_server_webhook_queued_deliveries`: the caller's group's deliveries waiting.
+- `rbroker_server_webhook_queued_deliveries`: the caller's group's deliveries waiting (a
+  figure of the database, the same from every process: take `max`, not `sum`, over them).
 - `rbroker_server_open_connections`: connections open to this process (the ones its
   connection guard admitted, `rbroker_server.edge.slow_clients`).
 - `rbroker_server_connections_refused_total{limit}`: connections refused with a 503:
@@ -35,7 +36,18 @@ queued are read from the database for the caller's group. The names:
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+# no `*_created` series beside every counter and histogram (prometheus_client's default, which
+# the operator guide does not list and a dashboard never reads)
+disable_created_metrics()
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 """This process's health metrics (not `prometheus_client.REGISTRY`: nothing else of the
