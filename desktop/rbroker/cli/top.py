@@ -1,7 +1,11 @@
 """`rbroker top` (also `rbroker status --watch`): the local broker's state, live.
 
-Each second the same calls as `rbroker status` (`broker.status`, `gpus.list`, `leases.list`)
-and `jobs.list` are made and drawn as one frame (`frame`): the header, the GPUs with their
+The same calls as `rbroker status` (`broker.status`, `gpus.list`, `leases.list`) and
+`jobs.list` are made and drawn as one frame (`frame`). In a terminal a frame is read when the
+broker tells of a change (a second connection subscribed to its events: leases, the queue,
+capacity, jobs; at most one read per `MIN_GAP_S`) and otherwise every `IDLE_REFRESH_S`, for
+the ages and countdowns: an idle broker is read every few seconds, not every second (issue
+44). Piped, a plain frame each `REFRESH_S`. A frame: the header, the GPUs with their
 capacity bars (leases' use, granted, others' use, headroom, available, in MiB), the leases,
 the queue with each request's whole reason (wrapped, never cut) and its ETA where the broker
 gives one, and the active jobs with their progress. Every table fits 80 columns (see
@@ -38,7 +42,15 @@ from rbroker_protocol.results import (
 )
 
 REFRESH_S = 1.0
-"""Seconds between two frames, and between attempts to reach a broker that has gone."""
+"""Seconds between two plain frames, and between attempts to reach a broker that has gone."""
+IDLE_REFRESH_S = 5.0
+"""Seconds between two readings in a terminal while the broker tells of no change (the ages,
+countdowns and the clock move)."""
+MIN_GAP_S = 0.25
+"""At least this long between two readings that changes asked for (a burst of events is
+one reading)."""
+SLICE_S = 0.1
+"""How long each wait for a key, then for a change, lasts in a terminal's loop."""
 QUIT_KEYS = frozenset("qQ")
 
 
@@ -64,6 +76,7 @@ class Source:
     def __init__(self, socket: str | None) -> None:
         self._socket = socket
         self._client: rbroker.Client | None = None
+        self._events: rbroker.Client | None = None
         self.lost: str | None = None
         self.lost_exit = 0
         """The exit code for what `lost` says (`rbroker.cli.exits.unusable_exit`)."""
@@ -90,10 +103,46 @@ class Source:
         self.lost = None
         return snapshot
 
+    def follow(self) -> None:
+        """Subscribe a second connection to the broker's events (`changed` waits on it);
+        where that fails, `changed` only waits (the frame is then read every
+        `IDLE_REFRESH_S`)."""
+        if self._events is not None:
+            return
+        try:
+            events = rbroker.Client(self._client.address if self._client else self._socket)
+            events.subscribe()
+        except (rbroker.RBrokerError, OSError):
+            return
+        self._events = events
+
+    def changed(self, timeout_s: float) -> bool:
+        """Whether the broker told of a change within `timeout_s` (what came meanwhile is
+        taken too); True also when the events connection broke (the next `read` says why)."""
+        events = self._events
+        if events is None:
+            time.sleep(timeout_s)
+            return False
+        try:
+            if events.wait_event(timeout_s) is None:
+                return False
+        except (rbroker.RBrokerError, OSError):
+            self._close_events()
+            return True
+        while events.next_event(0) is not None:
+            pass
+        return True
+
+    def _close_events(self) -> None:
+        if self._events is not None:
+            self._events.close()
+            self._events = None
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
+        self._close_events()
 
 
 def frame(snapshot: Snapshot, now_wall: float | None = None, once: bool = False) -> View:
@@ -173,18 +222,29 @@ def _plain(console: Console, source: Source, snapshot: Snapshot | None) -> None:
 
 
 def _live(console: Console, source: Source, snapshot: Snapshot) -> None:
-    """A terminal: the frame redrawn each second on the alternate screen until `q` (or
-    Ctrl-C, a KeyboardInterrupt the caller catches); while the broker is lost the line
-    saying so comes first, above the last frame. A frame taller than the terminal shows
-    its top part (the header, GPUs, leases first)."""
+    """A terminal: the frame on the alternate screen, read anew when the broker tells of a
+    change and every `IDLE_REFRESH_S` besides, until `q` (or Ctrl-C, a KeyboardInterrupt the
+    caller catches); while the broker is lost the line saying so comes first, above the last
+    frame, and it is tried every `REFRESH_S`. A frame taller than the terminal shows its top
+    part (the header, GPUs, leases first)."""
     last: RenderableType = frame(snapshot)
     with _keys() as pressed, Live(last, console=console, screen=True, auto_refresh=False) as live:
         live.refresh()
+        read_at = time.monotonic()
         while True:
-            deadline = time.monotonic() + REFRESH_S
-            while (left := deadline - time.monotonic()) > 0:
-                if pressed(left) in QUIT_KEYS:
+            source.follow()
+            # keys and the broker's news, a slice at a time, until a change or the idle read
+            # (a broker that is gone is tried every REFRESH_S)
+            idle_s = IDLE_REFRESH_S if source.lost is None else REFRESH_S
+            changed = False
+            while (left := read_at + idle_s - time.monotonic()) > 0:
+                if pressed(min(left, SLICE_S)) in QUIT_KEYS:
                     return
+                if not changed:
+                    changed = source.changed(min(left, SLICE_S))
+                if changed and time.monotonic() - read_at >= MIN_GAP_S:
+                    break
+            read_at = time.monotonic()
             fetched = source.read()
             if fetched is not None:
                 last = frame(fetched)

@@ -380,6 +380,65 @@ def test_top_once_prints_plain_rows_and_no_broker_is_one_line(
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a pseudo-terminal is POSIX")
+def test_top_in_a_terminal_reads_on_a_change_not_every_second(state: dict[str, Any]) -> None:
+    """Idle, the frame is not read again for seconds (it was read each second: 5 calls a
+    second to an idle broker); a new lease is on screen well before the idle reading
+    (`IDLE_REFRESH_S`) would bring it (released after: the module's broker is shared)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    from rbroker.cli.top import IDLE_REFRESH_S
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 120, 0, 0))
+    top = subprocess.Popen(
+        [sys.executable, "-m", "rbroker", "top", "--socket", state["broker"].socket],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "TERM": "xterm"},
+    )
+    seen = b""
+
+    def read_for(done: Any, timeout_s: float) -> None:
+        nonlocal seen
+        end = time.monotonic() + timeout_s
+        while not done() and time.monotonic() < end:
+            if select.select([master], [], [], 0.05)[0]:
+                seen += os.read(master, 65536)
+
+    try:
+        read_for(lambda: b"Queue (1)" in seen, 30)
+        assert b"Queue (1)" in seen, seen[-2000:]
+        # the first frame drawn whole, and the one a new subscriber's first samples bring
+        read_for(lambda: False, 2.0)
+        frames = seen.count(b"read at")
+        read_for(lambda: False, 2.5)  # idle: nothing read again
+        assert seen.count(b"read at") == frames, "read again while the broker was idle"
+        with state["broker"].client() as c:
+            told_at = time.monotonic()
+            lease = c.call(
+                "lease.acquire", mib=1, gpu_uuid=GPU0, project="p", session="tfw",
+                purpose="seen at once",
+            )  # fmt: skip
+            try:
+                read_for(lambda: b" tfw " in seen, IDLE_REFRESH_S)
+                assert b" tfw " in seen, seen[-3000:]
+                assert time.monotonic() - told_at < IDLE_REFRESH_S - 1, "read only when idle"
+            finally:
+                c.call("lease.release", lease_id=lease["lease"]["lease_id"])
+        os.write(master, b"q")
+        assert top.wait(10) == 0
+    finally:
+        top.kill()
+        top.wait(10)
+        os.close(master)
+        os.close(slave)
+
+
 def test_top_in_a_terminal_ends_on_q_and_gives_the_terminal_back(state: dict[str, Any]) -> None:
     import fcntl
     import pty
