@@ -112,6 +112,8 @@ def _warn_unknown_members(items: list[str]) -> None:
     """One warning line on stderr for each `--members` name that is no user (`@NAME`: no
     group) of this computer yet: a misspelt name keeps the project from the one it was meant
     for (an account that comes later, from a directory service, is fine)."""
+    if sys.platform == "win32":  # `run` refuses there first (no pwd or grp)
+        return
     import grp
     import pwd
 
