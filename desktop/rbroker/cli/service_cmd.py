@@ -92,7 +92,14 @@ def run_service(args: argparse.Namespace) -> int:
             svc.remove()
             print(f"removed the {svc.SERVICE_NAME!r} service")
         elif args.action == "start":
-            svc.start_service()
+            try:
+                svc.start_service()
+            except pywintypes.error as exc:
+                if exc.winerror != ERROR_SERVICE_ALREADY_RUNNING:
+                    raise
+                # what it was asked for is so (as systemctl start says 0 for a running unit)
+                print(f"the rbroker service runs already; its pipe is {svc.SERVICE_PIPE}")
+                return 0
             print(f"started; every user's clients find it at {svc.SERVICE_PIPE}")
         elif args.action == "stop":
             if not svc.stop_service():

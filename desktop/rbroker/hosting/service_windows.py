@@ -228,6 +228,8 @@ def frozen_service_main(argv: Sequence[str]) -> int:
             print(NOT_FROM_SCM, file=sys.stderr)
             return 2
         raise
+    if sys.platform != "win32" or code != 0:
+        return code  # no service ran (bad options, another OS): an ordinary return
     # The service has said it stopped, and the Service Control Manager (or an uninstall
     # waiting for it) takes it as gone: leave now, not after the interpreter's teardown,
     # while this process still holds the folder's DLLs open (an uninstall removing them

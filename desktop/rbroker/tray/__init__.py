@@ -19,7 +19,9 @@ MISSING_QT = (
     "rbroker tray needs PySide6, which is not installed.\n"
     "Install rbroker with its desktop extra, from the wheel built in a clone (uv build):\n"
     f"  pip install 'dist/rbroker-{__version__}-py3-none-any.whl[desktop]'\n"
-    "or, in the clone itself:  pip install '.[desktop]'"
+    "or, in the clone itself:  pip install '.[desktop]'\n"
+    "(installed with uv tool or pipx: uv tool install --force, or pipx install --force, "
+    "with the same wheel and [desktop])"
 )
 
 

@@ -73,7 +73,8 @@ def missing_extra_line(missing: list[str]) -> str:
         f"the coordinator needs rbroker[server], whose extra is not installed (no module "
         f"{', '.join(missing)}): pip install 'dist/rbroker-{__version__}-py3-none-any.whl"
         "[server]' (the wheel `uv build` makes in a clone), or pip install '.[server]' in "
-        "the clone"
+        "the clone (installed with uv tool or pipx: uv tool install --force, or pipx install "
+        "--force, with the same wheel and [server])"
     )
 
 
