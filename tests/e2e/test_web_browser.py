@@ -75,6 +75,7 @@ def test_fleet_in_a_browser(
         wait_until(
             lambda: (
                 len(coordinator.fleet()["computers"]) == 3
+                and by_name(coordinator.fleet())["lab-full"]["gpus"]  # it has reported
                 and by_name(coordinator.fleet())["lab-job"]["jobs"]
                 and by_name(coordinator.fleet())["lab-job"]["bookings"]
                 and by_name(coordinator.fleet())["lab-stop"]["leases"]

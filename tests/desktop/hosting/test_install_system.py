@@ -30,7 +30,7 @@ from rbroker.cli.main import build_parser, main
 from rbroker_protocol import system_install as si
 from tests.conftest import short_tmp
 from tests.fakes import nvml_driver
-from tests.os_users import OsUser, create_user, remove_user
+from tests.os_users import OsUser, create_group, create_user, remove_user
 from tests.system_units import (
     accounts,
     as_root,
@@ -174,7 +174,7 @@ def _install_run_upgrade_uninstall(root: Path, group: str, admins: str) -> None:
 
     # installed again over the kept state, into a group of that name an administrator made
     # (a new account, maybe another uid): the state is its own again, the group not its own
-    subprocess.run(["groupadd", "--system", "rbroker"], check=True, capture_output=True)
+    create_group("rbroker")
     back = cli("broker", "install-system", "--root", str(root), "--exec", str(rbroker))
     assert back.returncode == 0, back.stderr
     assert "make the system account rbroker (no login) in the existing group rbroker" in back.stdout
