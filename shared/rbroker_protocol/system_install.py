@@ -498,9 +498,12 @@ def uninstall(
             # root's from now: the account's uid is free once it goes, and the next system
             # account made would own the leases and the enrollment (a reinstall gives them
             # back to its account)
-            say(f"kept {path} (the service's state; --purge removes it), {verb}owned by root")
+            owned = "would be owned by root" if dry_run else "owned by root now"
+            say(f"kept {path} (the service's state; --purge removes it), {owned}")
             if not dry_run:
                 _give_to_root(path)
+    there = {group: _group_exists(group) for group in made.groups}
+    members = {group: _members(group) for group, yes in there.items() if yes}
     if made.account and _user_exists(made.account):
         say(f"{verb}remove the account {made.account}")
         if not dry_run:
@@ -513,12 +516,13 @@ def uninstall(
                 _run(["usermod", "-g", spare, made.account])
             _run(["userdel", made.account])
     for group in made.groups:
-        if _group_exists(group):
-            members = _members(group)
-            also = f" (its members {', '.join(members)} leave it)" if members else ""
-            say(f"{verb}remove the group {group}{also}")
-            if not dry_run:
-                _run(["groupdel", group])
+        if not there[group]:
+            continue
+        users = members[group]
+        also = f" (its members {', '.join(users)} leave it)" if users else ""
+        say(f"{verb}remove the group {group}{also}")
+        if not dry_run and _group_exists(group):  # userdel removes a memberless user group
+            _run(["groupdel", group])
 
 
 def _spare_group() -> str | None:

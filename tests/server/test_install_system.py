@@ -67,6 +67,9 @@ def _install_uninstall(root: Path) -> None:
     assert removed.returncode == 0, removed.stderr
     assert not unit.exists() and (data / "keep.txt").is_file()
     assert gone("passwd", "rbroker-server") and gone("group", "rbroker-server")
+    # said also where userdel took the memberless group with the account
+    assert "remove the group rbroker-server" in removed.stdout, removed.stdout
+    assert "owned by root now" in removed.stdout
     # kept for root: the account's uid is free now, and another account may get it
     assert owner(data) == "root" and owner(data / "keep.txt") == "root"
     if not runnable:

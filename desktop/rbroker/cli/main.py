@@ -193,15 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_socket(s)
     shown = s.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true", help="print the raw JSON")
-    shown.add_argument(
-        "--watch", action="store_true", help="refresh live each second until q or Ctrl-C (= top)"
-    )
+    shown.add_argument("--watch", action="store_true", help="live until q or Ctrl-C (= top)")
 
     t = sub.add_parser(
         "top",
         help="the local broker live: GPUs, leases, queue, jobs (q or Ctrl-C quits)",
         description="The local broker's GPUs with capacity bars, its leases, its queue with "
-        "each request's reason and ETA, and its jobs with their progress, redrawn each second "
+        "each request's reason and ETA, and its jobs with their progress, read again on the "
+        "broker's changes and every 5 s "
         "until q or Ctrl-C. The same as `rbroker status --watch`.",
         epilog="exit codes: 0; 69 no broker answers at the start",
     )
