@@ -619,8 +619,7 @@ class Broker:
             return await waiter.future
         finally:
             if waiter in self.queue and not self.stopping:  # cancelled: connection gone
-                self.waiting.remove(waiter)
-                self.emit("queue", {"request_id": waiter.request_id})
+                self.waiting.leave(waiter)
                 self._admit()
 
     def _admit(self) -> None:

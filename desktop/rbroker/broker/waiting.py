@@ -145,35 +145,36 @@ class WaitQueue:
                 return waiter
         return None
 
-    def connection_closed(self, conn_id: int) -> None:
-        """Drop the waiters of a closed connection, each told as a `queue` event (the
+    def leave(self, waiter: Waiter, error: RpcError | None = None) -> None:
+        """`remove` a waiter that leaves without a grant, told as a `queue` event (the
         queue's views change: without it the tray kept showing a request that had left)."""
+        self.remove(waiter, error)
+        self._emit("queue", {"request_id": waiter.request_id})
+
+    def connection_closed(self, conn_id: int) -> None:
+        """Drop the waiters of a closed connection (`leave`)."""
         for waiter in [w for w in self.waiters if w.conn_id == conn_id]:
-            self.remove(
+            self.leave(
                 waiter, RpcError(ErrorCode.CANCELLED, "request cancelled: connection closed")
             )
-            self._emit("queue", {"request_id": waiter.request_id})
 
     def reap(self, is_alive: Callable[[Holder], bool]) -> None:
-        """Drop the waiters whose holder process exited, each told as a `queue` event."""
+        """Drop the waiters whose holder process exited (`leave`)."""
         for waiter in list(self.waiters):
             if not is_alive(waiter.holder):
-                self.remove(
+                self.leave(
                     waiter, RpcError(ErrorCode.CANCELLED, "request cancelled: holder exited")
                 )
-                self._emit("queue", {"request_id": waiter.request_id})
 
     def expire(self, now: float, wait_error: Callable[[Waiter], RpcError]) -> None:
-        """End the waits that are over: restored waiters whose client did not come back
-        within the reattach grace, and evaluated ones past their `wait_s` deadline (with
+        """End the waits that are over (`leave`): restored waiters whose client did not come
+        back within the reattach grace, and evaluated ones past their `wait_s` deadline (with
         `wait_error(waiter)`, which carries the last reason and its numbers)."""
         for waiter in list(self.waiters):
             if waiter.reattach_by is not None and now >= waiter.reattach_by:
-                self.remove(waiter, RpcError(ErrorCode.CANCELLED, "its client did not come back"))
-                self._emit("queue", {"request_id": waiter.request_id})
+                self.leave(waiter, RpcError(ErrorCode.CANCELLED, "its client did not come back"))
             elif now >= waiter.deadline and waiter.evaluated and not waiter.future.done():
-                self.remove(waiter, wait_error(waiter))
-                self._emit("queue", {"request_id": waiter.request_id})
+                self.leave(waiter, wait_error(waiter))
 
     def fail_all(self, error: RpcError) -> None:
         """Fail every waiter (broker stopping); persisted ones stay in the store."""
