@@ -379,45 +379,63 @@ def test_top_once_prints_plain_rows_and_no_broker_is_one_line(
     assert "trying again every 1 s" in lost_line(source.lost).plain
 
 
+class _TopInPty:
+    """`rbroker top` on the state's broker in a pseudo-terminal of `columns` × 60: what it
+    wrote so far (`seen`), read with `read_for`; the terminal's modes before it started
+    (`before`); killed and the terminal closed on the way out."""
+
+    def __init__(self, state: dict[str, Any], columns: int) -> None:
+        import fcntl
+        import pty
+        import struct
+        import termios
+
+        self.master, self.slave = pty.openpty()
+        fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, columns, 0, 0))
+        self.before = termios.tcgetattr(self.slave)
+        self.top = subprocess.Popen(
+            [sys.executable, "-m", "rbroker", "top", "--socket", state["broker"].socket],
+            stdin=self.slave,
+            stdout=self.slave,
+            stderr=self.slave,
+            env={**os.environ, "TERM": "xterm"},
+        )
+        self.seen = b""
+
+    def read_for(self, done: Any, timeout_s: float) -> None:
+        """Read what top writes until `done()` or `timeout_s` passed."""
+        import select
+
+        end = time.monotonic() + timeout_s
+        while not done() and time.monotonic() < end:
+            if select.select([self.master], [], [], 0.05)[0]:
+                self.seen += os.read(self.master, 65536)
+
+    def __enter__(self) -> _TopInPty:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.top.kill()
+        self.top.wait(10)
+        os.close(self.master)
+        os.close(self.slave)
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="a pseudo-terminal is POSIX")
 def test_top_in_a_terminal_reads_on_a_change_not_every_second(state: dict[str, Any]) -> None:
     """Idle, the frame is not read again for seconds (it was read each second: 5 calls a
     second to an idle broker); a new lease is on screen well before the idle reading
     (`IDLE_REFRESH_S`) would bring it (released after: the module's broker is shared)."""
-    import fcntl
-    import pty
-    import select
-    import struct
-    import termios
-
     from rbroker.cli.top import IDLE_REFRESH_S
 
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 120, 0, 0))
-    top = subprocess.Popen(
-        [sys.executable, "-m", "rbroker", "top", "--socket", state["broker"].socket],
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        env={**os.environ, "TERM": "xterm"},
-    )
-    seen = b""
-
-    def read_for(done: Any, timeout_s: float) -> None:
-        nonlocal seen
-        end = time.monotonic() + timeout_s
-        while not done() and time.monotonic() < end:
-            if select.select([master], [], [], 0.05)[0]:
-                seen += os.read(master, 65536)
-
-    try:
-        read_for(lambda: b"Queue (1)" in seen, 30)
-        assert b"Queue (1)" in seen, seen[-2000:]
+    with _TopInPty(state, 120) as t:
+        t.read_for(lambda: b"Queue (1)" in t.seen, 30)
+        assert b"Queue (1)" in t.seen, t.seen[-2000:]
         # the first frame drawn whole, and the one a new subscriber's first samples bring
-        read_for(lambda: False, 2.0)
-        frames = seen.count(b"read at")
-        read_for(lambda: False, 2.5)  # idle: nothing read again
-        assert seen.count(b"read at") == frames, "read again while the broker was idle"
+        t.read_for(lambda: False, 2.0)
+        frames = t.seen.count(b"read at")
+        t.read_for(lambda: False, 2.5)  # idle: nothing read again
+        assert t.seen.count(b"read at") == frames, "read again while the broker was idle"
         with state["broker"].client() as c:
             told_at = time.monotonic()
             lease = c.call(
@@ -425,57 +443,24 @@ def test_top_in_a_terminal_reads_on_a_change_not_every_second(state: dict[str, A
                 purpose="seen at once",
             )  # fmt: skip
             try:
-                read_for(lambda: b" tfw " in seen, IDLE_REFRESH_S)
-                assert b" tfw " in seen, seen[-3000:]
+                t.read_for(lambda: b" tfw " in t.seen, IDLE_REFRESH_S)
+                assert b" tfw " in t.seen, t.seen[-3000:]
                 assert time.monotonic() - told_at < IDLE_REFRESH_S - 1, "read only when idle"
             finally:
                 c.call("lease.release", lease_id=lease["lease"]["lease_id"])
-        os.write(master, b"q")
-        assert top.wait(10) == 0
-    finally:
-        top.kill()
-        top.wait(10)
-        os.close(master)
-        os.close(slave)
+        os.write(t.master, b"q")
+        assert t.top.wait(10) == 0
 
 
 def test_top_in_a_terminal_ends_on_q_and_gives_the_terminal_back(state: dict[str, Any]) -> None:
-    import fcntl
-    import pty
-    import select
-    import struct
     import termios
 
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 80, 0, 0))
-    before = termios.tcgetattr(slave)
-    top = subprocess.Popen(
-        [sys.executable, "-m", "rbroker", "top", "--socket", state["broker"].socket],
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        env={**os.environ, "TERM": "xterm"},
-    )
-    seen = b""
-
-    def read_until(done: Any, timeout_s: float) -> None:
-        nonlocal seen
-        end = time.monotonic() + timeout_s
-        while not done() and time.monotonic() < end:
-            if select.select([master], [], [], 0.1)[0]:
-                seen += os.read(master, 65536)
-
-    try:
-        read_until(lambda: b"Queue (1)" in seen, 30)
-        assert b"q or Ctrl-C quits" in seen and b"Queue (1)" in seen, seen[-2000:]
-        os.write(master, b"q")
-        assert top.wait(10) == 0
-        read_until(lambda: False, 0.2)
-        assert b"Traceback" not in seen
-        assert seen.endswith(b"\x1b[?1049l")  # the alternate screen is left
-        assert termios.tcgetattr(slave) == before  # echo and line mode are back
-    finally:
-        top.kill()
-        top.wait(10)
-        os.close(master)
-        os.close(slave)
+    with _TopInPty(state, 80) as t:
+        t.read_for(lambda: b"Queue (1)" in t.seen, 30)
+        assert b"q or Ctrl-C quits" in t.seen and b"Queue (1)" in t.seen, t.seen[-2000:]
+        os.write(t.master, b"q")
+        assert t.top.wait(10) == 0
+        t.read_for(lambda: False, 0.2)
+        assert b"Traceback" not in t.seen
+        assert t.seen.endswith(b"\x1b[?1049l")  # the alternate screen is left
+        assert termios.tcgetattr(t.slave) == t.before  # echo and line mode are back
