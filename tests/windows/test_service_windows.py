@@ -66,20 +66,6 @@ def installed() -> bool:
     return True
 
 
-def service_pid() -> int:
-    import win32service
-
-    scm = win32service.OpenSCManager(None, None, win32service.SC_MANAGER_CONNECT)
-    try:
-        svc = win32service.OpenService(scm, "rbroker", win32service.SERVICE_QUERY_STATUS)
-        try:
-            return int(win32service.QueryServiceStatusEx(svc)["ProcessId"])
-        finally:
-            win32service.CloseServiceHandle(svc)
-    finally:
-        win32service.CloseServiceHandle(scm)
-
-
 def raw_hello() -> dict[str, object]:
     """`hello` on the service pipe without the client's account check: what the service's
     broker answers."""
@@ -140,6 +126,8 @@ def test_install_start_talk_stop_remove(no_service: None) -> None:
     assert isinstance(hello, dict), answer
     assert hello["simulated"] is True  # `install --simulate` reached the service's broker
     assert database.is_file(), database  # made by this start of the service
+
+    from rbroker.hosting.service_windows import service_pid
 
     pid = service_pid()
     account_sid, account = process_account(pid)

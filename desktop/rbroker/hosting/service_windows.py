@@ -369,7 +369,7 @@ if sys.platform == "win32":
         import win32con
         import win32event
 
-        pid = _service_pid()
+        pid = service_pid()
         handle = None
         if pid:
             with contextlib.suppress(Exception):  # gone already, or not ours to wait on
@@ -384,7 +384,7 @@ if sys.platform == "win32":
             if handle is not None:
                 win32api.CloseHandle(handle)
 
-    def _service_pid() -> int:
+    def service_pid() -> int:
         """The service's process id (0 when it is not running)."""
         scm = win32service.OpenSCManager(None, None, win32service.SC_MANAGER_CONNECT)
         try:
