@@ -7,10 +7,15 @@ import contextlib
 import os
 import signal
 import sys
-from pathlib import Path
 
 from rbroker.base.version import __version__
 from rbroker.client.paths import socket_option
+
+# no `typing` on the command line's start (issue 44): the idiom type
+# checkers read as typing.TYPE_CHECKING (PEP 484's constant, never true at run time)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 CLIENT_SOCKET_HELP = (
     "the broker's address (default: $RBROKER_SOCKET when set, and only it; else the first "
@@ -73,20 +78,14 @@ def _room_gpus(text: str) -> int:
     return _whole(text, 64, "GPUs")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="rbroker", description="GPU memory leases on shared computers."
-    )
-    parser.add_argument("--version", action="version", version=f"rbroker {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _broker_arguments(b: argparse.ArgumentParser) -> None:
+    """`rbroker broker`'s arguments."""
+    from pathlib import Path  # only the broker's options are paths
 
-    b = sub.add_parser(
-        "broker",
-        help="run the local broker in the foreground",
-        epilog="On Linux, `rbroker broker install-system` (as root) installs the system broker "
+    b.epilog = (
+        "On Linux, `rbroker broker install-system` (as root) installs the system broker "
         "as a systemd service and `rbroker broker uninstall-system` removes it (each with "
-        "--help).",
+        "--help)."
     )
     _add_socket(b, BROKER_SOCKET_HELP)
     b.add_argument("--data-dir", type=Path, help="state directory (default: per-user data dir)")
@@ -189,38 +188,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("-v", "--verbose", action="store_true", help="log every lease")
 
-    s = sub.add_parser("status", help="GPU capacity and leases of the local broker")
+
+def _status_arguments(s: argparse.ArgumentParser) -> None:
+    """`rbroker status`'s arguments."""
     _add_socket(s)
     shown = s.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true", help="print the raw JSON")
     shown.add_argument("--watch", action="store_true", help="live until q or Ctrl-C (= top)")
 
-    t = sub.add_parser(
-        "top",
-        help="the local broker live: GPUs, leases, queue, jobs (q or Ctrl-C quits)",
-        description="The local broker's GPUs with capacity bars, its leases, its queue with "
+
+def _top_arguments(t: argparse.ArgumentParser) -> None:
+    """`rbroker top`'s arguments."""
+    t.description = (
+        "The local broker's GPUs with capacity bars, its leases, its queue with "
         "each request's reason and ETA, and its jobs with their progress, read again on the "
         "broker's changes and every 5 s "
-        "until q or Ctrl-C. The same as `rbroker status --watch`.",
-        epilog="exit codes: 0; 69 no broker answers at the start",
+        "until q or Ctrl-C. The same as `rbroker status --watch`."
     )
+    t.epilog = "exit codes: 0; 69 no broker answers at the start"
     _add_socket(t)
     t.add_argument("--once", action="store_true", help="draw one frame and exit")
 
-    r = sub.add_parser(
-        "run",
-        help="hold a lease while a command runs",
-        description="Lease GPU memory, run COMMAND with CUDA_VISIBLE_DEVICES set to the "
+
+def _run_arguments(r: argparse.ArgumentParser) -> None:
+    """`rbroker run`'s arguments."""
+    r.description = (
+        "Lease GPU memory, run COMMAND with CUDA_VISIBLE_DEVICES set to the "
         "granted GPU(s), release the lease when it exits. By default it does not wait: "
         "with no room now it exits 75 at once; --wait SECONDS queues for room and says "
         "what it waits for. The lease's project, session and purpose are shown to every "
         "user of this computer and, when it is enrolled, sent to its coordinator; without "
         "--session and --purpose they come from the command's file name ('python' and 'run "
         "python' for 'python train.py'): set them to say what others should see (never a "
-        "secret).",
-        epilog="exit codes: the command's own; 69 no broker; 75 no room now (or within "
+        "secret)."
+    )
+    r.epilog = (
+        "exit codes: the command's own; 69 no broker; 75 no room now (or within "
         "--wait); 2 refused (infeasible, bad input, description rejected); 126 the command "
-        "cannot be started, 127 it is not found",
+        "cannot be started, 127 it is not found"
     )
     _add_socket(r)
     r.add_argument(
@@ -290,33 +295,37 @@ def build_parser() -> argparse.ArgumentParser:
         "in MiB, its fraction of the GPU and the CUDA_VISIBLE_DEVICES value",
     )
 
-    rl = sub.add_parser(
-        "release",
-        help="end a lease or cancel a waiting request (for a holder that cannot)",
-        description="End one of your own leases now, or cancel one of your waiting requests. "
+
+def _release_arguments(rl: argparse.ArgumentParser) -> None:
+    """`rbroker release`'s arguments."""
+    rl.description = (
+        "End one of your own leases now, or cancel one of your waiting requests. "
         "ID is a lease's id or a unique prefix of it (e.g. 3f2a1b or lease-3f2a1b), or a "
         "waiting request's req-N, as `rbroker status` shows them. The broker's user, root and "
-        "its --admin-group may end anyone's (the reason says 'released by admin USER').",
+        "its --admin-group may end anyone's (the reason says 'released by admin USER')."
     )
     _add_socket(rl)
     rl.add_argument(
         "lease", metavar="ID", help="lease id or a unique prefix of it, or req-N (a request)"
     )
 
-    bk = sub.add_parser(
-        "book",
-        help="book GPU memory ahead for a time window (or: book cancel ID)",
-        usage="rbroker book --mib N [--gpus K] [--gpu UUID] --start WHEN "
+
+def _book_arguments(bk: argparse.ArgumentParser) -> None:
+    """`rbroker book`'s arguments."""
+    bk.usage = (
+        "rbroker book --mib N [--gpus K] [--gpu UUID] --start WHEN "
         "(--for DURATION | --until WHEN) --project P --purpose TEXT [--session S] [--json]\n"
-        "       rbroker book cancel ID",
-        description="Book MiB on GPUs for a wall-clock window: the broker accepts it only "
+        "       rbroker book cancel ID"
+    )
+    bk.description = (
+        "Book MiB on GPUs for a wall-clock window: the broker accepts it only "
         "where it fits beside the other bookings of that window (else it says the arithmetic "
         "and the nearest window where it fits) and keeps that memory for you from its start; "
         "claim it then with `rbroker run --booking ID -- COMMAND`. WHEN: 14:00, 'tomorrow "
         "09:30', 'mon 14:00', +2h, 'in 90m', an ISO 8601 date-time, 'now' (local time). "
-        "DURATION: 4h, 90m, 1h30m, 2:30. `rbroker book cancel ID` cancels one of yours.",
-        epilog="exit codes: 0; 2 refused (does not fit, a bound, bad input); 69 no broker",
+        "DURATION: 4h, 90m, 1h30m, 2:30. `rbroker book cancel ID` cancels one of yours."
     )
+    bk.epilog = "exit codes: 0; 2 refused (does not fit, a bound, bad input); 69 no broker"
     _add_socket(bk)
     bk.add_argument("action", nargs="?", choices=("cancel",), help="cancel the booking ID")
     bk.add_argument("booking_id", nargs="?", metavar="ID", help="the booking to cancel")
@@ -337,22 +346,20 @@ def build_parser() -> argparse.ArgumentParser:
     bk.add_argument("--session", help="session name (default: 'rbroker book')")
     bk.add_argument("--json", action="store_true", help="print the booking as JSON")
 
-    bl = sub.add_parser(
-        "bookings",
-        help="bookings of the local broker: a table and the next 24 hours per GPU",
-        epilog="exit codes: 0; 2 refused; 69 no broker",
-    )
+
+def _bookings_arguments(bl: argparse.ArgumentParser) -> None:
+    """`rbroker bookings`'s arguments."""
+    bl.epilog = "exit codes: 0; 2 refused; 69 no broker"
     _add_socket(bl)
     bl.add_argument(
         "--all", action="store_true", help="also the bookings ended, lapsed or cancelled"
     )
     bl.add_argument("--json", action="store_true", help="print the raw JSON")
 
-    w = sub.add_parser(
-        "watch",
-        help="wait until MiB could be granted to you now (nothing is taken)",
-        epilog="exit codes: 0 room now; 75 none within --timeout; 2 refused; 69 no broker",
-    )
+
+def _watch_arguments(w: argparse.ArgumentParser) -> None:
+    """`rbroker watch`'s arguments."""
+    w.epilog = "exit codes: 0 room now; 75 none within --timeout; 2 refused; 69 no broker"
     _add_socket(w)
     w.add_argument("--mib", type=int, required=True, help="MiB on each GPU")
     w.add_argument("--gpus", type=int, default=1, help="how many GPUs at once (default 1)")
@@ -366,30 +373,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--json", action="store_true", help="print the answer as JSON")
 
-    au = sub.add_parser(
-        "audit",
-        help="the broker's audit trail: actions on others' work or the computer (admins)",
-        description="The broker's record of actions that touch another user's work or the "
+
+def _audit_arguments(au: argparse.ArgumentParser) -> None:
+    """`rbroker audit`'s arguments."""
+    au.description = (
+        "The broker's record of actions that touch another user's work or the "
         "whole computer: an administrator ending a lease or cancelling a request or booking, "
         "admissions paused and resumed, an idle lease reclaimed by [idle], a refusal by "
         "[members]. Oldest first, times in the "
         "local zone; a record that does not verify (a line edited or removed) is said first. "
-        "Only the broker's user, root and its --admin-group may read it.",
-        epilog="exit codes: 0; 2 refused (not an administrator); 69 no broker",
+        "Only the broker's user, root and its --admin-group may read it."
     )
+    au.epilog = "exit codes: 0; 2 refused (not an administrator); 69 no broker"
     _add_socket(au)
     au.add_argument(
         "--limit", type=int, default=200, metavar="N", help="the newest N entries (default 200)"
     )
     au.add_argument("--json", action="store_true", help="print the raw JSON")
 
-    j = sub.add_parser("jobs", help="parallel jobs: progress, items per second, ETA")
+
+def _jobs_arguments(j: argparse.ArgumentParser) -> None:
+    """`rbroker jobs`'s arguments."""
     _add_socket(j)
     j.add_argument("--json", action="store_true", help="print the raw JSON")
     j.add_argument("--active", action="store_true", help="hide finished jobs")
     j.add_argument("--watch", action="store_true", help="refresh live until Ctrl-C")
 
-    e = sub.add_parser("enroll", help="join a coordinator group (Ed25519 key in the OS keyring)")
+
+def _enroll_arguments(e: argparse.ArgumentParser) -> None:
+    """`rbroker enroll`'s arguments."""
     e.add_argument("url", help="coordinator URL, e.g. https://rbroker.example.org:8787")
     e.add_argument("code", help="one-time enrollment code from the coordinator's admin")
     e.add_argument("--name", help="this computer's display name (default: host name)")
@@ -407,7 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="enroll again with a new key even though this data dir is enrolled",
     )
 
-    f = sub.add_parser("fleet", help="the group's computers from the coordinator")
+
+def _fleet_arguments(f: argparse.ArgumentParser) -> None:
+    """`rbroker fleet`'s arguments."""
     f.add_argument("--token", help="viewer token (default: sign with this computer's key)")
     f.add_argument("--url", help="coordinator URL (default: the enrolled one)")
     f.add_argument("--ca-file", help="PEM CA certificate of a self-signed coordinator")
@@ -427,14 +441,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --room: on K GPUs of one computer (default 1)",
     )
 
-    d = sub.add_parser(
-        "demo",
-        help="watch real processes lease GPU memory from a local broker (about 30 s)",
-        description="Start a broker, a coordinator on SQLite and eight worker processes that "
+
+def _demo_arguments(d: argparse.ArgumentParser) -> None:
+    """`rbroker demo`'s arguments."""
+    d.description = (
+        "Start a broker, a coordinator on SQLite and eight worker processes that "
         "lease GPU memory (simulated GPUs unless an NVIDIA driver answers); some wait with "
         "the arithmetic of why, one is killed mid-run, a parallel job reports progress; then "
         "a summary. Setting up takes a few seconds (said as it goes), the worker part about "
-        "--seconds.",
+        "--seconds."
     )
     d.add_argument(
         "--seconds",
@@ -452,23 +467,93 @@ def build_parser() -> argparse.ArgumentParser:
         "--simulate", action="store_true", help="simulated GPUs even where an NVIDIA driver answers"
     )
 
-    from rbroker.cli.service_cmd import add_service_parser
-    from rbroker.tray import add_tray_arguments  # imports no Qt
 
-    add_service_parser(sub)
+def _service_arguments(s: argparse.ArgumentParser) -> None:
+    """`rbroker service`'s arguments (`rbroker.cli.service_cmd`)."""
+    from rbroker.cli.service_cmd import add_service_arguments
 
-    add_tray_arguments(sub.add_parser("tray", help="the desktop tray app (starts the broker)"))
+    add_service_arguments(s)
+
+
+def _tray_arguments(p: argparse.ArgumentParser) -> None:
+    """`rbroker tray`'s arguments (`rbroker.tray`, which imports no Qt)."""
+    from rbroker.tray import add_tray_arguments
+
+    add_tray_arguments(p)
+
+
+SUBCOMMANDS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], ...] = (
+    ("broker", "run the local broker in the foreground", _broker_arguments),
+    ("status", "GPU capacity and leases of the local broker", _status_arguments),
+    ("top", "the local broker live: GPUs, leases, queue, jobs (q or Ctrl-C quits)", _top_arguments),
+    ("run", "hold a lease while a command runs", _run_arguments),
+    (
+        "release",
+        "end a lease or cancel a waiting request (for a holder that cannot)",
+        _release_arguments,
+    ),
+    ("book", "book GPU memory ahead for a time window (or: book cancel ID)", _book_arguments),
+    (
+        "bookings",
+        "bookings of the local broker: a table and the next 24 hours per GPU",
+        _bookings_arguments,
+    ),
+    ("watch", "wait until MiB could be granted to you now (nothing is taken)", _watch_arguments),
+    (
+        "audit",
+        "the broker's audit trail: actions on others' work or the computer (admins)",
+        _audit_arguments,
+    ),
+    ("jobs", "parallel jobs: progress, items per second, ETA", _jobs_arguments),
+    ("enroll", "join a coordinator group (Ed25519 key in the OS keyring)", _enroll_arguments),
+    ("fleet", "the group's computers from the coordinator", _fleet_arguments),
+    (
+        "demo",
+        "watch real processes lease GPU memory from a local broker (about 30 s)",
+        _demo_arguments,
+    ),
+    ("service", "the broker as a Windows service (shared workstations)", _service_arguments),
+    ("tray", "the desktop tray app (starts the broker)", _tray_arguments),
+)
+"""Each subcommand in `rbroker --help`'s order: its name, its line in that help, and what
+adds its own description and arguments."""
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of every subcommand; given `command` (a subcommand's name, as
+    `chosen_command` reads it), only that one's arguments are added: every other subcommand
+    is there with its name and help line, which is all that `rbroker --help` and the top
+    level's errors show, but empty. Adding every subcommand's arguments (and importing what
+    `service` and `tray` take them from) cost about a fifth of `rbroker status --json`'s own
+    start (issue 44)."""
+    parser = argparse.ArgumentParser(
+        prog="rbroker", description="GPU memory leases on shared computers."
+    )
+    parser.add_argument("--version", action="version", version=f"rbroker {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text, add_arguments in SUBCOMMANDS:
+        p = sub.add_parser(name, help=help_text)
+        if command is None or command == name:
+            add_arguments(p)
     return parser
+
+
+def chosen_command(argv: list[str]) -> str | None:
+    """The subcommand that argparse will parse `argv` with: its first word that does not
+    start with `-` (the top level's options, `-h` and `--version`, take no value, and `--`
+    leaves the next word the subcommand), when that names a subcommand; else None (no
+    subcommand, or an unknown one: every subcommand's arguments are then added, and
+    argparse says what is wrong as it always did)."""
+    word = next((w for w in argv if not w.startswith("-")), None)
+    return word if any(word == name for name, _, _ in SUBCOMMANDS) else None
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rbroker` console script; returns the exit code (130 after a
     Ctrl-C that the command did not handle itself: never a KeyboardInterrupt traceback)."""
     given = sys.argv[1:] if argv is None else argv
-    from rbroker.cli.install_system import ACTIONS
-
-    install = given[:1] == ["broker"] and len(given) > 1 and given[1] in ACTIONS
-    args = None if install else build_parser().parse_args(argv)
+    install = given[:1] == ["broker"] and len(given) > 1 and given[1] in _install_actions()
+    args = None if install else build_parser(chosen_command(given)).parse_args(argv)
     _never_fail_on_output()
     try:
         if args is None:  # `rbroker broker install-system`: a parser of its own
@@ -481,6 +566,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `rbroker bookings | head -1`: the reader left, as for any tool
         _quiet_stdout()
         return 0
+
+
+def _install_actions() -> tuple[str, ...]:
+    """`rbroker broker install-system` and `uninstall-system`: the words that take the
+    system install's own parser (imported only after `rbroker broker`)."""
+    from rbroker.cli.install_system import ACTIONS
+
+    return ACTIONS
 
 
 def _never_fail_on_output() -> None:

@@ -27,14 +27,13 @@ NOT_WINDOWS = (
 )
 
 
-def add_service_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The `service` subcommand and its actions."""
-    s = sub.add_parser(
-        "service",
-        help="the broker as a Windows service (shared workstations)",
-        description="Install, remove, start, stop or run the rbroker Windows service: one "
+def add_service_arguments(s: argparse.ArgumentParser) -> None:
+    """The description and the arguments of the `service` subcommand (`s`, made by
+    `rbroker.cli.main.build_parser` with its help line)."""
+    s.description = (
+        "Install, remove, start, stop or run the rbroker Windows service: one "
         "broker for every user of this computer, as LocalSystem on \\\\.\\pipe\\rbroker. "
-        "install/remove/start/stop need an administrator's console.",
+        "install/remove/start/stop need an administrator's console."
     )
     s.add_argument("action", choices=("install", "remove", "start", "stop", "run"))
     s.add_argument(
