@@ -1,6 +1,8 @@
 """Reading JSON fast never changes what is read: `jsonrpc.decode` (orjson, with `json` for what
 orjson refuses or would read as a float) gives `json.loads`'s values, types and errors, and
-`signing.parse_envelope` reads a body as it reads `json.loads` of it."""
+`signing.parse_envelope` reads a body as it reads `json.loads` of it. The standard library's
+framing (`rbroker_protocol.framing`, what a short client command uses) and orjson's write
+lines that read back the same."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rbroker_protocol import jsonrpc
+from rbroker_protocol import framing, jsonrpc
 from rbroker_protocol.signing import EnvelopeError, parse_envelope
 
 SCALARS = st.one_of(
@@ -60,6 +62,31 @@ def outcome(read: Any, line: bytes) -> Any:
 def test_decode_reads_what_json_reads(value: Any, ascii_only: bool) -> None:
     line = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
     assert outcome(jsonrpc.decode, line) == outcome(json.loads, line)
+
+
+FINITE = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=30),  # lone surrogates too: written as \u escapes
+    ),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(FINITE)
+@example({"id": "\ud800", "method": "lease.renew", "params": {"n": 2**70}})
+@example({"jsonrpc": "2.0", "params": {"wait_s": 1e16, "mib": 8192, "purpose": "é ✓"}})
+def test_the_standard_librarys_lines_read_back_as_orjsons_do(value: Any) -> None:
+    message = {"jsonrpc": "2.0", "id": 7, "result": value}
+    line = framing.encode(message)
+    assert line.endswith(b"\n") and b"\n" not in line[:-1]  # one line
+    assert typed(framing.decode(line)) == typed(jsonrpc.decode(jsonrpc.encode(message)))
+    assert outcome(framing.decode, line) == outcome(jsonrpc.decode, line)
 
 
 @pytest.mark.parametrize(

@@ -36,9 +36,16 @@ than its grant for longer than the grace (its `over_grant` event).
 
 from __future__ import annotations
 
-from typing import Any
+import functools
 
-from rbroker_protocol.errors import ErrorCode, RpcError
+# The wire's error codes load with the first error read (`from_rpc_error`): a command that
+# meets none starts without them, and without `typing` (docs/architecture.md §10); the idiom
+# type checkers read as typing.TYPE_CHECKING (PEP 484's constant, never true at run time).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from rbroker_protocol.errors import ErrorCode, RpcError
 
 
 class RBrokerError(Exception):
@@ -192,52 +199,58 @@ class OverGrantWarning(UserWarning):
         self.data = data
 
 
-_BY_CODE: dict[ErrorCode, type[RBrokerError]] = {
-    ErrorCode.PARSE_ERROR: InvalidParams,
-    ErrorCode.INVALID_REQUEST: InvalidParams,
-    ErrorCode.METHOD_NOT_FOUND: MethodNotFound,
-    ErrorCode.INVALID_PARAMS: InvalidParams,
-    ErrorCode.REQUEST_TOO_LARGE: InvalidParams,
-    ErrorCode.INTERNAL_ERROR: RBrokerError,
-    ErrorCode.CAPACITY_UNAVAILABLE: CapacityUnavailable,
-    ErrorCode.INFEASIBLE: Infeasible,
-    ErrorCode.WAIT_TIMEOUT: WaitTimeout,
-    ErrorCode.LEASE_NOT_FOUND: LeaseNotFound,
-    ErrorCode.LEASE_EXPIRED: LeaseExpired,
-    ErrorCode.NOT_LEASE_OWNER: NotLeaseOwner,
-    ErrorCode.DESCRIPTION_REJECTED: DescriptionRejected,
-    ErrorCode.TELEMETRY_UNAVAILABLE: TelemetryUnavailable,
-    ErrorCode.PROTOCOL_VERSION: ProtocolVersionError,
-    ErrorCode.NOT_SIMULATED: NotSimulated,
-    ErrorCode.CANCELLED: Cancelled,
-    ErrorCode.JOB_NOT_FOUND: JobNotFound,
-    ErrorCode.JOB_FINISHED: JobFinished,
-    ErrorCode.NOT_JOB_OWNER: NotJobOwner,
-    ErrorCode.NOT_ALLOWED: NotAllowed,
-    ErrorCode.TOO_MANY_CONNECTIONS: NotAllowed,
-    ErrorCode.RESIZE_PENDING: ResizePending,
-    ErrorCode.WAIT_TOO_LONG: WaitTooLong,
-    ErrorCode.TOO_MANY_WAITING: LimitReached,
-    ErrorCode.TOO_MANY_LEASES: LimitReached,
-    ErrorCode.TOO_MANY_JOBS: LimitReached,
-    ErrorCode.TOO_MANY_CHUNKS: LimitReached,
-    ErrorCode.UNSENT_OVER_LIMIT: LimitReached,
-    ErrorCode.REQUEST_NOT_FOUND: RequestNotFound,
-    ErrorCode.NOT_A_MEMBER: NotAllowed,
-    ErrorCode.TOO_MANY_IN_FLIGHT: LimitReached,
-    ErrorCode.STORAGE_UNAVAILABLE: StorageUnavailable,
-    ErrorCode.BOOKING_NOT_FOUND: BookingNotFound,
-    ErrorCode.NOT_BOOKING_OWNER: NotBookingOwner,
-    ErrorCode.BOOKING_CONFLICT: BookingRefused,
-    ErrorCode.TOO_MANY_BOOKINGS: BookingRefused,
-    ErrorCode.BOOKING_TOO_FAR: BookingRefused,
-    ErrorCode.BOOKING_TOO_LONG: BookingRefused,
-    ErrorCode.BOOKING_NOT_STARTED: BookingNotClaimable,
-    ErrorCode.BOOKING_ENDED: BookingNotClaimable,
-}
+@functools.cache
+def _classes_by_code() -> dict[ErrorCode, type[RBrokerError]]:
+    """The SDK exception of each stable error code (the others: `RBrokerError`), made by the
+    first `from_rpc_error`."""
+    from rbroker_protocol.errors import ErrorCode
+
+    return {
+        ErrorCode.PARSE_ERROR: InvalidParams,
+        ErrorCode.INVALID_REQUEST: InvalidParams,
+        ErrorCode.METHOD_NOT_FOUND: MethodNotFound,
+        ErrorCode.INVALID_PARAMS: InvalidParams,
+        ErrorCode.REQUEST_TOO_LARGE: InvalidParams,
+        ErrorCode.INTERNAL_ERROR: RBrokerError,
+        ErrorCode.CAPACITY_UNAVAILABLE: CapacityUnavailable,
+        ErrorCode.INFEASIBLE: Infeasible,
+        ErrorCode.WAIT_TIMEOUT: WaitTimeout,
+        ErrorCode.LEASE_NOT_FOUND: LeaseNotFound,
+        ErrorCode.LEASE_EXPIRED: LeaseExpired,
+        ErrorCode.NOT_LEASE_OWNER: NotLeaseOwner,
+        ErrorCode.DESCRIPTION_REJECTED: DescriptionRejected,
+        ErrorCode.TELEMETRY_UNAVAILABLE: TelemetryUnavailable,
+        ErrorCode.PROTOCOL_VERSION: ProtocolVersionError,
+        ErrorCode.NOT_SIMULATED: NotSimulated,
+        ErrorCode.CANCELLED: Cancelled,
+        ErrorCode.JOB_NOT_FOUND: JobNotFound,
+        ErrorCode.JOB_FINISHED: JobFinished,
+        ErrorCode.NOT_JOB_OWNER: NotJobOwner,
+        ErrorCode.NOT_ALLOWED: NotAllowed,
+        ErrorCode.TOO_MANY_CONNECTIONS: NotAllowed,
+        ErrorCode.RESIZE_PENDING: ResizePending,
+        ErrorCode.WAIT_TOO_LONG: WaitTooLong,
+        ErrorCode.TOO_MANY_WAITING: LimitReached,
+        ErrorCode.TOO_MANY_LEASES: LimitReached,
+        ErrorCode.TOO_MANY_JOBS: LimitReached,
+        ErrorCode.TOO_MANY_CHUNKS: LimitReached,
+        ErrorCode.UNSENT_OVER_LIMIT: LimitReached,
+        ErrorCode.REQUEST_NOT_FOUND: RequestNotFound,
+        ErrorCode.NOT_A_MEMBER: NotAllowed,
+        ErrorCode.TOO_MANY_IN_FLIGHT: LimitReached,
+        ErrorCode.STORAGE_UNAVAILABLE: StorageUnavailable,
+        ErrorCode.BOOKING_NOT_FOUND: BookingNotFound,
+        ErrorCode.NOT_BOOKING_OWNER: NotBookingOwner,
+        ErrorCode.BOOKING_CONFLICT: BookingRefused,
+        ErrorCode.TOO_MANY_BOOKINGS: BookingRefused,
+        ErrorCode.BOOKING_TOO_FAR: BookingRefused,
+        ErrorCode.BOOKING_TOO_LONG: BookingRefused,
+        ErrorCode.BOOKING_NOT_STARTED: BookingNotClaimable,
+        ErrorCode.BOOKING_ENDED: BookingNotClaimable,
+    }
 
 
 def from_rpc_error(err: RpcError) -> RBrokerError:
     """The SDK exception for a wire error."""
-    cls = _BY_CODE.get(err.name, RBrokerError)
+    cls = _classes_by_code().get(err.name, RBrokerError)
     return cls(err.message, err.name.value, **err.data)

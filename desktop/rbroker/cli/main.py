@@ -519,6 +519,13 @@ SUBCOMMANDS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], .
 adds its own description and arguments."""
 
 
+LOCAL_CLIENTS = ("status", "top", "run", "release", "book", "bookings", "watch", "audit", "jobs")
+"""The subcommands that talk to the local broker as its clients: they read and write its
+messages with the standard library's `json` (`rbroker.client.local.use_standard_json`), whose
+import costs less than orjson's, and a command's few messages do not make that up (issue 44).
+The broker, the tray and the demo keep orjson."""
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser of every subcommand; given `command` (a subcommand's name, as
     `chosen_command` reads it), only that one's arguments are added: every other subcommand
@@ -555,6 +562,10 @@ def main(argv: list[str] | None = None) -> int:
     install = given[:1] == ["broker"] and len(given) > 1 and given[1] in _install_actions()
     args = None if install else build_parser(chosen_command(given)).parse_args(argv)
     _never_fail_on_output()
+    if args is not None and args.command in LOCAL_CLIENTS:
+        from rbroker.client.local import use_standard_json
+
+        use_standard_json()
     try:
         if args is None:  # `rbroker broker install-system`: a parser of its own
             from rbroker.cli.install_system import run as run_install

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import os
 import queue
@@ -20,8 +19,6 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
 
 from rbroker.base.exceptions import (
     BrokerUnavailable,
@@ -30,37 +27,47 @@ from rbroker.base.exceptions import (
     RBrokerError,
     from_rpc_error,
 )
-from rbroker.client.paths import ENV_SOCKET, FOUND_ENV, FOUND_OPTION, Candidate, discovery_order
+from rbroker.client.paths import ENV_SOCKET, FOUND_ENV, FOUND_OPTION, discovery_order
 from rbroker.transport import connect
-from rbroker.transport.base import Stream
-from rbroker_protocol import jsonrpc
-from rbroker_protocol.errors import ErrorCode, RpcError
-from rbroker_protocol.params import AcquireRequest
-from rbroker_protocol.results import (
-    AcquireResult,
-    AttachResult,
-    AuditListResult,
-    BookingResult,
-    BookingsListResult,
-    BookingView,
-    BookResult,
-    BrokerStatus,
-    CancelResult,
-    GpusListResult,
-    GpuView,
-    HelloResult,
-    JobReportResult,
-    JobResult,
-    JobsListResult,
-    JobView,
-    LeaseResult,
-    LeasesListResult,
-    PauseResult,
-    RoomCheckResult,
-    SimMemoryResult,
-    SimSetResult,
-)
+from rbroker_protocol import framing
 from rbroker_protocol.versions import PROTOCOL_VERSION
+
+# What a call that goes well needs is all a client loads (start-up, docs/architecture.md §10):
+# the wire's error codes load with the first error read, orjson with the first client that
+# uses it (`use_standard_json`), the result types are for type checkers alone; no `typing`
+# either: the idiom type checkers read as typing.TYPE_CHECKING (PEP 484's constant).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from rbroker.client.paths import Candidate
+    from rbroker.transport.base import Stream
+    from rbroker_protocol.params import AcquireRequest
+    from rbroker_protocol.results import (
+        AcquireResult,
+        AttachResult,
+        AuditListResult,
+        BookingResult,
+        BookingsListResult,
+        BookingView,
+        BookResult,
+        BrokerStatus,
+        CancelResult,
+        GpusListResult,
+        GpuView,
+        HelloResult,
+        JobReportResult,
+        JobResult,
+        JobsListResult,
+        JobView,
+        LeaseResult,
+        LeasesListResult,
+        PauseResult,
+        RoomCheckResult,
+        SimMemoryResult,
+        SimSetResult,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +77,30 @@ if sys.platform != "win32":
 
 RENEW = "lease.renew"
 """The method name `on_failed` gets for a refused pipelined renewal (`Client.renew_nowait`)."""
+
+_standard_json = False
+
+
+def use_standard_json() -> None:
+    """Write this process's requests and read the broker's answers with the standard
+    library's `json` (`rbroker_protocol.framing`) instead of orjson (`rbroker_protocol.
+    jsonrpc`), in every client made from now on. Both read the same values and give the
+    same errors (jsonrpc's contract); orjson is faster per message, `json` loads faster: for
+    a command that sends a few requests and exits (`rbroker run`, `rbroker status`), orjson
+    and the modules it imports (dataclasses, inspect, uuid, datetime) cost more than all its
+    messages (start-up, docs/architecture.md §10). Jobs and the tray keep orjson."""
+    global _standard_json
+    _standard_json = True
+
+
+def _codec() -> tuple[Callable[[dict[str, Any]], bytes], Callable[[bytes], Any]]:
+    """`(encode, decode)` of a new client: orjson's (loaded now, on the first use), or the
+    standard library's after `use_standard_json()`."""
+    if _standard_json:
+        return framing.encode, framing.decode
+    from rbroker_protocol import jsonrpc
+
+    return jsonrpc.encode, jsonrpc.decode
 
 
 def _group_of(address: str) -> str | None:
@@ -156,8 +187,22 @@ def _system_broker_without_socket() -> str | None:
     )
 
 
+def _wire_error(error: Any) -> RBrokerError:
+    """The SDK exception of an error object the broker sent (the wire's error codes load
+    here, with the first error a process reads).
+
+    Raises:
+        Exception: what `RpcError.from_wire` raises for an error object it cannot read.
+    """
+    from rbroker_protocol.errors import RpcError
+
+    return from_rpc_error(RpcError.from_wire(error))
+
+
 def _raise_refusal(error: dict[str, Any], address: str) -> None:
     """The broker answered a connection-level error (id null) and closes the connection."""
+    from rbroker_protocol.errors import ErrorCode, RpcError
+
     try:
         err = RpcError.from_wire(error)
     except Exception:
@@ -203,6 +248,7 @@ class Client:
         hello: bool = True,
     ) -> None:
         self.timeout_s = timeout_s
+        self._encode, self._decode = _codec()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._events: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -252,14 +298,14 @@ class Client:
             self._stream.close()
 
     def _request(self, method: str, params: dict[str, Any]) -> tuple[int, bytes]:
-        bad = jsonrpc.non_finite_path(params)
+        bad = framing.non_finite_path(params)
         if bad is not None:
             raise InvalidParams(
                 f"invalid params: {bad} must be a finite number, not {_at(params, bad)!r}",
                 "invalid_params",
             )
         request_id = next(self._ids)
-        return request_id, jsonrpc.encode(jsonrpc.request(request_id, method, params))
+        return request_id, self._encode(framing.request(request_id, method, params))
 
     def _raise_failed(self) -> None:
         """Raise the first error a pipelined request got (the lock held)."""
@@ -274,7 +320,7 @@ class Client:
         if method is None or not isinstance(msg.get("error"), dict):
             return False
         try:
-            exc = from_rpc_error(RpcError.from_wire(msg["error"]))
+            exc = _wire_error(msg["error"])
         except Exception:  # an error we cannot read is still an error
             exc = RBrokerError(f"{method} failed: {msg['error']!r}", "internal_error")
         self._failed.append(exc)
@@ -346,7 +392,7 @@ class Client:
                             f"broker at {self.address} closed the connection",
                             "broker_unavailable",
                         )
-                    msg = jsonrpc.decode(line)
+                    msg = self._decode(line)
                     if not isinstance(msg, dict):
                         raise ValueError("the answer is not a JSON-RPC object")
                     if "id" not in msg and msg.get("method") == "event":
@@ -373,7 +419,7 @@ class Client:
                     f"lost the broker at {self.address}: {exc}", "broker_unavailable"
                 ) from None
         if isinstance(msg.get("error"), dict):
-            raise from_rpc_error(RpcError.from_wire(msg["error"]))
+            raise _wire_error(msg["error"])
         if "result" not in msg:
             raise BrokerUnavailable(
                 f"the peer at {self.address} sent neither a result nor an error",
@@ -390,7 +436,7 @@ class Client:
         """Raise the connection-level error the broker sent before closing, if it did."""
         try:
             self._stream.settimeout(0.5)
-            msg = json.loads(self._stream.readline() or b"null")
+            msg = framing.decode(self._stream.readline() or b"null")
         except (OSError, ValueError):
             return
         if isinstance(msg, dict) and msg.get("id") is None and isinstance(msg.get("error"), dict):
@@ -430,7 +476,7 @@ class Client:
                 if not line:
                     return True
                 with contextlib.suppress(ValueError):
-                    msg = jsonrpc.decode(line)
+                    msg = self._decode(line)
                     if isinstance(msg, dict) and msg.get("method") == "event":
                         self._queue_event(msg.get("params") or {})
                     elif isinstance(msg, dict) and self._pipelined_answer(msg):
@@ -455,7 +501,7 @@ class Client:
                 if not line:
                     return False
                 with contextlib.suppress(ValueError):
-                    msg = jsonrpc.decode(line)
+                    msg = self._decode(line)
                     if isinstance(msg, dict) and msg.get("method") == "event":
                         self._queue_event(msg.get("params") or {})
                     elif isinstance(msg, dict):
@@ -499,7 +545,7 @@ class Client:
             said = "client is closed" if self._closed else "broker closed the connection"
             raise BrokerUnavailable(said, "broker_unavailable")
         try:
-            msg = jsonrpc.decode(line)
+            msg = self._decode(line)
         except ValueError as exc:
             raise BrokerUnavailable(f"lost the broker: {exc}", "broker_unavailable") from None
         if isinstance(msg, dict) and msg.get("method") == "event":

@@ -13,14 +13,17 @@ variable does for POSIX shells (`RBROKER_SOCKET= rbroker status` looks as if it 
 
 from __future__ import annotations
 
-import getpass
 import os
 import sys
-import warnings
-from dataclasses import dataclass
-from pathlib import Path
 
 from rbroker.transport.system_paths import system_socket_path
+
+# What a client given its address needs is all it loads (start-up, issue 44): no dataclasses,
+# pathlib or `typing`; the idiom type checkers read as typing.TYPE_CHECKING (PEP 484's
+# constant, never true at run time).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
 
 ENV_SOCKET = "RBROKER_SOCKET"
 
@@ -30,12 +33,34 @@ FOUND_SYSTEM = "the system broker's address"
 FOUND_PER_USER = "the per-user address"
 
 
-@dataclass(frozen=True, slots=True)
 class Candidate:
-    """One address to try and how it was found (`FOUND_*`: shown by `rbroker status`)."""
+    """One address to try and how it was found (`FOUND_*`: shown by `rbroker status`). A
+    value: equal to another of the same address and finding, hashable, not changed once
+    made. A plain class: `@dataclass` would load `inspect` and compile code at run time on
+    every client command's start (issue 44)."""
+
+    __slots__ = ("address", "found_by")
 
     address: str
     found_by: str
+
+    def __init__(self, address: str, found_by: str) -> None:
+        object.__setattr__(self, "address", address)
+        object.__setattr__(self, "found_by", found_by)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}: a Candidate is not changed")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Candidate):
+            return NotImplemented
+        return (self.address, self.found_by) == (other.address, other.found_by)
+
+    def __hash__(self) -> int:
+        return hash((self.address, self.found_by))
+
+    def __repr__(self) -> str:
+        return f"Candidate(address={self.address!r}, found_by={self.found_by!r})"
 
 
 EMPTY_ADDRESS = (
@@ -66,7 +91,12 @@ def per_user_socket_path() -> str:
     have planted). A runtime dir that cannot be had at all falls back to the data dir.
     """
     if sys.platform == "win32":
+        import getpass
+
         return rf"\\.\pipe\rbroker-{getpass.getuser()}"
+    import warnings
+    from pathlib import Path
+
     import platformdirs  # only where the per-user address is needed (start-up, issue 44)
 
     with warnings.catch_warnings():
@@ -111,6 +141,8 @@ def discovery_order(explicit: str | None = None) -> list[Candidate]:
 
 def default_data_dir() -> Path:
     """The broker's data directory (lease database, keys): the user data dir."""
+    from pathlib import Path
+
     import platformdirs
 
     return Path(platformdirs.user_data_dir("rbroker", appauthor=False))

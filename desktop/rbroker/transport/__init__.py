@@ -14,12 +14,15 @@ takes are hosting's (`rbroker.hosting.machine_lock`). Nothing here imports the b
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
 
-from rbroker.transport.base import Handler, ListeningServer, Stream
-
-if TYPE_CHECKING:  # a client's start-up loads no asyncio (docs/architecture.md §10)
+# A client's start-up loads no asyncio, no `typing` and not the serving end's types
+# (docs/architecture.md §10): the idiom type checkers read as typing.TYPE_CHECKING
+# (PEP 484's constant, never true at run time).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
     import asyncio
+
+    from rbroker.transport.base import Handler, ListeningServer, Stream
 
 
 async def serve(

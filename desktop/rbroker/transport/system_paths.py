@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
-from pathlib import Path
+
+# A client reads only the system broker's address here: no pathlib, no `typing` on its
+# start (docs/architecture.md §10); the idiom type checkers read as typing.TYPE_CHECKING.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
 
 ENV_SYSTEM_SOCKET = "RBROKER_SYSTEM_SOCKET"
 
@@ -21,8 +26,25 @@ SYSTEM_SOCKET_LINUX = "/run/rbroker/broker.sock"
 """The Linux system broker's socket (its directory made by systemd's `RuntimeDirectory=`)."""
 SYSTEM_PIPE_WINDOWS = r"\\.\pipe\rbroker"
 """The Windows service broker's pipe."""
-SYSTEM_DATA_DIR_LINUX = Path("/var/lib/rbroker")
-"""The Linux system broker's data dir (systemd's `StateDirectory=`)."""
+if TYPE_CHECKING:
+    SYSTEM_DATA_DIR_LINUX: Path
+    """The Linux system broker's data dir (systemd's `StateDirectory=`): `/var/lib/rbroker`,
+    a `Path` made on its first use (`__getattr__`)."""
+
+
+def __getattr__(name: str) -> Path:
+    """`SYSTEM_DATA_DIR_LINUX` on its first use (PEP 562), so that importing this module
+    loads no pathlib.
+
+    Raises:
+        AttributeError: any other name.
+    """
+    if name != "SYSTEM_DATA_DIR_LINUX":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from pathlib import Path
+
+    value = globals()[name] = Path("/var/lib/rbroker")
+    return value
 
 
 def system_socket_path() -> str:
@@ -42,6 +64,8 @@ def program_data_dir(environ: Mapping[str, str] | None = None) -> Path:
     (Wine gives a service `C:\\users\\Public`); elsewhere, or where it cannot be read,
     `%ProgramData%`, else `C:\\ProgramData`.
     """
+    from pathlib import Path
+
     if environ is None and sys.platform == "win32":
         try:
             from win32com.shell import shell, shellcon

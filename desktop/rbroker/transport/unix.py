@@ -15,31 +15,29 @@ from __future__ import annotations
 
 import contextlib
 import grp
-import logging
 import os
 import pwd
 import select
 import socket
 import struct
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
 
-from rbroker.transport.base import BrokerAlreadyRunning, Handler, Peer, Readiness
-from rbroker.transport.safe_paths import check_private_path
-from rbroker_protocol.startup import SOCKET_PATH_MAX_BYTES
-
-if TYPE_CHECKING:  # the serving end imports it where it runs: a client's start-up does not
+# The serving end imports what only it uses where it runs (asyncio, logging, pathlib,
+# tempfile, the transport's shared types, the safe-path checks): a client's start-up loads
+# none of them (docs/architecture.md §10). The idiom type checkers read as
+# typing.TYPE_CHECKING (PEP 484's constant, never true at run time).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Awaitable, Callable
+    from pathlib import Path
+    from typing import Any, TypeAlias
+
+    from rbroker.transport.base import Handler, Peer, Readiness
 
 # Unix only; on Windows `rbroker.transport` uses pipe_windows (type checkers skip the rest).
 assert sys.platform != "win32", "rbroker.transport.unix is not for Windows"
-
-log = logging.getLogger(__name__)
-
 
 LISTEN_BACKLOG = 1024
 """Connections the kernel queues before the broker accepts them (capped by
@@ -51,6 +49,8 @@ def peer_of(sock: socket.socket) -> Peer:
 
     Linux: SO_PEERCRED; macOS/BSD: LOCAL_PEERPID (pid) and getpeereid (uid).
     """
+    from rbroker.transport.base import Peer
+
     if sys.platform.startswith("linux"):
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, _gid = struct.unpack("3i", creds)
@@ -122,7 +122,9 @@ class UnixServer:
 
     async def _keep_present(self) -> None:
         import asyncio
+        import logging
 
+        log = logging.getLogger(__name__)
         said = False
         while True:
             await asyncio.sleep(WATCH_EVERY_S)
@@ -181,6 +183,10 @@ def bind_in_place(address: str, mode: int, gid: int) -> socket.socket:
     Raises:
         OSError: it cannot be bound, chowned or renamed.
     """
+    import tempfile
+
+    from rbroker_protocol.startup import SOCKET_PATH_MAX_BYTES
+
     directory = os.path.dirname(os.path.abspath(address))
     private = tempfile.mkdtemp(prefix=".rb", dir=directory)  # 0700, before the umask
     temporary = os.path.join(private, "s")
@@ -222,6 +228,10 @@ async def serve_unix(
             user or others can write it.
     """
     import asyncio
+    from pathlib import Path
+
+    from rbroker.transport.base import BrokerAlreadyRunning
+    from rbroker.transport.safe_paths import check_private_path
 
     path = Path(address)
     gid = grp.getgrnam(group).gr_gid if group else -1

@@ -82,6 +82,7 @@ def test_the_chosen_command_is_the_first_word_that_is_no_option_and_names_a_subc
 def test_only_the_chosen_subcommand_gets_its_arguments() -> None:
     parser = build_parser("status")
     sub = next(a for a in parser._actions if a.dest == "command")
-    filled = {name for name, p in sub.choices.items() if len(p._actions) > 1}  # type: ignore[attr-defined]
+    assert isinstance(sub.choices, dict)
+    filled = {name for name, p in sub.choices.items() if len(p._actions) > 1}
     assert filled == {"status"}  # the others hold their -h alone
-    assert list(sub.choices) == NAMES  # type: ignore[attr-defined]
+    assert list(sub.choices) == NAMES
