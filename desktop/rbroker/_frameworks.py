@@ -28,8 +28,11 @@ import contextlib
 import importlib
 import os
 import re
-from collections.abc import Sequence
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING's idiom (PEP 484): no `typing` at run time
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 FRACTION_DIGITS = 6
 """Decimals of a memory fraction: 1 MiB of a 976 GiB GPU is still more than 0."""

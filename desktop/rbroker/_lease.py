@@ -8,15 +8,12 @@ never on the caller's thread, so a CPU-bound main thread cannot starve them.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket as _socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
 
 from rbroker._lease_record import Lease, note_over_grant
 from rbroker.base.cuda import cuda_indices
@@ -29,15 +26,23 @@ from rbroker.base.exceptions import (
     RBrokerError,
     StorageUnavailable,
 )
+from rbroker.base.lazylog import Logger
 from rbroker.client.local import RENEW, Client
-from rbroker_protocol.params import AcquireRequest
-from rbroker_protocol.results import AcquireResult, GrantedGpu
 
-if TYPE_CHECKING:  # loaded by `alease` alone: `rbroker.lease` starts without it
+# `rbroker.lease` starts without asyncio (loaded by `alease` alone), `typing`, `uuid` or the
+# wire's result types (start-up, docs/architecture.md §10); the idiom type checkers read as
+# typing.TYPE_CHECKING (PEP 484's constant, never true at run time).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
     import asyncio
+    from typing import Any, TypeVar
 
-log = logging.getLogger(__name__)
-T = TypeVar("T")
+    from rbroker_protocol.params import AcquireRequest
+    from rbroker_protocol.results import AcquireResult, GrantedGpu
+
+    T = TypeVar("T")
+
+log = Logger(__name__)  # logging.getLogger("rbroker._lease") once it says something
 LEASE_LOST = "rbroker_lease_lost"
 """Attribute set (True) on the log record that says a lease was lost: a caller that tells
 its user itself (`rbroker run`) filters that record out instead of saying it twice."""
@@ -69,6 +74,16 @@ def program_name() -> str:
     elif sys.argv and sys.argv[0] not in ("", "-c", "-"):
         name = os.path.basename(sys.argv[0])
     return (name.strip() or "python")[:_PROGRAM_NAME_MAX]
+
+
+def request_key() -> str:
+    """A new request's key (for the broker to know it again after a reconnect): a random UUID
+    of version 4 in hex, as `uuid.uuid4().hex` writes it (`uuid` is not imported: it loads
+    `platform` and more on a command's start, issue 44)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # the version, 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # the variant, RFC 4122's
+    return raw.hex()
 
 
 def _descriptions(project: str, session: str | None, purpose: str | None) -> tuple[str, str, str]:
@@ -461,7 +476,7 @@ def _acquire(
         "purpose": purpose,
         "ttl_s": ttl_s,
         "adopt": adopt,
-        "request_key": uuid.uuid4().hex,
+        "request_key": request_key(),
     }
     if gpu_uuid is not None:
         params["gpu_uuid"] = gpu_uuid

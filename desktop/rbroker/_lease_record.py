@@ -5,9 +5,8 @@ environment for them, what keeps frameworks inside the grant (`rbroker._framewor
 
 from __future__ import annotations
 
+import reprlib
 import warnings
-from dataclasses import dataclass, field
-from typing import Any
 
 from rbroker._frameworks import FrameworkLimits
 from rbroker.base.cuda import cuda_env
@@ -15,8 +14,11 @@ from rbroker.base.display import fmt_mib
 from rbroker.base.exceptions import OverGrantWarning, RBrokerError
 from rbroker.client.local import Client
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING's idiom (PEP 484): no `typing` at run time
+if TYPE_CHECKING:
+    from typing import Any
 
-@dataclass
+
 class Lease(FrameworkLimits):
     """A granted lease, as the holder sees it.
 
@@ -41,7 +43,34 @@ class Lease(FrameworkLimits):
         over_grant: the numbers of the broker's latest `over_grant` event for this lease
             (None before any): it used more than `granted_mib` for longer than the grace.
         socket: the broker's address, for `resize()`.
+
+    What `@dataclass` would make of these fields, written out (`@dataclass` imports
+    `inspect` and compiles code at run time: a measurable part of `rbroker run`'s start,
+    issue 44): the constructor (every field by position or name; `gpu_total_override` a new
+    list by default), `repr` (without the token, the over-grant error and the socket), `==`
+    field by field between leases, no hash (a lease changes), `__match_args__`.
+    tests/desktop/sdk/test_lease_record.py holds them to the dataclass's.
     """
+
+    __match_args__ = (
+        "lease_id",
+        "gpu_uuid",
+        "gpu_uuids",
+        "granted_mib",
+        "cuda_visible_devices",
+        "info",
+        "token",
+        "lost",
+        "error",
+        "gpu_indices",
+        "gpu_total_mib",
+        "gpu_total_override",
+        "over_grant",
+        "over_grant_error",
+        "socket",
+    )
+    _HIDDEN = frozenset({"token", "over_grant_error", "socket"})  # left out of `repr`
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value: unhashable
 
     lease_id: str
     gpu_uuid: str
@@ -49,15 +78,67 @@ class Lease(FrameworkLimits):
     granted_mib: int
     cuda_visible_devices: str
     info: dict[str, Any]
-    token: str = field(repr=False, default="")
+    token: str = ""
     lost: bool = False
     error: RBrokerError | None = None
     gpu_indices: list[int] | None = None
     gpu_total_mib: list[int] | None = None
-    gpu_total_override: list[str] = field(default_factory=list)
+    gpu_total_override: list[str]
     over_grant: dict[str, Any] | None = None
-    over_grant_error: OverGrantWarning | None = field(repr=False, default=None)
-    socket: str | None = field(repr=False, default=None)
+    over_grant_error: OverGrantWarning | None = None
+    socket: str | None = None
+
+    def __init__(
+        self,
+        lease_id: str,
+        gpu_uuid: str,
+        gpu_uuids: list[str],
+        granted_mib: int,
+        cuda_visible_devices: str,
+        info: dict[str, Any],
+        token: str = "",
+        lost: bool = False,
+        error: RBrokerError | None = None,
+        gpu_indices: list[int] | None = None,
+        gpu_total_mib: list[int] | None = None,
+        gpu_total_override: list[str] | None = None,
+        over_grant: dict[str, Any] | None = None,
+        over_grant_error: OverGrantWarning | None = None,
+        socket: str | None = None,
+    ) -> None:
+        self.lease_id = lease_id
+        self.gpu_uuid = gpu_uuid
+        self.gpu_uuids = gpu_uuids
+        self.granted_mib = granted_mib
+        self.cuda_visible_devices = cuda_visible_devices
+        self.info = info
+        self.token = token
+        self.lost = lost
+        self.error = error
+        self.gpu_indices = gpu_indices
+        self.gpu_total_mib = gpu_total_mib
+        self.gpu_total_override = [] if gpu_total_override is None else gpu_total_override
+        self.over_grant = over_grant
+        self.over_grant_error = over_grant_error
+        self.socket = socket
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__match_args__)
+
+    @reprlib.recursive_repr()
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{name}={getattr(self, name)!r}"
+            for name in self.__match_args__
+            if name not in self._HIDDEN
+        )
+        return f"{self.__class__.__qualname__}({shown})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Lease)
+        return self._values() == other._values()
 
     def cuda_env(self, form: str = "auto") -> dict[str, str]:
         """Environment variables that make this lease's GPUs a process's CUDA devices.

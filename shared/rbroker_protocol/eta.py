@@ -8,8 +8,10 @@ waits for when there is an estimate, why there is none otherwise); the broker's 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING's idiom (PEP 484): no `typing` on a client's start
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 
 def about(seconds: float) -> str:

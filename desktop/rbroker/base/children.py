@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import logging
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
 
-log = logging.getLogger(__name__)
+from rbroker.base.lazylog import Logger
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING's idiom (PEP 484): no `typing` at run time
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+log = Logger(__name__)  # logging.getLogger(__name__) once it says something
 
 if sys.platform == "win32":
     HARD_KILL: int = signal.SIGTERM

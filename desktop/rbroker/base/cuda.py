@@ -18,10 +18,12 @@ Forms (`rbroker run --cuda-devices`, `Lease.cuda_env(form)`):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+TYPE_CHECKING = False  # typing.TYPE_CHECKING's idiom (PEP 484): no `typing` at run time
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import Any, Literal
 
-CudaDevicesForm = Literal["auto", "index", "uuid"]
+    CudaDevicesForm = Literal["auto", "index", "uuid"]
 CUDA_DEVICES_FORMS: tuple[CudaDevicesForm, ...] = ("auto", "index", "uuid")
 
 MIG_PREFIX = "MIG-"

@@ -7,10 +7,30 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
 
-from rbroker.base.when import fmt_duration
+# A command that only writes MiB loads neither `typing` nor the dates and times of
+# `rbroker.base.when` (start-up, docs/architecture.md §10): the idiom type checkers read as
+# typing.TYPE_CHECKING (PEP 484's constant, never true at run time).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any, Protocol
+
+    class CapacityFigures(Protocol):
+        """One GPU's capacity split in MiB, as `rbroker.broker.capacity.Capacity` holds it."""
+
+        @property
+        def total_mib(self) -> int: ...
+        @property
+        def headroom_mib(self) -> int: ...
+        @property
+        def device_used_mib(self) -> int: ...
+        @property
+        def outstanding_mib(self) -> int: ...
+        @property
+        def available_mib(self) -> int: ...
+        @property
+        def booked_mib(self) -> int: ...
 
 
 def fmt_mib(value: int) -> str:
@@ -44,6 +64,8 @@ def idle_words(idle_state: object, idle_s: object) -> str | None:
     where its GPUs' utilization cannot be read, None for an active one (and for a lease from
     a broker older than the idle fields). The words of `rbroker status`, `top` and the tray."""
     if idle_state == "idle" and isinstance(idle_s, int | float) and 0 <= idle_s < math.inf:
+        from rbroker.base.when import fmt_duration
+
         return f"idle {fmt_duration(idle_s)}"
     if idle_state == "unknown":
         return "idle: unknown"
@@ -58,23 +80,6 @@ def short_uuid(uuid: str) -> str:
     """`GPU-3f2a1b…0001`: head and tail of a UUID for messages (full UUIDs stay in the data
     fields); the tail keeps sequentially numbered UUIDs (MIG, simulation) apart."""
     return uuid if len(uuid) <= 16 else uuid[:10] + "…" + uuid[-4:]
-
-
-class CapacityFigures(Protocol):
-    """One GPU's capacity split in MiB, as `rbroker.broker.capacity.Capacity` holds it."""
-
-    @property
-    def total_mib(self) -> int: ...
-    @property
-    def headroom_mib(self) -> int: ...
-    @property
-    def device_used_mib(self) -> int: ...
-    @property
-    def outstanding_mib(self) -> int: ...
-    @property
-    def available_mib(self) -> int: ...
-    @property
-    def booked_mib(self) -> int: ...
 
 
 def explain(uuid: str, cap: CapacityFigures) -> str:

@@ -22,14 +22,10 @@ sent, and errors name the flag (`--mib must be at least 1`).
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import subprocess
 import threading
-from collections.abc import Mapping
-from types import FrameType
-from typing import TYPE_CHECKING, Any
 
 import rbroker
 from rbroker._frameworks import (
@@ -42,16 +38,27 @@ from rbroker._frameworks import (
     substitute,
 )
 from rbroker._lease import LEASE_LOST
+from rbroker._lease import log as lease_log
 from rbroker.base.children import STOP_SIGNALS, forward_signal, spawn
 from rbroker.base.display import AHEAD_SAID, ahead_words, fmt_mib
 from rbroker.cli.exits import unusable_exit
 from rbroker_protocol.eta import eta_words
-from rbroker_protocol.results import BookingView
 
-if TYPE_CHECKING:  # the request's model loads only to word a refusal (start-up, §10)
+# The request's model loads only to word a refusal, rich only to say something, and neither
+# `typing` nor `logging` load at all when all goes well (start-up, docs/architecture.md §10):
+# the idiom type checkers read as typing.TYPE_CHECKING (PEP 484's constant).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import logging
+    from collections.abc import Mapping
+    from types import FrameType
+    from typing import Any
+
     from pydantic import ValidationError
     from rich.console import Console
     from rich.status import Status
+
+    from rbroker_protocol.results import BookingView
 
 EX_USAGE = 2
 EX_TEMPFAIL = 75  # sysexits.h: no room now / within --wait
@@ -297,7 +304,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run `args.cmd` under a lease; returns the exit code described in the module doc."""
     console = StderrConsole()
     # the loss of the lease is said once, by `_wait_noting_loss`, not also by the SDK's log
-    logging.getLogger("rbroker._lease").addFilter(_not_lease_lost)
+    lease_log.addFilter(_not_lease_lost)
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]

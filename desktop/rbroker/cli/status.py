@@ -8,11 +8,11 @@ import argparse
 import json
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import rbroker
 from rbroker.cli.exits import unusable_exit
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING's idiom (PEP 484): no `typing` at run time
 if TYPE_CHECKING:
     from rbroker_protocol.results import BrokerStatus
 

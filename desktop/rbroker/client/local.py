@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import logging
 import os
 import queue
 import socket
@@ -27,6 +26,7 @@ from rbroker.base.exceptions import (
     RBrokerError,
     from_rpc_error,
 )
+from rbroker.base.lazylog import Logger
 from rbroker.client.paths import ENV_SOCKET, FOUND_ENV, FOUND_OPTION, discovery_order
 from rbroker.transport import connect
 from rbroker_protocol import framing
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
         SimSetResult,
     )
 
-log = logging.getLogger(__name__)
+log = Logger(__name__)  # logging.getLogger(__name__) once it says something
 
 if sys.platform != "win32":
     import grp  # here, not when needed: a client dropped to another user may not reach it
