@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
@@ -11,11 +10,16 @@ import sys
 from rbroker.base.version import __version__
 from rbroker.client.paths import socket_option
 
-# no `typing` on the command line's start (issue 44): the idiom type
-# checkers read as typing.TYPE_CHECKING (PEP 484's constant, never true at run time)
+# No `typing` and, for `rbroker run` and `rbroker status` as scripts call them, no argparse on
+# the command line's start (issue 44: `quick_args`): the idiom type checkers read as
+# typing.TYPE_CHECKING (PEP 484's constant, never true at run time).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Callable
+    from typing import TypeAlias
+
+    QuickOption: TypeAlias = tuple[str, Callable[[str], object] | None]
 
 CLIENT_SOCKET_HELP = (
     "the broker's address (default: $RBROKER_SOCKET when set, and only it; else the first "
@@ -40,6 +44,8 @@ def _demo_seconds(text: str) -> float:
     Raises:
         argparse.ArgumentTypeError: anything else, with the bounds (a usage error, exit 2).
     """
+    import argparse
+
     from rbroker.cli.demo import SECONDS_MAX, SECONDS_MIN
 
     try:
@@ -61,6 +67,8 @@ def _whole(text: str, most: int, what: str) -> int:
     Raises:
         argparse.ArgumentTypeError: anything else, with the bounds (a usage error, exit 2).
     """
+    import argparse
+
     raw = text.strip()
     value = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= len(str(most)) else 0
     if not 1 <= value <= most:
@@ -212,6 +220,8 @@ def _top_arguments(t: argparse.ArgumentParser) -> None:
 
 def _run_arguments(r: argparse.ArgumentParser) -> None:
     """`rbroker run`'s arguments."""
+    import argparse
+
     r.description = (
         "Lease GPU memory, run COMMAND with CUDA_VISIBLE_DEVICES set to the "
         "granted GPU(s), release the lease when it exits. By default it does not wait: "
@@ -533,6 +543,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     level's errors show, but empty. Adding every subcommand's arguments (and importing what
     `service` and `tray` take them from) cost about a fifth of `rbroker status --json`'s own
     start (issue 44)."""
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="rbroker", description="GPU memory leases on shared computers."
     )
@@ -555,12 +567,120 @@ def chosen_command(argv: list[str]) -> str | None:
     return word if any(word == name for name, _, _ in SUBCOMMANDS) else None
 
 
+def _cuda_devices_form(text: str) -> str:
+    """`rbroker run --cuda-devices`'s value, one of its choices.
+
+    Raises:
+        ValueError: another (argparse then says which are allowed).
+    """
+    if text not in ("auto", "index", "uuid"):
+        raise ValueError(text)
+    return text
+
+
+QUICK: dict[str, tuple[dict[str, object], dict[str, QuickOption]]] = {
+    "status": (
+        {"socket": None, "json": False, "watch": False},
+        {
+            "--socket": ("socket", socket_option),
+            "--json": ("json", None),
+            "--watch": ("watch", None),
+        },
+    ),
+    "run": (
+        {
+            "socket": None,
+            "mib": None,
+            "gpus": None,
+            "booking": None,
+            "gpu_uuid": None,
+            "project": "default",
+            "session": None,
+            "purpose": None,
+            "wait": 0.0,
+            "ttl": 30.0,
+            "expected": None,
+            "cuda_devices": "auto",
+            "cmd": [],
+        },
+        {
+            "--socket": ("socket", socket_option),
+            "--mib": ("mib", int),
+            "--gpus": ("gpus", int),
+            "--booking": ("booking", str),
+            "--gpu": ("gpu_uuid", str),
+            "--project": ("project", str),
+            "--session": ("session", str),
+            "--purpose": ("purpose", str),
+            "--wait": ("wait", float),
+            "--ttl": ("ttl", float),
+            "--expected": ("expected", float),
+            "--cuda-devices": ("cuda_devices", _cuda_devices_form),
+        },
+    ),
+}
+"""The subcommands `quick_args` reads without argparse: each one's namespace as argparse
+leaves it when no option is given, and its options (the exact option string → the
+attribute it sets and how its value is read; None: a flag that sets True). They must say what
+`build_parser` says: tests/desktop/cli/test_cli_parser.py compares both on many command lines."""
+
+
+def quick_args(argv: list[str]) -> argparse.Namespace | None:
+    """`argv` read as argparse would, without loading argparse (with the gettext, locale and
+    shutil it loads: a measurable part of `rbroker status --json`'s start, issue 44;
+    bench/RESULTS.md), for the plain command lines of `QUICK`'s subcommands:
+    the subcommand first, then its options each written out in full (`--mib 100` or
+    `--mib=100`) with a value that does not start with `-`, then (`rbroker run`) `--` or the
+    command's first word and the rest as the command. None for anything else, and for a
+    value argparse would refuse: argparse then reads `argv` and says what is wrong, as always.
+    The namespace is a `types.SimpleNamespace` with argparse's attributes."""
+    if not argv or argv[0] not in QUICK:
+        return None
+    command = argv[0]
+    defaults, options = QUICK[command]
+    values: dict[str, object] = {"command": command, **defaults}
+    words = iter(range(1, len(argv)))
+    for i in words:
+        word = argv[i]
+        if command == "run" and (word == "--" or not word.startswith("-")):
+            values["cmd"] = argv[i:]  # argparse.REMAINDER: the rest, `--` kept
+            break
+        name, equals, given = word.partition("=")
+        option = options.get(name)
+        if option is None:
+            return None  # -h, an abbreviation, a positional where none is taken, …
+        dest, read = option
+        if read is None:  # a flag
+            if equals:
+                return None
+            values[dest] = True
+            continue
+        if not equals:
+            if i + 1 == len(argv):
+                return None  # no value: argparse says so
+            given = argv[i + 1]
+            next(words, None)
+        if given.startswith("-"):
+            return None  # argparse reads it as an option, or as a negative number
+        try:
+            values[dest] = read(given)
+        except Exception:  # argparse says why, in its words
+            return None
+    if values.get("json") and values.get("watch"):
+        return None  # not allowed together: argparse says so
+    import types
+
+    return types.SimpleNamespace(**values)  # type: ignore[return-value]  # argparse's attributes
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rbroker` console script; returns the exit code (130 after a
     Ctrl-C that the command did not handle itself: never a KeyboardInterrupt traceback)."""
     given = sys.argv[1:] if argv is None else argv
     install = given[:1] == ["broker"] and len(given) > 1 and given[1] in _install_actions()
-    args = None if install else build_parser(chosen_command(given)).parse_args(argv)
+    args = None
+    if not install:
+        args = quick_args(given) or build_parser(chosen_command(given)).parse_args(argv)
     _never_fail_on_output()
     if args is not None and args.command in LOCAL_CLIENTS:
         from rbroker.client.local import use_standard_json

@@ -21,7 +21,6 @@ sent, and errors name the flag (`--mib must be at least 1`).
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -49,6 +48,7 @@ from rbroker_protocol.eta import eta_words
 # the idiom type checkers read as typing.TYPE_CHECKING (PEP 484's constant).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
     import logging
     from collections.abc import Mapping
     from types import FrameType

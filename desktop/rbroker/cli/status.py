@@ -4,7 +4,6 @@ and a warning when the enrollment needs fixing."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Mapping
@@ -14,6 +13,8 @@ from rbroker.cli.exits import unusable_exit
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING's idiom (PEP 484): no `typing` at run time
 if TYPE_CHECKING:
+    import argparse
+
     from rbroker_protocol.results import BrokerStatus
 
 
