@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 
 from rbroker.base.version import __version__
@@ -693,6 +692,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_install(given[1:])
         return _dispatch(args)
     except KeyboardInterrupt:
+        import signal  # its enums are built at import: only for this rare exit
+
         return 128 + signal.SIGINT
     except BrokenPipeError:  # `rbroker bookings | head -1`: the reader left, as for any tool
         _quiet_stdout()

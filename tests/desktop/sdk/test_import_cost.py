@@ -1,7 +1,8 @@
 """What `import rbroker` and the SDK's lease load (issue 44, start-up; docs/architecture.md
 §10): a job that imports rbroker must not pay for asyncio, pydantic, rich, Qt, NVML or the
 broker before it asks for anything, so the import graph is kept from growing back here by
-naming what each step must not load (a fresh interpreter: nothing loaded before)."""
+naming what each step must not load (a fresh interpreter: nothing loaded before). The lease
+alone loads no logging, typing, dataclasses, uuid or orjson either until it is used."""
 
 from __future__ import annotations
 
@@ -59,3 +60,40 @@ def test_every_name_of_the_sdk_resolves_and_unknown_ones_are_attribute_errors() 
         assert "no attribute 'no_such_name'" in str(exc)
     else:
         raise AssertionError("an unknown name must be an AttributeError")
+
+
+LEASE_PROBE = """
+import json, sys
+import rbroker
+rbroker.lease, rbroker.Lease, rbroker.RBrokerError, rbroker.Client
+print(json.dumps(sorted(sys.modules)))
+"""
+
+NOT_FOR_THE_LEASE_ALONE = (
+    *NOT_FOR_A_LEASE,
+    "logging",  # rbroker.base.lazylog: loaded with the first message
+    "typing",
+    "dataclasses",  # rbroker.Lease is written out
+    "inspect",
+    "uuid",  # a request's key from os.urandom
+    "datetime",
+    "pathlib",
+    "platformdirs",
+    "orjson",  # loaded by the first client made, not by the import
+    "rbroker_protocol.errors",  # with the first error read
+    "rbroker_protocol.jsonrpc",
+    "rbroker_protocol.results",
+)
+"""Not loaded by `rbroker.lease` (and `Lease`, the errors, `Client`) before it is used: a job
+that imports the SDK pays for none of these at its start (issue 44)."""
+
+
+@pytest.mark.contract  # a fresh interpreter: nothing loaded before
+def test_the_lease_loads_no_logging_typing_dataclasses_or_orjson_before_it_is_used() -> None:
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", LEASE_PROBE], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout)
+    assert _top(loaded, NOT_FOR_THE_LEASE_ALONE) == []
+    assert "rbroker._lease" in loaded and "rbroker.client.local" in loaded
