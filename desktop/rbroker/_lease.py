@@ -26,7 +26,7 @@ from rbroker.base.exceptions import (
     RBrokerError,
     StorageUnavailable,
 )
-from rbroker.base.lazylog import Logger
+from rbroker.base.lazy import Logger
 from rbroker.client.local import RENEW, Client
 
 # `rbroker.lease` starts without asyncio (loaded by `alease` alone), `typing`, `uuid` or the

@@ -4,8 +4,8 @@ UTF-8 JSON object per line, its messages built and checked, written and read by 
 `rbroker_protocol.jsonrpc` reads and writes the same lines faster with orjson, falling back
 on `encode` and `decode` here for what orjson refuses, so both read the same values and
 give the same errors. A client that sends a few requests and exits uses these instead
-(`rbroker.client.local.use_standard_json`): `json` loads in a fraction of the time orjson
-and what it imports take (start-up, docs/architecture.md §10).
+(`rbroker.base.lazy.quick_start`): `json` loads in a fraction of the time orjson and what it
+imports take (start-up, docs/architecture.md §10).
 """
 
 from __future__ import annotations

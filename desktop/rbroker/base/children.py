@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 
-from rbroker.base.lazylog import Logger
+from rbroker.base.lazy import Logger
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING's idiom (PEP 484): no `typing` at run time
 if TYPE_CHECKING:

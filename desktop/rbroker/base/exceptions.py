@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import functools
 
+from rbroker.base.lazy import is_quick
+
 # The wire's error codes load with the first error read (`from_rpc_error`): a command that
 # meets none starts without them, and without `typing` (docs/architecture.md §10); the idiom
 # type checkers read as typing.TYPE_CHECKING (PEP 484's constant, never true at run time).
@@ -248,6 +250,10 @@ def _classes_by_code() -> dict[ErrorCode, type[RBrokerError]]:
         ErrorCode.BOOKING_NOT_STARTED: BookingNotClaimable,
         ErrorCode.BOOKING_ENDED: BookingNotClaimable,
     }
+
+
+if not is_quick():  # a job, the tray: the codes loaded now (rbroker.base.lazy)
+    _classes_by_code()
 
 
 def from_rpc_error(err: RpcError) -> RBrokerError:

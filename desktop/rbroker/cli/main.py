@@ -529,10 +529,11 @@ adds its own description and arguments."""
 
 
 LOCAL_CLIENTS = ("status", "top", "run", "release", "book", "bookings", "watch", "audit", "jobs")
-"""The subcommands that talk to the local broker as its clients: they read and write its
-messages with the standard library's `json` (`rbroker.client.local.use_standard_json`), whose
-import costs less than orjson's, and a command's few messages do not make that up (issue 44).
-The broker, the tray and the demo keep orjson."""
+"""The subcommands that talk to the local broker as its clients, briefly: a quick start
+(`rbroker.base.lazy.quick_start`): what only some calls need loads on first use, and their
+messages go through the standard library's json, whose import costs less than orjson's,
+which a command's few messages do not make up (issue 44). The broker, the tray and the demo
+load as jobs do."""
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -682,9 +683,9 @@ def main(argv: list[str] | None = None) -> int:
         args = quick_args(given) or build_parser(chosen_command(given)).parse_args(argv)
     _never_fail_on_output()
     if args is not None and args.command in LOCAL_CLIENTS:
-        from rbroker.client.local import use_standard_json
+        from rbroker.base.lazy import quick_start
 
-        use_standard_json()
+        quick_start()
     try:
         if args is None:  # `rbroker broker install-system`: a parser of its own
             from rbroker.cli.install_system import run as run_install

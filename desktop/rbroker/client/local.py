@@ -26,16 +26,16 @@ from rbroker.base.exceptions import (
     RBrokerError,
     from_rpc_error,
 )
-from rbroker.base.lazylog import Logger
+from rbroker.base.lazy import Logger, is_quick
 from rbroker.client.paths import ENV_SOCKET, FOUND_ENV, FOUND_OPTION, discovery_order
 from rbroker.transport import connect
 from rbroker_protocol import framing
 from rbroker_protocol.versions import PROTOCOL_VERSION
 
-# What a call that goes well needs is all a client loads (start-up, docs/architecture.md §10):
-# the wire's error codes load with the first error read, orjson with the first client that
-# uses it (`use_standard_json`), the result types are for type checkers alone; no `typing`
-# either: the idiom type checkers read as typing.TYPE_CHECKING (PEP 484's constant).
+# In a quick start (`rbroker.base.lazy`: a short command-line client) what a call that goes
+# well needs is all a client loads (start-up, docs/architecture.md §10): the wire's error
+# codes load with the first error read, no orjson; the result types are for type checkers
+# alone, and no `typing` either: the idiom type checkers read as typing.TYPE_CHECKING.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -69,7 +69,11 @@ if TYPE_CHECKING:
         SimSetResult,
     )
 
-log = Logger(__name__)  # logging.getLogger(__name__) once it says something
+log = Logger(__name__)  # logging.getLogger(__name__) (in a quick start: once it says something)
+
+if not is_quick():  # a job, the tray: loaded with the client (rbroker.base.lazy)
+    import rbroker_protocol.errors
+    import rbroker_protocol.jsonrpc  # noqa: F401 - for `_codec`
 
 if sys.platform != "win32":
     import grp  # here, not when needed: a client dropped to another user may not reach it
@@ -78,25 +82,16 @@ if sys.platform != "win32":
 RENEW = "lease.renew"
 """The method name `on_failed` gets for a refused pipelined renewal (`Client.renew_nowait`)."""
 
-_standard_json = False
-
-
-def use_standard_json() -> None:
-    """Write this process's requests and read the broker's answers with the standard
-    library's `json` (`rbroker_protocol.framing`) instead of orjson (`rbroker_protocol.
-    jsonrpc`), in every client made from now on. Both read the same values and give the
-    same errors (jsonrpc's contract); orjson is faster per message, `json` loads faster: for
-    a command that sends a few requests and exits (`rbroker run`, `rbroker status`), orjson
-    and the modules it imports (dataclasses, inspect, uuid, datetime) cost more than all its
-    messages (start-up, docs/architecture.md §10). Jobs and the tray keep orjson."""
-    global _standard_json
-    _standard_json = True
-
 
 def _codec() -> tuple[Callable[[dict[str, Any]], bytes], Callable[[bytes], Any]]:
-    """`(encode, decode)` of a new client: orjson's (loaded now, on the first use), or the
-    standard library's after `use_standard_json()`."""
-    if _standard_json:
+    """`(encode, decode)` of a new client: orjson's (`rbroker_protocol.jsonrpc`), or in a
+    quick start (`rbroker.base.lazy.quick_start`, a short command-line client) the standard
+    library's (`rbroker_protocol.framing`). Both read the same values and give the same
+    errors (jsonrpc's contract); orjson is faster per message, json loads faster: for a
+    command that sends a few requests and exits, orjson and the modules it imports
+    (dataclasses, inspect, uuid, datetime) cost more than all its messages (start-up,
+    docs/architecture.md §10)."""
+    if is_quick():
         return framing.encode, framing.decode
     from rbroker_protocol import jsonrpc
 

@@ -1,13 +1,14 @@
-"""A client on the standard library's json (`use_standard_json`, what the short command-line
-clients use to start faster; issue 44) talks to a broker as one on orjson does: the same
-answers, the same typed errors, a lease granted, renewed (pipelined) and released."""
+"""A client on the standard library's json (in a quick start, `rbroker.base.lazy.quick_start`:
+what the short command-line clients use to start faster; issue 44) talks to a broker as one
+on orjson does: the same answers, the same typed errors, a lease granted, renewed
+(pipelined) and released."""
 
 from __future__ import annotations
 
 import pytest
 
 import rbroker
-from rbroker.client import local
+from rbroker.base import lazy
 from rbroker_protocol import framing, jsonrpc
 from rbroker_protocol.params import AcquireRequest
 from tests.conftest import BrokerProcess
@@ -26,8 +27,8 @@ def test_a_client_made_after_the_switch_uses_the_standard_library(
 ) -> None:
     with broker.client() as fast:
         assert (fast._encode, fast._decode) == (jsonrpc.encode, jsonrpc.decode)
-    monkeypatch.setattr(local, "_standard_json", False)  # restored after the test
-    local.use_standard_json()
+    monkeypatch.setattr(lazy, "_quick", False)  # restored after the test
+    lazy.quick_start()
     with broker.client() as plain:
         assert (plain._encode, plain._decode) == (framing.encode, framing.decode)
 
@@ -47,7 +48,7 @@ def test_the_standard_librarys_client_reads_what_orjsons_reads(
     with broker.client() as fast:
         held = fast.acquire(ACQUIRE)["lease"]  # held while both read
         expected = seen(fast)
-        monkeypatch.setattr(local, "_standard_json", True)
+        monkeypatch.setattr(lazy, "_quick", True)
         with broker.client() as plain:
             assert seen(plain) == expected
             assert expected[1] == [(held["lease_id"], 512, "standard json")]

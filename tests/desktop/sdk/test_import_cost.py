@@ -1,8 +1,9 @@
 """What `import rbroker` and the SDK's lease load (issue 44, start-up; docs/architecture.md
 §10): a job that imports rbroker must not pay for asyncio, pydantic, rich, Qt, NVML or the
 broker before it asks for anything, so the import graph is kept from growing back here by
-naming what each step must not load (a fresh interpreter: nothing loaded before). The lease
-alone loads no logging, typing, dataclasses, uuid or orjson either until it is used."""
+naming what each step must not load (a fresh interpreter: nothing loaded before). In a quick
+start (a short command-line client) the lease loads no logging, typing, dataclasses, uuid or
+orjson either; in a job it loads what its calls may need with itself."""
 
 from __future__ import annotations
 
@@ -65,13 +66,20 @@ def test_every_name_of_the_sdk_resolves_and_unknown_ones_are_attribute_errors() 
 LEASE_PROBE = """
 import json, sys
 import rbroker
+if sys.argv[1] == "quick":
+    import rbroker.base.lazy
+    rbroker.base.lazy.quick_start()
 rbroker.lease, rbroker.Lease, rbroker.RBrokerError, rbroker.Client
 print(json.dumps(sorted(sys.modules)))
 """
 
-NOT_FOR_THE_LEASE_ALONE = (
+LOADED_WITH_THE_LEASE = ("logging", "orjson", "rbroker_protocol.errors", "rbroker_protocol.jsonrpc")
+"""What the SDK's lease loads with itself in a job (no quick start) though only some calls
+use it: a job that imports the SDK and then drops its privileges imports nothing after."""
+
+NOT_IN_A_QUICK_START = (
     *NOT_FOR_A_LEASE,
-    "logging",  # rbroker.base.lazylog: loaded with the first message
+    *LOADED_WITH_THE_LEASE,  # on first use there
     "typing",
     "dataclasses",  # rbroker.Lease is written out
     "inspect",
@@ -79,21 +87,25 @@ NOT_FOR_THE_LEASE_ALONE = (
     "datetime",
     "pathlib",
     "platformdirs",
-    "orjson",  # loaded by the first client made, not by the import
-    "rbroker_protocol.errors",  # with the first error read
-    "rbroker_protocol.jsonrpc",
     "rbroker_protocol.results",
 )
-"""Not loaded by `rbroker.lease` (and `Lease`, the errors, `Client`) before it is used: a job
-that imports the SDK pays for none of these at its start (issue 44)."""
+"""Not loaded by `rbroker.lease` (and `Lease`, the errors, `Client`) in a quick start, as the
+short command-line clients make it (`rbroker.base.lazy`, issue 44)."""
+
+
+def _loaded(mode: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", LEASE_PROBE, mode], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    loaded: list[str] = json.loads(done.stdout)
+    assert "rbroker._lease" in loaded and "rbroker.client.local" in loaded
+    return loaded
 
 
 @pytest.mark.contract  # a fresh interpreter: nothing loaded before
-def test_the_lease_loads_no_logging_typing_dataclasses_or_orjson_before_it_is_used() -> None:
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", LEASE_PROBE], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    loaded = json.loads(done.stdout)
-    assert _top(loaded, NOT_FOR_THE_LEASE_ALONE) == []
-    assert "rbroker._lease" in loaded and "rbroker.client.local" in loaded
+def test_a_jobs_lease_loads_what_its_calls_need_and_a_quick_start_does_not() -> None:
+    job = _loaded("job")
+    assert [m for m in LOADED_WITH_THE_LEASE if m not in job] == []
+    assert _top(job, NOT_FOR_A_LEASE) == []
+    assert _top(_loaded("quick"), NOT_IN_A_QUICK_START) == []

@@ -1,9 +1,19 @@
-"""A module's logger that loads `logging` with its first message (start-up, docs/architecture.md
-§10, issue 44): the SDK, the client and `rbroker run` log only when something goes wrong, yet
-importing `logging` (with traceback, linecache, tokenize, string and weakref) is a measurable
-part of a short command's start (bench/RESULTS.md, start-up). What is logged goes through
-`logging` as before: the real logger of the same name (`logging.getLogger(name)`), with its
-levels, handlers and filters, and the caller's file and line on each record.
+"""Loading on first use in a short command-line client (start-up, docs/architecture.md §10,
+issue 44).
+
+A command that sends the local broker a few requests and exits (`rbroker run`, `rbroker
+status`, …) calls `quick_start()` before it imports the client: the client and the SDK then
+load what only some calls need (logging, the wire's error codes) when a call first needs
+it, and frame their messages with the standard library's json instead of orjson (which,
+with the dataclasses, inspect, uuid and datetime it imports, costs more to load than a few
+messages save). Any other process (a job with the SDK, the tray, the broker) loads all of it
+with the modules that use it, as before `quick_start` existed: a process that imports the SDK
+and then drops its privileges, or can no longer read its interpreter's directory, imports
+nothing afterwards.
+
+`Logger` is a module's logger on these terms: in a quick start it loads `logging` with its
+first message; what is logged goes through `logging` as always (the real logger of the same
+name, its levels, handlers and filters, the caller's file and line on each record).
 """
 
 from __future__ import annotations
@@ -14,10 +24,27 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+_quick = False
+
+
+def quick_start() -> None:
+    """This process is a short command-line client: from now on, modules load on first use
+    and new clients frame messages with the standard library's json (the module doc). Call it
+    before importing `rbroker.client.local` and the SDK's modules."""
+    global _quick
+    _quick = True
+
+
+def is_quick() -> bool:
+    """Whether `quick_start()` was called in this process."""
+    return _quick
+
+
 class Logger:
-    """`logging.getLogger(name)` made on the first message (or `real`); the methods a module
-    logs with pass their arguments on unchanged. Two threads that log first at once get the
-    same logger; add filters before the threads start."""
+    """`logging.getLogger(name)`, made with this object unless in a quick start, where the
+    first message (or `real`) makes it; the methods a module logs with pass their arguments
+    on unchanged. Two threads that log first at once get the same logger; add filters before
+    the threads start."""
 
     __slots__ = ("_filters", "_real", "name")
 
@@ -25,6 +52,8 @@ class Logger:
         self.name = name
         self._real: logging.Logger | None = None
         self._filters: list[Any] = []
+        if not _quick:
+            self.real  # noqa: B018 - made now: nothing is imported after the process starts
 
     @property
     def real(self) -> logging.Logger:

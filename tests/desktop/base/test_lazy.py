@@ -1,6 +1,7 @@
-"""`rbroker.base.lazylog.Logger` logs through `logging` as `logging.getLogger(name)` does, once
-it says something: the same logger, the caller's place on each record, filters added before
-the first message kept, an exception's traceback with `exception`."""
+"""`rbroker.base.lazy.Logger` logs through `logging` as `logging.getLogger(name)` does: the
+same logger, the caller's place on each record, filters added before the first message kept,
+an exception's traceback with `exception`; made with the object, or in a quick start (a short
+command-line client) with the first message."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import logging
 
 import pytest
 
-from rbroker.base.lazylog import Logger
+from rbroker.base import lazy
+from rbroker.base.lazy import Logger
 
 NAME = "rbroker.tests.lazylog"
 
@@ -59,3 +61,18 @@ def test_exception_logs_the_traceback(caplog: pytest.LogCaptureFixture) -> None:
     assert record.getMessage() == "event hook failed" and record.levelname == "ERROR"
     assert record.exc_info is not None and record.exc_info[0] is ValueError
     assert record.funcName == "test_exception_logs_the_traceback"
+
+
+def test_in_a_quick_start_the_logger_is_made_by_the_first_message(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert Logger(NAME + ".eager")._real is not None  # a job: made now
+    monkeypatch.setattr(lazy, "_quick", False)  # restored after the test
+    lazy.quick_start()
+    assert lazy.is_quick()
+    log = Logger(NAME + ".quick")
+    assert log._real is None
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        log.warning("now")
+    assert log._real is logging.getLogger(log.name)
+    assert [r.getMessage() for r in caplog.records] == ["now"]
