@@ -66,8 +66,8 @@ def test_exception_logs_the_traceback(caplog: pytest.LogCaptureFixture) -> None:
 def test_in_a_quick_start_the_logger_is_made_by_the_first_message(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    assert Logger(NAME + ".eager")._real is not None  # a job: made now
-    monkeypatch.setattr(lazy, "_quick", False)  # restored after the test
+    monkeypatch.setattr(lazy, "_quick", False)  # a job (restored after the test)
+    assert Logger(NAME + ".eager")._real is not None  # made now
     lazy.quick_start()
     assert lazy.is_quick()
     log = Logger(NAME + ".quick")
