@@ -45,6 +45,7 @@ burn the CPU they measure, and the suite runs beside them."""
         ("bookings.py", ["--cycles", "50", "--bookings", "100"]),
         ("idle_sampling.py", []),
         ("startup.py", []),
+        ("tray_idle.py", ["--seconds", "1"]),
     ],
 )
 def test_benchmark_runs_quick(script: str, extra: list[str]) -> None:
@@ -53,6 +54,10 @@ def test_benchmark_runs_quick(script: str, extra: list[str]) -> None:
         and importlib.util.find_spec("litestar") is None
     ):
         pytest.skip("the coordinator benchmark needs rbroker[server]")
+    if script == "tray_idle.py" and not all(
+        importlib.util.find_spec(m) for m in ("litestar", "PySide6")
+    ):
+        pytest.skip("the tray benchmark needs rbroker[desktop] and rbroker[server]")
     if "wrk" in extra and shutil.which("wrk") is None:
         pytest.skip("wrk is not installed (apt-get install wrk; .ci/run installs it)")
     done = subprocess.run(
