@@ -386,7 +386,8 @@ def write(conn: Connection, w: Write, names: UsageNames | None = None) -> Outcom
         }
         conn.execute(st.insert_history(dialect), point)
     if w.usage:
-        usage = (names or UsageNames(w.usage_names_per_day)).bounded(conn, w.usage)
+        bound = names if names is not None else UsageNames(w.usage_names_per_day)
+        usage = bound.bounded(conn, w.usage)
         conn.execute(st.add_usage(dialect), usage)
     return "applied"
 
@@ -452,6 +453,7 @@ def _write_group(conn: Connection, group: list[Write], names: UsageNames | None)
             st.prepared(conn, st.insert_history(dialect), st.HISTORY_KEYS).executemany(conn, points)
         usage = [row for w in group for row in w.usage]
         if usage:
-            usage = (names or UsageNames(group[0].usage_names_per_day)).bounded(conn, usage)
+            bound = names if names is not None else UsageNames(group[0].usage_names_per_day)
+            usage = bound.bounded(conn, usage)
             st.prepared(conn, st.add_usage(dialect), st.USAGE_KEYS).executemany(conn, usage)
     return True
