@@ -23,7 +23,14 @@ from rbroker_protocol.reports import ReportPayload
 from rbroker_protocol.signing import Envelope, EnvelopeError, parse_envelope, verify_report
 from rbroker_server.reports import statements as st
 from rbroker_server.reports.cache import ComputerView
-from rbroker_server.reports.redact import checked_name, checked_text, redacted_state
+from rbroker_server.reports.payload import Payload
+from rbroker_server.reports.payload import read as read_payload
+from rbroker_server.reports.redact import (
+    checked_name,
+    checked_text,
+    redacted_lists,
+    redacted_state,
+)
 from rbroker_server.reports.schema import AckCode, ReportAck
 from rbroker_server.settings import USAGE_NAMES_PER_DAY, Settings
 from rbroker_server.usage.bound import UsageNames
@@ -129,11 +136,12 @@ def not_applied(
 
 @dataclass(frozen=True, slots=True)
 class Checked:
-    """An authentic report whose payload fits the schema: its envelope, payload, redacted
-    state, flags and the values every write of it binds (`v_<column>`)."""
+    """An authentic report whose payload fits the schema: its envelope, payload (read by
+    `payload.read`, or by pydantic where that does not take it: the same attributes),
+    redacted state, flags and the values every write of it binds (`v_<column>`)."""
 
     env: Envelope
-    report: ReportPayload
+    report: ReportPayload | Payload
     state: dict[str, Any]
     flags: list[dict[str, str]]
     values: dict[str, Any]
@@ -225,20 +233,14 @@ def decode(env: Envelope, payload: bytes, now: datetime) -> Checked:
             envelope's; PayloadNestedTooDeeply: nested deeper than pydantic's JSON parser
             reads (200 levels).
     """
-    try:
-        report = ReportPayload.from_bytes(payload)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        if error["type"] == "json_invalid" and "recursion limit" in error["msg"]:
-            raise PayloadNestedTooDeeply("report payload nested too deeply") from exc
-        first = ".".join(str(p) for p in error["loc"])
-        raise ReportInvalid(
-            f"payload does not fit the report schema ({exc.error_count()} errors, "
-            f"first at {first or 'top level'})"
-        ) from exc
+    fast = read_payload(payload)
+    if fast is not None:
+        report: ReportPayload | Payload = fast[0]
+        state, flags = redacted_lists(report, fast[1])
+    else:
+        report, (state, flags) = _pydantic_decode(payload)
     if report.run_id != env.run_id:
         raise ReportInvalid("payload run_id differs from the envelope's")
-    state, flags = redacted_state(report)
     name, name_flag = checked_name(report.computer_name)
     text, text_flags = checked_text(report)
     flags[:0] = ([name_flag] if name_flag else []) + text_flags
@@ -261,6 +263,29 @@ def decode(env: Envelope, payload: bytes, now: datetime) -> Checked:
             ", ".join(f"{f['field']} ({f['rule']})" for f in flags),
         )
     return Checked(env, report, state, flags, values)
+
+
+def _pydantic_decode(
+    payload: bytes,
+) -> tuple[ReportPayload, tuple[dict[str, Any], list[dict[str, str]]]]:
+    """`ReportPayload.from_bytes` of what `payload.read` does not take (it judges every
+    refusal), with its redacted state and flags.
+
+    Raises:
+        ReportInvalid, PayloadNestedTooDeeply: as `decode`.
+    """
+    try:
+        report = ReportPayload.from_bytes(payload)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        if error["type"] == "json_invalid" and "recursion limit" in error["msg"]:
+            raise PayloadNestedTooDeeply("report payload nested too deeply") from exc
+        first = ".".join(str(p) for p in error["loc"])
+        raise ReportInvalid(
+            f"payload does not fit the report schema ({exc.error_count()} errors, "
+            f"first at {first or 'top level'})"
+        ) from exc
+    return report, redacted_state(report)
 
 
 def plan(
@@ -386,7 +411,8 @@ def write(conn: Connection, w: Write, names: UsageNames | None = None) -> Outcom
         }
         conn.execute(st.insert_history(dialect), point)
     if w.usage:
-        usage = (names or UsageNames(w.usage_names_per_day)).bounded(conn, w.usage)
+        bound = names if names is not None else UsageNames(w.usage_names_per_day)
+        usage = bound.bounded(conn, w.usage)
         conn.execute(st.add_usage(dialect), usage)
     return "applied"
 
@@ -452,6 +478,7 @@ def _write_group(conn: Connection, group: list[Write], names: UsageNames | None)
             st.prepared(conn, st.insert_history(dialect), st.HISTORY_KEYS).executemany(conn, points)
         usage = [row for w in group for row in w.usage]
         if usage:
-            usage = (names or UsageNames(group[0].usage_names_per_day)).bounded(conn, usage)
+            bound = names if names is not None else UsageNames(group[0].usage_names_per_day)
+            usage = bound.bounded(conn, usage)
             st.prepared(conn, st.add_usage(dialect), st.USAGE_KEYS).executemany(conn, usage)
     return True
