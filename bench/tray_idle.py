@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         target = TARGET_IDLE_PCT if kind.startswith("0 leases") else TARGET_BUSY_PCT
         report.add(
             f"tray CPU, {kind}",
-            f"{pct(median(s.tray))} of one core ({spread(s.tray, pct)})",
+            f"{spread(s.tray, pct)} of one core",
             f"broker beside it {pct(median(s.broker))}",
             "—",
             f"≤ {target:g} %",

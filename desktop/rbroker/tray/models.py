@@ -92,6 +92,18 @@ REQUEST_COLUMNS: tuple[Column[Mapping[str, Any]], ...] = (
 (the description fields of `lease.acquire`)."""
 
 
+def runs(indices: Sequence[int]) -> list[tuple[int, int]]:
+    """Ascending `indices` as runs of consecutive ones, (first, last) inclusive:
+    [1, 2, 3, 7, 9, 10] → [(1, 3), (7, 7), (9, 10)]."""
+    out: list[tuple[int, int]] = []
+    for i in indices:
+        if out and out[-1][1] == i - 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return out
+
+
 class RecordTableModel(QAbstractTableModel, Generic[R]):
     """A read-only table of records (dicts of type `R`) with a fixed column list."""
 
@@ -118,9 +130,14 @@ class RecordTableModel(QAbstractTableModel, Generic[R]):
             old = self._rows
             self._rows = new
             last = len(self.columns) - 1
-            for i, (a, b) in enumerate(zip(old, new, strict=True)):
-                if a != b or self._time_dependent:
-                    self.dataChanged.emit(self.index(i, 0), self.index(i, last))
+            if self._time_dependent:  # every row's ages moved: one signal for all of them
+                self.dataChanged.emit(self.index(0, 0), self.index(len(new) - 1, last))
+                return
+            # one signal per run of changed rows: a view handles each signal on its own
+            # (issue 44: a signal per row of 50 leases was most of a shown tray's CPU)
+            changed = [i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b]
+            for first, end in runs(changed):
+                self.dataChanged.emit(self.index(first, 0), self.index(end, last))
             return
         self.beginResetModel()
         self._rows = new
