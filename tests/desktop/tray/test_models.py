@@ -19,6 +19,7 @@ from rbroker.tray.models import (
     JobsModel,
     LeasesModel,
     QueueModel,
+    changed_box,
     runs,
 )
 
@@ -223,11 +224,34 @@ def test_changed_rows_are_announced_in_runs_and_moved_ages_in_one_signal() -> No
     assert seen == [(0, 0, 1, last), (3, 0, 3, last)]
     assert cell(jobs, 3, JobsModel.DONE) == cell(jobs, 1, JobsModel.DONE)
 
-    leases = LeasesModel()  # its ages move with the clock: every row, in one signal
+    leases = LeasesModel()  # its ages move with the clock: one signal around what moved
     leases.set_rows(LEASES, NOW)
     seen = changes(leases)
+    leases.set_rows(copy.deepcopy(LEASES), NOW)
+    assert seen == []
     leases.set_rows(copy.deepcopy(LEASES), NOW + 5)
-    assert seen == [(0, 0, len(LEASES) - 1, leases.columnCount() - 1)]
+    age, n = LeasesModel.AGE, len(LEASES)
+    assert seen == [(0, age, n - 1, age)]
+    renewed = copy.deepcopy(LEASES)
+    renewed[-1]["expires_in_s"] = 3.0
+    renewed[0]["observed_mib"] = {GPU0: 1}  # the MiB cell's tool tip
+    seen.clear()
+    leases.set_rows(renewed, NOW + 5)
+    assert seen == [(0, LeasesModel.MIB, n - 1, LeasesModel.EXPIRES)]
+    assert cell(leases, n - 1, LeasesModel.EXPIRES) == "3 s"
+    seen.clear()
+    leases.set_gpu_labels({GPU0: "GPU 7"})  # every cell, then the next change only
+    assert seen == [(0, 0, n - 1, leases.columnCount() - 1)]
+    seen.clear()
+    leases.set_rows(renewed, NOW + 5)
+    assert seen == []
+
+
+def test_changed_box() -> None:
+    assert changed_box([], []) is None
+    assert changed_box([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]]) is None
+    assert changed_box([[1, 2, 3], [4, 5, 6]], [[1, 0, 3], [4, 5, 6]]) == ((0, 1), (0, 1))
+    assert changed_box([[1, 2, 3], [4, 5, 6]], [[1, 2, 0], [0, 5, 6]]) == ((0, 0), (1, 2))
 
 
 def test_queue_model_shows_the_reason_with_gpu_names() -> None:
