@@ -625,7 +625,21 @@ class Broker:
     def _admit(self) -> None:
         """One atomic admission pass over the queue (see `admission`); a `queue` event for
         each waiter whose reason the pass changed (what the views show of it: with capacity
-        told only on a change, the tray and `rbroker watch` hear of a new reason so)."""
+        told only on a change, the tray and `rbroker watch` hear of a new reason so).
+
+        A queue of one request (an uncontended acquire, the usual case) that the pass would
+        grant is granted by `Admission.grant_at_once`, the pass's own decision read from that
+        request's GPUs alone, without the pass's bookkeeping (issue 44: a cycle's acquire
+        spent about 15 µs of its 58 µs there); one that waits goes through the pass, which
+        gives its reason."""
+        queue = self.waiting.waiters
+        if len(queue) == 1 and not queue[0].future.done():
+            waiter, now = queue[0], self.clock.monotonic()
+            chosen = self.admission.grant_at_once(waiter, self.paused, now)
+            if chosen:
+                self._grant_hook(waiter, chosen, now)
+                self.news.changed()
+                return
         said = {id(w): w.reason for w in self.waiting.waiters}
         self.admission.run(self.waiting, self.paused, self._grant_hook, self.emit)
         for w in self.waiting.waiters:
