@@ -419,7 +419,7 @@ class Broker:
             self.lessor.update_observed(slot)
             grace = self.config.over_grant_grace_s
             overgrant.watch(
-                self.lessor.observed_on(slot.uuid), self.clock.monotonic(), grace, self.emit
+                self.lessor.over_watch_on(slot.uuid), self.clock.monotonic(), grace, self.emit
             )
         self.idle.sampled(slot, ok)
         seen = self._capacity_seen(slot)
