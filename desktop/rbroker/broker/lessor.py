@@ -9,7 +9,10 @@ Memory attribution (docs/architecture.md §2): a sample's memory of a holder's p
 leases on that GPU in grant order (a lease granted after the sample began gets only its
 claim); what a lease was granted but does not use is *outstanding*; an ended lease's stays
 booked (*unconfirmed*) until a sample that started after the end (the release rule). Costs
-are flat in the number of leases: indexes and running sums.
+are flat in the number of leases: indexes and running sums. A sample reads each holder's
+tree once (one walk of the listed processes, `_trees`) and keeps a holder's leases' shares
+while the same memory is shared among the same leases (`_observe`): with nothing changed it
+costs O(listed processes + holders), not O(leases).
 
 Nested holders: a process's memory belongs to exactly one holder per GPU, the nearest in
 its own chain (the process itself if it holds a lease there, else its closest ancestor that
