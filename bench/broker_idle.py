@@ -205,9 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     def pct(v: float) -> str:
         return f"{v:.2f} %"
 
+    def cell(values: list[float]) -> str:
+        """The median, with the spread when there are several rounds."""
+        more = f" ({spread(values, pct)})" if len(values) > 1 else ""
+        return f"{pct(median(values))} of one core{more}"
+
     report.add(
         "idle broker CPU, no lease (floor)",
-        f"{pct(median(idles))} of one core ({spread(idles, pct)})",
+        cell(idles),
         "—",
         "—",
         f"≤ {TARGET_IDLE_PCT} %",
@@ -215,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     report.add(
         f"broker CPU, {total:,} leases held, no lease traffic",
-        f"{pct(median(helds))} of one core ({spread(helds, pct)})",
+        cell(helds),
         f"no lease {pct(median(idles))}",
         f"+{median(helds) - median(idles):.2f} points",
         f"≤ {TARGET_LEASES_PCT} %",
