@@ -206,9 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         return f"{v:.2f} %"
 
     def cell(values: list[float]) -> str:
-        """The median, with the spread when there are several rounds."""
-        more = f" ({spread(values, pct)})" if len(values) > 1 else ""
-        return f"{pct(median(values))} of one core{more}"
+        """The median, with the range and count when there are several rounds."""
+        return f"{spread(values, pct)} of one core"
 
     report.add(
         "idle broker CPU, no lease (floor)",
