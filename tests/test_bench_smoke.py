@@ -35,6 +35,7 @@ burn the CPU they measure, and the suite runs beside them."""
         # the OS's 10 ms ticks, was sometimes 0 and the ratios against it a division by zero
         ("scaling.py", ["--cycles", "100"]),
         ("heartbeats.py", ["--seconds", "1"]),
+        ("broker_idle.py", ["--seconds", "1"]),
         ("crash_release.py", ["--repeat", "3"]),
         ("coordinator.py", ["--no-pg", "--generator", "wrk", *COORDINATOR_SMALL]),
         ("coordinator.py", ["--no-pg", "--generator", "httpx", *COORDINATOR_SMALL]),
