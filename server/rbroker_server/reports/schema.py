@@ -4,7 +4,7 @@
 `Ack` is the answer as the ingest makes it: a msgspec struct with `ReportAck`'s fields in
 its order, with its defaults, so that its JSON is the bytes of `ReportAck`'s
 `model_dump_json` (a test holds them equal) without pydantic's validation and dump on the
-hot path (about 3 % of the event loop's time under report load, bench/RESULTS.md).
+hot path (2–3 % of the GIL's time under report load, bench/RESULTS.md).
 """
 
 from __future__ import annotations
