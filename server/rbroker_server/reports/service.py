@@ -31,7 +31,7 @@ from rbroker_server.reports.redact import (
     redacted_lists,
     redacted_state,
 )
-from rbroker_server.reports.schema import AckCode, ReportAck
+from rbroker_server.reports.schema import Ack, AckCode
 from rbroker_server.settings import USAGE_NAMES_PER_DAY, Settings
 from rbroker_server.usage.bound import UsageNames
 from rbroker_server.usage.rollup import usage_rows
@@ -121,9 +121,9 @@ view)."""
 
 def not_applied(
     env: Envelope, code: AckCode, reason: str, current_run_counter: int | None = None
-) -> ReportAck:
+) -> Ack:
     """The answer to an authentic report that is acknowledged but not applied."""
-    return ReportAck(
+    return Ack(
         applied=False,
         code=code,
         reason=reason,
@@ -168,10 +168,10 @@ class Write:
     def __call__(self, conn: Connection) -> Outcome:
         return write(conn, self)
 
-    def answer(self) -> ReportAck:
+    def answer(self) -> Ack:
         """The answer once applied."""
         env = self.checked.env
-        return ReportAck(
+        return Ack(
             applied=True,
             code="new_run" if self.new_run else "applied",
             reason="applied (new run)" if self.new_run else "applied",
@@ -288,9 +288,7 @@ def _pydantic_decode(
     return report, redacted_state(report)
 
 
-def plan(
-    checked: Checked, view: ComputerView, now: datetime, settings: Settings
-) -> Write | ReportAck:
+def plan(checked: Checked, view: ComputerView, now: datetime, settings: Settings) -> Write | Ack:
     """What to write for `checked`, judged by `view` (the computer's row, or a cached
     copy): a `Write`, or the answer of a report not to apply (`not_newer`,
     `run_outdated`). The write's conditional UPDATE checks again whatever it relied on."""
