@@ -14,7 +14,15 @@ import time
 
 from _common import BENCH_DIR, append_results, loadavg, machine_line, now_utc, parser
 
-BENCHMARKS = ("lease_cycle", "scaling", "heartbeats", "crash_release", "coordinator", "abuse")
+BENCHMARKS = (
+    "lease_cycle",
+    "scaling",
+    "heartbeats",
+    "broker_idle",
+    "crash_release",
+    "coordinator",
+    "abuse",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

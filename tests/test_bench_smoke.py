@@ -35,6 +35,7 @@ burn the CPU they measure, and the suite runs beside them."""
         # the OS's 10 ms ticks, was sometimes 0 and the ratios against it a division by zero
         ("scaling.py", ["--cycles", "100"]),
         ("heartbeats.py", ["--seconds", "1"]),
+        ("broker_idle.py", ["--seconds", "1"]),
         ("crash_release.py", ["--repeat", "3"]),
         ("coordinator.py", ["--no-pg", "--generator", "wrk", *COORDINATOR_SMALL]),
         ("coordinator.py", ["--no-pg", "--generator", "httpx", *COORDINATOR_SMALL]),
@@ -45,6 +46,7 @@ burn the CPU they measure, and the suite runs beside them."""
         ("bookings.py", ["--cycles", "50", "--bookings", "100"]),
         ("idle_sampling.py", []),
         ("startup.py", []),
+        ("tray_idle.py", ["--seconds", "1"]),
     ],
 )
 def test_benchmark_runs_quick(script: str, extra: list[str]) -> None:
@@ -53,6 +55,10 @@ def test_benchmark_runs_quick(script: str, extra: list[str]) -> None:
         and importlib.util.find_spec("litestar") is None
     ):
         pytest.skip("the coordinator benchmark needs rbroker[server]")
+    if script == "tray_idle.py" and not all(
+        importlib.util.find_spec(m) for m in ("litestar", "PySide6")
+    ):
+        pytest.skip("the tray benchmark needs rbroker[desktop] and rbroker[server]")
     if "wrk" in extra and shutil.which("wrk") is None:
         pytest.skip("wrk is not installed (apt-get install wrk; .ci/run installs it)")
     done = subprocess.run(

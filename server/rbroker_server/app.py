@@ -20,6 +20,7 @@ from litestar.openapi.spec import Components, Reference, SecurityScheme
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
 from litestar.template import TemplateConfig
+from litestar.types import ASGIApp
 from sqlalchemy.engine import Engine
 
 from rbroker_protocol import signing
@@ -38,7 +39,7 @@ from rbroker_server.enroll.controller import EnrollController
 from rbroker_server.fleet.controller import FleetController
 from rbroker_server.metrics.controller import MetricsController
 from rbroker_server.reports.controller import report_route
-from rbroker_server.reports.gate import ReportGate
+from rbroker_server.reports.gate import ReportFront, ReportGate
 from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.settings import Settings
 from rbroker_server.usage.controller import UsageController
@@ -221,9 +222,25 @@ def create_app(
     )
     if settings.root_path:  # behind a proxy under a prefix: route with or without it
         app.asgi_handler = PrefixStrip(app.asgi_handler, settings.root_path)
-    # gzip off the event loop (edge/compression.py), HEAD wherever GET is served
-    app.asgi_handler = HeadAsGet(GzipAnswers(app.asgi_handler))
+    # gzip off the event loop (edge/compression.py), HEAD wherever GET is served: `wrap`
     # outermost, so that every answer gets them: a route's, an error's, the router's 404
-    headers = security_headers_for(settings.external_url.startswith("https://"))
-    app.asgi_handler = headers(app.asgi_handler)
+    https_external = settings.external_url.startswith("https://")
+    headers = security_headers_for(https_external)
+
+    def wrap(handler: ASGIApp) -> ASGIApp:
+        return headers(HeadAsGet(GzipAnswers(handler)))
+
+    inner = app.asgi_handler
+    # the report hot path before every wrapper, their headers on its answers worked out once
+    app.asgi_handler = ReportFront(
+        wrap(inner),
+        wrap,
+        reports,
+        faults,
+        trusted,
+        settings.max_body_bytes,
+        settings.trusted_proxy_secret,
+        https_external=https_external,
+        prefix=inner.prefix if isinstance(inner, PrefixStrip) else "",
+    )
     return app

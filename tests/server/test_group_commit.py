@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from rbroker_protocol import signing
 from rbroker_protocol.enroll import EnrollRequest
+from rbroker_protocol.reports import LeaseReport
 from rbroker_server.admin import operations as admin
 from rbroker_server.db import engine as db
 from rbroker_server.db.tables import COMPUTERS, HEALTH
@@ -27,7 +28,7 @@ from rbroker_server.reports.cache import load_view
 from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.reports.writer import GroupCommitWriter, WriterClosed
 from rbroker_server.settings import Settings
-from tests.fakes.reports import payload, signed_body
+from tests.fakes.reports import GPU_A, payload, signed_body
 
 
 def _count_commits(engine: Engine) -> list[int]:
@@ -326,3 +327,38 @@ def test_a_new_run_written_earlier_in_the_transaction_is_current_not_retired(
     with engine.connect() as conn:
         row = conn.execute(sa.select(COMPUTERS).where(COMPUTERS.c.id == computer_id)).one()
     assert (row.run_id, row.seq, row.reports_applied) == ("run-g4", 1, 2)
+
+
+def test_the_writer_keeps_the_pairs_it_wrote_instead_of_reading_them_per_batch(
+    engine: Engine, database_url: str, tmp_path: Any
+) -> None:
+    """The ingest's `UsageNames` is the one the writes use, also while it is empty (an
+    empty one is falsy: a new one had been made, and the table read, for every batch)."""
+    computer_id, key = _enrolled(engine)
+    settings = Settings(data_dir=tmp_path / "data", database_url=database_url)
+    ingest = ReportIngest(engine, settings)
+    ingest.start()
+    lease = LeaseReport(lease_id="lease-1", gpu_uuids=[GPU_A], granted_mib=1024, project="p")
+    reads: list[str] = []
+
+    def on_execute(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "daily_usage" in statement and statement.lstrip().upper().startswith("SELECT"):
+            reads.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", on_execute)
+
+    async def main() -> list[Any]:
+        answers = []
+        for seq in range(1, 5):  # each alone in its batch
+            body = signed_body(key, computer_id, "run-1", seq, payload(leases=[lease]))
+            answers.append(await ingest.handle(body, db.utcnow()))
+        return answers
+
+    try:
+        answers = [json.loads(a) for a in asyncio.run(main())]
+    finally:
+        ingest.close()
+        sa.event.remove(engine, "before_cursor_execute", on_execute)
+    assert [a["applied"] for a in answers] == [True] * 4
+    assert len(ingest.usage_names) == 1  # (p, "") of today
+    assert len(reads) == 1  # the computer's pairs read once, at the first usage row

@@ -21,11 +21,14 @@ from rbroker_protocol.enroll import EnrollRequest
 from rbroker_server.admin import operations as admin
 from rbroker_server.api.answers import json_error
 from rbroker_server.db import faults as dbfaults
+from rbroker_server.edge.asgi import HeadAsGet
+from rbroker_server.edge.compression import MIN_BYTES, GzipAnswers
 from rbroker_server.enroll import service as enroll_service
 from rbroker_server.reports.controller import report_route
-from rbroker_server.reports.gate import ReportGate
+from rbroker_server.reports.gate import ReportFront, ReportGate
 from rbroker_server.reports.ingest import ReportIngest
 from rbroker_server.settings import Settings
+from rbroker_server.web.headers import security_headers_for
 from tests.fakes.reports import payload, signed_body
 
 
@@ -152,3 +155,113 @@ def test_the_gate_answers_as_the_route(engine: Engine, database_url: str, tmp_pa
         "not_newer",
         "not_newer",
     ]
+
+
+def _wrap(https_external: bool) -> Any:
+    headers = security_headers_for(https_external)
+    return lambda handler: headers(HeadAsGet(GzipAnswers(handler)))
+
+
+def _sent(handler: Any, scope: dict[str, Any]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    asyncio.run(handler(scope, receive, send))
+    return messages
+
+
+def test_the_front_adds_the_wrappers_headers_as_they_do(engine: Engine, tmp_path: Path) -> None:
+    """`ReportFront.send_answer` sends what the wrappers around `ReportGate.send_answer`
+    send: the same messages, headers in the same order, for every kind of answer."""
+    settings = Settings(data_dir=tmp_path / "data")
+    faults = dbfaults.DatabaseFaults(engine, settings)
+    ingest = ReportIngest(engine, settings)
+    json_type = [(b"content-type", b"application/json")]
+    big = b'{"detail":"' + b"x" * MIN_BYTES + b'"}'
+    answers = [
+        (200, [], b'{"applied":true}'),
+        (401, [(b"www-authenticate", b'Rbroker-Signature realm="rbroker"')], b"{}"),
+        (401, [], b'{"status_code":401}'),
+        (503, [(b"retry-after", b"5")], b'{"status_code":503}'),
+        (422, [], big),
+        (422, [], big[: MIN_BYTES - 1]),
+    ]
+    try:
+        for https_external in (False, True):
+            wrap = _wrap(https_external)
+            gate = ReportGate(_not_found, ingest, faults, (), settings.max_body_bytes)
+            front = ReportFront(
+                _not_found,
+                wrap,
+                ingest,
+                faults,
+                (),
+                settings.max_body_bytes,
+                https_external=https_external,
+            )
+            for scheme in ("http", "https"):
+                for accept in (b"gzip", b"identity"):
+                    for status, extra, body in answers:
+                        scope = {
+                            "type": "http",
+                            "method": "POST",
+                            "scheme": scheme,
+                            "path": "/api/v1/reports",
+                            "headers": [(b"accept-encoding", accept)],
+                        }
+                        headers = [*extra, *json_type, (b"content-length", b"%d" % len(body))]
+
+                        async def by_gate(scope: Any, receive: Any, send: Any) -> None:
+                            await gate.send_answer(scope, send, status, list(headers), body)  # noqa: B023
+
+                        async def by_front(scope: Any, receive: Any, send: Any) -> None:
+                            await front.send_answer(scope, send, status, list(headers), body)  # noqa: B023
+
+                        expected = _sent(wrap(by_gate), scope)
+                        got = _sent(by_front, scope)
+                        what = (https_external, scheme, accept, status, len(body))
+                        assert got == expected, what
+                        assert len(got) == 2, what
+                        names = [k for k, _ in got[0]["headers"]]
+                        assert b"content-security-policy" in names, what
+                        assert (b"strict-transport-security" in names) == (
+                            https_external or scheme == "https"
+                        ), what
+                        gzipped = (b"content-encoding", b"gzip") in got[0]["headers"]
+                        assert gzipped == (accept == b"gzip" and len(body) >= MIN_BYTES), what
+    finally:
+        faults.close()
+
+
+def test_the_front_takes_the_report_path_in_its_exact_forms_only(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Under a prefix the front takes the report path with the prefix, and without it where
+    the prefix would not strip it, byte for byte; any other spelling goes to the app."""
+    settings = Settings(data_dir=tmp_path / "data")
+    faults = dbfaults.DatabaseFaults(engine, settings)
+    ingest = ReportIngest(engine, settings)
+    try:
+
+        def front(prefix: str) -> ReportFront:
+            return ReportFront(_not_found, _wrap(False), ingest, faults, (), 1024, prefix=prefix)
+
+        def takes(f: ReportFront, raw: bytes) -> bool:
+            return f.takes({"path": raw.decode(), "raw_path": raw})
+
+        plain, under, api = front(""), front("/rbroker"), front("/api")
+        for raw in (b"/api/v1/reports", b"/api/v1/reports/"):
+            assert takes(plain, raw) and takes(under, raw)
+            assert takes(under, b"/rbroker" + raw)
+            assert not takes(api, raw)  # `/api` would be stripped from it: a 404
+            assert takes(api, b"/api" + raw)
+        assert not takes(under, b"/rbroker/api/v1/report%73")
+        assert not takes(under, b"/rbroker//api/v1/reports")
+        assert not takes(plain, b"/api/v1/fleet")
+    finally:
+        faults.close()

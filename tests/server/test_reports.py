@@ -162,3 +162,45 @@ def test_a_broker_told_its_run_is_retired_recovers_with_a_new_run(
     fresh = pc.envelope(payload(run_id="run-1b", name="live"), run_id="run-1b", seq=1)
     assert pc.send(fresh).json()["code"] == "new_run"
     assert coordinator.row(pc.id).reported_name == "live"
+
+
+def test_the_ingest_answer_encodes_as_the_report_ack() -> None:
+    """`schema.Ack` has `ReportAck`'s fields in its order with its defaults, and its JSON is
+    `ReportAck.model_dump_json()` byte for byte, strings with escapes and any text included."""
+    import random
+    import typing
+
+    import msgspec
+
+    from rbroker_server.reports.schema import Ack, ReportAck, encode_ack
+
+    assert Ack.__struct_fields__ == tuple(ReportAck.model_fields)
+    assert encode_ack(Ack(True, "applied", "applied", "c_1", "r", 1)) == (
+        ReportAck(
+            applied=True, code="applied", reason="applied", computer_id="c_1", run_id="r", seq=1
+        )
+        .model_dump_json()
+        .encode()
+    )
+    rng = random.Random(44)
+    alphabet = [chr(c) for c in range(0, 0x80)] + ["é", "€", "\u2028", "\U0001f600", "\ud7ff"]
+    codes = typing.get_args(ReportAck.model_fields["code"].annotation)
+    assert codes  # a Literal
+    for _ in range(500):
+
+        def text() -> str:
+            return "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
+
+        values = {
+            "applied": rng.random() < 0.5,
+            "code": rng.choice(codes),
+            "reason": text(),
+            "computer_id": text(),
+            "run_id": text(),
+            "seq": rng.choice([0, 1, 2**31, 2**53 + 1, 2**63 - 1]),
+            "current_run_counter": rng.choice([None, 0, 7, 2**40]),
+            "flagged_fields": [text() for _ in range(rng.randrange(0, 3))],
+        }
+        expected = ReportAck(**values).model_dump_json().encode()  # type: ignore[arg-type]
+        assert encode_ack(Ack(**values)) == expected, values
+        assert msgspec.json.decode(expected, type=Ack) == Ack(**values)

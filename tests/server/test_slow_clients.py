@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -27,6 +28,7 @@ from rbroker_server.edge.slow_clients import (
     LIGHT_SITE_CONNECTIONS,
     ConnectionGuard,
     EdgeLog,
+    HeadWithBody,
     address_key,
     guarded_protocol,
     site_key,
@@ -395,3 +397,111 @@ def test_serve_answers_healthz_while_slow_clients_flood_it(tmp_path: Path) -> No
     lines = [line for line in err.splitlines() if "slow or greedy clients" in line]
     assert lines and "refused over 200 open connections per address" in lines[0], err
     assert "Traceback" not in err
+
+
+class _Transport:
+    """What uvicorn's cycle writes, in order ("close" for a close)."""
+
+    def __init__(self) -> None:
+        self.out: list[bytes | str] = []
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def close(self) -> None:
+        self.out.append("close")
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+
+def _cycle(transport: _Transport, method: str = "POST", keep_alive: bool = True) -> Any:
+    from uvicorn.protocols.http.flow_control import FlowControl
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    scope = {"type": "http", "method": method, "http_version": "1.1", "path": "/", "headers": []}
+    return RequestResponseCycle(
+        scope=scope,  # type: ignore[arg-type]
+        transport=transport,  # type: ignore[arg-type]
+        flow=FlowControl(transport),  # type: ignore[arg-type]
+        logger=logging.getLogger("test"),
+        access_logger=logging.getLogger("test"),
+        access_log=False,
+        default_headers=[],
+        message_event=asyncio.Event(),
+        expect_100_continue=False,
+        keep_alive=keep_alive,
+        on_response=lambda: transport.out.append("complete"),
+    )
+
+
+def _answer(cycle: Any, chunks: list[bytes], length: int | None = None) -> None:
+    async def run() -> None:
+        headers = [
+            (b"content-length", b"%d" % sum(map(len, chunks) if length is None else [length]))
+        ]
+        await cycle.send({"type": "http.response.start", "status": 200, "headers": headers})
+        for i, chunk in enumerate(chunks):
+            more = i < len(chunks) - 1
+            await cycle.send({"type": "http.response.body", "body": chunk, "more_body": more})
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("method", "chunks", "keep_alive"),
+    [
+        ("POST", [b'{"applied":true}'], True),
+        ("POST", [b""], True),
+        ("POST", [b"x" * HeadWithBody.BIG_BYTES], True),
+        ("POST", [b"first ", b"second"], True),
+        ("POST", [b"closing"], False),
+        ("HEAD", [b""], True),
+    ],
+)
+def test_the_head_goes_out_with_the_first_body_chunk(
+    method: str, chunks: list[bytes], keep_alive: bool
+) -> None:
+    """`HeadWithBody`: the same bytes as uvicorn's own writes, in the same order and before
+    the answer is complete (or the connection closed), in one write where the first body
+    chunk is small."""
+    plain, held = _Transport(), _Transport()
+    _answer(_cycle(plain, method, keep_alive), chunks)
+    cycle = _cycle(held, method, keep_alive)
+    HeadWithBody(held, cycle)  # type: ignore[arg-type]
+    _answer(cycle, chunks)
+    assert b"".join(w for w in held.out if isinstance(w, bytes)) == b"".join(
+        w for w in plain.out if isinstance(w, bytes)
+    )
+    assert [w for w in held.out if isinstance(w, str)] == [
+        w for w in plain.out if isinstance(w, str)
+    ]
+    writes = [w for w in held.out if isinstance(w, bytes)]
+    if method == "HEAD" or len(chunks[0]) >= HeadWithBody.BIG_BYTES:
+        assert writes == [w for w in plain.out if isinstance(w, bytes)]  # head, then body
+    else:
+        assert writes[0] == plain.out[0] + plain.out[1]  # type: ignore[operator]
+        assert len(writes) == len(chunks)
+    assert isinstance(held.out[-1], str)  # every byte out before completion or close
+
+
+def test_a_held_head_goes_out_before_a_close() -> None:
+    """An app that fails after the answer's start: the head, then the close (as before)."""
+    transport = _Transport()
+    cycle = _cycle(transport)
+    HeadWithBody(transport, cycle)  # type: ignore[arg-type]
+
+    async def failing(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        raise RuntimeError("boom")
+
+    asyncio.run(cycle.run_asgi(failing))
+    assert len(transport.out) == 2 and transport.out[1] == "close"
+    assert isinstance(transport.out[0], bytes) and transport.out[0].startswith(b"HTTP/1.1 200")

@@ -37,6 +37,19 @@ def _linux_start_s(pid: int) -> float:
         psutil.NoSuchProcess: no such process, or /proc hides it (hidepid).
         psutil.AccessDenied: /proc/PID/stat cannot be read.
     """
+    return linux_stat(pid)[0]
+
+
+def linux_stat(pid: int) -> tuple[float, str]:
+    """`(start, state)` of `pid` from one read of `/proc/PID/stat` (Linux): its start in
+    seconds from boot (starttime / CLK_TCK, as `start_s`) and its state letter (`R`, `S`,
+    `Z` for a zombie, … as `ps` shows it), for checks that need both without psutil's three
+    reads of /proc (the broker's holder checks, several times a second).
+
+    Raises:
+        psutil.NoSuchProcess: no such process, or /proc hides it (hidepid).
+        psutil.AccessDenied: /proc/PID/stat cannot be read.
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -45,8 +58,9 @@ def _linux_start_s(pid: int) -> float:
     except PermissionError:
         raise psutil.AccessDenied(pid) from None
     try:  # the name in parentheses may hold spaces and ')': fields follow the last ')'
-        return int(data[data.rindex(b")") + 2 :].split()[19]) / CLK_TCK
-    except (ValueError, IndexError):
+        fields = data[data.rindex(b")") + 2 :].split()
+        return int(fields[19]) / CLK_TCK, fields[0].decode("ascii")
+    except (ValueError, IndexError, UnicodeDecodeError):
         raise psutil.NoSuchProcess(pid) from None  # exited while it was read
 
 

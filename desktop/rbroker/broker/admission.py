@@ -294,27 +294,9 @@ class Admission:
                 waiting.remove(waiter, never)
                 emit("queue", {"request_id": waiter.request_id})
                 continue
-            pending = [
-                u
-                for u in waiter.candidates
-                if u not in caps and self.slots[u].telemetry is TelemetryState.OK
-            ]
-            seen = self.beside_bookings(waiter, caps)
-            fits: list[Choice] = []
-            for u in waiter.candidates:
-                if u in seen and u not in blocked:
-                    claim_mib = self.claim(waiter, self.slots[u])
-                    extra_mib = waiter.asked_mib - claim_mib
-                    if seen[u].fits(extra_mib):
-                        fits.append(Choice(u, seen[u], claim_mib, extra_mib))
-            reverse = waiter.placement == "spread"
-            fits.sort(key=lambda c: self.rank(c.gpu_uuid, c.cap), reverse=reverse)
-            if (
-                len(fits) >= waiter.gpus
-                and not paused
-                and not self._pending_ranks_better(waiter, pending, blocked, fits[waiter.gpus - 1])
-            ):
-                grant(waiter, fits[: waiter.gpus], now)
+            chosen, pending, seen, fits = self._choose(waiter, caps, blocked, paused)
+            if chosen:
+                grant(waiter, chosen, now)
                 if self.shares.enabled:
                     use[waiter.project] = (
                         use.get(waiter.project, 0) + waiter.asked_mib * waiter.gpus
@@ -333,6 +315,64 @@ class Admission:
                 blocked[u] = blocked.get(u, 0) + 1
             for u in pending:
                 self.slots[u].kick.set()
+
+    def _choose(
+        self, waiter: Waiter, caps: dict[str, Capacity], blocked: dict[str, int], paused: bool
+    ) -> tuple[list[Choice], list[str], dict[str, Capacity], list[Choice]]:
+        """A pass's decision for `waiter`, in its turn: `(chosen, pending, seen, fits)`.
+
+        `caps` holds the capacity of the GPUs with a fresh sample (at least those among the
+        waiter's candidates: no other is read), `blocked` the GPUs that waiters before it in
+        this pass did not get (with how many). `chosen` is the `waiter.gpus` GPUs it is
+        granted, in placement order, or [] when it waits: too few of its unblocked GPUs fit
+        it beside the bookings, admissions are `paused`, or a GPU whose fresh sample is still
+        `pending` would rank before one chosen. `seen` is `caps` beside the bookings and
+        `fits` every GPU that fits, ranked (for the reason of a wait)."""
+        slots = self.slots
+        pending = [
+            u
+            for u in waiter.candidates
+            if u not in caps and slots[u].telemetry is TelemetryState.OK
+        ]
+        seen = self.beside_bookings(waiter, caps)
+        fits: list[Choice] = []
+        for u in waiter.candidates:
+            if u in seen and u not in blocked:
+                claim_mib = self.claim(waiter, slots[u])
+                extra_mib = waiter.asked_mib - claim_mib
+                if seen[u].fits(extra_mib):
+                    fits.append(Choice(u, seen[u], claim_mib, extra_mib))
+        if len(fits) > 1:
+            reverse = waiter.placement == "spread"
+            fits.sort(key=lambda c: self.rank(c.gpu_uuid, c.cap), reverse=reverse)
+        if (
+            len(fits) >= waiter.gpus
+            and not paused
+            and not self._pending_ranks_better(waiter, pending, blocked, fits[waiter.gpus - 1])
+        ):
+            return fits[: waiter.gpus], pending, seen, fits
+        return [], pending, seen, fits
+
+    def grant_at_once(self, waiter: Waiter, paused: bool, now: float) -> list[Choice]:
+        """The GPUs that `run` over a queue holding `waiter` alone would grant it at `now`
+        (monotonic), or [] when that pass would not grant it (it refuses it, or the waiter
+        waits: the pass then gives the reason). Nothing is booked, set or kicked.
+
+        The uncontended acquire's fast path (issue 44): with nobody else waiting, the pass
+        takes `waiter` first with no GPU blocked and reads no sample but its candidates', so
+        this reads just those (not every GPU's capacity) and decides by the same `_choose`.
+        tests/desktop/broker/admission/test_fast_path.py checks the two agree over random
+        states."""
+        if self.never_fits(waiter.asked_mib, waiter.gpus, waiter.candidates) is not None:
+            return []  # the pass refuses it
+        max_age = self.config.max_sample_age_s
+        caps: dict[str, Capacity] = {}
+        for u in waiter.candidates:
+            if self.slots[u].fresh(now, max_age):
+                cap = self.lessor.capacity(u)
+                if cap is not None:
+                    caps[u] = cap
+        return self._choose(waiter, caps, {}, paused)[0]
 
     def _awaits_release_sample(
         self, waiter: Waiter, caps: dict[str, Capacity], blocked: dict[str, int], fits: list[Choice]

@@ -18,13 +18,16 @@ not (a failed sample, not supported, the process list unknown, another pid names
 idleness is measured only over known time, so a lease's `idle_s` counts from the latest of
 its last activity, its grant and the moment all its GPUs became known. A lease restored
 after a restart counts as active at the restart (what happened before it is not kept).
-Costs: a sample walks the leases on its GPU; a view is O(GPUs of the lease); the tables are
-pruned of ended leases and jobs when they grow past twice the live ones.
+Costs: a sample walks the leases of the holders it shows busy (`held_on`); a view is O(GPUs
+of the lease); the tables are pruned of ended leases and jobs when they grow past twice the
+live ones. `changes` counts what may change a lease's state other than the clock, so that a
+reader of many leases' states can keep them while it does not move (`states`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Mapping
+import math
+from collections.abc import Callable, Container, Iterable, Mapping
 from enum import StrEnum
 
 from rbroker.broker.clock import Clock
@@ -51,6 +54,7 @@ class Idleness:
             (`Lessor.holders_of`).
         on: `uuid → active leases on that GPU` (`Lessor.on`).
         live: the active leases by id (`Lessor.leases`), for pruning.
+        held_on: `(holder, uuid) → its active leases on that GPU` (`Lessor.held_on`).
     """
 
     def __init__(
@@ -60,16 +64,23 @@ class Idleness:
         holders_of: Callable[[GpuSlot, Container[int]], set[Holder]],
         on: Callable[[str], list[Lease]],
         live: Mapping[str, Lease],
+        held_on: Callable[[Holder, str], list[Lease]],
     ) -> None:
         self.clock = clock
         self.idle_after_s = idle_after_s
         self._holders_of = holders_of
         self._on = on
         self._live = live
+        self._held_on = held_on
         self.started = clock.monotonic()
         self._active_at: dict[str, float] = {}  # lease id → last utilization seen (monotonic)
         self._job_at: dict[str, float] = {}  # job id → last chunk report (monotonic)
         self._known_since: dict[str, float] = {}  # GPU uuid → start of its known readings
+        self.changes = 0
+        """Moves whenever a lease's state may have changed other than by the clock: a GPU's
+        utilization turned known or unknown, or activity of a lease (or its job) that may
+        have been idle. While it stays, a lease active at some moment stays active until
+        `idle_after_s` after its last activity (`states`)."""
 
     def sampled(self, slot: GpuSlot, ok: bool) -> None:
         """Take a sample attempt of `slot` (`ok`: it succeeded and `slot.sample` is it)."""
@@ -77,24 +88,35 @@ class Idleness:
         sample = slot.sample if ok else None
         utilization = sample.utilization if sample is not None else None
         if utilization is None:
-            self._known_since.pop(uuid, None)
+            if self._known_since.pop(uuid, None) is not None:
+                self.changes += 1
             return
         now = self.clock.monotonic()
-        self._known_since.setdefault(uuid, now)
+        if uuid not in self._known_since:
+            self._known_since[uuid] = now
+            self.changes += 1
         busy = {pid for pid, percent in utilization.items() if percent > 0}
         if not busy:
             return
         holders = self._holders_of(slot, busy)
         if not holders:
             return
-        for lease in self._on(uuid):
-            if lease.holder in holders:
-                self._active_at[lease.lease_id] = now
+        active_at = self._active_at
+        for holder in holders:
+            for lease in self._held_on(holder, uuid):
+                before = active_at.get(lease.lease_id)
+                if before is None or now - before >= self.idle_after_s:
+                    self.changes += 1  # it may have been idle: it is active now
+                active_at[lease.lease_id] = now
         _prune(self._active_at, self._live, len(self._live))
 
     def progress(self, job_id: str) -> None:
         """A chunk of job `job_id` was reported: its leases are active now."""
-        self._job_at[job_id] = self.clock.monotonic()
+        now = self.clock.monotonic()
+        before = self._job_at.get(job_id)
+        if before is None or now - before >= self.idle_after_s:
+            self.changes += 1  # a lease of the job may have been idle: it is active now
+        self._job_at[job_id] = now
         if len(self._job_at) > 2 * len(self._live) + 16:  # a job's leases are live leases
             jobs = {lease.job_id for lease in self._live.values() if lease.job_id is not None}
             _prune(self._job_at, jobs, len(jobs))
@@ -124,11 +146,35 @@ class Idleness:
         """`(state, idle_s)` of `lease`: `idle_s` the seconds since its last activity as far
         as it was measured (None when unknown)."""
         now = self.clock.monotonic() if now is None else now
-        last = self.last_active(lease)
+        return self._state_at(self.last_active(lease), now)
+
+    def _state_at(self, last: float | None, now: float) -> tuple[IdleState, float | None]:
+        """`state` of a lease last active at `last` (monotonic; None: unknown) at `now`."""
         if last is None:
             return IdleState.UNKNOWN, None
         idle_s = max(0.0, now - last)
         return (IdleState.IDLE if idle_s >= self.idle_after_s else IdleState.ACTIVE), idle_s
+
+    def states(self, leases: Iterable[Lease], now: float) -> tuple[list[IdleState], float]:
+        """`(states, steady_since)`: the state of each of `leases` at `now` (monotonic), and
+        the earliest last activity of those active (`inf` when none is). While `changes`
+        does not move, none of these states changes before `steady(steady_since, now)` turns
+        False (a later activity only moves a lease's last activity later)."""
+        states = []
+        steady_since = math.inf
+        for lease in leases:
+            last = self.last_active(lease)
+            state = self._state_at(last, now)[0]
+            if state is IdleState.ACTIVE and last is not None and last < steady_since:
+                steady_since = last
+            states.append(state)
+        return states, steady_since
+
+    def steady(self, steady_since: float, now: float) -> bool:
+        """Whether a lease last active at `steady_since` (monotonic) is still active at `now`,
+        by the same test as `state`: so are all the leases `states` read, while `changes`
+        has not moved."""
+        return max(0.0, now - steady_since) < self.idle_after_s
 
     def idle_on(self, uuid: str) -> list[float]:
         """The `idle_s` of the idle leases on GPU `uuid`, longest first."""

@@ -9,7 +9,10 @@ Memory attribution (docs/architecture.md §2): a sample's memory of a holder's p
 leases on that GPU in grant order (a lease granted after the sample began gets only its
 claim); what a lease was granted but does not use is *outstanding*; an ended lease's stays
 booked (*unconfirmed*) until a sample that started after the end (the release rule). Costs
-are flat in the number of leases: indexes and running sums.
+are flat in the number of leases: indexes and running sums. A sample reads each holder's
+tree once (one walk of the listed processes, `_trees`) and keeps a holder's leases' shares
+while the same memory is shared among the same leases (`_observe`): with nothing changed it
+costs O(listed processes + holders), not O(leases).
 
 Nested holders: a process's memory belongs to exactly one holder per GPU, the nearest in
 its own chain (the process itself if it holds a lease there, else its closest ancestor that
@@ -42,7 +45,6 @@ import hmac
 import logging
 import math
 import secrets
-import sqlite3
 from collections.abc import Callable, Container, Iterable
 from typing import Any, NamedTuple
 
@@ -100,13 +102,6 @@ def tree_mib(slot: GpuSlot, holder: Holder, leased: Leased) -> tuple[int, bool]:
             mib += p.used_mib or 0
             known = known and p.used_mib is not None
     return mib, known
-
-
-def owners(slot: GpuSlot, leased: Leased) -> set[Holder]:
-    """The holders with a lease on `slot` that own some listed process there."""
-    found = {nearest(chain, leased) for _, chain in slot.chains}
-    found.discard(None)
-    return {h for h in found if h is not None}
 
 
 def keeper(slot: GpuSlot, holder: Holder, leased: Leased) -> Holder | None:
@@ -251,6 +246,18 @@ class Lessor:
         self._deadline_floor = math.inf  # no active lease's deadline is earlier
         self._reattach_floor = math.inf  # no restored lease must re-attach earlier
         self._observed_now: dict[str, set[Holder]] = {}  # by `update_observed`, per GPU
+        # Made on need, dropped by any change of an entry of `_held` (`add`, `_unindex`,
+        # `resize`): each entry's leases in grant order with their latest `granted_at`, and
+        # the `(pool, any share > 0)` its memory was last shared out by, with no lease
+        # granted after that sample began (the same pool gives the same shares).
+        self._order: dict[Key, tuple[list[Lease], float]] = {}
+        self._shared: dict[Key, tuple[int, bool]] = {}
+        # leases whose observed use passed their grant, until the over-grant watch found
+        # them inside it again with their episode closed (`over_watch_on`)
+        self._over: dict[str, Lease] = {}
+        self.shown: dict[str, int] = {}
+        """Per GPU, a count that moves whenever what the views show of its leases may have
+        changed: a lease in or out, an observed figure (`Broker._capacity_seen`)."""
 
     # -- the indexes ---------------------------------------------------------------------------
     def add(self, lease: Lease) -> None:
@@ -264,6 +271,9 @@ class Lessor:
             self._on_gpu.setdefault(u, {})[lease.lease_id] = lease
             key = (lease.holder, u)
             self._held.setdefault(key, {})[lease.lease_id] = lease
+            self._order.pop(key, None)
+            self._shared.pop(key, None)
+            self.shown[u] = self.shown.get(u, 0) + 1
             self._seen[key] = self._seen.get(key, 0) + lease.observed_mib.get(u, 0)
             self._outstanding[u] = self._outstanding.get(u, 0) + _owed(lease, u)
             self._granted[u] = self._granted.get(u, 0) + lease.granted_mib
@@ -283,9 +293,13 @@ class Lessor:
             mine.pop(lease.lease_id, None)
             if not mine:
                 del self._by_holder[lease.holder]
+        self._over.pop(lease.lease_id, None)
         for u in lease.gpu_uuids:
             self._on_gpu.get(u, {}).pop(lease.lease_id, None)
             hk = (lease.holder, u)
+            self._order.pop(hk, None)
+            self._shared.pop(hk, None)
+            self.shown[u] = self.shown.get(u, 0) + 1
             held = self._held.get(hk)
             if held is not None and held.pop(lease.lease_id, None) is not None:
                 self._seen[hk] -= lease.observed_mib.get(u, 0)
@@ -296,8 +310,13 @@ class Lessor:
 
     def _set_observed(self, lease: Lease, uuid: str, mib: int) -> None:
         before = _owed(lease, uuid)
-        self._seen[(lease.holder, uuid)] += mib - lease.observed_mib.get(uuid, 0)
+        was = lease.observed_mib.get(uuid, 0)
+        if mib != was:
+            self.shown[uuid] = self.shown.get(uuid, 0) + 1
+        self._seen[(lease.holder, uuid)] += mib - was
         lease.observed_mib[uuid] = mib
+        if mib > lease.granted_mib:
+            self._over[lease.lease_id] = lease
         self._outstanding[uuid] = self._outstanding.get(uuid, 0) + _owed(lease, uuid) - before
 
     # -- attribution and capacity --------------------------------------------------------------
@@ -336,11 +355,26 @@ class Lessor:
         if slot.sample is not None:
             for holder, mib in self._confirm(uuid, slot.sample.started_at):
                 self._keep_outside(slot, holder, mib)
+        trees = self._trees(slot)
         holders = set(self._touched.get(uuid, ()))
-        holders.update(owners(slot, self._leased(uuid)))
+        holders.update(trees)
         for holder in holders:
-            self._observe(slot, holder)
+            mib, known = trees.get(holder, (0, True))
+            self._observe(slot, holder, (mib, known, holder in trees))
         self._observed_now[uuid] = holders
+
+    def _trees(self, slot: GpuSlot) -> dict[Holder, tuple[int, bool]]:
+        """`{holder: (MiB, known)}` of the latest sample of `slot`, for each holder with a
+        lease there whose tree holds a listed process: `tree_mib` of every such holder in
+        one walk of the listed processes (each counts in its nearest holder's tree)."""
+        leased = self._leased(slot.uuid)
+        out: dict[Holder, tuple[int, bool]] = {}
+        for p, chain in slot.chains:
+            holder = nearest(chain, leased)
+            if holder is not None:
+                mib, known = out.get(holder, (0, True))
+                out[holder] = (mib + (p.used_mib or 0), known and p.used_mib is not None)
+        return out
 
     def holders_of(self, slot: GpuSlot, pids: Container[int]) -> set[Holder]:
         """The holders with a lease on `slot` in whose trees (as memory is attributed: the
@@ -354,12 +388,25 @@ class Lessor:
         held = self._held
         return lambda h: (h, uuid) in held
 
-    def observed_on(self, uuid: str) -> list[Lease]:
-        """The leases on `uuid` whose figures the latest `update_observed` may have changed
-        (their holders showed memory there before or now); every other lease there shows 0."""
+    def over_watch_on(self, uuid: str) -> list[Lease]:
+        """The leases on `uuid` the over-grant watch (`rbroker.broker.overgrant.watch`) must
+        read after the latest `update_observed` there: those of the holders it attributed
+        (who showed memory there before or now) that have a lease over its grant or in an
+        open over-grant episode. For any other lease the watch changes nothing (not over,
+        no episode), so a sample reads the leases that are over, not every lease."""
+        over = self._over
+        for lease_id, x in list(over.items()):
+            if x.over_since is None and all(v <= x.granted_mib for v in x.observed_mib.values()):
+                del over[lease_id]
+        if not over:
+            return []
+        keys = {(x.holder, uuid) for x in over.values() if uuid in x.gpu_uuids}
         held = self._held
         return [
-            x for h in self._observed_now.get(uuid, ()) for x in held.get((h, uuid), {}).values()
+            x
+            for h in self._observed_now.get(uuid, ())
+            if (h, uuid) in keys
+            for x in held.get((h, uuid), {}).values()
         ]
 
     def _confirm(self, uuid: str, started_at: float) -> list[tuple[Holder, int]]:
@@ -391,22 +438,36 @@ class Lessor:
             self.set_baseline(holder, uuid, baseline + min(growth, mib), leases.values())
             self._touched.setdefault(uuid, set()).add(holder)
 
-    def _observe(self, slot: GpuSlot, holder: Holder) -> None:
+    def _observe(
+        self, slot: GpuSlot, holder: Holder, tree: tuple[int, bool, bool] | None = None
+    ) -> None:
         """Share `holder`'s memory on `slot` (less its baseline) among its leases there. A
         sample that began before the holder's latest grant there gives a lease granted
         after it began only its claim and every other lease at most its grant: the rest was
         held before that grant, so it is outside the holder's leases (its baseline, its
-        pre-grant part: it comes down by what later samples show the holder freed)."""
+        pre-grant part: it comes down by what later samples show the holder freed).
+        `tree`: `(MiB, known, listed)` of the holder's tree in the latest sample when the
+        caller has it (`_trees`), else read here. The same pool shared among the same leases,
+        none granted after the sample began, gives the same shares: then they are kept, not
+        figured again (a sample reads the holder, not each of its leases)."""
         uuid = slot.uuid
-        held_leases = self._held.get((holder, uuid))
+        key = (holder, uuid)
+        held_leases = self._held.get(key)
         if not held_leases:
             self._touched.get(uuid, set()).discard(holder)
             return
-        leases = sorted(held_leases.values(), key=lambda lease: lease.granted_at_wall)
-        key = (holder, uuid)
-        held, known = tree_mib(slot, holder, self._leased(uuid))
+        order = self._order.get(key)
+        if order is None:
+            ordered = sorted(held_leases.values(), key=lambda lease: lease.granted_at_wall)
+            order = self._order[key] = (ordered, max(x.granted_at for x in ordered))
+        leases, latest_grant = order
+        if tree is None:
+            leased = self._leased(uuid)
+            held, known = tree_mib(slot, holder, leased)
+            listed = any(_mine(chain, holder, leased) for _, chain in slot.chains)
+        else:
+            held, known, listed = tree
         baseline = self.baselines.get(key, 0)
-        listed = any(_mine(chain, holder, self._leased(uuid)) for _, chain in slot.chains)
         if not listed and slot.sample is not None:
             # No process of its tree is listed: NVML omits a running process now and then,
             # and when several are missing at once `Sampling._track` keeps some of them, not
@@ -429,8 +490,15 @@ class Lessor:
                 self.set_baseline(holder, uuid, baseline, leases)
         pool = max(0, held - baseline)
         started = slot.sample.started_at if slot.sample is not None else math.inf
-        before_grant = any(lease.granted_at >= started for lease in leases)
+        before_grant = latest_grant >= started
+        shared = self._shared.get(key)
+        if not before_grant and shared is not None and shared[0] == pool:
+            self._mark_touched(uuid, holder, baseline > 0 or shared[1])
+            return
+        self._shared.pop(key, None)
+        shared_pool = pool
         in_use = baseline > 0
+        any_share = False
         # memory a lease adopted (its claim) is its own before anything is shared out by
         # age: otherwise an older lease of the same holder would absorb it and the adopting
         # lease would book more than its admission checked
@@ -448,13 +516,21 @@ class Lessor:
                 extra = min(pool, lease.granted_mib - claimed[i])
             pool -= extra
             share = claimed[i] + extra
-            in_use = in_use or share > 0
+            any_share = any_share or share > 0
             self._set_observed(lease, uuid, share)
             lease.over_grant = any(v > lease.granted_mib for v in lease.observed_mib.values())
+        in_use = in_use or any_share
         if pool > 0:  # only when `before_grant`: held before the latest grant
             self.pre_grant.add(key, pool, held)
             self.set_baseline(holder, uuid, baseline + pool, leases)
             in_use = True
+        if not before_grant:
+            self._shared[key] = (shared_pool, any_share)
+        self._mark_touched(uuid, holder, in_use)
+
+    def _mark_touched(self, uuid: str, holder: Holder, in_use: bool) -> None:
+        """Keep `holder` among the holders whose memory on `uuid` is read at every sample
+        while its leases there show use or it holds memory outside them there."""
         touched = self._touched.setdefault(uuid, set())
         if in_use:
             touched.add(holder)
@@ -683,6 +759,7 @@ class Lessor:
         lease.granted_mib = mib
         lease.admission = admission
         for uuid in lease.gpu_uuids:
+            self._shared.pop((lease.holder, uuid), None)
             slot = self.slots.get(uuid)
             if slot is not None:
                 self.update_observed(slot)
@@ -763,12 +840,9 @@ class Lessor:
             )
             self.store.flush_soon()
             self._ends_since_prune += 1
-            if self._ends_since_prune >= 200:
+            if self._ends_since_prune >= 200:  # in the fold's transaction, not on this path
                 self._ends_since_prune = 0
-                try:
-                    self.store.prune_ended(self.config.ended_history)
-                except sqlite3.Error as exc:  # a full disk: pruned at a later end
-                    log.warning("ended leases not pruned: %s", exc)
+                self.store.prune_ended_soon(self.config.ended_history)
         log.info("lease %s %s: %s", lease.lease_id, state.value, reason)
         return True
 

@@ -22,11 +22,16 @@ lease. The warning
 is given once it is reclaimable and idle for `reclaim_after_s − RECLAIM_WARNING_S` (at once
 when that is not positive); the end comes once it is reclaimable, idle for `reclaim_after_s`
 and warned at least `min(RECLAIM_WARNING_S, reclaim_after_s)` seconds before. All times are
-on the broker's monotonic clock. Costs: one turn is O(idle leases × waiters × GPUs).
+on the broker's monotonic clock. Costs: a turn walks every live lease only once one may have
+become idle since the last walk (`IdleWatch.turn`: a lease's last activity only moves later
+while its GPUs stay known, so the walk records the earliest moment any lease may turn idle);
+between walks it reads only the reclaimable leases in an idle episode, O(idle leases ×
+waiters × GPUs). Before, every turn (the tick's, every 0.1 s) walked every live lease.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -90,7 +95,9 @@ class IdleWatch:
         self._queue = queue
         self._helped = helped
         self._exempt = {p.casefold() for p in policy.exempt_projects}
-        self._episodes: dict[str, _Episode] = {}  # lease id → its idle episode
+        # lease id → its idle episode, in the order of `live` (made only by a whole walk)
+        self._episodes: dict[str, _Episode] = {}
+        self._calm_until = -math.inf  # monotonic: no lease without an episode is idle before
 
     def waiting_on(self, lease: Lease) -> int:
         """How many waiting requests `lease`'s end would let in (`helped`; its own growth not
@@ -108,43 +115,86 @@ class IdleWatch:
     def turn(self) -> tuple[list[IdleNotice], list[IdleNotice]]:
         """`(notices, reclaims)`: the `idle` and `reclaim_soon` notices due now, and the
         `reclaimed` notices of the leases to end now (the caller ends them; their
-        `message` is the end's reason)."""
+        `message` is the end's reason).
+
+        A lease's last activity only moves later while its GPUs are known, and a lease whose
+        GPUs are unknown, or one granted later, turns idle no sooner than `idle_after_s` from
+        now: so a turn walks every live lease only once the earliest moment a lease may turn
+        idle, recorded by the last walk, has come. Between walks it reads only the episodes'
+        leases that the policy may reclaim (the waiting requests change); an episode that
+        ended meanwhile (activity, or its GPU's utilization unknown) is told by its start at
+        the next walk, where a new start is a new episode."""
         now = self.clock.monotonic()
         notices: list[IdleNotice] = []
         reclaims: list[IdleNotice] = []
         for lease_id in [k for k in self._episodes if k not in self._live]:
             del self._episodes[lease_id]
-        idle_after_s = self.idle.idle_after_s
-        for lease in list(self._live.values()):
-            start = self.idle.last_active(lease)  # what `Idleness.state` says, read once
-            if start is None or now - start < idle_after_s:
-                self._episodes.pop(lease.lease_id, None)
-                continue
-            idle_s = now - start
-            episode = self._episodes.get(lease.lease_id)
-            if episode is None or episode.start != start:
-                episode = self._episodes[lease.lease_id] = _Episode(start)
-                notices.append(IdleNotice(lease, "idle", idle_s, self._idle_words(lease, idle_s)))
-            reclaim_after_s = self.policy.reclaim_after_s
-            if reclaim_after_s is None or lease.project.casefold() in self._exempt:
-                continue
-            waiting = self.waiting_on(lease)
-            if self.policy.only_when_waiting and waiting == 0:
-                continue
-            if episode.warned_at is None:
-                if idle_s < reclaim_after_s - RECLAIM_WARNING_S:
-                    continue
-                episode.warned_at = now
-                notices.append(
-                    IdleNotice(lease, "reclaim_soon", idle_s, self._soon_words(lease, waiting))
-                )
-            lead_s = min(RECLAIM_WARNING_S, reclaim_after_s)
-            if idle_s >= reclaim_after_s and now - episode.warned_at >= lead_s:
-                reason = f"reclaimed: idle {fmt_duration(idle_s)}"
-                if waiting:
-                    reason += f" while {_requests(waiting)} waited"
-                reclaims.append(IdleNotice(lease, "reclaimed", idle_s, reason))
+        episodes: dict[str, _Episode] = {}  # the episodes kept, in the order of `live`
+        episode: _Episode | None
+        if now >= self._calm_until:
+            calm_until = now + self.idle.idle_after_s
+            for lease in list(self._live.values()):
+                episode, idle_at = self._read(lease, now, notices, reclaims)
+                calm_until = min(calm_until, idle_at)
+                if episode is not None:
+                    episodes[lease.lease_id] = episode
+            self._calm_until = calm_until
+        else:
+            for lease_id, kept in self._episodes.items():
+                lease = self._live[lease_id]
+                episode = kept
+                if self._reclaimable(lease):  # one that turns active turns idle after a walk
+                    episode, _ = self._read(lease, now, notices, reclaims)
+                if episode is not None:
+                    episodes[lease_id] = episode
+        self._episodes = episodes
         return notices, reclaims
+
+    def _read(
+        self, lease: Lease, now: float, notices: list[IdleNotice], reclaims: list[IdleNotice]
+    ) -> tuple[_Episode | None, float]:
+        """Read `lease` at `now` (monotonic): `(episode, idle_at)`, its idle episode (None
+        when it is not idle) and the monotonic moment it may turn idle (`inf` when it is
+        idle, or unknown: it turns idle no sooner than `idle_after_s` after it is known);
+        the notices and the reclaim due are added to `notices` and `reclaims`."""
+        idle_after_s = self.idle.idle_after_s
+        start = self.idle.last_active(lease)  # what `Idleness.state` says, read once
+        if start is None:
+            return None, math.inf
+        if now - start < idle_after_s:
+            return None, start + idle_after_s
+        idle_s = now - start
+        episode = self._episodes.get(lease.lease_id)
+        if episode is None or episode.start != start:
+            episode = _Episode(start)
+            notices.append(IdleNotice(lease, "idle", idle_s, self._idle_words(lease, idle_s)))
+        reclaim_after_s = self.policy.reclaim_after_s
+        if reclaim_after_s is None or not self._reclaimable(lease):
+            return episode, math.inf
+        waiting = self.waiting_on(lease)
+        if self.policy.only_when_waiting and waiting == 0:
+            return episode, math.inf
+        if episode.warned_at is None:
+            if idle_s < reclaim_after_s - RECLAIM_WARNING_S:
+                return episode, math.inf
+            episode.warned_at = now
+            notices.append(
+                IdleNotice(lease, "reclaim_soon", idle_s, self._soon_words(lease, waiting))
+            )
+        lead_s = min(RECLAIM_WARNING_S, reclaim_after_s)
+        if idle_s >= reclaim_after_s and now - episode.warned_at >= lead_s:
+            reason = f"reclaimed: idle {fmt_duration(idle_s)}"
+            if waiting:
+                reason += f" while {_requests(waiting)} waited"
+            reclaims.append(IdleNotice(lease, "reclaimed", idle_s, reason))
+        return episode, math.inf
+
+    def _reclaimable(self, lease: Lease) -> bool:
+        """Whether `[idle]`'s policy may reclaim `lease` (a reclaim time set, its project not
+        exempt), waiting requests aside."""
+        return (
+            self.policy.reclaim_after_s is not None and lease.project.casefold() not in self._exempt
+        )
 
     def _idle_words(self, lease: Lease, idle_s: float) -> str:
         words = (

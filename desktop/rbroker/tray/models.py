@@ -92,6 +92,30 @@ REQUEST_COLUMNS: tuple[Column[Mapping[str, Any]], ...] = (
 (the description fields of `lease.acquire`)."""
 
 
+def runs(indices: Sequence[int]) -> list[tuple[int, int]]:
+    """Ascending `indices` as runs of consecutive ones, (first, last) inclusive:
+    [1, 2, 3, 7, 9, 10] → [(1, 3), (7, 7), (9, 10)]."""
+    out: list[tuple[int, int]] = []
+    for i in indices:
+        if out and out[-1][1] == i - 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return out
+
+
+def changed_box(
+    old: Sequence[Sequence[object]], new: Sequence[Sequence[object]]
+) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The smallest ((first row, first column), (last row, last column)) around every cell
+    that differs between two tables of the same shape; None when none does."""
+    rows = [i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b]
+    if not rows:
+        return None
+    cols = [j for i in rows for j, (x, y) in enumerate(zip(old[i], new[i], strict=True)) if x != y]
+    return (rows[0], min(cols)), (rows[-1], max(cols))
+
+
 class RecordTableModel(QAbstractTableModel, Generic[R]):
     """A read-only table of records (dicts of type `R`) with a fixed column list."""
 
@@ -101,6 +125,7 @@ class RecordTableModel(QAbstractTableModel, Generic[R]):
         super().__init__(parent)
         self._rows: list[R] = []
         self._keys: list[Hashable] = []
+        self._shown: list[list[tuple[object, ...]]] = []
         self.now = time.time()
         self.gpu_labels: dict[str, str] = {}
 
@@ -118,21 +143,45 @@ class RecordTableModel(QAbstractTableModel, Generic[R]):
             old = self._rows
             self._rows = new
             last = len(self.columns) - 1
-            for i, (a, b) in enumerate(zip(old, new, strict=True)):
-                if a != b or self._time_dependent:
-                    self.dataChanged.emit(self.index(i, 0), self.index(i, last))
+            if self._time_dependent:
+                # every row's ages moved: one signal around the cells whose text, tool tip or
+                # sort value changed (a view and its sorting proxy handle each signal on its
+                # own; the columns that did not move are neither repainted nor sorted again)
+                shown, self._shown = self._shown, [self._cells(r) for r in new]
+                box = changed_box(shown, self._shown)
+                if box is not None:
+                    (r0, c0), (r1, c1) = box
+                    self.dataChanged.emit(self.index(r0, c0), self.index(r1, c1))
+                return
+            # one signal per run of changed rows: a view handles each signal on its own
+            # (issue 44: a signal per row of 50 leases was most of a shown tray's CPU)
+            changed = [i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b]
+            for first, end in runs(changed):
+                self.dataChanged.emit(self.index(first, 0), self.index(end, last))
             return
         self.beginResetModel()
         self._rows = new
         self._keys = keys
+        self._shown = [self._cells(r) for r in new] if self._time_dependent else []
         self.endResetModel()
 
     _time_dependent = False
+    """True where a row's cells change with the clock (`now`): then what each cell shows is
+    kept (`_shown`) to announce only the cells that changed."""
+
+    def _cells(self, row: R) -> list[tuple[object, ...]]:
+        """What a view reads of each of `row`'s cells: its text, tool tip and sort value."""
+        return [
+            (c.text(row), c.tooltip(row) if c.tooltip else None, c.sort(row) if c.sort else None)
+            for c in self.columns
+        ]
 
     def set_gpu_labels(self, labels: dict[str, str]) -> None:
         """Names to show for GPU UUIDs (e.g. `GPU 0`)."""
         if labels != self.gpu_labels:
             self.gpu_labels = dict(labels)
+            if self._time_dependent:
+                self._shown = [self._cells(r) for r in self._rows]
             if self._rows:
                 self.dataChanged.emit(
                     self.index(0, 0), self.index(len(self._rows) - 1, len(self.columns) - 1)

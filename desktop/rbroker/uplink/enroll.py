@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import ssl
 from dataclasses import fields
 from pathlib import Path
@@ -31,13 +32,21 @@ REFUSED = {
 """What an enrollment refusal means, by HTTP status (the server's detail follows)."""
 
 
-def http_verify(ca_file: str | None) -> ssl.SSLContext | bool:
-    """httpx's `verify`: a context trusting the pinned CA file, else the system trust store.
+def http_verify(ca_file: str | None) -> ssl.SSLContext:
+    """httpx's `verify`: a context trusting the pinned CA file, else httpx's own default
+    (certifi's bundle, or `SSL_CERT_FILE` / `SSL_CERT_DIR`), made once per process.
 
     Raises:
         OSError, ssl.SSLError: the CA file cannot be read or is not a PEM certificate.
     """
-    return ssl.create_default_context(cafile=ca_file) if ca_file else True
+    return ssl.create_default_context(cafile=ca_file) if ca_file else _default_trust()
+
+
+@functools.cache
+def _default_trust() -> ssl.SSLContext:
+    """What httpx makes for `verify=True`, kept: loading the bundle took about 30 ms of CPU
+    at every request of a new client (issue 44: the tray's fleet read every 15 s)."""
+    return httpx.create_ssl_context()
 
 
 def enroll(

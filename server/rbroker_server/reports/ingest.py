@@ -3,7 +3,7 @@
 `steps` is the one decision procedure, written as a generator apart from its input and
 output: it yields `LOAD` when it needs the computer's row (the driver sends back a fresh
 `ComputerView`, or None) and a `service.Write` when it has something to write (the driver
-sends back the `service.Outcome`), and returns the `ReportAck`.
+sends back the `service.Outcome`), and returns the answer (`schema.Ack`, a `ReportAck`).
 
 `ReportIngest.handle` drives it for the HTTP route (and for the benchmark, which calls what
 the route calls): the view comes from a `ComputerCache`, the row is read only on a miss or
@@ -32,7 +32,7 @@ from rbroker_protocol.signing import Envelope
 from rbroker_server.metrics import health
 from rbroker_server.reports import service
 from rbroker_server.reports.cache import ComputerCache, ComputerView, ViewLoader
-from rbroker_server.reports.schema import ReportAck
+from rbroker_server.reports.schema import Ack, encode_ack
 from rbroker_server.reports.service import (
     Checked,
     ComputerRevoked,
@@ -51,7 +51,7 @@ LOAD: Final = "load"
 _ATTEMPTS: Final = 4
 """Decisions at most per report (a cached view, then fresh rows); past it `superseded`."""
 
-Steps = Generator[str | Write, Any, ReportAck]
+Steps = Generator[str | Write, Any, Ack]
 
 
 def steps(settings: Settings, env: Envelope, cached: ComputerView | None, now: datetime) -> Steps:
@@ -91,7 +91,7 @@ def steps(settings: Settings, env: Envelope, cached: ComputerView | None, now: d
                 reload = True  # a computer revoked meanwhile gets its 403 first
                 continue
         decision = service.plan(checked, view, now, settings)
-        if isinstance(decision, ReportAck):
+        if isinstance(decision, Ack):
             if fresh:
                 return decision
         else:
@@ -157,6 +157,6 @@ class ReportIngest:
                 else:
                     reply = await self.loader.load(cid)  # and cached
         except StopIteration as done:
-            answer: ReportAck = done.value
+            answer: Ack = done.value
             health.report_answered(answer.applied, answer.code)
-            return answer.model_dump_json().encode()
+            return encode_ack(answer)

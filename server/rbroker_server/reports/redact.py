@@ -19,6 +19,7 @@ from rbroker_protocol.reports import (
     TOP_TEXT_FIELDS,
     ReportPayload,
 )
+from rbroker_server.reports.payload import Payload
 
 REDACTED: Final = "[redacted]"
 
@@ -44,7 +45,16 @@ def redacted_state(report: ReportPayload) -> tuple[dict[str, Any], list[dict[str
     first key of a lease's `observed_mib`, whose MiB then count under `REDACTED`). Empty
     optional text is left as it is. A report without bookings (an older broker) is stored
     without the `bookings` key, as before."""
-    state: dict[str, Any] = report.model_dump(mode="json", include={"gpus", *DESCRIPTION_FIELDS})
+    lists: dict[str, Any] = report.model_dump(mode="json", include={"gpus", *DESCRIPTION_FIELDS})
+    return redacted_lists(report, lists)
+
+
+def redacted_lists(
+    report: ReportPayload | Payload, lists: dict[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """`redacted_state` of a report whose lists (`payload.STATE_LISTS`) are already JSON
+    dicts: `lists`, changed in place and returned as the state, with the flags."""
+    state = lists
     if report.stopping:
         state["stopping"] = True
     if report.left_out:
@@ -87,7 +97,7 @@ def redacted_state(report: ReportPayload) -> tuple[dict[str, Any], list[dict[str
     return state, flags
 
 
-def checked_text(report: ReportPayload) -> tuple[dict[str, str], list[dict[str, str]]]:
+def checked_text(report: ReportPayload | Payload) -> tuple[dict[str, str], list[dict[str, str]]]:
     """The top-level free text (`TOP_TEXT_FIELDS`) as stored, and the flags for each
     value replaced by `REDACTED`."""
     flags: list[dict[str, str]] = []

@@ -23,8 +23,15 @@ from rbroker_protocol.reports import ReportPayload
 from rbroker_protocol.signing import Envelope, EnvelopeError, parse_envelope, verify_report
 from rbroker_server.reports import statements as st
 from rbroker_server.reports.cache import ComputerView
-from rbroker_server.reports.redact import checked_name, checked_text, redacted_state
-from rbroker_server.reports.schema import AckCode, ReportAck
+from rbroker_server.reports.payload import Payload
+from rbroker_server.reports.payload import read as read_payload
+from rbroker_server.reports.redact import (
+    checked_name,
+    checked_text,
+    redacted_lists,
+    redacted_state,
+)
+from rbroker_server.reports.schema import Ack, AckCode
 from rbroker_server.settings import USAGE_NAMES_PER_DAY, Settings
 from rbroker_server.usage.bound import UsageNames
 from rbroker_server.usage.rollup import usage_rows
@@ -114,9 +121,9 @@ view)."""
 
 def not_applied(
     env: Envelope, code: AckCode, reason: str, current_run_counter: int | None = None
-) -> ReportAck:
+) -> Ack:
     """The answer to an authentic report that is acknowledged but not applied."""
-    return ReportAck(
+    return Ack(
         applied=False,
         code=code,
         reason=reason,
@@ -129,11 +136,12 @@ def not_applied(
 
 @dataclass(frozen=True, slots=True)
 class Checked:
-    """An authentic report whose payload fits the schema: its envelope, payload, redacted
-    state, flags and the values every write of it binds (`v_<column>`)."""
+    """An authentic report whose payload fits the schema: its envelope, payload (read by
+    `payload.read`, or by pydantic where that does not take it: the same attributes),
+    redacted state, flags and the values every write of it binds (`v_<column>`)."""
 
     env: Envelope
-    report: ReportPayload
+    report: ReportPayload | Payload
     state: dict[str, Any]
     flags: list[dict[str, str]]
     values: dict[str, Any]
@@ -160,10 +168,10 @@ class Write:
     def __call__(self, conn: Connection) -> Outcome:
         return write(conn, self)
 
-    def answer(self) -> ReportAck:
+    def answer(self) -> Ack:
         """The answer once applied."""
         env = self.checked.env
-        return ReportAck(
+        return Ack(
             applied=True,
             code="new_run" if self.new_run else "applied",
             reason="applied (new run)" if self.new_run else "applied",
@@ -225,20 +233,14 @@ def decode(env: Envelope, payload: bytes, now: datetime) -> Checked:
             envelope's; PayloadNestedTooDeeply: nested deeper than pydantic's JSON parser
             reads (200 levels).
     """
-    try:
-        report = ReportPayload.from_bytes(payload)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        if error["type"] == "json_invalid" and "recursion limit" in error["msg"]:
-            raise PayloadNestedTooDeeply("report payload nested too deeply") from exc
-        first = ".".join(str(p) for p in error["loc"])
-        raise ReportInvalid(
-            f"payload does not fit the report schema ({exc.error_count()} errors, "
-            f"first at {first or 'top level'})"
-        ) from exc
+    fast = read_payload(payload)
+    if fast is not None:
+        report: ReportPayload | Payload = fast[0]
+        state, flags = redacted_lists(report, fast[1])
+    else:
+        report, (state, flags) = _pydantic_decode(payload)
     if report.run_id != env.run_id:
         raise ReportInvalid("payload run_id differs from the envelope's")
-    state, flags = redacted_state(report)
     name, name_flag = checked_name(report.computer_name)
     text, text_flags = checked_text(report)
     flags[:0] = ([name_flag] if name_flag else []) + text_flags
@@ -263,9 +265,30 @@ def decode(env: Envelope, payload: bytes, now: datetime) -> Checked:
     return Checked(env, report, state, flags, values)
 
 
-def plan(
-    checked: Checked, view: ComputerView, now: datetime, settings: Settings
-) -> Write | ReportAck:
+def _pydantic_decode(
+    payload: bytes,
+) -> tuple[ReportPayload, tuple[dict[str, Any], list[dict[str, str]]]]:
+    """`ReportPayload.from_bytes` of what `payload.read` does not take (it judges every
+    refusal), with its redacted state and flags.
+
+    Raises:
+        ReportInvalid, PayloadNestedTooDeeply: as `decode`.
+    """
+    try:
+        report = ReportPayload.from_bytes(payload)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        if error["type"] == "json_invalid" and "recursion limit" in error["msg"]:
+            raise PayloadNestedTooDeeply("report payload nested too deeply") from exc
+        first = ".".join(str(p) for p in error["loc"])
+        raise ReportInvalid(
+            f"payload does not fit the report schema ({exc.error_count()} errors, "
+            f"first at {first or 'top level'})"
+        ) from exc
+    return report, redacted_state(report)
+
+
+def plan(checked: Checked, view: ComputerView, now: datetime, settings: Settings) -> Write | Ack:
     """What to write for `checked`, judged by `view` (the computer's row, or a cached
     copy): a `Write`, or the answer of a report not to apply (`not_newer`,
     `run_outdated`). The write's conditional UPDATE checks again whatever it relied on."""
@@ -386,7 +409,8 @@ def write(conn: Connection, w: Write, names: UsageNames | None = None) -> Outcom
         }
         conn.execute(st.insert_history(dialect), point)
     if w.usage:
-        usage = (names or UsageNames(w.usage_names_per_day)).bounded(conn, w.usage)
+        bound = names if names is not None else UsageNames(w.usage_names_per_day)
+        usage = bound.bounded(conn, w.usage)
         conn.execute(st.add_usage(dialect), usage)
     return "applied"
 
@@ -452,6 +476,7 @@ def _write_group(conn: Connection, group: list[Write], names: UsageNames | None)
             st.prepared(conn, st.insert_history(dialect), st.HISTORY_KEYS).executemany(conn, points)
         usage = [row for w in group for row in w.usage]
         if usage:
-            usage = (names or UsageNames(group[0].usage_names_per_day)).bounded(conn, usage)
+            bound = names if names is not None else UsageNames(group[0].usage_names_per_day)
+            usage = bound.bounded(conn, usage)
             st.prepared(conn, st.add_usage(dialect), st.USAGE_KEYS).executemany(conn, usage)
     return True

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import psutil
 import pytest
 
+from rbroker.base.proctime import linux_stat, start_s
 from rbroker.broker.holders import Holder
 from rbroker.broker.leases import Lease, LeaseState
 from tests.conftest import GPU0, SINGLE_24G
@@ -176,3 +177,22 @@ def test_a_restored_waiter_keeps_its_wait_whatever_the_wall_clock_did(
     h.restart()
     [restored] = h.broker.queue
     assert restored.deadline - h.clock.monotonic() == pytest.approx(500.0, abs=0.01)
+
+
+def test_a_holder_is_alive_until_its_process_is_a_zombie_or_gone(pool: SleeperPool) -> None:
+    """`Holder.alive` answers from one read of /proc/PID/stat (`linux_stat`), as psutil's
+    start time and status did: alive while the process runs, not once it is a zombie
+    (exited, not reaped yet) nor once it is reaped, and never for another start time."""
+    proc, holder = pool.spawn()
+    assert holder.alive()
+    start, state = linux_stat(holder.pid)
+    assert start == start_s(psutil.Process(holder.pid)) == holder.start_time
+    assert state in ("R", "S")  # running, or asleep (a sleeper just started may still run)
+    assert not Holder(holder.pid, holder.start_time + 0.01).alive()  # another process
+    proc.kill()
+    while psutil.Process(holder.pid).status() != psutil.STATUS_ZOMBIE:
+        pass
+    assert linux_stat(holder.pid)[1] == "Z"
+    assert not holder.alive()
+    proc.wait()
+    assert not holder.alive()

@@ -108,6 +108,50 @@ def test_told_once_per_idle_episode(
     assert h.broker.leases_view()["leases"], "nothing is reclaimed without a policy"
 
 
+@pytest.mark.parametrize(
+    "policy", [{}, {"reclaim_after_s": RECLAIM_AFTER_S, "only_when_waiting": False}]
+)
+def test_each_lease_is_told_idle_at_the_tick_it_turns_idle(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool, policy: dict[str, Any]
+) -> None:
+    """The watch walks every lease only once one may have turned idle (`IdleWatch.turn`);
+    the `idle` notice still comes at the first tick at which the lease's own state
+    (`Idleness.state`) is idle, through activity, a GPU's utilization turning unknown and
+    known again, and a lease granted later, with and without a reclaim policy."""
+    h, events = _broker(make_inprocess, TWO_GPUS, **policy)
+    holders = [pool.spawn()[1] for _ in range(3)]
+    leases = [_lease(h, holders[0], 4000, GPU0), _lease(h, holders[1], 4000, GPU1)]
+    idle = h.broker.idle
+    was_idle: set[str] = set()
+    told: dict[str, int] = {}
+    for step in range(1, 61):  # a tick a minute for an hour; idle after 10 minutes
+        h.clock.advance(60.0)
+        for live in h.broker.leases_view()["leases"]:
+            h.broker.renew(live["lease_id"], "tester")
+        busy = {5: holders[0], 30: holders[1], 31: holders[1], 44: holders[2]}.get(step)
+        for holder in holders:
+            for uuid in (GPU0, GPU1):
+                h.fake.set_utilization(uuid, holder.pid, 30 if holder is busy else 0)
+        if step == 15:
+            h.fake.set_gpu(GPU1, utilization_error="not_supported")
+        if step == 18:
+            h.fake.set_gpu(GPU1, utilization_error="")
+        if step == 20:
+            h.sample()  # a fresh sample to grant on
+            leases.append(_lease(h, holders[2], 4000, GPU0))
+        h.sample()
+        now_idle = {x.lease_id for x in leases if idle.state(x)[0].value == "idle"}
+        before = len(events)
+        h.tick(0.1)
+        notices = [d["lease_id"] for k, d in events[before:] if k == "idle_notice"]
+        assert sorted(notices) == sorted(now_idle - was_idle), step
+        for lease_id in notices:
+            told[lease_id] = told.get(lease_id, 0) + 1
+        was_idle = now_idle
+    assert told.keys() == {x.lease_id for x in leases}, told
+    assert told[leases[1].lease_id] >= 3, told  # idle, unknown, idle, busy, idle
+
+
 def test_reclaimed_while_two_requests_wait_warned_before_and_the_waiter_granted(
     make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool
 ) -> None:

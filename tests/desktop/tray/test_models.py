@@ -19,6 +19,8 @@ from rbroker.tray.models import (
     JobsModel,
     LeasesModel,
     QueueModel,
+    changed_box,
+    runs,
 )
 
 GPU0 = "GPU-5a1e0000-0000-0000-0000-000000000001"
@@ -190,6 +192,66 @@ def test_same_records_announce_changed_cells_not_a_reset(qtbot: QtBot) -> None:
     with qtbot.waitSignal(model.modelReset):
         model.set_rows(changed[:1], NOW + 2)
     assert model.rowCount() == 1
+
+
+def test_runs_of_consecutive_rows() -> None:
+    assert runs([]) == []
+    assert runs([4]) == [(4, 4)]
+    assert runs([1, 2, 3, 7, 9, 10]) == [(1, 3), (7, 7), (9, 10)]
+
+
+def changes(model: Any) -> list[tuple[int, int, int, int]]:
+    """The (first row, first column, last row, last column) of each `dataChanged` from now."""
+    seen: list[tuple[int, int, int, int]] = []
+    model.dataChanged.connect(
+        lambda a, b, *_: seen.append((a.row(), a.column(), b.row(), b.column()))
+    )
+    return seen
+
+
+def test_changed_rows_are_announced_in_runs_and_moved_ages_in_one_signal() -> None:
+    jobs = JobsModel()
+    rows = [{**JOBS[i % 2], "job_id": f"job-{i}"} for i in range(5)]
+    jobs.set_rows(rows, NOW)
+    seen = changes(jobs)
+    jobs.set_rows(copy.deepcopy(rows), NOW + 5)  # the same records: nothing to repaint
+    assert seen == []
+    changed = copy.deepcopy(rows)
+    for i in (0, 1, 3):
+        changed[i]["completed_items"] = 99
+    jobs.set_rows(changed, NOW + 10)
+    last = jobs.columnCount() - 1
+    assert seen == [(0, 0, 1, last), (3, 0, 3, last)]
+    assert cell(jobs, 3, JobsModel.DONE) == cell(jobs, 1, JobsModel.DONE)
+
+    leases = LeasesModel()  # its ages move with the clock: one signal around what moved
+    leases.set_rows(LEASES, NOW)
+    seen = changes(leases)
+    leases.set_rows(copy.deepcopy(LEASES), NOW)
+    assert seen == []
+    leases.set_rows(copy.deepcopy(LEASES), NOW + 5)
+    age, n = LeasesModel.AGE, len(LEASES)
+    assert seen == [(0, age, n - 1, age)]
+    renewed = copy.deepcopy(LEASES)
+    renewed[-1]["expires_in_s"] = 3.0
+    renewed[0]["observed_mib"] = {GPU0: 1}  # the MiB cell's tool tip
+    seen.clear()
+    leases.set_rows(renewed, NOW + 5)
+    assert seen == [(0, LeasesModel.MIB, n - 1, LeasesModel.EXPIRES)]
+    assert cell(leases, n - 1, LeasesModel.EXPIRES) == "3 s"
+    seen.clear()
+    leases.set_gpu_labels({GPU0: "GPU 7"})  # every cell, then the next change only
+    assert seen == [(0, 0, n - 1, leases.columnCount() - 1)]
+    seen.clear()
+    leases.set_rows(renewed, NOW + 5)
+    assert seen == []
+
+
+def test_changed_box() -> None:
+    assert changed_box([], []) is None
+    assert changed_box([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]]) is None
+    assert changed_box([[1, 2, 3], [4, 5, 6]], [[1, 0, 3], [4, 5, 6]]) == ((0, 1), (0, 1))
+    assert changed_box([[1, 2, 3], [4, 5, 6]], [[1, 2, 0], [0, 5, 6]]) == ((0, 0), (1, 2))
 
 
 def test_queue_model_shows_the_reason_with_gpu_names() -> None:

@@ -44,3 +44,62 @@ def test_capacity_is_told_when_it_changes_not_at_every_sample(
     h.fake.set_gpu(GPU0, error="gpu_lost")  # telemetry fails: told, fail closed
     h.sample()
     assert told == [{"gpu_uuid": GPU0}]
+
+
+def test_the_leases_kept_between_samples_are_the_ones_read_anew(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool
+) -> None:
+    """What a `capacity` event compares of the leases (each one's observed MiB and idle
+    state) is kept between samples while nothing in it can have changed
+    (`Broker._leases_seen`); at every step it is what the leases show read anew: through
+    grants and an end, memory allocated, activity, utilization unknown and known again,
+    and leases turning idle by the clock alone, at the very moment they do."""
+    idle_after_s = 600.0
+    h = make_inprocess(ONE_GPU, headroom_mib=1000, idle_after_s=idle_after_s)
+    h.broker.gateway.foreign_pids = False  # the simulated driver lists this machine's pids
+    (_, a), (_, b) = pool.spawn(), pool.spawn()
+    h.sample()
+    first = h.acquire(a, mib=3000, ttl_s=3600).result()
+    states = []
+
+    def check() -> None:
+        kept = h.broker._leases_seen(GPU0)
+        h.broker._leases_said.clear()
+        assert h.broker._leases_seen(GPU0) == kept
+        states.append({str(x[0]): str(x[2]) for x in kept if isinstance(x, tuple)})
+
+    h.sample()
+    check()
+    h.fake.allocate(GPU0, a.pid, 1000)
+    h.sample()
+    check()
+    h.clock.advance(300.0)
+    h.sample()
+    second = h.acquire(b, mib=2000, ttl_s=3600).result()
+    h.sample()
+    check()
+    h.clock.advance(first.granted_at + idle_after_s - h.clock.monotonic() - 0.001)
+    h.sample()  # the sample moves the clock 1 ms: exactly idle_after_s after the grant
+    check()
+    assert states[-1] == {first.lease_id: "idle", second.lease_id: "active"}
+    h.fake.set_utilization(GPU0, a.pid, 50)  # busy again
+    h.sample()
+    check()
+    assert states[-1][first.lease_id] == "active"
+    h.fake.set_utilization(GPU0, a.pid, 0)
+    h.fake.set_gpu(GPU0, utilization_error="not_supported")
+    h.sample()
+    check()
+    assert set(states[-1].values()) == {"unknown"}
+    h.fake.set_gpu(GPU0, utilization_error="")
+    h.sample()
+    check()
+    for _ in range(7):  # both turn idle again by the clock alone
+        h.clock.advance(100.0)
+        h.sample()
+        check()
+    assert set(states[-1].values()) == {"idle"}
+    h.broker.release(second.lease_id, "tester")
+    h.sample()
+    check()
+    assert list(states[-1]) == [first.lease_id]

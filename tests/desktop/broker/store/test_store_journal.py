@@ -205,3 +205,65 @@ def test_a_link_where_the_journal_belongs_is_refused(path: Path, tmp_path: Path)
     assert caught.value.errno == errno.ELOOP
     assert caught.value.filename == str(path.parent / "broker.leases.jsonl")
     assert target.read_bytes() == b"keep\n"
+
+
+def _ended(store: LeaseStore, first: int, count: int) -> None:
+    """`count` leases granted and ended, lease-`first`…, each ending a second after the last."""
+    for n in range(first, first + count):
+        lease_id = f"lease-{n}"
+        store.put_lease(lease_id, TOKEN, _record(lease_id))
+        store.end_lease_soon(lease_id, "released", 1765000000.0 + n, _record(lease_id))
+
+
+def test_the_prune_of_ended_leases_is_a_statement_of_the_next_fold_not_a_commit_of_its_own(
+    path: Path,
+) -> None:
+    store = LeaseStore(path)
+    try:
+        _ended(store, 0, 8)  # no loop runs: each change folds at once
+        store.put_lease("lease-active", TOKEN, _record("lease-active"))
+        before = _rows(path)
+        assert len(before) == 9
+        statements: list[str] = []
+        store._db.set_trace_callback(statements.append)
+
+        def changes() -> None:
+            _ended(store, 8, 2)
+            store.prune_ended_soon(3)  # on the answer's path: nothing is folded or deleted
+
+        _in_a_loop(changes)
+        assert statements == [] and _rows(path) == before
+        store.flush()
+        kinds = [s.split()[0] for s in statements]
+        assert kinds[0] == "BEGIN" and kinds[-1] == "COMMIT" and kinds.count("COMMIT") == 1
+        assert any(s.startswith("DELETE FROM leases") for s in statements)
+        assert _rows(path) == {
+            "lease-7": "released",
+            "lease-8": "released",
+            "lease-9": "released",
+            "lease-active": "active",
+        }
+        statements.clear()
+        store.flush()  # done: the next fold has nothing to do
+        assert statements == []
+    finally:
+        store.close()
+
+
+def test_a_prune_that_fails_is_undone_alone_and_done_at_a_later_fold(
+    path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = LeaseStore(path)
+    try:
+        _ended(store, 0, 5)
+        monkeypatch.setattr("rbroker.broker.store._PRUNE_SQL", "DELETE FROM no_such_table")
+        store.prune_ended_soon(2)
+        with caplog.at_level(logging.WARNING, logger="rbroker.broker.store"):
+            store.flush()  # the ends are folded; the prune is logged and stays due
+        assert "ended leases not pruned (at a later fold)" in caplog.text
+        assert len(_rows(path)) == 5 and store.journal_path.read_bytes() == b""
+        monkeypatch.undo()
+        store.flush()
+        assert _rows(path) == {"lease-3": "released", "lease-4": "released"}
+    finally:
+        store.close()
