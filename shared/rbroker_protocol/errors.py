@@ -139,14 +139,19 @@ class RpcError(Exception):
 
     @classmethod
     def from_wire(cls, error: dict[str, Any]) -> RpcError:
-        """Rebuild from a JSON-RPC error object; unknown names map to `internal_error`."""
-        data = dict(error.get("data") or {})
+        """Rebuild from a JSON-RPC error object; unknown names map to `internal_error`, a
+        `data` that is not an object to none. Its `data` is kept whatever its keys (a peer
+        that is not a broker may send `message`: passed as keywords, that was a TypeError)."""
+        raw = error.get("data")
+        data = dict(raw) if isinstance(raw, dict) else {}
         raw_name = data.pop("name", None)
         try:
             name = ErrorCode(raw_name) if raw_name else _BY_NUMBER[int(error.get("code", 0))]
         except (ValueError, KeyError, TypeError):
             name = ErrorCode.INTERNAL_ERROR
-        return cls(name, str(error.get("message", "")), **data)
+        err = cls(name, str(error.get("message", "")))
+        err.data = data
+        return err
 
     def __repr__(self) -> str:
         return f"RpcError({self.name.value!r}, {self.message!r})"

@@ -257,6 +257,9 @@ if not is_quick():  # a job, the tray: the codes loaded now (rbroker.base.lazy)
 
 
 def from_rpc_error(err: RpcError) -> RBrokerError:
-    """The SDK exception for a wire error."""
+    """The SDK exception for a wire error (its `data`, less keys that would name the
+    message or the code again: a peer that is not a broker sent them, and the exception
+    was a TypeError)."""
     cls = _classes_by_code().get(err.name, RBrokerError)
-    return cls(err.message, err.name.value, **err.data)
+    data = {k: v for k, v in err.data.items() if k not in ("message", "code")}
+    return cls(err.message, err.name.value, **data)

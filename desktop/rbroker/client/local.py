@@ -92,10 +92,25 @@ def _codec() -> tuple[Callable[[dict[str, Any]], bytes], Callable[[bytes], Any]]
     (dataclasses, inspect, uuid, datetime) cost more than all its messages (start-up,
     docs/architecture.md §10)."""
     if is_quick():
-        return framing.encode, framing.decode
+        return framing.encode, _too_deep_is_not_json(framing.decode)
     from rbroker_protocol import jsonrpc
 
-    return jsonrpc.encode, jsonrpc.decode
+    return jsonrpc.encode, _too_deep_is_not_json(jsonrpc.decode)
+
+
+def _too_deep_is_not_json(decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """`decode`, raising ValueError (an answer the client cannot read: "lost the broker",
+    one line) where the line is nested deeper than the interpreter reads. A peer at the
+    socket that is not a broker gave a RecursionError traceback with it (json reads about
+    990 levels, orjson 1 024)."""
+
+    def read(line: bytes) -> Any:
+        try:
+            return decode(line)
+        except RecursionError:
+            raise ValueError("the answer is nested too deeply to read") from None
+
+    return read
 
 
 def _group_of(address: str) -> str | None:
@@ -431,7 +446,7 @@ class Client:
         """Raise the connection-level error the broker sent before closing, if it did."""
         try:
             self._stream.settimeout(0.5)
-            msg = framing.decode(self._stream.readline() or b"null")
+            msg = self._decode(self._stream.readline() or b"null")
         except (OSError, ValueError):
             return
         if isinstance(msg, dict) and msg.get("id") is None and isinstance(msg.get("error"), dict):

@@ -216,6 +216,15 @@ def test_every_error_code_has_its_exception() -> None:
     assert issubclass(rbroker.NotJobOwner, rbroker.NotLeaseOwner)
 
 
+def test_an_error_whose_data_names_the_code_or_message_is_still_an_sdk_error() -> None:
+    # a peer at the socket that is not a broker: it was a TypeError (a traceback)
+    data = {"name": "lease_not_found", "code": "x", "message": "y", "lease_id": "l"}
+    wire = {"code": -32001, "message": "gone", "data": data}
+    exc = from_rpc_error(RpcError.from_wire(wire))
+    assert type(exc) is rbroker.LeaseNotFound
+    assert (exc.message, exc.code, exc.data) == ("gone", "lease_not_found", {"lease_id": "l"})
+
+
 def test_public_surface_is_sorted_and_importable() -> None:
     assert rbroker.__all__ == sorted(rbroker.__all__)
     for name in rbroker.__all__:
