@@ -32,7 +32,8 @@ import time
 from typing import Any
 
 import psutil
-from _common import Report, median, parser, spread, start_broker, verdict, wait_until_monotonic
+from _common import Report, median, parser, spread, start_broker, verdict
+from heartbeats import cpu_window
 
 import rbroker
 
@@ -134,15 +135,6 @@ class Holders:
             p.join(10)
             if p.is_alive():
                 p.kill()
-
-
-def cpu_window(proc: psutil.Process, seconds: float) -> float:
-    """CPU use of `proc` (user + system, all threads) over the next `seconds`, % of one core."""
-    t0 = time.monotonic()
-    c0 = sum(proc.cpu_times()[:2])
-    wait_until_monotonic(t0 + seconds)
-    c1 = sum(proc.cpu_times()[:2])
-    return (c1 - c0) / (time.monotonic() - t0) * 100
 
 
 def one_round(
