@@ -75,6 +75,7 @@ class DemoState:
     fleet_error: str = ""
     coordinator_ok: bool = True
     keep: bool = False  # --keep: broker and coordinator stay up after the summary
+    printed: int = 0  # events printed so far (without the live view)
     # per waiting session: (seconds into its wait, eta_s, reason) of its first estimate
     etas: dict[str, tuple[float, float | None, str]] = field(default_factory=dict)
 
@@ -145,7 +146,9 @@ def run_demo(args: argparse.Namespace) -> int:
     state = DemoState()
     state.keep = args.keep
     pace = float(args.seconds) / WORKER_PART_S
-    budget_s = float(args.seconds) * 1.5 + 15.0  # a stuck worker cannot hold the demo
+    # a stuck worker cannot hold the demo: past this it ends, unless the parallel job still
+    # reports chunks (a slow machine's job finishes, `_over_time`)
+    budget_s = float(args.seconds) * 1.5 + 15.0
     console.print(
         f"rbroker demo: a local broker, {len(WORKERS)} worker processes and a parallel job "
         f"for about {args.seconds:g} s, after a few seconds of setup (Ctrl-C stops it all)",
@@ -283,6 +286,7 @@ def _run_workers(
     pending = sorted(WORKERS, key=lambda w: w.start_s)
     job_proc: subprocess.Popen[bytes] | None = None
     victim = next(w for w in WORKERS if w.victim)
+    job_chunks, job_moved, job_said_done = 0, 0.0, False
     start = time.monotonic()
     live = Live(console=console, refresh_per_second=8, transient=False) if live_ok else None
     with live if live is not None else contextlib.nullcontext():
@@ -302,6 +306,17 @@ def _run_workers(
             gpus = client.gpus()
             view = client.leases(include_ended=True)
             jobs = client.jobs()
+            chunks = sum(j["chunks_reported"] for j in jobs)
+            if chunks != job_chunks:
+                if not job_chunks:
+                    state.log(f"parallel job reported its first chunk ({chunks} so far)")
+                job_chunks, job_moved = chunks, now
+            if job_proc is not None and not job_said_done and job_proc.poll() is not None:
+                job_said_done = True
+                state.log(
+                    f"parallel job process exited ({job_proc.returncode}): {chunks} chunks "
+                    f"reported, {now - JOB_START_S * pace:.1f} s after it started"
+                )
             if coordinator is not None and now >= next_fleet_poll:
                 next_fleet_poll = now + 2.0
                 _poll_fleet(coordinator, state)
@@ -347,25 +362,56 @@ def _run_workers(
                 recent = Text("\n".join(state.events[-9:]), style="dim")
                 live.update(Group(broker_view(gpus, view, "rbroker demo — live", jobs), recent))
             else:
-                while state.snapshots and len(state.events) > getattr(state, "_printed", 0):
-                    console.print(
-                        state.events[getattr(state, "_printed", 0)],
-                        soft_wrap=not console.is_terminal,
-                        markup=False,
-                        highlight=False,
-                    )
-                    state._printed = getattr(state, "_printed", 0) + 1  # type: ignore[attr-defined]
+                _print_events(console, state)
             done = (
                 not pending
                 and all(p.poll() is not None for p in workers.values())
                 and job_proc is not None
                 and job_proc.poll() is not None
             )
-            if done or now > budget_s:
-                if not done:
-                    state.log("demo time is up; stopping the remaining workers")
+            if done:
+                break
+            if _over_time(now, budget_s, job_moved):
+                running = [s for s, p in workers.items() if p.poll() is None]
+                if job_proc is not None and job_proc.poll() is None:
+                    running.append(f"the parallel job ({job_chunks} chunks reported)")
+                state.log(
+                    f"demo time is up after {now:.0f} s; stopping what still runs: "
+                    + (", ".join(running) or "nothing")
+                )
+                if live is None:
+                    _print_events(console, state)
                 break
             time.sleep(0.1)
+
+
+JOB_STALL_S = 15.0
+"""Past the demo's budget, how long the parallel job may go without a new chunk before the
+demo stops it (`_over_time`)."""
+
+
+def _over_time(now: float, budget_s: float, job_moved: float) -> bool:
+    """Whether the demo stops at `now` (seconds into its timeline): past `budget_s` once the
+    parallel job's last new chunk (`job_moved`) is `JOB_STALL_S` old, and past three times
+    `budget_s` in any case. A loaded machine (a Windows one under test, several suites at
+    once) starts the job's pool workers slowly: a job still reporting is let finish, a stuck
+    one is not waited for."""
+    if now > 3 * budget_s:
+        return True
+    return now > budget_s and now - job_moved > JOB_STALL_S
+
+
+def _print_events(console: Console, state: DemoState) -> None:
+    """Print the events logged since the last call (without the live view), once the first
+    snapshot was taken."""
+    while state.snapshots and len(state.events) > state.printed:
+        console.print(
+            state.events[state.printed],
+            soft_wrap=not console.is_terminal,
+            markup=False,
+            highlight=False,
+        )
+        state.printed += 1
 
 
 def _start_coordinator(

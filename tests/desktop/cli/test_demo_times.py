@@ -45,3 +45,24 @@ def test_the_summary_says_how_far_the_estimate_was_from_the_grant() -> None:
     line = _eta_line((0.5, 9.0, "1 lease of a declared to end by then"), 2.0)
     assert line.endswith("likely in ~9 s; granted after 1.5 s: 7.5 s sooner than told"), line
     assert _eta_line((0.0, 2.0, "x"), 3.0).endswith("granted after 3.0 s: 1.0 s later than told")
+
+
+@pytest.mark.parametrize(
+    ("now", "job_moved", "stops"),
+    [
+        (29.0, 0.0, False),  # inside the budget: never
+        (31.0, 20.0, False),  # past it, the job's last chunk 11 s ago: let it finish
+        (31.0, 15.5, True),  # past it, no chunk for 15.5 s: a stuck job is not waited for
+        (31.0, 0.0, True),  # past it and the job never reported
+        (89.0, 88.0, False),
+        (91.0, 90.5, True),  # past three budgets, whatever the job does
+    ],
+)
+def test_past_its_budget_the_demo_waits_only_for_a_job_that_still_reports(
+    now: float, job_moved: float, stops: bool
+) -> None:
+    """The Windows demo under a loaded test run once stopped a job that was reporting (4 of
+    24 chunks) at the 30 s budget and failed its own check."""
+    from rbroker.cli.demo import _over_time
+
+    assert _over_time(now, 30.0, job_moved) is stops
