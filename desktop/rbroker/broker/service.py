@@ -439,13 +439,20 @@ class Broker:
         its capacity figures, and each lease's observed MiB and idle state there (active,
         idle, unknown: not the seconds, which move with the clock). A `capacity` event goes
         out when this changed, not at every sample: an idle broker's subscribers (the tray,
-        `rbroker top`) then read nothing (issue 44: an idle tray costs about nothing)."""
+        `rbroker top`) then read nothing (issue 44: an idle tray costs about nothing).
+
+        With `Idleness.changes`: a lease that turned idle by the clock between two samples
+        and active again at the second (its holder busy, a chunk of its job) shows the same
+        state at both, yet a reader between them was shown it idle; the change count moves
+        at that activity, so that reader hears of it (the tray showed `idle 1 s` for good,
+        its read after the last event having come later than `idle_after_s`)."""
         cap = self.lessor.capacity(slot.uuid)
         return (
             slot.telemetry,
             slot.telemetry_reason,
             None if cap is None else tuple(cap.as_dict().items()),
             self._leases_seen(slot.uuid),
+            self.idle.changes,
         )
 
     def _leases_seen(self, uuid: str) -> tuple[object, ...]:

@@ -103,3 +103,35 @@ def test_the_leases_kept_between_samples_are_the_ones_read_anew(
     h.sample()
     check()
     assert list(states[-1]) == [first.lease_id]
+
+
+def test_a_lease_idle_between_two_samples_and_busy_at_both_is_told(
+    make_inprocess: Callable[..., InProcessBroker], pool: SleeperPool
+) -> None:
+    """Both samples show the lease active, but between them it turned idle by the clock and a
+    reader was shown it idle: the second sample tells (the tray, whose read after the last
+    event came later than `idle_after_s`, showed `idle 1 s` for good under a loaded Wine);
+    a lease busy at every sample, never idle between, tells nothing more."""
+    idle_after_s = 600.0
+    h = make_inprocess(ONE_GPU, headroom_mib=1000, idle_after_s=idle_after_s)
+    h.broker.gateway.foreign_pids = False  # the simulated driver lists this machine's pids
+    _, holder = pool.spawn()
+    lease = h.acquire(holder, mib=3000, ttl_s=3600).result()
+    h.fake.allocate(GPU0, holder.pid, 1000)
+    h.fake.set_utilization(GPU0, holder.pid, 50)
+    told: list[dict[str, Any]] = []
+    h.broker.subscribe(lambda kind, data: told.append(data) if kind == "capacity" else None)
+    h.sample()
+    h.clock.advance(idle_after_s / 2)
+    h.sample()
+    told.clear()
+    h.clock.advance(idle_after_s / 2)  # busy at the last sample, busy at the next
+    h.sample()
+    assert told == []  # active all along: nothing to tell
+    h.clock.advance(idle_after_s + 1)  # no sample for longer than idle_after_s
+    shown = next(x for x in h.broker.leases_view()["leases"] if x["lease_id"] == lease.lease_id)
+    assert shown["idle_state"] == "idle"  # what a reader between the samples was shown
+    h.sample()  # busy again: the same state as the last sample told, yet news
+    assert told == [{"gpu_uuid": GPU0}]
+    shown = next(x for x in h.broker.leases_view()["leases"] if x["lease_id"] == lease.lease_id)
+    assert shown["idle_state"] == "active"
