@@ -137,13 +137,20 @@ class Holders:
                 p.kill()
 
 
+def scenario_with_tick(tick_s: float | None) -> str:
+    """`SCENARIO`, with the broker's tick set to `tick_s` (`[timers] tick_s`) when given."""
+    if tick_s is None:
+        return SCENARIO
+    return SCENARIO.replace("[timers]\n", f"[timers]\ntick_s = {tick_s!r}\n", 1)
+
+
 def one_round(
-    window_s: float, settle_s: float, processes: int, per: int
+    window_s: float, settle_s: float, processes: int, per: int, scenario: str = SCENARIO
 ) -> tuple[float, float, dict[str, int]]:
-    """One fresh broker: `(CPU % with no lease, CPU % with processes × per leases, facts)`;
-    `facts`: leases live at the end, of them with observed use, active (not idle) by
-    idleness, and the broker's RSS (MiB) at the end."""
-    broker = start_broker(SCENARIO)
+    """One fresh broker on `scenario`: `(CPU % with no lease, CPU % with processes × per
+    leases, facts)`; `facts`: leases live at the end, of them with observed use, active (not
+    idle) by idleness, and the broker's RSS (MiB) at the end."""
+    broker = start_broker(scenario)
     proc = psutil.Process(broker.pid)
     holders: Holders | None = None
     try:
@@ -176,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, help="each window, s (300; --quick 2)")
     p.add_argument("--repeats", type=int, help="rounds, each a fresh broker (3)")
+    p.add_argument(
+        "--tick-s",
+        type=float,
+        help="the broker's tick ([timers] tick_s; 0.1 by docs/architecture.md §3): another "
+        "value is an experiment on what the tick costs, and the table's title says so",
+    )
     args = p.parse_args(argv)
     q = args.quick
     window = args.seconds or (2.0 if q else 300.0)
@@ -184,12 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     processes, per = (4, 25) if q else (10, 100)
     total = processes * per
 
-    report = Report(f"Idle broker process CPU, 0 and {total:,} leases (bench/broker_idle.py)", q)
+    title = f"Idle broker process CPU, 0 and {total:,} leases (bench/broker_idle.py)"
+    if args.tick_s is not None:
+        title += f", EXPERIMENT: the tick every {args.tick_s:g} s (the rule's is 0.1 s)"
+    report = Report(title, q)
+    scenario = scenario_with_tick(args.tick_s)
     idles: list[float] = []
     helds: list[float] = []
     facts: list[dict[str, int]] = []
     for _ in range(repeats):
-        idle, held, fact = one_round(window, settle, processes, per)
+        idle, held, fact = one_round(window, settle, processes, per, scenario)
         idles.append(idle)
         helds.append(held)
         facts.append(fact)

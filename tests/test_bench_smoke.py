@@ -36,6 +36,7 @@ burn the CPU they measure, and the suite runs beside them."""
         ("scaling.py", ["--cycles", "100"]),
         ("heartbeats.py", ["--seconds", "1"]),
         ("broker_idle.py", ["--seconds", "1"]),
+        ("broker_idle.py", ["--seconds", "1", "--tick-s", "1"]),  # the tick experiment
         ("crash_release.py", ["--repeat", "3"]),
         ("coordinator.py", ["--no-pg", "--generator", "wrk", *COORDINATOR_SMALL]),
         ("coordinator.py", ["--no-pg", "--generator", "httpx", *COORDINATOR_SMALL]),
